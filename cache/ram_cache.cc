@@ -1,0 +1,186 @@
+#include "cache/ram_cache.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+
+#include <algorithm>
+#include <atomic>
+#include <future>
+#include <list>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace cubetorchfs::cache {
+
+std::shared_ptr<Buffer> Buffer::Allocate(size_t size) {
+  auto b = std::make_shared<Buffer>();
+  b->data = std::make_unique_for_overwrite<char[]>(size);
+  b->size = size;
+  return b;
+}
+
+std::string ChunkKey(std::string_view path, const cfs_client::FileVersion& version, uint64_t chunk) {
+  std::string key;
+  key.reserve(path.size() + 1 + 3 * sizeof(uint64_t));
+  key.append(path);
+  key.push_back('\0');  // paths never contain NUL, so the fields cannot run together
+  auto put = [&key](uint64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(version.size);
+  put(static_cast<uint64_t>(version.mtime_ns));
+  put(chunk);
+  return key;
+}
+
+namespace {
+
+using SharedResult = std::shared_future<Result<BufferRef>>;
+
+class ShardedLruCache final : public RamCache {
+ public:
+  ShardedLruCache(const Options& options, prometheus::Registry* registry)
+      : capacity_(options.capacity_bytes) {
+    // Enough shards to spread lock contention, few enough that each shard holds several of
+    // the largest entries (a shard's share of the budget is the most one entry may use).
+    uint64_t max_entry = std::max<uint64_t>(options.max_entry_bytes, 1);
+    size_t n = static_cast<size_t>(std::clamp<uint64_t>(capacity_ / (4 * max_entry), 1, 16));
+    shards_ = std::vector<Shard>(n);
+    for (auto& s : shards_) s.capacity = capacity_ / n;
+    if (registry != nullptr) {
+      bytes_gauge_ = &prometheus::BuildGauge()
+                          .Name("cubetorchfs_cache_bytes")
+                          .Help("Bytes held by each cache tier")
+                          .Register(*registry)
+                          .Add({{"tier", "ram"}});
+      evictions_counter_ = &prometheus::BuildCounter()
+                                .Name("cubetorchfs_cache_evictions_total")
+                                .Help("Entries evicted from each cache tier to make room")
+                                .Register(*registry)
+                                .Add({{"tier", "ram"}});
+    }
+  }
+
+  Result<Lookup> GetOrFetch(const std::string& key, const FetchFn& fetch) override {
+    Shard& s = ShardOf(key);
+    std::promise<Result<BufferRef>> promise;
+    {
+      std::unique_lock<std::mutex> l(s.mu);
+      if (BufferRef b = GetLocked(s, key)) return Lookup{std::move(b), Served::kCached};
+      auto it = s.inflight.find(key);
+      if (it != s.inflight.end()) {
+        SharedResult pending = it->second;
+        l.unlock();
+        const Result<BufferRef>& r = pending.get();
+        if (!r.ok()) return r.status();
+        return Lookup{r.value(), Served::kWaited};
+      }
+      s.inflight.emplace(key, promise.get_future().share());
+    }
+    Result<BufferRef> r = fetch();
+    {
+      std::lock_guard<std::mutex> l(s.mu);
+      s.inflight.erase(key);
+      if (r.ok()) InsertLocked(s, key, r.value());
+    }
+    promise.set_value(r);
+    if (!r.ok()) return r.status();
+    return Lookup{std::move(r).value(), Served::kFetched};
+  }
+
+  BufferRef Get(const std::string& key) override {
+    Shard& s = ShardOf(key);
+    std::lock_guard<std::mutex> l(s.mu);
+    return GetLocked(s, key);
+  }
+
+  void Insert(const std::string& key, BufferRef buffer) override {
+    Shard& s = ShardOf(key);
+    std::lock_guard<std::mutex> l(s.mu);
+    InsertLocked(s, key, std::move(buffer));
+  }
+
+  void Erase(const std::string& key) override {
+    Shard& s = ShardOf(key);
+    std::lock_guard<std::mutex> l(s.mu);
+    auto it = s.index.find(key);
+    if (it != s.index.end()) RemoveLocked(s, it->second);
+  }
+
+  uint64_t bytes() const override { return bytes_.load(std::memory_order_relaxed); }
+  uint64_t evictions() const override { return evictions_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Entry {
+    std::string key;
+    BufferRef buffer;
+  };
+  using LruList = std::list<Entry>;  // front: most recently used
+
+  struct Shard {
+    std::mutex mu;                                               // guards everything below
+    uint64_t capacity = 0;                                       // set once at construction
+    uint64_t bytes = 0;                                          // GUARDED_BY(mu)
+    LruList lru;                                                 // GUARDED_BY(mu)
+    std::unordered_map<std::string, LruList::iterator> index;    // GUARDED_BY(mu)
+    std::unordered_map<std::string, SharedResult> inflight;      // GUARDED_BY(mu)
+  };
+
+  Shard& ShardOf(const std::string& key) {
+    return shards_[std::hash<std::string>{}(key) % shards_.size()];
+  }
+
+  // REQUIRES: s.mu held.
+  BufferRef GetLocked(Shard& s, const std::string& key) {
+    auto it = s.index.find(key);
+    if (it == s.index.end()) return nullptr;
+    s.lru.splice(s.lru.begin(), s.lru, it->second);
+    return it->second->buffer;
+  }
+
+  // REQUIRES: s.mu held.
+  void InsertLocked(Shard& s, const std::string& key, BufferRef buffer) {
+    auto it = s.index.find(key);
+    if (it != s.index.end()) RemoveLocked(s, it->second);
+    const uint64_t size = buffer->size;
+    if (size > s.capacity) return;  // would evict everything and still not fit
+    while (s.bytes + size > s.capacity) {
+      RemoveLocked(s, std::prev(s.lru.end()));
+      evictions_.fetch_add(1, std::memory_order_relaxed);
+      if (evictions_counter_) evictions_counter_->Increment();
+    }
+    s.lru.push_front(Entry{key, std::move(buffer)});
+    s.index.emplace(key, s.lru.begin());
+    s.bytes += size;
+    AddBytes(static_cast<int64_t>(size));
+  }
+
+  // REQUIRES: s.mu held.
+  void RemoveLocked(Shard& s, LruList::iterator it) {
+    const uint64_t size = it->buffer->size;
+    s.index.erase(it->key);
+    s.lru.erase(it);
+    s.bytes -= size;
+    AddBytes(-static_cast<int64_t>(size));
+  }
+
+  void AddBytes(int64_t delta) {
+    bytes_.fetch_add(static_cast<uint64_t>(delta), std::memory_order_relaxed);
+    if (bytes_gauge_) bytes_gauge_->Increment(static_cast<double>(delta));
+  }
+
+  const uint64_t capacity_;
+  std::vector<Shard> shards_;  // fixed after construction
+  std::atomic<uint64_t> bytes_{0};
+  std::atomic<uint64_t> evictions_{0};
+  prometheus::Gauge* bytes_gauge_ = nullptr;         // owned by the registry
+  prometheus::Counter* evictions_counter_ = nullptr;  // owned by the registry
+};
+
+}  // namespace
+
+std::unique_ptr<RamCache> RamCache::New(const Options& options, prometheus::Registry* registry) {
+  return std::make_unique<ShardedLruCache>(options, registry);
+}
+
+}  // namespace cubetorchfs::cache

@@ -1,0 +1,89 @@
+// The RAM tier: a sharded LRU of immutable buffers under a byte budget.
+//
+// Keys are opaque strings built by ChunkKey(): file path, file version and chunk index, so a
+// file that changed in the store gets new keys and its old bytes are never served. Buffers are
+// shared: an entry evicted while a reader still holds it stays alive until that reader drops
+// it, so the budget bounds what the cache holds, and readers in flight add at most one
+// max_read-sized reference each on top.
+//
+// GetOrFetch() coalesces concurrent misses: the first caller runs the fetch, later callers for
+// the same key wait for its result instead of asking the backend again.
+//
+// Thread safety: all methods are safe to call concurrently. Each shard has one mutex; no lock
+// is held while a fetch runs, and no two shard locks are ever held at once.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "cfs_client/backend.h"
+#include "common/status.h"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace cubetorchfs::cache {
+
+// An immutable block of file bytes.
+struct Buffer {
+  std::unique_ptr<char[]> data;
+  size_t size = 0;
+
+  // Allocates `size` uninitialized bytes.
+  static std::shared_ptr<Buffer> Allocate(size_t size);
+};
+using BufferRef = std::shared_ptr<const Buffer>;
+
+// Key of chunk `chunk` of version `version` of the file at `path`.
+std::string ChunkKey(std::string_view path, const cfs_client::FileVersion& version, uint64_t chunk);
+
+// How a GetOrFetch call was served.
+enum class Served {
+  kCached,   // the buffer was in the cache: no wait
+  kWaited,   // another caller's fetch of the same key was running; this call waited for it
+  kFetched,  // this call ran the fetch
+};
+
+struct Lookup {
+  BufferRef buffer;
+  Served served = Served::kCached;
+};
+
+class RamCache {
+ public:
+  struct Options {
+    uint64_t capacity_bytes = 0;   // the budget. Required.
+    uint64_t max_entry_bytes = 0;  // the largest buffer expected (chunk size). Required.
+  };
+  using FetchFn = std::function<Result<BufferRef>()>;
+
+  // `registry` (may be null) receives cubetorchfs_cache_bytes{tier="ram"} and
+  // cubetorchfs_cache_evictions_total{tier="ram"}; it must outlive the cache.
+  static std::unique_ptr<RamCache> New(const Options& options, prometheus::Registry* registry);
+
+  virtual ~RamCache() = default;
+
+  // The cached buffer for `key`, or the result of `fetch` (run at most once at a time per
+  // key across all callers), which is then cached. A failed fetch is not cached: each waiter
+  // gets its error, and the next call tries again.
+  virtual Result<Lookup> GetOrFetch(const std::string& key, const FetchFn& fetch) = 0;
+
+  // The cached buffer for `key`, or null. Counts as a use for LRU order.
+  virtual BufferRef Get(const std::string& key) = 0;
+
+  // Caches `buffer` under `key`, replacing any entry, evicting least recently used entries
+  // as needed. A buffer larger than a shard's share of the budget is not cached.
+  virtual void Insert(const std::string& key, BufferRef buffer) = 0;
+
+  virtual void Erase(const std::string& key) = 0;
+
+  // Bytes held by cached entries; never above Options::capacity_bytes.
+  virtual uint64_t bytes() const = 0;
+  virtual uint64_t evictions() const = 0;
+};
+
+}  // namespace cubetorchfs::cache

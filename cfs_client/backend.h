@@ -1,0 +1,112 @@
+// The store behind the mount: stat, list, ranged read.
+//
+// Paths are relative to the store's root, without a leading slash; "" is the root itself.
+// Every read names the version of the file it expects (size + mtime, or an ETag later), and a
+// backend that can tell the file changed returns Status::Stale rather than mixing old and new
+// bytes. Implementations are thread-safe: many threads call them at once.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "conf/options.h"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace cubetorchfs::cfs_client {
+
+// What identifies one version of a file's contents.
+struct FileVersion {
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  bool operator==(const FileVersion&) const = default;
+};
+
+struct FileAttr {
+  mode_t mode = 0;  // type and permission bits, as in st_mode
+  uint64_t size = 0;
+  uint32_t nlink = 1;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  int64_t atime_ns = 0;
+  int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;
+  uint64_t blocks = 0;  // 512-byte blocks, as in st_blocks
+
+  bool IsDir() const;
+  bool IsRegular() const;
+  bool IsSymlink() const;
+  FileVersion Version() const { return {size, mtime_ns}; }
+};
+
+struct DirEntry {
+  std::string name;
+  FileAttr attr;
+};
+
+struct FsStats {
+  uint64_t block_size = 4096;
+  uint64_t blocks = 0;
+  uint64_t blocks_free = 0;
+  uint64_t blocks_avail = 0;
+  uint64_t files = 0;
+  uint64_t files_free = 0;
+  uint64_t name_max = 255;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // Attributes of `path` itself (a symlink is not followed).
+  virtual Result<FileAttr> Stat(const std::string& path) = 0;
+
+  // Entries of directory `path` with their attributes, without "." and "..".
+  virtual Result<std::vector<DirEntry>> List(const std::string& path) = 0;
+
+  // Reads up to `len` bytes at `offset` of regular file `path` into `buf`, provided the file
+  // still has version `expect`; returns the byte count (short only at end of file).
+  // Status::Stale when the file is no longer at `expect`.
+  virtual Result<size_t> Read(const std::string& path, const FileVersion& expect, uint64_t offset,
+                              size_t len, char* buf) = 0;
+
+  virtual Result<std::string> ReadLink(const std::string& path) = 0;
+
+  virtual Result<FsStats> StatFs() = 0;
+};
+
+// A backend over the directory `root`. Fails if `root` is not a readable directory.
+Result<std::unique_ptr<Backend>> NewPosixBackend(const std::string& root);
+
+// Counters of the fault-injection wrapper, for tests and benchmarks.
+struct InjectCounters {
+  uint64_t requests = 0;       // every call that reached the wrapper
+  uint64_t read_requests = 0;  // Read calls
+  uint64_t injected_errors = 0;
+};
+
+// Wraps `base`: adds `opts.latency_us` (slept on `clock`) to every request and fails a seeded
+// `opts.error_rate` fraction of them with IOError. `counters`, if not null, is updated
+// (atomically, under the wrapper's lock) and must outlive the wrapper.
+std::unique_ptr<Backend> NewInjectBackend(std::unique_ptr<Backend> base,
+                                          const conf::InjectOptions& opts, Clock* clock,
+                                          InjectCounters* counters = nullptr);
+
+// Wraps `base` and records cubetorchfs_backend_requests_total{op,status} and
+// cubetorchfs_backend_request_seconds{op} in `registry`, which must outlive the wrapper.
+std::unique_ptr<Backend> NewMeteredBackend(std::unique_ptr<Backend> base,
+                                           prometheus::Registry& registry, Clock* clock);
+
+// Builds the backend described by `opts` (posix), with injection if configured, metered.
+Result<std::unique_ptr<Backend>> NewBackend(const conf::BackendOptions& opts,
+                                            prometheus::Registry& registry, Clock* clock);
+
+}  // namespace cubetorchfs::cfs_client

@@ -1,0 +1,97 @@
+// Status and Result<T>: errors as values.
+//
+// A Status is either OK or an error code with a message. The codes are the small set of
+// outcomes the file system must tell apart (they become an errno in exactly one place, in
+// fuse/). Result<T> holds a T or a non-OK Status. Both are cheap to move and safe to copy;
+// neither is thread-safe to mutate concurrently (like any value).
+#pragma once
+
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+
+namespace cubetorchfs {
+
+class [[nodiscard]] Status {
+ public:
+  enum class Code {
+    kOk = 0,
+    kNotFound,          // no such file or directory
+    kPermissionDenied,  // access refused by the store
+    kNotDirectory,      // a path component is not a directory
+    kIsDirectory,       // a file operation on a directory
+    kInvalidArgument,   // bad input from the caller (config, request, path)
+    kIOError,           // the store failed; may succeed if retried
+    kStale,             // the file changed while it was being read
+    kNotSupported,      // the operation is not implemented by this component
+    kReadOnly,          // the file system does not accept writes
+    kNameTooLong,       // a name or path longer than the store allows
+    kCorruption,        // data failed a consistency check
+  };
+
+  Status() = default;
+  static Status OK() { return Status(); }
+  static Status NotFound(std::string_view msg) { return {Code::kNotFound, msg}; }
+  static Status PermissionDenied(std::string_view msg) { return {Code::kPermissionDenied, msg}; }
+  static Status NotDirectory(std::string_view msg) { return {Code::kNotDirectory, msg}; }
+  static Status IsDirectory(std::string_view msg) { return {Code::kIsDirectory, msg}; }
+  static Status InvalidArgument(std::string_view msg) { return {Code::kInvalidArgument, msg}; }
+  static Status IOError(std::string_view msg) { return {Code::kIOError, msg}; }
+  static Status Stale(std::string_view msg) { return {Code::kStale, msg}; }
+  static Status NotSupported(std::string_view msg) { return {Code::kNotSupported, msg}; }
+  static Status ReadOnly(std::string_view msg) { return {Code::kReadOnly, msg}; }
+  static Status NameTooLong(std::string_view msg) { return {Code::kNameTooLong, msg}; }
+  static Status Corruption(std::string_view msg) { return {Code::kCorruption, msg}; }
+
+  bool ok() const { return code_ == Code::kOk; }
+  Code code() const { return code_; }
+  const std::string& message() const { return msg_; }
+  bool IsNotFound() const { return code_ == Code::kNotFound; }
+  bool IsStale() const { return code_ == Code::kStale; }
+
+  // "IOError: open a/b: No such file..." — for logs and user-facing errors.
+  std::string ToString() const;
+
+ private:
+  Status(Code code, std::string_view msg) : code_(code), msg_(msg) {}
+
+  Code code_ = Code::kOk;
+  std::string msg_;
+};
+
+// Holds a value or an error. Accessing value() of an error aborts (a broken invariant).
+template <typename T>
+class [[nodiscard]] Result {
+ public:
+  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(Status status) : v_(std::move(status)) {  // NOLINT: implicit by design
+    if (std::get<Status>(v_).ok()) std::abort();   // an OK Status carries no value
+  }
+
+  bool ok() const { return std::holds_alternative<T>(v_); }
+  const Status& status() const {
+    static const Status kOk;
+    return ok() ? kOk : std::get<Status>(v_);
+  }
+  T& value() & { return std::get<T>(v_); }
+  const T& value() const& { return std::get<T>(v_); }
+  T&& value() && { return std::get<T>(std::move(v_)); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+  T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
+
+ private:
+  std::variant<T, Status> v_;
+};
+
+// Returns the error from the enclosing function if `expr` (a Status) is not OK.
+#define CTFS_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::cubetorchfs::Status _st = (expr);          \
+    if (!_st.ok()) return _st;                   \
+  } while (0)
+
+}  // namespace cubetorchfs

@@ -1,0 +1,339 @@
+#include "conf/config.h"
+
+#include "common/logging.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <set>
+#include <sstream>
+
+namespace cubetorchfs::conf {
+namespace {
+
+// Keys of the CubeFS client's config.json that we accept without a warning. Most have no
+// meaning here; rdonly, lookupValid and attrValid map onto fuse.* when that is not set.
+const std::set<std::string> kCubeFsClientKeys = {
+    "masterAddr",     "owner",          "consulAddr",      "token",          "rdonly",
+    "lookupValid",    "attrValid",      "icacheTimeout",   "enSyncWrite",    "autoInvalData",
+    "writecache",     "keepcache",      "readRate",        "writeRate",      "followerRead",
+    "nearRead",       "accessKey",      "secretKey",       "subdir",         "fsyncOnClose",
+    "maxcpus",        "enableXattr",    "enablePosixACL",  "enableSummary",  "enableUnixPermission",
+    "disableDcache",  "bcacheDir",      "maxStreamerLimit", "clientKey",     "authenticate",
+    "ticketHost",     "enableHTTPS",    "certFile",        "warnLogDir",     "logDirSize",
+    "readThreads",    "writeThreads",   "enableBcache",    "buffersTotalLimit", "metaSendTimeout",
+    "minWriteAbleDataPartitionCnt",     "bcacheFilterFiles", "bcacheBatchCnt", "bcacheCheckInterval",
+    "prefetchThread", "prefetchBuffer", "mountOptions",    "enableAudit",    "localIP",
+};
+
+// Our own top-level keys.
+const std::set<std::string> kTopLevelKeys = {
+    "volName", "mountPoint", "logDir",   "logLevel", "exporterPort", "profPort",
+    "profile", "backend",    "cache",    "prefetch", "fuse",
+};
+
+Status Bad(const std::string& key, const std::string& why) {
+  return Status::InvalidArgument(key + ": " + why);
+}
+
+std::string Scalar(const YAML::Node& n) { return n.IsScalar() ? n.Scalar() : std::string(); }
+
+Result<std::string> GetString(const YAML::Node& n, const std::string& key) {
+  if (!n.IsScalar()) return Bad(key, "must be a string");
+  return n.Scalar();
+}
+
+Result<uint64_t> GetUint(const YAML::Node& n, const std::string& key, uint64_t max) {
+  if (!n.IsScalar()) return Bad(key, "must be a non-negative integer");
+  const std::string& s = n.Scalar();
+  if (!s.empty() && s[0] == '-') return Bad(key, "must not be negative, got " + s);
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos)
+    return Bad(key, "must be a non-negative integer, got \"" + s + "\"");
+  errno = 0;
+  unsigned long long v = std::strtoull(s.c_str(), nullptr, 10);
+  if (errno == ERANGE || v > max) return Bad(key, "must be at most " + std::to_string(max));
+  return static_cast<uint64_t>(v);
+}
+
+Result<double> GetDouble(const YAML::Node& n, const std::string& key, double lo, double hi) {
+  if (!n.IsScalar()) return Bad(key, "must be a number");
+  const std::string& s = n.Scalar();
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
+    return Bad(key, "must be a number, got \"" + s + "\"");
+  if (v < lo || v > hi) {
+    std::ostringstream os;
+    os << "must be between " << lo << " and " << hi << ", got " << s;
+    return Bad(key, os.str());
+  }
+  return v;
+}
+
+Result<bool> GetBool(const YAML::Node& n, const std::string& key) {
+  std::string s = Scalar(n);
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (s == "true" || s == "yes" || s == "on" || s == "1") return true;
+  if (s == "false" || s == "no" || s == "off" || s == "0") return false;
+  return Bad(key, "must be true or false");
+}
+
+Result<uint64_t> GetSize(const YAML::Node& n, const std::string& key) {
+  if (!n.IsScalar()) return Bad(key, "must be a size (bytes, or a string like \"4GiB\")");
+  Result<uint64_t> r = ParseSize(n.Scalar());
+  if (!r.ok()) return Bad(key, r.status().message());
+  return r;
+}
+
+// Assigns a parsed value or returns the error from the enclosing function.
+#define CTFS_ASSIGN(lhs, expr)        \
+  do {                                \
+    auto _r = (expr);                 \
+    if (!_r.ok()) return _r.status(); \
+    lhs = std::move(_r.value());      \
+  } while (0)
+
+// Visits each key of map section `node` (named `prefix`); unknown keys are errors.
+template <typename Fn>
+Status ForEachKey(const YAML::Node& node, const std::string& prefix,
+                  const std::set<std::string>& known, Fn&& fn) {
+  if (!node.IsMap()) return Bad(prefix, "must be an object");
+  for (const auto& kv : node) {
+    std::string k = Scalar(kv.first);
+    if (!known.count(k)) {
+      std::string list;
+      for (const auto& name : known) list += (list.empty() ? "" : ", ") + name;
+      return Bad(prefix + "." + k, "unknown key (known: " + list + ")");
+    }
+    CTFS_RETURN_IF_ERROR(fn(k, kv.second, prefix + "." + k));
+  }
+  return Status::OK();
+}
+
+Status ParseInject(const YAML::Node& node, InjectOptions* o) {
+  o->enabled = true;
+  return ForEachKey(node, "backend.inject", {"latency_us", "error_rate", "seed"},
+                    [&](const std::string& k, const YAML::Node& v, const std::string& key) {
+                      if (k == "latency_us") CTFS_ASSIGN(o->latency_us, GetUint(v, key, 60'000'000));
+                      if (k == "error_rate") CTFS_ASSIGN(o->error_rate, GetDouble(v, key, 0, 1));
+                      if (k == "seed") CTFS_ASSIGN(o->seed, GetUint(v, key, UINT64_MAX));
+                      return Status::OK();
+                    });
+}
+
+Status ParseBackend(const YAML::Node& node, BackendOptions* o) {
+  return ForEachKey(node, "backend", {"type", "root", "inject"},
+                    [&](const std::string& k, const YAML::Node& v, const std::string& key) {
+                      if (k == "type") CTFS_ASSIGN(o->type, GetString(v, key));
+                      if (k == "root") CTFS_ASSIGN(o->root, GetString(v, key));
+                      if (k == "inject") return ParseInject(v, &o->inject);
+                      return Status::OK();
+                    });
+}
+
+Status ParseCache(const YAML::Node& node, CacheOptions* o) {
+  return ForEachKey(node, "cache", {"memory_bytes", "disk_dir", "disk_bytes", "chunk_bytes"},
+                    [&](const std::string& k, const YAML::Node& v, const std::string& key) {
+                      if (k == "memory_bytes") CTFS_ASSIGN(o->memory_bytes, GetSize(v, key));
+                      if (k == "disk_dir") CTFS_ASSIGN(o->disk_dir, GetString(v, key));
+                      if (k == "disk_bytes") CTFS_ASSIGN(o->disk_bytes, GetSize(v, key));
+                      if (k == "chunk_bytes") CTFS_ASSIGN(o->chunk_bytes, GetSize(v, key));
+                      return Status::OK();
+                    });
+}
+
+Status ParsePrefetch(const YAML::Node& node, PrefetchOptions* o) {
+  return ForEachKey(
+      node, "prefetch",
+      {"enabled", "max_inflight", "window_files", "window_bytes", "evict_after_read",
+       "control_socket"},
+      [&](const std::string& k, const YAML::Node& v, const std::string& key) {
+        if (k == "enabled") CTFS_ASSIGN(o->enabled, GetBool(v, key));
+        if (k == "max_inflight") {
+          uint64_t n = 0;
+          CTFS_ASSIGN(n, GetUint(v, key, 4096));
+          if (n == 0) return Bad(key, "must be at least 1");
+          o->max_inflight = static_cast<uint32_t>(n);
+        }
+        if (k == "window_files") CTFS_ASSIGN(o->window_files, GetUint(v, key, UINT64_MAX));
+        if (k == "window_bytes") CTFS_ASSIGN(o->window_bytes, GetSize(v, key));
+        if (k == "evict_after_read") CTFS_ASSIGN(o->evict_after_read, GetBool(v, key));
+        if (k == "control_socket") CTFS_ASSIGN(o->control_socket, GetString(v, key));
+        return Status::OK();
+      });
+}
+
+// Which fuse.* timeouts the file set explicitly (so profile and CubeFS keys don't override).
+struct FuseExplicit {
+  bool entry = false, attr = false, negative = false, read_only = false, keep_cache = false;
+};
+
+Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
+  constexpr double kMaxTimeout = 86400.0 * 365;
+  return ForEachKey(
+      node, "fuse",
+      {"read_only", "entry_timeout_s", "attr_timeout_s", "negative_timeout_s", "max_read",
+       "keep_cache"},
+      [&](const std::string& k, const YAML::Node& v, const std::string& key) {
+        if (k == "read_only") {
+          CTFS_ASSIGN(o->read_only, GetBool(v, key));
+          set->read_only = true;
+        }
+        if (k == "entry_timeout_s") {
+          CTFS_ASSIGN(o->entry_timeout_s, GetDouble(v, key, 0, kMaxTimeout));
+          set->entry = true;
+        }
+        if (k == "attr_timeout_s") {
+          CTFS_ASSIGN(o->attr_timeout_s, GetDouble(v, key, 0, kMaxTimeout));
+          set->attr = true;
+        }
+        if (k == "negative_timeout_s") {
+          CTFS_ASSIGN(o->negative_timeout_s, GetDouble(v, key, 0, kMaxTimeout));
+          set->negative = true;
+        }
+        if (k == "max_read") {
+          CTFS_ASSIGN(o->max_read, GetSize(v, key));
+          if (o->max_read < 4096 || o->max_read > (1u << 20))
+            return Bad(key, "must be between 4KiB and 1MiB");
+        }
+        if (k == "keep_cache") {
+          CTFS_ASSIGN(o->keep_cache, GetBool(v, key));
+          set->keep_cache = true;
+        }
+        return Status::OK();
+      });
+}
+
+Status Validate(const Config& c) {
+  if (c.vol_name.empty()) return Bad("volName", "required (the volume or bucket name)");
+  if (c.vol_name.find('/') != std::string::npos || c.vol_name == "." || c.vol_name == "..")
+    return Bad("volName", "must not contain '/'");
+  if (c.backend.type == "s3")
+    return Bad("backend.type", "\"s3\" is not available in this build yet; use \"posix\"");
+  if (c.backend.type != "posix")
+    return Bad("backend.type", "unknown backend \"" + c.backend.type + "\" (known: posix)");
+  if (c.backend.root.empty()) return Bad("backend.root", "required for the posix backend");
+  if (c.cache.memory_bytes < (1u << 20)) return Bad("cache.memory_bytes", "must be at least 1MiB");
+  if (c.cache.chunk_bytes < (64u << 10) || c.cache.chunk_bytes > (1ull << 30))
+    return Bad("cache.chunk_bytes", "must be between 64KiB and 1GiB");
+  if (c.cache.chunk_bytes % 4096 != 0)
+    return Bad("cache.chunk_bytes", "must be a multiple of 4KiB");
+  if (Result<LogLevel> level = ParseLogLevel(c.log_level); !level.ok())
+    return Bad("logLevel", level.status().message());
+  if (c.exporter_port != 0 && c.exporter_port == c.prof_port)
+    return Bad("profPort", "must differ from exporterPort");
+  if (!c.profile.empty() && c.profile != "ai_prefetch")
+    return Bad("profile", "unknown profile \"" + c.profile + "\" (known: ai_prefetch)");
+  return Status::OK();
+}
+
+Result<Config> ParseNode(const YAML::Node& root) {
+  if (!root.IsMap()) return Bad("config", "must be an object at the top level");
+  Config c;
+  FuseExplicit fuse_set;
+  std::optional<YAML::Node> cubefs_rdonly, cubefs_lookup, cubefs_attr;
+  for (const auto& kv : root) {
+    std::string k = Scalar(kv.first);
+    const YAML::Node& v = kv.second;
+    if (k == "volName") CTFS_ASSIGN(c.vol_name, GetString(v, k));
+    else if (k == "mountPoint") CTFS_ASSIGN(c.mount_point, GetString(v, k));
+    else if (k == "logDir") CTFS_ASSIGN(c.log_dir, GetString(v, k));
+    else if (k == "logLevel") CTFS_ASSIGN(c.log_level, GetString(v, k));
+    else if (k == "profile") CTFS_ASSIGN(c.profile, GetString(v, k));
+    else if (k == "exporterPort" || k == "profPort") {
+      uint64_t port = 0;
+      if (!(v.IsScalar() && v.Scalar().empty())) CTFS_ASSIGN(port, GetUint(v, k, 65535));
+      (k == "exporterPort" ? c.exporter_port : c.prof_port) = static_cast<uint16_t>(port);
+    } else if (k == "backend") CTFS_RETURN_IF_ERROR(ParseBackend(v, &c.backend));
+    else if (k == "cache") CTFS_RETURN_IF_ERROR(ParseCache(v, &c.cache));
+    else if (k == "prefetch") CTFS_RETURN_IF_ERROR(ParsePrefetch(v, &c.prefetch));
+    else if (k == "fuse") CTFS_RETURN_IF_ERROR(ParseFuse(v, &c.fuse, &fuse_set));
+    else if (k == "rdonly") cubefs_rdonly = v;
+    else if (k == "lookupValid") cubefs_lookup = v;
+    else if (k == "attrValid") cubefs_attr = v;
+    else if (!kCubeFsClientKeys.count(k)) c.unknown_top_level_keys.push_back(k);
+  }
+  if (c.profile == "ai_prefetch") {
+    if (!fuse_set.entry) c.fuse.entry_timeout_s = 300;
+    if (!fuse_set.attr) c.fuse.attr_timeout_s = 300;
+    if (!fuse_set.negative) c.fuse.negative_timeout_s = 5;
+    if (!fuse_set.keep_cache) c.fuse.keep_cache = true;
+  }
+  if (cubefs_rdonly && !fuse_set.read_only) CTFS_ASSIGN(c.fuse.read_only, GetBool(*cubefs_rdonly, "rdonly"));
+  if (cubefs_lookup && !fuse_set.entry)
+    CTFS_ASSIGN(c.fuse.entry_timeout_s, GetDouble(*cubefs_lookup, "lookupValid", 0, 86400));
+  if (cubefs_attr && !fuse_set.attr)
+    CTFS_ASSIGN(c.fuse.attr_timeout_s, GetDouble(*cubefs_attr, "attrValid", 0, 86400));
+  CTFS_RETURN_IF_ERROR(Validate(c));
+  return c;
+}
+
+}  // namespace
+
+Result<uint64_t> ParseSize(std::string_view text) {
+  std::string s(text);
+  size_t b = s.find_first_not_of(" \t");
+  size_t e = s.find_last_not_of(" \t");
+  if (b == std::string::npos) return Status::InvalidArgument("empty size");
+  s = s.substr(b, e - b + 1);
+  if (s[0] == '-') return Status::InvalidArgument("size must not be negative, got \"" + s + "\"");
+  size_t num_end = 0;
+  while (num_end < s.size() && (std::isdigit(static_cast<unsigned char>(s[num_end])) || s[num_end] == '.'))
+    ++num_end;
+  std::string num = s.substr(0, num_end);
+  std::string unit = s.substr(num_end);
+  size_t ub = unit.find_first_not_of(" \t");
+  unit = ub == std::string::npos ? "" : unit.substr(ub);
+  if (num.empty() || std::count(num.begin(), num.end(), '.') > 1)
+    return Status::InvalidArgument("not a size: \"" + s + "\" (use bytes or e.g. \"4GiB\")");
+  std::string u;
+  for (char c : unit) u += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  uint64_t mult = 0;
+  if (u.empty() || u == "b") mult = 1;
+  else if (u == "k" || u == "kb" || u == "kib") mult = 1ull << 10;
+  else if (u == "m" || u == "mb" || u == "mib") mult = 1ull << 20;
+  else if (u == "g" || u == "gb" || u == "gib") mult = 1ull << 30;
+  else if (u == "t" || u == "tb" || u == "tib") mult = 1ull << 40;
+  else
+    return Status::InvalidArgument("unknown unit \"" + unit + "\" in \"" + s +
+                                   "\" (use B, KiB, MiB, GiB or TiB)");
+  long double v = std::strtold(num.c_str(), nullptr) * static_cast<long double>(mult);
+  if (v > static_cast<long double>(std::numeric_limits<uint64_t>::max()))
+    return Status::InvalidArgument("size too large: \"" + s + "\"");
+  if (v != std::floor(v)) return Status::InvalidArgument("not a whole number of bytes: \"" + s + "\"");
+  return static_cast<uint64_t>(v);
+}
+
+Result<Config> ParseConfig(const std::string& text, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return Status::InvalidArgument(source + ": not valid JSON or YAML at line " +
+                                   std::to_string(e.mark.line + 1) + ", column " +
+                                   std::to_string(e.mark.column + 1) + ": " + e.msg);
+  }
+  try {
+    return ParseNode(root);
+  } catch (const YAML::Exception& e) {  // a malformed node yaml-cpp only notices on access
+    return Status::InvalidArgument(source + ": " + e.what());
+  }
+}
+
+Result<Config> LoadConfig(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::InvalidArgument(path + ": cannot read config: " + std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ParseConfig(ss.str(), path);
+}
+
+}  // namespace cubetorchfs::conf

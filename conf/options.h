@@ -1,0 +1,71 @@
+// Options of every component: plain structs with inline defaults.
+//
+// Read from JSON or YAML only by conf/config.h; other components receive the struct for their
+// own part through their constructor. Sizes are bytes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cubetorchfs::conf {
+
+// backend.inject: fault and latency injection around any backend (tests and benchmarks).
+struct InjectOptions {
+  bool enabled = false;      // true when the section is present. Default: off.
+  uint64_t latency_us = 0;   // added to every backend request. Default: 0.
+  double error_rate = 0.0;   // fraction of requests failing with EIO, in [0, 1]. Default: 0.
+  uint64_t seed = 1;         // seeds the error draw so runs repeat. Default: 1.
+};
+
+struct BackendOptions {
+  std::string type = "posix";  // "posix" (a directory tree). Default: posix.
+  std::string root;            // posix: the directory served. Required for posix.
+  InjectOptions inject;
+};
+
+struct CacheOptions {
+  uint64_t memory_bytes = 4ull << 30;  // RAM tier budget. Default: 4 GiB.
+  std::string disk_dir;                // NVMe tier directory; "" = no tier. Default: "".
+  uint64_t disk_bytes = 0;             // NVMe tier budget. Default: 0.
+  uint64_t chunk_bytes = 4ull << 20;   // files above this are cached in chunks. Default: 4 MiB.
+};
+
+struct PrefetchOptions {
+  bool enabled = true;                   // Default: true.
+  uint32_t max_inflight = 64;            // parallel backend fetches. Default: 64.
+  uint64_t window_files = 4096;          // files fetched ahead of a stream's cursor. Default: 4096.
+  uint64_t window_bytes = 1ull << 30;    // bytes fetched ahead. Default: 1 GiB.
+  bool evict_after_read = true;          // Default: true.
+  std::string control_socket;            // Default: /run/cubetorchfs/<volName>.sock.
+};
+
+struct FuseOptions {
+  bool read_only = false;           // Default: false (writes still EROFS until supported).
+  double entry_timeout_s = 1.0;     // Default: 1 s; 300 s with profile ai_prefetch.
+  double attr_timeout_s = 1.0;      // Default: 1 s; 300 s with profile ai_prefetch.
+  double negative_timeout_s = 0.0;  // Default: 0 s; 5 s with profile ai_prefetch.
+  uint64_t max_read = 1ull << 20;   // largest read/write request. Default: 1 MiB.
+  // Keep the kernel page cache across opens of a file whose version (size, mtime) did not
+  // change. Default: false; true with profile ai_prefetch.
+  bool keep_cache = false;
+};
+
+struct Config {
+  std::string vol_name;           // volName. Required.
+  std::string mount_point;        // mountPoint; the command line may override it.
+  std::string log_dir;            // logDir; "" logs to stderr. Default: "".
+  std::string log_level = "info";  // logLevel. Default: info.
+  uint16_t exporter_port = 0;     // exporterPort; 0 = no metrics listener. Default: 0.
+  uint16_t prof_port = 0;         // profPort; 0 = no legacy listener. Default: 0.
+  std::string profile;            // "" or "ai_prefetch". Default: "".
+  BackendOptions backend;
+  CacheOptions cache;
+  PrefetchOptions prefetch;
+  FuseOptions fuse;
+
+  // Top-level keys that are neither ours nor the CubeFS client's, for one warning.
+  std::vector<std::string> unknown_top_level_keys;
+};
+
+}  // namespace cubetorchfs::conf

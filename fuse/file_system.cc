@@ -1,0 +1,185 @@
+#include "fuse/file_system.h"
+
+#include <fcntl.h>
+#include <prometheus/counter.h>
+#include <prometheus/registry.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+namespace cubetorchfs::fuse {
+
+size_t ReadResult::size() const {
+  size_t n = 0;
+  for (const auto& s : slices) n += s.length;
+  return n;
+}
+
+Result<std::unique_ptr<FileSystem>> FileSystem::New(const Options& options,
+                                                    cfs_client::Backend* backend,
+                                                    cache::RamCache* cache, Clock* clock,
+                                                    prometheus::Registry& registry) {
+  Result<cfs_client::FileAttr> root = backend->Stat("");
+  if (!root.ok()) return root.status();
+  if (!root->IsDir()) return Status::NotDirectory("the store's root is not a directory");
+  return std::unique_ptr<FileSystem>(
+      new FileSystem(options, backend, cache, clock, registry, root.value()));
+}
+
+FileSystem::FileSystem(const Options& options, cfs_client::Backend* backend,
+                       cache::RamCache* cache, Clock* clock, prometheus::Registry& registry,
+                       const cfs_client::FileAttr& root_attr)
+    : options_(options),
+      backend_(backend),
+      cache_(cache),
+      clock_(clock),
+      inodes_(root_attr, clock->NowNanos()) {
+  auto& reads = prometheus::BuildCounter()
+                    .Name("cubetorchfs_reads_total")
+                    .Help("FUSE reads of regular files. hit: no wait on the backend; late: waited "
+                          "on a prefetch in flight; miss: fetched synchronously")
+                    .Register(registry);
+  reads_hit_ = &reads.Add({{"result", "hit"}});
+  reads.Add({{"result", "late"}});  // exported as 0 until prefetching exists
+  reads_miss_ = &reads.Add({{"result", "miss"}});
+  auto& bytes = prometheus::BuildCounter()
+                    .Name("cubetorchfs_read_bytes_total")
+                    .Help("Bytes returned by FUSE reads, by where they came from")
+                    .Register(registry);
+  bytes_ram_ = &bytes.Add({{"source", "ram"}});
+  bytes.Add({{"source", "disk"}});  // exported as 0 until the NVMe tier exists
+  bytes_backend_ = &bytes.Add({{"source", "backend"}});
+}
+
+FileSystem::~FileSystem() = default;
+
+std::string FileSystem::ChildPath(const std::string& parent, const std::string& name) {
+  return parent.empty() ? name : parent + "/" + name;
+}
+
+Result<InodeInfo> FileSystem::GetInode(uint64_t ino) {
+  std::optional<InodeInfo> info = inodes_.Get(ino);
+  if (!info) return Status::Stale("inode " + std::to_string(ino) + " is not known");
+  return *info;
+}
+
+Result<cfs_client::FileAttr> FileSystem::FreshAttr(const InodeInfo& inode) {
+  const uint64_t now = clock_->NowNanos();
+  const double age_s = static_cast<double>(now - inode.attr_time_ns) / 1e9;
+  if (age_s < options_.attr_timeout_s) return inode.attr;
+  Result<cfs_client::FileAttr> attr = backend_->Stat(inode.path);
+  if (attr.ok()) inodes_.SetAttr(inode.ino, attr.value(), now);
+  return attr;
+}
+
+Result<Entry> FileSystem::Lookup(uint64_t parent, const std::string& name) {
+  Result<InodeInfo> dir = GetInode(parent);
+  if (!dir.ok()) return dir.status();
+  if (!dir->attr.IsDir()) return Status::NotDirectory(dir->path);
+  if (name.size() > 255) return Status::NameTooLong(name.substr(0, 32) + "...");
+  std::string path = ChildPath(dir->path, name);
+  Result<cfs_client::FileAttr> attr = backend_->Stat(path);
+  if (!attr.ok()) return attr.status();
+  return Entry{inodes_.Acquire(path, attr.value(), clock_->NowNanos()), attr.value()};
+}
+
+void FileSystem::Forget(uint64_t ino, uint64_t nlookup) { inodes_.Forget(ino, nlookup); }
+
+Result<cfs_client::FileAttr> FileSystem::GetAttr(uint64_t ino) {
+  // The kernel asks only when its own copy expired, so answer from the store.
+  Result<InodeInfo> inode = GetInode(ino);
+  if (!inode.ok()) return inode.status();
+  Result<cfs_client::FileAttr> attr = backend_->Stat(inode->path);
+  if (attr.ok()) inodes_.SetAttr(ino, attr.value(), clock_->NowNanos());
+  return attr;
+}
+
+Result<std::string> FileSystem::ReadLink(uint64_t ino) {
+  Result<InodeInfo> inode = GetInode(ino);
+  if (!inode.ok()) return inode.status();
+  return backend_->ReadLink(inode->path);
+}
+
+Result<std::unique_ptr<DirHandle>> FileSystem::OpenDir(uint64_t ino) {
+  Result<InodeInfo> inode = GetInode(ino);
+  if (!inode.ok()) return inode.status();
+  Result<std::vector<cfs_client::DirEntry>> entries = backend_->List(inode->path);
+  if (!entries.ok()) return entries.status();
+  auto handle = std::make_unique<DirHandle>();
+  handle->ino = ino;
+  handle->path = inode->path;
+  handle->entries = std::move(entries).value();
+  return handle;
+}
+
+uint64_t FileSystem::AcquireDirEntry(const DirHandle& dir, const cfs_client::DirEntry& entry) {
+  return inodes_.Acquire(ChildPath(dir.path, entry.name), entry.attr, clock_->NowNanos());
+}
+
+Result<OpenResult> FileSystem::Open(uint64_t ino, int flags) {
+  if ((flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC))
+    return Status::ReadOnly("writes are not supported");
+  Result<InodeInfo> inode = GetInode(ino);
+  if (!inode.ok()) return inode.status();
+  Result<cfs_client::FileAttr> attr = FreshAttr(inode.value());
+  if (!attr.ok()) return attr.status();
+  if (attr->IsDir()) return Status::IsDirectory(inode->path);
+  if (!attr->IsRegular()) return Status::InvalidArgument(inode->path + ": not a regular file");
+
+  OpenResult r;
+  r.handle = std::make_unique<FileHandle>(FileHandle{ino, inode->path, attr->Version()});
+  std::optional<cfs_client::FileVersion> previous = inodes_.SetOpenedVersion(ino, attr->Version());
+  const bool unchanged = previous && *previous == attr->Version();
+  r.keep_cache = options_.keep_cache && unchanged;
+  r.invalidate_inode = previous && !unchanged;
+  return r;
+}
+
+Result<ReadResult> FileSystem::Read(const FileHandle& handle, uint64_t offset, size_t size) {
+  ReadResult out;
+  const uint64_t file_size = handle.version.size;
+  if (offset >= file_size || size == 0) return out;
+  const uint64_t end = std::min<uint64_t>(file_size, offset + size);
+  // Files up to chunk_bytes are one whole-file entry; larger ones are chunks of chunk_bytes.
+  const uint64_t chunk_bytes = options_.chunk_bytes;
+  bool waited = false;
+  uint64_t backend_bytes = 0;
+  for (uint64_t chunk = offset / chunk_bytes; chunk * chunk_bytes < end; ++chunk) {
+    const uint64_t chunk_begin = chunk * chunk_bytes;
+    const size_t chunk_len = static_cast<size_t>(std::min(chunk_bytes, file_size - chunk_begin));
+    Result<cache::Lookup> got = cache_->GetOrFetch(
+        cache::ChunkKey(handle.path, handle.version, chunk), [&]() -> Result<cache::BufferRef> {
+          std::shared_ptr<cache::Buffer> buf = cache::Buffer::Allocate(chunk_len);
+          Result<size_t> n = backend_->Read(handle.path, handle.version, chunk_begin, chunk_len,
+                                            buf->data.get());
+          if (!n.ok()) return n.status();
+          if (n.value() != chunk_len)
+            return Status::Stale(handle.path + ": file shorter than its size in the store");
+          return cache::BufferRef(std::move(buf));
+        });
+    if (!got.ok()) return got.status();
+    const size_t from = static_cast<size_t>(std::max(offset, chunk_begin) - chunk_begin);
+    const size_t to = static_cast<size_t>(std::min<uint64_t>(end, chunk_begin + chunk_len) - chunk_begin);
+    if (got->served != cache::Served::kCached) {
+      waited = true;
+      backend_bytes += to - from;
+    }
+    out.slices.push_back({got->buffer, from, to - from});
+  }
+  (waited ? reads_miss_ : reads_hit_)->Increment();
+  const size_t total = out.size();
+  bytes_backend_->Increment(static_cast<double>(backend_bytes));
+  bytes_ram_->Increment(static_cast<double>(total - backend_bytes));
+  return out;
+}
+
+Result<cfs_client::FsStats> FileSystem::StatFs() { return backend_->StatFs(); }
+
+Status FileSystem::Access(uint64_t ino, int mask) {
+  Result<InodeInfo> inode = GetInode(ino);
+  if (!inode.ok()) return inode.status();
+  if (mask & W_OK) return Status::ReadOnly("writes are not supported");
+  return Status::OK();
+}
+
+}  // namespace cubetorchfs::fuse

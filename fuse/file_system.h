@@ -1,0 +1,117 @@
+// The file system's logic, free of libfuse: what each FUSE operation does, returning values
+// or a Status. fuse_ops.cc turns these into kernel replies (and Status into errno).
+//
+// Reads go through the RAM cache in units of whole files (up to chunk_bytes) or chunks of
+// chunk_bytes; a read that needed no backend data is a hit, one that fetched or waited on a
+// fetch is a miss. Attributes come from the inode table while younger than attr_timeout_s, so
+// opening a file whose metadata is fresh costs no backend request.
+//
+// Thread safety: all methods may be called concurrently from the FUSE worker threads. No lock
+// is held across a backend call.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/ram_cache.h"
+#include "cfs_client/backend.h"
+#include "common/clock.h"
+#include "common/status.h"
+#include "fuse/inode_table.h"
+
+namespace prometheus {
+class Registry;
+class Counter;
+}  // namespace prometheus
+
+namespace cubetorchfs::fuse {
+
+struct Entry {
+  uint64_t ino = 0;
+  cfs_client::FileAttr attr;
+};
+
+// An open regular file: the version it was opened at is the version every read serves.
+struct FileHandle {
+  uint64_t ino = 0;
+  std::string path;
+  cfs_client::FileVersion version;
+};
+
+struct DirHandle {
+  uint64_t ino = 0;
+  std::string path;
+  std::vector<cfs_client::DirEntry> entries;  // a snapshot taken at opendir
+};
+
+struct OpenResult {
+  std::unique_ptr<FileHandle> handle;
+  bool keep_cache = false;       // the kernel may keep its page cache of the file
+  bool invalidate_inode = false;  // the file changed: drop the kernel's cached attrs and pages
+};
+
+// Bytes of a read, as slices of cached buffers (no copy until the kernel reply).
+struct ReadResult {
+  struct Slice {
+    cache::BufferRef buffer;
+    size_t offset = 0;
+    size_t length = 0;
+  };
+  std::vector<Slice> slices;
+  size_t size() const;
+};
+
+class FileSystem {
+ public:
+  struct Options {
+    double attr_timeout_s = 1.0;
+    bool keep_cache = false;
+    uint64_t chunk_bytes = 4ull << 20;
+  };
+
+  // `backend`, `cache`, `clock` and `registry` must outlive the FileSystem. Fails if the
+  // store's root cannot be read.
+  static Result<std::unique_ptr<FileSystem>> New(const Options& options, cfs_client::Backend* backend,
+                                                 cache::RamCache* cache, Clock* clock,
+                                                 prometheus::Registry& registry);
+  ~FileSystem();
+
+  Result<Entry> Lookup(uint64_t parent, const std::string& name);  // adds one lookup
+  void Forget(uint64_t ino, uint64_t nlookup);
+  Result<cfs_client::FileAttr> GetAttr(uint64_t ino);
+  Result<std::string> ReadLink(uint64_t ino);
+  Result<std::unique_ptr<DirHandle>> OpenDir(uint64_t ino);
+  // For readdirplus: the inode of `entry` of `dir`, with one lookup added.
+  uint64_t AcquireDirEntry(const DirHandle& dir, const cfs_client::DirEntry& entry);
+  Result<OpenResult> Open(uint64_t ino, int flags);
+  Result<ReadResult> Read(const FileHandle& handle, uint64_t offset, size_t size);
+  Result<cfs_client::FsStats> StatFs();
+  Status Access(uint64_t ino, int mask);
+
+  const InodeTable& inodes() const { return inodes_; }
+
+ private:
+  FileSystem(const Options& options, cfs_client::Backend* backend, cache::RamCache* cache,
+             Clock* clock, prometheus::Registry& registry, const cfs_client::FileAttr& root_attr);
+
+  Result<InodeInfo> GetInode(uint64_t ino);
+  // The inode's attributes, re-read from the store when older than attr_timeout_s.
+  Result<cfs_client::FileAttr> FreshAttr(const InodeInfo& inode);
+  static std::string ChildPath(const std::string& parent, const std::string& name);
+
+  const Options options_;
+  cfs_client::Backend* const backend_;
+  cache::RamCache* const cache_;
+  Clock* const clock_;
+  InodeTable inodes_;
+
+  // Owned by the registry.
+  prometheus::Counter* reads_hit_;
+  prometheus::Counter* reads_miss_;
+  prometheus::Counter* bytes_ram_;
+  prometheus::Counter* bytes_backend_;
+};
+
+}  // namespace cubetorchfs::fuse

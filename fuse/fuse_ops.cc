@@ -1,0 +1,372 @@
+#include "fuse/fuse_ops.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+
+#include "common/logging.h"
+
+namespace cubetorchfs::fuse {
+
+enum Op {
+  kLookup, kForget, kGetattr, kReadlink, kOpendir, kReaddir, kReaddirplus, kReleasedir, kOpen,
+  kRead, kRelease, kStatfs, kAccess, kGetxattr, kListxattr, kWrite, kNumOps
+};
+constexpr std::array<const char*, kNumOps> kOpNames = {
+    "lookup", "forget", "getattr", "readlink", "opendir", "readdir", "readdirplus", "releasedir",
+    "open", "read", "release", "statfs", "access", "getxattr", "listxattr", "write"};
+
+// cubetorchfs_fuse_ops_total{op} and cubetorchfs_fuse_op_seconds{op}; owned by the registry.
+struct OpMetrics {
+  explicit OpMetrics(prometheus::Registry& registry) {
+    auto& ops = prometheus::BuildCounter()
+                    .Name("cubetorchfs_fuse_ops_total")
+                    .Help("FUSE requests handled, by operation")
+                    .Register(registry);
+    auto& secs = prometheus::BuildHistogram()
+                     .Name("cubetorchfs_fuse_op_seconds")
+                     .Help("Time to handle a FUSE request, by operation")
+                     .Register(registry);
+    const prometheus::Histogram::BucketBoundaries buckets = {
+        0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+        0.025,   0.05,     0.1,     0.25,   0.5,     1,      2.5,   5,      10};
+    for (int op = 0; op < kNumOps; ++op) {
+      count[op] = &ops.Add({{"op", kOpNames[op]}});
+      seconds[op] = &secs.Add({{"op", kOpNames[op]}}, buckets);
+    }
+  }
+  prometheus::Counter* count[kNumOps];
+  prometheus::Histogram* seconds[kNumOps];
+};
+
+FuseContext::FuseContext(FileSystem* filesystem, const conf::FuseOptions& opts,
+                         prometheus::Registry& registry)
+    : fs(filesystem), options(opts), metrics(std::make_unique<OpMetrics>(registry)) {}
+FuseContext::~FuseContext() = default;
+
+int ToErrno(const Status& s) {
+  using Code = Status::Code;
+  switch (s.code()) {
+    case Code::kOk: return 0;
+    case Code::kNotFound: return ENOENT;
+    case Code::kPermissionDenied: return EACCES;
+    case Code::kNotDirectory: return ENOTDIR;
+    case Code::kIsDirectory: return EISDIR;
+    case Code::kInvalidArgument: return EINVAL;
+    case Code::kIOError: return EIO;
+    case Code::kStale: return ESTALE;
+    case Code::kNotSupported: return ENOTSUP;
+    case Code::kReadOnly: return EROFS;
+    case Code::kNameTooLong: return ENAMETOOLONG;
+    case Code::kCorruption: return EIO;
+  }
+  return EIO;
+}
+
+namespace {
+
+FuseContext& Ctx(fuse_req_t req) { return *static_cast<FuseContext*>(fuse_req_userdata(req)); }
+
+// Counts and times one request.
+class OpScope {
+ public:
+  OpScope(fuse_req_t req, Op op) : m_(*Ctx(req).metrics), op_(op), start_(SystemClock()->NowNanos()) {}
+  ~OpScope() {
+    m_.count[op_]->Increment();
+    m_.seconds[op_]->Observe(static_cast<double>(SystemClock()->NowNanos() - start_) / 1e9);
+  }
+
+ private:
+  OpMetrics& m_;
+  Op op_;
+  uint64_t start_;
+};
+
+void ReplyError(fuse_req_t req, const Status& s, const char* op) {
+  int err = ToErrno(s);
+  if (err == EIO || err == ESTALE) {
+    CTFS_LOG(kWarn) << op << ": " << s.ToString();
+  } else {
+    CTFS_LOG(kDebug) << op << ": " << s.ToString();
+  }
+  fuse_reply_err(req, err);
+}
+
+struct stat ToStat(uint64_t ino, const cfs_client::FileAttr& a) {
+  struct stat st {};
+  st.st_ino = ino;
+  st.st_mode = a.mode;
+  st.st_nlink = a.nlink;
+  st.st_uid = a.uid;
+  st.st_gid = a.gid;
+  st.st_size = static_cast<off_t>(a.size);
+  st.st_blksize = 4096;
+  st.st_blocks = static_cast<blkcnt_t>(a.blocks);
+  auto ts = [](int64_t ns) {
+    return timespec{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+  };
+  st.st_atim = ts(a.atime_ns);
+  st.st_mtim = ts(a.mtime_ns);
+  st.st_ctim = ts(a.ctime_ns);
+  return st;
+}
+
+fuse_entry_param ToEntryParam(const FuseContext& ctx, uint64_t ino, const cfs_client::FileAttr& a) {
+  fuse_entry_param e{};
+  e.ino = ino;
+  e.generation = 0;  // inode numbers are never reused
+  e.attr = ToStat(ino, a);
+  e.attr_timeout = ctx.options.attr_timeout_s;
+  e.entry_timeout = ctx.options.entry_timeout_s;
+  return e;
+}
+
+void Init(void* userdata, fuse_conn_info* conn) {
+  auto* ctx = static_cast<FuseContext*>(userdata);
+  conn->max_read = static_cast<unsigned>(ctx->options.max_read);  // must match -o max_read
+  conn->max_write = static_cast<unsigned>(ctx->options.max_read);
+  conn->max_readahead = static_cast<unsigned>(ctx->options.max_read);
+  // Many training workers read at once; let the kernel keep many reads in flight.
+  conn->max_background = 128;
+  conn->congestion_threshold = 96;
+  if (ctx->options.keep_cache && (conn->capable & FUSE_CAP_CACHE_SYMLINKS))
+    conn->want |= FUSE_CAP_CACHE_SYMLINKS;
+  // Drop the kernel's cached pages when the attributes show the file changed.
+  if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
+  conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+  CTFS_LOG(kInfo) << "FUSE session started: protocol " << conn->proto_major << "."
+                  << conn->proto_minor << ", max_read " << ctx->options.max_read;
+}
+
+void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  OpScope scope(req, kLookup);
+  FuseContext& ctx = Ctx(req);
+  Result<Entry> e = ctx.fs->Lookup(parent, name);
+  if (!e.ok()) {
+    if (e.status().IsNotFound() && ctx.options.negative_timeout_s > 0) {
+      fuse_entry_param neg{};  // ino 0: the kernel caches the absence
+      neg.entry_timeout = ctx.options.negative_timeout_s;
+      fuse_reply_entry(req, &neg);
+      return;
+    }
+    ReplyError(req, e.status(), "lookup");
+    return;
+  }
+  fuse_entry_param param = ToEntryParam(ctx, e->ino, e->attr);
+  fuse_reply_entry(req, &param);
+}
+
+void Forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
+  OpScope scope(req, kForget);
+  Ctx(req).fs->Forget(ino, nlookup);
+  fuse_reply_none(req);
+}
+
+void ForgetMulti(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
+  OpScope scope(req, kForget);
+  for (size_t i = 0; i < count; ++i) Ctx(req).fs->Forget(forgets[i].ino, forgets[i].nlookup);
+  fuse_reply_none(req);
+}
+
+void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  OpScope scope(req, kGetattr);
+  FuseContext& ctx = Ctx(req);
+  Result<cfs_client::FileAttr> a = ctx.fs->GetAttr(ino);
+  if (!a.ok()) return ReplyError(req, a.status(), "getattr");
+  struct stat st = ToStat(ino, a.value());
+  fuse_reply_attr(req, &st, ctx.options.attr_timeout_s);
+}
+
+void ReadLink(fuse_req_t req, fuse_ino_t ino) {
+  OpScope scope(req, kReadlink);
+  Result<std::string> target = Ctx(req).fs->ReadLink(ino);
+  if (!target.ok()) return ReplyError(req, target.status(), "readlink");
+  fuse_reply_readlink(req, target->c_str());
+}
+
+void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  OpScope scope(req, kOpendir);
+  Result<std::unique_ptr<DirHandle>> dir = Ctx(req).fs->OpenDir(ino);
+  if (!dir.ok()) return ReplyError(req, dir.status(), "opendir");
+  fi->fh = reinterpret_cast<uint64_t>(dir.value().release());
+  fi->cache_readdir = Ctx(req).options.keep_cache;
+  if (fuse_reply_open(req, fi) == -ENOENT) delete reinterpret_cast<DirHandle*>(fi->fh);
+}
+
+// Lists entries from `offset` (0 = start; entry i has offset i+1, "." and ".." first).
+void DoReadDir(fuse_req_t req, size_t size, off_t offset, fuse_file_info* fi, bool plus) {
+  FuseContext& ctx = Ctx(req);
+  const DirHandle& dir = *reinterpret_cast<DirHandle*>(fi->fh);
+  std::vector<char> buf(size);
+  size_t used = 0;
+  const size_t total = dir.entries.size() + 2;
+  for (size_t i = static_cast<size_t>(offset); i < total; ++i) {
+    const bool dot = i < 2;
+    const char* name = i == 0 ? "." : i == 1 ? ".." : dir.entries[i - 2].name.c_str();
+    const off_t next = static_cast<off_t>(i + 1);
+    if (!plus) {
+      struct stat st {};
+      st.st_ino = dot ? dir.ino : 0;
+      st.st_mode = dot ? S_IFDIR : dir.entries[i - 2].attr.mode;
+      size_t n = fuse_add_direntry(req, buf.data() + used, size - used, name, &st, next);
+      if (n > size - used) break;
+      used += n;
+      continue;
+    }
+    if (fuse_add_direntry_plus(req, nullptr, 0, name, nullptr, 0) > size - used) break;
+    fuse_entry_param e{};
+    if (dot) {
+      // ino 0: the kernel makes no dentry and takes no lookup for "." and "..".
+      e.attr.st_ino = dir.ino;
+      e.attr.st_mode = S_IFDIR;
+    } else {
+      const cfs_client::DirEntry& de = dir.entries[i - 2];
+      e = ToEntryParam(ctx, ctx.fs->AcquireDirEntry(dir, de), de.attr);
+    }
+    used += fuse_add_direntry_plus(req, buf.data() + used, size - used, name, &e, next);
+  }
+  fuse_reply_buf(req, buf.data(), used);
+}
+
+void ReadDir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  OpScope scope(req, kReaddir);
+  DoReadDir(req, size, off, fi, false);
+}
+
+void ReadDirPlus(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  OpScope scope(req, kReaddirplus);
+  DoReadDir(req, size, off, fi, true);
+}
+
+void ReleaseDir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  OpScope scope(req, kReleasedir);
+  delete reinterpret_cast<DirHandle*>(fi->fh);
+  fuse_reply_err(req, 0);
+}
+
+void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  OpScope scope(req, kOpen);
+  FuseContext& ctx = Ctx(req);
+  Result<OpenResult> r = ctx.fs->Open(ino, fi->flags);
+  if (!r.ok()) return ReplyError(req, r.status(), "open");
+  if (r->invalidate_inode && ctx.session != nullptr) {
+    // The file changed in the store since the kernel last saw it: drop its cached size and
+    // pages, so the new version is read in full.
+    int err = fuse_lowlevel_notify_inval_inode(ctx.session, ino, 0, 0);
+    if (err != 0 && err != -ENOENT) CTFS_LOG(kWarn) << "invalidate inode " << ino << ": " << err;
+  }
+  fi->keep_cache = r->keep_cache;
+  fi->fh = reinterpret_cast<uint64_t>(r->handle.release());
+  if (fuse_reply_open(req, fi) == -ENOENT) delete reinterpret_cast<FileHandle*>(fi->fh);
+}
+
+void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  OpScope scope(req, kRead);
+  const FileHandle& h = *reinterpret_cast<FileHandle*>(fi->fh);
+  Result<ReadResult> r = Ctx(req).fs->Read(h, static_cast<uint64_t>(off), size);
+  if (!r.ok()) return ReplyError(req, r.status(), "read");
+  // Reply straight from the cached buffers; the slices keep them alive until the reply is sent.
+  std::vector<iovec> iov;
+  iov.reserve(r->slices.size());
+  for (const auto& s : r->slices)
+    iov.push_back({const_cast<char*>(s.buffer->data.get()) + s.offset, s.length});
+  fuse_reply_iov(req, iov.data(), static_cast<int>(iov.size()));
+}
+
+void Release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  OpScope scope(req, kRelease);
+  delete reinterpret_cast<FileHandle*>(fi->fh);
+  fuse_reply_err(req, 0);
+}
+
+void StatFs(fuse_req_t req, fuse_ino_t) {
+  OpScope scope(req, kStatfs);
+  Result<cfs_client::FsStats> s = Ctx(req).fs->StatFs();
+  if (!s.ok()) return ReplyError(req, s.status(), "statfs");
+  struct statvfs sv {};
+  sv.f_bsize = sv.f_frsize = s->block_size;
+  sv.f_blocks = s->blocks;
+  sv.f_bfree = s->blocks_free;
+  sv.f_bavail = s->blocks_avail;
+  sv.f_files = s->files;
+  sv.f_ffree = sv.f_favail = s->files_free;
+  sv.f_namemax = s->name_max;
+  fuse_reply_statfs(req, &sv);
+}
+
+void Access(fuse_req_t req, fuse_ino_t ino, int mask) {
+  OpScope scope(req, kAccess);
+  Status s = Ctx(req).fs->Access(ino, mask);
+  fuse_reply_err(req, ToErrno(s));
+}
+
+// Extended attributes are not kept. ENOSYS tells the kernel once and for all, so it answers
+// EOPNOTSUPP to callers itself instead of asking on every `ls -l`.
+void GetXattr(fuse_req_t req, fuse_ino_t, const char*, size_t) {
+  OpScope scope(req, kGetxattr);
+  fuse_reply_err(req, ENOSYS);
+}
+
+void ListXattr(fuse_req_t req, fuse_ino_t, size_t) {
+  OpScope scope(req, kListxattr);
+  fuse_reply_err(req, ENOSYS);
+}
+
+// Every operation that would change the store, until writes are supported.
+void ReplyReadOnly(fuse_req_t req) {
+  OpScope scope(req, kWrite);
+  fuse_reply_err(req, EROFS);
+}
+
+}  // namespace
+
+const fuse_lowlevel_ops& Operations() {
+  static const fuse_lowlevel_ops ops = [] {
+    fuse_lowlevel_ops o{};
+    o.init = Init;
+    o.lookup = Lookup;
+    o.forget = Forget;
+    o.forget_multi = ForgetMulti;
+    o.getattr = GetAttr;
+    o.readlink = ReadLink;
+    o.opendir = OpenDir;
+    o.readdir = ReadDir;
+    o.readdirplus = ReadDirPlus;
+    o.releasedir = ReleaseDir;
+    o.open = Open;
+    o.read = Read;
+    o.release = Release;
+    o.statfs = StatFs;
+    o.access = Access;
+    o.getxattr = GetXattr;
+    o.listxattr = ListXattr;
+    o.setattr = [](fuse_req_t req, fuse_ino_t, struct stat*, int, fuse_file_info*) { ReplyReadOnly(req); };
+    o.mknod = [](fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) { ReplyReadOnly(req); };
+    o.mkdir = [](fuse_req_t req, fuse_ino_t, const char*, mode_t) { ReplyReadOnly(req); };
+    o.unlink = [](fuse_req_t req, fuse_ino_t, const char*) { ReplyReadOnly(req); };
+    o.rmdir = [](fuse_req_t req, fuse_ino_t, const char*) { ReplyReadOnly(req); };
+    o.symlink = [](fuse_req_t req, const char*, fuse_ino_t, const char*) { ReplyReadOnly(req); };
+    o.rename = [](fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*, unsigned) {
+      ReplyReadOnly(req);
+    };
+    o.link = [](fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) { ReplyReadOnly(req); };
+    o.create = [](fuse_req_t req, fuse_ino_t, const char*, mode_t, fuse_file_info*) { ReplyReadOnly(req); };
+    o.write = [](fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, fuse_file_info*) {
+      ReplyReadOnly(req);
+    };
+    o.setxattr = [](fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) {
+      ReplyReadOnly(req);
+    };
+    o.removexattr = [](fuse_req_t req, fuse_ino_t, const char*) { ReplyReadOnly(req); };
+    return o;
+  }();
+  return ops;
+}
+
+}  // namespace cubetorchfs::fuse

@@ -1,0 +1,37 @@
+// The libfuse low-level operations table: thin thunks that call FileSystem and reply.
+//
+// This is the one place where a Status becomes an errno for the kernel.
+#pragma once
+
+#define FUSE_USE_VERSION 314
+#include <fuse_lowlevel.h>
+
+#include <memory>
+
+#include "fuse/file_system.h"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace cubetorchfs::fuse {
+
+struct OpMetrics;
+
+// The FUSE session's userdata: everything the thunks need. Lives for the whole session.
+struct FuseContext {
+  FuseContext(FileSystem* fs, const conf::FuseOptions& options, prometheus::Registry& registry);
+  ~FuseContext();
+
+  FileSystem* const fs;
+  const conf::FuseOptions options;
+  fuse_session* session = nullptr;  // set once after fuse_session_new
+  std::unique_ptr<OpMetrics> metrics;
+};
+
+// errno for `s` (0 for OK).
+int ToErrno(const Status& s);
+
+const fuse_lowlevel_ops& Operations();
+
+}  // namespace cubetorchfs::fuse

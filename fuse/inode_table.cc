@@ -1,0 +1,80 @@
+#include "fuse/inode_table.h"
+
+namespace cubetorchfs::fuse {
+
+InodeTable::InodeTable(const cfs_client::FileAttr& root_attr, uint64_t now_ns) {
+  Node root;
+  root.info.ino = kRootIno;
+  root.info.attr = root_attr;
+  root.info.attr_time_ns = now_ns;
+  root.nlookup = 1;
+  nodes_.emplace(kRootIno, std::move(root));
+  by_path_.emplace("", kRootIno);
+}
+
+uint64_t InodeTable::Acquire(const std::string& path, const cfs_client::FileAttr& attr,
+                             uint64_t now_ns) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto [it, inserted] = by_path_.try_emplace(path, 0);
+  if (inserted) it->second = next_ino_++;
+  Node& n = nodes_[it->second];
+  if (inserted) {
+    n.info.ino = it->second;
+    n.info.path = path;
+  }
+  n.nlookup++;
+  n.info.attr = attr;
+  n.info.attr_time_ns = now_ns;
+  return it->second;
+}
+
+void InodeTable::Forget(uint64_t ino, uint64_t n) {
+  if (ino == kRootIno) return;
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = nodes_.find(ino);
+  if (it == nodes_.end()) return;
+  Node& node = it->second;
+  node.nlookup = n >= node.nlookup ? 0 : node.nlookup - n;
+  if (node.nlookup == 0) {
+    by_path_.erase(node.info.path);
+    nodes_.erase(it);
+  }
+}
+
+std::optional<InodeInfo> InodeTable::Get(uint64_t ino) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = nodes_.find(ino);
+  if (it == nodes_.end()) return std::nullopt;
+  return it->second.info;
+}
+
+void InodeTable::SetAttr(uint64_t ino, const cfs_client::FileAttr& attr, uint64_t now_ns) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = nodes_.find(ino);
+  if (it == nodes_.end()) return;
+  it->second.info.attr = attr;
+  it->second.info.attr_time_ns = now_ns;
+}
+
+std::optional<cfs_client::FileVersion> InodeTable::SetOpenedVersion(
+    uint64_t ino, const cfs_client::FileVersion& version) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = nodes_.find(ino);
+  if (it == nodes_.end()) return std::nullopt;
+  std::optional<cfs_client::FileVersion> previous = it->second.info.opened_version;
+  it->second.info.opened_version = version;
+  return previous;
+}
+
+size_t InodeTable::size() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return nodes_.size();
+}
+
+uint64_t InodeTable::lookups(uint64_t ino) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = nodes_.find(ino);
+  return it == nodes_.end() ? 0 : it->second.nlookup;
+}
+
+}  // namespace cubetorchfs::fuse

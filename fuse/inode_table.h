@@ -1,0 +1,72 @@
+// Inode numbers for the paths the kernel knows about, with their lookup counts.
+//
+// The kernel holds a reference (nlookup) for every successful lookup, create or readdirplus
+// entry, and drops them with forget. An inode lives while its count is above zero; the root
+// (inode 1) lives forever. Inode numbers are never reused, so a stale number the kernel might
+// still send can never name another file.
+//
+// Each inode caches the attributes last read from the store and when, so open() can decide
+// without a backend round trip whether its view of the file is fresh.
+//
+// Thread safety: all methods are safe to call concurrently (one internal mutex, never held
+// while calling out).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "cfs_client/backend.h"
+
+namespace cubetorchfs::fuse {
+
+constexpr uint64_t kRootIno = 1;
+
+struct InodeInfo {
+  uint64_t ino = 0;
+  std::string path;  // relative to the store root; "" for the root
+  cfs_client::FileAttr attr;
+  uint64_t attr_time_ns = 0;  // when `attr` was read from the store
+  // The version of the file at its last open, to tell the kernel whether its page cache of
+  // the file is still good.
+  std::optional<cfs_client::FileVersion> opened_version;
+};
+
+class InodeTable {
+ public:
+  explicit InodeTable(const cfs_client::FileAttr& root_attr, uint64_t now_ns);
+
+  // Returns the inode of `path` (creating it), adds one lookup, and records `attr`.
+  uint64_t Acquire(const std::string& path, const cfs_client::FileAttr& attr, uint64_t now_ns);
+
+  // Drops `n` lookups of `ino`; the inode is removed when none remain. Unknown inodes and the
+  // root are ignored.
+  void Forget(uint64_t ino, uint64_t n);
+
+  // A copy of the inode's state, or nothing if the kernel has forgotten it.
+  std::optional<InodeInfo> Get(uint64_t ino) const;
+
+  void SetAttr(uint64_t ino, const cfs_client::FileAttr& attr, uint64_t now_ns);
+
+  // Records that `ino` was opened at `version`; returns the version of the previous open.
+  std::optional<cfs_client::FileVersion> SetOpenedVersion(uint64_t ino,
+                                                         const cfs_client::FileVersion& version);
+
+  size_t size() const;
+  uint64_t lookups(uint64_t ino) const;  // for tests
+
+ private:
+  struct Node {
+    InodeInfo info;
+    uint64_t nlookup = 0;
+  };
+
+  mutable std::mutex mu_;                              // guards the members below
+  uint64_t next_ino_ = kRootIno + 1;                   // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, Node> nodes_;           // GUARDED_BY(mu_)
+  std::unordered_map<std::string, uint64_t> by_path_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace cubetorchfs::fuse

@@ -1,0 +1,248 @@
+// `cubetorchfs`: mounts a store through FUSE with a RAM cache and Prometheus metrics.
+
+#include <fcntl.h>
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <memory>
+
+#include "cache/ram_cache.h"
+#include "cfs_client/backend.h"
+#include "common/logging.h"
+#include "common/version.h"
+#include "conf/config.h"
+#include "fuse/command_line.h"
+#include "fuse/control_file.h"
+#include "fuse/fuse_ops.h"
+
+namespace cubetorchfs::fuse {
+namespace {
+
+constexpr int kExitBadConfig = 2;
+constexpr int kExitFailure = 1;
+
+int Fail(int code, const std::string& msg) {
+  std::cerr << "cubetorchfs: " << msg << std::endl;
+  if (!LogIsStderr()) CTFS_LOG(kError) << msg;  // one line on the terminal, not two
+  return code;
+}
+
+Result<std::string> RealPath(const std::string& path) {
+  char buf[PATH_MAX];
+  if (::realpath(path.c_str(), buf) == nullptr) return Status::NotFound(std::strerror(errno));
+  return std::string(buf);
+}
+
+// Tells the waiting parent that the mount is ready; a no-op in the foreground.
+class ReadyPipe {
+ public:
+  explicit ReadyPipe(int fd = -1) : fd_(fd) {}
+  ~ReadyPipe() { Close(); }
+  void Ready() {
+    if (fd_ < 0) return;
+    char c = 'R';
+    ssize_t ignored = ::write(fd_, &c, 1);
+    (void)ignored;  // the parent may be gone; nothing to do then
+    Close();
+  }
+
+ private:
+  void Close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  int fd_;
+};
+
+// Forks. The parent waits until the child reports the mount ready (exit 0) or exits (its
+// status); only the child returns, holding the write end of the pipe.
+int Daemonize() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    std::perror("cubetorchfs: pipe");
+    std::exit(kExitFailure);
+  }
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    std::perror("cubetorchfs: fork");
+    std::exit(kExitFailure);
+  }
+  if (pid > 0) {
+    ::close(fds[1]);
+    char c = 0;
+    ssize_t n;
+    do n = ::read(fds[0], &c, 1); while (n < 0 && errno == EINTR);
+    if (n == 1 && c == 'R') std::_Exit(0);
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    std::_Exit(WIFEXITED(status) ? WEXITSTATUS(status) : kExitFailure);
+  }
+  ::close(fds[0]);
+  ::setsid();
+  if (::chdir("/") != 0) {}  // "/" always exists; nothing sensible to do otherwise
+  return fds[1];
+}
+
+void DetachStdio(bool keep_stderr) {
+  int null = ::open("/dev/null", O_RDWR);
+  if (null < 0) return;
+  ::dup2(null, STDIN_FILENO);
+  ::dup2(null, STDOUT_FILENO);
+  if (!keep_stderr) ::dup2(null, STDERR_FILENO);
+  if (null > STDERR_FILENO) ::close(null);
+}
+
+struct SessionDeleter {
+  void operator()(fuse_session* se) const { fuse_session_destroy(se); }
+};
+
+// Owns the FUSE argument vector.
+class FuseArgs {
+ public:
+  explicit FuseArgs(const std::vector<std::string>& args) {
+    for (const auto& a : args) fuse_opt_add_arg(&args_, a.c_str());
+  }
+  ~FuseArgs() { fuse_opt_free_args(&args_); }
+  fuse_args* get() { return &args_; }
+
+ private:
+  fuse_args args_ = FUSE_ARGS_INIT(0, nullptr);
+};
+
+int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (config.exporter_port != 0) {
+    const std::string addr = "127.0.0.1:" + std::to_string(config.exporter_port);
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(addr, 2);
+      exposer->RegisterCollectable(registry);
+    } catch (const std::exception& e) {
+      return Fail(kExitBadConfig, "exporterPort: cannot listen on " + addr + ": " + e.what());
+    }
+  }
+
+  Result<std::unique_ptr<cfs_client::Backend>> backend =
+      cfs_client::NewBackend(config.backend, *registry, SystemClock());
+  if (!backend.ok()) return Fail(kExitBadConfig, "backend.root: " + backend.status().message());
+  std::unique_ptr<cache::RamCache> cache =
+      cache::RamCache::New({config.cache.memory_bytes, config.cache.chunk_bytes}, registry.get());
+  FileSystem::Options fs_options;
+  fs_options.attr_timeout_s = config.fuse.attr_timeout_s;
+  fs_options.keep_cache = config.fuse.keep_cache;
+  fs_options.chunk_bytes = config.cache.chunk_bytes;
+  Result<std::unique_ptr<FileSystem>> fs =
+      FileSystem::New(fs_options, backend->get(), cache.get(), SystemClock(), *registry);
+  if (!fs.ok()) return Fail(kExitBadConfig, "backend.root: " + fs.status().message());
+
+  FuseContext ctx(fs->get(), config.fuse, *registry);
+  std::string opts = "fsname=cubetorchfs:" + config.vol_name +
+                     ",subtype=cubetorchfs,default_permissions,max_read=" +
+                     std::to_string(config.fuse.max_read);
+  if (config.fuse.read_only) opts += ",ro";
+  std::vector<std::string> argv = {"cubetorchfs", "-o", opts};
+  for (const auto& o : cl.mount_options) {
+    argv.push_back("-o");
+    argv.push_back(o);
+  }
+  FuseArgs args(argv);
+  std::unique_ptr<fuse_session, SessionDeleter> se(
+      fuse_session_new(args.get(), &Operations(), sizeof(fuse_lowlevel_ops), &ctx));
+  if (!se) return Fail(kExitBadConfig, "-o: invalid FUSE mount options (see the line above)");
+  ctx.session = se.get();
+  if (fuse_set_signal_handlers(se.get()) != 0) return Fail(kExitFailure, "cannot set signal handlers");
+  if (fuse_session_mount(se.get(), config.mount_point.c_str()) != 0) {
+    fuse_remove_signal_handlers(se.get());
+    return Fail(kExitFailure, config.mount_point + ": mount failed (see the line above)");
+  }
+
+  const std::string control_path = ControlFilePath(config.vol_name);
+  ControlInfo info{config.vol_name, config.mount_point, config.prof_port, "",
+                   config.exporter_port, static_cast<int>(::getpid()), CUBETORCHFS_VERSION};
+  if (Status s = WriteControlFile(control_path, info); !s.ok())
+    CTFS_LOG(kWarn) << "control file not written, the Python hook will not find this mount: "
+                    << s.ToString();
+  CTFS_LOG(kInfo) << "mounted " << config.backend.root << " at " << config.mount_point
+                  << " (volume " << config.vol_name << ", cache " << config.cache.memory_bytes
+                  << " bytes)";
+  ready.Ready();
+  if (!cl.foreground) DetachStdio(/*keep_stderr=*/false);
+
+  fuse_loop_config* loop = fuse_loop_cfg_create();
+  fuse_loop_cfg_set_clone_fd(loop, 1);
+  fuse_loop_cfg_set_max_threads(loop, 64);  // misses block on the backend; keep many in flight
+  int rc = fuse_session_loop_mt(se.get(), loop);
+  fuse_loop_cfg_destroy(loop);
+
+  CTFS_LOG(kInfo) << "unmounting " << config.mount_point << (rc != 0 ? " after an error" : "");
+  fuse_session_unmount(se.get());
+  fuse_remove_signal_handlers(se.get());
+  RemoveControlFile(control_path, info.pid);
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  Result<CommandLine> cl = ParseCommandLine(std::vector<std::string>(argv + 1, argv + argc));
+  if (!cl.ok()) return Fail(kExitBadConfig, cl.status().message());
+  if (cl->help) {
+    std::cout << UsageText();
+    return 0;
+  }
+  if (cl->version) {
+    std::cout << "cubetorchfs " << CUBETORCHFS_VERSION << std::endl;
+    return 0;
+  }
+
+  Result<conf::Config> loaded = conf::LoadConfig(cl->config_path);
+  if (!loaded.ok()) return Fail(kExitBadConfig, loaded.status().message());
+  conf::Config config = std::move(loaded).value();
+
+  if (!cl->mount_point.empty()) config.mount_point = cl->mount_point;
+  if (config.mount_point.empty())
+    return Fail(kExitBadConfig, "mountPoint: required (in the config or on the command line)");
+  Result<std::string> mp = RealPath(config.mount_point);
+  struct stat st;
+  if (!mp.ok() || ::stat(mp->c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return Fail(kExitBadConfig, "mountPoint: " + config.mount_point + " is not a directory");
+  config.mount_point = mp.value();
+
+  // The backend root is checked before detaching so a bad one is reported on this terminal.
+  Result<std::string> root = RealPath(config.backend.root);
+  if (!root.ok()) return Fail(kExitBadConfig, "backend.root: " + config.backend.root + ": " + root.status().message());
+  config.backend.root = root.value();
+  if (auto probe = cfs_client::NewPosixBackend(config.backend.root); !probe.ok())
+    return Fail(kExitBadConfig, "backend.root: " + probe.status().message());
+
+  LogLevel level = cl->debug ? LogLevel::kDebug : ParseLogLevel(config.log_level).value();
+  std::string log_path;
+  if (!cl->foreground && !config.log_dir.empty()) {
+    Result<std::string> dir = RealPath(config.log_dir);
+    log_path = (dir.ok() ? dir.value() : config.log_dir) + "/cubetorchfs.log";
+  }
+  if (Status s = InitLogging(log_path, level); !s.ok())
+    return Fail(kExitBadConfig, "logDir: " + s.message());
+
+  if (!config.unknown_top_level_keys.empty()) {
+    std::string keys;
+    for (const auto& k : config.unknown_top_level_keys) keys += (keys.empty() ? "" : ", ") + k;
+    std::cerr << "cubetorchfs: warning: ignoring unknown top-level keys: " << keys << std::endl;
+    CTFS_LOG(kWarn) << "ignoring unknown top-level keys: " << keys;
+  }
+
+  ReadyPipe ready(cl->foreground ? -1 : Daemonize());
+  return Serve(config, cl.value(), ready);
+}
+
+}  // namespace
+}  // namespace cubetorchfs::fuse
+
+int main(int argc, char** argv) { return cubetorchfs::fuse::Main(argc, argv); }
