@@ -1,1 +1,170 @@
+#include "cache/ram_cache.h"
+
 #include <gtest/gtest.h>
+#include <prometheus/registry.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <thread>
+
+namespace cubetorchfs::cache {
+namespace {
+
+BufferRef MakeBuffer(size_t size, char fill) {
+  auto b = Buffer::Allocate(size);
+  std::memset(b->data.get(), fill, size);
+  return b;
+}
+
+std::string Key(int i) { return ChunkKey(std::to_string(i), {100, 1}, 0); }
+
+TEST(ChunkKeyTest, VersionAndChunkMakeDistinctKeys) {
+  EXPECT_NE(ChunkKey("a", {1, 2}, 0), ChunkKey("a", {1, 3}, 0));
+  EXPECT_NE(ChunkKey("a", {1, 2}, 0), ChunkKey("a", {2, 2}, 0));
+  EXPECT_NE(ChunkKey("a", {1, 2}, 0), ChunkKey("a", {1, 2}, 1));
+  EXPECT_NE(ChunkKey("a", {1, 2}, 0), ChunkKey("ab", {1, 2}, 0));
+  EXPECT_EQ(ChunkKey("a", {1, 2}, 0), ChunkKey("a", {1, 2}, 0));
+}
+
+TEST(RamCacheTest, BudgetIsNeverExceeded) {
+  auto cache = RamCache::New({1 << 20, 64 << 10}, nullptr);
+  std::mt19937 rng(42);
+  for (int i = 0; i < 2000; ++i) {
+    cache->Insert(Key(i), MakeBuffer(1 + rng() % (64 << 10), 'x'));
+    ASSERT_LE(cache->bytes(), 1u << 20);
+  }
+  EXPECT_GT(cache->evictions(), 0u);
+}
+
+TEST(RamCacheTest, EvictsLeastRecentlyUsedFirst) {
+  // One shard: 4 entries of 64 KiB fit in 256 KiB.
+  auto cache = RamCache::New({256 << 10, 256 << 10}, nullptr);
+  for (int i = 0; i < 4; ++i) cache->Insert(Key(i), MakeBuffer(64 << 10, 'a'));
+  ASSERT_NE(cache->Get(Key(0)), nullptr);  // 0 becomes the most recent; 1 is now the oldest
+  cache->Insert(Key(4), MakeBuffer(64 << 10, 'b'));
+  EXPECT_EQ(cache->Get(Key(1)), nullptr);
+  EXPECT_NE(cache->Get(Key(0)), nullptr);
+  EXPECT_NE(cache->Get(Key(2)), nullptr);
+  EXPECT_NE(cache->Get(Key(4)), nullptr);
+  EXPECT_EQ(cache->evictions(), 1u);
+}
+
+TEST(RamCacheTest, OversizedBufferIsNotCached) {
+  auto cache = RamCache::New({128 << 10, 64 << 10}, nullptr);
+  cache->Insert(Key(0), MakeBuffer(200 << 10, 'x'));
+  EXPECT_EQ(cache->Get(Key(0)), nullptr);
+  EXPECT_EQ(cache->bytes(), 0u);
+}
+
+TEST(RamCacheTest, EvictedBufferStaysValidForItsHolder) {
+  auto cache = RamCache::New({128 << 10, 128 << 10}, nullptr);
+  cache->Insert(Key(0), MakeBuffer(100 << 10, 'q'));
+  BufferRef held = cache->Get(Key(0));
+  cache->Insert(Key(1), MakeBuffer(100 << 10, 'r'));  // evicts key 0
+  EXPECT_EQ(cache->Get(Key(0)), nullptr);
+  EXPECT_EQ(held->data[0], 'q');
+  EXPECT_EQ(held->data[(100 << 10) - 1], 'q');
+}
+
+TEST(RamCacheTest, FailedFetchIsNotCachedAndIsRetried) {
+  auto cache = RamCache::New({1 << 20, 64 << 10}, nullptr);
+  int calls = 0;
+  auto failing = [&]() -> Result<BufferRef> {
+    ++calls;
+    return Status::IOError("backend down");
+  };
+  EXPECT_FALSE(cache->GetOrFetch(Key(0), failing).ok());
+  EXPECT_FALSE(cache->GetOrFetch(Key(0), failing).ok());
+  EXPECT_EQ(calls, 2);
+  Result<Lookup> ok = cache->GetOrFetch(Key(0), [] { return Result<BufferRef>(MakeBuffer(10, 'z')); });
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->served, Served::kFetched);
+  Result<Lookup> again = cache->GetOrFetch(Key(0), failing);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->served, Served::kCached);
+  EXPECT_EQ(calls, 2);
+}
+
+TEST(RamCacheTest, ConcurrentMissesShareOneFetch) {
+  auto cache = RamCache::New({1 << 20, 64 << 10}, nullptr);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<int> fetches{0};
+  auto slow_fetch = [&]() -> Result<BufferRef> {
+    fetches++;
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return release; });
+    return MakeBuffer(1000, 'c');
+  };
+  constexpr int kThreads = 16;
+  std::vector<std::thread> threads;
+  std::atomic<int> fetched{0}, waited{0}, cached{0};
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&] {
+      Result<Lookup> r = cache->GetOrFetch(Key(7), slow_fetch);
+      ASSERT_TRUE(r.ok());
+      ASSERT_EQ(r->buffer->size, 1000u);
+      ASSERT_EQ(r->buffer->data[999], 'c');
+      switch (r->served) {
+        case Served::kFetched: fetched++; break;
+        case Served::kWaited: waited++; break;
+        case Served::kCached: cached++; break;
+      }
+    });
+  }
+  // Let the threads pile up on the one fetch, then release it.
+  while (fetches.load() == 0) std::this_thread::yield();
+  {
+    std::lock_guard<std::mutex> l(mu);
+    release = true;
+  }
+  cv.notify_all();
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(fetches.load(), 1);
+  EXPECT_EQ(fetched.load(), 1);
+  EXPECT_EQ(fetched + waited + cached, kThreads);
+}
+
+TEST(RamCacheTest, ConcurrentMixedUseKeepsBudget) {
+  auto cache = RamCache::New({2 << 20, 64 << 10}, nullptr);
+  std::vector<std::thread> threads;
+  std::atomic<bool> bad{false};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      for (int i = 0; i < 3000; ++i) {
+        int k = static_cast<int>(rng() % 200);
+        size_t size = 1 + (k * 997) % (64 << 10);
+        Result<Lookup> r = cache->GetOrFetch(Key(k), [&] {
+          return Result<BufferRef>(MakeBuffer(size, static_cast<char>(k)));
+        });
+        if (!r.ok() || r->buffer->size != size || r->buffer->data[0] != static_cast<char>(k)) bad = true;
+        if (cache->bytes() > (2u << 20)) bad = true;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_FALSE(bad.load());
+}
+
+TEST(RamCacheTest, ExportsBytesAndEvictions) {
+  prometheus::Registry registry;
+  auto cache = RamCache::New({128 << 10, 128 << 10}, &registry);
+  cache->Insert(Key(0), MakeBuffer(100 << 10, 'x'));
+  cache->Insert(Key(1), MakeBuffer(100 << 10, 'y'));
+  double bytes = -1, evictions = -1;
+  for (const auto& family : registry.Collect()) {
+    if (family.name == "cubetorchfs_cache_bytes") bytes = family.metric.at(0).gauge.value;
+    if (family.name == "cubetorchfs_cache_evictions_total")
+      evictions = family.metric.at(0).counter.value;
+  }
+  EXPECT_EQ(bytes, 100 << 10);
+  EXPECT_EQ(evictions, 1);
+}
+
+}  // namespace
+}  // namespace cubetorchfs::cache

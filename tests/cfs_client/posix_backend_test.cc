@@ -1,1 +1,97 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "cfs_client/backend.h"
+
+namespace cubetorchfs::cfs_client {
+namespace {
+
+namespace fs = std::filesystem;
+
+class PosixBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("ctfs_posix_" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_ / "dir" / "sub");
+    Write("dir/file", "hello world");
+    Write("empty", "");
+    fs::create_symlink("dir/file", root_ / "link");
+    auto b = NewPosixBackend(root_);
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    backend_ = std::move(b).value();
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  void Write(const std::string& rel, const std::string& data) {
+    std::ofstream(root_ / rel, std::ios::binary) << data;
+  }
+
+  fs::path root_;
+  std::unique_ptr<Backend> backend_;
+};
+
+TEST_F(PosixBackendTest, StatDistinguishesTypesWithoutFollowingLinks) {
+  EXPECT_TRUE(backend_->Stat("")->IsDir());
+  EXPECT_TRUE(backend_->Stat("dir")->IsDir());
+  EXPECT_TRUE(backend_->Stat("dir/file")->IsRegular());
+  EXPECT_EQ(backend_->Stat("dir/file")->size, 11u);
+  EXPECT_TRUE(backend_->Stat("link")->IsSymlink());
+  EXPECT_EQ(backend_->ReadLink("link").value(), "dir/file");
+}
+
+TEST_F(PosixBackendTest, MissingPathsAreNotFound) {
+  EXPECT_EQ(backend_->Stat("nope").status().code(), Status::Code::kNotFound);
+  EXPECT_EQ(backend_->List("nope").status().code(), Status::Code::kNotFound);
+  EXPECT_EQ(backend_->Stat("dir/file/x").status().code(), Status::Code::kNotDirectory);
+}
+
+TEST_F(PosixBackendTest, ListReturnsEntriesWithAttributes) {
+  auto entries = backend_->List("");
+  ASSERT_TRUE(entries.ok());
+  std::map<std::string, FileAttr> by_name;
+  for (const auto& e : *entries) by_name[e.name] = e.attr;
+  EXPECT_EQ(by_name.size(), 3u);
+  EXPECT_TRUE(by_name.at("dir").IsDir());
+  EXPECT_TRUE(by_name.at("link").IsSymlink());
+  EXPECT_EQ(by_name.at("empty").size, 0u);
+}
+
+TEST_F(PosixBackendTest, ReadsRangesAndShortAtEnd) {
+  FileVersion v = backend_->Stat("dir/file")->Version();
+  char buf[32] = {};
+  EXPECT_EQ(backend_->Read("dir/file", v, 6, 5, buf).value(), 5u);
+  EXPECT_EQ(std::string(buf, 5), "world");
+  EXPECT_EQ(backend_->Read("dir/file", v, 6, 32, buf).value(), 5u);
+  EXPECT_EQ(backend_->Read("dir/file", v, 100, 4, buf).value(), 0u);
+}
+
+TEST_F(PosixBackendTest, ReadOfAChangedFileIsStale) {
+  FileVersion v = backend_->Stat("dir/file")->Version();
+  Write("dir/file", "a different, longer content");
+  char buf[64];
+  EXPECT_TRUE(backend_->Read("dir/file", v, 0, 11, buf).status().IsStale());
+}
+
+TEST_F(PosixBackendTest, ReadOfADirectoryFails) {
+  FileVersion v = backend_->Stat("dir")->Version();
+  char buf[8];
+  EXPECT_FALSE(backend_->Read("dir", v, 0, 8, buf).ok());
+}
+
+TEST_F(PosixBackendTest, StatFsAnswers) {
+  auto s = backend_->StatFs();
+  ASSERT_TRUE(s.ok());
+  EXPECT_GT(s->blocks, 0u);
+}
+
+TEST(PosixBackendRootTest, UnusableRootsAreRefused) {
+  EXPECT_EQ(NewPosixBackend("/nonexistent/cubetorchfs").status().code(), Status::Code::kNotFound);
+  EXPECT_EQ(NewPosixBackend("/etc/hostname").status().code(), Status::Code::kNotDirectory);
+}
+
+}  // namespace
+}  // namespace cubetorchfs::cfs_client

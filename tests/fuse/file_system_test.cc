@@ -1,1 +1,182 @@
+#include "fuse/file_system.h"
+
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <prometheus/registry.h>
+
+#include <thread>
+
+#include "tests/test_util.h"
+
+namespace cubetorchfs::fuse {
+namespace {
+
+using testing::FakeClock;
+using testing::MemBackend;
+
+std::string Pattern(size_t n, int seed) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 131 + seed) % 251);
+  return s;
+}
+
+std::string Bytes(const ReadResult& r) {
+  std::string out;
+  for (const auto& s : r.slices) out.append(s.buffer->data.get() + s.offset, s.length);
+  return out;
+}
+
+double Metric(prometheus::Registry& reg, const std::string& name, const std::string& label_value) {
+  for (const auto& f : reg.Collect())
+    if (f.name == name)
+      for (const auto& m : f.metric)
+        for (const auto& l : m.label)
+          if (l.value == label_value) return m.counter.value;
+  return -1;
+}
+
+class FileSystemTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_.AddDir("d");
+    store_.PutFile("d/small", Pattern(1000, 1));
+    store_.PutFile("big", Pattern(300 << 10, 2));  // 300 KiB: 5 chunks of 64 KiB
+    cache_ = cache::RamCache::New({4 << 20, 64 << 10}, nullptr);
+    options_.chunk_bytes = 64 << 10;
+    options_.attr_timeout_s = 10;
+    options_.keep_cache = true;
+    fs_ = FileSystem::New(options_, &store_, cache_.get(), &clock_, registry_).value();
+  }
+
+  uint64_t LookupPath(const std::string& path) {
+    uint64_t ino = kRootIno;
+    size_t start = 0;
+    while (start <= path.size()) {
+      size_t slash = path.find('/', start);
+      std::string name = path.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
+      Result<Entry> e = fs_->Lookup(ino, name);
+      EXPECT_TRUE(e.ok()) << e.status().ToString();
+      ino = e->ino;
+      if (slash == std::string::npos) break;
+      start = slash + 1;
+    }
+    return ino;
+  }
+
+  std::unique_ptr<FileHandle> OpenPath(const std::string& path) {
+    Result<OpenResult> r = fs_->Open(LookupPath(path), O_RDONLY);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return std::move(r->handle);
+  }
+
+  MemBackend store_;
+  FakeClock clock_;
+  prometheus::Registry registry_;
+  FileSystem::Options options_;
+  std::unique_ptr<cache::RamCache> cache_;
+  std::unique_ptr<FileSystem> fs_;
+};
+
+TEST_F(FileSystemTest, LookupCountsAndForget) {
+  uint64_t ino = LookupPath("d/small");
+  EXPECT_EQ(fs_->inodes().lookups(ino), 1u);
+  EXPECT_EQ(fs_->Lookup(kRootIno, "missing").status().code(), Status::Code::kNotFound);
+  EXPECT_EQ(fs_->Lookup(ino, "x").status().code(), Status::Code::kNotDirectory);
+  fs_->Forget(ino, 1);
+  EXPECT_EQ(fs_->GetAttr(ino).status().code(), Status::Code::kStale);
+}
+
+TEST_F(FileSystemTest, SmallFileIsFetchedOnceThenServedFromRam) {
+  auto h = OpenPath("d/small");
+  Result<ReadResult> r = fs_->Read(*h, 0, 4096);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(Bytes(r.value()), Pattern(1000, 1));
+  EXPECT_EQ(store_.reads(), 1);
+  r = fs_->Read(*h, 500, 100);
+  EXPECT_EQ(Bytes(r.value()), Pattern(1000, 1).substr(500, 100));
+  EXPECT_EQ(store_.reads(), 1);
+  EXPECT_EQ(Metric(registry_, "cubetorchfs_reads_total", "miss"), 1);
+  EXPECT_EQ(Metric(registry_, "cubetorchfs_reads_total", "hit"), 1);
+  EXPECT_EQ(Metric(registry_, "cubetorchfs_read_bytes_total", "backend"), 1000);
+  EXPECT_EQ(Metric(registry_, "cubetorchfs_read_bytes_total", "ram"), 100);
+}
+
+TEST_F(FileSystemTest, ReadsSpanningChunksAreExact) {
+  const std::string want = Pattern(300 << 10, 2);
+  auto h = OpenPath("big");
+  for (uint64_t off : {0ul, 65535ul, 65536ul, 100000ul, (300ul << 10) - 10}) {
+    Result<ReadResult> r = fs_->Read(*h, off, 131072);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(Bytes(r.value()), want.substr(off, 131072)) << off;
+  }
+  EXPECT_EQ(Bytes(fs_->Read(*h, 300 << 10, 10).value()), "");
+  EXPECT_EQ(store_.reads(), 5);  // each chunk fetched exactly once
+}
+
+TEST_F(FileSystemTest, ChangedFileIsReadFreshAfterAttrTimeout) {
+  auto h = OpenPath("d/small");
+  ASSERT_TRUE(fs_->Read(*h, 0, 4096).ok());
+  store_.PutFile("d/small", "new contents", 2);
+  // Within attr_timeout_s the open serves the version it knows, and the kernel keeps its cache.
+  Result<OpenResult> again = fs_->Open(LookupPath("d/small"), O_RDONLY);
+  // (the lookup above re-read the attributes, so the change is already seen)
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->keep_cache);
+  EXPECT_TRUE(again->invalidate_inode);
+  EXPECT_EQ(Bytes(fs_->Read(*again->handle, 0, 4096).value()), "new contents");
+}
+
+TEST_F(FileSystemTest, OpenUsesCachedAttributesUntilTheyExpire) {
+  uint64_t ino = LookupPath("d/small");
+  int stats = store_.stats();
+  ASSERT_TRUE(fs_->Open(ino, O_RDONLY).ok());
+  Result<OpenResult> second = fs_->Open(ino, O_RDONLY);
+  EXPECT_TRUE(second->keep_cache);  // unchanged version, keep_cache configured
+  EXPECT_EQ(store_.stats(), stats);  // no backend round trip while fresh
+  store_.PutFile("d/small", "changed", 3);
+  clock_.AdvanceSeconds(11);
+  Result<OpenResult> third = fs_->Open(ino, O_RDONLY);
+  EXPECT_EQ(store_.stats(), stats + 1);
+  EXPECT_FALSE(third->keep_cache);
+  EXPECT_EQ(Bytes(fs_->Read(*third->handle, 0, 100).value()), "changed");
+}
+
+TEST_F(FileSystemTest, WritesAreRefused) {
+  uint64_t ino = LookupPath("d/small");
+  EXPECT_EQ(fs_->Open(ino, O_WRONLY).status().code(), Status::Code::kReadOnly);
+  EXPECT_EQ(fs_->Open(ino, O_RDWR).status().code(), Status::Code::kReadOnly);
+  EXPECT_EQ(fs_->Access(ino, W_OK).code(), Status::Code::kReadOnly);
+  EXPECT_TRUE(fs_->Access(ino, R_OK).ok());
+}
+
+TEST_F(FileSystemTest, OpenDirSnapshotsEntries) {
+  Result<std::unique_ptr<DirHandle>> dir = fs_->OpenDir(kRootIno);
+  ASSERT_TRUE(dir.ok());
+  std::vector<std::string> names;
+  for (const auto& e : (*dir)->entries) names.push_back(e.name);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"big", "d"}));
+  uint64_t ino = fs_->AcquireDirEntry(**dir, (*dir)->entries[0]);
+  EXPECT_EQ(fs_->inodes().lookups(ino), 1u);
+}
+
+TEST_F(FileSystemTest, ConcurrentReadersGetExactBytesWithOneFetchPerChunk) {
+  const std::string want = Pattern(300 << 10, 2);
+  auto h = OpenPath("big");
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 16; ++t) {
+    threads.emplace_back([&, t] {
+      for (uint64_t off = (t * 4096) % 65536; off < want.size(); off += 50000) {
+        Result<ReadResult> r = fs_->Read(*h, off, 70000);
+        if (!r.ok() || Bytes(r.value()) != want.substr(off, 70000)) bad++;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(store_.reads(), 5);
+}
+
+}  // namespace
+}  // namespace cubetorchfs::fuse

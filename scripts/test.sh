@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs every test: the gtest units (ctest) and the
+# integration tests that really mount (pytest). Exits non-zero if anything fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install_deps.sh
+scripts/build.sh
+
+echo "== unit tests (ctest)"
+(cd build && ctest --output-on-failure --timeout 300 -j2)
+
+echo "== integration tests (pytest)"
+export CUBETORCHFS_BIN="$PWD/build/bin/cubetorchfs"
+export PYTHONPATH="$PWD/hooks${PYTHONPATH:+:$PYTHONPATH}"
+timeout 1200 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration

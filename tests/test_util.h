@@ -1,0 +1,97 @@
+// Fakes shared by the unit tests.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "cfs_client/backend.h"
+#include "common/clock.h"
+
+namespace cubetorchfs::testing {
+
+// A clock that moves only when told to (or when something sleeps on it).
+class FakeClock final : public Clock {
+ public:
+  uint64_t NowNanos() override { return now_.load(); }
+  void SleepMicros(uint64_t micros) override { now_ += micros * 1000; }
+  void AdvanceSeconds(double s) { now_ += static_cast<uint64_t>(s * 1e9); }
+
+ private:
+  std::atomic<uint64_t> now_{1'000'000'000};
+};
+
+// An in-memory store: files and directories by path, with counters of requests.
+class MemBackend final : public cfs_client::Backend {
+ public:
+  MemBackend() { AddDir(""); }
+
+  void AddDir(const std::string& path) {
+    std::lock_guard<std::mutex> l(mu_);
+    cfs_client::FileAttr a;
+    a.mode = S_IFDIR | 0755;
+    a.nlink = 2;
+    nodes_[path] = {a, ""};
+  }
+  void PutFile(const std::string& path, const std::string& data, int64_t mtime_ns = 1) {
+    std::lock_guard<std::mutex> l(mu_);
+    cfs_client::FileAttr a;
+    a.mode = S_IFREG | 0644;
+    a.size = data.size();
+    a.mtime_ns = mtime_ns;
+    nodes_[path] = {a, data};
+  }
+  int reads() const { return reads_.load(); }
+  int stats() const { return stats_.load(); }
+
+  Result<cfs_client::FileAttr> Stat(const std::string& path) override {
+    stats_++;
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = nodes_.find(path);
+    if (it == nodes_.end()) return Status::NotFound(path);
+    return it->second.attr;
+  }
+  Result<std::vector<cfs_client::DirEntry>> List(const std::string& path) override {
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<cfs_client::DirEntry> out;
+    const std::string prefix = path.empty() ? "" : path + "/";
+    for (const auto& [p, n] : nodes_) {
+      if (p.empty() || p.rfind(prefix, 0) != 0) continue;
+      std::string rest = p.substr(prefix.size());
+      if (rest.find('/') == std::string::npos) out.push_back({rest, n.attr});
+    }
+    return out;
+  }
+  Result<size_t> Read(const std::string& path, const cfs_client::FileVersion& expect,
+                      uint64_t offset, size_t len, char* buf) override {
+    reads_++;
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = nodes_.find(path);
+    if (it == nodes_.end()) return Status::NotFound(path);
+    if (it->second.attr.Version() != expect) return Status::Stale(path);
+    const std::string& d = it->second.data;
+    if (offset >= d.size()) return size_t{0};
+    size_t n = std::min(len, d.size() - offset);
+    d.copy(buf, n, offset);
+    return n;
+  }
+  Result<std::string> ReadLink(const std::string& path) override {
+    return Status::InvalidArgument(path + ": not a symlink");
+  }
+  Result<cfs_client::FsStats> StatFs() override { return cfs_client::FsStats{}; }
+
+ private:
+  struct Node {
+    cfs_client::FileAttr attr;
+    std::string data;
+  };
+  std::mutex mu_;
+  std::map<std::string, Node> nodes_;
+  std::atomic<int> reads_{0};
+  std::atomic<int> stats_{0};
+};
+
+}  // namespace cubetorchfs::testing
