@@ -135,6 +135,15 @@ Result<OpenResult> FileSystem::Open(uint64_t ino, int flags) {
   return r;
 }
 
+Result<FileHandle> FileSystem::HandleFor(uint64_t ino) {
+  Result<InodeInfo> inode = GetInode(ino);
+  if (!inode.ok()) return inode.status();
+  Result<cfs_client::FileAttr> attr = FreshAttr(inode.value());
+  if (!attr.ok()) return attr.status();
+  if (!attr->IsRegular()) return Status::InvalidArgument(inode->path + ": not a regular file");
+  return FileHandle{ino, inode->path, attr->Version()};
+}
+
 Result<ReadResult> FileSystem::Read(const FileHandle& handle, uint64_t offset, size_t size) {
   ReadResult out;
   const uint64_t file_size = handle.version.size;

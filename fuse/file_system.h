@@ -87,6 +87,8 @@ class FileSystem {
   uint64_t AcquireDirEntry(const DirHandle& dir, const cfs_client::DirEntry& entry);
   Result<OpenResult> Open(uint64_t ino, int flags);
   Result<ReadResult> Read(const FileHandle& handle, uint64_t offset, size_t size);
+  // A handle for reading `ino` at its current version, for reads without an open (no_open).
+  Result<FileHandle> HandleFor(uint64_t ino);
   Result<cfs_client::FsStats> StatFs();
   Status Access(uint64_t ino, int mask);
 

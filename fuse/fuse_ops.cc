@@ -140,6 +140,11 @@ void Init(void* userdata, fuse_conn_info* conn) {
   // Drop the kernel's cached pages when the attributes show the file changed.
   if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
   conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+  // With keep_cache (the ai_prefetch profile: datasets do not change under training), let the
+  // kernel skip open and release altogether: a hot file is then served from the page cache
+  // with no round trip to this daemon at all. Changes in the store still show once the
+  // attributes expire (attr_timeout_s), since AUTO_INVAL_DATA drops pages whose file changed.
+  ctx->no_open = ctx->options.keep_cache && (conn->capable & FUSE_CAP_NO_OPEN_SUPPORT);
   CTFS_LOG(kInfo) << "FUSE session started: protocol " << conn->proto_major << "."
                   << conn->proto_minor << ", max_read " << ctx->options.max_read;
 }
@@ -212,7 +217,9 @@ void DoReadDir(fuse_req_t req, size_t size, off_t offset, fuse_file_info* fi, bo
     const off_t next = static_cast<off_t>(i + 1);
     if (!plus) {
       struct stat st {};
-      st.st_ino = dot ? dir.ino : 0;
+      // d_ino must not be 0 (readdir(3) skips such entries). Without a lookup there is no
+      // inode number yet, so give a stable one derived from the name; stat() shows the real one.
+      st.st_ino = dot ? dir.ino : (std::hash<std::string>{}(dir.entries[i - 2].name) | 1);
       st.st_mode = dot ? S_IFDIR : dir.entries[i - 2].attr.mode;
       size_t n = fuse_add_direntry(req, buf.data() + used, size - used, name, &st, next);
       if (n > size - used) break;
@@ -255,6 +262,12 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   FuseContext& ctx = Ctx(req);
   Result<OpenResult> r = ctx.fs->Open(ino, fi->flags);
   if (!r.ok()) return ReplyError(req, r.status(), "open");
+  if (ctx.no_open && (fi->flags & O_ACCMODE) == O_RDONLY) {
+    // ENOSYS to a valid open tells the kernel to stop sending opens; reads then arrive with
+    // fh 0 and are served at the inode's current version.
+    fuse_reply_err(req, ENOSYS);
+    return;
+  }
   if (r->invalidate_inode && ctx.session != nullptr) {
     // The file changed in the store since the kernel last saw it: drop its cached size and
     // pages, so the new version is read in full.
@@ -266,10 +279,17 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (fuse_reply_open(req, fi) == -ENOENT) delete reinterpret_cast<FileHandle*>(fi->fh);
 }
 
-void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   OpScope scope(req, kRead);
-  const FileHandle& h = *reinterpret_cast<FileHandle*>(fi->fh);
-  Result<ReadResult> r = Ctx(req).fs->Read(h, static_cast<uint64_t>(off), size);
+  FuseContext& ctx = Ctx(req);
+  Result<ReadResult> r = [&]() -> Result<ReadResult> {
+    if (fi->fh != 0)
+      return ctx.fs->Read(*reinterpret_cast<FileHandle*>(fi->fh), static_cast<uint64_t>(off), size);
+    // Opened without an open request (no_open): read the inode's current version.
+    Result<FileHandle> h = ctx.fs->HandleFor(ino);
+    if (!h.ok()) return h.status();
+    return ctx.fs->Read(h.value(), static_cast<uint64_t>(off), size);
+  }();
   if (!r.ok()) return ReplyError(req, r.status(), "read");
   // Reply straight from the cached buffers; the slices keep them alive until the reply is sent.
   std::vector<iovec> iov;

@@ -26,6 +26,8 @@ struct FuseContext {
   FileSystem* const fs;
   const conf::FuseOptions options;
   fuse_session* session = nullptr;  // set once after fuse_session_new
+  // The kernel may skip open/release and keep its page cache (set once in init).
+  bool no_open = false;
   std::unique_ptr<OpMetrics> metrics;
 };
 
