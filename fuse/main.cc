@@ -183,7 +183,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   int rc = fuse_session_loop_mt(se.get(), loop);
   fuse_loop_cfg_destroy(loop);
 
-  CTFS_LOG(kInfo) << "unmounting " << config.mount_point << (rc != 0 ? " after an error" : "");
+  CTFS_LOG(kInfo) << "unmounting " << config.mount_point << " (session loop returned " << rc << ")";
   fuse_session_unmount(se.get());
   fuse_remove_signal_handlers(se.get());
   RemoveControlFile(control_path, info.pid);

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import stat
 import subprocess
@@ -441,6 +442,8 @@ def test_backend_error_rate_one_gives_eio_quickly(cube: CubeFactory, small_src: 
 def test_daemon_keeps_serving_through_backend_errors(cube: CubeFactory, tmp_path: Path) -> None:
     files = random_files(random.Random(5), 40, 1_000, 80_000)
     write_files(tmp_path / "src", files)
+    # Zero timeouts: every open costs several backend requests (lookup, getattr, read), each
+    # failing half the time, so most reads fail; the point is how they fail.
     mount = cube.mount(tmp_path / "src", {
         "backend": {"inject": {"error_rate": 0.5, "seed": 42}}, **ZERO_TIMEOUTS})
 
@@ -456,17 +459,21 @@ def test_daemon_keeps_serving_through_backend_errors(cube: CubeFactory, tmp_path
         for rel in files:
             outcomes[bounded(attempt, rel, timeout=10, what=f"read {rel}")] += 1
     assert set(outcomes) <= {"ok", "EIO"}, f"every read must be right or EIO: {outcomes}"
-    assert outcomes["EIO"] > 0 and outcomes["ok"] > 0, outcomes
+    assert outcomes["EIO"] > 0, outcomes
 
     assert pid_alive(mount.pid) and mount.is_mounted()
     mount.metrics()
-    for rel in list(files)[:10]:  # and it keeps serving: each file reads right eventually
-        results = []
-        for _ in range(100):
-            results.append(bounded(attempt, rel, timeout=10, what=f"read {rel}"))
-            if results[-1] == "ok":
+    # And it keeps serving: each file reads right within a few hundred tries (one try
+    # succeeds with a probability of a few percent here; 400 failures in a row: ~1e-5).
+    for rel in list(files)[:5]:
+        results: Counter[Any] = Counter()
+        for _ in range(400):
+            result = bounded(attempt, rel, timeout=10, what=f"read {rel}")
+            results[result] += 1
+            if result == "ok":
                 break
-        assert results[-1] == "ok", f"{rel} never read right: {Counter(results)}"
+        assert result == "ok", f"{rel} never read right: {results}"
+        assert set(results) <= {"ok", "EIO"}, results
 
 
 # --------------------------------------------------------------------------- configs
@@ -626,25 +633,73 @@ def test_foreground_daemon_exits_zero_on_sigterm(cube: CubeFactory, small_src: d
     assert mount.wait_gone()
 
 
+def _installed_on_default_path() -> bool:
+    """True if `cubetorchfs` on the shell's default PATH is our binary."""
+    try:
+        found = run_command(["env", "-i", "/bin/sh", "-c", "command -v cubetorchfs"]).stdout
+    except subprocess.TimeoutExpired:
+        return False
+    return bool(found.strip()) and os.path.realpath(found.strip()) == os.path.realpath(BINARY)
+
+
 def test_mount_t_fuse_cubetorchfs(cube: CubeFactory, small_src: dict, tmp_path: Path) -> None:
-    """The fstab path: mount(8) -> mount.fuse3 -> `cubetorchfs CONFIG MNT -o rw,...`."""
+    """The fstab path: `mount -t fuse.cubetorchfs CONFIG MNT` -> mount.fuse3 -> /bin/sh ->
+    `cubetorchfs CONFIG MNT -o rw,dev,suid`, then `umount MNT`.
+
+    mount(8) runs its helpers without PATH, so /bin/sh finds `cubetorchfs` only on its default
+    PATH. Unless it is installed there, the whole sequence runs in a private mount namespace
+    where /usr/local/sbin is a directory holding a link to the binary; nothing outside that
+    namespace changes, and the daemon is cleaned up by its config path as usual.
+    """
+    if os.geteuid() != 0:
+        pytest.skip("mount(8) of a FUSE type needs root")
+    if shutil.which("unshare") is None and not _installed_on_default_path():
+        pytest.skip("cubetorchfs is not on the default PATH and unshare(1) is missing")
+    mount = cube.prepare(small_src["root"])
+    bindir = tmp_path / "sbin"
+    bindir.mkdir()
+    (bindir / "cubetorchfs").symlink_to(BINARY)
+    script = "\n".join([
+        "set -e",
+        "" if _installed_on_default_path() else 'mount --bind "$BINDIR" /usr/local/sbin',
+        'mount -t fuse.cubetorchfs "$CONFIG" "$MNT"',
+        'echo "MOUNTS: $(grep " $MNT " /proc/self/mounts)"',
+        'cd "$SRC"',
+        'for f in $(find . -type f); do cmp "$f" "$MNT/$f"; echo "SAME: $f"; done',
+        'umount "$MNT"',
+        'echo "UNMOUNTED"',
+    ])
+    env = mount.env()
+    env.update(BINDIR=str(bindir), CONFIG=str(mount.config_path), MNT=str(mount.mountpoint),
+               SRC=str(small_src["root"]))
+    command = ["/bin/sh", "-c", script]
+    if not _installed_on_default_path():
+        command = ["unshare", "--mount", "--propagation", "private"] + command
+    result = run_command(command, timeout=START_TIMEOUT_S + 30, env=env)
+    assert result.returncode == 0, f"exit {result.returncode}: {result.stdout}{result.stderr}"
+    mount_lines = [l for l in result.stdout.splitlines() if l.startswith("MOUNTS: ")]
+    fields = mount_lines[0].split()[1:] if mount_lines else []
+    assert fields[:3] == [f"cubetorchfs:{mount.vol_name}", str(mount.mountpoint),
+                          "fuse.cubetorchfs"], result.stdout
+    assert result.stdout.count("SAME: ") == len(small_src["files"]), result.stdout
+    assert "UNMOUNTED" in result.stdout
+    assert mount.wait_gone(), "daemon or control file still there after umount"
+
+
+def test_mount_t_fuse_with_binary_path(cube: CubeFactory, small_src: dict) -> None:
+    """`mount -t fuse BINARY#CONFIG MNT`: mount.fuse3 runs the binary by its full path."""
     if os.geteuid() != 0:
         pytest.skip("mount(8) of a FUSE type needs root")
     mount = cube.prepare(small_src["root"])
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "cubetorchfs").symlink_to(BINARY)
-    env = mount.env()
-    env["PATH"] = f"{bindir}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
-    result = run_command(["mount", "-t", "fuse.cubetorchfs", str(mount.config_path),
-                          str(mount.mountpoint)], timeout=START_TIMEOUT_S, env=env)
-    assert result.returncode == 0, f"mount failed: {result.stdout}{result.stderr}"
+    args = ["mount", "-t", "fuse", f"{BINARY}#{mount.config_path}", str(mount.mountpoint)]
+    result = run_command(args, timeout=START_TIMEOUT_S, env=mount.env())
+    assert result.returncode == 0, f"{' '.join(args)} failed: {result.stdout}{result.stderr}"
     assert mount.wait_ready(10)
     entry = mount_entry(mount.mountpoint)
-    assert entry is not None and entry.fstype == "fuse.cubetorchfs"
-    assert entry.source == f"cubetorchfs:{mount.vol_name}"
+    assert entry is not None and entry.fstype == "fuse.cubetorchfs", entry
+    assert entry.source == f"cubetorchfs:{mount.vol_name}", entry
     assert_reads(mount, small_src["files"])
-    result = run_command(["umount", str(mount.mountpoint)], env=env)
+    result = run_command(["umount", str(mount.mountpoint)])
     assert result.returncode == 0, result.stderr
     assert mount.wait_gone()
 
