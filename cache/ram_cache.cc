@@ -21,7 +21,8 @@ std::shared_ptr<Buffer> Buffer::Allocate(size_t size) {
   return b;
 }
 
-std::string ChunkKey(std::string_view path, const cfs_client::FileVersion& version, uint64_t chunk) {
+std::string ChunkKey(std::string_view path, const cfs_client::FileVersion& version,
+                     uint64_t chunk) {
   std::string key;
   key.reserve(path.size() + 1 + 3 * sizeof(uint64_t));
   key.append(path);
@@ -118,12 +119,12 @@ class ShardedLruCache final : public RamCache {
   using LruList = std::list<Entry>;  // front: most recently used
 
   struct Shard {
-    std::mutex mu;                                               // guards everything below
-    uint64_t capacity = 0;                                       // set once at construction
-    uint64_t bytes = 0;                                          // GUARDED_BY(mu)
-    LruList lru;                                                 // GUARDED_BY(mu)
-    std::unordered_map<std::string, LruList::iterator> index;    // GUARDED_BY(mu)
-    std::unordered_map<std::string, SharedResult> inflight;      // GUARDED_BY(mu)
+    std::mutex mu;                                             // guards everything below
+    uint64_t capacity = 0;                                     // set once at construction
+    uint64_t bytes = 0;                                        // GUARDED_BY(mu)
+    LruList lru;                                               // GUARDED_BY(mu)
+    std::unordered_map<std::string, LruList::iterator> index;  // GUARDED_BY(mu)
+    std::unordered_map<std::string, SharedResult> inflight;    // GUARDED_BY(mu)
   };
 
   Shard& ShardOf(const std::string& key) {
@@ -173,7 +174,7 @@ class ShardedLruCache final : public RamCache {
   std::vector<Shard> shards_;  // fixed after construction
   std::atomic<uint64_t> bytes_{0};
   std::atomic<uint64_t> evictions_{0};
-  prometheus::Gauge* bytes_gauge_ = nullptr;         // owned by the registry
+  prometheus::Gauge* bytes_gauge_ = nullptr;          // owned by the registry
   prometheus::Counter* evictions_counter_ = nullptr;  // owned by the registry
 };
 

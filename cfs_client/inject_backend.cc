@@ -42,7 +42,8 @@ class InjectBackend final : public Backend {
     bool fail = false;
     {
       std::lock_guard<std::mutex> l(mu_);
-      if (opts_.error_rate > 0) fail = std::uniform_real_distribution<double>(0, 1)(rng_) < opts_.error_rate;
+      if (opts_.error_rate > 0)
+        fail = std::uniform_real_distribution<double>(0, 1)(rng_) < opts_.error_rate;
       if (counters_) {
         counters_->requests++;
         if (is_read) counters_->read_requests++;
@@ -57,9 +58,9 @@ class InjectBackend final : public Backend {
   const std::unique_ptr<Backend> base_;
   const conf::InjectOptions opts_;
   Clock* const clock_;
-  std::mutex mu_;                     // guards rng_ and *counters_
-  InjectCounters* const counters_;    // GUARDED_BY(mu_)
-  std::mt19937_64 rng_;               // GUARDED_BY(mu_)
+  std::mutex mu_;                   // guards rng_ and *counters_
+  InjectCounters* const counters_;  // GUARDED_BY(mu_)
+  std::mt19937_64 rng_;             // GUARDED_BY(mu_)
 };
 
 }  // namespace

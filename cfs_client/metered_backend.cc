@@ -12,9 +12,11 @@ namespace cubetorchfs::cfs_client {
 namespace {
 
 enum Op { kStat, kList, kRead, kReadLink, kStatFs, kNumOps };
-constexpr std::array<const char*, kNumOps> kOpNames = {"stat", "list", "read", "readlink", "statfs"};
+constexpr std::array<const char*, kNumOps> kOpNames = {"stat", "list", "read", "readlink",
+                                                       "statfs"};
 enum Outcome { kOk, kNotFound, kStaleOutcome, kError, kNumOutcomes };
-constexpr std::array<const char*, kNumOutcomes> kOutcomeNames = {"ok", "not_found", "stale", "error"};
+constexpr std::array<const char*, kNumOutcomes> kOutcomeNames = {"ok", "not_found", "stale",
+                                                                 "error"};
 
 Outcome OutcomeOf(const Status& s) {
   if (s.ok()) return kOk;
@@ -36,7 +38,8 @@ class MeteredBackend final : public Backend {
                         .Help("Latency of requests to the backing store")
                         .Register(registry);
     const prometheus::Histogram::BucketBoundaries buckets = {
-        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+        0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10};
     for (int op = 0; op < kNumOps; ++op) {
       for (int o = 0; o < kNumOutcomes; ++o)
         requests_[op][o] = &requests.Add({{"op", kOpNames[op]}, {"status", kOutcomeNames[o]}});

@@ -22,14 +22,21 @@ namespace {
 Status FromErrno(int err, const std::string& what) {
   std::string msg = what + ": " + std::strerror(err);
   switch (err) {
-    case ENOENT: return Status::NotFound(msg);
+    case ENOENT:
+      return Status::NotFound(msg);
     case EACCES:
-    case EPERM: return Status::PermissionDenied(msg);
-    case ENOTDIR: return Status::NotDirectory(msg);
-    case EISDIR: return Status::IsDirectory(msg);
-    case ENAMETOOLONG: return Status::NameTooLong(msg);
-    case EINVAL: return Status::InvalidArgument(msg);
-    default: return Status::IOError(msg);
+    case EPERM:
+      return Status::PermissionDenied(msg);
+    case ENOTDIR:
+      return Status::NotDirectory(msg);
+    case EISDIR:
+      return Status::IsDirectory(msg);
+    case ENAMETOOLONG:
+      return Status::NameTooLong(msg);
+    case EINVAL:
+      return Status::InvalidArgument(msg);
+    default:
+      return Status::IOError(msg);
   }
 }
 
@@ -78,7 +85,8 @@ struct DirCloser {
 
 class PosixBackend final : public Backend {
  public:
-  PosixBackend(std::string root, Fd root_fd) : root_(std::move(root)), root_fd_(std::move(root_fd)) {}
+  PosixBackend(std::string root, Fd root_fd)
+      : root_(std::move(root)), root_fd_(std::move(root_fd)) {}
 
   Result<FileAttr> Stat(const std::string& path) override {
     struct stat st;
@@ -121,7 +129,8 @@ class PosixBackend final : public Backend {
     if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
     struct stat st;
     if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
-    if (!S_ISREG(st.st_mode)) return Status::IsDirectory("read " + Show(path) + ": not a regular file");
+    if (!S_ISREG(st.st_mode))
+      return Status::IsDirectory("read " + Show(path) + ": not a regular file");
     if (FromStat(st).Version() != expect)
       return Status::Stale("read " + Show(path) + ": file changed in the store");
     size_t done = 0;
@@ -180,8 +189,7 @@ Result<std::unique_ptr<Backend>> NewPosixBackend(const std::string& root) {
     if (err == ENOTDIR) return Status::NotDirectory(root + ": not a directory");
     return FromErrno(err, root);
   }
-  if (::faccessat(fd.get(), ".", R_OK | X_OK, AT_EACCESS) != 0)
-    return FromErrno(errno, root);
+  if (::faccessat(fd.get(), ".", R_OK | X_OK, AT_EACCESS) != 0) return FromErrno(errno, root);
   return std::unique_ptr<Backend>(new PosixBackend(root, std::move(fd)));
 }
 

@@ -19,10 +19,14 @@ std::atomic<int> g_fd{STDERR_FILENO};
 
 const char* LevelName(LogLevel level) {
   switch (level) {
-    case LogLevel::kDebug: return "D";
-    case LogLevel::kInfo: return "I";
-    case LogLevel::kWarn: return "W";
-    case LogLevel::kError: return "E";
+    case LogLevel::kDebug:
+      return "D";
+    case LogLevel::kInfo:
+      return "I";
+    case LogLevel::kWarn:
+      return "W";
+    case LogLevel::kError:
+      return "E";
   }
   return "?";
 }

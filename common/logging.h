@@ -30,7 +30,8 @@ void WriteLogLine(LogLevel level, const char* file, int line, const std::string&
 namespace internal {
 class LogMessage {
  public:
-  LogMessage(LogLevel level, const char* file, int line) : level_(level), file_(file), line_(line) {}
+  LogMessage(LogLevel level, const char* file, int line)
+      : level_(level), file_(file), line_(line) {}
   ~LogMessage() { WriteLogLine(level_, file_, line_, stream_.str()); }
   std::ostringstream& stream() { return stream_; }
 
@@ -49,8 +50,10 @@ struct Voidify {
 }  // namespace cubetorchfs
 
 // CTFS_LOG(kInfo) << "text" << value; — a statement, safe inside an unbraced if/else.
-#define CTFS_LOG(level)                                          \
-  !::cubetorchfs::LogEnabled(::cubetorchfs::LogLevel::level)     \
-      ? (void)0                                                  \
-      : ::cubetorchfs::internal::Voidify() &                     \
-            ::cubetorchfs::internal::LogMessage(::cubetorchfs::LogLevel::level, __FILE__, __LINE__).stream()
+#define CTFS_LOG(level)                                                                   \
+  !::cubetorchfs::LogEnabled(::cubetorchfs::LogLevel::level)                              \
+      ? (void)0                                                                           \
+      : ::cubetorchfs::internal::Voidify() &                                              \
+            ::cubetorchfs::internal::LogMessage(::cubetorchfs::LogLevel::level, __FILE__, \
+                                                __LINE__)                                 \
+                .stream()

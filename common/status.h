@@ -65,7 +65,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT: implicit by design
     if (std::get<Status>(v_).ok()) std::abort();   // an OK Status carries no value
   }
@@ -88,10 +88,10 @@ class [[nodiscard]] Result {
 };
 
 // Returns the error from the enclosing function if `expr` (a Status) is not OK.
-#define CTFS_RETURN_IF_ERROR(expr)               \
-  do {                                           \
-    ::cubetorchfs::Status _st = (expr);          \
-    if (!_st.ok()) return _st;                   \
+#define CTFS_RETURN_IF_ERROR(expr)      \
+  do {                                  \
+    ::cubetorchfs::Status _st = (expr); \
+    if (!_st.ok()) return _st;          \
   } while (0)
 
 }  // namespace cubetorchfs

@@ -1,12 +1,10 @@
 #include "conf/config.h"
 
-#include "common/logging.h"
-
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -15,28 +13,69 @@
 #include <set>
 #include <sstream>
 
+#include "common/logging.h"
+
 namespace cubetorchfs::conf {
 namespace {
 
 // Keys of the CubeFS client's config.json that we accept without a warning. Most have no
 // meaning here; rdonly, lookupValid and attrValid map onto fuse.* when that is not set.
 const std::set<std::string> kCubeFsClientKeys = {
-    "masterAddr",     "owner",          "consulAddr",      "token",          "rdonly",
-    "lookupValid",    "attrValid",      "icacheTimeout",   "enSyncWrite",    "autoInvalData",
-    "writecache",     "keepcache",      "readRate",        "writeRate",      "followerRead",
-    "nearRead",       "accessKey",      "secretKey",       "subdir",         "fsyncOnClose",
-    "maxcpus",        "enableXattr",    "enablePosixACL",  "enableSummary",  "enableUnixPermission",
-    "disableDcache",  "bcacheDir",      "maxStreamerLimit", "clientKey",     "authenticate",
-    "ticketHost",     "enableHTTPS",    "certFile",        "warnLogDir",     "logDirSize",
-    "readThreads",    "writeThreads",   "enableBcache",    "buffersTotalLimit", "metaSendTimeout",
-    "minWriteAbleDataPartitionCnt",     "bcacheFilterFiles", "bcacheBatchCnt", "bcacheCheckInterval",
-    "prefetchThread", "prefetchBuffer", "mountOptions",    "enableAudit",    "localIP",
+    "masterAddr",
+    "owner",
+    "consulAddr",
+    "token",
+    "rdonly",
+    "lookupValid",
+    "attrValid",
+    "icacheTimeout",
+    "enSyncWrite",
+    "autoInvalData",
+    "writecache",
+    "keepcache",
+    "readRate",
+    "writeRate",
+    "followerRead",
+    "nearRead",
+    "accessKey",
+    "secretKey",
+    "subdir",
+    "fsyncOnClose",
+    "maxcpus",
+    "enableXattr",
+    "enablePosixACL",
+    "enableSummary",
+    "enableUnixPermission",
+    "disableDcache",
+    "bcacheDir",
+    "maxStreamerLimit",
+    "clientKey",
+    "authenticate",
+    "ticketHost",
+    "enableHTTPS",
+    "certFile",
+    "warnLogDir",
+    "logDirSize",
+    "readThreads",
+    "writeThreads",
+    "enableBcache",
+    "buffersTotalLimit",
+    "metaSendTimeout",
+    "minWriteAbleDataPartitionCnt",
+    "bcacheFilterFiles",
+    "bcacheBatchCnt",
+    "bcacheCheckInterval",
+    "prefetchThread",
+    "prefetchBuffer",
+    "mountOptions",
+    "enableAudit",
+    "localIP",
 };
 
 // Our own top-level keys.
 const std::set<std::string> kTopLevelKeys = {
-    "volName", "mountPoint", "logDir",   "logLevel", "exporterPort", "profPort",
-    "profile", "backend",    "cache",    "prefetch", "fuse",
+    "volName", "mountPoint", "logDir", "logLevel", "exporterPort", "profPort",
+    "profile", "backend",    "cache",  "prefetch", "fuse",
 };
 
 Status Bad(const std::string& key, const std::string& why) {
@@ -122,7 +161,8 @@ Status ParseInject(const YAML::Node& node, InjectOptions* o) {
   o->enabled = true;
   return ForEachKey(node, "backend.inject", {"latency_us", "error_rate", "seed"},
                     [&](const std::string& k, const YAML::Node& v, const std::string& key) {
-                      if (k == "latency_us") CTFS_ASSIGN(o->latency_us, GetUint(v, key, 60'000'000));
+                      if (k == "latency_us")
+                        CTFS_ASSIGN(o->latency_us, GetUint(v, key, 60'000'000));
                       if (k == "error_rate") CTFS_ASSIGN(o->error_rate, GetDouble(v, key, 0, 1));
                       if (k == "seed") CTFS_ASSIGN(o->seed, GetUint(v, key, UINT64_MAX));
                       return Status::OK();
@@ -151,24 +191,25 @@ Status ParseCache(const YAML::Node& node, CacheOptions* o) {
 }
 
 Status ParsePrefetch(const YAML::Node& node, PrefetchOptions* o) {
-  return ForEachKey(
-      node, "prefetch",
-      {"enabled", "max_inflight", "window_files", "window_bytes", "evict_after_read",
-       "control_socket"},
-      [&](const std::string& k, const YAML::Node& v, const std::string& key) {
-        if (k == "enabled") CTFS_ASSIGN(o->enabled, GetBool(v, key));
-        if (k == "max_inflight") {
-          uint64_t n = 0;
-          CTFS_ASSIGN(n, GetUint(v, key, 4096));
-          if (n == 0) return Bad(key, "must be at least 1");
-          o->max_inflight = static_cast<uint32_t>(n);
-        }
-        if (k == "window_files") CTFS_ASSIGN(o->window_files, GetUint(v, key, UINT64_MAX));
-        if (k == "window_bytes") CTFS_ASSIGN(o->window_bytes, GetSize(v, key));
-        if (k == "evict_after_read") CTFS_ASSIGN(o->evict_after_read, GetBool(v, key));
-        if (k == "control_socket") CTFS_ASSIGN(o->control_socket, GetString(v, key));
-        return Status::OK();
-      });
+  return ForEachKey(node, "prefetch",
+                    {"enabled", "max_inflight", "window_files", "window_bytes", "evict_after_read",
+                     "control_socket"},
+                    [&](const std::string& k, const YAML::Node& v, const std::string& key) {
+                      if (k == "enabled") CTFS_ASSIGN(o->enabled, GetBool(v, key));
+                      if (k == "max_inflight") {
+                        uint64_t n = 0;
+                        CTFS_ASSIGN(n, GetUint(v, key, 4096));
+                        if (n == 0) return Bad(key, "must be at least 1");
+                        o->max_inflight = static_cast<uint32_t>(n);
+                      }
+                      if (k == "window_files")
+                        CTFS_ASSIGN(o->window_files, GetUint(v, key, UINT64_MAX));
+                      if (k == "window_bytes") CTFS_ASSIGN(o->window_bytes, GetSize(v, key));
+                      if (k == "evict_after_read")
+                        CTFS_ASSIGN(o->evict_after_read, GetBool(v, key));
+                      if (k == "control_socket") CTFS_ASSIGN(o->control_socket, GetString(v, key));
+                      return Status::OK();
+                    });
 }
 
 // Which fuse.* timeouts the file set explicitly (so profile and CubeFS keys don't override).
@@ -178,38 +219,37 @@ struct FuseExplicit {
 
 Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
   constexpr double kMaxTimeout = 86400.0 * 365;
-  return ForEachKey(
-      node, "fuse",
-      {"read_only", "entry_timeout_s", "attr_timeout_s", "negative_timeout_s", "max_read",
-       "keep_cache"},
-      [&](const std::string& k, const YAML::Node& v, const std::string& key) {
-        if (k == "read_only") {
-          CTFS_ASSIGN(o->read_only, GetBool(v, key));
-          set->read_only = true;
-        }
-        if (k == "entry_timeout_s") {
-          CTFS_ASSIGN(o->entry_timeout_s, GetDouble(v, key, 0, kMaxTimeout));
-          set->entry = true;
-        }
-        if (k == "attr_timeout_s") {
-          CTFS_ASSIGN(o->attr_timeout_s, GetDouble(v, key, 0, kMaxTimeout));
-          set->attr = true;
-        }
-        if (k == "negative_timeout_s") {
-          CTFS_ASSIGN(o->negative_timeout_s, GetDouble(v, key, 0, kMaxTimeout));
-          set->negative = true;
-        }
-        if (k == "max_read") {
-          CTFS_ASSIGN(o->max_read, GetSize(v, key));
-          if (o->max_read < 4096 || o->max_read > (1u << 20))
-            return Bad(key, "must be between 4KiB and 1MiB");
-        }
-        if (k == "keep_cache") {
-          CTFS_ASSIGN(o->keep_cache, GetBool(v, key));
-          set->keep_cache = true;
-        }
-        return Status::OK();
-      });
+  return ForEachKey(node, "fuse",
+                    {"read_only", "entry_timeout_s", "attr_timeout_s", "negative_timeout_s",
+                     "max_read", "keep_cache"},
+                    [&](const std::string& k, const YAML::Node& v, const std::string& key) {
+                      if (k == "read_only") {
+                        CTFS_ASSIGN(o->read_only, GetBool(v, key));
+                        set->read_only = true;
+                      }
+                      if (k == "entry_timeout_s") {
+                        CTFS_ASSIGN(o->entry_timeout_s, GetDouble(v, key, 0, kMaxTimeout));
+                        set->entry = true;
+                      }
+                      if (k == "attr_timeout_s") {
+                        CTFS_ASSIGN(o->attr_timeout_s, GetDouble(v, key, 0, kMaxTimeout));
+                        set->attr = true;
+                      }
+                      if (k == "negative_timeout_s") {
+                        CTFS_ASSIGN(o->negative_timeout_s, GetDouble(v, key, 0, kMaxTimeout));
+                        set->negative = true;
+                      }
+                      if (k == "max_read") {
+                        CTFS_ASSIGN(o->max_read, GetSize(v, key));
+                        if (o->max_read < 4096 || o->max_read > (1u << 20))
+                          return Bad(key, "must be between 4KiB and 1MiB");
+                      }
+                      if (k == "keep_cache") {
+                        CTFS_ASSIGN(o->keep_cache, GetBool(v, key));
+                        set->keep_cache = true;
+                      }
+                      return Status::OK();
+                    });
 }
 
 Status Validate(const Config& c) {
@@ -243,23 +283,36 @@ Result<Config> ParseNode(const YAML::Node& root) {
   for (const auto& kv : root) {
     std::string k = Scalar(kv.first);
     const YAML::Node& v = kv.second;
-    if (k == "volName") CTFS_ASSIGN(c.vol_name, GetString(v, k));
-    else if (k == "mountPoint") CTFS_ASSIGN(c.mount_point, GetString(v, k));
-    else if (k == "logDir") CTFS_ASSIGN(c.log_dir, GetString(v, k));
-    else if (k == "logLevel") CTFS_ASSIGN(c.log_level, GetString(v, k));
-    else if (k == "profile") CTFS_ASSIGN(c.profile, GetString(v, k));
+    if (k == "volName")
+      CTFS_ASSIGN(c.vol_name, GetString(v, k));
+    else if (k == "mountPoint")
+      CTFS_ASSIGN(c.mount_point, GetString(v, k));
+    else if (k == "logDir")
+      CTFS_ASSIGN(c.log_dir, GetString(v, k));
+    else if (k == "logLevel")
+      CTFS_ASSIGN(c.log_level, GetString(v, k));
+    else if (k == "profile")
+      CTFS_ASSIGN(c.profile, GetString(v, k));
     else if (k == "exporterPort" || k == "profPort") {
       uint64_t port = 0;
       if (!(v.IsScalar() && v.Scalar().empty())) CTFS_ASSIGN(port, GetUint(v, k, 65535));
       (k == "exporterPort" ? c.exporter_port : c.prof_port) = static_cast<uint16_t>(port);
-    } else if (k == "backend") CTFS_RETURN_IF_ERROR(ParseBackend(v, &c.backend));
-    else if (k == "cache") CTFS_RETURN_IF_ERROR(ParseCache(v, &c.cache));
-    else if (k == "prefetch") CTFS_RETURN_IF_ERROR(ParsePrefetch(v, &c.prefetch));
-    else if (k == "fuse") CTFS_RETURN_IF_ERROR(ParseFuse(v, &c.fuse, &fuse_set));
-    else if (k == "rdonly") cubefs_rdonly = v;
-    else if (k == "lookupValid") cubefs_lookup = v;
-    else if (k == "attrValid") cubefs_attr = v;
-    else if (!kCubeFsClientKeys.count(k)) c.unknown_top_level_keys.push_back(k);
+    } else if (k == "backend")
+      CTFS_RETURN_IF_ERROR(ParseBackend(v, &c.backend));
+    else if (k == "cache")
+      CTFS_RETURN_IF_ERROR(ParseCache(v, &c.cache));
+    else if (k == "prefetch")
+      CTFS_RETURN_IF_ERROR(ParsePrefetch(v, &c.prefetch));
+    else if (k == "fuse")
+      CTFS_RETURN_IF_ERROR(ParseFuse(v, &c.fuse, &fuse_set));
+    else if (k == "rdonly")
+      cubefs_rdonly = v;
+    else if (k == "lookupValid")
+      cubefs_lookup = v;
+    else if (k == "attrValid")
+      cubefs_attr = v;
+    else if (!kCubeFsClientKeys.count(k))
+      c.unknown_top_level_keys.push_back(k);
   }
   if (c.profile == "ai_prefetch") {
     if (!fuse_set.entry) c.fuse.entry_timeout_s = 300;
@@ -267,7 +320,8 @@ Result<Config> ParseNode(const YAML::Node& root) {
     if (!fuse_set.negative) c.fuse.negative_timeout_s = 5;
     if (!fuse_set.keep_cache) c.fuse.keep_cache = true;
   }
-  if (cubefs_rdonly && !fuse_set.read_only) CTFS_ASSIGN(c.fuse.read_only, GetBool(*cubefs_rdonly, "rdonly"));
+  if (cubefs_rdonly && !fuse_set.read_only)
+    CTFS_ASSIGN(c.fuse.read_only, GetBool(*cubefs_rdonly, "rdonly"));
   if (cubefs_lookup && !fuse_set.entry)
     CTFS_ASSIGN(c.fuse.entry_timeout_s, GetDouble(*cubefs_lookup, "lookupValid", 0, 86400));
   if (cubefs_attr && !fuse_set.attr)
@@ -286,7 +340,8 @@ Result<uint64_t> ParseSize(std::string_view text) {
   s = s.substr(b, e - b + 1);
   if (s[0] == '-') return Status::InvalidArgument("size must not be negative, got \"" + s + "\"");
   size_t num_end = 0;
-  while (num_end < s.size() && (std::isdigit(static_cast<unsigned char>(s[num_end])) || s[num_end] == '.'))
+  while (num_end < s.size() &&
+         (std::isdigit(static_cast<unsigned char>(s[num_end])) || s[num_end] == '.'))
     ++num_end;
   std::string num = s.substr(0, num_end);
   std::string unit = s.substr(num_end);
@@ -297,18 +352,24 @@ Result<uint64_t> ParseSize(std::string_view text) {
   std::string u;
   for (char c : unit) u += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   uint64_t mult = 0;
-  if (u.empty() || u == "b") mult = 1;
-  else if (u == "k" || u == "kb" || u == "kib") mult = 1ull << 10;
-  else if (u == "m" || u == "mb" || u == "mib") mult = 1ull << 20;
-  else if (u == "g" || u == "gb" || u == "gib") mult = 1ull << 30;
-  else if (u == "t" || u == "tb" || u == "tib") mult = 1ull << 40;
+  if (u.empty() || u == "b")
+    mult = 1;
+  else if (u == "k" || u == "kb" || u == "kib")
+    mult = 1ull << 10;
+  else if (u == "m" || u == "mb" || u == "mib")
+    mult = 1ull << 20;
+  else if (u == "g" || u == "gb" || u == "gib")
+    mult = 1ull << 30;
+  else if (u == "t" || u == "tb" || u == "tib")
+    mult = 1ull << 40;
   else
     return Status::InvalidArgument("unknown unit \"" + unit + "\" in \"" + s +
                                    "\" (use B, KiB, MiB, GiB or TiB)");
   long double v = std::strtold(num.c_str(), nullptr) * static_cast<long double>(mult);
   if (v > static_cast<long double>(std::numeric_limits<uint64_t>::max()))
     return Status::InvalidArgument("size too large: \"" + s + "\"");
-  if (v != std::floor(v)) return Status::InvalidArgument("not a whole number of bytes: \"" + s + "\"");
+  if (v != std::floor(v))
+    return Status::InvalidArgument("not a whole number of bytes: \"" + s + "\"");
   return static_cast<uint64_t>(v);
 }
 

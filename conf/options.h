@@ -12,10 +12,10 @@ namespace cubetorchfs::conf {
 
 // backend.inject: fault and latency injection around any backend (tests and benchmarks).
 struct InjectOptions {
-  bool enabled = false;      // true when the section is present. Default: off.
-  uint64_t latency_us = 0;   // added to every backend request. Default: 0.
-  double error_rate = 0.0;   // fraction of requests failing with EIO, in [0, 1]. Default: 0.
-  uint64_t seed = 1;         // seeds the error draw so runs repeat. Default: 1.
+  bool enabled = false;     // true when the section is present. Default: off.
+  uint64_t latency_us = 0;  // added to every backend request. Default: 0.
+  double error_rate = 0.0;  // fraction of requests failing with EIO, in [0, 1]. Default: 0.
+  uint64_t seed = 1;        // seeds the error draw so runs repeat. Default: 1.
 };
 
 struct BackendOptions {
@@ -32,12 +32,12 @@ struct CacheOptions {
 };
 
 struct PrefetchOptions {
-  bool enabled = true;                   // Default: true.
-  uint32_t max_inflight = 64;            // parallel backend fetches. Default: 64.
-  uint64_t window_files = 4096;          // files fetched ahead of a stream's cursor. Default: 4096.
-  uint64_t window_bytes = 1ull << 30;    // bytes fetched ahead. Default: 1 GiB.
-  bool evict_after_read = true;          // Default: true.
-  std::string control_socket;            // Default: /run/cubetorchfs/<volName>.sock.
+  bool enabled = true;                 // Default: true.
+  uint32_t max_inflight = 64;          // parallel backend fetches. Default: 64.
+  uint64_t window_files = 4096;        // files fetched ahead of a stream's cursor. Default: 4096.
+  uint64_t window_bytes = 1ull << 30;  // bytes fetched ahead. Default: 1 GiB.
+  bool evict_after_read = true;        // Default: true.
+  std::string control_socket;          // Default: /run/cubetorchfs/<volName>.sock.
 };
 
 struct FuseOptions {
@@ -52,13 +52,13 @@ struct FuseOptions {
 };
 
 struct Config {
-  std::string vol_name;           // volName. Required.
-  std::string mount_point;        // mountPoint; the command line may override it.
-  std::string log_dir;            // logDir; "" logs to stderr. Default: "".
+  std::string vol_name;            // volName. Required.
+  std::string mount_point;         // mountPoint; the command line may override it.
+  std::string log_dir;             // logDir; "" logs to stderr. Default: "".
   std::string log_level = "info";  // logLevel. Default: info.
-  uint16_t exporter_port = 0;     // exporterPort; 0 = no metrics listener. Default: 0.
-  uint16_t prof_port = 0;         // profPort; 0 = no legacy listener. Default: 0.
-  std::string profile;            // "" or "ai_prefetch". Default: "".
+  uint16_t exporter_port = 0;      // exporterPort; 0 = no metrics listener. Default: 0.
+  uint16_t prof_port = 0;          // profPort; 0 = no legacy listener. Default: 0.
+  std::string profile;             // "" or "ai_prefetch". Default: "".
   BackendOptions backend;
   CacheOptions cache;
   PrefetchOptions prefetch;

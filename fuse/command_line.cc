@@ -46,7 +46,8 @@ Result<CommandLine> ParseCommandLine(const std::vector<std::string>& args) {
   if (cl.help || cl.version) return cl;
   if (cl.config_path.empty()) {
     // mount.fuse3 form: CONFIG MOUNTPOINT.
-    if (positional.empty()) return Status::InvalidArgument("no config given (-c CONFIG; see --help)");
+    if (positional.empty())
+      return Status::InvalidArgument("no config given (-c CONFIG; see --help)");
     cl.config_path = positional[0];
     positional.erase(positional.begin());
   }

@@ -26,8 +26,8 @@ Result<std::unique_ptr<FileSystem>> FileSystem::New(const Options& options,
       new FileSystem(options, backend, cache, clock, registry, root.value()));
 }
 
-FileSystem::FileSystem(const Options& options, cfs_client::Backend* backend,
-                       cache::RamCache* cache, Clock* clock, prometheus::Registry& registry,
+FileSystem::FileSystem(const Options& options, cfs_client::Backend* backend, cache::RamCache* cache,
+                       Clock* clock, prometheus::Registry& registry,
                        const cfs_client::FileAttr& root_attr)
     : options_(options),
       backend_(backend),
@@ -36,8 +36,9 @@ FileSystem::FileSystem(const Options& options, cfs_client::Backend* backend,
       inodes_(root_attr, clock->NowNanos()) {
   auto& reads = prometheus::BuildCounter()
                     .Name("cubetorchfs_reads_total")
-                    .Help("FUSE reads of regular files. hit: no wait on the backend; late: waited "
-                          "on a prefetch in flight; miss: fetched synchronously")
+                    .Help(
+                        "FUSE reads of regular files. hit: no wait on the backend; late: waited "
+                        "on a prefetch in flight; miss: fetched synchronously")
                     .Register(registry);
   reads_hit_ = &reads.Add({{"result", "hit"}});
   reads.Add({{"result", "late"}});  // exported as 0 until prefetching exists
@@ -159,8 +160,8 @@ Result<ReadResult> FileSystem::Read(const FileHandle& handle, uint64_t offset, s
     Result<cache::Lookup> got = cache_->GetOrFetch(
         cache::ChunkKey(handle.path, handle.version, chunk), [&]() -> Result<cache::BufferRef> {
           std::shared_ptr<cache::Buffer> buf = cache::Buffer::Allocate(chunk_len);
-          Result<size_t> n = backend_->Read(handle.path, handle.version, chunk_begin, chunk_len,
-                                            buf->data.get());
+          Result<size_t> n =
+              backend_->Read(handle.path, handle.version, chunk_begin, chunk_len, buf->data.get());
           if (!n.ok()) return n.status();
           if (n.value() != chunk_len)
             return Status::Stale(handle.path + ": file shorter than its size in the store");
@@ -168,7 +169,8 @@ Result<ReadResult> FileSystem::Read(const FileHandle& handle, uint64_t offset, s
         });
     if (!got.ok()) return got.status();
     const size_t from = static_cast<size_t>(std::max(offset, chunk_begin) - chunk_begin);
-    const size_t to = static_cast<size_t>(std::min<uint64_t>(end, chunk_begin + chunk_len) - chunk_begin);
+    const size_t to =
+        static_cast<size_t>(std::min<uint64_t>(end, chunk_begin + chunk_len) - chunk_begin);
     if (got->served != cache::Served::kCached) {
       waited = true;
       backend_bytes += to - from;

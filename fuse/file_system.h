@@ -48,7 +48,7 @@ struct DirHandle {
 
 struct OpenResult {
   std::unique_ptr<FileHandle> handle;
-  bool keep_cache = false;       // the kernel may keep its page cache of the file
+  bool keep_cache = false;        // the kernel may keep its page cache of the file
   bool invalidate_inode = false;  // the file changed: drop the kernel's cached attrs and pages
 };
 
@@ -73,7 +73,8 @@ class FileSystem {
 
   // `backend`, `cache`, `clock` and `registry` must outlive the FileSystem. Fails if the
   // store's root cannot be read.
-  static Result<std::unique_ptr<FileSystem>> New(const Options& options, cfs_client::Backend* backend,
+  static Result<std::unique_ptr<FileSystem>> New(const Options& options,
+                                                 cfs_client::Backend* backend,
                                                  cache::RamCache* cache, Clock* clock,
                                                  prometheus::Registry& registry);
   ~FileSystem();

@@ -15,12 +15,27 @@
 namespace cubetorchfs::fuse {
 
 enum Op {
-  kLookup, kForget, kGetattr, kReadlink, kOpendir, kReaddir, kReaddirplus, kReleasedir, kOpen,
-  kRead, kRelease, kStatfs, kAccess, kGetxattr, kListxattr, kWrite, kNumOps
+  kLookup,
+  kForget,
+  kGetattr,
+  kReadlink,
+  kOpendir,
+  kReaddir,
+  kReaddirplus,
+  kReleasedir,
+  kOpen,
+  kRead,
+  kRelease,
+  kStatfs,
+  kAccess,
+  kGetxattr,
+  kListxattr,
+  kWrite,
+  kNumOps
 };
 constexpr std::array<const char*, kNumOps> kOpNames = {
-    "lookup", "forget", "getattr", "readlink", "opendir", "readdir", "readdirplus", "releasedir",
-    "open", "read", "release", "statfs", "access", "getxattr", "listxattr", "write"};
+    "lookup", "forget", "getattr", "readlink", "opendir", "readdir",  "readdirplus", "releasedir",
+    "open",   "read",   "release", "statfs",   "access",  "getxattr", "listxattr",   "write"};
 
 // cubetorchfs_fuse_ops_total{op} and cubetorchfs_fuse_op_seconds{op}; owned by the registry.
 struct OpMetrics {
@@ -53,18 +68,30 @@ FuseContext::~FuseContext() = default;
 int ToErrno(const Status& s) {
   using Code = Status::Code;
   switch (s.code()) {
-    case Code::kOk: return 0;
-    case Code::kNotFound: return ENOENT;
-    case Code::kPermissionDenied: return EACCES;
-    case Code::kNotDirectory: return ENOTDIR;
-    case Code::kIsDirectory: return EISDIR;
-    case Code::kInvalidArgument: return EINVAL;
-    case Code::kIOError: return EIO;
-    case Code::kStale: return ESTALE;
-    case Code::kNotSupported: return ENOTSUP;
-    case Code::kReadOnly: return EROFS;
-    case Code::kNameTooLong: return ENAMETOOLONG;
-    case Code::kCorruption: return EIO;
+    case Code::kOk:
+      return 0;
+    case Code::kNotFound:
+      return ENOENT;
+    case Code::kPermissionDenied:
+      return EACCES;
+    case Code::kNotDirectory:
+      return ENOTDIR;
+    case Code::kIsDirectory:
+      return EISDIR;
+    case Code::kInvalidArgument:
+      return EINVAL;
+    case Code::kIOError:
+      return EIO;
+    case Code::kStale:
+      return ESTALE;
+    case Code::kNotSupported:
+      return ENOTSUP;
+    case Code::kReadOnly:
+      return EROFS;
+    case Code::kNameTooLong:
+      return ENAMETOOLONG;
+    case Code::kCorruption:
+      return EIO;
   }
   return EIO;
 }
@@ -76,7 +103,8 @@ FuseContext& Ctx(fuse_req_t req) { return *static_cast<FuseContext*>(fuse_req_us
 // Counts and times one request.
 class OpScope {
  public:
-  OpScope(fuse_req_t req, Op op) : m_(*Ctx(req).metrics), op_(op), start_(SystemClock()->NowNanos()) {}
+  OpScope(fuse_req_t req, Op op)
+      : m_(*Ctx(req).metrics), op_(op), start_(SystemClock()->NowNanos()) {}
   ~OpScope() {
     m_.count[op_]->Increment();
     m_.seconds[op_]->Observe(static_cast<double>(SystemClock()->NowNanos() - start_) / 1e9);
@@ -366,7 +394,9 @@ const fuse_lowlevel_ops& Operations() {
     o.access = Access;
     o.getxattr = GetXattr;
     o.listxattr = ListXattr;
-    o.setattr = [](fuse_req_t req, fuse_ino_t, struct stat*, int, fuse_file_info*) { ReplyReadOnly(req); };
+    o.setattr = [](fuse_req_t req, fuse_ino_t, struct stat*, int, fuse_file_info*) {
+      ReplyReadOnly(req);
+    };
     o.mknod = [](fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) { ReplyReadOnly(req); };
     o.mkdir = [](fuse_req_t req, fuse_ino_t, const char*, mode_t) { ReplyReadOnly(req); };
     o.unlink = [](fuse_req_t req, fuse_ino_t, const char*) { ReplyReadOnly(req); };
@@ -376,7 +406,9 @@ const fuse_lowlevel_ops& Operations() {
       ReplyReadOnly(req);
     };
     o.link = [](fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) { ReplyReadOnly(req); };
-    o.create = [](fuse_req_t req, fuse_ino_t, const char*, mode_t, fuse_file_info*) { ReplyReadOnly(req); };
+    o.create = [](fuse_req_t req, fuse_ino_t, const char*, mode_t, fuse_file_info*) {
+      ReplyReadOnly(req);
+    };
     o.write = [](fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, fuse_file_info*) {
       ReplyReadOnly(req);
     };

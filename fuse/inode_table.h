@@ -52,7 +52,7 @@ class InodeTable {
 
   // Records that `ino` was opened at `version`; returns the version of the previous open.
   std::optional<cfs_client::FileVersion> SetOpenedVersion(uint64_t ino,
-                                                         const cfs_client::FileVersion& version);
+                                                          const cfs_client::FileVersion& version);
 
   size_t size() const;
   uint64_t lookups(uint64_t ino) const;  // for tests

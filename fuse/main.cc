@@ -80,15 +80,18 @@ int Daemonize() {
     ::close(fds[1]);
     char c = 0;
     ssize_t n;
-    do n = ::read(fds[0], &c, 1); while (n < 0 && errno == EINTR);
+    do n = ::read(fds[0], &c, 1);
+    while (n < 0 && errno == EINTR);
     if (n == 1 && c == 'R') std::_Exit(0);
     int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
     std::_Exit(WIFEXITED(status) ? WEXITSTATUS(status) : kExitFailure);
   }
   ::close(fds[0]);
   ::setsid();
-  if (::chdir("/") != 0) {}  // "/" always exists; nothing sensible to do otherwise
+  if (::chdir("/") != 0) {
+  }  // "/" always exists; nothing sensible to do otherwise
   return fds[1];
 }
 
@@ -145,9 +148,9 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   if (!fs.ok()) return Fail(kExitBadConfig, "backend.root: " + fs.status().message());
 
   FuseContext ctx(fs->get(), config.fuse, *registry);
-  std::string opts = "fsname=cubetorchfs:" + config.vol_name +
-                     ",subtype=cubetorchfs,default_permissions,max_read=" +
-                     std::to_string(config.fuse.max_read);
+  std::string opts =
+      "fsname=cubetorchfs:" + config.vol_name +
+      ",subtype=cubetorchfs,default_permissions,max_read=" + std::to_string(config.fuse.max_read);
   if (config.fuse.read_only) opts += ",ro";
   std::vector<std::string> argv = {"cubetorchfs", "-o", opts};
   for (const auto& o : cl.mount_options) {
@@ -159,14 +162,15 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
       fuse_session_new(args.get(), &Operations(), sizeof(fuse_lowlevel_ops), &ctx));
   if (!se) return Fail(kExitBadConfig, "-o: invalid FUSE mount options (see the line above)");
   ctx.session = se.get();
-  if (fuse_set_signal_handlers(se.get()) != 0) return Fail(kExitFailure, "cannot set signal handlers");
+  if (fuse_set_signal_handlers(se.get()) != 0)
+    return Fail(kExitFailure, "cannot set signal handlers");
   if (fuse_session_mount(se.get(), config.mount_point.c_str()) != 0) {
     fuse_remove_signal_handlers(se.get());
     return Fail(kExitFailure, config.mount_point + ": mount failed (see the line above)");
   }
 
   const std::string control_path = ControlFilePath(config.vol_name);
-  ControlInfo info{config.vol_name, config.mount_point, config.prof_port, "",
+  ControlInfo info{config.vol_name,      config.mount_point,           config.prof_port,   "",
                    config.exporter_port, static_cast<int>(::getpid()), CUBETORCHFS_VERSION};
   if (Status s = WriteControlFile(control_path, info); !s.ok())
     CTFS_LOG(kWarn) << "control file not written, the Python hook will not find this mount: "
@@ -217,7 +221,9 @@ int Main(int argc, char** argv) {
 
   // The backend root is checked before detaching so a bad one is reported on this terminal.
   Result<std::string> root = RealPath(config.backend.root);
-  if (!root.ok()) return Fail(kExitBadConfig, "backend.root: " + config.backend.root + ": " + root.status().message());
+  if (!root.ok())
+    return Fail(kExitBadConfig,
+                "backend.root: " + config.backend.root + ": " + root.status().message());
   config.backend.root = root.value();
   if (auto probe = cfs_client::NewPosixBackend(config.backend.root); !probe.ok())
     return Fail(kExitBadConfig, "backend.root: " + probe.status().message());

@@ -79,7 +79,8 @@ TEST(RamCacheTest, FailedFetchIsNotCachedAndIsRetried) {
   EXPECT_FALSE(cache->GetOrFetch(Key(0), failing).ok());
   EXPECT_FALSE(cache->GetOrFetch(Key(0), failing).ok());
   EXPECT_EQ(calls, 2);
-  Result<Lookup> ok = cache->GetOrFetch(Key(0), [] { return Result<BufferRef>(MakeBuffer(10, 'z')); });
+  Result<Lookup> ok =
+      cache->GetOrFetch(Key(0), [] { return Result<BufferRef>(MakeBuffer(10, 'z')); });
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->served, Served::kFetched);
   Result<Lookup> again = cache->GetOrFetch(Key(0), failing);
@@ -110,9 +111,15 @@ TEST(RamCacheTest, ConcurrentMissesShareOneFetch) {
       ASSERT_EQ(r->buffer->size, 1000u);
       ASSERT_EQ(r->buffer->data[999], 'c');
       switch (r->served) {
-        case Served::kFetched: fetched++; break;
-        case Served::kWaited: waited++; break;
-        case Served::kCached: cached++; break;
+        case Served::kFetched:
+          fetched++;
+          break;
+        case Served::kWaited:
+          waited++;
+          break;
+        case Served::kCached:
+          cached++;
+          break;
       }
     });
   }
@@ -139,10 +146,10 @@ TEST(RamCacheTest, ConcurrentMixedUseKeepsBudget) {
       for (int i = 0; i < 3000; ++i) {
         int k = static_cast<int>(rng() % 200);
         size_t size = 1 + (k * 997) % (64 << 10);
-        Result<Lookup> r = cache->GetOrFetch(Key(k), [&] {
-          return Result<BufferRef>(MakeBuffer(size, static_cast<char>(k)));
-        });
-        if (!r.ok() || r->buffer->size != size || r->buffer->data[0] != static_cast<char>(k)) bad = true;
+        Result<Lookup> r = cache->GetOrFetch(
+            Key(k), [&] { return Result<BufferRef>(MakeBuffer(size, static_cast<char>(k))); });
+        if (!r.ok() || r->buffer->size != size || r->buffer->data[0] != static_cast<char>(k))
+          bad = true;
         if (cache->bytes() > (2u << 20)) bad = true;
       }
     });

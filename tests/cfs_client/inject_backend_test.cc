@@ -44,7 +44,8 @@ TEST(InjectBackendTest, ErrorRateIsSeededAndRoughlyRight) {
     auto b = NewInjectBackend(Store(), {true, 0, 0.3, seed}, &clock, &counters);
     std::string pattern;
     for (int i = 0; i < 1000; ++i) pattern += b->Stat("f").ok() ? '.' : 'x';
-    EXPECT_EQ(counters.injected_errors, static_cast<uint64_t>(std::count(pattern.begin(), pattern.end(), 'x')));
+    EXPECT_EQ(counters.injected_errors,
+              static_cast<uint64_t>(std::count(pattern.begin(), pattern.end(), 'x')));
     return pattern;
   };
   std::string a = run(5), b = run(5), c = run(6);

@@ -89,7 +89,8 @@ TEST(ConfigTest, CubeFsKeysMapOntoFuseOptions) {
 }
 
 TEST(ConfigTest, UnknownTopLevelKeysAreCollectedNotFatal) {
-  Result<Config> c = ParseConfig(R"({"volName": "v", "backend": {"root": "/d"}, "bogus": 1, "zzz": 2})");
+  Result<Config> c =
+      ParseConfig(R"({"volName": "v", "backend": {"root": "/d"}, "bogus": 1, "zzz": 2})");
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->unknown_top_level_keys, (std::vector<std::string>{"bogus", "zzz"}));
 }
@@ -114,7 +115,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{R"({"backend": {"root": "/d"}})", "volName"},
         BadCase{R"({"volName": "v"})", "backend.root"},
         BadCase{R"({"volName": "v", "backend": {"root": "/d", "rooot": 1}})", "backend.rooot"},
-        BadCase{R"({"volName": "v", "backend": {"root": "/d"}, "cache": {"bogus": 1}})", "cache.bogus"},
+        BadCase{R"({"volName": "v", "backend": {"root": "/d"}, "cache": {"bogus": 1}})",
+                "cache.bogus"},
         BadCase{R"({"volName": "v", "backend": {"root": "/d"}, "cache": {"memory_bytes": "4XB"}})",
                 "cache.memory_bytes"},
         BadCase{R"({"volName": "v", "backend": {"root": "/d"}, "cache": {"memory_bytes": -5}})",
@@ -130,7 +132,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "fuse.read_only"},
         BadCase{R"({"volName": "v", "backend": {"root": "/d"}, "prefetch": {"max_inflight": 0}})",
                 "prefetch.max_inflight"},
-        BadCase{R"({"volName": "v", "backend": {"root": "/d"}, "exporterPort": 70000})", "exporterPort"},
+        BadCase{R"({"volName": "v", "backend": {"root": "/d"}, "exporterPort": 70000})",
+                "exporterPort"},
         BadCase{R"({"volName": "v", "backend": {"root": "/d"}, "logLevel": "loud"})", "logLevel"},
         BadCase{R"({"volName": "v", "backend": {"root": "/d"}, "profile": "fast"})", "profile"},
         BadCase{R"({"volName": "v", "backend": "posix"})", "backend"},

@@ -53,7 +53,8 @@ class FileSystemTest : public ::testing::Test {
     size_t start = 0;
     while (start <= path.size()) {
       size_t slash = path.find('/', start);
-      std::string name = path.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
+      std::string name =
+          path.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
       Result<Entry> e = fs_->Lookup(ino, name);
       EXPECT_TRUE(e.ok()) << e.status().ToString();
       ino = e->ino;
@@ -131,7 +132,7 @@ TEST_F(FileSystemTest, OpenUsesCachedAttributesUntilTheyExpire) {
   int stats = store_.stats();
   ASSERT_TRUE(fs_->Open(ino, O_RDONLY).ok());
   Result<OpenResult> second = fs_->Open(ino, O_RDONLY);
-  EXPECT_TRUE(second->keep_cache);  // unchanged version, keep_cache configured
+  EXPECT_TRUE(second->keep_cache);   // unchanged version, keep_cache configured
   EXPECT_EQ(store_.stats(), stats);  // no backend round trip while fresh
   store_.PutFile("d/small", "changed", 3);
   clock_.AdvanceSeconds(11);
