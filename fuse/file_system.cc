@@ -1,11 +1,14 @@
 #include "fuse/file_system.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <prometheus/counter.h>
 #include <prometheus/registry.h>
 #include <unistd.h>
 
 #include <algorithm>
+
+#include "common/logging.h"
 
 namespace cubetorchfs::fuse {
 
@@ -20,10 +23,21 @@ Result<std::unique_ptr<FileSystem>> FileSystem::New(const Options& options,
                                                     cache::RamCache* cache, Clock* clock,
                                                     prometheus::Registry& registry) {
   Result<cfs_client::FileAttr> root = backend->Stat("");
-  if (!root.ok()) return root.status();
-  if (!root->IsDir()) return Status::NotDirectory("the store's root is not a directory");
+  cfs_client::FileAttr root_attr;
+  if (root.ok()) {
+    if (!root->IsDir()) return Status::NotDirectory("the store's root is not a directory");
+    root_attr = root.value();
+  } else if (root.status().code() == Status::Code::kIOError) {
+    // A flaky store must not stop the mount: serve a plain directory until getattr
+    // succeeds, and let each operation report its own error meanwhile.
+    CTFS_LOG(kWarn) << "store root not readable yet: " << root.status().ToString();
+    root_attr.mode = S_IFDIR | 0755;
+    root_attr.nlink = 2;
+  } else {
+    return root.status();
+  }
   return std::unique_ptr<FileSystem>(
-      new FileSystem(options, backend, cache, clock, registry, root.value()));
+      new FileSystem(options, backend, cache, clock, registry, root_attr));
 }
 
 FileSystem::FileSystem(const Options& options, cfs_client::Backend* backend, cache::RamCache* cache,

@@ -51,16 +51,16 @@ def _watchdog() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _no_leftover_mounts() -> Iterator[None]:
-    """After the session, reports (and removes) any cubetorchfs mount a test left behind."""
-    before = {e.target for e in proc_mounts() if e.fstype == "fuse.cubetorchfs"}
+def _no_leftover_mounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """After the session, reports (and removes) any cubetorchfs mount left under this
+    session's temporary directory. Mounts elsewhere are not ours and are left alone."""
+    base = str(tmp_path_factory.getbasetemp().resolve()) + "/"
     yield
     leftovers = [e for e in proc_mounts()
-                 if e.fstype == "fuse.cubetorchfs" and e.target not in before]
+                 if e.fstype == "fuse.cubetorchfs" and e.target.startswith(base)]
     for entry in leftovers:
         try:
             run_command(["fusermount3", "-u", "-z", entry.target])
         except subprocess.TimeoutExpired:
             pass
     assert not leftovers, f"mounts left behind: {[e.target for e in leftovers]}"
-

@@ -190,17 +190,6 @@ def pids_with_argument(argument: str) -> list[int]:
     return pids
 
 
-def vm_hwm_kib(pid: int) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
 # --------------------------------------------------------------------------- metrics
 
 
