@@ -7,10 +7,10 @@ PACKAGES=(
   # build
   cmake g++ make pkg-config
   fuse3 libfuse3-dev libboost-dev librocksdb-dev libcurl4-openssl-dev libyaml-cpp-dev
-  prometheus-cpp-dev libssl-dev libgtest-dev libgmock-dev
+  prometheus-cpp-dev libssl-dev libgtest-dev libgmock-dev nlohmann-json3-dev
   # tests, demo and benchmarks
   python3 python3-torch python3-torchvision python3-pytest python3-numpy python3-pil
-  bindfs curl
+  bindfs curl prometheus
 )
 
 missing=()
