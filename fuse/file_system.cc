@@ -20,7 +20,8 @@ size_t ReadResult::size() const {
 
 Result<std::unique_ptr<FileSystem>> FileSystem::New(const Options& options,
                                                     cfs_client::Backend* backend,
-                                                    cache::RamCache* cache, Clock* clock,
+                                                    cache::RamCache* cache,
+                                                    prefetch::Prefetcher* prefetcher, Clock* clock,
                                                     prometheus::Registry& registry) {
   Result<cfs_client::FileAttr> root = backend->Stat("");
   cfs_client::FileAttr root_attr;
@@ -37,26 +38,18 @@ Result<std::unique_ptr<FileSystem>> FileSystem::New(const Options& options,
     return root.status();
   }
   return std::unique_ptr<FileSystem>(
-      new FileSystem(options, backend, cache, clock, registry, root_attr));
+      new FileSystem(options, backend, cache, prefetcher, clock, registry, root_attr));
 }
 
 FileSystem::FileSystem(const Options& options, cfs_client::Backend* backend, cache::RamCache* cache,
-                       Clock* clock, prometheus::Registry& registry,
-                       const cfs_client::FileAttr& root_attr)
+                       prefetch::Prefetcher* prefetcher, Clock* clock,
+                       prometheus::Registry& registry, const cfs_client::FileAttr& root_attr)
     : options_(options),
       backend_(backend),
       cache_(cache),
+      prefetcher_(prefetcher),
       clock_(clock),
       inodes_(root_attr, clock->NowNanos()) {
-  auto& reads = prometheus::BuildCounter()
-                    .Name("cubetorchfs_reads_total")
-                    .Help(
-                        "FUSE reads of regular files. hit: no wait on the backend; late: waited "
-                        "on a prefetch in flight; miss: fetched synchronously")
-                    .Register(registry);
-  reads_hit_ = &reads.Add({{"result", "hit"}});
-  reads.Add({{"result", "late"}});  // exported as 0 until prefetching exists
-  reads_miss_ = &reads.Add({{"result", "miss"}});
   auto& bytes = prometheus::BuildCounter()
                     .Name("cubetorchfs_read_bytes_total")
                     .Help("Bytes returned by FUSE reads, by where they came from")
@@ -93,6 +86,8 @@ Result<Entry> FileSystem::Lookup(uint64_t parent, const std::string& name) {
   if (!dir->attr.IsDir()) return Status::NotDirectory(dir->path);
   if (name.size() > 255) return Status::NameTooLong(name.substr(0, 32) + "...");
   std::string path = ChildPath(dir->path, name);
+  if (std::optional<cfs_client::FileAttr> warm = prefetcher_->WarmAttr(path))
+    return Entry{inodes_.Acquire(path, *warm, clock_->NowNanos()), *warm};
   Result<cfs_client::FileAttr> attr = backend_->Stat(path);
   if (!attr.ok()) return attr.status();
   return Entry{inodes_.Acquire(path, attr.value(), clock_->NowNanos()), attr.value()};
@@ -166,35 +161,63 @@ Result<ReadResult> FileSystem::Read(const FileHandle& handle, uint64_t offset, s
   const uint64_t end = std::min<uint64_t>(file_size, offset + size);
   // Files up to chunk_bytes are one whole-file entry; larger ones are chunks of chunk_bytes.
   const uint64_t chunk_bytes = options_.chunk_bytes;
-  bool waited = false;
+  prefetch::ReadOutcome outcome = prefetch::ReadOutcome::kHit;
   uint64_t backend_bytes = 0;
   for (uint64_t chunk = offset / chunk_bytes; chunk * chunk_bytes < end; ++chunk) {
     const uint64_t chunk_begin = chunk * chunk_bytes;
     const size_t chunk_len = static_cast<size_t>(std::min(chunk_bytes, file_size - chunk_begin));
-    Result<cache::Lookup> got = cache_->GetOrFetch(
-        cache::ChunkKey(handle.path, handle.version, chunk), [&]() -> Result<cache::BufferRef> {
-          std::shared_ptr<cache::Buffer> buf = cache::Buffer::Allocate(chunk_len);
-          Result<size_t> n =
-              backend_->Read(handle.path, handle.version, chunk_begin, chunk_len, buf->data.get());
-          if (!n.ok()) return n.status();
-          if (n.value() != chunk_len)
-            return Status::Stale(handle.path + ": file shorter than its size in the store");
-          return cache::BufferRef(std::move(buf));
-        });
-    if (!got.ok()) return got.status();
     const size_t from = static_cast<size_t>(std::max(offset, chunk_begin) - chunk_begin);
     const size_t to =
         static_cast<size_t>(std::min<uint64_t>(end, chunk_begin + chunk_len) - chunk_begin);
-    if (got->served != cache::Served::kCached) {
-      waited = true;
-      backend_bytes += to - from;
+    cache::BufferRef buffer;
+    if (std::optional<prefetch::Prefetcher::WindowHit> w =
+            prefetcher_->Get(handle.path, handle.version, chunk)) {
+      buffer = std::move(w->buffer);
+      if (w->waited) outcome = std::max(outcome, prefetch::ReadOutcome::kLate);
+    } else {
+      Result<cache::Lookup> got = cache_->GetOrFetch(
+          cache::ChunkKey(handle.path, handle.version, chunk), [&]() -> Result<cache::BufferRef> {
+            std::shared_ptr<cache::Buffer> buf = cache::Buffer::Allocate(chunk_len);
+            Result<size_t> n = backend_->Read(handle.path, handle.version, chunk_begin,
+                                              chunk_len, buf->data.get());
+            if (!n.ok()) return n.status();
+            if (n.value() != chunk_len)
+              return Status::Stale(handle.path + ": file shorter than its size in the store");
+            return cache::BufferRef(std::move(buf));
+          });
+      if (!got.ok()) return got.status();
+      if (got->served != cache::Served::kCached) {
+        outcome = prefetch::ReadOutcome::kMiss;
+        backend_bytes += to - from;
+      }
+      buffer = std::move(got->buffer);
     }
-    out.slices.push_back({got->buffer, from, to - from});
+    out.slices.push_back({std::move(buffer), from, to - from});
   }
-  (waited ? reads_miss_ : reads_hit_)->Increment();
   const size_t total = out.size();
+  prefetcher_->OnRead(handle.path, handle.version, offset, total, outcome);
   bytes_backend_->Increment(static_cast<double>(backend_bytes));
   bytes_ram_->Increment(static_cast<double>(total - backend_bytes));
+  return out;
+}
+
+Result<std::string> FileSystem::ReadWholeFile(const std::string& path) {
+  std::optional<cfs_client::FileAttr> attr = prefetcher_->WarmAttr(path);
+  if (!attr) {
+    Result<cfs_client::FileAttr> fresh = backend_->Stat(path);
+    if (!fresh.ok()) return fresh.status();
+    attr = fresh.value();
+  }
+  if (!attr->IsRegular()) return Status::InvalidArgument(path + ": not a regular file");
+  const FileHandle handle{0, path, attr->Version()};
+  std::string out;
+  out.reserve(attr->size);
+  constexpr size_t kPiece = 1 << 20;
+  for (uint64_t off = 0; off < attr->size; off += kPiece) {
+    Result<ReadResult> r = Read(handle, off, kPiece);
+    if (!r.ok()) return r.status();
+    for (const auto& s : r->slices) out.append(s.buffer->data.get() + s.offset, s.length);
+  }
   return out;
 }
 

@@ -1,9 +1,11 @@
 // The file system's logic, free of libfuse: what each FUSE operation does, returning values
 // or a Status. fuse_ops.cc turns these into kernel replies (and Status into errno).
 //
-// Reads go through the RAM cache in units of whole files (up to chunk_bytes) or chunks of
-// chunk_bytes; a read that needed no backend data is a hit, one that fetched or waited on a
-// fetch is a miss. Attributes come from the inode table while younger than attr_timeout_s, so
+// Reads look in the prefetch window first, then the RAM cache, in units of whole files (up to
+// chunk_bytes) or chunks of chunk_bytes. A read is a hit if no byte waited on the backend,
+// late if it waited on a prefetch in flight, a miss if it fetched (or waited on another
+// reader's fetch); every read is reported to the prefetcher, which keeps the accounting and
+// moves the streams' cursors. Attributes come from the inode table while younger than attr_timeout_s, so
 // opening a file whose metadata is fresh costs no backend request.
 //
 // Thread safety: all methods may be called concurrently from the FUSE worker threads. No lock
@@ -20,6 +22,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "fuse/inode_table.h"
+#include "prefetch/prefetcher.h"
 
 namespace prometheus {
 class Registry;
@@ -71,11 +74,12 @@ class FileSystem {
     uint64_t chunk_bytes = 4ull << 20;
   };
 
-  // `backend`, `cache`, `clock` and `registry` must outlive the FileSystem. Fails if the
+  // `backend`, `cache`, `prefetcher`, `clock` and `registry` must outlive the FileSystem. Fails if the
   // store's root cannot be read.
   static Result<std::unique_ptr<FileSystem>> New(const Options& options,
                                                  cfs_client::Backend* backend,
-                                                 cache::RamCache* cache, Clock* clock,
+                                                 cache::RamCache* cache,
+                                                 prefetch::Prefetcher* prefetcher, Clock* clock,
                                                  prometheus::Registry& registry);
   ~FileSystem();
 
@@ -88,6 +92,9 @@ class FileSystem {
   uint64_t AcquireDirEntry(const DirHandle& dir, const cfs_client::DirEntry& entry);
   Result<OpenResult> Open(uint64_t ino, int flags);
   Result<ReadResult> Read(const FileHandle& handle, uint64_t offset, size_t size);
+  // The whole file at store path `path`, through the same cache and accounting as FUSE reads
+  // (for the legacy /batchdownload/path endpoint).
+  Result<std::string> ReadWholeFile(const std::string& path);
   // A handle for reading `ino` at its current version, for reads without an open (no_open).
   Result<FileHandle> HandleFor(uint64_t ino);
   Result<cfs_client::FsStats> StatFs();
@@ -97,7 +104,8 @@ class FileSystem {
 
  private:
   FileSystem(const Options& options, cfs_client::Backend* backend, cache::RamCache* cache,
-             Clock* clock, prometheus::Registry& registry, const cfs_client::FileAttr& root_attr);
+             prefetch::Prefetcher* prefetcher, Clock* clock, prometheus::Registry& registry,
+             const cfs_client::FileAttr& root_attr);
 
   Result<InodeInfo> GetInode(uint64_t ino);
   // The inode's attributes, re-read from the store when older than attr_timeout_s.
@@ -107,12 +115,11 @@ class FileSystem {
   const Options options_;
   cfs_client::Backend* const backend_;
   cache::RamCache* const cache_;
+  prefetch::Prefetcher* const prefetcher_;
   Clock* const clock_;
   InodeTable inodes_;
 
   // Owned by the registry.
-  prometheus::Counter* reads_hit_;
-  prometheus::Counter* reads_miss_;
   prometheus::Counter* bytes_ram_;
   prometheus::Counter* bytes_backend_;
 };

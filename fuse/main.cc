@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -23,6 +24,8 @@
 #include "fuse/command_line.h"
 #include "fuse/control_file.h"
 #include "fuse/fuse_ops.h"
+#include "prefetch/control_server.h"
+#include "prefetch/prefetcher.h"
 
 namespace cubetorchfs::fuse {
 namespace {
@@ -137,15 +140,39 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   Result<std::unique_ptr<cfs_client::Backend>> backend =
       cfs_client::NewBackend(config.backend, *registry, SystemClock());
   if (!backend.ok()) return Fail(kExitBadConfig, "backend.root: " + backend.status().message());
-  std::unique_ptr<cache::RamCache> cache =
-      cache::RamCache::New({config.cache.memory_bytes, config.cache.chunk_bytes}, registry.get());
+  // The prefetch window is carved out of the RAM budget; the LRU gets the rest.
+  const uint64_t window_budget =
+      config.prefetch.enabled
+          ? std::min(config.prefetch.window_bytes, config.cache.memory_bytes / 2)
+          : 0;
+  std::unique_ptr<cache::RamCache> cache = cache::RamCache::New(
+      {config.cache.memory_bytes - window_budget, config.cache.chunk_bytes}, registry.get());
+  prefetch::Prefetcher::Options pf_options;
+  pf_options.prefetch = config.prefetch;
+  pf_options.chunk_bytes = config.cache.chunk_bytes;
+  pf_options.window_budget_bytes = window_budget;
+  pf_options.attr_timeout_s = config.fuse.attr_timeout_s;
+  prefetch::Prefetcher prefetcher(pf_options, backend->get(), cache.get(), SystemClock(),
+                                  registry.get());
   FileSystem::Options fs_options;
   fs_options.attr_timeout_s = config.fuse.attr_timeout_s;
   fs_options.keep_cache = config.fuse.keep_cache;
   fs_options.chunk_bytes = config.cache.chunk_bytes;
-  Result<std::unique_ptr<FileSystem>> fs =
-      FileSystem::New(fs_options, backend->get(), cache.get(), SystemClock(), *registry);
+  Result<std::unique_ptr<FileSystem>> fs = FileSystem::New(
+      fs_options, backend->get(), cache.get(), &prefetcher, SystemClock(), *registry);
   if (!fs.ok()) return Fail(kExitBadConfig, "backend.root: " + fs.status().message());
+
+  prefetch::ControlServer::Options control_options;
+  control_options.socket_path = config.prefetch.control_socket.empty()
+                                    ? "/run/cubetorchfs/" + config.vol_name + ".sock"
+                                    : config.prefetch.control_socket;
+  control_options.prof_port = config.prof_port;
+  control_options.mount_point = config.mount_point;
+  FileSystem* filesystem = fs->get();
+  Result<std::unique_ptr<prefetch::ControlServer>> control = prefetch::ControlServer::Start(
+      control_options, &prefetcher, cache.get(),
+      [filesystem](const std::string& path) { return filesystem->ReadWholeFile(path); });
+  if (!control.ok()) return Fail(kExitBadConfig, control.status().message());
 
   FuseContext ctx(fs->get(), config.fuse, *registry);
   std::string opts =
@@ -170,8 +197,14 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   }
 
   const std::string control_path = ControlFilePath(config.vol_name);
-  ControlInfo info{config.vol_name,      config.mount_point,           config.prof_port,   "",
-                   config.exporter_port, static_cast<int>(::getpid()), CUBETORCHFS_VERSION};
+  ControlInfo info;
+  info.vol_name = config.vol_name;
+  info.mount_point = config.mount_point;
+  info.prof_port = config.prof_port;
+  info.control_socket = control_options.socket_path;
+  info.metrics_port = config.exporter_port;
+  info.pid = static_cast<int>(::getpid());
+  info.version = CUBETORCHFS_VERSION;
   if (Status s = WriteControlFile(control_path, info); !s.ok())
     CTFS_LOG(kWarn) << "control file not written, the Python hook will not find this mount: "
                     << s.ToString();

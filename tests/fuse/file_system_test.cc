@@ -45,7 +45,14 @@ class FileSystemTest : public ::testing::Test {
     options_.chunk_bytes = 64 << 10;
     options_.attr_timeout_s = 10;
     options_.keep_cache = true;
-    fs_ = FileSystem::New(options_, &store_, cache_.get(), &clock_, registry_).value();
+    prefetch::Prefetcher::Options pf;
+    pf.start_workers = false;
+    pf.chunk_bytes = options_.chunk_bytes;
+    pf.window_budget_bytes = 1 << 20;
+    prefetcher_ = std::make_unique<prefetch::Prefetcher>(pf, &store_, cache_.get(), &clock_,
+                                                         &registry_);
+    fs_ = FileSystem::New(options_, &store_, cache_.get(), prefetcher_.get(), &clock_, registry_)
+              .value();
   }
 
   uint64_t LookupPath(const std::string& path) {
@@ -75,6 +82,7 @@ class FileSystemTest : public ::testing::Test {
   prometheus::Registry registry_;
   FileSystem::Options options_;
   std::unique_ptr<cache::RamCache> cache_;
+  std::unique_ptr<prefetch::Prefetcher> prefetcher_;
   std::unique_ptr<FileSystem> fs_;
 };
 

@@ -1,0 +1,480 @@
+#include "prefetch/prefetcher.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+
+#include <algorithm>
+
+#include "common/logging.h"
+
+namespace cubetorchfs::prefetch {
+namespace {
+
+constexpr uint64_t kSecond = 1'000'000'000;
+// A file read only in part is released this long after its last read.
+constexpr uint64_t kPartialReadIdleNs = 30 * kSecond;
+
+}  // namespace
+
+Prefetcher::Prefetcher(const Options& options, cfs_client::Backend* backend,
+                       cache::RamCache* ram, Clock* clock, prometheus::Registry* registry)
+    : options_(options), backend_(backend), ram_(ram), clock_(clock) {
+  if (registry != nullptr) {
+    auto& reads = prometheus::BuildCounter()
+                      .Name("cubetorchfs_reads_total")
+                      .Help("FUSE reads of regular files. hit: no wait on the backend; late: "
+                            "waited on a prefetch in flight; miss: fetched synchronously")
+                      .Register(*registry);
+    reads_[0] = &reads.Add({{"result", "hit"}});
+    reads_[1] = &reads.Add({{"result", "late"}});
+    reads_[2] = &reads.Add({{"result", "miss"}});
+    auto& files = prometheus::BuildCounter()
+                      .Name("cubetorchfs_prefetch_files_total")
+                      .Help("Files prefetched, by outcome")
+                      .Register(*registry);
+    fetched_ = &files.Add({{"outcome", "fetched"}});
+    evicted_unread_ = &files.Add({{"outcome", "evicted_unread"}});
+    failed_ = &files.Add({{"outcome", "failed"}});
+    inflight_gauge_ = &prometheus::BuildGauge()
+                           .Name("cubetorchfs_prefetch_inflight")
+                           .Help("Prefetches running now")
+                           .Register(*registry)
+                           .Add({});
+    // The window is part of the RAM tier; this is the gauge the RAM cache also updates.
+    window_gauge_ = &prometheus::BuildGauge()
+                         .Name("cubetorchfs_cache_bytes")
+                         .Help("Bytes held by each cache tier")
+                         .Register(*registry)
+                         .Add({{"tier", "ram"}});
+  }
+  totals_.window_budget_bytes = options_.window_budget_bytes;
+  if (options_.start_workers && options_.prefetch.enabled) {
+    for (uint32_t i = 0; i < options_.prefetch.max_inflight; ++i)
+      workers_.emplace_back([this] { WorkerLoop(); });
+  }
+}
+
+Prefetcher::~Prefetcher() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+  // Wake any reader still waiting on a fetch that will not run now.
+  for (auto& [path, e] : window_)
+    if (e.state != State::kReady && e.promise) e.promise->set_value();
+}
+
+uint64_t Prefetcher::Slack() const {
+  if (options_.skip_slack != 0) return options_.skip_slack;
+  return std::clamp<uint64_t>(options_.prefetch.window_files / 4, 64, 1024);
+}
+
+std::string Prefetcher::CreateStream(const std::string& name, int pid) {
+  std::lock_guard<std::mutex> l(mu_);
+  std::string id = "s" + std::to_string(next_stream_id_++);
+  Stream& s = streams_[id];
+  s.id = id;
+  s.name = name;
+  s.pid = pid;
+  s.last_active_ns = clock_->NowNanos();
+  s.stats.id = id;
+  s.stats.name = name;
+  s.stats.pid = pid;
+  CTFS_LOG(kInfo) << "stream " << id << " created: " << name << " (pid " << pid << ")";
+  return id;
+}
+
+Prefetcher::Stream* Prefetcher::StreamById(const std::string& id) {
+  auto it = streams_.find(id);
+  return it == streams_.end() ? nullptr : &it->second;
+}
+
+bool Prefetcher::DeleteStream(const std::string& id) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = streams_.find(id);
+  if (it == streams_.end()) return false;
+  DeleteStreamLocked(it);
+  cv_.notify_all();
+  return true;
+}
+
+void Prefetcher::DeleteStreamLocked(std::map<std::string, Stream>::iterator it) {
+  Stream& s = it->second;
+  std::vector<std::string> attached;
+  for (uint64_t pos = s.low; pos < s.next && pos < s.base + s.paths.size(); ++pos)
+    if (s.states[pos - s.base] == kPending) attached.push_back(s.paths[pos - s.base]);
+  CTFS_LOG(kInfo) << "stream " << s.id << " deleted (" << s.stats.read << " of "
+                  << s.stats.published << " published files read)";
+  if (rr_after_ == s.id) rr_after_.clear();
+  streams_.erase(it);
+  for (const auto& path : attached) {
+    DropRefLocked(path);
+    MaybeReleaseLocked(path);
+  }
+}
+
+bool Prefetcher::Publish(const std::string& id, const std::vector<std::string>& paths) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    Stream* s = StreamById(id);
+    if (s == nullptr) return false;
+    for (const auto& path : paths) {
+      const uint64_t pos = s->base + s->paths.size();
+      s->paths.push_back(path);
+      s->states.push_back(kPending);
+      s->pending[path].push_back(pos);
+    }
+    s->stats.published += paths.size();
+    s->last_active_ns = clock_->NowNanos();
+  }
+  cv_.notify_all();
+  return true;
+}
+
+Stats Prefetcher::GetStats() {
+  std::lock_guard<std::mutex> l(mu_);
+  Stats out = totals_;
+  out.inflight = inflight_;
+  out.window_files = window_.size();
+  out.window_bytes = window_bytes_;
+  for (const auto& [id, s] : streams_) {
+    StreamStats st = s.stats;
+    st.queued = s.base + s.paths.size() - s.low;
+    out.streams.push_back(std::move(st));
+  }
+  return out;
+}
+
+std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
+  if (!options_.prefetch.enabled || streams_.empty()) return std::nullopt;
+  if (window_.size() >= options_.prefetch.window_files) return std::nullopt;
+  if (window_bytes_ >= options_.window_budget_bytes) return std::nullopt;
+  // Round-robin over streams so one DataLoader cannot starve another.
+  auto it = streams_.upper_bound(rr_after_);
+  for (size_t n = 0; n < streams_.size(); ++n, ++it) {
+    if (it == streams_.end()) it = streams_.begin();
+    Stream& s = it->second;
+    s.next = std::max(s.next, s.low);
+    const uint64_t limit = s.low + options_.prefetch.window_files;
+    const uint64_t end = s.base + s.paths.size();
+    while (s.next < end && s.next < limit) {
+      const uint64_t pos = s.next++;
+      if (s.states[pos - s.base] != kPending) continue;
+      const std::string& path = s.paths[pos - s.base];
+      auto found = window_.find(path);
+      if (found != window_.end()) {  // already fetched or fetching: this position shares it
+        found->second.refs++;
+        continue;
+      }
+      Entry& e = window_[path];
+      e.refs = 1;
+      e.first_stream = s.id;
+      e.promise = std::make_shared<std::promise<void>>();
+      e.done = e.promise->get_future().share();
+      inflight_++;
+      if (inflight_gauge_) inflight_gauge_->Increment();
+      rr_after_ = s.id;
+      return Job{path};
+    }
+  }
+  return std::nullopt;
+}
+
+void Prefetcher::FinishFetchLocked(Entry& e) {
+  inflight_--;
+  if (inflight_gauge_) inflight_gauge_->Decrement();
+  e.promise->set_value();
+  e.promise.reset();
+}
+
+void Prefetcher::FailLocked(std::unordered_map<std::string, Entry>::iterator it) {
+  Entry& e = it->second;
+  totals_.failed++;
+  if (failed_) failed_->Increment();
+  if (Stream* s = StreamById(e.first_stream)) s->stats.failed++;
+  FinishFetchLocked(e);
+  window_bytes_ -= e.reserved;
+  if (window_gauge_) window_gauge_->Decrement(static_cast<double>(e.reserved));
+  window_.erase(it);
+  cv_.notify_all();
+}
+
+void Prefetcher::RunJob(const Job& job) {
+  Result<cfs_client::FileAttr> attr = backend_->Stat(job.path);
+  std::unique_lock<std::mutex> l(mu_);
+  // Entries that are not ready are erased only here, so the element stays put.
+  Entry* e = &window_.at(job.path);
+  if (!attr.ok() || !attr->IsRegular()) {
+    CTFS_LOG(kDebug) << "prefetch " << job.path << ": "
+                     << (attr.ok() ? "not a regular file" : attr.status().ToString());
+    FailLocked(window_.find(job.path));
+    return;
+  }
+  const uint64_t size = attr->size;
+  auto abandon = [&] {
+    FinishFetchLocked(*e);
+    window_bytes_ -= e->reserved;
+    if (window_gauge_) window_gauge_->Decrement(static_cast<double>(e->reserved));
+    window_.erase(job.path);
+    cv_.notify_all();
+  };
+  if (size > options_.window_budget_bytes) {  // can never fit: leave it to demand reads
+    abandon();
+    return;
+  }
+  // Wait for room: the window never pushes out a file that has not been read.
+  cv_.wait(l, [&] {
+    return stop_ || e->refs == 0 || window_bytes_ + size <= options_.window_budget_bytes;
+  });
+  if (stop_ || e->refs == 0) {
+    abandon();
+    return;
+  }
+  e->attr = attr.value();
+  e->attr_time_ns = clock_->NowNanos();
+  e->reserved = size;
+  e->state = State::kFetching;
+  window_bytes_ += size;
+  if (window_gauge_) window_gauge_->Increment(static_cast<double>(size));
+  const cfs_client::FileVersion version = attr->Version();
+  l.unlock();
+
+  const uint64_t chunk_bytes = options_.chunk_bytes;
+  std::vector<cache::BufferRef> chunks;
+  Status failure;
+  for (uint64_t off = 0; off < size || (size == 0 && chunks.empty()); off += chunk_bytes) {
+    const size_t len = static_cast<size_t>(std::min(chunk_bytes, size - off));
+    // A demand read may have fetched this chunk already.
+    if (cache::BufferRef cached = ram_->Get(cache::ChunkKey(job.path, version, off / chunk_bytes))) {
+      chunks.push_back(std::move(cached));
+    } else {
+      std::shared_ptr<cache::Buffer> buf = cache::Buffer::Allocate(len);
+      Result<size_t> n = backend_->Read(job.path, version, off, len, buf->data.get());
+      if (!n.ok() || n.value() != len) {
+        failure = n.ok() ? Status::Stale(job.path + ": file shorter than its size") : n.status();
+        break;
+      }
+      chunks.push_back(std::move(buf));
+    }
+    if (size == 0) break;
+  }
+
+  l.lock();
+  if (!failure.ok()) {
+    CTFS_LOG(kDebug) << "prefetch " << job.path << ": " << failure.ToString();
+    FailLocked(window_.find(job.path));
+    return;
+  }
+  e->chunks = std::move(chunks);
+  e->state = State::kReady;
+  totals_.fetched++;
+  if (fetched_) fetched_->Increment();
+  if (Stream* s = StreamById(e->first_stream)) s->stats.fetched++;
+  FinishFetchLocked(*e);
+  MaybeReleaseLocked(job.path);
+  cv_.notify_all();
+}
+
+void Prefetcher::DropRefLocked(const std::string& path) {
+  auto it = window_.find(path);
+  if (it != window_.end() && it->second.refs > 0) it->second.refs--;
+}
+
+void Prefetcher::MaybeReleaseLocked(const std::string& path) {
+  auto it = window_.find(path);
+  if (it == window_.end()) return;
+  const Entry& e = it->second;
+  if (e.refs > 0 || e.state != State::kReady) return;
+  // Wanted by no stream: keep it only while a read of it is under way.
+  if (e.was_read && e.bytes_read < e.attr.size) return;
+  ReleaseLocked(it);
+}
+
+void Prefetcher::ReleaseLocked(std::unordered_map<std::string, Entry>::iterator it) {
+  Entry& e = it->second;
+  if (!e.was_read) {
+    totals_.evicted_unread++;
+    if (evicted_unread_) evicted_unread_->Increment();
+    if (Stream* s = StreamById(e.first_stream)) s->stats.evicted_unread++;
+  } else if (!options_.prefetch.evict_after_read) {
+    // Keep it for later readers in the RAM cache's LRU.
+    for (size_t i = 0; i < e.chunks.size(); ++i)
+      ram_->Insert(cache::ChunkKey(it->first, e.attr.Version(), i), e.chunks[i]);
+  }
+  window_bytes_ -= e.reserved;
+  if (window_gauge_) window_gauge_->Decrement(static_cast<double>(e.reserved));
+  window_.erase(it);
+  cv_.notify_all();
+}
+
+void Prefetcher::MarkPositionLocked(Stream& s, uint64_t pos, PosState state) {
+  const std::string path = s.paths[pos - s.base];
+  s.states[pos - s.base] = state;
+  auto p = s.pending.find(path);
+  if (p != s.pending.end()) {
+    auto& positions = p->second;
+    positions.erase(std::find(positions.begin(), positions.end(), pos));
+    if (positions.empty()) s.pending.erase(p);
+  }
+  (state == kRead ? s.stats.read : s.stats.skipped)++;
+  if (pos < s.next) {  // the scheduler attached this position to a window entry
+    DropRefLocked(path);
+    if (state == kSkipped) MaybeReleaseLocked(path);
+  }
+}
+
+void Prefetcher::AdvanceLocked(Stream& s) {
+  const uint64_t slack = Slack();
+  const uint64_t skip_below = s.high > slack ? s.high - slack : 0;
+  const uint64_t end = s.base + s.paths.size();
+  while (s.low < end) {
+    if (s.states[s.low - s.base] == kPending) {
+      if (s.low >= skip_below) break;
+      MarkPositionLocked(s, s.low, kSkipped);
+    }
+    s.low++;
+  }
+  // Positions behind the cursor are never looked at again.
+  while (s.base < s.low) {
+    s.paths.pop_front();
+    s.states.pop_front();
+    s.base++;
+  }
+}
+
+void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& version,
+                        uint64_t offset, uint64_t bytes, ReadOutcome outcome) {
+  const int o = static_cast<int>(outcome);
+  if (reads_[o]) reads_[o]->Increment();
+  std::lock_guard<std::mutex> l(mu_);
+  uint64_t* counts[3] = {&totals_.reads.hit, &totals_.reads.late, &totals_.reads.miss};
+  (*counts[o])++;
+  const uint64_t now = clock_->NowNanos();
+  if (offset == 0) {
+    // A read of the file begins: it consumes the file's earliest pending stream position.
+    Stream* best = nullptr;
+    uint64_t best_pos = 0;
+    for (auto& [id, s] : streams_) {
+      auto p = s.pending.find(path);
+      if (p != s.pending.end() && (best == nullptr || p->second.front() < best_pos)) {
+        best = &s;
+        best_pos = p->second.front();
+      }
+    }
+    auto it = window_.find(path);
+    if (it != window_.end()) it->second.bytes_read = 0;
+    if (best != nullptr) {
+      uint64_t* stream_counts[3] = {&best->stats.reads.hit, &best->stats.reads.late,
+                                    &best->stats.reads.miss};
+      (*stream_counts[o])++;
+      best->high = std::max(best->high, best_pos + 1);
+      best->last_active_ns = now;
+      MarkPositionLocked(*best, best_pos, kRead);
+      AdvanceLocked(*best);
+      cv_.notify_all();
+    }
+  }
+  auto it = window_.find(path);
+  if (it == window_.end()) return;
+  Entry& e = it->second;
+  if (e.state != State::kReady) {
+    // Read on demand before its prefetch finished: once fetched, nobody needs it.
+    e.was_read = true;
+    e.bytes_read = UINT64_MAX;
+  } else if (e.attr.Version() == version) {
+    e.was_read = true;
+    e.bytes_read += bytes;
+    e.last_read_ns = now;
+  }
+  MaybeReleaseLocked(path);
+}
+
+std::optional<Prefetcher::WindowHit> Prefetcher::Get(const std::string& path,
+                                                      const cfs_client::FileVersion& version,
+                                                      uint64_t chunk) {
+  std::unique_lock<std::mutex> l(mu_);
+  auto it = window_.find(path);
+  // Before its attributes are known the fetch may still wait for room: fetch on demand.
+  if (it == window_.end() || it->second.state == State::kStat) return std::nullopt;
+  if (it->second.attr.Version() != version) return std::nullopt;
+  bool waited = false;
+  if (it->second.state == State::kFetching) {
+    std::shared_future<void> done = it->second.done;
+    l.unlock();
+    done.wait();
+    l.lock();
+    it = window_.find(path);
+    if (it == window_.end() || it->second.state != State::kReady ||
+        it->second.attr.Version() != version)
+      return std::nullopt;
+    waited = true;
+  }
+  if (chunk >= it->second.chunks.size()) return std::nullopt;
+  return WindowHit{it->second.chunks[chunk], waited};
+}
+
+std::optional<cfs_client::FileAttr> Prefetcher::WarmAttr(const std::string& path) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = window_.find(path);
+  if (it == window_.end() || it->second.state == State::kStat) return std::nullopt;
+  const double age_s = static_cast<double>(clock_->NowNanos() - it->second.attr_time_ns) / 1e9;
+  if (age_s >= options_.attr_timeout_s) return std::nullopt;
+  return it->second.attr;
+}
+
+bool Prefetcher::RunOneJob() {
+  std::optional<Job> job;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    job = NextJobLocked();
+  }
+  if (!job) return false;
+  RunJob(*job);
+  return true;
+}
+
+void Prefetcher::Sweep() {
+  std::lock_guard<std::mutex> l(mu_);
+  SweepLocked();
+}
+
+void Prefetcher::SweepLocked() {
+  const uint64_t now = clock_->NowNanos();
+  last_sweep_ns_ = now;
+  const auto idle_ns = static_cast<uint64_t>(options_.stream_idle_s * 1e9);
+  for (auto it = streams_.begin(); it != streams_.end();) {
+    auto next = std::next(it);
+    if (now - it->second.last_active_ns > idle_ns) {
+      CTFS_LOG(kInfo) << "stream " << it->first << " expired after "
+                      << options_.stream_idle_s << " s idle";
+      DeleteStreamLocked(it);
+    }
+    it = next;
+  }
+  std::vector<std::string> stale;
+  for (const auto& [path, e] : window_)
+    if (e.refs == 0 && e.state == State::kReady && e.was_read &&
+        now - e.last_read_ns > kPartialReadIdleNs)
+      stale.push_back(path);
+  for (const auto& path : stale) ReleaseLocked(window_.find(path));
+}
+
+void Prefetcher::WorkerLoop() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (!stop_) {
+    if (clock_->NowNanos() - last_sweep_ns_ > kSecond) SweepLocked();
+    std::optional<Job> job = NextJobLocked();
+    if (!job) {
+      cv_.wait_for(l, std::chrono::seconds(1));
+      continue;
+    }
+    l.unlock();
+    RunJob(*job);
+    l.lock();
+  }
+}
+
+}  // namespace cubetorchfs::prefetch

@@ -1,0 +1,212 @@
+// The prefetcher: streams of published paths, a fetch-ahead window, and read accounting.
+//
+// A stream is the ordered list of files one DataLoader iterator will read, published by the
+// cube_torch hook ahead of the reads. Workers fetch those files, in stream order, into the
+// prefetch window: a part of the RAM budget (window_budget_bytes) that holds files fetched but
+// not yet read. The window is bounded by files (`window_files` positions ahead of the
+// stream's cursor, and entries in all) and by bytes; when it is full, fetching waits, so
+// prefetching never pushes out a file that has not been read yet.
+//
+// The cursor follows actual reads: a read at offset 0 of a published file consumes its
+// earliest pending position in a stream. Positions far behind the furthest read (`slack`
+// positions: out-of-order DataLoader workers stay within it) are treated as skipped and are
+// not fetched. A file leaves the window once every byte of it has been read and no stream
+// position still wants it (evict-after-read); with evict_after_read off it moves into the
+// RAM cache's LRU instead. With the kernel skipping open/release (no_open) there is no close
+// to wait for, so "all bytes read" is the signal.
+//
+// Read accounting: every FUSE read of a regular file is reported with OnRead() as hit (no
+// wait on the backend), late (waited on a prefetch in flight) or miss (fetched synchronously),
+// globally and for the stream the file belongs to.
+//
+// Thread safety: all public methods are thread-safe. One mutex guards streams and window;
+// it is never held across a backend call. Lock order: Prefetcher::mu_ before any RamCache
+// shard lock (RamCache never calls back).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/ram_cache.h"
+#include "cfs_client/backend.h"
+#include "common/clock.h"
+#include "conf/options.h"
+
+namespace prometheus {
+class Registry;
+class Counter;
+class Gauge;
+}  // namespace prometheus
+
+namespace cubetorchfs::prefetch {
+
+enum class ReadOutcome { kHit = 0, kLate = 1, kMiss = 2 };
+
+struct ReadCounts {
+  uint64_t hit = 0, late = 0, miss = 0;
+  uint64_t total() const { return hit + late + miss; }
+};
+
+struct StreamStats {
+  std::string id, name;
+  int pid = 0;
+  uint64_t published = 0;  // positions appended
+  uint64_t read = 0;       // positions consumed by a read
+  uint64_t skipped = 0;    // positions passed over by the readers
+  uint64_t queued = 0;     // positions not yet read or skipped
+  uint64_t fetched = 0, failed = 0, evicted_unread = 0;
+  ReadCounts reads;  // outcome of the first read of each of its files
+};
+
+struct Stats {
+  ReadCounts reads;  // every FUSE read of a regular file
+  uint64_t fetched = 0, failed = 0, evicted_unread = 0;
+  uint64_t inflight = 0;       // fetches running now
+  uint64_t window_files = 0;   // entries in the window (fetching or ready)
+  uint64_t window_bytes = 0;   // bytes reserved by them
+  uint64_t window_budget_bytes = 0;
+  std::vector<StreamStats> streams;
+};
+
+class Prefetcher {
+ public:
+  struct Options {
+    conf::PrefetchOptions prefetch;
+    uint64_t chunk_bytes = 4ull << 20;
+    uint64_t window_budget_bytes = 1ull << 30;  // part of cache.memory_bytes
+    double attr_timeout_s = 1.0;                // how long fetched attributes may answer lookups
+    double stream_idle_s = 300;                 // a stream without publish or read expires
+    // Positions this far behind the furthest read are skipped; 0 = window_files / 4, clamped
+    // to [64, 1024] (DataLoader workers read a few batches out of order).
+    uint64_t skip_slack = 0;
+    bool start_workers = true;                  // false: tests run jobs with RunOneJob()
+  };
+
+  // `backend`, `ram`, `clock` and `registry` (may be null) must outlive the Prefetcher.
+  Prefetcher(const Options& options, cfs_client::Backend* backend, cache::RamCache* ram,
+             Clock* clock, prometheus::Registry* registry);
+  ~Prefetcher();  // stops and joins the workers
+
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+
+  // --- the control API ---
+  std::string CreateStream(const std::string& name, int pid);
+  bool DeleteStream(const std::string& id);  // false: unknown stream
+  // Appends store-relative paths, in read order. False: unknown stream.
+  bool Publish(const std::string& id, const std::vector<std::string>& paths);
+  Stats GetStats();
+
+  // --- the read path ---
+  struct WindowHit {
+    cache::BufferRef buffer;  // the whole chunk
+    bool waited = false;      // the fetch was still running: a late read
+  };
+  // Chunk `chunk` of `path` at `version` from the window, waiting if its fetch is running.
+  // Nothing if the file is not in the window (or its fetch failed): fetch it on demand.
+  std::optional<WindowHit> Get(const std::string& path, const cfs_client::FileVersion& version,
+                               uint64_t chunk);
+  // Reports a FUSE read of [offset, offset + bytes) of `path`, and how it was served.
+  void OnRead(const std::string& path, const cfs_client::FileVersion& version, uint64_t offset,
+              uint64_t bytes, ReadOutcome outcome);
+  // Attributes fetched with a prefetched file, while fresh: lookups then need no round trip.
+  std::optional<cfs_client::FileAttr> WarmAttr(const std::string& path);
+
+  // --- for tests ---
+  // Runs the next eligible fetch in the calling thread; false if there is none.
+  bool RunOneJob();
+  // Expires idle streams and abandoned entries now (workers do it every second).
+  void Sweep();
+
+ private:
+  enum class State { kStat, kFetching, kReady };
+  enum PosState : uint8_t { kPending = 0, kRead = 1, kSkipped = 2 };
+
+  struct Entry {
+    State state = State::kStat;
+    cfs_client::FileAttr attr;
+    uint64_t attr_time_ns = 0;
+    uint64_t reserved = 0;  // bytes counted against the window budget
+    std::vector<cache::BufferRef> chunks;
+    uint32_t refs = 0;         // pending stream positions that want this file
+    uint64_t bytes_read = 0;   // since its latest read at offset 0
+    uint64_t last_read_ns = 0;
+    bool was_read = false;
+    std::string first_stream;  // the stream whose position created it (for its counters)
+    std::shared_future<void> done;  // ready when the fetch ends, either way
+    std::shared_ptr<std::promise<void>> promise;
+  };
+
+  struct Stream {
+    std::string id, name;
+    int pid = 0;
+    uint64_t base = 0;  // position of paths.front()
+    std::deque<std::string> paths;
+    std::deque<uint8_t> states;
+    std::unordered_map<std::string, std::deque<uint64_t>> pending;  // path -> positions, ascending
+    uint64_t low = 0;   // first position neither read nor skipped
+    uint64_t high = 0;  // one past the furthest position read
+    uint64_t next = 0;  // the next position the scheduler looks at
+    uint64_t last_active_ns = 0;
+    StreamStats stats;
+  };
+
+  struct Job {
+    std::string path;
+  };
+
+  // REQUIRES: mu_ held.
+  std::optional<Job> NextJobLocked();
+  void RunJob(const Job& job);
+  void MarkPositionLocked(Stream& s, uint64_t pos, PosState state);
+  void AdvanceLocked(Stream& s);
+  void DropRefLocked(const std::string& path);
+  void ReleaseLocked(std::unordered_map<std::string, Entry>::iterator it);
+  void FailLocked(std::unordered_map<std::string, Entry>::iterator it);
+  void DeleteStreamLocked(std::map<std::string, Stream>::iterator it);
+  void SweepLocked();
+  void MaybeReleaseLocked(const std::string& path);
+  void FinishFetchLocked(Entry& e);
+  Stream* StreamById(const std::string& id);
+  void WorkerLoop();
+  uint64_t Slack() const;
+
+  const Options options_;
+  cfs_client::Backend* const backend_;
+  cache::RamCache* const ram_;
+  Clock* const clock_;
+
+  std::mutex mu_;                // guards everything below
+  std::condition_variable cv_;   // window room freed, new paths, stop
+  bool stop_ = false;
+  uint64_t next_stream_id_ = 1;
+  std::map<std::string, Stream> streams_;
+  std::string rr_after_;         // round-robin: the stream served last
+  std::unordered_map<std::string, Entry> window_;
+  uint64_t window_bytes_ = 0;
+  uint64_t inflight_ = 0;
+  uint64_t last_sweep_ns_ = 0;
+  Stats totals_;                 // reads and outcome counters (streams filled on demand)
+
+  std::vector<std::thread> workers_;
+
+  // Owned by the registry; null without one.
+  prometheus::Counter* reads_[3] = {nullptr, nullptr, nullptr};
+  prometheus::Counter* fetched_ = nullptr;
+  prometheus::Counter* evicted_unread_ = nullptr;
+  prometheus::Counter* failed_ = nullptr;
+  prometheus::Gauge* inflight_gauge_ = nullptr;
+  prometheus::Gauge* window_gauge_ = nullptr;
+};
+
+}  // namespace cubetorchfs::prefetch
