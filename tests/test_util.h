@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <vector>
 #include <map>
 #include <mutex>
 #include <string>
@@ -45,6 +47,24 @@ class MemBackend final : public cfs_client::Backend {
     nodes_[path] = {a, data};
   }
   int reads() const { return reads_.load(); }
+  // Paths of Read calls, in order.
+  std::vector<std::string> read_log() {
+    std::lock_guard<std::mutex> l(mu_);
+    return read_log_;
+  }
+  // While closed, Read calls block (after recording themselves) until Open().
+  void CloseGate() {
+    std::lock_guard<std::mutex> l(gate_mu_);
+    gate_open_ = false;
+  }
+  void OpenGate() {
+    {
+      std::lock_guard<std::mutex> l(gate_mu_);
+      gate_open_ = true;
+    }
+    gate_cv_.notify_all();
+  }
+  int blocked_reads() const { return blocked_.load(); }
   int stats() const { return stats_.load(); }
 
   Result<cfs_client::FileAttr> Stat(const std::string& path) override {
@@ -68,7 +88,16 @@ class MemBackend final : public cfs_client::Backend {
   Result<size_t> Read(const std::string& path, const cfs_client::FileVersion& expect,
                       uint64_t offset, size_t len, char* buf) override {
     reads_++;
+    {
+      std::unique_lock<std::mutex> g(gate_mu_);
+      if (!gate_open_) {
+        blocked_++;
+        gate_cv_.wait(g, [&] { return gate_open_; });
+        blocked_--;
+      }
+    }
     std::lock_guard<std::mutex> l(mu_);
+    read_log_.push_back(path);
     auto it = nodes_.find(path);
     if (it == nodes_.end()) return Status::NotFound(path);
     if (it->second.attr.Version() != expect) return Status::Stale(path);
@@ -91,6 +120,11 @@ class MemBackend final : public cfs_client::Backend {
   std::mutex mu_;
   std::map<std::string, Node> nodes_;
   std::atomic<int> reads_{0};
+  std::vector<std::string> read_log_;
+  std::mutex gate_mu_;
+  std::condition_variable gate_cv_;
+  bool gate_open_ = true;
+  std::atomic<int> blocked_{0};
   std::atomic<int> stats_{0};
 };
 

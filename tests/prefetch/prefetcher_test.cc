@@ -1,0 +1,280 @@
+#include "prefetch/prefetcher.h"
+
+#include <gtest/gtest.h>
+#include <prometheus/registry.h>
+
+#include <thread>
+
+#include "prefetch/control_server.h"
+#include "tests/test_util.h"
+
+namespace cubetorchfs::prefetch {
+namespace {
+
+using testing::FakeClock;
+using testing::MemBackend;
+
+constexpr size_t kFileSize = 1000;
+
+std::string Name(int i) { return "d/" + std::to_string(1000 + i); }
+
+class PrefetcherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_.AddDir("d");
+    for (int i = 0; i < 64; ++i) store_.PutFile(Name(i), std::string(kFileSize, static_cast<char>('a' + i % 26)));
+    ram_ = cache::RamCache::New({1 << 20, 64 << 10}, nullptr);
+  }
+
+  void Make(uint64_t window_files = 8, uint64_t budget = 1 << 20, uint64_t slack = 4,
+            bool evict_after_read = true) {
+    Prefetcher::Options o;
+    o.start_workers = false;
+    o.chunk_bytes = 64 << 10;
+    o.prefetch.window_files = window_files;
+    o.prefetch.evict_after_read = evict_after_read;
+    o.window_budget_bytes = budget;
+    o.skip_slack = slack;
+    o.attr_timeout_s = 10;
+    o.stream_idle_s = 60;
+    pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
+  }
+
+  std::string Publish(int from, int to) {
+    std::string id = pf_->CreateStream("test", 1);
+    std::vector<std::string> paths;
+    for (int i = from; i < to; ++i) paths.push_back(Name(i));
+    EXPECT_TRUE(pf_->Publish(id, paths));
+    return id;
+  }
+
+  int RunAll() {
+    int n = 0;
+    while (pf_->RunOneJob()) ++n;
+    return n;
+  }
+
+  // A whole-file read as FUSE would report it after serving it from the window.
+  void ReadFile(int i, ReadOutcome outcome = ReadOutcome::kHit) {
+    pf_->OnRead(Name(i), {kFileSize, 1}, 0, kFileSize, outcome);
+  }
+
+  MemBackend store_;
+  FakeClock clock_;
+  prometheus::Registry registry_;
+  std::unique_ptr<cache::RamCache> ram_;
+  std::unique_ptr<Prefetcher> pf_;
+};
+
+TEST_F(PrefetcherTest, FetchesInPublishedOrder) {
+  Make();
+  Publish(0, 5);
+  EXPECT_EQ(RunAll(), 5);
+  EXPECT_EQ(store_.read_log(), (std::vector<std::string>{Name(0), Name(1), Name(2), Name(3), Name(4)}));
+  auto hit = pf_->Get(Name(2), {kFileSize, 1}, 0);
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_FALSE(hit->waited);
+  EXPECT_EQ(hit->buffer->size, kFileSize);
+  EXPECT_EQ(hit->buffer->data[0], 'c');
+  EXPECT_EQ(pf_->GetStats().fetched, 5u);
+}
+
+TEST_F(PrefetcherTest, WindowIsBoundedByFilesAndAdvancesWithReads) {
+  Make(/*window_files=*/3);
+  Publish(0, 10);
+  EXPECT_EQ(RunAll(), 3);
+  EXPECT_EQ(pf_->GetStats().window_files, 3u);
+  ReadFile(0);  // read in full: leaves the window, which moves on by one
+  EXPECT_EQ(pf_->GetStats().window_files, 2u);
+  EXPECT_EQ(RunAll(), 1);
+  EXPECT_EQ(store_.read_log().back(), Name(3));
+}
+
+TEST_F(PrefetcherTest, WindowIsBoundedByBytesAndNeverEvictsUnreadFiles) {
+  Make(/*window_files=*/32, /*budget=*/2 * kFileSize);
+  Publish(0, 10);
+  EXPECT_EQ(RunAll(), 2);  // full: waits instead of pushing anything out
+  EXPECT_EQ(pf_->GetStats().window_bytes, 2 * kFileSize);
+  EXPECT_TRUE(pf_->Get(Name(0), {kFileSize, 1}, 0).has_value());
+  EXPECT_TRUE(pf_->Get(Name(1), {kFileSize, 1}, 0).has_value());
+  ReadFile(0);
+  EXPECT_EQ(RunAll(), 1);
+  EXPECT_EQ(pf_->GetStats().window_bytes, 2 * kFileSize);
+}
+
+TEST_F(PrefetcherTest, FilesReadBeforeTheirTurnAreNotFetched) {
+  Make();
+  Publish(0, 4);
+  ReadFile(1, ReadOutcome::kMiss);  // the reader got there first (demand miss)
+  EXPECT_EQ(RunAll(), 3);
+  EXPECT_EQ(store_.read_log(), (std::vector<std::string>{Name(0), Name(2), Name(3)}));
+}
+
+TEST_F(PrefetcherTest, PositionsFarBehindTheReadersAreSkipped) {
+  Make(/*window_files=*/4, 1 << 20, /*slack=*/2);
+  std::string id = Publish(0, 20);
+  ReadFile(10, ReadOutcome::kMiss);  // the readers jumped ahead
+  RunAll();
+  // high = 11, slack 2: positions 0..8 are skipped.
+  for (const auto& p : store_.read_log()) EXPECT_GE(p, Name(9)) << p;
+  Stats s = pf_->GetStats();
+  ASSERT_EQ(s.streams.size(), 1u);
+  EXPECT_EQ(s.streams[0].skipped, 9u);
+  EXPECT_EQ(s.streams[0].read, 1u);
+}
+
+TEST_F(PrefetcherTest, EvictAfterReadFreesTheWindow) {
+  Make();
+  Publish(0, 2);
+  RunAll();
+  pf_->OnRead(Name(0), {kFileSize, 1}, 0, 600, ReadOutcome::kHit);
+  EXPECT_EQ(pf_->GetStats().window_files, 2u);  // half read: still needed
+  pf_->OnRead(Name(0), {kFileSize, 1}, 600, 400, ReadOutcome::kHit);
+  EXPECT_EQ(pf_->GetStats().window_files, 1u);
+  EXPECT_FALSE(pf_->Get(Name(0), {kFileSize, 1}, 0).has_value());
+  EXPECT_EQ(ram_->Get(cache::ChunkKey(Name(0), {kFileSize, 1}, 0)), nullptr);
+}
+
+TEST_F(PrefetcherTest, WithoutEvictAfterReadReadFilesMoveToTheRamCache) {
+  Make(8, 1 << 20, 4, /*evict_after_read=*/false);
+  Publish(0, 2);
+  RunAll();
+  ReadFile(0);
+  EXPECT_EQ(pf_->GetStats().window_files, 1u);
+  EXPECT_NE(ram_->Get(cache::ChunkKey(Name(0), {kFileSize, 1}, 0)), nullptr);
+}
+
+TEST_F(PrefetcherTest, HitLateMissAccountingPerStreamAndGlobal) {
+  Make();
+  Publish(0, 3);
+  ReadFile(0, ReadOutcome::kHit);
+  ReadFile(1, ReadOutcome::kLate);
+  ReadFile(2, ReadOutcome::kMiss);
+  pf_->OnRead("not/published", {1, 1}, 0, 1, ReadOutcome::kMiss);
+  Stats s = pf_->GetStats();
+  EXPECT_EQ(s.reads.hit, 1u);
+  EXPECT_EQ(s.reads.late, 1u);
+  EXPECT_EQ(s.reads.miss, 2u);
+  EXPECT_EQ(s.streams[0].reads.hit, 1u);
+  EXPECT_EQ(s.streams[0].reads.late, 1u);
+  EXPECT_EQ(s.streams[0].reads.miss, 1u);
+}
+
+TEST_F(PrefetcherTest, ReaderWaitsOnAFetchInFlightAndIsLate) {
+  Make();
+  Publish(0, 1);
+  store_.CloseGate();
+  std::thread worker([&] { pf_->RunOneJob(); });
+  while (store_.blocked_reads() == 0) std::this_thread::yield();  // the fetch is running
+  std::optional<Prefetcher::WindowHit> got;
+  std::thread reader([&] { got = pf_->Get(Name(0), {kFileSize, 1}, 0); });
+  store_.OpenGate();
+  worker.join();
+  reader.join();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->buffer->size, kFileSize);
+  // The reader either waited on the fetch (late) or arrived just after it finished (hit);
+  // it never fetched the file a second time.
+  EXPECT_EQ(store_.reads(), 1);
+}
+
+TEST_F(PrefetcherTest, FailedFetchesAreCountedAndLeftToDemandReads) {
+  Make();
+  std::string id = pf_->CreateStream("t", 1);
+  ASSERT_TRUE(pf_->Publish(id, {"missing", Name(0)}));
+  EXPECT_EQ(RunAll(), 2);
+  Stats s = pf_->GetStats();
+  EXPECT_EQ(s.failed, 1u);
+  EXPECT_EQ(s.fetched, 1u);
+  EXPECT_FALSE(pf_->Get("missing", {0, 0}, 0).has_value());
+}
+
+TEST_F(PrefetcherTest, DeletedStreamReleasesUnreadFilesAsEvictedUnread) {
+  Make();
+  std::string id = Publish(0, 4);
+  RunAll();
+  ReadFile(0);
+  EXPECT_TRUE(pf_->DeleteStream(id));
+  Stats s = pf_->GetStats();
+  EXPECT_EQ(s.window_files, 0u);
+  EXPECT_EQ(s.window_bytes, 0u);
+  EXPECT_EQ(s.evicted_unread, 3u);
+  EXPECT_FALSE(pf_->DeleteStream(id));
+  EXPECT_FALSE(pf_->Publish(id, {Name(1)}));
+}
+
+TEST_F(PrefetcherTest, IdleStreamsExpire) {
+  Make();
+  Publish(0, 2);
+  RunAll();
+  clock_.AdvanceSeconds(30);
+  pf_->Sweep();
+  EXPECT_EQ(pf_->GetStats().streams.size(), 1u);
+  clock_.AdvanceSeconds(31);
+  pf_->Sweep();
+  EXPECT_EQ(pf_->GetStats().streams.size(), 0u);
+  EXPECT_EQ(pf_->GetStats().window_files, 0u);
+}
+
+TEST_F(PrefetcherTest, StreamsShareTheWindowRoundRobin) {
+  Make(/*window_files=*/4);
+  std::string a = Publish(0, 10);
+  std::string b = Publish(20, 30);
+  EXPECT_EQ(RunAll(), 4);
+  EXPECT_EQ(store_.read_log(), (std::vector<std::string>{Name(0), Name(20), Name(1), Name(21)}));
+}
+
+TEST_F(PrefetcherTest, RepeatedPathSharesOneEntry) {
+  Make();
+  std::string id = pf_->CreateStream("epochs", 1);
+  ASSERT_TRUE(pf_->Publish(id, {Name(0), Name(1), Name(0)}));
+  EXPECT_EQ(RunAll(), 2);
+  ReadFile(0);
+  EXPECT_TRUE(pf_->Get(Name(0), {kFileSize, 1}, 0).has_value());  // still wanted once more
+  ReadFile(1);
+  ReadFile(0);
+  EXPECT_EQ(pf_->GetStats().window_files, 0u);
+}
+
+TEST_F(PrefetcherTest, WarmAttributesAnswerLookupsWhileFresh) {
+  Make();
+  Publish(0, 1);
+  EXPECT_FALSE(pf_->WarmAttr(Name(0)).has_value());
+  RunAll();
+  ASSERT_TRUE(pf_->WarmAttr(Name(0)).has_value());
+  EXPECT_EQ(pf_->WarmAttr(Name(0))->size, kFileSize);
+  clock_.AdvanceSeconds(11);
+  EXPECT_FALSE(pf_->WarmAttr(Name(0)).has_value());
+}
+
+TEST_F(PrefetcherTest, ExportsPrometheusCounters) {
+  Make();
+  Publish(0, 2);
+  RunAll();
+  ReadFile(0, ReadOutcome::kHit);
+  double fetched = -1, hits = -1;
+  for (const auto& f : registry_.Collect()) {
+    for (const auto& m : f.metric) {
+      for (const auto& l : m.label) {
+        if (f.name == "cubetorchfs_prefetch_files_total" && l.value == "fetched") fetched = m.counter.value;
+        if (f.name == "cubetorchfs_reads_total" && l.value == "hit") hits = m.counter.value;
+      }
+    }
+  }
+  EXPECT_EQ(fetched, 2);
+  EXPECT_EQ(hits, 1);
+}
+
+TEST(ToStorePathTest, MapsMountPathsAndRejectsOthers) {
+  EXPECT_EQ(ToStorePath("/mnt/x", "/mnt/x/a/b.jpg").value(), "a/b.jpg");
+  EXPECT_EQ(ToStorePath("/mnt/x", "a//./b.jpg").value(), "a/b.jpg");
+  EXPECT_EQ(ToStorePath("/", "/a").value(), "a");
+  EXPECT_FALSE(ToStorePath("/mnt/x", "/mnt/xy/a").ok());
+  EXPECT_FALSE(ToStorePath("/mnt/x", "/etc/passwd").ok());
+  EXPECT_FALSE(ToStorePath("/mnt/x", "/mnt/x/../etc/passwd").ok());
+  EXPECT_FALSE(ToStorePath("/mnt/x", "/mnt/x").ok());
+  EXPECT_FALSE(ToStorePath("/mnt/x", "").ok());
+}
+
+}  // namespace
+}  // namespace cubetorchfs::prefetch
