@@ -223,6 +223,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   CTFS_LOG(kInfo) << "unmounting " << config.mount_point << " (session loop returned " << rc << ")";
   fuse_session_unmount(se.get());
   fuse_remove_signal_handlers(se.get());
+  control->reset();  // closes the listeners and removes the socket file
   RemoveControlFile(control_path, info.pid);
   CTFS_LOG(kInfo) << "exiting";
   // Skip the destructors: the metrics listener's shutdown waits up to 2 s for its poll loop,

@@ -1,0 +1,266 @@
+"""The control API through a real daemon: /v1 on the unix socket, the legacy cube_torch
+endpoints on 127.0.0.1:profPort, prefetching seen through /v1/stats and /metrics, and a
+fuzz-style barrage of bad requests that must leave the daemon serving."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import random
+import socket
+import struct
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from cubefs_harness import CubeFactory, CubeMount, environment_problem, free_tcp_port, wait_until
+
+pytestmark = pytest.mark.skipif(environment_problem() is not None,
+                                reason=environment_problem() or "")
+
+HTTP_TIMEOUT_S = 5.0
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float = HTTP_TIMEOUT_S) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+def call(conn: http.client.HTTPConnection, method: str, target: str,
+         body: Optional[bytes | str | Any] = None) -> tuple[int, bytes]:
+    if body is not None and not isinstance(body, (bytes, str)):
+        body = json.dumps(body)
+    conn.request(method, target, body=body,
+                 headers={"Content-Type": "application/json"} if body is not None else {})
+    resp = conn.getresponse()
+    return resp.status, resp.read()
+
+
+def make_tree(root: Path, count: int, size: int = 20_000) -> list[Path]:
+    rng = random.Random(7)
+    files = []
+    for i in range(count):
+        d = root / f"class_{i % 4}"
+        d.mkdir(parents=True, exist_ok=True)
+        p = d / f"img_{i:05d}.bin"
+        p.write_bytes(rng.randbytes(size))
+        files.append(p)
+    return files
+
+
+def start(cube: CubeFactory, root: Path, latency_us: int = 0, prof: bool = False,
+          **prefetch: Any) -> tuple[CubeMount, str, int]:
+    prof_port = free_tcp_port() if prof else 0
+    overrides: dict[str, Any] = {"profile": "ai_prefetch", "profPort": prof_port,
+                                 "prefetch": {"max_inflight": 8, **prefetch}}
+    if latency_us:
+        overrides["backend"] = {"inject": {"latency_us": latency_us}}
+    mount = cube.mount(root, overrides)
+    sock = mount.read_control()["control_socket"]
+    assert sock and os.path.exists(sock), mount.read_control()
+    return mount, sock, prof_port
+
+
+def stats(sock: str) -> dict[str, Any]:
+    status, body = call(UnixHTTPConnection(sock), "GET", "/v1/stats")
+    assert status == 200, body
+    return json.loads(body)
+
+
+def publish(sock: str, paths: list[str], name: str = "test") -> str:
+    conn = UnixHTTPConnection(sock)
+    status, body = call(conn, "POST", "/v1/streams", {"name": name, "pid": os.getpid()})
+    assert status == 201, body
+    sid = json.loads(body)["id"]
+    status, body = call(conn, "POST", f"/v1/streams/{sid}/paths", {"paths": paths})
+    assert status == 202, body
+    assert json.loads(body) == {"accepted": len(paths), "rejected": 0}
+    return sid
+
+
+def test_published_files_are_prefetched_and_read_as_hits(cube: CubeFactory, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    files = make_tree(src, 40)
+    mount, sock, _ = start(cube, src, latency_us=2000)
+    paths = [str(mount.path(str(f.relative_to(src)))) for f in files]
+    sid = publish(sock, paths)
+    assert wait_until(lambda: stats(sock)["global"]["prefetch"]["fetched"] == 40, timeout=30)
+    for f, p in zip(files, paths):
+        assert Path(p).read_bytes() == f.read_bytes()
+    s = stats(sock)
+    reads = s["global"]["reads"]
+    assert reads["miss"] == 0 and reads["hit"] >= 40, s
+    stream = [x for x in s["streams"] if x["id"] == sid][0]
+    assert stream["read"] == 40 and stream["reads"]["hit"] == 40 and stream["hit_ratio"] == 1.0
+    # Evict-after-read: the window is empty again, nothing was fetched twice.
+    assert s["global"]["prefetch"]["window_files"] == 0
+    m = mount.metrics()
+    assert m.value("cubetorchfs_prefetch_files_total", outcome="fetched") == 40
+    assert m.value("cubetorchfs_backend_requests_total", op="read", status="ok") == 40
+    assert m.value("cubetorchfs_reads_total", result="miss") == 0
+
+
+def test_a_read_of_a_file_being_prefetched_waits_instead_of_fetching_again(
+        cube: CubeFactory, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    files = make_tree(src, 1, size=50_000)
+    mount, sock, _ = start(cube, src, latency_us=300_000)
+    path = str(mount.path(str(files[0].relative_to(src))))
+    publish(sock, [path])
+    assert Path(path).read_bytes() == files[0].read_bytes()
+    reads = stats(sock)["global"]["reads"]
+    # Published just before the read: the read joins the prefetch (late) or finds it done.
+    assert reads["miss"] == 0, reads
+    assert mount.metrics().value("cubetorchfs_backend_requests_total", op="read", status="ok") == 1
+
+
+def test_window_bounds_and_stream_delete(cube: CubeFactory, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    files = make_tree(src, 30)
+    mount, sock, _ = start(cube, src, window_files=5)
+    sid = publish(sock, [str(f.relative_to(src)) for f in files])  # relative paths work too
+    assert wait_until(lambda: stats(sock)["global"]["prefetch"]["fetched"] == 5, timeout=20)
+    time.sleep(0.3)  # nothing more may arrive while nothing is read
+    g = stats(sock)["global"]["prefetch"]
+    assert g["fetched"] == 5 and g["window_files"] == 5, g
+    status, _ = call(UnixHTTPConnection(sock), "DELETE", f"/v1/streams/{sid}")
+    assert status == 204
+    g = stats(sock)["global"]["prefetch"]
+    assert g["window_files"] == 0 and g["evicted_unread"] == 5, g
+
+
+def test_control_api_errors(cube: CubeFactory, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    make_tree(src, 2)
+    mount, sock, _ = start(cube, src)
+    conn = UnixHTTPConnection(sock)
+    assert call(conn, "POST", "/v1/streams", "{not json")[0] == 400
+    assert call(conn, "POST", "/v1/streams", {"name": 5})[0] == 400
+    assert call(conn, "POST", "/v1/streams/nope/paths", {"paths": ["a"]})[0] == 404
+    assert call(conn, "DELETE", "/v1/streams/nope")[0] == 404
+    assert call(conn, "GET", "/v1/nothing")[0] == 404
+    assert call(conn, "GET", "/v1/streams")[0] == 405
+    status, body = call(conn, "POST", "/v1/streams", {"name": "x", "pid": 1})
+    sid = json.loads(body)["id"]
+    assert call(conn, "POST", f"/v1/streams/{sid}/paths", {"paths": "a"})[0] == 400
+    assert call(conn, "POST", f"/v1/streams/{sid}/paths", {"paths": [1, 2]})[0] == 400
+    status, body = call(conn, "POST", f"/v1/streams/{sid}/paths", {"paths": ["/etc/passwd"]})
+    assert status == 422 and "outside" in json.loads(body)["error"]
+    status, body = call(conn, "POST", f"/v1/streams/{sid}/paths",
+                        {"paths": ["/etc/passwd", str(mount.path("class_0/img_00000.bin"))]})
+    assert status == 202 and json.loads(body) == {"accepted": 1, "rejected": 1}
+    # A body over 16 MiB is refused from its Content-Length, before it is sent.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(HTTP_TIMEOUT_S)
+        s.connect(sock)
+        s.sendall(f"POST /v1/streams/{sid}/paths HTTP/1.1\r\nHost: x\r\n"
+                  f"Content-Length: {17 << 20}\r\n\r\n".encode())
+        assert s.recv(4096).startswith(b"HTTP/1.1 413")
+    # Errors are JSON with an "error" key.
+    status, body = call(UnixHTTPConnection(sock), "POST", "/v1/streams", "[]")
+    assert status == 400 and "error" in json.loads(body)
+    assert stats(sock)["streams"]
+
+
+def test_legacy_cube_torch_endpoints(cube: CubeFactory, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    files = make_tree(src, 6)
+    mount, sock, prof = start(cube, src, prof=True)
+    assert mount.read_control()["prof"] == prof
+    conn = http.client.HTTPConnection("127.0.0.1", prof, timeout=HTTP_TIMEOUT_S)
+    assert call(conn, "POST", "/register/pid", [os.getpid()])[0] == 200
+    abs_paths = [str(mount.path(str(f.relative_to(src)))) for f in files]
+    status, body = call(conn, "POST", "/prefetch/read/path", [abs_paths[:3], abs_paths[3:]])
+    assert (status, body) == (200, b"prefetching.\n")
+    assert wait_until(lambda: stats(sock)["global"]["prefetch"]["fetched"] == 6, timeout=20)
+    status, body = call(conn, "POST", "/batchdownload/path", [abs_paths[:4]])
+    assert status == 200
+    version, count = struct.unpack(">QQ", body[:16])
+    assert (version, count) == (0, 4)
+    off = 16
+    for f, p in zip(files, abs_paths):
+        (plen,) = struct.unpack(">Q", body[off:off + 8]); off += 8
+        assert body[off:off + plen].decode() == p; off += plen
+        (dlen,) = struct.unpack(">Q", body[off:off + 8]); off += 8
+        assert body[off:off + dlen] == f.read_bytes(); off += dlen
+        if off >= len(body):
+            break
+    assert off == len(body)
+    assert call(conn, "POST", "/unregister/pid", [os.getpid()])[0] == 200
+    assert call(conn, "POST", "/register/pid", {"pid": 1})[0] == 400
+    assert call(conn, "POST", "/prefetch/read/path", "garbage")[0] == 400
+
+
+def _send_raw(addr: Any, family: int, payload: bytes, read: bool = True) -> None:
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.settimeout(2.0)
+        s.connect(addr)
+        try:
+            s.sendall(payload)
+            if read:
+                s.shutdown(socket.SHUT_WR)
+                while s.recv(65536):
+                    pass
+        except (socket.timeout, ConnectionError, OSError):
+            pass
+
+
+def test_fuzzed_requests_never_take_the_daemon_down(cube: CubeFactory, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    files = make_tree(src, 3)
+    mount, sock, prof = start(cube, src, prof=True)
+    rng = random.Random(1234)
+    valid = (b"POST /v1/streams HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             b"Content-Length: 25\r\n\r\n{\"name\": \"f\", \"pid\": 1}")
+    legacy = (b"POST /prefetch/read/path HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\n\r\n"
+              b"[[\"/a/b\"]]  ")
+    cases = [
+        b"", b"\r\n\r\n", b"GET / HTTP/9.9\r\n\r\n", b"POST /v1/streams HTTP/1.1\r\n",
+        b"GET /v1/stats HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
+        b"POST /v1/streams HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"GET /v1/stats HTTP/1.1\r\n" + b"X: " + b"y" * 100_000 + b"\r\n\r\n",
+        b"POST /v1/streams HTTP/1.1\r\nContent-Length: 99999999999\r\n\r\n{",
+    ]
+    for _ in range(120):
+        kind = rng.randrange(3)
+        if kind == 0:
+            cases.append(rng.randbytes(rng.randrange(1, 2048)))
+        elif kind == 1:
+            base = rng.choice([valid, legacy])
+            cases.append(base[:rng.randrange(len(base))])  # truncated
+        else:
+            base = bytearray(rng.choice([valid, legacy]))
+            for _ in range(rng.randrange(1, 6)):
+                base[rng.randrange(len(base))] = rng.randrange(256)
+            cases.append(bytes(base))
+    deadline = time.monotonic() + 60
+    for i, payload in enumerate(cases):
+        assert time.monotonic() < deadline, "fuzzing took too long: a listener stalls"
+        if i % 2:
+            _send_raw(sock, socket.AF_UNIX, payload, read=i % 4 != 1)
+        else:
+            _send_raw(("127.0.0.1", prof), socket.AF_INET, payload, read=i % 4 != 0)
+    # Still serving: both listeners and the mount.
+    assert stats(sock)["global"] is not None
+    conn = http.client.HTTPConnection("127.0.0.1", prof, timeout=HTTP_TIMEOUT_S)
+    assert call(conn, "POST", "/register/pid", [1])[0] == 200
+    assert mount.path(str(files[0].relative_to(src))).read_bytes() == files[0].read_bytes()
+
+
+def test_socket_is_removed_on_exit(cube: CubeFactory, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    make_tree(src, 1)
+    mount, sock, _ = start(cube, src)
+    assert os.path.exists(sock)
+    assert mount.fusermount().returncode == 0
+    assert mount.wait_gone()
+    assert not os.path.exists(sock)
