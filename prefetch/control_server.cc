@@ -131,7 +131,7 @@ class ServerImpl final : public ControlServer {
     ioc_.stop();
     if (thread_.joinable()) thread_.join();
     pool_.join();
-    if (!options_.socket_path.empty()) ::unlink(options_.socket_path.c_str());
+    if (bound_unix_) ::unlink(options_.socket_path.c_str());
   }
 
   Status Listen() {
@@ -141,12 +141,22 @@ class ServerImpl final : public ControlServer {
       std::error_code fec;
       std::filesystem::create_directories(std::filesystem::path(path).parent_path(), fec);
       struct stat st;
-      if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) ::unlink(path.c_str());
+      if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+        // A socket someone still answers on belongs to a running daemon: never steal it.
+        asio::local::stream_protocol::socket probe(ioc_);
+        beast::error_code probe_ec;
+        probe.connect(asio::local::stream_protocol::endpoint(path), probe_ec);
+        if (!probe_ec)
+          return Status::IOError("prefetch.control_socket: " + path +
+                                 " is in use by a running daemon (same volName?)");
+        ::unlink(path.c_str());
+      }
       asio::local::stream_protocol::endpoint ep(path);
       unix_acceptor_.open(ep.protocol(), ec);
       if (!ec) unix_acceptor_.bind(ep, ec);
       if (!ec) unix_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
       if (ec) return Status::IOError("prefetch.control_socket: cannot listen on " + path + ": " + ec.message());
+      bound_unix_ = true;
       ::chmod(path.c_str(), 0660);
       Accept(unix_acceptor_);
     }
@@ -400,6 +410,7 @@ class ServerImpl final : public ControlServer {
   asio::local::stream_protocol::acceptor unix_acceptor_;
   asio::ip::tcp::acceptor tcp_acceptor_;
   std::thread thread_;
+  bool bound_unix_ = false;     // the socket file is ours to remove
   std::mutex legacy_mu_;        // guards legacy_stream_
   std::string legacy_stream_;   // the stream the legacy endpoint publishes into
 };

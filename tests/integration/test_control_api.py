@@ -264,3 +264,15 @@ def test_socket_is_removed_on_exit(cube: CubeFactory, tmp_path: Path) -> None:
     assert mount.fusermount().returncode == 0
     assert mount.wait_gone()
     assert not os.path.exists(sock)
+
+
+def test_a_second_daemon_cannot_take_a_live_socket(cube: CubeFactory, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    make_tree(src, 1)
+    mount, sock, _ = start(cube, src)
+    second = cube.prepare(src, {"prefetch": {"control_socket": sock}})
+    result = cube.launch(second)
+    assert result.returncode == 2, result.stderr
+    assert "in use" in result.stderr and "control_socket" in result.stderr
+    assert not second.is_mounted()
+    assert stats(sock)["global"] is not None  # the first daemon still owns it
