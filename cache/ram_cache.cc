@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <list>
 #include <mutex>
@@ -14,11 +16,27 @@
 
 namespace cubetorchfs::cache {
 
+void Buffer::Free::operator()(char* p) const { std::free(p); }
+
 std::shared_ptr<Buffer> Buffer::Allocate(size_t size) {
   auto b = std::make_shared<Buffer>();
-  b->data = std::make_unique_for_overwrite<char[]>(size);
+  b->data.reset(static_cast<char*>(std::malloc(size == 0 ? 1 : size)));
+  if (!b->data) {
+    std::fprintf(stderr, "cubetorchfs: out of memory allocating %zu bytes\n", size);
+    std::abort();
+  }
   b->size = size;
   return b;
+}
+
+void Buffer::Shrink(size_t n) {
+  if (n >= size) return;
+  // glibc shrinks in place (or with mremap for large blocks): no copy of the bytes kept.
+  if (char* p = static_cast<char*>(std::realloc(data.get(), n == 0 ? 1 : n))) {
+    (void)data.release();
+    data.reset(p);
+  }
+  size = n;
 }
 
 std::string ChunkKey(std::string_view path, const cfs_client::FileVersion& version,

@@ -28,13 +28,18 @@ class Registry;
 
 namespace cubetorchfs::cache {
 
-// An immutable block of file bytes.
+// A block of file bytes, immutable once shared.
 struct Buffer {
-  std::unique_ptr<char[]> data;
+  struct Free {
+    void operator()(char* p) const;
+  };
+  std::unique_ptr<char, Free> data;
   size_t size = 0;
 
-  // Allocates `size` uninitialized bytes.
+  // Allocates `size` uninitialized bytes. Aborts if memory is exhausted.
   static std::shared_ptr<Buffer> Allocate(size_t size);
+  // Gives back the memory past the first `n` bytes (in place; no copy). REQUIRES: n <= size.
+  void Shrink(size_t n);
 };
 using BufferRef = std::shared_ptr<const Buffer>;
 

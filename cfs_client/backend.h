@@ -78,6 +78,15 @@ class Backend {
   virtual Result<size_t> Read(const std::string& path, const FileVersion& expect, uint64_t offset,
                               size_t len, char* buf) = 0;
 
+  // Reads up to `len` bytes from the start of regular file `path` into `buf` and returns them
+  // with the file's attributes, in one request (posix: open, fstat, pread; an object store's
+  // GET returns the size and version with the data). The bytes are of the returned version.
+  struct Fetched {
+    FileAttr attr;
+    size_t bytes = 0;
+  };
+  virtual Result<Fetched> StatRead(const std::string& path, size_t len, char* buf) = 0;
+
   virtual Result<std::string> ReadLink(const std::string& path) = 0;
 
   virtual Result<FsStats> StatFs() = 0;

@@ -28,6 +28,10 @@ class InjectBackend final : public Backend {
     CTFS_RETURN_IF_ERROR(Before("read " + path, true));
     return base_->Read(path, expect, offset, len, buf);
   }
+  Result<Fetched> StatRead(const std::string& path, size_t len, char* buf) override {
+    CTFS_RETURN_IF_ERROR(Before("read " + path, true));
+    return base_->StatRead(path, len, buf);
+  }
   Result<std::string> ReadLink(const std::string& path) override {
     CTFS_RETURN_IF_ERROR(Before("readlink " + path, false));
     return base_->ReadLink(path);

@@ -67,6 +67,9 @@ class MeteredBackend final : public Backend {
                       size_t len, char* buf) override {
     return Timed(kRead, [&] { return base_->Read(path, expect, offset, len, buf); });
   }
+  Result<Fetched> StatRead(const std::string& path, size_t len, char* buf) override {
+    return Timed(kRead, [&] { return base_->StatRead(path, len, buf); });
+  }
   Result<std::string> ReadLink(const std::string& path) override {
     return Timed(kReadLink, [&] { return base_->ReadLink(path); });
   }

@@ -6,6 +6,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -133,21 +134,31 @@ class PosixBackend final : public Backend {
       return Status::IsDirectory("read " + Show(path) + ": not a regular file");
     if (FromStat(st).Version() != expect)
       return Status::Stale("read " + Show(path) + ": file changed in the store");
-    size_t done = 0;
-    while (done < len) {
-      ssize_t n = ::pread(fd.get(), buf + done, len - done, static_cast<off_t>(offset + done));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return FromErrno(errno, "read " + Show(path));
-      }
-      if (n == 0) break;
-      done += static_cast<size_t>(n);
-    }
+    Result<size_t> done = PreadFull(fd.get(), path, offset, len, buf);
+    if (!done.ok()) return done.status();
     // A file rewritten in place keeps its size; its mtime tells us the bytes may be mixed.
     if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
     if (FromStat(st).Version() != expect)
       return Status::Stale("read " + Show(path) + ": file changed in the store while read");
-    return done;
+    return done.value();
+  }
+
+  Result<Fetched> StatRead(const std::string& path, size_t len, char* buf) override {
+    Fd fd(::openat(root_fd_.get(), Rel(path), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
+    if (!S_ISREG(st.st_mode))
+      return Status::IsDirectory("read " + Show(path) + ": not a regular file");
+    Fetched out{FromStat(st), 0};
+    len = static_cast<size_t>(std::min<uint64_t>(len, out.attr.size));
+    Result<size_t> n = PreadFull(fd.get(), path, 0, len, buf);
+    if (!n.ok()) return n.status();
+    if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
+    if (FromStat(st).Version() != out.attr.Version() || n.value() != len)
+      return Status::Stale("read " + Show(path) + ": file changed in the store while read");
+    out.bytes = n.value();
+    return out;
   }
 
   Result<std::string> ReadLink(const std::string& path) override {
@@ -174,6 +185,22 @@ class PosixBackend final : public Backend {
 
  private:
   static const char* Rel(const std::string& path) { return path.empty() ? "." : path.c_str(); }
+
+  // Reads until `len` bytes or end of file.
+  Result<size_t> PreadFull(int fd, const std::string& path, uint64_t offset, size_t len,
+                           char* buf) const {
+    size_t done = 0;
+    while (done < len) {
+      ssize_t n = ::pread(fd, buf + done, len - done, static_cast<off_t>(offset + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return FromErrno(errno, "read " + Show(path));
+      }
+      if (n == 0) break;
+      done += static_cast<size_t>(n);
+    }
+    return done;
+  }
   std::string Show(const std::string& path) const { return root_ + "/" + path; }
 
   const std::string root_;

@@ -203,17 +203,14 @@ void Prefetcher::FailLocked(std::unordered_map<std::string, Entry>::iterator it)
 }
 
 void Prefetcher::RunJob(const Job& job) {
-  Result<cfs_client::FileAttr> attr = backend_->Stat(job.path);
   std::unique_lock<std::mutex> l(mu_);
   // Entries that are not ready are erased only here, so the element stays put.
   Entry* e = &window_.at(job.path);
-  if (!attr.ok() || !attr->IsRegular()) {
-    CTFS_LOG(kDebug) << "prefetch " << job.path << ": "
-                     << (attr.ok() ? "not a regular file" : attr.status().ToString());
-    FailLocked(window_.find(job.path));
-    return;
-  }
-  const uint64_t size = attr->size;
+  auto reserve = [&](uint64_t bytes) {
+    e->reserved += bytes;
+    window_bytes_ += bytes;
+    if (window_gauge_) window_gauge_->Increment(static_cast<double>(bytes));
+  };
   auto abandon = [&] {
     FinishFetchLocked(*e);
     window_bytes_ -= e->reserved;
@@ -221,36 +218,70 @@ void Prefetcher::RunJob(const Job& job) {
     window_.erase(job.path);
     cv_.notify_all();
   };
-  if (size > options_.window_budget_bytes) {  // can never fit: leave it to demand reads
-    abandon();
-    return;
-  }
-  // Wait for room: the window never pushes out a file that has not been read.
-  cv_.wait(l, [&] {
-    return stop_ || e->refs == 0 || window_bytes_ + size <= options_.window_budget_bytes;
-  });
-  if (stop_ || e->refs == 0) {
-    abandon();
-    return;
-  }
-  e->attr = attr.value();
-  e->attr_time_ns = clock_->NowNanos();
-  e->reserved = size;
-  e->state = State::kFetching;
-  window_bytes_ += size;
-  if (window_gauge_) window_gauge_->Increment(static_cast<double>(size));
-  const cfs_client::FileVersion version = attr->Version();
+  // Most files are small: one request brings attributes and data. Reserve a guess at the
+  // size first (the budget holds even while the data is in flight); a bigger file falls back
+  // to reserving its real size and reading it in chunks.
+  const uint64_t guess = std::min({options_.chunk_bytes,
+                                   options_.window_budget_bytes - window_bytes_,
+                                   (size_estimate_ + size_estimate_ / 4 + 4095) / 4096 * 4096});
+  reserve(guess);
   l.unlock();
 
-  const uint64_t chunk_bytes = options_.chunk_bytes;
+  std::shared_ptr<cache::Buffer> first = cache::Buffer::Allocate(guess);
+  Result<cfs_client::Backend::Fetched> got =
+      backend_->StatRead(job.path, static_cast<size_t>(guess), first->data.get());
+
+  l.lock();
+  if (!got.ok()) {
+    CTFS_LOG(kDebug) << "prefetch " << job.path << ": " << got.status().ToString();
+    FailLocked(window_.find(job.path));
+    return;
+  }
+  const cfs_client::FileAttr attr = got->attr;
+  const uint64_t size = attr.size;
+  size_estimate_ = (size_estimate_ * 7 + size) / 8;
+  e->attr = attr;
+  e->attr_time_ns = clock_->NowNanos();
+  e->state = State::kFetching;
   std::vector<cache::BufferRef> chunks;
   Status failure;
-  for (uint64_t off = 0; off < size || (size == 0 && chunks.empty()); off += chunk_bytes) {
-    const size_t len = static_cast<size_t>(std::min(chunk_bytes, size - off));
-    // A demand read may have fetched this chunk already.
-    if (cache::BufferRef cached = ram_->Get(cache::ChunkKey(job.path, version, off / chunk_bytes))) {
-      chunks.push_back(std::move(cached));
-    } else {
+  if (size <= guess) {
+    first->Shrink(size);
+    window_bytes_ -= guess - size;
+    if (window_gauge_) window_gauge_->Decrement(static_cast<double>(guess - size));
+    e->reserved = size;
+    chunks.push_back(std::move(first));
+  } else {
+    first.reset();
+    if (size > options_.window_budget_bytes) {  // can never fit: leave it to demand reads
+      abandon();
+      return;
+    }
+    // Wait for room: the window never pushes out a file that has not been read.
+    window_bytes_ -= e->reserved;
+    if (window_gauge_) window_gauge_->Decrement(static_cast<double>(e->reserved));
+    e->reserved = 0;
+    e->waiting_for_room = true;  // readers fetch it themselves rather than wait on this
+    cv_.wait(l, [&] {
+      return stop_ || e->refs == 0 || window_bytes_ + size <= options_.window_budget_bytes;
+    });
+    e->waiting_for_room = false;
+    if (stop_ || e->refs == 0) {
+      abandon();
+      return;
+    }
+    reserve(size);
+    l.unlock();
+    const cfs_client::FileVersion version = attr.Version();
+    const uint64_t chunk_bytes = options_.chunk_bytes;
+    for (uint64_t off = 0; off < size; off += chunk_bytes) {
+      const size_t len = static_cast<size_t>(std::min(chunk_bytes, size - off));
+      // A demand read may have fetched this chunk already.
+      if (cache::BufferRef cached =
+              ram_->Get(cache::ChunkKey(job.path, version, off / chunk_bytes))) {
+        chunks.push_back(std::move(cached));
+        continue;
+      }
       std::shared_ptr<cache::Buffer> buf = cache::Buffer::Allocate(len);
       Result<size_t> n = backend_->Read(job.path, version, off, len, buf->data.get());
       if (!n.ok() || n.value() != len) {
@@ -259,10 +290,8 @@ void Prefetcher::RunJob(const Job& job) {
       }
       chunks.push_back(std::move(buf));
     }
-    if (size == 0) break;
+    l.lock();
   }
-
-  l.lock();
   if (!failure.ok()) {
     CTFS_LOG(kDebug) << "prefetch " << job.path << ": " << failure.ToString();
     FailLocked(window_.find(job.path));
@@ -397,11 +426,11 @@ std::optional<Prefetcher::WindowHit> Prefetcher::Get(const std::string& path,
                                                       uint64_t chunk) {
   std::unique_lock<std::mutex> l(mu_);
   auto it = window_.find(path);
-  // Before its attributes are known the fetch may still wait for room: fetch on demand.
-  if (it == window_.end() || it->second.state == State::kStat) return std::nullopt;
-  if (it->second.attr.Version() != version) return std::nullopt;
+  if (it == window_.end() || it->second.waiting_for_room) return std::nullopt;
+  if (it->second.state != State::kStat && it->second.attr.Version() != version)
+    return std::nullopt;
   bool waited = false;
-  if (it->second.state == State::kFetching) {
+  if (it->second.state != State::kReady) {  // the fetch is running: wait for it
     std::shared_future<void> done = it->second.done;
     l.unlock();
     done.wait();

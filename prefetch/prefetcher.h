@@ -129,6 +129,8 @@ class Prefetcher {
   void Sweep();
 
  private:
+  // kStat: the first request (attributes and, for most files, all the data) is running;
+  // kFetching: the rest of a large file is being read; kReady: all bytes are in memory.
   enum class State { kStat, kFetching, kReady };
   enum PosState : uint8_t { kPending = 0, kRead = 1, kSkipped = 2 };
 
@@ -142,6 +144,7 @@ class Prefetcher {
     uint64_t bytes_read = 0;   // since its latest read at offset 0
     uint64_t last_read_ns = 0;
     bool was_read = false;
+    bool waiting_for_room = false;  // a large file waiting for window room before its fetch
     std::string first_stream;  // the stream whose position created it (for its counters)
     std::shared_future<void> done;  // ready when the fetch ends, either way
     std::shared_ptr<std::promise<void>> promise;
@@ -196,6 +199,7 @@ class Prefetcher {
   uint64_t window_bytes_ = 0;
   uint64_t inflight_ = 0;
   uint64_t last_sweep_ns_ = 0;
+  uint64_t size_estimate_ = 128 << 10;  // running mean of prefetched file sizes
   Stats totals_;                 // reads and outcome counters (streams filled on demand)
 
   std::vector<std::thread> workers_;

@@ -65,8 +65,8 @@ TEST(RamCacheTest, EvictedBufferStaysValidForItsHolder) {
   BufferRef held = cache->Get(Key(0));
   cache->Insert(Key(1), MakeBuffer(100 << 10, 'r'));  // evicts key 0
   EXPECT_EQ(cache->Get(Key(0)), nullptr);
-  EXPECT_EQ(held->data[0], 'q');
-  EXPECT_EQ(held->data[(100 << 10) - 1], 'q');
+  EXPECT_EQ(held->data.get()[0], 'q');
+  EXPECT_EQ(held->data.get()[(100 << 10) - 1], 'q');
 }
 
 TEST(RamCacheTest, FailedFetchIsNotCachedAndIsRetried) {
@@ -109,7 +109,7 @@ TEST(RamCacheTest, ConcurrentMissesShareOneFetch) {
       Result<Lookup> r = cache->GetOrFetch(Key(7), slow_fetch);
       ASSERT_TRUE(r.ok());
       ASSERT_EQ(r->buffer->size, 1000u);
-      ASSERT_EQ(r->buffer->data[999], 'c');
+      ASSERT_EQ(r->buffer->data.get()[999], 'c');
       switch (r->served) {
         case Served::kFetched:
           fetched++;
@@ -148,7 +148,7 @@ TEST(RamCacheTest, ConcurrentMixedUseKeepsBudget) {
         size_t size = 1 + (k * 997) % (64 << 10);
         Result<Lookup> r = cache->GetOrFetch(
             Key(k), [&] { return Result<BufferRef>(MakeBuffer(size, static_cast<char>(k))); });
-        if (!r.ok() || r->buffer->size != size || r->buffer->data[0] != static_cast<char>(k))
+        if (!r.ok() || r->buffer->size != size || r->buffer->data.get()[0] != static_cast<char>(k))
           bad = true;
         if (cache->bytes() > (2u << 20)) bad = true;
       }

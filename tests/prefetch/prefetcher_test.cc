@@ -75,7 +75,7 @@ TEST_F(PrefetcherTest, FetchesInPublishedOrder) {
   ASSERT_TRUE(hit.has_value());
   EXPECT_FALSE(hit->waited);
   EXPECT_EQ(hit->buffer->size, kFileSize);
-  EXPECT_EQ(hit->buffer->data[0], 'c');
+  EXPECT_EQ(hit->buffer->data.get()[0], 'c');
   EXPECT_EQ(pf_->GetStats().fetched, 5u);
 }
 
