@@ -12,4 +12,4 @@ echo "== unit tests (ctest)"
 echo "== integration tests (pytest)"
 export CUBETORCHFS_BIN="$PWD/build/bin/cubetorchfs"
 export PYTHONPATH="$PWD/hooks${PYTHONPATH:+:$PYTHONPATH}"
-timeout 1200 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration
+timeout 1200 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/hooks tests/integration

@@ -1,0 +1,271 @@
+"""Finding a cubetorchfs daemon, and talking to it over its control socket.
+
+A daemon announces itself with a control file, `<dir>/cube_torch.config.<vol_name>` (dir:
+CUBE_TORCH_CONFIG_DIR, default /tmp), holding JSON
+`{"vol_name", "mount_point", "prof", "local_ip", "control_socket", "metrics_port", "pid",
+"version"}`. With VOL_NAME set, that volume's file is the only one considered; otherwise the
+daemon whose mount point holds the dataset's files is chosen (the deepest mount wins).
+
+`ControlClient` speaks the /v1 API (HTTP/1.1 + JSON over the unix socket). Every call is
+bounded by a socket timeout (`TIMEOUT_S`) and returns a `Reply` or raises `ControlError`;
+nothing else escapes. A client is meant for one thread at a time.
+"""
+
+from __future__ import annotations
+
+import errno
+import http.client
+import json
+import os
+import socket
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+from . import _common
+
+TIMEOUT_S = 2.0
+MAX_REPLY_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """What a control file says about one running daemon."""
+
+    vol_name: str
+    mount_point: str  # absolute and normalized, without a trailing slash (except "/")
+    control_socket: str
+    pid: int = 0
+    prof: Any = None
+    metrics_port: Any = None
+    local_ip: str = ""
+    version: str = ""
+    control_file: str = ""
+
+
+def parse_control_file(path: str) -> Optional[Daemon]:
+    """The daemon a control file describes, or None if unreadable or incomplete."""
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(1 << 20))
+        mount = data["mount_point"]
+        sock = data["control_socket"]
+        if not isinstance(mount, str) or not mount or not isinstance(sock, str) or not sock:
+            return None
+        pid = int(data.get("pid") or 0)
+        return Daemon(
+            vol_name=str(data.get("vol_name", "")),
+            mount_point=os.path.normpath(os.path.abspath(mount)),
+            control_socket=sock,
+            pid=pid,
+            prof=data.get("prof"),
+            metrics_port=data.get("metrics_port"),
+            local_ip=str(data.get("local_ip", "")),
+            version=str(data.get("version", "")),
+            control_file=path,
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """False only when `pid` certainly names no process (0 or absent counts as alive)."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    except OSError:
+        return True
+    return True
+
+
+def control_files(config_dir: Optional[str] = None, vol_name: Optional[str] = None) -> List[str]:
+    """Paths of the control files present (cheap: one directory listing, nothing parsed)."""
+    config_dir = config_dir if config_dir is not None else _common.config_dir()
+    vol_name = vol_name if vol_name is not None else _common.vol_name()
+    prefix = _common.CONTROL_FILE_PREFIX
+    if vol_name:
+        path = os.path.join(config_dir, prefix + vol_name)
+        return [path] if os.path.isfile(path) else []
+    try:
+        with os.scandir(config_dir) as entries:
+            return sorted(e.path for e in entries if e.name.startswith(prefix) and e.is_file())
+    except OSError:
+        return []
+
+
+def live_daemons(config_dir: Optional[str] = None, vol_name: Optional[str] = None) -> List[Daemon]:
+    """The daemons of the control files present whose process is alive."""
+    out = []
+    for path in control_files(config_dir, vol_name):
+        d = parse_control_file(path)
+        if d is not None and pid_alive(d.pid):
+            out.append(d)
+    return out
+
+
+def is_under(path: str, mount_point: str) -> bool:
+    """Whether normalized absolute `path` lies in `mount_point`, component-wise."""
+    if mount_point == "/":
+        return path.startswith("/")
+    return path == mount_point or path.startswith(mount_point + "/")
+
+
+def daemon_for(path: str, daemons: Sequence[Daemon]) -> Optional[Daemon]:
+    """The daemon whose mount holds `path` (tried as given, then with symlinks resolved)."""
+    candidates = [os.path.normpath(os.path.abspath(path))]
+    try:
+        real = os.path.realpath(path)
+        if real != candidates[0]:
+            candidates.append(real)
+    except OSError:
+        pass
+    for p in candidates:
+        best = None
+        for d in daemons:
+            if is_under(p, d.mount_point) and (best is None or len(d.mount_point) > len(best.mount_point)):
+                best = d
+        if best is not None:
+            return best
+    return None
+
+
+def _quote(stream_id: str) -> str:
+    return urllib.parse.quote(stream_id, safe="")
+
+
+class ControlError(Exception):
+    """A control request that failed: no socket, a timeout, an error status, a bad reply."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over an AF_UNIX stream socket."""
+
+    def __init__(self, socket_path: str, timeout: float = TIMEOUT_S) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self.socket_path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+@dataclass
+class Reply:
+    status: int
+    body: Any  # parsed JSON, or None for an empty body
+
+
+# Failures of a kept-alive connection the daemon may have closed in between; worth one retry
+# on a fresh connection when the request went out on a reused one.
+_STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError,
+          http.client.CannotSendRequest)
+
+
+class ControlClient:
+    """The /v1 API of one daemon, on one kept-alive connection."""
+
+    def __init__(self, socket_path: str, timeout: float = TIMEOUT_S) -> None:
+        self.socket_path = socket_path
+        self.timeout = timeout
+        self._conn: Optional[UnixHTTPConnection] = None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:
+                pass
+            self._conn = None
+
+    def request(self, method: str, url: str, body: Any = None) -> Reply:
+        """One request; raises ControlError for anything but a 2xx reply with valid JSON."""
+        payload = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        for attempt in (0, 1):
+            reused = self._conn is not None
+            if self._conn is None:
+                self._conn = UnixHTTPConnection(self.socket_path, self.timeout)
+            try:
+                headers = {"Content-Type": "application/json"} if payload is not None else {}
+                self._conn.request(method, url, body=payload, headers=headers)
+                resp = self._conn.getresponse()
+                data = resp.read(MAX_REPLY_BYTES + 1)
+                status = resp.status
+                if resp.will_close:
+                    self.close()
+            except _STALE as e:
+                self.close()
+                if reused and attempt == 0:
+                    continue
+                raise ControlError(f"{method} {url}: {e!r}") from None
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                self.close()
+                if isinstance(e, FileNotFoundError) or getattr(e, "errno", None) == errno.ENOENT:
+                    raise ControlError(f"no control socket at {self.socket_path}") from None
+                raise ControlError(f"{method} {url}: {e!r}") from None
+            return self._parse(method, url, status, data)
+        raise ControlError(f"{method} {url}: connection lost")  # not reached
+
+    @staticmethod
+    def _parse(method: str, url: str, status: int, data: bytes) -> Reply:
+        if len(data) > MAX_REPLY_BYTES:
+            raise ControlError(f"{method} {url}: reply over {MAX_REPLY_BYTES} bytes", status)
+        parsed: Any = None
+        bad_json = False
+        if data.strip():
+            try:
+                parsed = json.loads(data)
+            except ValueError:
+                bad_json = True
+        if not 200 <= status < 300:
+            detail = parsed.get("error") if isinstance(parsed, dict) else None
+            raise ControlError(f"{method} {url}: HTTP {status}" + (f" ({detail})" if detail else ""),
+                               status)
+        if bad_json:
+            raise ControlError(f"{method} {url}: reply is not JSON", status)
+        return Reply(status, parsed)
+
+    # --- the /v1 API ---
+
+    def create_stream(self, name: str, pid: int) -> str:
+        reply = self.request("POST", "/v1/streams", {"name": name, "pid": pid})
+        sid = reply.body.get("id") if isinstance(reply.body, dict) else None
+        if not isinstance(sid, (str, int)) or isinstance(sid, bool) or str(sid) == "":
+            raise ControlError("POST /v1/streams: reply without an id", reply.status)
+        return str(sid)
+
+    def publish(self, stream_id: str, paths: Sequence[str]) -> Dict[str, int]:
+        """Returns {"accepted": n, "rejected": m}."""
+        reply = self.request("POST", f"/v1/streams/{_quote(stream_id)}/paths", {"paths": list(paths)})
+        if reply.body is not None and not isinstance(reply.body, dict):
+            raise ControlError("POST paths: reply is not a JSON object", reply.status)
+        body = reply.body or {}
+        try:
+            accepted = int(body.get("accepted", len(paths)))
+            rejected = int(body.get("rejected", 0))
+        except (TypeError, ValueError):
+            raise ControlError("POST paths: bad counts in reply", reply.status) from None
+        return {"accepted": accepted, "rejected": rejected}
+
+    def delete_stream(self, stream_id: str) -> None:
+        self.request("DELETE", f"/v1/streams/{_quote(stream_id)}")
+
+    def stats(self) -> Dict[str, Any]:
+        reply = self.request("GET", "/v1/stats")
+        if not isinstance(reply.body, dict):
+            raise ControlError("GET /v1/stats: reply is not a JSON object", reply.status)
+        return reply.body

@@ -1,0 +1,175 @@
+"""The DataLoader patch: a lookahead around the iterator's index sampler.
+
+torch's DataLoader iterators (`_BaseDataLoaderIter` and subclasses) draw every index or index
+batch from `self._sampler_iter`. We replace that attribute with a `LookaheadIterator` that
+pulls CUBE_TORCH_LOOKAHEAD_BATCHES items ahead and hands each to a publishing `Stream` as it
+is pulled; the DataLoader still gets the same items in the same order.
+
+Where the attribute is (re)set, in torch 1.13 and 2.x:
+- `_BaseDataLoaderIter.__init__` sets it: the single-process iterator's only place;
+- `_BaseDataLoaderIter._reset` sets it again: the multi-process iterator calls it from its
+  `__init__` and for each epoch of persistent workers, then at once pulls
+  prefetch_factor * num_workers indices (already through our wrapper);
+- `__next__` is patched to close the stream when the iterator ends (only then have the
+  workers read every file; deleting the stream when the sampler ends would drop files still
+  being read), and as the fallback for a torch whose `_reset` is missing or renamed: an
+  unwrapped `_sampler_iter` is wrapped at the next `__next__`, from wherever it stands.
+Each method is patched only if the class defines it; every patched method calls the original
+first and swallows its own errors, so a torch we do not know runs unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any, Callable, Dict, Optional, Sequence
+
+from . import _client, _common, _paths, _publisher
+from ._lookahead import LookaheadIterator
+
+_ATTR = "_sampler_iter"
+_SEEN = "_cube_torch_seen"  # the raw index iterator we decided not to wrap
+_ORIGINALS = "_cube_torch_originals"
+ALL_METHODS = ("__init__", "_reset", "__next__")
+
+
+def _base_class() -> Optional[type]:
+    try:
+        from torch.utils.data import dataloader
+    except Exception:
+        return None
+    base = getattr(dataloader, "_BaseDataLoaderIter", None)
+    return base if isinstance(base, type) else None
+
+
+def install(methods: Sequence[str] = ALL_METHODS, base: Optional[type] = None) -> bool:
+    """Patches the DataLoader iterator class; True if patched (now or before)."""
+    base = base or _base_class()
+    if base is None:
+        _common.warn_once("torch", "this torch has no DataLoader iterator class we know; "
+                          "cube_torch is inactive")
+        return False
+    if _ORIGINALS in base.__dict__:
+        return True
+    makers: Dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+        "__init__": _patched_init, "_reset": _patched_reset, "__next__": _patched_next}
+    originals = {}
+    for name in methods:
+        original = base.__dict__.get(name)
+        if callable(original):
+            originals[name] = original
+            setattr(base, name, functools.wraps(original)(makers[name](original)))
+    setattr(base, _ORIGINALS, originals)
+    return True
+
+
+def uninstall(base: Optional[type] = None) -> None:
+    """Restores the original methods (for tests)."""
+    base = base or _base_class()
+    if base is None or _ORIGINALS not in base.__dict__:
+        return
+    for name, original in base.__dict__[_ORIGINALS].items():
+        setattr(base, name, original)
+    delattr(base, _ORIGINALS)
+
+
+def installed(base: Optional[type] = None) -> bool:
+    base = base or _base_class()
+    return base is not None and _ORIGINALS in base.__dict__
+
+
+def _patched_init(original: Callable[..., Any]) -> Callable[..., Any]:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        _attach(self)
+    return __init__
+
+
+def _patched_reset(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _reset(self: Any, *args: Any, **kwargs: Any) -> Any:
+        previous = self.__dict__.get(_ATTR)
+        result = original(self, *args, **kwargs)
+        if isinstance(previous, LookaheadIterator) and self.__dict__.get(_ATTR) is not previous:
+            _publisher.close_stream(previous.context)  # an epoch left early
+        _attach(self)
+        return result
+    return _reset
+
+
+def _patched_next(original: Callable[..., Any]) -> Callable[..., Any]:
+    def __next__(self: Any) -> Any:
+        d = self.__dict__
+        source = d.get(_ATTR)
+        if source is not None and type(source) is not LookaheadIterator and d.get(_SEEN) is not source:
+            _attach(self)
+        try:
+            return original(self)
+        except StopIteration:
+            wrapper = d.get(_ATTR)
+            if isinstance(wrapper, LookaheadIterator):
+                try:
+                    _publisher.close_stream(wrapper.context)
+                except Exception:
+                    pass
+            raise
+    return __next__
+
+
+def _attach(it: Any) -> None:
+    """Wraps `it._sampler_iter` unless it is wrapped already or must run unchanged."""
+    try:
+        d = it.__dict__
+        if _ATTR not in d:
+            _common.warn_once("torch", f"{type(it).__name__} has no {_ATTR}; this torch is not "
+                              "supported, DataLoaders run without cube_torch")
+            return
+        source = d[_ATTR]
+        if source is None or isinstance(source, LookaheadIterator) or d.get(_SEEN) is source:
+            return
+        d[_SEEN] = source
+        wrapper = _wrap(it, source)
+        if wrapper is not None:
+            it._sampler_iter = wrapper
+    except Exception as e:
+        _common.warn_once("internal", f"could not hook a DataLoader ({e!r}); it runs unchanged")
+
+
+def _wrap(it: Any, source: Any) -> Optional[LookaheadIterator]:
+    if _common.disabled():
+        return None
+    dataset = it.__dict__.get("_dataset")
+    if dataset is None:
+        return None
+    from torch.utils.data import IterableDataset, dataloader
+    iterable_kind = getattr(getattr(dataloader, "_DatasetKind", None), "Iterable", None)
+    kind = it.__dict__.get("_dataset_kind")
+    if isinstance(dataset, IterableDataset) or (kind is not None and kind == iterable_kind):
+        _common.warn_once(f"iterable:{_qualname(dataset)}",
+                          f"{_qualname(dataset)} is an IterableDataset: its files cannot be "
+                          "known ahead; it runs unchanged, without prefetching")
+        return None
+    try:
+        mapper = _paths.mapper_for(dataset)
+    except Exception:
+        mapper = None
+    if mapper is None:
+        _common.warn_once(f"unmappable:{_qualname(dataset)}",
+                          f"cannot tell which files {_qualname(dataset)} reads; it runs unchanged, "
+                          "without prefetching (define train_data_list() to fix)")
+        return None
+    if not _client.control_files():
+        vol = _common.vol_name()
+        _common.warn_once("daemon", "no cubetorchfs control file in " + _common.config_dir()
+                          + (f" for VOL_NAME={vol}" if vol else "") + "; not publishing")
+        return None
+    auto = it.__dict__.get("_auto_collation")
+    stream = _publisher.Stream(type(dataset).__name__, mapper,
+                               None if auto is None else bool(auto))
+    wrapper = LookaheadIterator(source, _common.lookahead_batches(), stream.submit, stream)
+    weakref.finalize(wrapper, _publisher.close_stream, stream).atexit = False
+    return wrapper
+
+
+def _qualname(obj: Any) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"

@@ -1,0 +1,212 @@
+"""Dataset index -> the files that `dataset[index]` reads, in the order it reads them.
+
+`mapper_for(dataset)` picks a strategy once per dataset object and caches it:
+
+- `train_data_list()` (a user's explicit list): one list of paths, or a list/tuple of parallel
+  lists (image + caption files): index i maps to the i-th element of each;
+- torch's `Subset` (through `indices`) and `ConcatDataset` (through `cumulative_sizes`);
+- torchvision's `DatasetFolder` / `ImageFolder` and look-alikes: `samples[i][0]`;
+- torchvision's VOC datasets: `images[i]`, then `annotations[i]` or `targets[i]`;
+- torchvision's `CocoDetection` / `CocoCaptions`: `root` joined with the file of `ids[i]`.
+
+A mapper holds the lists it needs, never the dataset, so caching it does not keep a dataset
+alive. Mappers may raise for a bad index; callers treat that as "no files".
+Thread safety: `mapper_for` may be called from any thread; mappers are read-only.
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+import os
+import sys
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+Paths = Tuple[str, ...]
+PathMapper = Callable[[Any], Paths]
+
+_MAX_DEPTH = 16  # nesting of Subset / ConcatDataset followed
+
+
+def as_path(value: Any) -> Optional[str]:
+    """A str for str / bytes / os.PathLike values, None for anything else."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, os.PathLike)):
+        try:
+            return os.fsdecode(os.fspath(value))
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+class _ListMapper:
+    """Index i -> element i of each of several parallel lists (one list is the common case)."""
+
+    def __init__(self, columns: Sequence[Sequence[Any]]) -> None:
+        self._columns = tuple(columns)
+
+    def __call__(self, index: Any) -> Paths:
+        i = operator.index(index)
+        out = []
+        for column in self._columns:
+            p = as_path(column[i])
+            if p is not None:
+                out.append(p)
+        return tuple(out)
+
+
+class _RowMapper:
+    """Index i -> the path-like fields of row i (`samples[i]` style)."""
+
+    def __init__(self, rows: Sequence[Any], first_only: bool) -> None:
+        self._rows = rows
+        self._first_only = first_only
+
+    def __call__(self, index: Any) -> Paths:
+        row = self._rows[operator.index(index)]
+        if not isinstance(row, (tuple, list)):
+            p = as_path(row)
+            return () if p is None else (p,)
+        fields = row[:1] if self._first_only else row
+        return tuple(p for p in map(as_path, fields) if p is not None)
+
+
+class _SubsetMapper:
+    def __init__(self, indices: Sequence[Any], inner: PathMapper) -> None:
+        self._indices = indices
+        self._inner = inner
+
+    def __call__(self, index: Any) -> Paths:
+        return self._inner(self._indices[operator.index(index)])
+
+
+class _ConcatMapper:
+    def __init__(self, cumulative_sizes: Sequence[int], inner: List[Optional[PathMapper]]) -> None:
+        self._cumulative = list(cumulative_sizes)
+        self._inner = inner
+
+    def __call__(self, index: Any) -> Paths:
+        i = operator.index(index)
+        if i < 0:
+            i += self._cumulative[-1] if self._cumulative else 0
+        k = bisect.bisect_right(self._cumulative, i)
+        if k >= len(self._inner):
+            raise IndexError(index)
+        inner = self._inner[k]
+        if inner is None:
+            return ()
+        return inner(i - self._cumulative[k - 1] if k > 0 else i)
+
+
+class _CocoMapper:
+    def __init__(self, root: Any, coco: Any, ids: Sequence[Any]) -> None:
+        self._root = as_path(root) or ""
+        self._coco = coco
+        self._ids = ids
+
+    def __call__(self, index: Any) -> Paths:
+        info = self._coco.loadImgs(self._ids[operator.index(index)])[0]
+        name = as_path(info["file_name"])
+        return () if name is None else (os.path.join(self._root, name),)
+
+
+def _is_path_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and (not value or as_path(value[0]) is not None)
+
+
+def _from_train_data_list(dataset: Any) -> Optional[PathMapper]:
+    result = dataset.train_data_list()
+    if result is None:
+        return None
+    if not isinstance(result, (list, tuple)):
+        result = list(result)
+    if _is_path_list(result):
+        return _ListMapper([result])
+    if all(isinstance(c, (list, tuple)) for c in result):
+        # Several parallel lists (columns). A list with one row per sample is told apart by
+        # its length: as many rows as samples, and rows shorter than that.
+        try:
+            n = len(dataset)
+        except Exception:
+            n = -1
+        if len(result) == n and n > 0 and all(len(r) != n for r in result):
+            return _RowMapper(result, first_only=False)
+        return _ListMapper(result)
+    return None
+
+
+def _tv_class(name: str) -> Optional[type]:
+    """A torchvision.datasets class if torchvision is already imported (never imports it)."""
+    module = sys.modules.get("torchvision.datasets")
+    cls = getattr(module, name, None) if module is not None else None
+    return cls if isinstance(cls, type) else None
+
+
+def _build(dataset: Any, depth: int) -> Optional[PathMapper]:
+    if depth > _MAX_DEPTH:
+        return None
+    if callable(getattr(type(dataset), "train_data_list", None)):
+        return _from_train_data_list(dataset)
+
+    from torch.utils.data import ConcatDataset, Subset  # torch is loaded by the time we map
+
+    if isinstance(dataset, Subset):
+        inner = mapper_for(dataset.dataset, depth + 1)
+        return None if inner is None else _SubsetMapper(dataset.indices, inner)
+    if isinstance(dataset, ConcatDataset):
+        inners = [mapper_for(d, depth + 1) for d in dataset.datasets]
+        if all(m is None for m in inners):
+            return None
+        return _ConcatMapper(dataset.cumulative_sizes, inners)
+
+    coco = _tv_class("CocoDetection")
+    if (coco is not None and isinstance(dataset, coco)) or (
+        callable(getattr(getattr(dataset, "coco", None), "loadImgs", None))
+        and hasattr(dataset, "ids")
+        and hasattr(dataset, "root")
+    ):
+        return _CocoMapper(dataset.root, dataset.coco, dataset.ids)
+
+    images = getattr(dataset, "images", None)
+    second = getattr(dataset, "annotations", None)
+    if second is None:
+        second = getattr(dataset, "targets", None)
+    if _is_path_list(images) and _is_path_list(second):  # VOCDetection / VOCSegmentation
+        return _ListMapper([images, second])
+
+    samples = getattr(dataset, "samples", None)  # DatasetFolder / ImageFolder and look-alikes
+    folder = _tv_class("DatasetFolder")
+    if isinstance(samples, (list, tuple)) and (
+        (folder is not None and isinstance(dataset, folder))
+        or not samples
+        or (isinstance(samples[0], (tuple, list)) and samples[0] and as_path(samples[0][0]))
+        or as_path(samples[0]) is not None
+    ):
+        return _RowMapper(samples, first_only=True)
+    return None
+
+
+# id(dataset) -> (weak reference to it, its mapper or None). The weak reference's callback
+# drops the entry when the dataset goes away, before its id can be reused.
+_cache: Dict[int, Tuple["weakref.ref[Any]", Optional[PathMapper]]] = {}
+
+
+def mapper_for(dataset: Any, depth: int = 0) -> Optional[PathMapper]:
+    """The strategy for `dataset`, or None when its files cannot be named."""
+    key = id(dataset)
+    hit = _cache.get(key)
+    if hit is not None and hit[0]() is dataset:
+        return hit[1]
+    mapper = _build(dataset, depth)
+    try:
+        ref = weakref.ref(dataset, lambda _r, k=key: _cache.pop(k, None))
+    except TypeError:  # not weak-referenceable: no caching
+        return mapper
+    _cache[key] = (ref, mapper)
+    return mapper
+
+
+def clear_cache() -> None:
+    _cache.clear()

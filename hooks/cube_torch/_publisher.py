@@ -1,0 +1,469 @@
+"""Publishing streams of file paths to the daemon, off the training thread.
+
+A `Stream` is one pass of one DataLoader iterator over its sampler. The training thread only
+hands it index batches (`Stream.submit`, a queue put); one daemon thread per process (the
+publisher) maps indices to paths, finds the daemon whose mount holds them, creates the stream on
+the daemon at its first non-empty publish, sends the paths (several queued batches coalesce
+into one POST) and deletes the stream when it is closed.
+
+Never breaking training: the queue is bounded (a batch that does not fit is dropped and
+counted), every request has a bounded timeout, and a stream whose daemon is missing, dead, slow
+or answers nonsense goes quiet, with one warning per process. Nothing here raises into the
+caller.
+
+Fork safety: the publisher belongs to the process that created it. A forked child (DataLoader
+workers included) starts with no publisher, ignores streams inherited from its parent, and
+gets a fresh publisher only if it iterates a DataLoader of its own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import queue
+import sys
+import threading
+import time
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from . import _client, _common, _report
+from ._paths import PathMapper
+
+MAX_QUEUED_BATCHES = 1024   # batches waiting for the publisher thread
+MAX_POST_BYTES = 4 << 20    # a POST's paths, well under the daemon's 16 MiB body limit
+MAX_ITEMS_PER_CYCLE = 4096  # queue items drained before the thread sends anything
+MAX_STREAM_RECREATES = 3    # after a 404 (the daemon expired or forgot the stream)
+EXIT_WAIT_S = 0.5           # how long interpreter exit waits for final DELETEs
+STATS_FLUSH_S = 1.0         # stats() waits this long at most for queued batches to be sent
+DOWN_COOLDOWN_S = 10.0      # a daemon that timed out or refused is not asked again for this long
+
+_BATCH, _CLOSE, _FLUSH, _STOP = range(4)
+
+_names = itertools.count(1)
+
+
+class Stream:
+    """One DataLoader pass's files. `submit` and `close_stream` are for the training side;
+    the attributes after `closed` belong to the publisher thread."""
+
+    __slots__ = ("name", "mapper", "auto_collation", "owner_pid", "publisher", "closed",
+                 "daemon", "stream_id", "quiet", "recreated", "__weakref__")
+
+    def __init__(self, dataset_name: str, mapper: PathMapper,
+                 auto_collation: Optional[bool]) -> None:
+        self.name = dataset_name  # numbered at the first submit: "<DatasetClass>:<n>"
+        self.mapper = mapper
+        self.auto_collation = auto_collation  # None: a list/tuple item is a batch
+        self.owner_pid = os.getpid()
+        self.publisher: Optional[Publisher] = None
+        self.closed = False
+        self.daemon: Optional[_client.Daemon] = None
+        self.stream_id: Optional[str] = None
+        self.quiet = False
+        self.recreated = 0
+
+    def submit(self, item: Any) -> None:
+        """Queues the files of one sampler item (a batch of indices, or one index)."""
+        if self.closed or self.owner_pid != os.getpid():
+            return
+        batch = self.auto_collation
+        if batch is None:
+            batch = isinstance(item, (list, tuple))
+        indices = tuple(item) if batch else (item,)
+        publisher = self.publisher
+        if publisher is None:
+            self.name = f"{self.name}:{next(_names)}"
+            publisher = self.publisher = get_publisher()
+        publisher.submit(self, indices)
+
+
+def close_stream(stream: Stream) -> None:
+    """Ends `stream`: no more submits; the daemon's stream is deleted after what was queued.
+    Safe from any thread, a weakref callback or a forked child (where it does nothing)."""
+    if stream.closed:
+        return
+    stream.closed = True
+    publisher = stream.publisher
+    if publisher is not None and stream.owner_pid == os.getpid():
+        publisher.close(stream)
+
+
+def zero_counters() -> Dict[str, int]:
+    """This process's counters: paths the daemon accepted (published) and refused (rejected);
+    indices dropped (queue full, or their stream had gone quiet); failed requests (errors);
+    paths not sent because they are outside the daemon's mount or no daemon serves them
+    (skipped); indices the dataset could not name (unmapped); streams created."""
+    return dict.fromkeys(
+        ("published", "rejected", "dropped", "errors", "skipped", "unmapped", "streams"), 0)
+
+
+def _chunks(paths: List[str], max_bytes: int) -> Iterable[List[str]]:
+    """Splits `paths` into runs whose JSON encoding stays about under `max_bytes`."""
+    start, size = 0, 0
+    for i, p in enumerate(paths):
+        n = (len(p) if p.isascii() else 12 * len(p)) + 4  # JSON escapes non-ASCII (\uXXXX, pairs)
+        if size + n > max_bytes and i > start:
+            yield paths[start:i]
+            start, size = i, 0
+        size += n
+    if start < len(paths):
+        yield paths[start:]
+
+
+class _MountFilter:
+    """Maps dataset paths to absolute paths inside one mount; None for paths outside it.
+    A path that is outside as written is retried with its directory's symlinks resolved
+    (memoized per directory)."""
+
+    _MAX_DIRS = 1 << 16
+
+    def __init__(self) -> None:
+        self._dirs: Dict[str, str] = {}
+
+    def inside(self, path: str, mount_point: str) -> Optional[str]:
+        p = os.path.normpath(os.path.abspath(path))
+        if _client.is_under(p, mount_point):
+            return p
+        head, tail = os.path.split(p)
+        real = self._dirs.get(head)
+        if real is None:
+            if len(self._dirs) >= self._MAX_DIRS:
+                self._dirs.clear()
+            try:
+                real = os.path.realpath(head)
+            except OSError:
+                real = head
+            self._dirs[head] = real
+        q = os.path.join(real, tail)
+        return q if _client.is_under(q, mount_point) else None
+
+
+class Publisher:
+    def __init__(self) -> None:
+        self._pid = os.getpid()
+        self._queue: "queue.SimpleQueue[Tuple[int, Any, Any]]" = queue.SimpleQueue()
+        self._lock = threading.Lock()  # guards _queued, _counters, _thread
+        self._queued = 0
+        self._thread: Optional[threading.Thread] = None
+        self._stopped = False
+        self._counters = zero_counters()
+        # Publisher thread only:
+        self._clients: Dict[str, _client.ControlClient] = {}
+        self._down_until: Dict[str, float] = {}  # control socket -> monotonic time
+        self._open: Dict[int, Stream] = {}  # streams created on a daemon and not yet deleted
+        self._filter = _MountFilter()
+        self._reporter = _report.Reporter()
+        self._next_report = 0.0
+        self.last_daemon: Optional[_client.Daemon] = None  # the daemon of the latest stream
+
+    # --- the training side ---
+
+    def submit(self, stream: Stream, indices: Tuple[Any, ...]) -> None:
+        with self._lock:
+            if self._stopped or self._queued >= MAX_QUEUED_BATCHES:
+                self._counters["dropped"] += len(indices)
+                return
+            self._queued += 1
+            if self._thread is None:
+                self._start_locked()
+        self._queue.put((_BATCH, stream, indices))
+
+    def close(self, stream: Stream) -> None:
+        # SimpleQueue.put is reentrant: safe from weakref callbacks and __del__.
+        self._queue.put((_CLOSE, stream, None))
+
+    def flush(self, timeout: float) -> bool:
+        """Waits until everything queued before the call has been handled."""
+        with self._lock:
+            if self._thread is None:
+                return True
+        done = threading.Event()
+        self._queue.put((_FLUSH, None, done))
+        return done.wait(timeout)
+
+    def stop(self, timeout: float) -> None:
+        """Deletes the open streams (best effort) and ends the thread, waiting up to `timeout`."""
+        with self._lock:
+            self._stopped = True
+            thread = self._thread
+        if thread is None or self._pid != os.getpid():
+            return
+        self._queue.put((_STOP, None, None))
+        thread.join(timeout)
+
+    def counters(self) -> Dict[str, int]:
+        with self._lock:
+            return dict(self._counters)
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self._counters[key] += n
+
+    def _start_locked(self) -> None:
+        thread = threading.Thread(target=self._run, name="cube_torch-publisher", daemon=True)
+        thread.start()
+        self._thread = thread
+
+    # --- the publisher thread ---
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            items = self._take()
+            try:
+                stop = self._handle(items)
+            except Exception as e:  # a bug here must not kill the thread silently
+                self._warn(f"internal error, publishing stopped for some batches: {e!r}")
+            finally:
+                for kind, _, payload in items:
+                    if kind == _FLUSH:
+                        payload.set()
+            self._maybe_report()
+        for client in self._clients.values():
+            client.close()
+
+    def _take(self) -> List[Tuple[int, Any, Any]]:
+        timeout = 5.0
+        if _common.verbose():
+            timeout = max(0.05, min(timeout, self._next_report - time.monotonic()))
+        try:
+            items = [self._queue.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while len(items) < MAX_ITEMS_PER_CYCLE:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        batches = sum(1 for kind, _, _ in items if kind == _BATCH)
+        with self._lock:
+            self._queued -= batches
+        return items
+
+    def _handle(self, items: Iterable[Tuple[int, Any, Any]]) -> bool:
+        """Serves queued items, each stream's in order; True on a stop request."""
+        groups: Dict[int, Tuple[Stream, List[Tuple[Any, ...]], List[bool]]] = {}
+        stop = False
+        for kind, stream, payload in items:
+            if kind == _STOP:
+                stop = True
+            elif kind in (_BATCH, _CLOSE):
+                group = groups.setdefault(id(stream), (stream, [], [False]))
+                if kind == _BATCH:
+                    group[1].append(payload)
+                else:
+                    group[2][0] = True
+        for stream, batches, close in groups.values():
+            self._serve(stream, batches, close[0])
+        if stop:
+            for stream in list(self._open.values()):
+                self._delete(stream)
+        return stop
+
+    def _serve(self, stream: Stream, batches: List[Tuple[Any, ...]], close: bool) -> None:
+        if stream.quiet:
+            self._count("dropped", sum(len(b) for b in batches))
+        elif batches:
+            self._publish(stream, self._map(stream, batches), sum(len(b) for b in batches))
+        if close:
+            self._delete(stream)
+
+    def _map(self, stream: Stream, batches: List[Tuple[Any, ...]]) -> List[str]:
+        paths: List[str] = []
+        unmapped = 0
+        for batch in batches:
+            for index in batch:
+                try:
+                    paths.extend(stream.mapper(index))
+                except Exception:
+                    unmapped += 1
+        if unmapped:
+            self._count("unmapped", unmapped)
+        return paths
+
+    def _publish(self, stream: Stream, raw: List[str], n_indices: int) -> None:
+        if not raw:
+            return
+        if stream.daemon is None:
+            stream.daemon = self._discover(raw[0])
+            if stream.daemon is None:
+                stream.quiet = True
+                self._count("skipped", len(raw))
+                return
+        mount = stream.daemon.mount_point
+        paths = [q for q in (self._filter.inside(p, mount) for p in raw) if q is not None]
+        if len(paths) < len(raw):
+            self._count("skipped", len(raw) - len(paths))
+        if time.monotonic() < self._down_until.get(stream.daemon.control_socket, 0.0):
+            stream.quiet = True  # it just failed us: do not wait on it again for a while
+            self._count("dropped", n_indices)
+            return
+        client = self._client_for(stream.daemon)
+        try:
+            if paths and stream.stream_id is None:
+                self._create(client, stream)
+            for chunk in _chunks(paths, MAX_POST_BYTES):
+                self._post(client, stream, chunk)
+        except _client.ControlError as e:
+            self._count("errors")
+            stream.quiet = True
+            if e.status == 0:  # no answer at all: timeout, refused, no socket
+                self._down_until[stream.daemon.control_socket] = time.monotonic() + DOWN_COOLDOWN_S
+            self._warn(f"{e}; the files of {stream.name} are no longer published "
+                       "(training goes on, reading from the store)")
+
+    def _create(self, client: _client.ControlClient, stream: Stream) -> None:
+        stream.stream_id = client.create_stream(stream.name, stream.owner_pid)
+        self._open[id(stream)] = stream
+        self.last_daemon = stream.daemon
+        self._count("streams")
+
+    def _post(self, client: _client.ControlClient, stream: Stream, paths: List[str]) -> None:
+        assert stream.stream_id is not None
+        try:
+            reply = client.publish(stream.stream_id, paths)
+        except _client.ControlError as e:
+            if e.status == 422:  # the daemon disagrees that these are in its mount
+                self._count("errors")
+                self._count("rejected", len(paths))
+                return
+            if e.status != 404 or stream.recreated >= MAX_STREAM_RECREATES:
+                raise
+            stream.recreated += 1  # the daemon expired the stream (idle) or restarted
+            self._create(client, stream)
+            reply = client.publish(stream.stream_id, paths)
+        self._count("published", reply["accepted"])
+        self._count("rejected", reply["rejected"])
+
+    def _delete(self, stream: Stream) -> None:
+        if self._open.pop(id(stream), None) is None or stream.stream_id is None:
+            return
+        assert stream.daemon is not None
+        try:
+            self._client_for(stream.daemon).delete_stream(stream.stream_id)
+        except _client.ControlError as e:
+            if e.status != 404:
+                self._count("errors")
+
+    def _discover(self, sample_path: str) -> Optional[_client.Daemon]:
+        daemons = _client.live_daemons()
+        daemon = _client.daemon_for(sample_path, daemons)
+        if daemon is None:
+            where = _common.config_dir()
+            vol = _common.vol_name()
+            if not daemons:
+                self._warn(f"no running cubetorchfs daemon announced in {where}"
+                           + (f" for VOL_NAME={vol}" if vol else "") + "; not publishing")
+            else:
+                mounts = ", ".join(d.mount_point for d in daemons)
+                self._warn(f"{sample_path} is not under a cubetorchfs mount ({mounts}); "
+                           "its DataLoader's files are not published")
+        return daemon
+
+    def _client_for(self, daemon: _client.Daemon) -> _client.ControlClient:
+        client = self._clients.get(daemon.control_socket)
+        if client is None:
+            client = self._clients[daemon.control_socket] = _client.ControlClient(
+                daemon.control_socket)
+        return client
+
+    def _warn(self, message: str) -> None:
+        if not self._stopped:
+            _common.warn_once("daemon", message)
+
+    def _maybe_report(self) -> None:
+        if not _common.verbose():
+            return
+        now = time.monotonic()
+        if now < self._next_report:
+            return
+        self._next_report = now + _common.report_s()
+        daemon = self.last_daemon
+        if daemon is None or self._stopped:
+            return
+        try:
+            counts = _report.global_counts(self._client_for(daemon).stats())
+        except _client.ControlError:
+            return
+        if counts is not None:
+            try:
+                print(self._reporter.line(counts), file=sys.stdout, flush=True)
+            except Exception:
+                pass
+
+
+# --- the process's publisher ---
+
+_publisher: Optional[Publisher] = None
+_publisher_lock = threading.Lock()
+_hooks_registered = False
+
+
+def _after_fork_in_child() -> None:
+    global _publisher, _publisher_lock
+    _publisher = None
+    _publisher_lock = threading.Lock()
+    _common.reset_warnings()
+
+
+def _at_exit() -> None:
+    publisher = _publisher
+    if publisher is not None:
+        publisher.stop(EXIT_WAIT_S)
+
+
+def get_publisher() -> Publisher:
+    global _publisher, _hooks_registered
+    publisher = _publisher
+    if publisher is not None:
+        return publisher
+    with _publisher_lock:
+        if _publisher is None:
+            if not _hooks_registered:
+                os.register_at_fork(after_in_child=_after_fork_in_child)
+                atexit.register(_at_exit)
+                _hooks_registered = True
+            _publisher = Publisher()
+        return _publisher
+
+
+def current_publisher() -> Optional[Publisher]:
+    return _publisher
+
+
+def reset(timeout: float = 3.0) -> None:
+    """Stops this process's publisher and forgets all state (for tests)."""
+    global _publisher
+    with _publisher_lock:
+        publisher, _publisher = _publisher, None
+    if publisher is not None:
+        publisher.stop(timeout)
+    _common.reset_warnings()
+
+
+def stats() -> Dict[str, Any]:
+    """The daemon's /v1/stats (empty if none is reachable), plus this process's counters under
+    "client". Waits (up to STATS_FLUSH_S) for the batches already queued to be sent first. The
+    daemon asked is the one of the latest stream; before any, the one VOL_NAME names, or the
+    only live one."""
+    publisher = _publisher
+    if publisher is not None and publisher._pid == os.getpid():
+        publisher.flush(STATS_FLUSH_S)  # counters then cover every batch handed over so far
+    counters = publisher.counters() if publisher is not None else zero_counters()
+    out: Dict[str, Any] = {}
+    try:
+        daemon = publisher.last_daemon if publisher is not None else None
+        if daemon is None:
+            daemons = _client.live_daemons()
+            daemon = daemons[0] if len(daemons) == 1 else None
+        if daemon is not None:
+            client = _client.ControlClient(daemon.control_socket)
+            try:
+                out = dict(client.stats())
+            finally:
+                client.close()
+    except Exception:
+        out = {}
+    out["client"] = counters
+    return out

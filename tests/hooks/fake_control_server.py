@@ -1,0 +1,207 @@
+"""A fake cubetorchfs control server: the /v1 API over a unix socket, recording what it gets.
+
+`FakeDaemon(mount_point, mode=...)` serves on a fresh socket under /tmp (unix socket paths are
+limited to 108 bytes, pytest's tmp_path can be longer) until `stop()`; `write_control_file`
+announces it. Modes: "ok"; "error" (every request gets 500 with a JSON error); "garbage" (2xx
+replies whose body is not JSON); "slow" (each reply waits up to 5 s, or until stop()).
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import socket
+import socketserver
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+
+@dataclass
+class FakeStream:
+    id: str
+    name: str
+    pid: int
+    paths: List[str] = field(default_factory=list)
+    posts: int = 0
+    deleted: bool = False
+
+
+class _Server(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+    block_on_close = False
+    fake: "FakeDaemon"
+
+    def handle_error(self, request: Any, client_address: Any) -> None:  # cut connections: quiet
+        pass
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def setup(self) -> None:
+        super().setup()
+        with self.server.fake.lock:
+            self.server.fake.connections.append(self.connection)
+
+    def address_string(self) -> str:
+        return "unix"
+
+    def _body(self) -> Any:
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:
+            return raw
+
+    def _reply(self, status: int, body: Any = None, raw: Optional[bytes] = None) -> None:
+        data = raw if raw is not None else (b"" if body is None else json.dumps(body).encode())
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _serve(self, method: str) -> None:
+        fake = self.server.fake
+        body = self._body() if method != "GET" else None
+        with fake.lock:
+            fake.requests.append((method, self.path, body))
+        if fake.mode == "slow":
+            fake.release.wait(5.0)
+        if fake.mode == "error":
+            return self._reply(500, {"error": "injected failure"})
+        status, reply = fake.route(method, self.path, body)
+        if fake.mode == "garbage":
+            return self._reply(status if status != 204 else 200, raw=b"<html>not json")
+        self._reply(status, reply)
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
+
+
+class FakeDaemon:
+    def __init__(self, mount_point: str, mode: str = "ok", vol_name: str = "testvol") -> None:
+        self.mount_point = mount_point
+        self.mode = mode
+        self.vol_name = vol_name
+        self.lock = threading.Lock()
+        self.release = threading.Event()
+        self.requests: List[Tuple[str, str, Any]] = []
+        self.streams: Dict[str, FakeStream] = {}
+        self.reads = {"hit": 0, "late": 0, "miss": 0}
+        self.connections: List[socket.socket] = []
+        self._dir = tempfile.mkdtemp(prefix="ctfake")
+        self.socket_path = os.path.join(self._dir, "ctl.sock")
+        self._server: Optional[_Server] = None
+        self._thread: Optional[threading.Thread] = None
+
+    # --- lifecycle ---
+
+    def start(self) -> "FakeDaemon":
+        server = _Server(self.socket_path, _Handler)
+        server.fake = self
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stops serving, cuts the open connections and removes the socket: a daemon gone."""
+        self.release.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        with self.lock:
+            connections, self.connections = self.connections, []
+        for c in connections:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(5)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def write_control_file(self, config_dir: str, pid: Optional[int] = None,
+                           mount_point: Optional[str] = None) -> str:
+        path = os.path.join(config_dir, "cube_torch.config." + self.vol_name)
+        data = {"vol_name": self.vol_name, "mount_point": mount_point or self.mount_point,
+                "prof": 0, "local_ip": "127.0.0.1", "control_socket": self.socket_path,
+                "metrics_port": 0, "pid": os.getpid() if pid is None else pid, "version": "0.1.0"}
+        with open(path, "w") as f:
+            json.dump(data, f)
+        return path
+
+    # --- the API ---
+
+    def route(self, method: str, path: str, body: Any) -> Tuple[int, Any]:
+        parts = [p for p in path.split("/") if p]
+        with self.lock:
+            if method == "POST" and parts == ["v1", "streams"]:
+                if not isinstance(body, dict) or not isinstance(body.get("name"), str) \
+                        or not isinstance(body.get("pid"), int):
+                    return 400, {"error": "malformed"}
+                sid = str(len(self.streams) + 1)
+                self.streams[sid] = FakeStream(sid, body["name"], body["pid"])
+                return 201, {"id": sid}
+            if len(parts) == 4 and parts[:2] == ["v1", "streams"] and parts[3] == "paths" \
+                    and method == "POST":
+                s = self.streams.get(parts[2])
+                if s is None or s.deleted:
+                    return 404, {"error": "unknown stream"}
+                if not isinstance(body, dict) or not isinstance(body.get("paths"), list):
+                    return 400, {"error": "malformed"}
+                good = [p for p in body["paths"]
+                        if isinstance(p, str) and (p == self.mount_point
+                                                   or p.startswith(self.mount_point + "/"))]
+                s.paths.extend(good)
+                s.posts += 1
+                return 202, {"accepted": len(good), "rejected": len(body["paths"]) - len(good)}
+            if len(parts) == 3 and parts[:2] == ["v1", "streams"] and method == "DELETE":
+                s = self.streams.get(parts[2])
+                if s is None or s.deleted:
+                    return 404, {"error": "unknown stream"}
+                s.deleted = True
+                return 204, None
+            if parts == ["v1", "stats"] and method == "GET":
+                total = sum(self.reads.values())
+                return 200, {
+                    "global": {"reads": dict(self.reads),
+                               "hit_ratio": self.reads["hit"] / total if total else 0.0,
+                               "prefetch": {"fetched": 0, "failed": 0, "evicted_unread": 0,
+                                            "inflight": 0},
+                               "cache": {"ram_bytes": 0}},
+                    "streams": [{"id": s.id, "name": s.name, "pid": s.pid,
+                                 "published": len(s.paths), "rejected": 0,
+                                 "reads": {"hit": 0, "late": 0, "miss": 0}}
+                                for s in self.streams.values() if not s.deleted],
+                }
+            return 404, {"error": "no such route"}
+
+    # --- what it saw ---
+
+    def all_streams(self) -> List[FakeStream]:
+        with self.lock:
+            return list(self.streams.values())
+
+    def published(self) -> List[str]:
+        """Every path published, stream after stream, each in order."""
+        with self.lock:
+            return [p for s in self.streams.values() for p in s.paths]

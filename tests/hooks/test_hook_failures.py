@@ -1,0 +1,166 @@
+"""Nothing the daemon (or its absence) does can break or slow a training loop."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import List
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from cube_torch import _publisher
+from fake_control_server import FakeDaemon
+from hook_testlib import (Counting, FileList, Unmappable, counters, cube_warnings, flush,
+                          indices, make_files)
+
+
+def run_epoch(dataset: FileList, seed: int = 11, **kwargs: object) -> List[int]:
+    torch.manual_seed(seed)
+    return indices(DataLoader(dataset, batch_size=2, shuffle=True, **kwargs))
+
+
+def test_no_control_file_one_warning(mount: Path) -> None:
+    dataset = FileList(make_files(mount, 20))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        first = run_epoch(dataset)
+        second = run_epoch(dataset, num_workers=2)
+        flush()
+    assert sorted(first) == sorted(second) == list(range(20))
+    assert len(cube_warnings(record)) == 1
+    assert "no cubetorchfs control file" in cube_warnings(record)[0]
+    assert _publisher.current_publisher() is None  # no thread was started
+
+
+def test_warnings_as_errors_do_not_reach_the_loop(mount: Path) -> None:
+    dataset = FileList(make_files(mount, 6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sorted(run_epoch(dataset)) == list(range(6))
+
+
+def test_dead_daemon_control_file_is_ignored(mount: Path, config_dir: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(30)
+    fake = FakeDaemon(str(mount)).start()
+    try:
+        fake.write_control_file(str(config_dir), pid=proc.pid)  # a pid that is gone
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            assert sorted(run_epoch(FileList(make_files(mount, 8)))) == list(range(8))
+            flush()
+        assert fake.requests == []
+        assert len(cube_warnings(record)) == 1
+    finally:
+        fake.stop()
+
+
+def test_daemon_stopped_mid_epoch(monkeypatch: pytest.MonkeyPatch, mount: Path,
+                                  daemon: FakeDaemon) -> None:
+    monkeypatch.setenv("CUBE_TORCH_LOOKAHEAD_BATCHES", "1")
+    dataset = FileList(make_files(mount, 60))
+    seen: List[int] = []
+    torch.manual_seed(12)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for j, batch in enumerate(DataLoader(dataset, batch_size=2, shuffle=True, num_workers=2)):
+            seen.extend(batch.tolist())
+            if j == 3:
+                flush()
+                daemon.stop()  # socket removed, connections cut
+        flush()
+    assert sorted(seen) == list(range(60))
+    assert 0 < len(daemon.published()) < 60
+    assert len(cube_warnings(record)) == 1
+    assert counters()["errors"] >= 1
+
+
+@pytest.mark.parametrize("mode", ["error", "garbage"])
+def test_daemon_error_replies(mode: str, mount: Path, daemon_factory) -> None:
+    fake = daemon_factory(mode)
+    dataset = FileList(make_files(mount, 20))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert sorted(run_epoch(dataset)) == list(range(20))
+        assert sorted(run_epoch(dataset, num_workers=2)) == list(range(20))
+        flush()
+    assert len(cube_warnings(record)) == 1
+    c = counters()
+    assert c["errors"] >= 2 and c["published"] == 0
+    assert len(fake.requests) >= 2  # each epoch tried its own stream
+
+
+def test_slow_daemon_does_not_slow_training(mount: Path, daemon_factory) -> None:
+    fake = daemon_factory("slow")
+    dataset = FileList(make_files(mount, 24))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        start = time.monotonic()
+        for _ in range(3):
+            assert sorted(run_epoch(dataset)) == list(range(24))
+        elapsed = time.monotonic() - start
+        flush()  # the publisher gives up on each request after 2 s
+    assert elapsed < 1.5
+    assert len(cube_warnings(record)) == 1
+    c = counters()
+    assert c["errors"] == 1  # one 2 s timeout, then the daemon is left alone for a while
+    assert c["dropped"] == 2 * 24
+    assert len(fake.requests) == 1
+
+
+def test_full_queue_drops_and_counts(monkeypatch: pytest.MonkeyPatch, mount: Path,
+                                     daemon_factory) -> None:
+    daemon_factory("slow")
+    monkeypatch.setattr(_publisher, "MAX_QUEUED_BATCHES", 2)
+    dataset = FileList(make_files(mount, 40))
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert sorted(run_epoch(dataset)) == list(range(40))
+        assert counters()["dropped"] > 0
+        flush()
+
+
+def test_iterable_dataset_runs_unchanged_with_one_warning(daemon: FakeDaemon) -> None:
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert indices(DataLoader(Counting(), batch_size=3)) == list(range(10))
+        assert indices(DataLoader(Counting(), batch_size=None, num_workers=2)) == \
+            sorted(list(range(10)) * 2)  # each worker replica yields everything
+        flush()
+    messages = cube_warnings(record)
+    assert len(messages) == 1 and "IterableDataset" in messages[0]
+    assert daemon.requests == []
+
+
+def test_unmappable_dataset_runs_unchanged_with_one_warning(daemon: FakeDaemon) -> None:
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            torch.manual_seed(0)
+            assert sorted(indices(DataLoader(Unmappable(), batch_size=3, shuffle=True))) == \
+                list(range(8))
+    messages = cube_warnings(record)
+    assert len(messages) == 1 and "Unmappable" in messages[0]
+    assert daemon.requests == []
+
+
+def test_stream_forgotten_by_the_daemon_is_recreated(monkeypatch: pytest.MonkeyPatch,
+                                                     mount: Path, daemon: FakeDaemon) -> None:
+    monkeypatch.setenv("CUBE_TORCH_LOOKAHEAD_BATCHES", "0")
+    files = make_files(mount, 10)
+    seen: List[int] = []
+    for j, batch in enumerate(DataLoader(FileList(files), batch_size=2)):
+        seen.extend(batch.tolist())
+        if j == 1:
+            flush()
+            with daemon.lock:  # the daemon expires the idle stream
+                daemon.streams["1"].deleted = True
+    flush()
+    first, second = daemon.all_streams()
+    assert first.paths + second.paths == [files[i] for i in seen]
+    assert counters()["errors"] == 0

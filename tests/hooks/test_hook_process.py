@@ -1,0 +1,168 @@
+"""Import-time behaviour, CUBE_TORCH_DISABLE, fork safety, stats() and the verbose line."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from torch.utils.data import DataLoader
+
+import cube_torch
+from cube_torch import _publisher
+from fake_control_server import FakeDaemon
+from hook_testlib import FileList, flush, indices, make_files
+
+HOOKS = str(Path(__file__).resolve().parents[2] / "hooks")
+
+_PROBE = """
+import os, threading, torch.utils.data.dataloader as dl
+import cube_torch
+patched = "_cube_torch_originals" in dl._BaseDataLoaderIter.__dict__
+def is_socket(fd):
+    try:
+        return os.readlink("/proc/self/fd/" + fd).startswith("socket:")
+    except OSError:  # the listing's own descriptor
+        return False
+sockets = [f for f in os.listdir("/proc/self/fd") if is_socket(f)]
+print(patched, threading.active_count(), len(sockets))
+"""
+
+
+def _probe(extra_env: dict) -> str:
+    env = {**os.environ, "PYTHONPATH": HOOKS, **extra_env}
+    result = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_import_only_patches(config_dir: Path) -> None:
+    assert _probe({}) == "True 1 0"  # patched; no thread, no socket
+
+
+def test_disable_leaves_dataloader_unpatched() -> None:
+    assert _probe({"CUBE_TORCH_DISABLE": "1"}) == "False 1 0"
+
+
+def test_disable_at_use_time(monkeypatch: pytest.MonkeyPatch, mount: Path,
+                             daemon: FakeDaemon) -> None:
+    monkeypatch.setenv("CUBE_TORCH_DISABLE", "1")
+    assert sorted(indices(DataLoader(FileList(make_files(mount, 6)), batch_size=2))) == \
+        list(range(6))
+    assert _publisher.current_publisher() is None and daemon.requests == []
+
+
+def _child_epoch(files: list, config_dir: str, queue: "multiprocessing.Queue") -> None:
+    try:
+        os.environ["CUBE_TORCH_CONFIG_DIR"] = config_dir
+        assert _publisher.current_publisher() is None  # reset at fork
+        seen = indices(DataLoader(FileList(files), batch_size=2, shuffle=True))
+        flush()
+        queue.put(("ok", os.getpid(), seen))
+    except BaseException as e:  # report, never hang the parent
+        queue.put(("error", os.getpid(), repr(e)))
+
+
+def test_forked_child_publishes_its_own_stream(mount: Path, config_dir: Path,
+                                               daemon: FakeDaemon) -> None:
+    files = make_files(mount, 10)
+    indices(DataLoader(FileList(files), batch_size=2))  # the parent's publisher is running
+    flush()
+    assert _publisher.current_publisher() is not None
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child_epoch, args=(files, str(config_dir), queue))
+    child.start()
+    try:
+        status, pid, seen = queue.get(timeout=30)
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+    assert status == "ok", seen
+    streams = daemon.all_streams()
+    assert [s.pid for s in streams] == [os.getpid(), pid]
+    assert streams[1].paths == [files[i] for i in seen]
+    # the parent still publishes after the fork
+    indices(DataLoader(FileList(files), batch_size=5))
+    flush()
+    assert daemon.all_streams()[-1].pid == os.getpid()
+
+
+def test_stats_shape(mount: Path, daemon: FakeDaemon) -> None:
+    daemon.reads.update(hit=9, late=1, miss=2)
+    files = make_files(mount, 8)
+    indices(DataLoader(FileList(files), batch_size=2))
+    s = cube_torch.stats()  # no flush(): stats() waits for what was queued
+    assert set(s["global"]["reads"]) == {"hit", "late", "miss"}
+    assert isinstance(s["global"]["hit_ratio"], float)
+    assert isinstance(s["streams"], list)
+    assert s["client"]["published"] == 8
+    for key in ("published", "rejected", "dropped", "errors"):
+        assert isinstance(s["client"][key], int)
+
+
+def test_stats_without_a_daemon() -> None:
+    s = cube_torch.stats()
+    assert set(s) == {"client"} and s["client"]["published"] == 0
+
+
+def test_stats_before_any_stream_finds_the_only_daemon(daemon: FakeDaemon) -> None:
+    assert "global" in cube_torch.stats()
+    assert _publisher.current_publisher() is None
+
+
+def test_verbose_hit_rate_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+                               mount: Path, daemon: FakeDaemon) -> None:
+    monkeypatch.setenv("CUBE_TORCH_VERBOSE", "1")
+    monkeypatch.setenv("CUBE_TORCH_REPORT_S", "0.1")
+    daemon.reads.update(hit=99, late=1, miss=0)
+    indices(DataLoader(FileList(make_files(mount, 6)), batch_size=2))
+    flush()
+
+    def wait_for(text: str) -> str:
+        out = ""
+        deadline = time.monotonic() + 5
+        while text not in out and time.monotonic() < deadline:
+            time.sleep(0.05)
+            out += capsys.readouterr().out
+        assert text in out
+        return out
+
+    first = wait_for("\n")
+    assert first.splitlines()[0] == (
+        "cube_torch: last cycle: request_count=100 hit_count=99 miss_count=1 hit_rate=0.990; "
+        "total: request_count=100 hit_count=99 miss_count=1 hit_rate=0.990")
+    daemon.reads["hit"] += 100
+    later = wait_for("total: request_count=200")
+    line = [x for x in later.splitlines() if "total: request_count=200" in x][0]
+    assert line == (
+        "cube_torch: last cycle: request_count=100 hit_count=100 miss_count=0 hit_rate=1.000; "
+        "total: request_count=200 hit_count=199 miss_count=1 hit_rate=0.995")
+
+
+_EXIT_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+import cube_torch
+from torch.utils.data import DataLoader
+from hook_testlib import FileList
+it = iter(DataLoader(FileList({files!r}), batch_size=2))
+next(it)  # left mid-epoch; the iterator is still alive at exit
+"""
+
+
+def test_open_stream_deleted_at_exit(mount: Path, config_dir: Path, daemon: FakeDaemon) -> None:
+    files = make_files(mount, 10)
+    script = _EXIT_SCRIPT.format(tests=str(Path(__file__).parent), files=files)
+    env = {**os.environ, "PYTHONPATH": HOOKS, "CUBE_TORCH_CONFIG_DIR": str(config_dir)}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    (stream,) = daemon.all_streams()
+    assert stream.paths == files and stream.deleted
