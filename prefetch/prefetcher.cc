@@ -60,7 +60,8 @@ Prefetcher::~Prefetcher() {
     std::lock_guard<std::mutex> l(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  work_cv_.notify_all();
+  room_cv_.notify_all();
   for (auto& t : workers_) t.join();
   // Wake any reader still waiting on a fetch that will not run now.
   for (auto& [path, e] : window_)
@@ -97,7 +98,7 @@ bool Prefetcher::DeleteStream(const std::string& id) {
   auto it = streams_.find(id);
   if (it == streams_.end()) return false;
   DeleteStreamLocked(it);
-  cv_.notify_all();
+  Wake();
   return true;
 }
 
@@ -130,7 +131,7 @@ bool Prefetcher::Publish(const std::string& id, const std::vector<std::string>& 
     s->stats.published += paths.size();
     s->last_active_ns = clock_->NowNanos();
   }
-  cv_.notify_all();
+  Wake();
   return true;
 }
 
@@ -199,7 +200,7 @@ void Prefetcher::FailLocked(std::unordered_map<std::string, Entry>::iterator it)
   window_bytes_ -= e.reserved;
   if (window_gauge_) window_gauge_->Decrement(static_cast<double>(e.reserved));
   window_.erase(it);
-  cv_.notify_all();
+  Wake();
 }
 
 void Prefetcher::RunJob(const Job& job) {
@@ -216,7 +217,7 @@ void Prefetcher::RunJob(const Job& job) {
     window_bytes_ -= e->reserved;
     if (window_gauge_) window_gauge_->Decrement(static_cast<double>(e->reserved));
     window_.erase(job.path);
-    cv_.notify_all();
+    Wake();
   };
   // Most files are small: one request brings attributes and data. Reserve a guess at the
   // size first (the budget holds even while the data is in flight); a bigger file falls back
@@ -262,7 +263,7 @@ void Prefetcher::RunJob(const Job& job) {
     if (window_gauge_) window_gauge_->Decrement(static_cast<double>(e->reserved));
     e->reserved = 0;
     e->waiting_for_room = true;  // readers fetch it themselves rather than wait on this
-    cv_.wait(l, [&] {
+    room_cv_.wait(l, [&] {
       return stop_ || e->refs == 0 || window_bytes_ + size <= options_.window_budget_bytes;
     });
     e->waiting_for_room = false;
@@ -304,7 +305,7 @@ void Prefetcher::RunJob(const Job& job) {
   if (Stream* s = StreamById(e->first_stream)) s->stats.fetched++;
   FinishFetchLocked(*e);
   MaybeReleaseLocked(job.path);
-  cv_.notify_all();
+  Wake();
 }
 
 void Prefetcher::DropRefLocked(const std::string& path) {
@@ -336,7 +337,7 @@ void Prefetcher::ReleaseLocked(std::unordered_map<std::string, Entry>::iterator 
   window_bytes_ -= e.reserved;
   if (window_gauge_) window_gauge_->Decrement(static_cast<double>(e.reserved));
   window_.erase(it);
-  cv_.notify_all();
+  Wake();
 }
 
 void Prefetcher::MarkPositionLocked(Stream& s, uint64_t pos, PosState state) {
@@ -403,7 +404,7 @@ void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& 
       best->last_active_ns = now;
       MarkPositionLocked(*best, best_pos, kRead);
       AdvanceLocked(*best);
-      cv_.notify_all();
+      Wake();
     }
   }
   auto it = window_.find(path);
@@ -497,13 +498,22 @@ void Prefetcher::WorkerLoop() {
     if (clock_->NowNanos() - last_sweep_ns_ > kSecond) SweepLocked();
     std::optional<Job> job = NextJobLocked();
     if (!job) {
-      cv_.wait_for(l, std::chrono::seconds(1));
+      work_cv_.wait_for(l, std::chrono::seconds(1));
       continue;
     }
+    // Chain: another idle worker looks for more work (wakeups are one at a time).
+    work_cv_.notify_one();
     l.unlock();
     RunJob(*job);
     l.lock();
   }
+}
+
+void Prefetcher::Wake() {
+  // One idle worker is enough: one that finds a job wakes the next. Waking all 64 on every
+  // read cost more CPU than the reads themselves.
+  work_cv_.notify_one();
+  room_cv_.notify_all();
 }
 
 }  // namespace cubetorchfs::prefetch

@@ -183,6 +183,7 @@ class Prefetcher {
   Stream* StreamById(const std::string& id);
   void WorkerLoop();
   uint64_t Slack() const;
+  void Wake();  // after any change that may make work or room
 
   const Options options_;
   cfs_client::Backend* const backend_;
@@ -190,7 +191,8 @@ class Prefetcher {
   Clock* const clock_;
 
   std::mutex mu_;                // guards everything below
-  std::condition_variable cv_;   // window room freed, new paths, stop
+  std::condition_variable work_cv_;  // idle workers: new paths or window room
+  std::condition_variable room_cv_;  // fetches waiting for window room
   bool stop_ = false;
   uint64_t next_stream_id_ = 1;
   std::map<std::string, Stream> streams_;
