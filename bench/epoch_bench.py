@@ -40,7 +40,7 @@ def generate(root: Path, files: int, classes: int) -> None:
     import numpy as np
     from PIL import Image
 
-    marker = root / f".complete-{files}-{classes}"
+    marker = root / f".complete-v2-{files}-{classes}"
     if marker.exists():
         return
     if root.exists():
@@ -49,10 +49,10 @@ def generate(root: Path, files: int, classes: int) -> None:
     for i in range(files):
         d = root / f"class_{i % classes:03d}"
         d.mkdir(parents=True, exist_ok=True)
-        # Smooth noise at 256x256 compresses to ~110 KB at quality 90, like ImageNet JPEGs.
+        # Noisy 384x384 images compress to ~110 KB at quality 90, like ImageNet JPEGs.
         small = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
-        img = Image.fromarray(small).resize((256, 256), Image.BILINEAR)
-        arr = np.asarray(img).astype(np.int16) + rng.integers(-40, 40, (256, 256, 3))
+        img = Image.fromarray(small).resize((384, 384), Image.BILINEAR)
+        arr = np.asarray(img).astype(np.int16) + rng.integers(-60, 60, (384, 384, 3))
         Image.fromarray(arr.clip(0, 255).astype(np.uint8)).save(d / f"img_{i:06d}.jpg", quality=90)
         if (i + 1) % 500 == 0 or i + 1 == files:
             print(f"\r[epoch_bench] generating JPEGs: {i + 1}/{files}", end="", file=sys.stderr, flush=True)
