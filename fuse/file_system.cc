@@ -86,8 +86,9 @@ Result<Entry> FileSystem::Lookup(uint64_t parent, const std::string& name) {
   if (!dir->attr.IsDir()) return Status::NotDirectory(dir->path);
   if (name.size() > 255) return Status::NameTooLong(name.substr(0, 32) + "...");
   std::string path = ChildPath(dir->path, name);
-  if (std::optional<cfs_client::FileAttr> warm = prefetcher_->WarmAttr(path))
-    return Entry{inodes_.Acquire(path, *warm, clock_->NowNanos()), *warm};
+  uint64_t fetched_ns = 0;
+  if (std::optional<cfs_client::FileAttr> warm = prefetcher_->WarmAttr(path, &fetched_ns))
+    return Entry{inodes_.Acquire(path, *warm, fetched_ns), *warm};
   Result<cfs_client::FileAttr> attr = backend_->Stat(path);
   if (!attr.ok()) return attr.status();
   return Entry{inodes_.Acquire(path, attr.value(), clock_->NowNanos()), attr.value()};
@@ -201,7 +202,7 @@ Result<ReadResult> FileSystem::Read(const FileHandle& handle, uint64_t offset, s
   return out;
 }
 
-Result<std::string> FileSystem::ReadWholeFile(const std::string& path) {
+Result<std::string> FileSystem::ReadWholeFile(const std::string& path, uint64_t max_bytes) {
   std::optional<cfs_client::FileAttr> attr = prefetcher_->WarmAttr(path);
   if (!attr) {
     Result<cfs_client::FileAttr> fresh = backend_->Stat(path);
@@ -209,6 +210,9 @@ Result<std::string> FileSystem::ReadWholeFile(const std::string& path) {
     attr = fresh.value();
   }
   if (!attr->IsRegular()) return Status::InvalidArgument(path + ": not a regular file");
+  if (attr->size > max_bytes)
+    return Status::InvalidArgument(path + ": " + std::to_string(attr->size) +
+                                   " bytes is more than one reply may carry");
   const FileHandle handle{0, path, attr->Version()};
   std::string out;
   out.reserve(attr->size);

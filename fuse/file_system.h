@@ -94,7 +94,8 @@ class FileSystem {
   Result<ReadResult> Read(const FileHandle& handle, uint64_t offset, size_t size);
   // The whole file at store path `path`, through the same cache and accounting as FUSE reads
   // (for the legacy /batchdownload/path endpoint).
-  Result<std::string> ReadWholeFile(const std::string& path);
+  // Files over `max_bytes` are refused before anything is read.
+  Result<std::string> ReadWholeFile(const std::string& path, uint64_t max_bytes);
   // A handle for reading `ino` at its current version, for reads without an open (no_open).
   Result<FileHandle> HandleFor(uint64_t ino);
   Result<cfs_client::FsStats> StatFs();

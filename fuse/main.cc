@@ -178,7 +178,9 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   FileSystem* filesystem = fs->get();
   Result<std::unique_ptr<prefetch::ControlServer>> control = prefetch::ControlServer::Start(
       control_options, &prefetcher, cache.get(),
-      [filesystem](const std::string& path) { return filesystem->ReadWholeFile(path); });
+      [filesystem](const std::string& path, uint64_t max_bytes) {
+        return filesystem->ReadWholeFile(path, max_bytes);
+      });
   if (!control.ok()) return Fail(kExitBadConfig, control.status().message());
 
   FuseContext ctx(fs->get(), config.fuse, *registry);

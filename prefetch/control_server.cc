@@ -28,6 +28,8 @@ namespace {
 constexpr uint64_t kMaxBody = 16ull << 20;
 constexpr std::chrono::seconds kIdleTimeout{30};
 constexpr int kMaxConnections = 256;
+// One /batchdownload reply is built in memory; at most 4 run at once (the pool).
+constexpr uint64_t kMaxBatchReply = 256ull << 20;
 
 Response JsonResponse(http::status status, const json& body, unsigned version) {
   Response res{status, version};
@@ -180,7 +182,12 @@ class ServerImpl final : public ControlServer {
     if (req.method() == http::verb::post && req.target() == "/batchdownload/path") {
       // Reads file data: off the Asio thread.
       asio::post(pool_, [this, req = std::move(req), ex, done = std::move(done)]() mutable {
-        Response res = BatchDownload(req);
+        Response res;
+        try {
+          res = BatchDownload(req);
+        } catch (const std::exception& e) {  // e.g. bad_alloc: fail this request only
+          res = Error(http::status::internal_server_error, e.what(), req.version());
+        }
         asio::post(ex, [res = std::move(res), done = std::move(done)]() mutable { done(std::move(res)); });
       });
       return;
@@ -195,7 +202,12 @@ class ServerImpl final : public ControlServer {
   void Accept(Acceptor& acceptor) {
     acceptor.async_accept([this, &acceptor](beast::error_code ec, auto socket) {
       if (ec == asio::error::operation_aborted) return;
-      if (!ec) {
+      if (ec) {  // e.g. out of file descriptors: retry later rather than spin
+        auto timer = std::make_shared<asio::steady_timer>(ioc_, std::chrono::milliseconds(100));
+        timer->async_wait([this, &acceptor, timer](beast::error_code) { Accept(acceptor); });
+        return;
+      }
+      {
         using Protocol = typename std::decay_t<decltype(socket)>::protocol_type;
         if (connections.load() >= kMaxConnections) {
           beast::error_code ignored;
@@ -351,12 +363,13 @@ class ServerImpl final : public ControlServer {
       std::string data;
       Result<std::string> sp = ToStorePath(options_.mount_point, p);
       if (sp.ok()) {
-        Result<std::string> r = reader_(sp.value());
+        const uint64_t used = out.size() + 16 + p.size();
+        if (used >= kMaxBatchReply)
+          return Error(http::status::payload_too_large, "reply would exceed 256 MiB", v);
+        Result<std::string> r = reader_(sp.value(), kMaxBatchReply - used);
         if (r.ok()) data = std::move(r).value();
         else CTFS_LOG(kWarn) << "batchdownload " << p << ": " << r.status().ToString();
       }
-      if (out.size() + data.size() > (1ull << 31))
-        return Error(http::status::payload_too_large, "reply would exceed 2 GiB", v);
       PutU64(out, p.size());
       out += p;
       PutU64(out, data.size());

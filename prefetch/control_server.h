@@ -40,8 +40,10 @@ class ControlServer {
     uint16_t prof_port = 0;   // 0 = no loopback TCP listener
     std::string mount_point;  // absolute, without a trailing slash
   };
-  // Reads a whole file by store-relative path (for /batchdownload/path).
-  using FileReader = std::function<Result<std::string>(const std::string& store_path)>;
+  // Reads a whole file by store-relative path (for /batchdownload/path), refusing files over
+  // `max_bytes` before reading them.
+  using FileReader =
+      std::function<Result<std::string>(const std::string& store_path, uint64_t max_bytes)>;
 
   // Binds the listeners and starts serving. Fails naming the socket or port it could not
   // bind. `prefetcher` and `ram` must outlive the server.

@@ -115,6 +115,7 @@ void Prefetcher::DeleteStreamLocked(std::map<std::string, Stream>::iterator it) 
     DropRefLocked(path);
     MaybeReleaseLocked(path);
   }
+  Wake();  // fetches waiting for room may no longer be wanted
 }
 
 bool Prefetcher::Publish(const std::string& id, const std::vector<std::string>& paths) {
@@ -246,7 +247,9 @@ void Prefetcher::RunJob(const Job& job) {
   e->state = State::kFetching;
   std::vector<cache::BufferRef> chunks;
   Status failure;
-  if (size <= guess) {
+  if (size <= guess && got->bytes != size) {
+    failure = Status::Stale(job.path + ": short read from the store");
+  } else if (size <= guess) {
     first->Shrink(size);
     window_bytes_ -= guess - size;
     if (window_gauge_) window_gauge_->Decrement(static_cast<double>(guess - size));
@@ -263,6 +266,11 @@ void Prefetcher::RunJob(const Job& job) {
     if (window_gauge_) window_gauge_->Decrement(static_cast<double>(e->reserved));
     e->reserved = 0;
     e->waiting_for_room = true;  // readers fetch it themselves rather than wait on this
+    // Release readers already waiting on the first request: room may only come from their
+    // own reads of other files, so they must not wait here.
+    e->promise->set_value();
+    e->promise = std::make_shared<std::promise<void>>();
+    e->done = e->promise->get_future().share();
     room_cv_.wait(l, [&] {
       return stop_ || e->refs == 0 || window_bytes_ + size <= options_.window_budget_bytes;
     });
@@ -385,17 +393,23 @@ void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& 
   const uint64_t now = clock_->NowNanos();
   if (offset == 0) {
     // A read of the file begins: it consumes the file's earliest pending stream position.
+    // Positions count per stream: the file belongs to the stream whose own cursor is
+    // nearest to it.
     Stream* best = nullptr;
     uint64_t best_pos = 0;
     for (auto& [id, s] : streams_) {
       auto p = s.pending.find(path);
-      if (p != s.pending.end() && (best == nullptr || p->second.front() < best_pos)) {
+      if (p == s.pending.end()) continue;
+      const uint64_t pos = p->second.front();
+      if (best == nullptr || pos - s.low < best_pos - best->low) {
         best = &s;
-        best_pos = p->second.front();
+        best_pos = pos;
       }
     }
     auto it = window_.find(path);
-    if (it != window_.end()) it->second.bytes_read = 0;
+    // A new read of the whole file starts (unless an earlier read is still under way).
+    if (it != window_.end() && it->second.bytes_read >= it->second.attr.size)
+      it->second.bytes_read = 0;
     if (best != nullptr) {
       uint64_t* stream_counts[3] = {&best->stats.reads.hit, &best->stats.reads.late,
                                     &best->stats.reads.miss};
@@ -416,7 +430,7 @@ void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& 
     e.bytes_read = UINT64_MAX;
   } else if (e.attr.Version() == version) {
     e.was_read = true;
-    e.bytes_read += bytes;
+    e.bytes_read = bytes > UINT64_MAX - e.bytes_read ? UINT64_MAX : e.bytes_read + bytes;
     e.last_read_ns = now;
   }
   MaybeReleaseLocked(path);
@@ -446,12 +460,14 @@ std::optional<Prefetcher::WindowHit> Prefetcher::Get(const std::string& path,
   return WindowHit{it->second.chunks[chunk], waited};
 }
 
-std::optional<cfs_client::FileAttr> Prefetcher::WarmAttr(const std::string& path) {
+std::optional<cfs_client::FileAttr> Prefetcher::WarmAttr(const std::string& path,
+                                                         uint64_t* fetched_ns) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = window_.find(path);
   if (it == window_.end() || it->second.state == State::kStat) return std::nullopt;
   const double age_s = static_cast<double>(clock_->NowNanos() - it->second.attr_time_ns) / 1e9;
   if (age_s >= options_.attr_timeout_s) return std::nullopt;
+  if (fetched_ns != nullptr) *fetched_ns = it->second.attr_time_ns;
   return it->second.attr;
 }
 

@@ -120,7 +120,9 @@ class Prefetcher {
   void OnRead(const std::string& path, const cfs_client::FileVersion& version, uint64_t offset,
               uint64_t bytes, ReadOutcome outcome);
   // Attributes fetched with a prefetched file, while fresh: lookups then need no round trip.
-  std::optional<cfs_client::FileAttr> WarmAttr(const std::string& path);
+  // `fetched_ns`, if not null, receives when they were read from the store.
+  std::optional<cfs_client::FileAttr> WarmAttr(const std::string& path,
+                                               uint64_t* fetched_ns = nullptr);
 
   // --- for tests ---
   // Runs the next eligible fetch in the calling thread; false if there is none.

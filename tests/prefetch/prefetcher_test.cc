@@ -178,6 +178,22 @@ TEST_F(PrefetcherTest, ReaderWaitsOnAFetchInFlightAndIsLate) {
   EXPECT_EQ(store_.reads(), 1);
 }
 
+TEST_F(PrefetcherTest, ReadersDoNotWaitOnAFetchThatWaitsForRoom) {
+  store_.PutFile(Name(2), std::string(2500, 'z'));
+  Make(/*window_files=*/8, /*budget=*/3 * kFileSize);
+  std::string id = Publish(0, 3);
+  EXPECT_TRUE(pf_->RunOneJob());  // files 0 and 1 fill two thirds of the window
+  EXPECT_TRUE(pf_->RunOneJob());
+  std::thread worker([&] { pf_->RunOneJob(); });  // file 2 does not fit: waits for room
+  // Whenever this reader comes, it must not block behind that wait: it reads on demand.
+  while (pf_->GetStats().inflight == 0) std::this_thread::yield();
+  std::optional<Prefetcher::WindowHit> got = pf_->Get(Name(2), {2500, 1}, 0);
+  EXPECT_FALSE(got.has_value());
+  EXPECT_TRUE(pf_->DeleteStream(id));  // nobody wants it any more: the waiting fetch gives up
+  worker.join();
+  EXPECT_EQ(pf_->GetStats().window_files, 0u);
+}
+
 TEST_F(PrefetcherTest, FailedFetchesAreCountedAndLeftToDemandReads) {
   Make();
   std::string id = pf_->CreateStream("t", 1);
