@@ -59,7 +59,7 @@ using SharedResult = std::shared_future<Result<BufferRef>>;
 class ShardedLruCache final : public RamCache {
  public:
   ShardedLruCache(const Options& options, prometheus::Registry* registry)
-      : capacity_(options.capacity_bytes) {
+      : capacity_(options.capacity_bytes), on_evict_(options.on_evict) {
     // Enough shards to spread lock contention, few enough that each shard holds several of
     // the largest entries (a shard's share of the budget is the most one entry may use).
     uint64_t max_entry = std::max<uint64_t>(options.max_entry_bytes, 1);
@@ -164,7 +164,9 @@ class ShardedLruCache final : public RamCache {
     const uint64_t size = buffer->size;
     if (size > s.capacity) return;  // would evict everything and still not fit
     while (s.bytes + size > s.capacity) {
-      RemoveLocked(s, std::prev(s.lru.end()));
+      auto victim = std::prev(s.lru.end());
+      if (on_evict_) on_evict_(victim->key, victim->buffer);
+      RemoveLocked(s, victim);
       evictions_.fetch_add(1, std::memory_order_relaxed);
       if (evictions_counter_) evictions_counter_->Increment();
     }
@@ -189,6 +191,7 @@ class ShardedLruCache final : public RamCache {
   }
 
   const uint64_t capacity_;
+  const std::function<void(const std::string&, const BufferRef&)> on_evict_;
   std::vector<Shard> shards_;  // fixed after construction
   std::atomic<uint64_t> bytes_{0};
   std::atomic<uint64_t> evictions_{0};

@@ -63,6 +63,9 @@ class RamCache {
   struct Options {
     uint64_t capacity_bytes = 0;   // the budget. Required.
     uint64_t max_entry_bytes = 0;  // the largest buffer expected (chunk size). Required.
+    // Called with each entry evicted to make room (not for Erase), under a shard lock: it
+    // must only hand the buffer on (the NVMe tier queues it). May be empty.
+    std::function<void(const std::string& key, const BufferRef& buffer)> on_evict;
   };
   using FetchFn = std::function<Result<BufferRef>()>;
 

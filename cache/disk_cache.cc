@@ -1,0 +1,419 @@
+#include "cache/disk_cache.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+#include <rocksdb/db.h>
+#include <rocksdb/write_batch.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <list>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "cache/crc32c.h"
+#include "common/logging.h"
+
+namespace cubetorchfs::cache {
+namespace {
+
+struct IndexValue {
+  uint64_t id = 0;
+  uint64_t length = 0;
+  uint32_t crc = 0;
+  uint64_t seq = 0;
+
+  std::string Encode() const {
+    std::string v(28, '\0');
+    std::memcpy(&v[0], &id, 8);
+    std::memcpy(&v[8], &length, 8);
+    std::memcpy(&v[16], &crc, 4);
+    std::memcpy(&v[20], &seq, 8);
+    return v;
+  }
+  static bool Decode(const std::string& v, IndexValue* out) {
+    if (v.size() != 28) return false;
+    std::memcpy(&out->id, &v[0], 8);
+    std::memcpy(&out->length, &v[8], 8);
+    std::memcpy(&out->crc, &v[16], 4);
+    std::memcpy(&out->seq, &v[20], 8);
+    return true;
+  }
+};
+
+std::string IdName(uint64_t id) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(id));
+  return buf;
+}
+
+Status Errno(const std::string& what) {
+  return Status::IOError(what + ": " + std::strerror(errno));
+}
+
+// Owns a file descriptor.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+class NvmeCache final : public DiskCache {
+ public:
+  NvmeCache(const Options& options, rocksdb::DB* db, prometheus::Registry* registry)
+      : options_(options), db_(db) {
+    if (registry != nullptr) {
+      bytes_gauge_ = &prometheus::BuildGauge()
+                          .Name("cubetorchfs_cache_bytes")
+                          .Help("Bytes held by each cache tier")
+                          .Register(*registry)
+                          .Add({{"tier", "disk"}});
+      evictions_ = &prometheus::BuildCounter()
+                        .Name("cubetorchfs_cache_evictions_total")
+                        .Help("Entries evicted from each cache tier to make room")
+                        .Register(*registry)
+                        .Add({{"tier", "disk"}});
+      corruptions_counter_ = &prometheus::BuildCounter()
+                                  .Name("cubetorchfs_cache_corruptions_total")
+                                  .Help("NVMe-tier chunks that failed their CRC32C check")
+                                  .Register(*registry)
+                                  .Add({});
+    }
+  }
+
+  ~NvmeCache() override {
+    {
+      std::lock_guard<std::mutex> l(queue_mu_);
+      stop_ = true;
+    }
+    queue_cv_.notify_all();
+    if (writer_.joinable()) writer_.join();
+  }
+
+  Status Recover() {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::remove_all(TmpDir(), ec);
+    fs::create_directories(TmpDir(), ec);
+    if (ec) return Status::IOError("cache.disk_dir: " + TmpDir() + ": " + ec.message());
+    // Index entries whose data is missing or short: a crash between data and index, or a
+    // file removed by hand.
+    rocksdb::WriteBatch drop;
+    std::vector<std::pair<uint64_t, std::string>> by_seq;
+    std::unordered_set<uint64_t> live;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      IndexValue v;
+      struct stat st;
+      const std::string key = it->key().ToString();
+      if (!IndexValue::Decode(it->value().ToString(), &v) ||
+          ::stat(DataPath(v.id).c_str(), &st) != 0 || static_cast<uint64_t>(st.st_size) != v.length) {
+        drop.Delete(key);
+        continue;
+      }
+      Entry& e = index_[key];
+      e.value = v;
+      by_seq.emplace_back(v.seq, key);
+      live.insert(v.id);
+      bytes_ += v.length;
+      next_id_ = std::max(next_id_, v.id + 1);
+      next_seq_ = std::max(next_seq_, v.seq + 1);
+    }
+    if (!it->status().ok()) return Status::IOError("cache.disk_dir: index: " + it->status().ToString());
+    it.reset();
+    const size_t dropped = drop.Count();
+    if (dropped > 0) db_->Write(rocksdb::WriteOptions(), &drop);
+    // Data files no entry names: written but never indexed.
+    size_t orphans = 0;
+    for (const auto& f : fs::directory_iterator(DataDir(), ec)) {
+      const std::string name = f.path().filename();
+      char* end = nullptr;
+      uint64_t id = std::strtoull(name.c_str(), &end, 16);
+      if (name.size() != 16 || *end != '\0' || !live.count(id)) {
+        fs::remove(f.path(), ec);
+        ++orphans;
+      }
+    }
+    std::sort(by_seq.begin(), by_seq.end());
+    for (const auto& [seq, key] : by_seq) {  // oldest ends up at the back
+      lru_.push_front(key);
+      index_[key].lru = lru_.begin();
+    }
+    if (bytes_gauge_) bytes_gauge_->Set(static_cast<double>(bytes_));
+    CTFS_LOG(kInfo) << "NVMe tier " << options_.dir << ": " << index_.size() << " chunks, "
+                    << bytes_ << " bytes; dropped " << dropped << " unfinished entries and "
+                    << orphans << " orphan files";
+    writer_ = std::thread([this] { WriterLoop(); });
+    return Status::OK();
+  }
+
+  Result<BufferRef> Get(const std::string& key) override {
+    IndexValue v;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = index_.find(key);
+      if (it == index_.end()) return Status::NotFound("not in the NVMe tier");
+      v = it->second.value;
+      lru_.splice(lru_.begin(), lru_, it->second.lru);
+    }
+    std::shared_ptr<Buffer> buf = Buffer::Allocate(v.length);
+    Fd fd(::open(DataPath(v.id).c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0) {  // evicted meanwhile, or removed by hand
+      DropIfSame(key, v.id);
+      return Status::NotFound("chunk file gone");
+    }
+    size_t done = 0;
+    while (done < v.length) {
+      ssize_t n = ::pread(fd.get(), buf->data.get() + done, v.length - done, static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    if (done != v.length || Crc32c(buf->data.get(), v.length) != v.crc) {
+      corruptions_.fetch_add(1);
+      if (corruptions_counter_) corruptions_counter_->Increment();
+      CTFS_LOG(kWarn) << "NVMe tier: chunk " << IdName(v.id) << " failed its CRC32C check; "
+                      << "dropped, the data comes from the store again";
+      DropIfSame(key, v.id);
+      return Status::NotFound("corrupt chunk dropped");
+    }
+    return BufferRef(std::move(buf));
+  }
+
+  bool Contains(const std::string& key) override {
+    std::lock_guard<std::mutex> l(mu_);
+    return index_.count(key) > 0;
+  }
+
+  Status Put(const std::string& key, const Buffer& data) override {
+    const uint64_t length = data.size;
+    uint64_t id = 0, seq = 0;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (index_.count(key) || pending_.count(key)) return Status::OK();
+      CTFS_RETURN_IF_ERROR(MakeRoomLocked(length));
+      bytes_ += length;  // reserved now, so concurrent puts cannot overshoot
+      id = next_id_++;
+      seq = next_seq_++;
+      pending_.insert(key);
+    }
+    Status s = WriteChunk(id, data);
+    std::lock_guard<std::mutex> l(mu_);
+    pending_.erase(key);
+    if (s.ok() && options_.crash_point == Options::CrashPoint::kNone) {
+      IndexValue v{id, length, Crc32c(data.data.get(), length), seq};
+      rocksdb::Status rs = db_->Put(rocksdb::WriteOptions(), key, v.Encode());
+      if (rs.ok()) {
+        lru_.push_front(key);
+        index_[key] = Entry{v, lru_.begin()};
+        if (bytes_gauge_) bytes_gauge_->Set(static_cast<double>(bytes_));
+        return Status::OK();
+      }
+      ::unlink(DataPath(id).c_str());
+      s = Status::IOError("NVMe tier index: " + rs.ToString());
+    }
+    bytes_ -= length;
+    return s.ok() ? Status::IOError("simulated crash") : s;
+  }
+
+  void PutAsync(const std::string& key, BufferRef data) override {
+    {
+      std::lock_guard<std::mutex> l(queue_mu_);
+      if (queued_bytes_ + data->size > options_.queue_bytes) return;  // the tier is behind
+      queued_bytes_ += data->size;
+      queue_.emplace_back(key, std::move(data));
+    }
+    queue_cv_.notify_all();
+  }
+
+  void Flush() override {
+    std::unique_lock<std::mutex> l(queue_mu_);
+    queue_cv_.wait(l, [&] { return queue_.empty() && !writing_; });
+  }
+
+  uint64_t bytes() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return bytes_;
+  }
+  uint64_t entries() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return index_.size();
+  }
+  uint64_t corruptions() const override { return corruptions_.load(); }
+
+  std::string DataFileOf(const std::string& key) override {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = index_.find(key);
+    return it == index_.end() ? "" : DataPath(it->second.value.id);
+  }
+
+ private:
+  struct Entry {
+    IndexValue value;
+    std::list<std::string>::iterator lru;
+  };
+
+  std::string DataDir() const { return options_.dir + "/data"; }
+  std::string TmpDir() const { return options_.dir + "/tmp"; }
+  std::string DataPath(uint64_t id) const { return DataDir() + "/" + IdName(id); }
+
+  Status WriteChunk(uint64_t id, const Buffer& data) {
+    const std::string tmp = TmpDir() + "/" + IdName(id);
+    {
+      Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+      if (fd.get() < 0) return Errno(tmp);
+      size_t done = 0;
+      while (done < data.size) {
+        ssize_t n = ::write(fd.get(), data.data.get() + done, data.size - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          Status s = Errno(tmp);
+          ::unlink(tmp.c_str());
+          return s;
+        }
+        done += static_cast<size_t>(n);
+      }
+      if (::fsync(fd.get()) != 0) {
+        Status s = Errno(tmp);
+        ::unlink(tmp.c_str());
+        return s;
+      }
+    }
+    if (options_.crash_point == Options::CrashPoint::kAfterTempWrite) return Status::OK();
+    if (::rename(tmp.c_str(), DataPath(id).c_str()) != 0) {
+      Status s = Errno(DataPath(id));
+      ::unlink(tmp.c_str());
+      return s;
+    }
+    return Status::OK();
+  }
+
+  // REQUIRES: mu_ held. Evicts least recently used chunks until `length` more bytes fit the
+  // budget and the file system keeps its free share.
+  Status MakeRoomLocked(uint64_t length) {
+    if (length > options_.capacity_bytes) return Status::InvalidArgument("chunk larger than the tier");
+    auto free_ok = [&] {
+      struct statvfs sv;
+      if (::statvfs(options_.dir.c_str(), &sv) != 0 || sv.f_blocks == 0) return true;
+      const double total = static_cast<double>(sv.f_blocks) * sv.f_frsize;
+      const double avail = static_cast<double>(sv.f_bavail) * sv.f_frsize - static_cast<double>(length);
+      return avail / total >= options_.min_free_ratio;
+    };
+    while (bytes_ + length > options_.capacity_bytes || !free_ok()) {
+      if (lru_.empty()) return Status::IOError("NVMe tier: file system below its free-space floor");
+      EvictLocked(std::prev(lru_.end()));
+    }
+    return Status::OK();
+  }
+
+  // REQUIRES: mu_ held.
+  void EvictLocked(std::list<std::string>::iterator it) {
+    auto e = index_.find(*it);
+    ::unlink(DataPath(e->second.value.id).c_str());
+    db_->Delete(rocksdb::WriteOptions(), *it);
+    bytes_ -= e->second.value.length;
+    index_.erase(e);
+    lru_.erase(it);
+    if (evictions_) evictions_->Increment();
+    if (bytes_gauge_) bytes_gauge_->Set(static_cast<double>(bytes_));
+  }
+
+  void DropIfSame(const std::string& key, uint64_t id) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = index_.find(key);
+    if (it == index_.end() || it->second.value.id != id) return;
+    ::unlink(DataPath(id).c_str());
+    db_->Delete(rocksdb::WriteOptions(), key);
+    bytes_ -= it->second.value.length;
+    lru_.erase(it->second.lru);
+    index_.erase(it);
+    if (bytes_gauge_) bytes_gauge_->Set(static_cast<double>(bytes_));
+  }
+
+  void WriterLoop() {
+    std::unique_lock<std::mutex> l(queue_mu_);
+    for (;;) {
+      queue_cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      auto [key, data] = std::move(queue_.front());
+      queue_.pop_front();
+      writing_ = true;
+      l.unlock();
+      Status s = Put(key, *data);
+      if (!s.ok()) CTFS_LOG(kDebug) << "NVMe tier: " << s.ToString();
+      const uint64_t size = data->size;
+      data.reset();
+      l.lock();
+      queued_bytes_ -= size;
+      writing_ = false;
+      queue_cv_.notify_all();
+    }
+  }
+
+  const Options options_;
+  std::unique_ptr<rocksdb::DB> db_;
+
+  mutable std::mutex mu_;  // guards the members below, up to queue_mu_
+  std::unordered_map<std::string, Entry> index_;
+  std::list<std::string> lru_;  // front: most recently used
+  std::unordered_set<std::string> pending_;  // keys being written
+  uint64_t bytes_ = 0;
+  uint64_t next_id_ = 1;
+  uint64_t next_seq_ = 1;
+
+  std::mutex queue_mu_;  // guards the queue; never held with mu_ by the same thread
+  std::condition_variable queue_cv_;
+  std::deque<std::pair<std::string, BufferRef>> queue_;
+  uint64_t queued_bytes_ = 0;
+  bool writing_ = false;
+  bool stop_ = false;
+  std::thread writer_;
+
+  std::atomic<uint64_t> corruptions_{0};
+  prometheus::Gauge* bytes_gauge_ = nullptr;
+  prometheus::Counter* evictions_ = nullptr;
+  prometheus::Counter* corruptions_counter_ = nullptr;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<DiskCache>> DiskCache::Open(const Options& options,
+                                                   prometheus::Registry* registry) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(options.dir + "/data", ec);
+  if (ec) return Status::IOError("cache.disk_dir: " + options.dir + ": " + ec.message());
+  rocksdb::Options db_options;
+  db_options.create_if_missing = true;
+  db_options.max_open_files = 256;
+  db_options.keep_log_file_num = 2;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status rs = rocksdb::DB::Open(db_options, options.dir + "/index", &db);
+  if (!rs.ok()) return Status::IOError("cache.disk_dir: " + options.dir + ": " + rs.ToString());
+  auto cache = std::make_unique<NvmeCache>(options, db, registry);
+  CTFS_RETURN_IF_ERROR(cache->Recover());
+  return std::unique_ptr<DiskCache>(std::move(cache));
+}
+
+}  // namespace cubetorchfs::cache

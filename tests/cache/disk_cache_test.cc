@@ -1,0 +1,162 @@
+#include "cache/disk_cache.h"
+
+#include <gtest/gtest.h>
+#include <prometheus/registry.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "cache/crc32c.h"
+
+namespace cubetorchfs::cache {
+namespace {
+
+namespace fs = std::filesystem;
+
+BufferRef Bytes(size_t n, char seed) {
+  auto b = Buffer::Allocate(n);
+  for (size_t i = 0; i < n; ++i) b->data.get()[i] = static_cast<char>(seed + i * 7);
+  return b;
+}
+
+std::string Key(int i) { return ChunkKey("file" + std::to_string(i), {100, 1}, 0); }
+
+size_t FilesIn(const fs::path& dir) {
+  size_t n = 0;
+  for (auto it = fs::directory_iterator(dir); it != fs::directory_iterator(); ++it) ++n;
+  return n;
+}
+
+class DiskCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("ctfs_disk_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+  }
+  void TearDown() override {
+    cache_.reset();
+    fs::remove_all(dir_);
+  }
+  void Open(uint64_t capacity = 1 << 20,
+            DiskCache::Options::CrashPoint crash = DiskCache::Options::CrashPoint::kNone) {
+    cache_.reset();
+    DiskCache::Options o;
+    o.dir = dir_;
+    o.capacity_bytes = capacity;
+    o.min_free_ratio = 0;
+    o.crash_point = crash;
+    auto c = DiskCache::Open(o, &registry_);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    cache_ = std::move(c).value();
+  }
+
+  fs::path dir_;
+  prometheus::Registry registry_;
+  std::unique_ptr<DiskCache> cache_;
+};
+
+TEST(Crc32cTest, KnownValues) {
+  EXPECT_EQ(Crc32c("123456789", 9), 0xE3069283u);  // the standard check value
+  EXPECT_EQ(Crc32c("", 0), 0u);
+  std::string s(1000, 'x');
+  EXPECT_EQ(Crc32c(s.data() + 3, 997), Crc32c(s.data() + 3, 997));
+  EXPECT_EQ(Crc32c(s.data(), 1000), Crc32c(s.data() + 500, 500, Crc32c(s.data(), 500)));
+}
+
+TEST_F(DiskCacheTest, RoundTripSurvivesRestart) {
+  Open();
+  ASSERT_TRUE(cache_->Put(Key(1), *Bytes(5000, 'a')).ok());
+  ASSERT_TRUE(cache_->Put(Key(2), *Bytes(10, 'b')).ok());
+  Open();  // a restarted daemon
+  EXPECT_EQ(cache_->entries(), 2u);
+  EXPECT_EQ(cache_->bytes(), 5010u);
+  Result<BufferRef> got = cache_->Get(Key(1));
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(std::memcmp((*got)->data.get(), Bytes(5000, 'a')->data.get(), 5000), 0);
+  EXPECT_TRUE(cache_->Get(Key(3)).status().IsNotFound());
+}
+
+TEST_F(DiskCacheTest, CrashAfterTempWriteLeavesNoEntryAndNoFiles) {
+  Open(1 << 20, DiskCache::Options::CrashPoint::kAfterTempWrite);
+  EXPECT_FALSE(cache_->Put(Key(1), *Bytes(100, 'a')).ok());
+  Open();
+  EXPECT_EQ(cache_->entries(), 0u);
+  EXPECT_EQ(cache_->bytes(), 0u);
+  EXPECT_EQ(FilesIn(dir_ / "tmp"), 0u);
+  EXPECT_EQ(FilesIn(dir_ / "data"), 0u);
+}
+
+TEST_F(DiskCacheTest, CrashAfterRenameRemovesTheOrphan) {
+  Open(1 << 20, DiskCache::Options::CrashPoint::kAfterRename);
+  EXPECT_FALSE(cache_->Put(Key(1), *Bytes(100, 'a')).ok());
+  EXPECT_EQ(FilesIn(dir_ / "data"), 1u);  // data written, never indexed
+  Open();
+  EXPECT_EQ(cache_->entries(), 0u);
+  EXPECT_EQ(FilesIn(dir_ / "data"), 0u);
+}
+
+TEST_F(DiskCacheTest, IndexEntryWithoutDataIsDropped) {
+  Open();
+  ASSERT_TRUE(cache_->Put(Key(1), *Bytes(100, 'a')).ok());
+  ASSERT_TRUE(cache_->Put(Key(2), *Bytes(100, 'b')).ok());
+  const std::string file = cache_->DataFileOf(Key(1));
+  cache_.reset();
+  fs::remove(file);
+  Open();
+  EXPECT_EQ(cache_->entries(), 1u);
+  EXPECT_FALSE(cache_->Contains(Key(1)));
+  EXPECT_TRUE(cache_->Get(Key(2)).ok());
+}
+
+TEST_F(DiskCacheTest, CorruptionIsDetectedAndDropped) {
+  Open();
+  ASSERT_TRUE(cache_->Put(Key(1), *Bytes(4096, 'a')).ok());
+  {
+    std::fstream f(cache_->DataFileOf(Key(1)), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(1234);
+    f.put('\xff');
+  }
+  EXPECT_TRUE(cache_->Get(Key(1)).status().IsNotFound());
+  EXPECT_EQ(cache_->corruptions(), 1u);
+  EXPECT_FALSE(cache_->Contains(Key(1)));
+  ASSERT_TRUE(cache_->Put(Key(1), *Bytes(4096, 'a')).ok());  // refetched data can go back
+  EXPECT_TRUE(cache_->Get(Key(1)).ok());
+}
+
+TEST_F(DiskCacheTest, BudgetAndLruOrder) {
+  Open(/*capacity=*/4000);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(cache_->Put(Key(i), *Bytes(1000, 'a')).ok());
+  ASSERT_TRUE(cache_->Get(Key(0)).ok());  // 1 is now the least recently used
+  ASSERT_TRUE(cache_->Put(Key(4), *Bytes(1000, 'e')).ok());
+  EXPECT_LE(cache_->bytes(), 4000u);
+  EXPECT_FALSE(cache_->Contains(Key(1)));
+  EXPECT_TRUE(cache_->Contains(Key(0)));
+  EXPECT_TRUE(cache_->Contains(Key(4)));
+  EXPECT_FALSE(cache_->Put(Key(9), *Bytes(5000, 'z')).ok());  // larger than the tier
+}
+
+TEST_F(DiskCacheTest, AsyncPutsAreWrittenByTheWriter) {
+  Open();
+  for (int i = 0; i < 20; ++i) cache_->PutAsync(Key(i), Bytes(2000, static_cast<char>(i)));
+  cache_->Flush();
+  EXPECT_EQ(cache_->entries(), 20u);
+  Result<BufferRef> got = cache_->Get(Key(7));
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ((*got)->data.get()[0], 7);
+}
+
+TEST_F(DiskCacheTest, SecondOpenOfTheSameDirectoryFailsClearly) {
+  Open();
+  DiskCache::Options o;
+  o.dir = dir_;
+  o.capacity_bytes = 1 << 20;
+  auto second = DiskCache::Open(o, nullptr);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("cache.disk_dir"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace cubetorchfs::cache
