@@ -95,6 +95,18 @@ class Backend {
 // A backend over the directory `root`. Fails if `root` is not a readable directory.
 Result<std::unique_ptr<Backend>> NewPosixBackend(const std::string& root);
 
+// A backend over an S3 bucket (conf::S3Options says where, see s3_backend.cc for the mapping
+// of keys to files). Credentials: opts.access_key/secret_key, else the environment's
+// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN); with none, requests go
+// unsigned. Makes no request: an unreachable store shows in the first call.
+Result<std::unique_ptr<Backend>> NewS3Backend(const conf::S3Options& opts);
+
+// Lists one key of the bucket `opts` names, with at most one retry and a 10 s timeout, for a
+// start-up check. The error names the config key at fault: backend.endpoint (no answer, not
+// S3), backend.bucket (no such bucket, or access to it refused), backend.access_key or
+// backend.secret_key (rejected credentials), backend.region (a region the store refuses).
+Status CheckS3Backend(const conf::S3Options& opts);
+
 // Counters of the fault-injection wrapper, for tests and benchmarks.
 struct InjectCounters {
   uint64_t requests = 0;       // every call that reached the wrapper
@@ -114,7 +126,7 @@ std::unique_ptr<Backend> NewInjectBackend(std::unique_ptr<Backend> base,
 std::unique_ptr<Backend> NewMeteredBackend(std::unique_ptr<Backend> base,
                                            prometheus::Registry& registry, Clock* clock);
 
-// Builds the backend described by `opts` (posix), with injection if configured, metered.
+// Builds the backend described by `opts` (posix or s3), with injection if configured, metered.
 Result<std::unique_ptr<Backend>> NewBackend(const conf::BackendOptions& opts,
                                             prometheus::Registry& registry, Clock* clock);
 

@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "common/logging.h"
 
@@ -169,14 +170,77 @@ Status ParseInject(const YAML::Node& node, InjectOptions* o) {
                     });
 }
 
-Status ParseBackend(const YAML::Node& node, BackendOptions* o) {
-  return ForEachKey(node, "backend", {"type", "root", "inject"},
+// Keys of the s3 backend; set_s3_keys collects those present (an error with type posix).
+const std::set<std::string> kS3Keys = {"endpoint",   "bucket",         "region",     "prefix",
+                                       "path_style", "access_key",     "secret_key", "timeout_ms",
+                                       "retries",    "max_connections"};
+
+Status ParseBackend(const YAML::Node& node, BackendOptions* o, std::vector<std::string>* s3_set) {
+  std::set<std::string> known = {"type", "root", "inject"};
+  known.insert(kS3Keys.begin(), kS3Keys.end());
+  S3Options* s3 = &o->s3;
+  return ForEachKey(node, "backend", known,
                     [&](const std::string& k, const YAML::Node& v, const std::string& key) {
+                      if (kS3Keys.count(k)) s3_set->push_back(k);
                       if (k == "type") CTFS_ASSIGN(o->type, GetString(v, key));
                       if (k == "root") CTFS_ASSIGN(o->root, GetString(v, key));
                       if (k == "inject") return ParseInject(v, &o->inject);
+                      if (k == "endpoint") CTFS_ASSIGN(s3->endpoint, GetString(v, key));
+                      if (k == "bucket") CTFS_ASSIGN(s3->bucket, GetString(v, key));
+                      if (k == "region") CTFS_ASSIGN(s3->region, GetString(v, key));
+                      if (k == "prefix") CTFS_ASSIGN(s3->prefix, GetString(v, key));
+                      if (k == "path_style") CTFS_ASSIGN(s3->path_style, GetBool(v, key));
+                      if (k == "access_key") CTFS_ASSIGN(s3->access_key, GetString(v, key));
+                      if (k == "secret_key") CTFS_ASSIGN(s3->secret_key, GetString(v, key));
+                      if (k == "timeout_ms") {
+                        CTFS_ASSIGN(s3->timeout_ms, GetUint(v, key, 3'600'000));
+                        if (s3->timeout_ms == 0) return Bad(key, "must be at least 1");
+                      }
+                      if (k == "retries") {
+                        uint64_t n = 0;
+                        CTFS_ASSIGN(n, GetUint(v, key, 20));
+                        s3->retries = static_cast<uint32_t>(n);
+                      }
+                      if (k == "max_connections") {
+                        uint64_t n = 0;
+                        CTFS_ASSIGN(n, GetUint(v, key, 4096));
+                        if (n == 0) return Bad(key, "must be at least 1");
+                        s3->max_connections = static_cast<uint32_t>(n);
+                      }
                       return Status::OK();
                     });
+}
+
+bool HasAny(const std::string& s, const char* chars) {
+  return s.find_first_of(chars) != std::string::npos;
+}
+
+// The s3 backend's keys, once the defaults are filled in.
+Status ValidateS3(const S3Options& s3) {
+  const std::string& e = s3.endpoint;
+  if (e.empty())
+    return Bad("backend.endpoint", "required for the s3 backend (e.g. \"http://127.0.0.1:9000\")");
+  const size_t scheme = e.rfind("http://", 0) == 0 ? 7 : e.rfind("https://", 0) == 0 ? 8 : 0;
+  if (scheme == 0)
+    return Bad("backend.endpoint", "must start with http:// or https://, got \"" + e + "\"");
+  if (e.size() == scheme || e[scheme] == '/' || e[scheme] == ':')
+    return Bad("backend.endpoint", "names no host: \"" + e + "\"");
+  if (HasAny(e, " \t\r\n?#@"))
+    return Bad(
+        "backend.endpoint",
+        "must be scheme://host[:port][/path], without spaces, '?', '#' or '@': \"" + e + "\"");
+  if (s3.bucket.empty()) return Bad("backend.bucket", "must not be empty");
+  if (HasAny(s3.bucket, "/ \t\r\n?#\\"))
+    return Bad("backend.bucket", "not a bucket name: \"" + s3.bucket + "\"");
+  if (s3.region.empty() || HasAny(s3.region, ": \t\r\n/"))
+    return Bad("backend.region", "not a region name: \"" + s3.region + "\"");
+  if (!s3.prefix.empty() && s3.prefix[0] == '/')
+    return Bad("backend.prefix", "must not start with '/' (keys have no leading slash)");
+  if (s3.access_key.empty() != s3.secret_key.empty())
+    return Bad(s3.access_key.empty() ? "backend.access_key" : "backend.secret_key",
+               "required with " + std::string(s3.access_key.empty() ? "backend.secret_key"
+                                                                    : "backend.access_key"));
+  return Status::OK();
 }
 
 Status ParseCache(const YAML::Node& node, CacheOptions* o) {
@@ -252,18 +316,27 @@ Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
                     });
 }
 
-Status Validate(const Config& c) {
+// `s3_set`: the s3 backend's keys present in the file.
+Status Validate(const Config& c, const std::vector<std::string>& s3_set) {
   if (c.vol_name.empty()) return Bad("volName", "required (the volume or bucket name)");
   if (c.vol_name.find('/') != std::string::npos || c.vol_name == "." || c.vol_name == "..")
     return Bad("volName", "must not contain '/'");
-  if (c.backend.type == "s3")
-    return Bad("backend.type", "\"s3\" is not available in this build yet; use \"posix\"");
-  if (c.backend.type != "posix")
-    return Bad("backend.type", "unknown backend \"" + c.backend.type + "\" (known: posix)");
-  if (c.backend.root.empty()) return Bad("backend.root", "required for the posix backend");
+  if (c.backend.type == "posix") {
+    if (c.backend.root.empty()) return Bad("backend.root", "required for the posix backend");
+    if (!s3_set.empty())
+      return Bad("backend." + s3_set.front(), "only for the s3 backend (backend.type: s3)");
+  } else if (c.backend.type == "s3") {
+    if (!c.backend.root.empty())
+      return Bad("backend.root", "not used by the s3 backend (it serves backend.bucket)");
+    CTFS_RETURN_IF_ERROR(ValidateS3(c.backend.s3));
+  } else {
+    return Bad("backend.type", "unknown backend \"" + c.backend.type + "\" (known: posix, s3)");
+  }
   if (c.cache.memory_bytes < (1u << 20)) return Bad("cache.memory_bytes", "must be at least 1MiB");
   if (c.cache.chunk_bytes < (64u << 10) || c.cache.chunk_bytes > (1ull << 30))
     return Bad("cache.chunk_bytes", "must be between 64KiB and 1GiB");
+  if (!c.cache.disk_dir.empty() && c.cache.disk_bytes == 0)
+    return Bad("cache.disk_bytes", "required (above 0) when cache.disk_dir is set");
   if (c.cache.chunk_bytes % 4096 != 0)
     return Bad("cache.chunk_bytes", "must be a multiple of 4KiB");
   if (Result<LogLevel> level = ParseLogLevel(c.log_level); !level.ok())
@@ -279,6 +352,7 @@ Result<Config> ParseNode(const YAML::Node& root) {
   if (!root.IsMap()) return Bad("config", "must be an object at the top level");
   Config c;
   FuseExplicit fuse_set;
+  std::vector<std::string> s3_set;
   std::optional<YAML::Node> cubefs_rdonly, cubefs_lookup, cubefs_attr;
   for (const auto& kv : root) {
     std::string k = Scalar(kv.first);
@@ -298,7 +372,7 @@ Result<Config> ParseNode(const YAML::Node& root) {
       if (!(v.IsScalar() && v.Scalar().empty())) CTFS_ASSIGN(port, GetUint(v, k, 65535));
       (k == "exporterPort" ? c.exporter_port : c.prof_port) = static_cast<uint16_t>(port);
     } else if (k == "backend")
-      CTFS_RETURN_IF_ERROR(ParseBackend(v, &c.backend));
+      CTFS_RETURN_IF_ERROR(ParseBackend(v, &c.backend, &s3_set));
     else if (k == "cache")
       CTFS_RETURN_IF_ERROR(ParseCache(v, &c.cache));
     else if (k == "prefetch")
@@ -326,7 +400,12 @@ Result<Config> ParseNode(const YAML::Node& root) {
     CTFS_ASSIGN(c.fuse.entry_timeout_s, GetDouble(*cubefs_lookup, "lookupValid", 0, 86400));
   if (cubefs_attr && !fuse_set.attr)
     CTFS_ASSIGN(c.fuse.attr_timeout_s, GetDouble(*cubefs_attr, "attrValid", 0, 86400));
-  CTFS_RETURN_IF_ERROR(Validate(c));
+  if (c.backend.s3.bucket.empty()) c.backend.s3.bucket = c.vol_name;
+  while (!c.backend.s3.prefix.empty() && c.backend.s3.prefix.back() == '/')
+    c.backend.s3.prefix.pop_back();
+  while (!c.backend.s3.endpoint.empty() && c.backend.s3.endpoint.back() == '/')
+    c.backend.s3.endpoint.pop_back();
+  CTFS_RETURN_IF_ERROR(Validate(c, s3_set));
   return c;
 }
 

@@ -18,9 +18,25 @@ struct InjectOptions {
   uint64_t seed = 1;        // seeds the error draw so runs repeat. Default: 1.
 };
 
+// backend.* keys of type "s3": an S3-compatible object store (AWS S3, MinIO, a CubeFS
+// ObjectNode). Key `prefix/a/b.jpg` of the bucket is file `a/b.jpg` of the mount.
+struct S3Options {
+  std::string endpoint;              // "http(s)://host[:port]". Required.
+  std::string bucket;                // Default: volName.
+  std::string region = "us-east-1";  // signs requests (SigV4). Default: us-east-1.
+  std::string prefix;                // key prefix served as the root, no leading '/'. Default: "".
+  bool path_style = true;            // endpoint/bucket/key; false: bucket.host/key. Default: true.
+  std::string access_key;            // Default: $AWS_ACCESS_KEY_ID; none: unsigned requests.
+  std::string secret_key;            // Default: $AWS_SECRET_ACCESS_KEY.
+  uint64_t timeout_ms = 30000;       // limit of one request attempt. Default: 30000.
+  uint32_t retries = 4;              // retries of a failed request (5xx, 429, network). Default: 4.
+  uint32_t max_connections = 64;     // parallel requests (pooled connections). Default: 64.
+};
+
 struct BackendOptions {
-  std::string type = "posix";  // "posix" (a directory tree). Default: posix.
+  std::string type = "posix";  // "posix" (a directory tree) or "s3". Default: posix.
   std::string root;            // posix: the directory served. Required for posix.
+  S3Options s3;                // s3: where the objects are.
   InjectOptions inject;
 };
 

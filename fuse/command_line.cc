@@ -59,6 +59,7 @@ Result<CommandLine> ParseCommandLine(const std::vector<std::string>& args) {
 std::string UsageText() {
   return R"(usage: cubetorchfs -c CONFIG [MOUNTPOINT] [-f] [-d] [-o OPT[,OPT...]]
        cubetorchfs CONFIG MOUNTPOINT [-o OPT[,OPT...]]
+       cubetorchfs warmup -c CONFIG (DIR | --list FILE) [--jobs N]
        cubetorchfs --version | --help
 
 Mounts the store described by CONFIG (JSON or YAML) at MOUNTPOINT (default: the config's

@@ -22,7 +22,8 @@ Result<std::unique_ptr<FileSystem>> FileSystem::New(const Options& options,
                                                     cfs_client::Backend* backend,
                                                     cache::RamCache* cache,
                                                     prefetch::Prefetcher* prefetcher, Clock* clock,
-                                                    prometheus::Registry& registry) {
+                                                    prometheus::Registry& registry,
+                                                    cache::DiskCache* disk) {
   Result<cfs_client::FileAttr> root = backend->Stat("");
   cfs_client::FileAttr root_attr;
   if (root.ok()) {
@@ -38,16 +39,18 @@ Result<std::unique_ptr<FileSystem>> FileSystem::New(const Options& options,
     return root.status();
   }
   return std::unique_ptr<FileSystem>(
-      new FileSystem(options, backend, cache, prefetcher, clock, registry, root_attr));
+      new FileSystem(options, backend, cache, prefetcher, clock, registry, root_attr, disk));
 }
 
 FileSystem::FileSystem(const Options& options, cfs_client::Backend* backend, cache::RamCache* cache,
                        prefetch::Prefetcher* prefetcher, Clock* clock,
-                       prometheus::Registry& registry, const cfs_client::FileAttr& root_attr)
+                       prometheus::Registry& registry, const cfs_client::FileAttr& root_attr,
+                       cache::DiskCache* disk)
     : options_(options),
       backend_(backend),
       cache_(cache),
       prefetcher_(prefetcher),
+      disk_(disk),
       clock_(clock),
       inodes_(root_attr, clock->NowNanos()) {
   auto& bytes = prometheus::BuildCounter()
@@ -55,7 +58,7 @@ FileSystem::FileSystem(const Options& options, cfs_client::Backend* backend, cac
                     .Help("Bytes returned by FUSE reads, by where they came from")
                     .Register(registry);
   bytes_ram_ = &bytes.Add({{"source", "ram"}});
-  bytes.Add({{"source", "disk"}});  // exported as 0 until the NVMe tier exists
+  bytes_disk_ = &bytes.Add({{"source", "disk"}});
   bytes_backend_ = &bytes.Add({{"source", "backend"}});
 }
 
@@ -164,6 +167,7 @@ Result<ReadResult> FileSystem::Read(const FileHandle& handle, uint64_t offset, s
   const uint64_t chunk_bytes = options_.chunk_bytes;
   prefetch::ReadOutcome outcome = prefetch::ReadOutcome::kHit;
   uint64_t backend_bytes = 0;
+  uint64_t disk_bytes = 0;
   for (uint64_t chunk = offset / chunk_bytes; chunk * chunk_bytes < end; ++chunk) {
     const uint64_t chunk_begin = chunk * chunk_bytes;
     const size_t chunk_len = static_cast<size_t>(std::min(chunk_bytes, file_size - chunk_begin));
@@ -176,18 +180,30 @@ Result<ReadResult> FileSystem::Read(const FileHandle& handle, uint64_t offset, s
       buffer = std::move(w->buffer);
       if (w->waited) outcome = std::max(outcome, prefetch::ReadOutcome::kLate);
     } else {
+      const std::string key = cache::ChunkKey(handle.path, handle.version, chunk);
+      bool from_disk = false;
       Result<cache::Lookup> got = cache_->GetOrFetch(
-          cache::ChunkKey(handle.path, handle.version, chunk), [&]() -> Result<cache::BufferRef> {
+          key, [&]() -> Result<cache::BufferRef> {
+            if (disk_ != nullptr) {
+              Result<cache::BufferRef> d = disk_->Get(key);
+              if (d.ok() && (*d)->size == chunk_len) {
+                from_disk = true;
+                return d;
+              }
+            }
             std::shared_ptr<cache::Buffer> buf = cache::Buffer::Allocate(chunk_len);
             Result<size_t> n = backend_->Read(handle.path, handle.version, chunk_begin,
                                               chunk_len, buf->data.get());
             if (!n.ok()) return n.status();
             if (n.value() != chunk_len)
               return Status::Stale(handle.path + ": file shorter than its size in the store");
+            if (disk_ != nullptr) disk_->PutAsync(key, buf);  // kept for later runs
             return cache::BufferRef(std::move(buf));
           });
       if (!got.ok()) return got.status();
-      if (got->served != cache::Served::kCached) {
+      if (from_disk) {  // no wait on the backend: still a hit
+        disk_bytes += to - from;
+      } else if (got->served != cache::Served::kCached) {
         outcome = prefetch::ReadOutcome::kMiss;
         backend_bytes += to - from;
       }
@@ -198,7 +214,8 @@ Result<ReadResult> FileSystem::Read(const FileHandle& handle, uint64_t offset, s
   const size_t total = out.size();
   prefetcher_->OnRead(handle.path, handle.version, offset, total, outcome);
   bytes_backend_->Increment(static_cast<double>(backend_bytes));
-  bytes_ram_->Increment(static_cast<double>(total - backend_bytes));
+  bytes_disk_->Increment(static_cast<double>(disk_bytes));
+  bytes_ram_->Increment(static_cast<double>(total - backend_bytes - disk_bytes));
   return out;
 }
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/disk_cache.h"
 #include "cache/ram_cache.h"
 #include "cfs_client/backend.h"
 #include "common/clock.h"
@@ -80,7 +81,8 @@ class FileSystem {
                                                  cfs_client::Backend* backend,
                                                  cache::RamCache* cache,
                                                  prefetch::Prefetcher* prefetcher, Clock* clock,
-                                                 prometheus::Registry& registry);
+                                                 prometheus::Registry& registry,
+                                                 cache::DiskCache* disk = nullptr);
   ~FileSystem();
 
   Result<Entry> Lookup(uint64_t parent, const std::string& name);  // adds one lookup
@@ -106,7 +108,7 @@ class FileSystem {
  private:
   FileSystem(const Options& options, cfs_client::Backend* backend, cache::RamCache* cache,
              prefetch::Prefetcher* prefetcher, Clock* clock, prometheus::Registry& registry,
-             const cfs_client::FileAttr& root_attr);
+             const cfs_client::FileAttr& root_attr, cache::DiskCache* disk);
 
   Result<InodeInfo> GetInode(uint64_t ino);
   // The inode's attributes, re-read from the store when older than attr_timeout_s.
@@ -117,11 +119,13 @@ class FileSystem {
   cfs_client::Backend* const backend_;
   cache::RamCache* const cache_;
   prefetch::Prefetcher* const prefetcher_;
+  cache::DiskCache* const disk_;  // the NVMe tier, or null
   Clock* const clock_;
   InodeTable inodes_;
 
   // Owned by the registry.
   prometheus::Counter* bytes_ram_;
+  prometheus::Counter* bytes_disk_;
   prometheus::Counter* bytes_backend_;
 };
 

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
@@ -25,6 +26,7 @@
 #include "fuse/command_line.h"
 #include "fuse/control_file.h"
 #include "fuse/fuse_ops.h"
+#include "fuse/warmup.h"
 #include "prefetch/control_server.h"
 #include "prefetch/prefetcher.h"
 
@@ -146,27 +148,47 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
 
   Result<std::unique_ptr<cfs_client::Backend>> backend =
       cfs_client::NewBackend(config.backend, *registry, SystemClock());
-  if (!backend.ok()) return Fail(kExitBadConfig, "backend.root: " + backend.status().message());
+  if (!backend.ok())
+    return Fail(kExitBadConfig, (config.backend.type == "posix" ? "backend.root: " : "") +
+                                    backend.status().message());
   // The prefetch window is carved out of the RAM budget; the LRU gets the rest.
   const uint64_t window_budget =
       config.prefetch.enabled
           ? std::min(config.prefetch.window_bytes, config.cache.memory_bytes / 2)
           : 0;
-  std::unique_ptr<cache::RamCache> cache = cache::RamCache::New(
-      {config.cache.memory_bytes - window_budget, config.cache.chunk_bytes}, registry.get());
+  std::unique_ptr<cache::DiskCache> disk;
+  if (!config.cache.disk_dir.empty()) {
+    cache::DiskCache::Options disk_options;
+    disk_options.dir = config.cache.disk_dir;
+    disk_options.capacity_bytes = config.cache.disk_bytes;
+    Result<std::unique_ptr<cache::DiskCache>> opened =
+        cache::DiskCache::Open(disk_options, registry.get());
+    if (!opened.ok()) return Fail(kExitBadConfig, opened.status().message());
+    disk = std::move(opened).value();
+  }
+  cache::RamCache::Options ram_options;
+  ram_options.capacity_bytes = config.cache.memory_bytes - window_budget;
+  ram_options.max_entry_bytes = config.cache.chunk_bytes;
+  if (disk) {  // RAM evictions are demoted to the NVMe tier, written by its own thread
+    cache::DiskCache* tier = disk.get();
+    ram_options.on_evict = [tier](const std::string& key, const cache::BufferRef& buffer) {
+      if (!tier->Contains(key)) tier->PutAsync(key, buffer);
+    };
+  }
+  std::unique_ptr<cache::RamCache> cache = cache::RamCache::New(ram_options, registry.get());
   prefetch::Prefetcher::Options pf_options;
   pf_options.prefetch = config.prefetch;
   pf_options.chunk_bytes = config.cache.chunk_bytes;
   pf_options.window_budget_bytes = window_budget;
   pf_options.attr_timeout_s = config.fuse.attr_timeout_s;
   prefetch::Prefetcher prefetcher(pf_options, backend->get(), cache.get(), SystemClock(),
-                                  registry.get());
+                                  registry.get(), disk.get());
   FileSystem::Options fs_options;
   fs_options.attr_timeout_s = config.fuse.attr_timeout_s;
   fs_options.keep_cache = config.fuse.keep_cache;
   fs_options.chunk_bytes = config.cache.chunk_bytes;
   Result<std::unique_ptr<FileSystem>> fs = FileSystem::New(
-      fs_options, backend->get(), cache.get(), &prefetcher, SystemClock(), *registry);
+      fs_options, backend->get(), cache.get(), &prefetcher, SystemClock(), *registry, disk.get());
   if (!fs.ok()) return Fail(kExitBadConfig, "backend.root: " + fs.status().message());
 
   prefetch::ControlServer::Options control_options;
@@ -176,11 +198,15 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   control_options.prof_port = config.prof_port;
   control_options.mount_point = config.mount_point;
   FileSystem* filesystem = fs->get();
+  std::unique_ptr<prefetch::Warmer> warmer;
+  if (disk) warmer = std::make_unique<prefetch::Warmer>(backend->get(), disk.get(),
+                                                        config.cache.chunk_bytes);
   Result<std::unique_ptr<prefetch::ControlServer>> control = prefetch::ControlServer::Start(
       control_options, &prefetcher, cache.get(),
       [filesystem](const std::string& path, uint64_t max_bytes) {
         return filesystem->ReadWholeFile(path, max_bytes);
-      });
+      },
+      warmer.get());
   if (!control.ok()) return Fail(kExitBadConfig, control.status().message());
 
   FuseContext ctx(fs->get(), config.fuse, *registry);
@@ -217,7 +243,10 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   if (Status s = WriteControlFile(control_path, info); !s.ok())
     CTFS_LOG(kWarn) << "control file not written, the Python hook will not find this mount: "
                     << s.ToString();
-  CTFS_LOG(kInfo) << "mounted " << config.backend.root << " at " << config.mount_point
+  const std::string store = config.backend.type == "posix"
+                                ? config.backend.root
+                                : config.backend.s3.endpoint + "/" + config.backend.s3.bucket;
+  CTFS_LOG(kInfo) << "mounted " << store << " at " << config.mount_point
                   << " (volume " << config.vol_name << ", cache " << config.cache.memory_bytes
                   << " bytes)";
   ready.Ready();
@@ -233,6 +262,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   fuse_session_unmount(se.get());
   fuse_remove_signal_handlers(se.get());
   control->reset();  // closes the listeners and removes the socket file
+  if (disk) disk->Flush();  // chunks already queued reach the NVMe tier (at most 32 MiB)
   RemoveControlFile(control_path, info.pid);
   CTFS_LOG(kInfo) << "exiting";
   // Skip the destructors: the metrics listener's shutdown waits up to 2 s for its poll loop,
@@ -241,6 +271,8 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
 }
 
 int Main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "warmup")
+    return RunWarmup(std::vector<std::string>(argv + 2, argv + argc));
   Result<CommandLine> cl = ParseCommandLine(std::vector<std::string>(argv + 1, argv + argc));
   if (!cl.ok()) return Fail(kExitBadConfig, cl.status().message());
   if (cl->help) {
@@ -265,14 +297,21 @@ int Main(int argc, char** argv) {
     return Fail(kExitBadConfig, "mountPoint: " + config.mount_point + " is not a directory");
   config.mount_point = mp.value();
 
-  // The backend root is checked before detaching so a bad one is reported on this terminal.
-  Result<std::string> root = RealPath(config.backend.root);
-  if (!root.ok())
-    return Fail(kExitBadConfig,
-                "backend.root: " + config.backend.root + ": " + root.status().message());
-  config.backend.root = root.value();
-  if (auto probe = cfs_client::NewPosixBackend(config.backend.root); !probe.ok())
-    return Fail(kExitBadConfig, "backend.root: " + probe.status().message());
+  // The backend is checked before detaching so a bad one is reported on this terminal.
+  if (config.backend.type == "posix") {
+    Result<std::string> root = RealPath(config.backend.root);
+    if (!root.ok())
+      return Fail(kExitBadConfig,
+                  "backend.root: " + config.backend.root + ": " + root.status().message());
+    config.backend.root = root.value();
+    if (auto probe = cfs_client::NewPosixBackend(config.backend.root); !probe.ok())
+      return Fail(kExitBadConfig, "backend.root: " + probe.status().message());
+  } else if (Status probe = cfs_client::CheckS3Backend(config.backend.s3); !probe.ok()) {
+    return Fail(kExitBadConfig, probe.message());  // names backend.endpoint, .bucket, ...
+  }
+
+  if (!config.cache.disk_dir.empty())  // the daemon runs from "/" once detached
+    config.cache.disk_dir = std::filesystem::absolute(config.cache.disk_dir).lexically_normal();
 
   LogLevel level = cl->debug ? LogLevel::kDebug : ParseLogLevel(config.log_level).value();
   std::string log_path;

@@ -28,8 +28,11 @@ namespace {
 constexpr uint64_t kMaxBody = 16ull << 20;
 constexpr std::chrono::seconds kIdleTimeout{30};
 constexpr int kMaxConnections = 256;
-// One /batchdownload reply is built in memory; at most 4 run at once (the pool).
+// One /batchdownload reply is built in memory.
 constexpr uint64_t kMaxBatchReply = 256ull << 20;
+// Threads for requests that touch file data (/batchdownload, /v1/warmup). Each builds at
+// most one reply of kMaxBatchReply for /batchdownload.
+constexpr int kPoolThreads = 8;
 
 Response JsonResponse(http::status status, const json& body, unsigned version) {
   Response res{status, version};
@@ -120,12 +123,13 @@ class Session : public std::enable_shared_from_this<Session<Protocol>> {
 class ServerImpl final : public ControlServer {
  public:
   ServerImpl(const Options& options, Prefetcher* prefetcher, cache::RamCache* ram,
-             FileReader reader)
+             FileReader reader, Warmer* warmer)
       : options_(options),
         prefetcher_(prefetcher),
         ram_(ram),
         reader_(std::move(reader)),
-        pool_(4),
+        warmer_(warmer),
+        pool_(kPoolThreads),
         unix_acceptor_(ioc_),
         tcp_acceptor_(ioc_) {}
 
@@ -179,12 +183,13 @@ class ServerImpl final : public ControlServer {
 
   // Answers `req`, calling `done` with the response on the Asio thread.
   void Dispatch(Request req, const asio::any_io_executor& ex, std::function<void(Response)> done) {
-    if (req.method() == http::verb::post && req.target() == "/batchdownload/path") {
+    if (req.method() == http::verb::post &&
+        (req.target() == "/batchdownload/path" || req.target() == "/v1/warmup")) {
       // Reads file data: off the Asio thread.
       asio::post(pool_, [this, req = std::move(req), ex, done = std::move(done)]() mutable {
         Response res;
         try {
-          res = BatchDownload(req);
+          res = req.target() == "/v1/warmup" ? Warmup(req) : BatchDownload(req);
         } catch (const std::exception& e) {  // e.g. bad_alloc: fail this request only
           res = Error(http::status::internal_server_error, e.what(), req.version());
         }
@@ -382,6 +387,38 @@ class ServerImpl final : public ControlServer {
     return res;
   }
 
+  Response Warmup(const Request& req) {
+    const unsigned v = req.version();
+    if (warmer_ == nullptr)
+      return Error(http::status::unprocessable_entity,
+                   "no NVMe tier configured (cache.disk_dir): nothing to warm", v);
+    json body = json::parse(req.body(), nullptr, false);
+    if (!body.is_object() || !body.contains("paths"))
+      return Error(http::status::bad_request, "body must be {\"paths\": [...]}", v);
+    uint64_t rejected = 0;
+    std::string why;
+    std::optional<std::vector<std::string>> paths = StorePaths(body["paths"], &rejected, &why);
+    if (!paths) return Error(http::status::bad_request, why, v);
+    uint64_t fetched = 0, skipped = 0, failed = rejected, bytes = 0;
+    json errors = json::array();
+    for (const auto& p : *paths) {
+      Result<WarmResult> r = warmer_->WarmFile(p);
+      if (!r.ok()) {
+        ++failed;
+        if (errors.size() < 10) errors.push_back(r.status().message());
+      } else if (r->fetched) {
+        ++fetched;
+        bytes += r->bytes;
+      } else {
+        ++skipped;
+      }
+    }
+    return JsonResponse(http::status::ok,
+                        json{{"fetched", fetched}, {"skipped", skipped}, {"failed", failed},
+                             {"bytes", bytes}, {"errors", errors}},
+                        v);
+  }
+
   json StatsJson() {
     Stats s = prefetcher_->GetStats();
     json streams = json::array();
@@ -418,6 +455,7 @@ class ServerImpl final : public ControlServer {
   Prefetcher* const prefetcher_;
   cache::RamCache* const ram_;
   const FileReader reader_;
+  Warmer* const warmer_;
   asio::io_context ioc_;
   asio::thread_pool pool_;
   asio::local::stream_protocol::acceptor unix_acceptor_;
@@ -497,8 +535,9 @@ void Session<Protocol>::Write(Response res, bool keep_alive) {
 Result<std::unique_ptr<ControlServer>> ControlServer::Start(const Options& options,
                                                             Prefetcher* prefetcher,
                                                             cache::RamCache* ram,
-                                                            FileReader reader) {
-  auto server = std::make_unique<ServerImpl>(options, prefetcher, ram, std::move(reader));
+                                                            FileReader reader, Warmer* warmer) {
+  auto server =
+      std::make_unique<ServerImpl>(options, prefetcher, ram, std::move(reader), warmer);
   Status s = server->Listen();
   if (!s.ok()) return s;
   return std::unique_ptr<ControlServer>(std::move(server));

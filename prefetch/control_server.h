@@ -8,6 +8,8 @@
 //   POST   /prefetch/read/path      [[abs_path, ...], ...]      -> 200 "prefetching.\n"
 //   POST   /register/pid, /unregister/pid   [pid, ...]          -> 200
 //   POST   /batchdownload/path      [[path, ...]]               -> 200 framed file contents
+//   POST   /v1/warmup               {"paths": [str, ...]}       -> 200 {"fetched", "skipped",
+//                                     "failed", "bytes", "errors"}: fills the NVMe tier
 //
 // Errors are JSON {"error": "..."}: 400 malformed, 404 unknown stream or route, 405 wrong
 // method, 413 body over 16 MiB, 422 no path inside the mount. Both listeners serve every
@@ -26,6 +28,7 @@
 #include "cache/ram_cache.h"
 #include "common/status.h"
 #include "prefetch/prefetcher.h"
+#include "prefetch/warmer.h"
 
 namespace cubetorchfs::prefetch {
 
@@ -46,10 +49,11 @@ class ControlServer {
       std::function<Result<std::string>(const std::string& store_path, uint64_t max_bytes)>;
 
   // Binds the listeners and starts serving. Fails naming the socket or port it could not
-  // bind. `prefetcher` and `ram` must outlive the server.
+  // bind. `prefetcher`, `ram` and `warmer` (null without an NVMe tier) must outlive the server.
   static Result<std::unique_ptr<ControlServer>> Start(const Options& options,
                                                       Prefetcher* prefetcher,
-                                                      cache::RamCache* ram, FileReader reader);
+                                                      cache::RamCache* ram, FileReader reader,
+                                                      Warmer* warmer = nullptr);
   virtual ~ControlServer() = default;  // stops serving and removes the socket file
 };
 

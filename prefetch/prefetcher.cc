@@ -18,8 +18,9 @@ constexpr uint64_t kPartialReadIdleNs = 30 * kSecond;
 }  // namespace
 
 Prefetcher::Prefetcher(const Options& options, cfs_client::Backend* backend,
-                       cache::RamCache* ram, Clock* clock, prometheus::Registry* registry)
-    : options_(options), backend_(backend), ram_(ram), clock_(clock) {
+                       cache::RamCache* ram, Clock* clock, prometheus::Registry* registry,
+                       cache::DiskCache* disk)
+    : options_(options), backend_(backend), ram_(ram), disk_(disk), clock_(clock) {
   if (registry != nullptr) {
     auto& reads = prometheus::BuildCounter()
                       .Name("cubetorchfs_reads_total")
@@ -229,9 +230,25 @@ void Prefetcher::RunJob(const Job& job) {
   reserve(guess);
   l.unlock();
 
-  std::shared_ptr<cache::Buffer> first = cache::Buffer::Allocate(guess);
-  Result<cfs_client::Backend::Fetched> got =
-      backend_->StatRead(job.path, static_cast<size_t>(guess), first->data.get());
+  std::shared_ptr<cache::Buffer> first;
+  Result<cfs_client::Backend::Fetched> got = Status::NotFound("");
+  // With an NVMe tier, a file cached there (say, by an earlier run) costs only a metadata
+  // request to the store.
+  cache::BufferRef from_disk;
+  if (disk_ != nullptr) {
+    Result<cfs_client::FileAttr> attr = backend_->Stat(job.path);
+    if (attr.ok() && attr->IsRegular() && attr->size <= guess) {
+      Result<cache::BufferRef> d = disk_->Get(cache::ChunkKey(job.path, attr->Version(), 0));
+      if (d.ok() && (*d)->size == attr->size) {
+        from_disk = std::move(d).value();
+        got = cfs_client::Backend::Fetched{attr.value(), from_disk->size};
+      }
+    }
+  }
+  if (!from_disk) {
+    first = cache::Buffer::Allocate(guess);
+    got = backend_->StatRead(job.path, static_cast<size_t>(guess), first->data.get());
+  }
 
   l.lock();
   if (!got.ok()) {
@@ -246,15 +263,21 @@ void Prefetcher::RunJob(const Job& job) {
   e->attr_time_ns = clock_->NowNanos();
   e->state = State::kFetching;
   std::vector<cache::BufferRef> chunks;
+  bool from_disk_all = false;
   Status failure;
   if (size <= guess && got->bytes != size) {
     failure = Status::Stale(job.path + ": short read from the store");
   } else if (size <= guess) {
-    first->Shrink(size);
+    from_disk_all = static_cast<bool>(from_disk);
+    if (from_disk) {
+      chunks.push_back(std::move(from_disk));
+    } else {
+      first->Shrink(size);
+      chunks.push_back(std::move(first));
+    }
     window_bytes_ -= guess - size;
     if (window_gauge_) window_gauge_->Decrement(static_cast<double>(guess - size));
     e->reserved = size;
-    chunks.push_back(std::move(first));
   } else {
     first.reset();
     if (size > options_.window_budget_bytes) {  // can never fit: leave it to demand reads
@@ -285,11 +308,17 @@ void Prefetcher::RunJob(const Job& job) {
     const uint64_t chunk_bytes = options_.chunk_bytes;
     for (uint64_t off = 0; off < size; off += chunk_bytes) {
       const size_t len = static_cast<size_t>(std::min(chunk_bytes, size - off));
-      // A demand read may have fetched this chunk already.
-      if (cache::BufferRef cached =
-              ram_->Get(cache::ChunkKey(job.path, version, off / chunk_bytes))) {
+      // A demand read may have fetched this chunk already, or an NVMe tier hold it.
+      const std::string key = cache::ChunkKey(job.path, version, off / chunk_bytes);
+      if (cache::BufferRef cached = ram_->Get(key)) {
         chunks.push_back(std::move(cached));
         continue;
+      }
+      if (disk_ != nullptr) {
+        if (Result<cache::BufferRef> d = disk_->Get(key); d.ok() && (*d)->size == len) {
+          chunks.push_back(std::move(d).value());
+          continue;
+        }
       }
       std::shared_ptr<cache::Buffer> buf = cache::Buffer::Allocate(len);
       Result<size_t> n = backend_->Read(job.path, version, off, len, buf->data.get());
@@ -305,6 +334,12 @@ void Prefetcher::RunJob(const Job& job) {
     CTFS_LOG(kDebug) << "prefetch " << job.path << ": " << failure.ToString();
     FailLocked(window_.find(job.path));
     return;
+  }
+  if (disk_ != nullptr && !from_disk_all) {  // kept for later runs and epochs
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const std::string key = cache::ChunkKey(job.path, attr.Version(), i);
+      if (!disk_->Contains(key)) disk_->PutAsync(key, chunks[i]);
+    }
   }
   e->chunks = std::move(chunks);
   e->state = State::kReady;
@@ -338,9 +373,15 @@ void Prefetcher::ReleaseLocked(std::unordered_map<std::string, Entry>::iterator 
     if (evicted_unread_) evicted_unread_->Increment();
     if (Stream* s = StreamById(e.first_stream)) s->stats.evicted_unread++;
   } else if (!options_.prefetch.evict_after_read) {
-    // Keep it for later readers in the RAM cache's LRU.
+    // Keep it for later readers in the RAM cache's LRU (which demotes to NVMe in turn).
     for (size_t i = 0; i < e.chunks.size(); ++i)
       ram_->Insert(cache::ChunkKey(it->first, e.attr.Version(), i), e.chunks[i]);
+  } else if (disk_ != nullptr) {
+    // Evicted after its read: the NVMe tier keeps it for the next epoch.
+    for (size_t i = 0; i < e.chunks.size(); ++i) {
+      const std::string key = cache::ChunkKey(it->first, e.attr.Version(), i);
+      if (!disk_->Contains(key)) disk_->PutAsync(key, e.chunks[i]);
+    }
   }
   window_bytes_ -= e.reserved;
   if (window_gauge_) window_gauge_->Decrement(static_cast<double>(e.reserved));

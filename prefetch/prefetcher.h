@@ -37,6 +37,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cache/disk_cache.h"
 #include "cache/ram_cache.h"
 #include "cfs_client/backend.h"
 #include "common/clock.h"
@@ -92,9 +93,10 @@ class Prefetcher {
     bool start_workers = true;                  // false: tests run jobs with RunOneJob()
   };
 
-  // `backend`, `ram`, `clock` and `registry` (may be null) must outlive the Prefetcher.
+  // `backend`, `ram`, `clock`, `registry` (may be null) and `disk` (the NVMe tier; may be
+  // null) must outlive the Prefetcher.
   Prefetcher(const Options& options, cfs_client::Backend* backend, cache::RamCache* ram,
-             Clock* clock, prometheus::Registry* registry);
+             Clock* clock, prometheus::Registry* registry, cache::DiskCache* disk = nullptr);
   ~Prefetcher();  // stops and joins the workers
 
   Prefetcher(const Prefetcher&) = delete;
@@ -190,6 +192,7 @@ class Prefetcher {
   const Options options_;
   cfs_client::Backend* const backend_;
   cache::RamCache* const ram_;
+  cache::DiskCache* const disk_;
   Clock* const clock_;
 
   std::mutex mu_;                // guards everything below

@@ -19,14 +19,27 @@ for p in "${PACKAGES[@]}"; do
     missing+=("$p")
   fi
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+# Node.js and npm run s3rver, the S3 server of the s3 backend's tests; any install will do.
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "install_deps: run as root to install: ${missing[*]}" >&2; exit 1; }
-  SUDO="sudo"
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "install_deps: run as root to install: ${missing[*]}" >&2; exit 1; }
+    SUDO="sudo"
+  fi
+  echo "install_deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-echo "install_deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+
+# s3rver (pinned in tools/package.json and tools/package-lock.json) into tools/node_modules.
+TOOLS="$(cd "$(dirname "$0")/.." && pwd)/tools"
+if [ ! -f "$TOOLS/node_modules/s3rver/package.json" ] ||
+   ! grep -q '"version": "3.7.1"' "$TOOLS/node_modules/s3rver/package.json"; then
+  echo "install_deps: installing s3rver 3.7.1 into tools/node_modules"
+  npm ci --prefix "$TOOLS" --no-audit --no-fund --loglevel=error \
+    >/dev/null
+fi

@@ -95,6 +95,53 @@ TEST(ConfigTest, UnknownTopLevelKeysAreCollectedNotFatal) {
   EXPECT_EQ(c->unknown_top_level_keys, (std::vector<std::string>{"bogus", "zzz"}));
 }
 
+TEST(ConfigTest, S3BackendWithDefaults) {
+  Result<Config> c = ParseConfig(
+      R"({"volName": "ltptest", "backend": {"type": "s3", "endpoint": "http://127.0.0.1:4568/"}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const S3Options& s3 = c->backend.s3;
+  EXPECT_EQ(c->backend.type, "s3");
+  EXPECT_EQ(s3.endpoint, "http://127.0.0.1:4568");  // trailing '/' dropped
+  EXPECT_EQ(s3.bucket, "ltptest");                  // the volume is the bucket
+  EXPECT_EQ(s3.region, "us-east-1");
+  EXPECT_EQ(s3.prefix, "");
+  EXPECT_TRUE(s3.path_style);
+  EXPECT_EQ(s3.access_key, "");
+  EXPECT_EQ(s3.timeout_ms, 30000u);
+  EXPECT_EQ(s3.retries, 4u);
+  EXPECT_EQ(s3.max_connections, 64u);
+}
+
+TEST(ConfigTest, S3BackendWithEveryKey) {
+  Result<Config> c = ParseConfig(
+      "volName: v\n"
+      "backend:\n"
+      "  type: s3\n"
+      "  endpoint: https://s3.us-west-2.amazonaws.com\n"
+      "  bucket: datasets\n"
+      "  region: us-west-2\n"
+      "  prefix: imagenet/train/\n"
+      "  path_style: false\n"
+      "  access_key: AKIDEXAMPLE\n"
+      "  secret_key: wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY\n"
+      "  timeout_ms: 5000\n"
+      "  retries: 2\n"
+      "  max_connections: 16\n"
+      "  inject: {latency_us: 10}\n");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const S3Options& s3 = c->backend.s3;
+  EXPECT_EQ(s3.bucket, "datasets");
+  EXPECT_EQ(s3.region, "us-west-2");
+  EXPECT_EQ(s3.prefix, "imagenet/train");  // trailing '/' dropped
+  EXPECT_FALSE(s3.path_style);
+  EXPECT_EQ(s3.access_key, "AKIDEXAMPLE");
+  EXPECT_EQ(s3.secret_key, "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY");
+  EXPECT_EQ(s3.timeout_ms, 5000u);
+  EXPECT_EQ(s3.retries, 2u);
+  EXPECT_EQ(s3.max_connections, 16u);
+  EXPECT_TRUE(c->backend.inject.enabled);
+}
+
 // Each bad config fails with a message that starts with the key path.
 struct BadCase {
   const char* text;
@@ -138,7 +185,51 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{R"({"volName": "v", "backend": {"root": "/d"}, "profile": "fast"})", "profile"},
         BadCase{R"({"volName": "v", "backend": "posix"})", "backend"},
         BadCase{R"({"volName": "v", "backend": {"root": "/d"},)", "config"},
-        BadCase{"[1, 2]", "config"}));
+        BadCase{"[1, 2]", "config"},
+        BadCase{R"({"volName": "v", "backend": {"type": "s3"}})", "backend.endpoint"},
+        BadCase{R"({"volName": "v", "backend": {"type": "s3", "endpoint": "127.0.0.1:9000"}})",
+                "backend.endpoint"},
+        BadCase{R"({"volName": "v", "backend": {"type": "s3", "endpoint": "ftp://h"}})",
+                "backend.endpoint"},
+        BadCase{R"({"volName": "v", "backend": {"type": "s3", "endpoint": "http://"}})",
+                "backend.endpoint"},
+        BadCase{R"({"volName": "v", "backend": {"type": "s3", "endpoint": "http://h?x=1"}})",
+                "backend.endpoint"},
+        BadCase{R"({"volName": "v", "backend": {"type": "s3", "endpoint": "http://h",
+                    "root": "/d"}})",
+                "backend.root"},
+        BadCase{R"({"volName": "v", "backend": {"root": "/d", "endpoint": "http://h"}})",
+                "backend.endpoint"},
+        BadCase{R"({"volName": "v", "backend": {"type": "s3", "endpoint": "http://h",
+                    "bucket": "a/b"}})",
+                "backend.bucket"},
+        BadCase{R"({"volName": "v", "backend": {"type": "s3", "endpoint": "http://h",
+                    "prefix": "/abs"}})",
+                "backend.prefix"},
+        BadCase{R"({"volName": "v", "backend": {"type": "s3", "endpoint": "http://h",
+                    "region": "us east"}})",
+                "backend.region"},
+        BadCase{R"({"volName": "v", "backend": {"type": "s3", "endpoint": "http://h",
+                    "access_key": "AK"}})",
+                "backend.secret_key"},
+        BadCase{R"({"volName": "v", "backend": {"type": "s3", "endpoint": "http://h",
+                    "secret_key": "SK"}})",
+                "backend.access_key"},
+        BadCase{R"({"volName": "v", "backend": {"type": "s3", "endpoint": "http://h",
+                    "path_style": "sometimes"}})",
+                "backend.path_style"},
+        BadCase{R"({"volName": "v", "backend": {"type": "s3", "endpoint": "http://h",
+                    "timeout_ms": 0}})",
+                "backend.timeout_ms"},
+        BadCase{R"({"volName": "v", "backend": {"type": "s3", "endpoint": "http://h",
+                    "retries": 100}})",
+                "backend.retries"},
+        BadCase{R"({"volName": "v", "backend": {"type": "s3", "endpoint": "http://h",
+                    "max_connections": 0}})",
+                "backend.max_connections"},
+        BadCase{R"({"volName": "v", "backend": {"type": "s3", "endpoint": "http://h",
+                    "endpont": "x"}})",
+                "backend.endpont"}));
 
 TEST(ConfigTest, LoadConfigNamesAMissingFile) {
   Result<Config> c = LoadConfig("/nonexistent/cubetorchfs.json");

@@ -1,0 +1,679 @@
+// The s3 backend: an S3-compatible object store (AWS S3, MinIO, a CubeFS ObjectNode) through
+// libcurl. The only file that includes curl.
+//
+// Mapping: key `prefix/a/b.jpg` is file `a/b.jpg`; directories are the common prefixes of a
+// delimiter "/" listing (a "dir/" marker object makes an empty directory). A name that is both
+// an object and a prefix shows as the file, in Stat and List alike.
+//
+// Requests: HEAD for Stat, ranged GET for Read and StatRead, ListObjectsV2 (1000 keys a page,
+// continuation tokens) for List. libcurl signs them (CURLOPT_AWS_SIGV4); the URL is built in
+// canonical form (see s3_protocol.h) because curl 7.88 signs path and query as given.
+//
+// Threads: any number of callers; at most max_connections requests run at once, each on an
+// easy handle taken from a pool, which keeps its connection open for the next request. The
+// handles share one DNS and TLS-session cache. A failed attempt (connection error, timeout,
+// 5xx, 429) is retried `retries` times with exponential backoff and jitter.
+
+#include <curl/curl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_set>
+#include <utility>
+
+#include "cfs_client/backend.h"
+#include "cfs_client/s3_protocol.h"
+#include "common/logging.h"
+#include "common/version.h"
+
+namespace cubetorchfs::cfs_client {
+namespace {
+
+// SHA-256 of an empty payload: every request here is a GET or a HEAD. S3 requires the header,
+// and curl 7.88 signs it when given (it does not add it by itself).
+constexpr char kEmptyPayloadSha256[] =
+    "x-amz-content-sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+constexpr int kListPageKeys = 1000;
+constexpr size_t kMaxListReplyBytes = 64u << 20;  // a 1000-key page is well under 1 MiB
+constexpr size_t kMaxErrorBodyBytes = 64u << 10;
+constexpr uint64_t kBackoffBaseMs = 50;
+constexpr uint64_t kBackoffMaxMs = 2000;
+
+struct EasyDeleter {
+  void operator()(CURL* h) const { curl_easy_cleanup(h); }
+};
+using EasyPtr = std::unique_ptr<CURL, EasyDeleter>;
+
+struct SlistDeleter {
+  void operator()(curl_slist* l) const { curl_slist_free_all(l); }
+};
+using SlistPtr = std::unique_ptr<curl_slist, SlistDeleter>;
+
+// libcurl's global state, initialized once before the first handle (curl_global_init is not
+// thread-safe in 7.88) and never torn down: the process exits with it.
+Status InitCurlOnce() {
+  static CURLcode rc = curl_global_init(CURL_GLOBAL_ALL);
+  if (rc != CURLE_OK)
+    return Status::IOError(std::string("libcurl initialization failed: ") + curl_easy_strerror(rc));
+  return Status::OK();
+}
+
+// A share handle for the DNS cache and TLS sessions of all easy handles of one backend.
+class Share {
+ public:
+  Share() : sh_(curl_share_init()) {
+    if (!sh_) return;
+    curl_share_setopt(sh_, CURLSHOPT_LOCKFUNC, &Share::Lock);
+    curl_share_setopt(sh_, CURLSHOPT_UNLOCKFUNC, &Share::Unlock);
+    curl_share_setopt(sh_, CURLSHOPT_USERDATA, this);
+    curl_share_setopt(sh_, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
+    curl_share_setopt(sh_, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
+  }
+  ~Share() {
+    if (sh_) curl_share_cleanup(sh_);
+  }
+  Share(const Share&) = delete;
+  Share& operator=(const Share&) = delete;
+  CURLSH* get() const { return sh_; }
+
+ private:
+  static void Lock(CURL*, curl_lock_data data, curl_lock_access, void* self) {
+    static_cast<Share*>(self)->mu_[data % CURL_LOCK_DATA_LAST].lock();
+  }
+  static void Unlock(CURL*, curl_lock_data data, void* self) {
+    static_cast<Share*>(self)->mu_[data % CURL_LOCK_DATA_LAST].unlock();
+  }
+
+  CURLSH* const sh_;
+  std::mutex mu_[CURL_LOCK_DATA_LAST];  // one per kind of shared data, taken by libcurl
+};
+
+// At most `max` easy handles, created on demand and reused: a handle keeps its connection
+// alive between requests, so reuse is what saves the TCP (and TLS) handshakes.
+class HandlePool {
+ public:
+  explicit HandlePool(size_t max) : max_(max) {}
+
+  // An easy handle, for one request at a time; waits while `max` are in use.
+  class Lease {
+   public:
+    Lease(HandlePool* pool, EasyPtr h) : pool_(pool), h_(std::move(h)) {}
+    Lease(Lease&& o) noexcept : pool_(std::exchange(o.pool_, nullptr)), h_(std::move(o.h_)) {}
+    Lease& operator=(Lease&&) = delete;
+    ~Lease() {
+      if (pool_) pool_->Release(std::move(h_));
+    }
+    CURL* get() const { return h_.get(); }
+
+   private:
+    HandlePool* pool_;
+    EasyPtr h_;
+  };
+
+  Result<Lease> Acquire() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return !idle_.empty() || created_ < max_; });
+    if (!idle_.empty()) {
+      EasyPtr h = std::move(idle_.back());
+      idle_.pop_back();
+      return Lease(this, std::move(h));
+    }
+    EasyPtr h(curl_easy_init());
+    if (!h) return Status::IOError("s3: curl_easy_init failed");
+    ++created_;
+    return Lease(this, std::move(h));
+  }
+
+ private:
+  void Release(EasyPtr h) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (h) {
+        idle_.push_back(std::move(h));
+      } else {
+        --created_;
+      }
+    }
+    cv_.notify_one();
+  }
+
+  const size_t max_;
+  std::mutex mu_;               // guards idle_ and created_
+  std::condition_variable cv_;  // signalled when a handle comes back
+  std::vector<EasyPtr> idle_;   // GUARDED_BY(mu_)
+  size_t created_ = 0;          // GUARDED_BY(mu_): handles alive, idle or leased
+};
+
+// One HTTP request and where its reply goes.
+struct Request {
+  const char* op = "GET";  // for messages: HEAD, GET, LIST
+  std::string key;         // for messages; "" for the bucket
+  std::string url;
+  bool head = false;
+  std::string range;  // "FIRST-LAST" or ""
+  uint64_t range_first = 0;
+  char* buf = nullptr;  // a 2xx body goes here (at most `cap` bytes) ...
+  size_t cap = 0;
+  size_t text_cap = kMaxListReplyBytes;  // ... or, without buf, into Reply::text
+};
+
+struct Reply {
+  long status = 0;
+  std::vector<std::pair<std::string, std::string>> headers;  // names lower-case
+  std::string text;   // a body without Request::buf, or an error body (capped)
+  size_t bytes = 0;   // bytes stored into Request::buf
+  uint64_t skip = 0;  // bytes still to drop (a 200 reply to a ranged request)
+  bool body_started = false;
+  bool empty_object = false;  // a 206 reply for an object of 0 bytes: stopped after headers
+  bool too_big = false;
+
+  const std::string* Header(std::string_view name) const {
+    for (const auto& [k, v] : headers)
+      if (k == name) return &v;
+    return nullptr;
+  }
+};
+
+struct Transfer {
+  const Request* req;
+  Reply* reply;
+  CURL* h;
+};
+
+size_t OnHeader(char* data, size_t size, size_t n, void* userdata) {
+  auto* t = static_cast<Transfer*>(userdata);
+  std::string_view line(data, size * n);
+  while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.remove_suffix(1);
+  if (line.substr(0, 5) == "HTTP/") {  // a new reply (after a 100 Continue, say)
+    t->reply->headers.clear();
+    size_t sp = line.find(' ');
+    t->reply->status = sp == std::string_view::npos ? 0 : std::atol(line.data() + sp + 1);
+    return size * n;
+  }
+  if (line.empty()) {  // end of the headers
+    // s3rver answers a ranged GET of an empty object with "Content-Range: bytes 0-0/0" and a
+    // Content-Length of 1 it never sends; the object has no bytes, so stop here.
+    const std::string* cr = t->reply->Header("content-range");
+    if (t->reply->status == 206 && cr && cr->size() > 2 && cr->substr(cr->size() - 2) == "/0") {
+      t->reply->empty_object = true;
+      return 0;  // aborts the transfer (CURLE_WRITE_ERROR), handled by the caller
+    }
+    return size * n;
+  }
+  size_t colon = line.find(':');
+  if (colon == std::string_view::npos) return size * n;
+  std::string name(line.substr(0, colon));
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string_view value = line.substr(colon + 1);
+  while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+  while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+  t->reply->headers.emplace_back(std::move(name), std::string(value));
+  return size * n;
+}
+
+size_t OnBody(char* data, size_t size, size_t n, void* userdata) {
+  auto* t = static_cast<Transfer*>(userdata);
+  const size_t total = size * n;
+  Reply* r = t->reply;
+  const bool success = r->status >= 200 && r->status < 300;
+  if (!success || !t->req->buf) {
+    const size_t cap = success ? t->req->text_cap : kMaxErrorBodyBytes;
+    if (r->text.size() + total > cap) {
+      if (success) {
+        r->too_big = true;
+        return 0;  // aborts the transfer
+      }
+      r->text.append(data, cap - std::min(cap, r->text.size()));
+      return total;
+    }
+    r->text.append(data, total);
+    return total;
+  }
+  if (!r->body_started) {
+    r->body_started = true;
+    // A server that ignores Range sends the whole object from byte 0.
+    if (r->status == 200 && !t->req->range.empty()) r->skip = t->req->range_first;
+  }
+  std::string_view chunk(data, total);
+  const size_t dropped = static_cast<size_t>(std::min<uint64_t>(r->skip, chunk.size()));
+  r->skip -= dropped;
+  chunk.remove_prefix(dropped);
+  const size_t keep = std::min(chunk.size(), t->req->cap - r->bytes);
+  std::memcpy(t->req->buf + r->bytes, chunk.data(), keep);
+  r->bytes += keep;
+  return total;  // bytes past `cap` are not ours to keep; dropping them is not an error
+}
+
+// Connection-level failures worth another try.
+bool RetryableCurl(CURLcode rc) {
+  switch (rc) {
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+      return true;
+    default:
+      return false;
+  }
+}
+
+double Jitter() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return std::uniform_real_distribution<double>(0, 1)(rng);
+}
+
+class S3Backend final : public Backend {
+ public:
+  S3Backend(const conf::S3Options& opts, s3::Endpoint endpoint, std::string access_key,
+            std::string secret_key, std::string session_token)
+      : opts_(opts),
+        endpoint_(std::move(endpoint)),
+        access_key_(std::move(access_key)),
+        secret_key_(std::move(secret_key)),
+        sigv4_("aws:amz:" + opts.region + ":s3"),
+        user_agent_(std::string("cubetorchfs/") + CUBETORCHFS_VERSION),
+        pool_(opts.max_connections),
+        uid_(::getuid()),
+        gid_(::getgid()),
+        start_ns_(static_cast<int64_t>(std::time(nullptr)) * 1'000'000'000) {
+    headers_.reset(curl_slist_append(nullptr, kEmptyPayloadSha256));
+    if (!session_token.empty()) {
+      std::string h = "x-amz-security-token: " + session_token;
+      curl_slist_append(headers_.get(), h.c_str());
+    }
+  }
+
+  Result<FileAttr> Stat(const std::string& path) override {
+    if (path.empty()) {
+      Result<s3::ListPage> page = FetchListPage(s3::DirKeyPrefix(opts_.prefix, ""), "", 1);
+      if (!page.ok()) return page.status();
+      return DirAttr();
+    }
+    const std::string key = s3::ObjectKey(opts_.prefix, path);
+    Request req = NewRequest("HEAD", key);
+    req.head = true;
+    Result<Reply> reply = Execute(req);
+    if (!reply.ok()) return reply.status();
+    if (reply->status == 404) return StatMissingObject(key, reply.value());
+    if (reply->status != 200) return Error(req, reply.value());
+    const std::string* length = reply->Header("content-length");
+    if (!length) return Status::IOError("s3 HEAD " + Show(key) + ": no Content-Length");
+    return FileAttrOf(reply.value(), std::strtoull(length->c_str(), nullptr, 10));
+  }
+
+  Result<std::vector<DirEntry>> List(const std::string& path) override {
+    const std::string dir = s3::DirKeyPrefix(opts_.prefix, path);
+    std::vector<DirEntry> out;
+    std::unordered_set<std::string> files;
+    std::vector<std::string> dirs;
+    bool exists = path.empty();
+    std::string token;
+    for (;;) {
+      Result<s3::ListPage> page = FetchListPage(dir, token, kListPageKeys);
+      if (!page.ok()) return page.status();
+      for (s3::ListedObject& o : page->objects) {
+        exists = true;  // even the directory's own marker object "dir/"
+        std::string name = s3::EntryName(dir, o.key);
+        if (name.empty() || name.size() > 255) continue;
+        FileAttr a = FileAttrOf(o.size, o.last_modified_s, o.etag);
+        files.insert(name);
+        out.push_back({std::move(name), a});
+      }
+      for (const std::string& p : page->common_prefixes) {
+        exists = true;
+        std::string name = s3::EntryName(dir, p);
+        if (!name.empty() && name.size() <= 255) dirs.push_back(std::move(name));
+      }
+      if (!page->truncated) break;
+      if (page->next_token == token)
+        return Status::IOError("s3 LIST " + Show(dir) + ": the continuation token repeats");
+      token = page->next_token;
+    }
+    if (!exists) return Status::NotFound("s3 LIST " + Show(dir) + ": no such directory");
+    for (std::string& d : dirs)
+      if (!files.count(d)) out.push_back({std::move(d), DirAttr()});
+    return out;
+  }
+
+  Result<size_t> Read(const std::string& path, const FileVersion& expect, uint64_t offset,
+                      size_t len, char* buf) override {
+    if (len == 0) return static_cast<size_t>(0);
+    const std::string key = s3::ObjectKey(opts_.prefix, path);
+    Request req = NewRequest("GET", key);
+    req.range = std::to_string(offset) + "-" + std::to_string(offset + len - 1);
+    req.range_first = offset;
+    req.buf = buf;
+    req.cap = len;
+    Result<Reply> reply = Execute(req);
+    if (!reply.ok()) return reply.status();
+    if (reply->status == 416 || reply->empty_object) {  // nothing at `offset`: past the end
+      Result<FileAttr> now = Stat(path);
+      if (!now.ok()) return now.status();
+      if (now->Version() != expect) return StaleError(key);
+      if (offset < now->size) return Status::IOError("s3 GET " + Show(key) + ": HTTP 416");
+      return static_cast<size_t>(0);
+    }
+    if (reply->status != 200 && reply->status != 206) return Error(req, reply.value());
+    Result<uint64_t> size = ObjectSize(req, reply.value());
+    if (!size.ok()) return size.status();
+    if (FileAttrOf(reply.value(), size.value()).Version() != expect) return StaleError(key);
+    const size_t want = static_cast<size_t>(
+        std::min<uint64_t>(len, size.value() > offset ? size.value() - offset : 0));
+    if (reply->bytes != want)
+      return Status::IOError("s3 GET " + Show(key) + ": got " + std::to_string(reply->bytes) +
+                             " bytes of " + std::to_string(want));
+    return want;
+  }
+
+  Result<Fetched> StatRead(const std::string& path, size_t len, char* buf) override {
+    const std::string key = s3::ObjectKey(opts_.prefix, path);
+    if (len == 0) {
+      Result<FileAttr> attr = Stat(path);
+      if (!attr.ok()) return attr.status();
+      if (!attr->IsRegular()) return Status::IsDirectory("read " + Show(key) + ": a directory");
+      return Fetched{attr.value(), 0};
+    }
+    Request req = NewRequest("GET", key);
+    req.range = "0-" + std::to_string(len - 1);
+    req.buf = buf;
+    req.cap = len;
+    Result<Reply> reply = Execute(req);
+    if (!reply.ok()) return reply.status();
+    if (reply->status == 404) {
+      Result<FileAttr> missing = StatMissingObject(key, reply.value());
+      if (!missing.ok()) return missing.status();
+      return Status::IsDirectory("read " + Show(key) + ": a directory");
+    }
+    if (reply->status == 416 || reply->empty_object) {  // S3 says so of an empty object
+      Result<FileAttr> attr = Stat(path);
+      if (!attr.ok()) return attr.status();
+      if (attr->size != 0) return StaleError(key);
+      return Fetched{attr.value(), 0};
+    }
+    if (reply->status != 200 && reply->status != 206) return Error(req, reply.value());
+    Result<uint64_t> size = ObjectSize(req, reply.value());
+    if (!size.ok()) return size.status();
+    Fetched out{FileAttrOf(reply.value(), size.value()), 0};
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(len, size.value()));
+    if (reply->bytes != want)
+      return Status::IOError("s3 GET " + Show(key) + ": got " + std::to_string(reply->bytes) +
+                             " bytes of " + std::to_string(want));
+    out.bytes = want;
+    return out;
+  }
+
+  Result<std::string> ReadLink(const std::string& path) override {
+    return Status::NotSupported("readlink " + path + ": an object store has no symbolic links");
+  }
+
+  Result<FsStats> StatFs() override {
+    // An object store has no capacity to report; show a large, fixed one (1 PiB, 2^32 files).
+    FsStats s;
+    s.block_size = 4096;
+    s.blocks = s.blocks_free = s.blocks_avail = (1ull << 50) / 4096;
+    s.files = s.files_free = 1ull << 32;
+    s.name_max = 255;
+    return s;
+  }
+
+  // For the startup check: lists one key of the bucket, naming the config key at fault.
+  Status Probe() {
+    const std::string dir = s3::DirKeyPrefix(opts_.prefix, "");
+    Request req = NewRequest("LIST", "");
+    req.url = BucketUrl() + "?" + s3::ListQuery(dir, "", 1);
+    Result<Reply> reply = Execute(req);
+    if (!reply.ok())
+      return Status::IOError("backend.endpoint: " + opts_.endpoint + ": " +
+                             reply.status().message());
+    if (reply->status == 200) {
+      Result<s3::ListPage> page = s3::ParseListObjectsV2(reply->text);
+      if (page.ok()) return Status::OK();
+      return Status::IOError("backend.endpoint: " + opts_.endpoint +
+                             " is not an S3 server: " + page.status().message());
+    }
+    const Status st = Error(req, reply.value());
+    const std::string code = s3::ErrorCode(reply->text);
+    std::string key = "backend.endpoint";
+    if (reply->status == 404 || code == "NoSuchBucket") {
+      key = "backend.bucket";
+    } else if (code == "InvalidAccessKeyId") {
+      key = "backend.access_key";
+    } else if (code == "SignatureDoesNotMatch") {
+      key = "backend.secret_key";
+    } else if (reply->status == 403) {
+      key = access_key_.empty() ? "backend.access_key" : "backend.bucket";
+    } else if (code == "AuthorizationHeaderMalformed" || code == "PermanentRedirect" ||
+               reply->status == 301) {
+      key = "backend.region";
+    }
+    return Status::InvalidArgument(key + ": bucket \"" + opts_.bucket + "\" at " + opts_.endpoint +
+                                   ": " + st.message());
+  }
+
+ private:
+  std::string Show(const std::string& key) const {
+    return key.empty() ? opts_.bucket : opts_.bucket + "/" + key;
+  }
+  std::string BucketUrl() const {
+    return s3::ObjectUrl(endpoint_, opts_.bucket, opts_.path_style, "");
+  }
+
+  Request NewRequest(const char* op, const std::string& key) const {
+    Request req;
+    req.op = op;
+    req.key = key;
+    req.url = s3::ObjectUrl(endpoint_, opts_.bucket, opts_.path_style, key);
+    return req;
+  }
+
+  Status Error(const Request& req, const Reply& reply) const {
+    return s3::HttpError(req.op, opts_.bucket, req.key, reply.status, reply.text);
+  }
+  Status StaleError(const std::string& key) const {
+    return Status::Stale("s3 GET " + Show(key) + ": the object changed in the store");
+  }
+
+  FileAttr DirAttr() const {
+    FileAttr a;
+    a.mode = S_IFDIR | 0755;
+    a.nlink = 2;
+    a.uid = uid_;
+    a.gid = gid_;
+    a.atime_ns = a.mtime_ns = a.ctime_ns = start_ns_;
+    return a;
+  }
+
+  FileAttr FileAttrOf(uint64_t size, int64_t last_modified_s, std::string_view etag) const {
+    FileAttr a;
+    a.mode = S_IFREG | 0644;
+    a.size = size;
+    a.nlink = 1;
+    a.uid = uid_;
+    a.gid = gid_;
+    a.atime_ns = a.mtime_ns = a.ctime_ns = s3::ObjectMtimeNs(last_modified_s, etag);
+    a.blocks = (size + 511) / 512;
+    return a;
+  }
+
+  FileAttr FileAttrOf(const Reply& reply, uint64_t size) const {
+    int64_t last_modified = 0;
+    if (const std::string* lm = reply.Header("last-modified")) {
+      Result<int64_t> t = s3::ParseHttpDate(*lm);
+      if (t.ok()) last_modified = t.value();
+    }
+    const std::string* etag = reply.Header("etag");
+    return FileAttrOf(size, last_modified, etag ? std::string_view(*etag) : std::string_view());
+  }
+
+  // The object's whole size, from a GET reply: Content-Range's total for 206, else
+  // Content-Length.
+  Result<uint64_t> ObjectSize(const Request& req, const Reply& reply) const {
+    if (reply.status == 206) {
+      const std::string* cr = reply.Header("content-range");
+      if (!cr) return Status::IOError("s3 GET " + Show(req.key) + ": 206 without Content-Range");
+      Result<s3::ContentRange> r = s3::ParseContentRange(*cr);
+      if (!r.ok()) return Status::IOError("s3 GET " + Show(req.key) + ": " + r.status().message());
+      return r->total;
+    }
+    const std::string* length = reply.Header("content-length");
+    if (!length) return Status::IOError("s3 GET " + Show(req.key) + ": no Content-Length");
+    return static_cast<uint64_t>(std::strtoull(length->c_str(), nullptr, 10));
+  }
+
+  // No object at `key`: a directory if some key starts with "key/", else NotFound.
+  Result<FileAttr> StatMissingObject(const std::string& key, const Reply& reply) {
+    Result<s3::ListPage> page = FetchListPage(key + "/", "", 1);
+    if (!page.ok()) return page.status();
+    if (!page->objects.empty() || !page->common_prefixes.empty()) return DirAttr();
+    return Status::NotFound("s3 HEAD " + Show(key) + ": HTTP " + std::to_string(reply.status) +
+                            " (no such object or prefix)");
+  }
+
+  Result<s3::ListPage> FetchListPage(const std::string& prefix, const std::string& token,
+                                     int max_keys) {
+    Request req = NewRequest("LIST", prefix);
+    req.url = BucketUrl() + "?" + s3::ListQuery(prefix, token, max_keys);
+    Result<Reply> reply = Execute(req);
+    if (!reply.ok()) return reply.status();
+    if (reply->status != 200) return Error(req, reply.value());
+    Result<s3::ListPage> page = s3::ParseListObjectsV2(reply->text);
+    if (!page.ok())
+      return Status::IOError("s3 LIST " + Show(prefix) + ": " + page.status().message());
+    return page;
+  }
+
+  // Runs `req`, retrying connection errors, timeouts, 5xx and 429 with backoff. Returns the
+  // last reply (whatever its HTTP status) or the last transport error.
+  Result<Reply> Execute(const Request& req) {
+    Status last;
+    for (uint32_t attempt = 0; attempt <= opts_.retries; ++attempt) {
+      if (attempt > 0) {
+        const uint64_t ms = s3::BackoffMs(attempt, kBackoffBaseMs, kBackoffMaxMs, Jitter());
+        CTFS_LOG(kDebug) << "s3 " << req.op << " " << Show(req.key) << ": retry " << attempt
+                         << " in " << ms << " ms after " << last.message();
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      }
+      Result<HandlePool::Lease> lease = pool_.Acquire();
+      if (!lease.ok()) return lease.status();
+      Reply reply;
+      char errbuf[CURL_ERROR_SIZE] = {};
+      CURLcode rc = Perform(lease->get(), req, &reply, errbuf);
+      if (rc == CURLE_WRITE_ERROR && reply.empty_object) rc = CURLE_OK;
+      if (rc != CURLE_OK) {
+        std::string why = errbuf[0] ? errbuf : curl_easy_strerror(rc);
+        if (reply.too_big) why = "reply larger than " + std::to_string(req.text_cap) + " bytes";
+        last = Status::IOError("s3 " + std::string(req.op) + " " + Show(req.key) + ": " + why);
+        if (!RetryableCurl(rc)) return last;
+        continue;
+      }
+      if (s3::RetryableHttp(reply.status, s3::ErrorCode(reply.text))) {
+        last = Error(req, reply);
+        continue;
+      }
+      return reply;
+    }
+    return Status::IOError(last.message() + " (after " + std::to_string(opts_.retries + 1) +
+                           " attempts)");
+  }
+
+  // One attempt of `req` on easy handle `h`.
+  CURLcode Perform(CURL* h, const Request& req, Reply* reply, char* errbuf) {
+    curl_easy_reset(h);  // keeps the handle's live connection and caches
+    Transfer t{&req, reply, h};
+    curl_easy_setopt(h, CURLOPT_URL, req.url.c_str());
+    curl_easy_setopt(h, CURLOPT_SHARE, share_.get());
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+    curl_easy_setopt(h, CURLOPT_USERAGENT, user_agent_.c_str());
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers_.get());
+    if (!access_key_.empty()) {
+      curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sigv4_.c_str());
+      curl_easy_setopt(h, CURLOPT_USERNAME, access_key_.c_str());
+      curl_easy_setopt(h, CURLOPT_PASSWORD, secret_key_.c_str());
+    }
+    const long timeout_ms = static_cast<long>(opts_.timeout_ms);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+    if (req.head) curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+    if (!req.range.empty()) curl_easy_setopt(h, CURLOPT_RANGE, req.range.c_str());
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, &OnHeader);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &OnBody);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &t);
+    return curl_easy_perform(h);
+  }
+
+  const conf::S3Options opts_;
+  const s3::Endpoint endpoint_;
+  // Credentials: passed to libcurl only, never logged or put in a message.
+  const std::string access_key_;
+  const std::string secret_key_;
+  const std::string sigv4_;
+  const std::string user_agent_;
+  SlistPtr headers_;  // the same for every request; read-only once built
+  Share share_;
+  HandlePool pool_;
+  const uid_t uid_;
+  const gid_t gid_;
+  const int64_t start_ns_;  // directories show this time: S3 has none for them
+};
+
+Result<std::unique_ptr<S3Backend>> MakeS3Backend(const conf::S3Options& opts) {
+  CTFS_RETURN_IF_ERROR(InitCurlOnce());
+  Result<s3::Endpoint> endpoint = s3::ParseEndpoint(opts.endpoint);
+  if (!endpoint.ok())
+    return Status::InvalidArgument("backend.endpoint: " + endpoint.status().message());
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "");
+  };
+  std::string access_key = opts.access_key, secret_key = opts.secret_key, token;
+  if (access_key.empty()) {
+    access_key = env("AWS_ACCESS_KEY_ID");
+    secret_key = env("AWS_SECRET_ACCESS_KEY");
+    token = env("AWS_SESSION_TOKEN");
+    if (access_key.empty() != secret_key.empty())
+      return Status::InvalidArgument(
+          "backend.access_key: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set together");
+  }
+  auto b = std::make_unique<S3Backend>(opts, std::move(endpoint).value(), std::move(access_key),
+                                       std::move(secret_key), std::move(token));
+  return b;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> NewS3Backend(const conf::S3Options& opts) {
+  Result<std::unique_ptr<S3Backend>> b = MakeS3Backend(opts);
+  if (!b.ok()) return b.status();
+  return std::unique_ptr<Backend>(std::move(b).value());
+}
+
+Status CheckS3Backend(const conf::S3Options& opts) {
+  conf::S3Options quick = opts;  // an unreachable endpoint must not hold up the start for long
+  quick.retries = std::min<uint32_t>(opts.retries, 1);
+  quick.timeout_ms = std::min<uint64_t>(opts.timeout_ms, 10000);
+  Result<std::unique_ptr<S3Backend>> b = MakeS3Backend(quick);
+  if (!b.ok()) return b.status();
+  return b.value()->Probe();
+}
+
+}  // namespace cubetorchfs::cfs_client

@@ -1,0 +1,344 @@
+// `cubetorchfs warmup -c CONFIG (DIR | --list FILE) [--jobs N]`: fills the NVMe tier.
+//
+// With a daemon of the same volume running, the work goes through its control socket
+// (POST /v1/warmup), so the daemon's tier is the one filled (its RocksDB index is locked to
+// it). Otherwise this process opens the tier itself. Files already cached are skipped, so an
+// interrupted warmup resumes. A progress bar on a terminal, a line every 5 s otherwise.
+
+#include "fuse/warmup.h"
+
+#include <prometheus/registry.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "cache/disk_cache.h"
+#include "cfs_client/backend.h"
+#include "common/logging.h"
+#include "conf/config.h"
+#include "fuse/control_file.h"
+#include "prefetch/control_client.h"
+#include "prefetch/control_server.h"
+#include "prefetch/warmer.h"
+
+namespace cubetorchfs::fuse {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int kExitBadUsage = 2;
+
+const char* kUsage = R"(usage: cubetorchfs warmup -c CONFIG (DIR | --list FILE) [--jobs N]
+
+Fills the NVMe tier (cache.disk_dir) with every file under DIR (a path under the mount point,
+or relative to the store's root; "/" for everything), or with the files listed one per line in
+FILE. Already cached files are skipped, so an interrupted warmup resumes. With the daemon of
+this volume running, the work goes through it, and its cache is the one filled.
+
+options:
+  -c, --config CONFIG   the daemon's config
+  --list FILE           the files to warm, one path per line
+  -j, --jobs N          files fetched in parallel (default 16)
+  -h, --help            print this help
+)";
+
+struct Item {
+  std::string path;  // store-relative
+  uint64_t size = 0;  // 0 when not known (from --list)
+};
+
+struct Progress {
+  std::atomic<uint64_t> done{0}, fetched{0}, skipped{0}, failed{0}, bytes{0};
+  std::mutex mu;  // guards errors
+  std::vector<std::string> errors;
+
+  void Error(const std::string& e) {
+    std::lock_guard<std::mutex> l(mu);
+    if (errors.size() < 20) errors.push_back(e);
+  }
+};
+
+std::string Human(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
+  return buf;
+}
+
+std::string Clock(double seconds) {
+  if (seconds < 0 || seconds > 360000) return "--:--";
+  char buf[32];
+  auto s = static_cast<long>(seconds);
+  std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+  return buf;
+}
+
+// Every regular file under store path `dir`, depth first.
+Status Walk(cfs_client::Backend& backend, const std::string& dir, std::vector<Item>* out) {
+  Result<cfs_client::FileAttr> attr = backend.Stat(dir);
+  if (!attr.ok()) return attr.status();
+  if (attr->IsRegular()) {
+    out->push_back({dir, attr->size});
+    return Status::OK();
+  }
+  std::vector<std::string> stack = {dir};
+  while (!stack.empty()) {
+    std::string d = std::move(stack.back());
+    stack.pop_back();
+    Result<std::vector<cfs_client::DirEntry>> entries = backend.List(d);
+    if (!entries.ok()) return entries.status();
+    for (const auto& e : *entries) {
+      std::string p = d.empty() ? e.name : d + "/" + e.name;
+      if (e.attr.IsDir()) stack.push_back(std::move(p));
+      else if (e.attr.IsRegular()) out->push_back({std::move(p), e.attr.size});
+    }
+  }
+  return Status::OK();
+}
+
+// The socket of a live daemon serving this volume, or "".
+std::string LiveDaemonSocket(const std::string& vol_name) {
+  std::ifstream in(ControlFilePath(vol_name));
+  if (!in) return "";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json c = json::parse(ss.str(), nullptr, false);
+  if (!c.is_object() || !c.contains("pid") || !c.contains("control_socket")) return "";
+  if (!c["pid"].is_number_integer() || ::kill(c["pid"].get<int>(), 0) != 0) return "";
+  if (!c["control_socket"].is_string()) return "";
+  std::string sock = c["control_socket"].get<std::string>();
+  prefetch::ControlClient probe(sock);
+  Result<prefetch::HttpReply> r = probe.Call("GET", "/v1/stats", "");
+  return r.ok() && r->status == 200 ? sock : "";
+}
+
+void Draw(const Progress& p, size_t total, uint64_t total_bytes, double elapsed, bool tty,
+          bool final) {
+  const uint64_t done = p.done.load();
+  const double rate = elapsed > 0 ? static_cast<double>(p.bytes.load()) / elapsed : 0;
+  const double files_rate = elapsed > 0 ? static_cast<double>(done) / elapsed : 0;
+  const double eta = files_rate > 0 ? static_cast<double>(total - done) / files_rate : -1;
+  std::ostringstream os;
+  if (tty) {
+    const int width = 24;
+    const int fill = total ? static_cast<int>(width * done / total) : width;
+    os << "\r[" << std::string(fill, '#') << std::string(width - fill, '.') << "] ";
+  } else {
+    os << "warmup: ";
+  }
+  os << done << "/" << total << " files";
+  if (total_bytes) os << " of " << Human(static_cast<double>(total_bytes));
+  os << ", fetched " << Human(static_cast<double>(p.bytes.load())) << " at " << Human(rate)
+     << "/s, ETA " << (final ? Clock(0) : Clock(eta)) << "   ";
+  std::cerr << os.str();
+  if (!tty || final) std::cerr << "\n";
+  std::cerr.flush();
+}
+
+}  // namespace
+
+int RunWarmup(const std::vector<std::string>& args) {
+  SetLogLevel(LogLevel::kWarn);  // progress and summary go to stderr; logs only for trouble
+  std::string config_path, list_path, dir;
+  int jobs = 16;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto next = [&]() -> const std::string* { return i + 1 < args.size() ? &args[++i] : nullptr; };
+    if (a == "-h" || a == "--help") {
+      std::cout << kUsage;
+      return 0;
+    } else if (a == "-c" || a == "--config" || a == "--list" || a == "-j" || a == "--jobs") {
+      const std::string* v = next();
+      if (v == nullptr) {
+        std::cerr << "cubetorchfs warmup: " << a << " needs a value (see --help)\n";
+        return kExitBadUsage;
+      }
+      if (a == "--list") list_path = *v;
+      else if (a == "-j" || a == "--jobs") jobs = std::max(1, std::atoi(v->c_str()));
+      else config_path = *v;
+    } else if (!a.empty() && a[0] == '-') {
+      std::cerr << "cubetorchfs warmup: unknown option " << a << " (see --help)\n";
+      return kExitBadUsage;
+    } else if (dir.empty()) {
+      dir = a;
+    } else {
+      std::cerr << "cubetorchfs warmup: unexpected argument " << a << "\n";
+      return kExitBadUsage;
+    }
+  }
+  if (config_path.empty() || dir.empty() == list_path.empty()) {
+    std::cerr << "cubetorchfs warmup: needs -c CONFIG and either DIR or --list FILE (see --help)\n";
+    return kExitBadUsage;
+  }
+  Result<conf::Config> config = conf::LoadConfig(config_path);
+  if (!config.ok()) {
+    std::cerr << "cubetorchfs warmup: " << config.status().message() << "\n";
+    return kExitBadUsage;
+  }
+  if (config->cache.disk_dir.empty()) {
+    std::cerr << "cubetorchfs warmup: no NVMe tier configured (cache.disk_dir in " << config_path
+              << "): nothing to fill\n";
+    return kExitBadUsage;
+  }
+  prometheus::Registry registry;
+  Result<std::unique_ptr<cfs_client::Backend>> backend =
+      cfs_client::NewBackend(config->backend, registry, SystemClock());
+  if (!backend.ok()) {
+    std::cerr << "cubetorchfs warmup: backend: " << backend.status().message() << "\n";
+    return kExitBadUsage;
+  }
+
+  // What to warm.
+  std::vector<Item> items;
+  const std::string mount = config->mount_point;
+  auto store_path = [&](const std::string& p) -> Result<std::string> {
+    if (p == "/" || p == "." || (!mount.empty() && p == mount)) return std::string();
+    return prefetch::ToStorePath(mount.empty() ? "/" : mount, p);
+  };
+  if (!list_path.empty()) {
+    std::ifstream in(list_path);
+    if (!in) {
+      std::cerr << "cubetorchfs warmup: --list " << list_path << ": cannot read\n";
+      return kExitBadUsage;
+    }
+    for (std::string line; std::getline(in, line);) {
+      while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+      if (line.empty()) continue;
+      Result<std::string> p = store_path(line);
+      if (!p.ok()) {
+        std::cerr << "cubetorchfs warmup: --list: " << p.status().message() << "\n";
+        return kExitBadUsage;
+      }
+      items.push_back({p.value(), 0});
+    }
+  } else {
+    Result<std::string> root = store_path(dir);
+    if (!root.ok()) {
+      std::cerr << "cubetorchfs warmup: " << root.status().message() << "\n";
+      return kExitBadUsage;
+    }
+    if (Status s = Walk(**backend, root.value(), &items); !s.ok()) {
+      std::cerr << "cubetorchfs warmup: " << dir << ": " << s.message() << "\n";
+      return kExitBadUsage;
+    }
+  }
+  uint64_t total_bytes = 0;
+  for (const auto& it : items) total_bytes += it.size;
+
+  // Through the running daemon, or with the tier opened here.
+  const std::string sock = LiveDaemonSocket(config->vol_name);
+  std::unique_ptr<cache::DiskCache> disk;
+  std::unique_ptr<prefetch::Warmer> warmer;
+  if (sock.empty()) {
+    cache::DiskCache::Options o;
+    o.dir = config->cache.disk_dir;
+    o.capacity_bytes = config->cache.disk_bytes;
+    Result<std::unique_ptr<cache::DiskCache>> opened = cache::DiskCache::Open(o, nullptr);
+    if (!opened.ok()) {
+      std::cerr << "cubetorchfs warmup: " << opened.status().message()
+                << " (is a daemon using it without its control socket?)\n";
+      return kExitBadUsage;
+    }
+    disk = std::move(opened).value();
+    warmer = std::make_unique<prefetch::Warmer>(backend->get(), disk.get(),
+                                                config->cache.chunk_bytes);
+  }
+  std::cerr << "warmup: " << items.size() << " files"
+            << (total_bytes ? " (" + Human(static_cast<double>(total_bytes)) + ")" : "")
+            << (sock.empty() ? " into " + config->cache.disk_dir
+                             : " through the running daemon (" + sock + ")")
+            << ", " << jobs << " in parallel\n";
+
+  Progress progress;
+  std::atomic<size_t> next{0};
+  const size_t batch = sock.empty() ? 1 : 16;
+  auto worker = [&] {
+    std::unique_ptr<prefetch::ControlClient> client;
+    if (!sock.empty()) client = std::make_unique<prefetch::ControlClient>(sock);
+    for (;;) {
+      const size_t begin = next.fetch_add(batch);
+      if (begin >= items.size()) return;
+      const size_t end = std::min(items.size(), begin + batch);
+      if (!client) {
+        Result<prefetch::WarmResult> r = warmer->WarmFile(items[begin].path);
+        if (!r.ok()) {
+          progress.failed++;
+          progress.Error(r.status().message());
+        } else if (r->fetched) {
+          progress.fetched++;
+          progress.bytes += r->bytes;
+        } else {
+          progress.skipped++;
+        }
+        progress.done++;
+        continue;
+      }
+      json paths = json::array();
+      for (size_t i = begin; i < end; ++i) paths.push_back(items[i].path);
+      Result<prefetch::HttpReply> r = client->Call("POST", "/v1/warmup", json{{"paths", paths}}.dump());
+      json reply = r.ok() ? json::parse(r->body, nullptr, false) : json();
+      if (!r.ok() || r->status != 200 || !reply.is_object()) {
+        progress.failed += end - begin;
+        progress.Error(r.ok() ? "daemon replied " + std::to_string(r->status) + ": " + r->body
+                              : r.status().message());
+      } else {
+        progress.fetched += reply.value("fetched", 0ull);
+        progress.skipped += reply.value("skipped", 0ull);
+        progress.failed += reply.value("failed", 0ull);
+        progress.bytes += reply.value("bytes", 0ull);
+        if (reply.contains("errors") && reply["errors"].is_array())
+          for (const auto& e : reply["errors"])
+            if (e.is_string()) progress.Error(e.get<std::string>());
+      }
+      progress.done += end - begin;
+    }
+  };
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  const bool tty = ::isatty(STDERR_FILENO);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < jobs; ++i) threads.emplace_back(worker);
+  std::atomic<bool> finished{false};
+  std::thread reporter([&] {
+    const auto period = tty ? std::chrono::milliseconds(200) : std::chrono::milliseconds(5000);
+    auto last = std::chrono::steady_clock::now();
+    while (!finished.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (std::chrono::steady_clock::now() - last >= period) {
+        Draw(progress, items.size(), total_bytes, elapsed(), tty, false);
+        last = std::chrono::steady_clock::now();
+      }
+    }
+  });
+  for (auto& t : threads) t.join();
+  finished = true;
+  reporter.join();
+  if (tty) Draw(progress, items.size(), total_bytes, elapsed(), tty, true);
+  if (disk) disk->Flush();
+
+  for (const auto& e : progress.errors) std::cerr << "warmup: failed: " << e << "\n";
+  std::cerr << "warmup: " << items.size() << " files: " << progress.fetched.load() << " fetched ("
+            << Human(static_cast<double>(progress.bytes.load())) << "), " << progress.skipped.load()
+            << " already cached, " << progress.failed.load() << " failed, in "
+            << Clock(elapsed()) << "\n";
+  return progress.failed.load() == 0 ? 0 : 1;
+}
+
+}  // namespace cubetorchfs::fuse

@@ -1,0 +1,12 @@
+// `cubetorchfs warmup`: fills the NVMe tier ahead of training. See warmup.cc.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace cubetorchfs::fuse {
+
+// Runs the subcommand with the arguments after "warmup"; returns the exit status.
+int RunWarmup(const std::vector<std::string>& args);
+
+}  // namespace cubetorchfs::fuse

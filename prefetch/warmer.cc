@@ -1,0 +1,28 @@
+#include "prefetch/warmer.h"
+
+#include <algorithm>
+
+namespace cubetorchfs::prefetch {
+
+Result<WarmResult> Warmer::WarmFile(const std::string& path) {
+  Result<cfs_client::FileAttr> attr = backend_->Stat(path);
+  if (!attr.ok()) return attr.status();
+  if (!attr->IsRegular()) return Status::InvalidArgument(path + ": not a regular file");
+  const cfs_client::FileVersion version = attr->Version();
+  WarmResult out;
+  for (uint64_t off = 0, chunk = 0; off < attr->size; off += chunk_bytes_, ++chunk) {
+    const std::string key = cache::ChunkKey(path, version, chunk);
+    if (disk_->Contains(key)) continue;
+    const size_t len = static_cast<size_t>(std::min(chunk_bytes_, attr->size - off));
+    std::shared_ptr<cache::Buffer> buf = cache::Buffer::Allocate(len);
+    Result<size_t> n = backend_->Read(path, version, off, len, buf->data.get());
+    if (!n.ok()) return n.status();
+    if (n.value() != len) return Status::Stale(path + ": file shorter than its size");
+    CTFS_RETURN_IF_ERROR(disk_->Put(key, *buf));
+    out.fetched = true;
+    out.bytes += len;
+  }
+  return out;
+}
+
+}  // namespace cubetorchfs::prefetch
