@@ -5,6 +5,7 @@
 #include <prometheus/registry.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "common/logging.h"
 
@@ -12,6 +13,8 @@ namespace cubetorchfs::prefetch {
 namespace {
 
 constexpr uint64_t kSecond = 1'000'000'000;
+// Parallel ranged reads per large file being prefetched.
+constexpr size_t kParallelChunks = 8;
 // A file read only in part is released this long after its last read.
 constexpr uint64_t kPartialReadIdleNs = 30 * kSecond;
 
@@ -306,28 +309,44 @@ void Prefetcher::RunJob(const Job& job) {
     l.unlock();
     const cfs_client::FileVersion version = attr.Version();
     const uint64_t chunk_bytes = options_.chunk_bytes;
-    for (uint64_t off = 0; off < size; off += chunk_bytes) {
-      const size_t len = static_cast<size_t>(std::min(chunk_bytes, size - off));
-      // A demand read may have fetched this chunk already, or an NVMe tier hold it.
-      const std::string key = cache::ChunkKey(job.path, version, off / chunk_bytes);
-      if (cache::BufferRef cached = ram_->Get(key)) {
-        chunks.push_back(std::move(cached));
-        continue;
-      }
-      if (disk_ != nullptr) {
-        if (Result<cache::BufferRef> d = disk_->Get(key); d.ok() && (*d)->size == len) {
-          chunks.push_back(std::move(d).value());
+    const size_t n_chunks = static_cast<size_t>((size + chunk_bytes - 1) / chunk_bytes);
+    chunks.resize(n_chunks);
+    std::vector<Status> errors(n_chunks);
+    // A large file's chunks are fetched in parallel ranged reads: a store's bandwidth per
+    // request is limited, its bandwidth in all is not.
+    std::atomic<size_t> next_chunk{0};
+    auto fetch_chunks = [&] {
+      for (size_t c = next_chunk++; c < n_chunks; c = next_chunk++) {
+        const uint64_t off = c * chunk_bytes;
+        const size_t len = static_cast<size_t>(std::min(chunk_bytes, size - off));
+        // A demand read may have fetched this chunk already, or an NVMe tier hold it.
+        const std::string key = cache::ChunkKey(job.path, version, c);
+        if (cache::BufferRef cached = ram_->Get(key)) {
+          chunks[c] = std::move(cached);
           continue;
         }
+        if (disk_ != nullptr) {
+          if (Result<cache::BufferRef> d = disk_->Get(key); d.ok() && (*d)->size == len) {
+            chunks[c] = std::move(d).value();
+            continue;
+          }
+        }
+        std::shared_ptr<cache::Buffer> buf = cache::Buffer::Allocate(len);
+        Result<size_t> n = backend_->Read(job.path, version, off, len, buf->data.get());
+        if (!n.ok() || n.value() != len) {
+          errors[c] = n.ok() ? Status::Stale(job.path + ": file shorter than its size") : n.status();
+          continue;
+        }
+        chunks[c] = std::move(buf);
       }
-      std::shared_ptr<cache::Buffer> buf = cache::Buffer::Allocate(len);
-      Result<size_t> n = backend_->Read(job.path, version, off, len, buf->data.get());
-      if (!n.ok() || n.value() != len) {
-        failure = n.ok() ? Status::Stale(job.path + ": file shorter than its size") : n.status();
-        break;
-      }
-      chunks.push_back(std::move(buf));
-    }
+    };
+    const size_t helpers = std::min<size_t>(kParallelChunks, n_chunks) - 1;
+    std::vector<std::thread> threads;
+    for (size_t t = 0; t < helpers; ++t) threads.emplace_back(fetch_chunks);
+    fetch_chunks();
+    for (auto& t : threads) t.join();
+    for (const Status& err : errors)
+      if (!err.ok() && failure.ok()) failure = err;
     l.lock();
   }
   if (!failure.ok()) {

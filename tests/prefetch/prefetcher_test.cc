@@ -194,6 +194,25 @@ TEST_F(PrefetcherTest, ReadersDoNotWaitOnAFetchThatWaitsForRoom) {
   EXPECT_EQ(pf_->GetStats().window_files, 0u);
 }
 
+TEST_F(PrefetcherTest, LargeFilesAreFetchedInParallelChunks) {
+  std::string big(300 << 10, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 31 % 251);
+  store_.PutFile("big", big);
+  Make(/*window_files=*/8, /*budget=*/1 << 20);
+  std::string id = pf_->CreateStream("t", 1);
+  ASSERT_TRUE(pf_->Publish(id, {"big"}));
+  EXPECT_EQ(RunAll(), 1);
+  // The first request brought the first 64 KiB guess; then 5 chunks of 64 KiB.
+  EXPECT_EQ(store_.reads(), 1 + 5);
+  for (uint64_t c = 0; c < 5; ++c) {
+    auto hit = pf_->Get("big", {big.size(), 1}, c);
+    ASSERT_TRUE(hit.has_value()) << c;
+    const size_t len = std::min<size_t>(64 << 10, big.size() - c * (64 << 10));
+    ASSERT_EQ(hit->buffer->size, len);
+    EXPECT_EQ(std::string(hit->buffer->data.get(), len), big.substr(c * (64 << 10), len)) << c;
+  }
+}
+
 TEST_F(PrefetcherTest, FailedFetchesAreCountedAndLeftToDemandReads) {
   Make();
   std::string id = pf_->CreateStream("t", 1);
