@@ -79,7 +79,8 @@ uint64_t Prefetcher::Slack() const {
 
 std::string Prefetcher::CreateStream(const std::string& name, int pid) {
   std::lock_guard<std::mutex> l(mu_);
-  std::string id = "s" + std::to_string(next_stream_id_++);
+  std::string id = std::to_string(next_stream_id_++);
+  id.insert(id.begin(), 's');  // not "s" + ...: g++ 12 warns falsely (-Wrestrict) on that
   Stream& s = streams_[id];
   s.id = id;
   s.name = name;
