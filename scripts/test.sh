@@ -12,4 +12,6 @@ echo "== unit tests (ctest)"
 echo "== integration tests (pytest)"
 export CUBETORCHFS_BIN="$PWD/build/bin/cubetorchfs"
 export PYTHONPATH="$PWD/hooks${PYTHONPATH:+:$PYTHONPATH}"
-timeout 1200 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/hooks tests/integration
+# Separate runs: the hook tests patch DataLoader in their own process.
+timeout 600 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/hooks
+timeout 1200 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration
