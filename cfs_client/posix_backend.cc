@@ -126,39 +126,16 @@ class PosixBackend final : public Backend {
 
   Result<size_t> Read(const std::string& path, const FileVersion& expect, uint64_t offset,
                       size_t len, char* buf) override {
-    Fd fd(::openat(root_fd_.get(), Rel(path), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-    if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
-    struct stat st;
-    if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
-    if (!S_ISREG(st.st_mode))
-      return Status::IsDirectory("read " + Show(path) + ": not a regular file");
-    if (FromStat(st).Version() != expect)
-      return Status::Stale("read " + Show(path) + ": file changed in the store");
-    Result<size_t> done = PreadFull(fd.get(), path, offset, len, buf);
-    if (!done.ok()) return done.status();
-    // A file rewritten in place keeps its size; its mtime tells us the bytes may be mixed.
-    if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
-    if (FromStat(st).Version() != expect)
-      return Status::Stale("read " + Show(path) + ": file changed in the store while read");
-    return done.value();
+    Result<Fetched> r = ReadAt(path, &expect, offset, len, buf);
+    if (!r.ok()) return r.status();
+    return r->bytes;
   }
 
   Result<Fetched> StatRead(const std::string& path, size_t len, char* buf) override {
-    Fd fd(::openat(root_fd_.get(), Rel(path), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-    if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
-    struct stat st;
-    if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
-    if (!S_ISREG(st.st_mode))
-      return Status::IsDirectory("read " + Show(path) + ": not a regular file");
-    Fetched out{FromStat(st), 0};
-    len = static_cast<size_t>(std::min<uint64_t>(len, out.attr.size));
-    Result<size_t> n = PreadFull(fd.get(), path, 0, len, buf);
-    if (!n.ok()) return n.status();
-    if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
-    if (FromStat(st).Version() != out.attr.Version() || n.value() != len)
+    Result<Fetched> r = ReadAt(path, nullptr, 0, len, buf);
+    if (r.ok() && r->bytes != std::min<uint64_t>(len, r->attr.size))
       return Status::Stale("read " + Show(path) + ": file changed in the store while read");
-    out.bytes = n.value();
-    return out;
+    return r;
   }
 
   Result<std::string> ReadLink(const std::string& path) override {
@@ -185,6 +162,29 @@ class PosixBackend final : public Backend {
 
  private:
   static const char* Rel(const std::string& path) { return path.empty() ? "." : path.c_str(); }
+
+  // Opens regular file `path`, checks it is at version `expect` (if given), reads up to `len`
+  // bytes at `offset`, and checks the version did not change meanwhile (a file rewritten in
+  // place keeps its size; its mtime tells the bytes may be mixed).
+  Result<Fetched> ReadAt(const std::string& path, const FileVersion* expect, uint64_t offset,
+                         size_t len, char* buf) const {
+    Fd fd(::openat(root_fd_.get(), Rel(path), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
+    if (!S_ISREG(st.st_mode))
+      return Status::IsDirectory("read " + Show(path) + ": not a regular file");
+    Fetched out{FromStat(st), 0};
+    if (expect != nullptr && out.attr.Version() != *expect)
+      return Status::Stale("read " + Show(path) + ": file changed in the store");
+    Result<size_t> n = PreadFull(fd.get(), path, offset, len, buf);
+    if (!n.ok()) return n.status();
+    if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
+    if (FromStat(st).Version() != out.attr.Version())
+      return Status::Stale("read " + Show(path) + ": file changed in the store while read");
+    out.bytes = n.value();
+    return out;
+  }
 
   // Reads until `len` bytes or end of file.
   Result<size_t> PreadFull(int fd, const std::string& path, uint64_t offset, size_t len,

@@ -311,14 +311,22 @@ class ServerImpl final : public ControlServer {
     return out;
   }
 
+  // The store paths of a {"paths": [...]} body; nothing (and `why`) if the body is malformed.
+  std::optional<std::vector<std::string>> PathsBody(const Request& req, uint64_t* rejected,
+                                                    std::string* why) {
+    json body = json::parse(req.body(), nullptr, false);
+    if (!body.is_object() || !body.contains("paths")) {
+      *why = "body must be {\"paths\": [...]}";
+      return std::nullopt;
+    }
+    return StorePaths(body["paths"], rejected, why);
+  }
+
   Response PublishPaths(const Request& req, const std::string& id) {
     const unsigned v = req.version();
-    json body = json::parse(req.body(), nullptr, false);
-    if (!body.is_object() || !body.contains("paths"))
-      return Error(http::status::bad_request, "body must be {\"paths\": [...]}", v);
     uint64_t rejected = 0;
     std::string why;
-    std::optional<std::vector<std::string>> paths = StorePaths(body["paths"], &rejected, &why);
+    std::optional<std::vector<std::string>> paths = PathsBody(req, &rejected, &why);
     if (!paths) return Error(http::status::bad_request, why, v);
     if (paths->empty() && rejected > 0) return Error(http::status::unprocessable_entity, why, v);
     if (!prefetcher_->Publish(id, *paths)) return Error(http::status::not_found, "unknown stream " + id, v);
@@ -392,12 +400,9 @@ class ServerImpl final : public ControlServer {
     if (warmer_ == nullptr)
       return Error(http::status::unprocessable_entity,
                    "no NVMe tier configured (cache.disk_dir): nothing to warm", v);
-    json body = json::parse(req.body(), nullptr, false);
-    if (!body.is_object() || !body.contains("paths"))
-      return Error(http::status::bad_request, "body must be {\"paths\": [...]}", v);
     uint64_t rejected = 0;
     std::string why;
-    std::optional<std::vector<std::string>> paths = StorePaths(body["paths"], &rejected, &why);
+    std::optional<std::vector<std::string>> paths = PathsBody(req, &rejected, &why);
     if (!paths) return Error(http::status::bad_request, why, v);
     uint64_t fetched = 0, skipped = 0, failed = rejected, bytes = 0;
     json errors = json::array();
