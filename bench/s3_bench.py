@@ -1,0 +1,763 @@
+#!/usr/bin/python3
+"""S3 epoch benchmark: one cold epoch over a loopback S3 server, through three FUSE mounts.
+
+  cubetorchfs  the s3 backend, profile ai_prefetch, with `import cube_torch` in the training
+               process (PYTHONPATH=hooks; VOL_NAME and CUBE_TORCH_CONFIG_DIR find the daemon)
+  s3fs         Debian's s3fs-fuse, with its local cache (-o use_cache=DIR)
+  rclone       Debian's rclone, `rclone mount --vfs-cache-mode full`, an s3 remote (provider
+               Other) configured through RCLONE_CONFIG_* environment variables
+
+The data set (ImageFolder JPEGs of ~110 KB) is generated once and uploaded once, with SigV4
+PUTs, into a bucket of an s3rver (tools/node_modules, installed by scripts/install_deps.sh)
+on 127.0.0.1 whose directory lives in --workdir. All three systems talk to s3rver through a
+small TCP proxy that delays every byte from client to server by --latency-ms (default 5 ms),
+so each request costs the same extra round trip whichever system sends it.
+
+Each measurement is one epoch (ImageFolder DataLoader, 2 workers, batch 64, shuffle) in a
+fresh process, on a fresh mount with fresh, empty cache directories, after dropping the
+kernel's page cache. Rounds alternate cubetorchfs, s3fs, rclone. Variants: `raw` (the file
+bytes only; the default) and `decode` (PIL decode + RandomResizedCrop(112) + ToTensor).
+
+Prints a table (median and min-max samples/s per system) and a last line with the ratio of
+cubetorchfs to the best peer, the target in BENCHMARKS.md ("S3 rows": >= 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import datetime
+import hashlib
+import hmac
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parent.parent
+S3RVER_JS = REPO / "tools" / "node_modules" / "s3rver" / "bin" / "s3rver.js"
+ACCESS_KEY = SECRET_KEY = "S3RVER"  # s3rver's built-in account
+REGION = "us-east-1"
+BUCKET = "bench"
+SYSTEMS = ("cubetorchfs", "s3fs", "rclone")
+PEERS = ("s3fs", "rclone")
+MOUNT_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+COMMAND_TIMEOUT_S = 30.0
+
+
+def log(msg: str) -> None:
+    print(f"[s3_bench] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- data
+
+
+def generate(root: Path, files: int, classes: int) -> None:
+    """ImageFolder JPEGs of ~110 KB (noisy 384x384, quality 90), once per (files, classes)."""
+    import numpy as np
+    from PIL import Image
+
+    marker = root / f".complete-v2-{files}-{classes}"
+    if marker.exists():
+        return
+    if root.exists():
+        shutil.rmtree(root)
+    rng = np.random.default_rng(0)
+    for i in range(files):
+        d = root / f"class_{i % classes:03d}"
+        d.mkdir(parents=True, exist_ok=True)
+        small = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+        img = Image.fromarray(small).resize((384, 384), Image.BILINEAR)
+        arr = np.asarray(img).astype(np.int16) + rng.integers(-60, 60, (384, 384, 3))
+        Image.fromarray(arr.clip(0, 255).astype(np.uint8)).save(d / f"img_{i:06d}.jpg", quality=90)
+        if (i + 1) % 500 == 0 or i + 1 == files:
+            print(f"\r[s3_bench] generating JPEGs: {i + 1}/{files}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    marker.touch()
+
+
+def data_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.jpg") if p.is_file())
+
+
+# --------------------------------------------------------------------------- SigV4 uploads
+
+
+def _quote(s: str, keep_slash: bool) -> str:
+    return urllib.parse.quote(s, safe="/~" if keep_slash else "~")
+
+
+def sigv4_headers(method: str, raw_path: str, host: str, body: bytes) -> dict[str, str]:
+    """Headers of a SigV4-signed request without a query string."""
+    amz_date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    headers = {"host": host, "x-amz-date": amz_date,
+               "x-amz-content-sha256": hashlib.sha256(body).hexdigest()}
+    signed = sorted(headers)
+    canonical = "\n".join([method, raw_path, "", "".join(f"{h}:{headers[h]}\n" for h in signed),
+                           ";".join(signed), headers["x-amz-content-sha256"]])
+    scope = f"{amz_date[:8]}/{REGION}/s3/aws4_request"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope,
+                         hashlib.sha256(canonical.encode()).hexdigest()])
+    key = ("AWS4" + SECRET_KEY).encode()
+    for part in (amz_date[:8], REGION, "s3", "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    sig = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    headers["authorization"] = (f"AWS4-HMAC-SHA256 Credential={ACCESS_KEY}/{scope}, "
+                                f"SignedHeaders={';'.join(signed)}, Signature={sig}")
+    headers["content-length"] = str(len(body))
+    return headers
+
+
+class S3Client:
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+    def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        raw_path = _quote(path, True)
+        for attempt in range(3):  # s3rver may close an idle keep-alive connection
+            headers = sigv4_headers(method, raw_path, f"127.0.0.1:{self.port}", body)
+            try:
+                self.conn.request(method, raw_path, body=body, headers=headers)
+                reply = self.conn.getresponse()
+                return reply.status, reply.read()
+            except (ConnectionError, http.client.HTTPException):
+                self.conn.close()
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def upload(port: int, data: Path, threads: int = 4) -> int:
+    client = S3Client(port)
+    try:
+        status, body = client.request("PUT", f"/{BUCKET}")
+        if status != 200:
+            raise RuntimeError(f"create bucket: HTTP {status} {body[:200]!r}")
+    finally:
+        client.close()
+    files = data_files(data)
+    done = [0]
+
+    def put_share(share: list[Path]) -> None:
+        c = S3Client(port)
+        try:
+            for path in share:
+                key = path.relative_to(data).as_posix()
+                status, body = c.request("PUT", f"/{BUCKET}/{key}", path.read_bytes())
+                if status != 200:
+                    raise RuntimeError(f"PUT {key}: HTTP {status} {body[:200]!r}")
+                done[0] += 1
+                if done[0] % 500 == 0:
+                    print(f"\r[s3_bench] uploading: {done[0]}/{len(files)}", end="", file=sys.stderr, flush=True)
+        finally:
+            c.close()
+
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        for f in [pool.submit(put_share, files[i::threads]) for i in range(threads)]:
+            f.result()
+    print(file=sys.stderr)
+    return len(files)
+
+
+def count_objects(port: int) -> int:
+    """Keys in the bucket, through ListObjectsV2 (unsigned: s3rver does not check)."""
+    count, token = 0, ""
+    while True:
+        query = "list-type=2&max-keys=1000" + (f"&continuation-token={_quote(token, False)}" if token else "")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/{BUCKET}?{query}", timeout=30) as r:
+            text = r.read().decode()
+        count += len(re.findall(r"<Key>", text))
+        m = re.search(r"<NextContinuationToken>([^<]+)</NextContinuationToken>", text)
+        if not m or "<IsTruncated>true</IsTruncated>" not in text:
+            return count
+        token = m.group(1)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def stop_process(proc: Optional[subprocess.Popen], name: str) -> None:
+    """SIGTERM, then SIGKILL after a while; only this process, which we started."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        proc.terminate()
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        log(f"{name} (pid {proc.pid}) ignored SIGTERM; killing it")
+        proc.kill()
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log(f"{name} (pid {proc.pid}) did not die")
+
+
+def cpu_seconds(pid: Optional[int]) -> float:
+    """User + system CPU of a process and its waited-for children so far (nan when gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, TypeError, IndexError, ValueError):
+        return float("nan")
+
+
+def peak_rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def mounted(mnt: Path) -> bool:
+    target = str(mnt)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 4 and fields[4].replace("\\040", " ") == target:
+                return True
+    return False
+
+
+def unmount(mnt: Path) -> None:
+    if not mounted(mnt):
+        return
+    for cmd in (["fusermount3", "-u", str(mnt)], ["fusermount3", "-u", "-z", str(mnt)], ["umount", "-l", str(mnt)]):
+        try:
+            subprocess.run(cmd, check=False, timeout=COMMAND_TIMEOUT_S,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            log(f"{' '.join(cmd)} timed out")
+        if not mounted(mnt):
+            return
+    log(f"could not unmount {mnt}")
+
+
+def drop_caches() -> None:
+    subprocess.run(["sync"], check=False, timeout=120)
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as e:
+        log(f"cannot drop the page cache ({e}): runs are not cold")
+
+
+class S3rver:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.port = free_port()
+        self.proc: Optional[subprocess.Popen] = None
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def start(self) -> "S3rver":
+        if shutil.which("node") is None or not S3RVER_JS.is_file():
+            raise RuntimeError(f"needs node and {S3RVER_JS} (scripts/install_deps.sh installs both)")
+        with open(self.directory.parent / "s3rver.log", "ab") as out:
+            # Node 17+ offers the DES of s3rver's continuation tokens only with the legacy provider.
+            self.proc = subprocess.Popen(
+                ["node", "--openssl-legacy-provider", str(S3RVER_JS), "--directory", str(self.directory),
+                 "--port", str(self.port), "--address", "127.0.0.1", "--service-endpoint", "localhost",
+                 "--silent"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+        if not wait_for(lambda: self.proc.poll() is not None or port_answers(self.port), 30):
+            raise RuntimeError("s3rver did not answer within 30 s")
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"s3rver exited with {self.proc.returncode} (see {self.directory.parent}/s3rver.log)")
+        return self
+
+    def stop(self) -> None:
+        stop_process(self.proc, "s3rver")
+        self.proc = None
+
+
+class LatencyProxy:
+    """This script in --proxy mode, as a separate process (its own GIL and CPU accounting)."""
+
+    def __init__(self, upstream_port: int, latency_ms: float) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--proxy", f"{self.port}:{upstream_port}:{latency_ms}"],
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        if not wait_for(lambda: self.proc.poll() is not None or port_answers(self.port), 20):
+            self.stop()
+            raise RuntimeError("the latency proxy did not listen within 20 s")
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the latency proxy exited with {self.proc.returncode}")
+
+    def stop(self) -> None:
+        stop_process(self.proc, "latency proxy")
+
+
+def run_proxy(spec: str) -> None:
+    """Forwards 127.0.0.1:LISTEN to 127.0.0.1:UPSTREAM; bytes from client to server are held
+    for DELAY_MS each (a pipe, not a queue: chunks in flight overlap), replies pass at once."""
+    listen, upstream, delay_ms = spec.split(":")
+    delay = float(delay_ms) / 1000
+
+    async def delayed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                while True:
+                    data = await reader.read(1 << 18)
+                    queue.put_nowait((loop.time() + delay, data))
+                    if not data:
+                        return
+            except (ConnectionError, OSError):
+                queue.put_nowait((0.0, b""))
+
+        task = loop.create_task(pump())
+        try:
+            while True:
+                due, data = await queue.get()
+                wait = due - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                if not data:
+                    break
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            task.cancel()
+            writer.close()
+
+    async def plain(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(1 << 18):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def handle(creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
+        try:
+            ureader, uwriter = await asyncio.open_connection("127.0.0.1", int(upstream))
+        except OSError:
+            cwriter.close()
+            return
+        for w in (cwriter, uwriter):
+            sock = w.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await asyncio.gather(delayed(creader, uwriter), plain(ureader, cwriter), return_exceptions=True)
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", int(listen), backlog=1024, reuse_address=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        async with server:
+            await stop.wait()
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- the mounts
+
+
+class Mount:
+    """A fresh mount of the bucket at work/mnt with fresh cache directories under work/."""
+
+    name = ""
+
+    def __init__(self, work: Path, endpoint: str, args: argparse.Namespace) -> None:
+        self.work = work
+        self.endpoint = endpoint
+        self.args = args
+        self.mnt = work / "mnt"
+        self.mnt.mkdir(parents=True)
+        self.env = dict(os.environ)
+        self.proc: Optional[subprocess.Popen] = None
+        self.pid: Optional[int] = None
+        self.hook = False
+
+    def _start(self, cmd: list[str], env: dict[str, str]) -> None:
+        with open(self.work / f"{self.name}.log", "ab") as out:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
+                                         start_new_session=True)
+        self.pid = self.proc.pid
+        if not wait_for(lambda: self.proc.poll() is not None or mounted(self.mnt), MOUNT_TIMEOUT_S, 0.1):
+            raise RuntimeError(f"{self.name} did not mount within {MOUNT_TIMEOUT_S:.0f} s: {self.log_tail()}")
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {self.log_tail()}")
+
+    def log_tail(self) -> str:
+        try:
+            lines = (self.work / f"{self.name}.log").read_text(errors="replace").strip().splitlines()
+            return " | ".join(lines[-3:]) or "(no output)"
+        except OSError:
+            return "(no log)"
+
+    def extra(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        unmount(self.mnt)
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                stop_process(self.proc, self.name)
+        elif self.pid is not None:
+            wait_for(lambda: not Path(f"/proc/{self.pid}").exists(), STOP_TIMEOUT_S)
+            if Path(f"/proc/{self.pid}").exists():
+                log(f"{self.name} pid {self.pid} still alive after unmount; killing it")
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+class CubeMount(Mount):
+    name = "cubetorchfs"
+
+    def __init__(self, work: Path, endpoint: str, args: argparse.Namespace, hook: bool = True) -> None:
+        super().__init__(work, endpoint, args)
+        self.hook = hook
+        self.port = free_port()
+        self.vol = f"s3bench{os.getpid()}"
+        self.env.update(CUBE_TORCH_CONFIG_DIR=str(work), VOL_NAME=self.vol)
+        config = {
+            "volName": self.vol, "mountPoint": str(self.mnt), "logDir": str(work / "log"),
+            "exporterPort": self.port, "profile": "ai_prefetch",
+            "backend": {"type": "s3", "endpoint": endpoint, "bucket": BUCKET,
+                        "access_key": ACCESS_KEY, "secret_key": SECRET_KEY},
+            "cache": {"memory_bytes": args.memory_bytes},
+            "prefetch": {"control_socket": f"/run/cubetorchfs/{self.vol}.sock"},
+        }
+        (work / "config.json").write_text(json.dumps(config))
+        out = subprocess.run([args.bin, "-c", str(work / "config.json")], env=self.env,
+                             capture_output=True, text=True, timeout=MOUNT_TIMEOUT_S)
+        if out.returncode != 0:
+            raise RuntimeError(f"cubetorchfs exited with {out.returncode}: {(out.stderr or out.stdout).strip()}")
+        self.pid = json.loads((work / f"cube_torch.config.{self.vol}").read_text())["pid"]
+        if not mounted(self.mnt):
+            raise RuntimeError("cubetorchfs returned 0 but nothing is mounted")
+
+    def extra(self) -> dict[str, float]:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5).read().decode()
+        reads = {m.group(1): float(m.group(2))
+                 for m in re.finditer(r'^cubetorchfs_reads_total\{result="(\w+)"\} (\S+)$', text, re.M)}
+        total = sum(reads.values())
+        frac = {k: reads.get(k, 0) / total if total else float("nan") for k in ("hit", "late", "miss")}
+        return {"hit_ratio": frac["hit"], "late_ratio": frac["late"], "miss_ratio": frac["miss"],
+                "rss_mib": peak_rss_mib(self.pid)}
+
+
+class S3fsMount(Mount):
+    name = "s3fs"
+
+    def __init__(self, work: Path, endpoint: str, args: argparse.Namespace) -> None:
+        super().__init__(work, endpoint, args)
+        if shutil.which("s3fs") is None:
+            raise RuntimeError("s3fs is not installed (Debian package s3fs; scripts/install_deps.sh)")
+        cache = work / "cache"
+        cache.mkdir()
+        passwd = work / "passwd-s3fs"
+        passwd.write_text(f"{ACCESS_KEY}:{SECRET_KEY}\n")
+        passwd.chmod(0o600)
+        opts = [f"use_cache={cache}", f"url={endpoint}", "use_path_request_style",
+                f"passwd_file={passwd}", "ro", "endpoint=" + REGION]
+        self._start(["s3fs", BUCKET, str(self.mnt), "-f", "-o", ",".join(opts)], self.env)
+
+
+class RcloneMount(Mount):
+    name = "rclone"
+
+    def __init__(self, work: Path, endpoint: str, args: argparse.Namespace) -> None:
+        super().__init__(work, endpoint, args)
+        if shutil.which("rclone") is None:
+            raise RuntimeError("rclone is not installed (Debian package rclone; scripts/install_deps.sh)")
+        # rclone's AWS SDK fails on AWS_CA_BUNDLE ("unable to load custom CA bundle, HTTPClient's
+        # transport unsupported type"); the endpoint is plain http, so it is not needed.
+        env = {k: v for k, v in self.env.items() if k != "AWS_CA_BUNDLE"}
+        env.update(RCLONE_CONFIG_S3BENCH_TYPE="s3", RCLONE_CONFIG_S3BENCH_PROVIDER="Other",
+                   RCLONE_CONFIG_S3BENCH_ENDPOINT=endpoint, RCLONE_CONFIG_S3BENCH_REGION=REGION,
+                   RCLONE_CONFIG_S3BENCH_ACCESS_KEY_ID=ACCESS_KEY,
+                   RCLONE_CONFIG_S3BENCH_SECRET_ACCESS_KEY=SECRET_KEY,
+                   RCLONE_CONFIG_S3BENCH_FORCE_PATH_STYLE="true")
+        self._start(["rclone", "mount", f"s3bench:{BUCKET}", str(self.mnt), "--vfs-cache-mode", "full",
+                     "--cache-dir", str(work / "cache"), "--read-only",
+                     "--config", str(work / "rclone.conf")],  # absent: only the environment counts
+                    env)
+
+
+def make_mount(system: str, work: Path, endpoint: str, args: argparse.Namespace) -> Mount:
+    if system == "cubetorchfs":
+        return CubeMount(work, endpoint, args)
+    if system == "cubetorchfs-nohook":
+        return CubeMount(work, endpoint, args, hook=False)
+    if system == "s3fs":
+        return S3fsMount(work, endpoint, args)
+    if system == "rclone":
+        return RcloneMount(work, endpoint, args)
+    raise ValueError(system)
+
+
+# --------------------------------------------------------------------------- one epoch
+
+
+def child(args: argparse.Namespace) -> None:
+    """One epoch, in its own process; prints a JSON line."""
+    if args.hook:
+        import cube_torch  # noqa: F401  (PYTHONPATH=hooks; patches DataLoader iteration)
+    import torch
+    import torchvision
+    from torchvision import transforms
+
+    torch.manual_seed(0)
+    scan_start = time.monotonic()
+    if args.variant == "decode":
+        ds = torchvision.datasets.ImageFolder(args.child, transform=transforms.Compose(
+            [transforms.RandomResizedCrop(112), transforms.ToTensor()]))
+    else:
+        ds = torchvision.datasets.ImageFolder(args.child, loader=lambda p: open(p, "rb").read())
+    scan = time.monotonic() - scan_start
+    loader = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True, num_workers=2,
+                                         collate_fn=None if args.variant == "decode" else list)
+    start = time.monotonic()
+    n = nbytes = 0
+    for batch in loader:
+        if args.variant == "decode":
+            n += len(batch[0])
+        else:
+            n += len(batch)
+            nbytes += sum(len(data) for data, _ in batch)
+    elapsed = time.monotonic() - start
+    print(json.dumps({"samples": n, "bytes": nbytes, "seconds": elapsed, "scan_seconds": scan}))
+
+
+def epoch(m: Mount, variant: str, timeout: float) -> dict:
+    cmd = [sys.executable, __file__, "--child", str(m.mnt), "--variant", variant]
+    env = dict(m.env)
+    if m.hook:
+        cmd.append("--hook")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "hooks"), env.get("PYTHONPATH")]))
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    if out.returncode != 0:
+        tail = " | ".join(out.stderr.strip().splitlines()[-3:])
+        raise RuntimeError(f"epoch exited with {out.returncode}: {tail}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------- main
+
+
+def wait_for_ci(path: Path, limit_s: float) -> None:
+    """Another run (CI) may be using the CPU: wait until its log has its `rc=` line."""
+    if not path.exists():
+        return
+    deadline = time.monotonic() + limit_s
+    announced = False
+    while time.monotonic() < deadline:
+        if any(line.startswith("rc=") for line in path.read_text(errors="replace").splitlines()):
+            return
+        if not announced:
+            log(f"{path} has no rc= line yet: waiting for that run to finish (at most {limit_s:.0f} s)")
+            announced = True
+        time.sleep(5)
+    log(f"still no rc= line in {path}: measuring anyway")
+
+
+def median_range(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--files", type=int, default=3000)
+    p.add_argument("--classes", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--latency-ms", type=float, default=5.0,
+                   help="added to every request by a proxy in front of s3rver (0: no proxy)")
+    p.add_argument("--variants", nargs="+", default=["raw"], choices=["raw", "decode"])
+    p.add_argument("--decode", action="store_true", help="also run the decode variant")
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS),
+                   choices=list(SYSTEMS) + ["cubetorchfs-nohook"])
+    p.add_argument("--memory-bytes", default="4GiB", help="cubetorchfs cache.memory_bytes")
+    p.add_argument("--epoch-timeout", type=float, default=600.0, help="seconds one epoch may take")
+    p.add_argument("--workdir", default="/tmp/cubetorchfs-s3-bench")
+    p.add_argument("--wait-for-log", default="/tmp/ci.log",
+                   help="if this file exists, wait (up to 20 min) for a line starting with rc= first")
+    p.add_argument("--bin", default=os.environ.get("CUBETORCHFS_BIN", str(REPO / "build/bin/cubetorchfs")))
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--variant", default="raw", help=argparse.SUPPRESS)
+    p.add_argument("--hook", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--proxy", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.proxy:
+        run_proxy(args.proxy)
+        return
+    if args.child:
+        child(args)
+        return
+    variants = list(dict.fromkeys(args.variants + (["decode"] if args.decode else [])))
+
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    data = workdir / "data"
+    generate(data, args.files, args.classes)
+    files = data_files(data)
+    total_bytes = sum(f.stat().st_size for f in files)
+
+    s3dir = workdir / "s3"
+    marker = workdir / f".uploaded-{args.files}-{args.classes}"
+    if not marker.exists() and s3dir.exists():
+        shutil.rmtree(s3dir)
+    server: Optional[S3rver] = None
+    proxy: Optional[LatencyProxy] = None
+    results: dict[tuple[str, str], list[dict]] = {}
+    failures: dict[tuple[str, str], list[str]] = {}
+    try:
+        server = S3rver(s3dir).start()
+        if not marker.exists():
+            t = time.monotonic()
+            n = upload(server.port, data)
+            log(f"uploaded {n} objects ({total_bytes / 1e6:.0f} MB) in {time.monotonic() - t:.0f} s")
+        keys = count_objects(server.port)
+        if keys != len(files):
+            marker.unlink(missing_ok=True)
+            raise RuntimeError(f"the bucket holds {keys} keys, not {len(files)}: rerun to upload again")
+        marker.touch()
+        endpoint = f"http://127.0.0.1:{server.port}"
+        if args.latency_ms > 0:
+            proxy = LatencyProxy(server.port, args.latency_ms)
+            endpoint = f"http://127.0.0.1:{proxy.port}"
+        wait_for_ci(Path(args.wait_for_log), 1200)
+
+        for variant in variants:
+            for r in range(args.rounds):
+                for system in args.systems:
+                    work = Path(tempfile.mkdtemp(prefix=f"{system}-", dir=workdir))
+                    m: Optional[Mount] = None
+                    try:
+                        m = make_mount(system, work, endpoint, args)
+                        drop_caches()
+                        cpu0 = (cpu_seconds(m.pid), cpu_seconds(server.proc.pid),
+                                cpu_seconds(proxy.proc.pid) if proxy else 0.0)
+                        res = epoch(m, variant, args.epoch_timeout)
+                        cpu1 = (cpu_seconds(m.pid), cpu_seconds(server.proc.pid),
+                                cpu_seconds(proxy.proc.pid) if proxy else 0.0)
+                        if res["samples"] != len(files):
+                            raise RuntimeError(f"read {res['samples']} samples, not {len(files)}")
+                        if variant == "raw" and res["bytes"] != total_bytes:
+                            raise RuntimeError(f"read {res['bytes']} bytes, not {total_bytes}")
+                        res.update(rate=res["samples"] / res["seconds"], mount_cpu=cpu1[0] - cpu0[0],
+                                   s3rver_cpu=cpu1[1] - cpu0[1], proxy_cpu=cpu1[2] - cpu0[2], **m.extra())
+                        results.setdefault((variant, system), []).append(res)
+                        log(f"{variant} round {r + 1}: {system:12} {res['rate']:7.0f} samples/s "
+                            f"({res['seconds']:.1f} s; scan {res['scan_seconds']:.1f} s; CPU: mount "
+                            f"{res['mount_cpu']:.1f} s, s3rver {res['s3rver_cpu']:.1f} s, proxy {res['proxy_cpu']:.1f} s)"
+                            + (f"; reads: hit {res['hit_ratio']:.3f}, late {res['late_ratio']:.3f}, "
+                               f"miss {res['miss_ratio']:.3f}" if "hit_ratio" in res else ""))
+                    except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as e:
+                        reason = f"{type(e).__name__}: {e}"
+                        if m is not None and not isinstance(e, subprocess.TimeoutExpired):
+                            reason += f" [log: {m.log_tail()}]"
+                        failures.setdefault((variant, system), []).append(reason)
+                        log(f"{variant} round {r + 1}: {system} FAILED: {reason}")
+                    finally:
+                        if m is not None:
+                            m.close()
+                        elif mounted(work / "mnt"):
+                            unmount(work / "mnt")
+                        if not mounted(work / "mnt"):
+                            shutil.rmtree(work, ignore_errors=True)
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        if server is not None:
+            server.stop()
+
+    lat = f"+{args.latency_ms:g} ms per request" if args.latency_ms > 0 else "no added latency"
+    print(f"s3_bench (cold; loopback s3rver, {lat}) - nproc {os.cpu_count()}, {len(files)} JPEGs "
+          f"({total_bytes / 1e6:.0f} MB), 2 workers, batch 64, {args.rounds} rounds, median (min-max)")
+    print(f"{'variant':8} {'system':19} {'samples/s':>10} {'min-max':>15} {'scan s':>7} "
+          f"{'mount CPU s':>12} {'s3rver CPU s':>13}")
+    for variant in variants:
+        for system in args.systems:
+            rs = results.get((variant, system), [])
+            fails = failures.get((variant, system), [])
+            if rs:
+                med, lo, hi = median_range([x["rate"] for x in rs])
+                print(f"{variant:8} {system:19} {med:>10.0f} {lo:>7.0f}-{hi:<7.0f} "
+                      f"{statistics.median(x['scan_seconds'] for x in rs):>7.2f} "
+                      f"{statistics.median(x['mount_cpu'] for x in rs):>12.1f} "
+                      f"{statistics.median(x['s3rver_cpu'] for x in rs):>13.1f}"
+                      + (f"  ({len(fails)} failed)" if fails else ""))
+            else:
+                print(f"{variant:8} {system:19} {'failed':>10}  {fails[0] if fails else 'not run'}")
+    cube = [x for v in variants for x in results.get((v, "cubetorchfs"), []) if "hit_ratio" in x]
+    if cube:
+        print(f"cubetorchfs: hit ratio min {min(x['hit_ratio'] for x in cube):.3f} "
+              f"median {statistics.median(x['hit_ratio'] for x in cube):.3f}; daemon VmHWM max "
+              f"{max(x['rss_mib'] for x in cube):.0f} MiB (budget {args.memory_bytes} + 64 MiB)")
+    ratio_lines = []
+    for variant in variants:
+        cube_rates = [x["rate"] for x in results.get((variant, "cubetorchfs"), [])]
+        peers = {s: statistics.median(x["rate"] for x in results[(variant, s)])
+                 for s in PEERS if s in args.systems and results.get((variant, s))}
+        if not cube_rates or not peers:
+            ratio_lines.append((variant, None, "no cubetorchfs or no peer result"))
+            continue
+        best = max(peers, key=peers.get)
+        ratio_lines.append((variant, statistics.median(cube_rates) / peers[best], best))
+    for variant, ratio, best in ratio_lines:
+        print(f"{variant}: cubetorchfs / best peer ({best}) = " + (f"{ratio:.2f}" if ratio else "n/a"))
+    variant, ratio, best = ratio_lines[0]
+    print("ratio: cubetorchfs / best peer = " + (f"{ratio:.2f}" if ratio else "n/a") + " (target >= 3)")
+    if failures:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
