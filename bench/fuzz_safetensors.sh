@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Fuzz the safetensors header parser (loader/safetensors.cc) with libFuzzer for a bounded time.
+#
+#   bench/fuzz_safetensors.sh [SECONDS]      (default 60)
+#
+# Builds loader/fuzz_safetensors.cc with clang (-fsanitize=fuzzer,address,undefined) in its own
+# build directory (build-fuzz, or $FUZZ_BUILD_DIR), seeds a corpus with a few valid files, runs
+# the fuzzer and prints executions per second and whether a crash was found. Exit status: 0 no
+# crash, 1 a crash (the reproducer is in the artifacts directory printed), 2 setup failed.
+set -euo pipefail
+
+SECONDS_TO_RUN="${1:-60}"
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+BUILD="${FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
+WORK="$BUILD/fuzz-work"
+JOBS="${FUZZ_BUILD_JOBS:-1}"
+
+# A clang++ with libFuzzer: the default one, else clang++-14.
+CXX_BIN=""
+for c in clang++ clang++-14; do
+  if command -v "$c" >/dev/null 2>&1; then CXX_BIN="$(command -v "$c")"; break; fi
+done
+if [[ -z "$CXX_BIN" ]]; then
+  echo "fuzz_safetensors: no clang++ found (apt-get install clang)" >&2
+  exit 2
+fi
+CC_BIN="${CXX_BIN/clang++/clang}"
+
+mkdir -p "$BUILD"
+if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
+  CC="$CC_BIN" CXX="$CXX_BIN" cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCUBETORCH_CUDA=OFF -DBUILD_TESTING=OFF >"$BUILD/fuzz-configure.log" 2>&1 || {
+    echo "fuzz_safetensors: cmake configure failed, see $BUILD/fuzz-configure.log" >&2
+    exit 2
+  }
+fi
+cmake --build "$BUILD" -j"$JOBS" --target fuzz_safetensors >"$BUILD/fuzz-build.log" 2>&1 || {
+  echo "fuzz_safetensors: build failed, see $BUILD/fuzz-build.log" >&2
+  exit 2
+}
+FUZZER="$BUILD/bin/fuzz_safetensors"
+
+# Seed corpus: a few valid files written by hand (independent of the parser).
+mkdir -p "$WORK/corpus" "$WORK/artifacts"
+python3 - "$WORK/corpus" <<'PY'
+import json, struct, sys, os
+out = sys.argv[1]
+def write(name, tensors, metadata=None, pad=0):
+    header, data, off = {}, b"", 0
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for tname, dtype, shape, nbytes in tensors:
+        header[tname] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + nbytes]}
+        data += bytes((i * 7) & 0xff for i in range(nbytes))
+        off += nbytes
+    h = json.dumps(header, separators=(",", ":")).encode() + b" " * pad
+    with open(os.path.join(out, name), "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + data)
+write("seed_empty", [])
+write("seed_one", [("w", "F32", [2, 2], 16)])
+write("seed_meta", [("a", "I64", [1], 8), ("b", "BF16", [3], 6)], {"format": "pt"}, pad=5)
+write("seed_scalar_empty", [("s", "F64", [], 8), ("e", "U8", [0], 0), ("f4", "F4", [4], 2)])
+write("seed_many", [("layer.%d" % i, "F16", [i + 1], 2 * (i + 1)) for i in range(20)])
+write("seed_subbyte", [("x", "F6_E2M3", [4], 3), ("y", "F8_E4M3", [2], 2), ("z", "C64", [1], 8)])
+PY
+
+echo "fuzz_safetensors: running $FUZZER for ${SECONDS_TO_RUN}s"
+set +e
+"$FUZZER" "$WORK/corpus" -max_total_time="$SECONDS_TO_RUN" -print_final_stats=1 \
+  -dict="$ROOT/loader/fuzz_safetensors.dict" -max_len=4096 -rss_limit_mb=2048 \
+  -artifact_prefix="$WORK/artifacts/" >"$WORK/fuzz.log" 2>&1
+rc=$?
+set -e
+
+execs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$WORK/fuzz.log" | grep -o '[0-9]*$' || true)"
+rate="$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$WORK/fuzz.log" | grep -o '[0-9]*$' || true)"
+cov="$(grep -E '^#[0-9]+' "$WORK/fuzz.log" | tail -1 | grep -o 'cov: [0-9]*' || true)"
+crashes="$(ls "$WORK/artifacts" 2>/dev/null | grep -E '^(crash|leak|oom|timeout)-' || true)"
+echo "fuzz_safetensors: executions=${execs:-?} exec/s=${rate:-?} ${cov} corpus=$(ls "$WORK/corpus" | wc -l)"
+if [[ $rc -ne 0 || -n "$crashes" ]]; then
+  echo "fuzz_safetensors: CRASH FOUND (exit $rc); reproducers in $WORK/artifacts:"
+  echo "$crashes"
+  grep -E 'ERROR|SUMMARY|runtime error' "$WORK/fuzz.log" | head -20
+  exit 1
+fi
+echo "fuzz_safetensors: no crash found in ${SECONDS_TO_RUN}s"

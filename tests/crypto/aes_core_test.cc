@@ -1,0 +1,111 @@
+// The portable (CUDA-shared) AES core against OpenSSL.
+#include "cuda/aes_core.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "crypto/aes_ctr.h"
+#include "cuda/aes_ctr_gpu.h"
+#include "cuda/aes_ctr_portable.h"
+#include "tests/crypto/test_helpers.h"
+
+namespace cubetorchfs::cuda {
+namespace {
+
+using crypto::testing::RandomBytes;
+using crypto::testing::RandomIv;
+using crypto::testing::RandomKey;
+
+TEST(AesCoreTest, Fips197Vectors) {
+  // FIPS-197 appendix C.1 and C.3.
+  uint8_t key[32];
+  for (int i = 0; i < 32; ++i) key[i] = static_cast<uint8_t>(i);
+  uint8_t block[16];
+  for (int i = 0; i < 16; ++i) block[i] = static_cast<uint8_t>(i * 0x11);
+  const uint8_t want128[16] = {0x69, 0xc4, 0xe0, 0xd8, 0x6a, 0x7b, 0x04, 0x30,
+                               0xd8, 0xcd, 0xb7, 0x80, 0x70, 0xb4, 0xc5, 0x5a};
+  const uint8_t want256[16] = {0x8e, 0xa2, 0xb7, 0xca, 0x51, 0x67, 0x45, 0xbf,
+                               0xea, 0xfc, 0x49, 0x90, 0x4b, 0x49, 0x60, 0x89};
+  AesRoundKeys rk;
+  uint8_t out[16];
+  AesExpandKey(kAesSbox, key, 16, &rk);
+  AesEncryptBlock(kAesSbox, rk, block, out);
+  EXPECT_EQ(0, std::memcmp(out, want128, 16));
+  AesExpandKey(kAesSbox, key, 32, &rk);
+  AesEncryptBlock(kAesSbox, rk, block, out);
+  EXPECT_EQ(0, std::memcmp(out, want256, 16));
+}
+
+void CheckAgainstOpenssl(std::mt19937_64& rng, size_t key_len, const crypto::Iv& iv,
+                         uint64_t base_offset, size_t size, int trials) {
+  crypto::Key key = RandomKey(rng, key_len);
+  auto plain = RandomBytes(rng, size);
+  for (int t = 0; t < trials; ++t) {
+    uint64_t off = base_offset + rng() % size;
+    size_t len = rng() % (std::min<size_t>(size, 300) + 1);
+    std::vector<uint8_t> a(plain.begin(), plain.begin() + len);
+    auto b = a;
+    ASSERT_TRUE(crypto::CtrXorAt(key, iv, off, a.data(), a.size()).ok());
+    ASSERT_TRUE(CtrXorAtPortable(key.data(), key.size(), iv.data(), off, b.data(), b.size()).ok());
+    ASSERT_EQ(a, b) << "key " << key_len << " off " << off << " len " << len;
+  }
+}
+
+TEST(AesCoreTest, MatchesOpensslOnRandomInputs) {
+  std::mt19937_64 rng(10);
+  for (int i = 0; i < 20; ++i) {
+    for (size_t key_len : {16, 32}) {
+      CheckAgainstOpenssl(rng, key_len, RandomIv(rng), rng() >> 4, 1 << 12, 10);
+    }
+  }
+}
+
+TEST(AesCoreTest, CounterCarryAcross2To64) {
+  std::mt19937_64 rng(11);
+  crypto::Iv iv = RandomIv(rng);
+  for (int i = 8; i < 16; ++i) iv[i] = 0xff;  // low 64 bits all ones
+  for (size_t key_len : {16, 32}) CheckAgainstOpenssl(rng, key_len, iv, 0, 256, 100);
+}
+
+TEST(AesCoreTest, CounterWrapAt2To128) {
+  std::mt19937_64 rng(12);
+  crypto::Iv iv;
+  iv.fill(0xff);
+  iv[15] = 0xfd;
+  for (size_t key_len : {16, 32}) CheckAgainstOpenssl(rng, key_len, iv, 0, 256, 100);
+}
+
+TEST(AesCoreTest, RejectsBadKeyLength) {
+  uint8_t key[24] = {}, iv[16] = {}, data[4] = {};
+  EXPECT_FALSE(CtrXorAtPortable(key, 24, iv, 0, data, 4).ok());
+}
+
+// On a machine with CUDA and a GPU, the kernel equals OpenSSL; otherwise it says why not.
+TEST(AesCoreTest, GpuKernelMatchesOpensslOrSaysWhyNot) {
+  std::mt19937_64 rng(13);
+  crypto::Key key = RandomKey(rng, 16);
+  crypto::Iv iv = RandomIv(rng);
+  for (int i = 8; i < 16; ++i) iv[i] = 0xff;
+  auto plain = RandomBytes(rng, (1 << 20) + 5);
+  // Offsets 0 and 32 take the kernel's aligned 16-byte path, 7 and 4101 the byte path.
+  for (uint64_t off : {uint64_t{0}, uint64_t{7}, uint64_t{32}, uint64_t{4101}}) {
+    auto gpu = plain;
+    Status s = CtrXorViaDevice(key.data(), key.size(), iv.data(), off, gpu.data(), gpu.size());
+    if (!AesCtrGpuBuilt()) {
+      EXPECT_EQ(s.code(), Status::Code::kNotSupported);
+      EXPECT_NE(s.message().find("built without CUDA"), std::string::npos);
+      GTEST_SKIP() << "built without CUDA";
+    }
+    if (!s.ok()) GTEST_SKIP() << "no usable GPU: " << s.ToString();
+    auto cpu = plain;
+    ASSERT_TRUE(crypto::CtrXorAt(key, iv, off, cpu.data(), cpu.size()).ok());
+    EXPECT_EQ(cpu, gpu) << "offset " << off;
+  }
+}
+
+}  // namespace
+}  // namespace cubetorchfs::cuda
