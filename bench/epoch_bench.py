@@ -30,6 +30,8 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from benchlib import generate_jpegs  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -37,27 +39,7 @@ def log(msg: str) -> None:
 
 
 def generate(root: Path, files: int, classes: int) -> None:
-    import numpy as np
-    from PIL import Image
-
-    marker = root / f".complete-v2-{files}-{classes}"
-    if marker.exists():
-        return
-    if root.exists():
-        shutil.rmtree(root)
-    rng = np.random.default_rng(0)
-    for i in range(files):
-        d = root / f"class_{i % classes:03d}"
-        d.mkdir(parents=True, exist_ok=True)
-        # Noisy 384x384 images compress to ~110 KB at quality 90, like ImageNet JPEGs.
-        small = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
-        img = Image.fromarray(small).resize((384, 384), Image.BILINEAR)
-        arr = np.asarray(img).astype(np.int16) + rng.integers(-60, 60, (384, 384, 3))
-        Image.fromarray(arr.clip(0, 255).astype(np.uint8)).save(d / f"img_{i:06d}.jpg", quality=90)
-        if (i + 1) % 500 == 0 or i + 1 == files:
-            print(f"\r[epoch_bench] generating JPEGs: {i + 1}/{files}", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-    marker.touch()
+    generate_jpegs(root, files, classes, "epoch_bench")
 
 
 def child(args: argparse.Namespace) -> None:

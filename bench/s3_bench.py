@@ -27,10 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import datetime
-import hashlib
-import hmac
-import http.client
 import json
 import os
 import re
@@ -42,12 +38,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from benchlib import generate_jpegs  # noqa: E402
 S3RVER_JS = REPO / "tools" / "node_modules" / "s3rver" / "bin" / "s3rver.js"
 ACCESS_KEY = SECRET_KEY = "S3RVER"  # s3rver's built-in account
 REGION = "us-east-1"
@@ -67,82 +64,18 @@ def log(msg: str) -> None:
 
 
 def generate(root: Path, files: int, classes: int) -> None:
-    """ImageFolder JPEGs of ~110 KB (noisy 384x384, quality 90), once per (files, classes)."""
-    import numpy as np
-    from PIL import Image
-
-    marker = root / f".complete-v2-{files}-{classes}"
-    if marker.exists():
-        return
-    if root.exists():
-        shutil.rmtree(root)
-    rng = np.random.default_rng(0)
-    for i in range(files):
-        d = root / f"class_{i % classes:03d}"
-        d.mkdir(parents=True, exist_ok=True)
-        small = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
-        img = Image.fromarray(small).resize((384, 384), Image.BILINEAR)
-        arr = np.asarray(img).astype(np.int16) + rng.integers(-60, 60, (384, 384, 3))
-        Image.fromarray(arr.clip(0, 255).astype(np.uint8)).save(d / f"img_{i:06d}.jpg", quality=90)
-        if (i + 1) % 500 == 0 or i + 1 == files:
-            print(f"\r[s3_bench] generating JPEGs: {i + 1}/{files}", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-    marker.touch()
+    generate_jpegs(root, files, classes, "s3_bench")
 
 
 def data_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.jpg") if p.is_file())
 
 
-# --------------------------------------------------------------------------- SigV4 uploads
-
-
-def _quote(s: str, keep_slash: bool) -> str:
-    return urllib.parse.quote(s, safe="/~" if keep_slash else "~")
-
-
-def sigv4_headers(method: str, raw_path: str, host: str, body: bytes) -> dict[str, str]:
-    """Headers of a SigV4-signed request without a query string."""
-    amz_date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    headers = {"host": host, "x-amz-date": amz_date,
-               "x-amz-content-sha256": hashlib.sha256(body).hexdigest()}
-    signed = sorted(headers)
-    canonical = "\n".join([method, raw_path, "", "".join(f"{h}:{headers[h]}\n" for h in signed),
-                           ";".join(signed), headers["x-amz-content-sha256"]])
-    scope = f"{amz_date[:8]}/{REGION}/s3/aws4_request"
-    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope,
-                         hashlib.sha256(canonical.encode()).hexdigest()])
-    key = ("AWS4" + SECRET_KEY).encode()
-    for part in (amz_date[:8], REGION, "s3", "aws4_request"):
-        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
-    sig = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
-    headers["authorization"] = (f"AWS4-HMAC-SHA256 Credential={ACCESS_KEY}/{scope}, "
-                                f"SignedHeaders={';'.join(signed)}, Signature={sig}")
-    headers["content-length"] = str(len(body))
-    return headers
-
-
-class S3Client:
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-
-    def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
-        raw_path = _quote(path, True)
-        for attempt in range(3):  # s3rver may close an idle keep-alive connection
-            headers = sigv4_headers(method, raw_path, f"127.0.0.1:{self.port}", body)
-            try:
-                self.conn.request(method, raw_path, body=body, headers=headers)
-                reply = self.conn.getresponse()
-                return reply.status, reply.read()
-            except (ConnectionError, http.client.HTTPException):
-                self.conn.close()
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        self.conn.close()
+# --------------------------------------------------------------------------- uploads
+# The signed S3 client of the integration tests (SigV4 by hand: s3rver does not check it, but
+# the bench keeps its requests honest all the same).
+sys.path.insert(0, str(REPO / "tests" / "integration"))
+from s3_testlib import S3Client, uri_encode  # noqa: E402
 
 
 def upload(port: int, data: Path, threads: int = 4) -> int:
@@ -181,7 +114,7 @@ def count_objects(port: int) -> int:
     """Keys in the bucket, through ListObjectsV2 (unsigned: s3rver does not check)."""
     count, token = 0, ""
     while True:
-        query = "list-type=2&max-keys=1000" + (f"&continuation-token={_quote(token, False)}" if token else "")
+        query = "list-type=2&max-keys=1000" + (f"&continuation-token={uri_encode(token, False)}" if token else "")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/{BUCKET}?{query}", timeout=30) as r:
             text = r.read().decode()
         count += len(re.findall(r"<Key>", text))

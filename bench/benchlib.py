@@ -1,0 +1,32 @@
+"""Helpers shared by the benchmarks in bench/ (not a test module)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+
+def generate_jpegs(root: Path, files: int, classes: int, tag: str) -> None:
+    """An ImageFolder of ~110 KB JPEGs (noisy 384x384 images at quality 90, like ImageNet's),
+    generated once per (files, classes); `tag` prefixes the progress line."""
+    import numpy as np
+    from PIL import Image
+
+    marker = root / f".complete-v2-{files}-{classes}"
+    if marker.exists():
+        return
+    if root.exists():
+        shutil.rmtree(root)
+    rng = np.random.default_rng(0)
+    for i in range(files):
+        d = root / f"class_{i % classes:03d}"
+        d.mkdir(parents=True, exist_ok=True)
+        small = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+        img = Image.fromarray(small).resize((384, 384), Image.BILINEAR)
+        arr = np.asarray(img).astype(np.int16) + rng.integers(-60, 60, (384, 384, 3))
+        Image.fromarray(arr.clip(0, 255).astype(np.uint8)).save(d / f"img_{i:06d}.jpg", quality=90)
+        if (i + 1) % 500 == 0 or i + 1 == files:
+            print(f"\r[{tag}] generating JPEGs: {i + 1}/{files}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    marker.touch()
