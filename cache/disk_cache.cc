@@ -179,8 +179,9 @@ class NvmeCache final : public DiskCache {
     }
     std::shared_ptr<Buffer> buf = Buffer::Allocate(v.length);
     Fd fd(::open(DataPath(v.id).c_str(), O_RDONLY | O_CLOEXEC));
-    if (fd.get() < 0) {  // evicted meanwhile, or removed by hand
-      DropIfSame(key, v.id);
+    if (fd.get() < 0) {
+      if (errno != ENOENT) return Errno(DataPath(v.id));  // e.g. out of descriptors: keep it
+      DropIfSame(key, v.id);  // evicted meanwhile, or removed by hand
       return Status::NotFound("chunk file gone");
     }
     size_t done = 0;
@@ -219,10 +220,11 @@ class NvmeCache final : public DiskCache {
       pending_.insert(key);
     }
     Status s = WriteChunk(id, data);
+    const uint32_t crc = s.ok() ? Crc32c(data.data.get(), length) : 0;
     std::lock_guard<std::mutex> l(mu_);
     pending_.erase(key);
     if (s.ok() && options_.crash_point == Options::CrashPoint::kNone) {
-      IndexValue v{id, length, Crc32c(data.data.get(), length), seq};
+      IndexValue v{id, length, crc, seq};
       rocksdb::Status rs = db_->Put(rocksdb::WriteOptions(), key, v.Encode());
       if (rs.ok()) {
         lru_.push_front(key);
@@ -240,8 +242,16 @@ class NvmeCache final : public DiskCache {
   void PutAsync(const std::string& key, BufferRef data) override {
     {
       std::lock_guard<std::mutex> l(queue_mu_);
-      if (queued_bytes_ + data->size > options_.queue_bytes) return;  // the tier is behind
+      if (queued_keys_.count(key)) return;
+      // The tier is behind: drop (a later demotion may bring it back). An empty queue takes
+      // any one chunk, so chunks bigger than the queue still get written.
+      if (!queue_.empty() && queued_bytes_ + data->size > options_.queue_bytes) {
+        if (dropped_++ % 1000 == 0)
+          CTFS_LOG(kWarn) << "NVMe tier writer is behind; " << dropped_ << " chunks not written";
+        return;
+      }
       queued_bytes_ += data->size;
+      queued_keys_.insert(key);
       queue_.emplace_back(key, std::move(data));
     }
     queue_cv_.notify_all();
@@ -313,17 +323,29 @@ class NvmeCache final : public DiskCache {
   // budget and the file system keeps its free share.
   Status MakeRoomLocked(uint64_t length) {
     if (length > options_.capacity_bytes) return Status::InvalidArgument("chunk larger than the tier");
-    auto free_ok = [&] {
-      struct statvfs sv;
-      if (::statvfs(options_.dir.c_str(), &sv) != 0 || sv.f_blocks == 0) return true;
+    uint64_t need = bytes_ + length > options_.capacity_bytes
+                        ? bytes_ + length - options_.capacity_bytes
+                        : 0;
+    struct statvfs sv;
+    if (::statvfs(options_.dir.c_str(), &sv) == 0 && sv.f_blocks > 0) {
       const double total = static_cast<double>(sv.f_blocks) * sv.f_frsize;
+      const double floor = total * options_.min_free_ratio;
       const double avail = static_cast<double>(sv.f_bavail) * sv.f_frsize - static_cast<double>(length);
-      return avail / total >= options_.min_free_ratio;
-    };
-    while (bytes_ + length > options_.capacity_bytes || !free_ok()) {
-      if (lru_.empty()) return Status::IOError("NVMe tier: file system below its free-space floor");
-      EvictLocked(std::prev(lru_.end()));
+      if (avail < floor) {
+        const auto short_by = static_cast<uint64_t>(floor - avail);
+        // Space someone else uses is not ours to win back: never empty the tier for it.
+        if (short_by > bytes_) return Status::IOError("NVMe tier: file system below its free-space floor");
+        need = std::max(need, short_by);
+      }
     }
+    uint64_t freed = 0;
+    while (freed < need && !lru_.empty()) {
+      auto victim = std::prev(lru_.end());
+      freed += index_.at(*victim).value.length;
+      EvictLocked(victim);
+    }
+    if (bytes_ + length > options_.capacity_bytes)  // the rest is writes still in flight
+      return Status::IOError("NVMe tier: full of writes in progress");
     return Status::OK();
   }
 
@@ -366,6 +388,7 @@ class NvmeCache final : public DiskCache {
       data.reset();
       l.lock();
       queued_bytes_ -= size;
+      queued_keys_.erase(key);
       writing_ = false;
       queue_cv_.notify_all();
     }
@@ -386,6 +409,8 @@ class NvmeCache final : public DiskCache {
   std::condition_variable queue_cv_;
   std::deque<std::pair<std::string, BufferRef>> queue_;
   uint64_t queued_bytes_ = 0;
+  std::unordered_set<std::string> queued_keys_;
+  uint64_t dropped_ = 0;
   bool writing_ = false;
   bool stop_ = false;
   std::thread writer_;

@@ -148,6 +148,21 @@ TEST_F(DiskCacheTest, AsyncPutsAreWrittenByTheWriter) {
   EXPECT_EQ((*got)->data.get()[0], 7);
 }
 
+TEST_F(DiskCacheTest, AChunkBiggerThanTheQueueIsStillWritten) {
+  cache_.reset();
+  DiskCache::Options o;
+  o.dir = dir_;
+  o.capacity_bytes = 1 << 20;
+  o.min_free_ratio = 0;
+  o.queue_bytes = 1000;
+  cache_ = DiskCache::Open(o, nullptr).value();
+  cache_->PutAsync(Key(1), Bytes(5000, 'a'));  // an empty queue takes any one chunk
+  cache_->PutAsync(Key(1), Bytes(5000, 'a'));  // already queued or written: ignored
+  cache_->Flush();
+  EXPECT_EQ(cache_->entries(), 1u);
+  EXPECT_EQ(cache_->bytes(), 5000u);
+}
+
 TEST_F(DiskCacheTest, SecondOpenOfTheSameDirectoryFailsClearly) {
   Open();
   DiskCache::Options o;
