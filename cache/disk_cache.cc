@@ -240,6 +240,7 @@ class NvmeCache final : public DiskCache {
   }
 
   void PutAsync(const std::string& key, BufferRef data) override {
+    if (Contains(key)) return;  // already on the tier (mu_, then queue_mu_: never both)
     {
       std::lock_guard<std::mutex> l(queue_mu_);
       if (queued_keys_.count(key)) return;

@@ -55,7 +55,8 @@ class DiskCache {
   virtual bool Contains(const std::string& key) = 0;
   // Stores `data` under `key` now (replacing nothing: an existing key is kept).
   virtual Status Put(const std::string& key, const Buffer& data) = 0;
-  // Queues a Put for the writer thread; dropped (and counted) when the queue is full.
+  // Queues a Put for the writer thread, unless `key` is already stored or queued; dropped
+  // (and logged) when the queue is full. Cheap enough to call under other locks.
   virtual void PutAsync(const std::string& key, BufferRef data) = 0;
   // Waits until every queued Put is done.
   virtual void Flush() = 0;

@@ -39,6 +39,15 @@ void Buffer::Shrink(size_t n) {
   size = n;
 }
 
+Result<BufferRef> ReadChunk(cfs_client::Backend& backend, const std::string& path,
+                            const cfs_client::FileVersion& version, uint64_t offset, size_t len) {
+  std::shared_ptr<Buffer> buf = Buffer::Allocate(len);
+  Result<size_t> n = backend.Read(path, version, offset, len, buf->data.get());
+  if (!n.ok()) return n.status();
+  if (n.value() != len) return Status::Stale(path + ": file shorter than its size in the store");
+  return BufferRef(std::move(buf));
+}
+
 std::string ChunkKey(std::string_view path, const cfs_client::FileVersion& version,
                      uint64_t chunk) {
   std::string key;
@@ -117,13 +126,6 @@ class ShardedLruCache final : public RamCache {
     Shard& s = ShardOf(key);
     std::lock_guard<std::mutex> l(s.mu);
     InsertLocked(s, key, std::move(buffer));
-  }
-
-  void Erase(const std::string& key) override {
-    Shard& s = ShardOf(key);
-    std::lock_guard<std::mutex> l(s.mu);
-    auto it = s.index.find(key);
-    if (it != s.index.end()) RemoveLocked(s, it->second);
   }
 
   uint64_t bytes() const override { return bytes_.load(std::memory_order_relaxed); }

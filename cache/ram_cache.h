@@ -43,6 +43,11 @@ struct Buffer {
 };
 using BufferRef = std::shared_ptr<const Buffer>;
 
+// Reads `len` bytes at `offset` of `path` at `version` from the store into a new buffer.
+// A short read means the file changed: Status::Stale.
+Result<BufferRef> ReadChunk(cfs_client::Backend& backend, const std::string& path,
+                            const cfs_client::FileVersion& version, uint64_t offset, size_t len);
+
 // Key of chunk `chunk` of version `version` of the file at `path`.
 std::string ChunkKey(std::string_view path, const cfs_client::FileVersion& version, uint64_t chunk);
 
@@ -63,7 +68,7 @@ class RamCache {
   struct Options {
     uint64_t capacity_bytes = 0;   // the budget. Required.
     uint64_t max_entry_bytes = 0;  // the largest buffer expected (chunk size). Required.
-    // Called with each entry evicted to make room (not for Erase), under a shard lock: it
+    // Called with each entry evicted to make room, under a shard lock: it
     // must only hand the buffer on (the NVMe tier queues it). May be empty.
     std::function<void(const std::string& key, const BufferRef& buffer)> on_evict;
   };
@@ -86,8 +91,6 @@ class RamCache {
   // Caches `buffer` under `key`, replacing any entry, evicting least recently used entries
   // as needed. A buffer larger than a shard's share of the budget is not cached.
   virtual void Insert(const std::string& key, BufferRef buffer) = 0;
-
-  virtual void Erase(const std::string& key) = 0;
 
   // Bytes held by cached entries; never above Options::capacity_bytes.
   virtual uint64_t bytes() const = 0;

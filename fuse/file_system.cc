@@ -191,14 +191,10 @@ Result<ReadResult> FileSystem::Read(const FileHandle& handle, uint64_t offset, s
                 return d;
               }
             }
-            std::shared_ptr<cache::Buffer> buf = cache::Buffer::Allocate(chunk_len);
-            Result<size_t> n = backend_->Read(handle.path, handle.version, chunk_begin,
-                                              chunk_len, buf->data.get());
-            if (!n.ok()) return n.status();
-            if (n.value() != chunk_len)
-              return Status::Stale(handle.path + ": file shorter than its size in the store");
-            if (disk_ != nullptr) disk_->PutAsync(key, buf);  // kept for later runs
-            return cache::BufferRef(std::move(buf));
+            Result<cache::BufferRef> r =
+                cache::ReadChunk(*backend_, handle.path, handle.version, chunk_begin, chunk_len);
+            if (r.ok() && disk_ != nullptr) disk_->PutAsync(key, r.value());  // for later runs
+            return r;
           });
       if (!got.ok()) return got.status();
       if (from_disk) {  // no wait on the backend: still a hit

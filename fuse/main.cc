@@ -172,7 +172,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   if (disk) {  // RAM evictions are demoted to the NVMe tier, written by its own thread
     cache::DiskCache* tier = disk.get();
     ram_options.on_evict = [tier](const std::string& key, const cache::BufferRef& buffer) {
-      if (!tier->Contains(key)) tier->PutAsync(key, buffer);
+      tier->PutAsync(key, buffer);
     };
   }
   std::unique_ptr<cache::RamCache> cache = cache::RamCache::New(ram_options, registry.get());

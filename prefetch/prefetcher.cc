@@ -267,12 +267,10 @@ void Prefetcher::RunJob(const Job& job) {
   e->attr_time_ns = clock_->NowNanos();
   e->state = State::kFetching;
   std::vector<cache::BufferRef> chunks;
-  bool from_disk_all = false;
   Status failure;
   if (size <= guess && got->bytes != size) {
     failure = Status::Stale(job.path + ": short read from the store");
   } else if (size <= guess) {
-    from_disk_all = static_cast<bool>(from_disk);
     if (from_disk) {
       chunks.push_back(std::move(from_disk));
     } else {
@@ -332,13 +330,9 @@ void Prefetcher::RunJob(const Job& job) {
             continue;
           }
         }
-        std::shared_ptr<cache::Buffer> buf = cache::Buffer::Allocate(len);
-        Result<size_t> n = backend_->Read(job.path, version, off, len, buf->data.get());
-        if (!n.ok() || n.value() != len) {
-          errors[c] = n.ok() ? Status::Stale(job.path + ": file shorter than its size") : n.status();
-          continue;
-        }
-        chunks[c] = std::move(buf);
+        Result<cache::BufferRef> r = cache::ReadChunk(*backend_, job.path, version, off, len);
+        if (r.ok()) chunks[c] = std::move(r).value();
+        else errors[c] = r.status();
       }
     };
     const size_t helpers = std::min<size_t>(kParallelChunks, n_chunks) - 1;
@@ -355,12 +349,9 @@ void Prefetcher::RunJob(const Job& job) {
     FailLocked(window_.find(job.path));
     return;
   }
-  if (disk_ != nullptr && !from_disk_all) {  // kept for later runs and epochs
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      const std::string key = cache::ChunkKey(job.path, attr.Version(), i);
-      if (!disk_->Contains(key)) disk_->PutAsync(key, chunks[i]);
-    }
-  }
+  if (disk_ != nullptr)  // kept for later runs and epochs (chunks already there are skipped)
+    for (size_t i = 0; i < chunks.size(); ++i)
+      disk_->PutAsync(cache::ChunkKey(job.path, attr.Version(), i), chunks[i]);
   e->chunks = std::move(chunks);
   e->state = State::kReady;
   totals_.fetched++;
@@ -400,7 +391,7 @@ void Prefetcher::ReleaseLocked(std::unordered_map<std::string, Entry>::iterator 
     // Evicted after its read: the NVMe tier keeps it for the next epoch.
     for (size_t i = 0; i < e.chunks.size(); ++i) {
       const std::string key = cache::ChunkKey(it->first, e.attr.Version(), i);
-      if (!disk_->Contains(key)) disk_->PutAsync(key, e.chunks[i]);
+      disk_->PutAsync(key, e.chunks[i]);
     }
   }
   window_bytes_ -= e.reserved;

@@ -14,11 +14,9 @@ Result<WarmResult> Warmer::WarmFile(const std::string& path) {
     const std::string key = cache::ChunkKey(path, version, chunk);
     if (disk_->Contains(key)) continue;
     const size_t len = static_cast<size_t>(std::min(chunk_bytes_, attr->size - off));
-    std::shared_ptr<cache::Buffer> buf = cache::Buffer::Allocate(len);
-    Result<size_t> n = backend_->Read(path, version, off, len, buf->data.get());
-    if (!n.ok()) return n.status();
-    if (n.value() != len) return Status::Stale(path + ": file shorter than its size");
-    CTFS_RETURN_IF_ERROR(disk_->Put(key, *buf));
+    Result<cache::BufferRef> buf = cache::ReadChunk(*backend_, path, version, off, len);
+    if (!buf.ok()) return buf.status();
+    CTFS_RETURN_IF_ERROR(disk_->Put(key, **buf));
     out.fetched = true;
     out.bytes += len;
   }

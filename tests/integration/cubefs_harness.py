@@ -13,6 +13,7 @@ Environment:
 from __future__ import annotations
 
 import copy
+import http.client
 import json
 import os
 import re
@@ -535,3 +536,30 @@ class CubeFactory:
                 with LIVE_LOCK:
                     if instance in LIVE:
                         LIVE.remove(instance)
+
+
+# -- the control API over its unix socket
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP/1.1 to the daemon's control socket."""
+
+    def __init__(self, path: str, timeout: float = 5.0) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+def call(conn: http.client.HTTPConnection, method: str, target: str,
+         body: Optional[bytes | str | Any] = None) -> tuple[int, bytes]:
+    """One request; a body that is not bytes or str is sent as JSON."""
+    if body is not None and not isinstance(body, (bytes, str)):
+        body = json.dumps(body)
+    conn.request(method, target, body=body,
+                 headers={"Content-Type": "application/json"} if body is not None else {})
+    resp = conn.getresponse()
+    return resp.status, resp.read()

@@ -16,33 +16,13 @@ from typing import Any, Optional
 
 import pytest
 
-from cubefs_harness import CubeFactory, CubeMount, environment_problem, free_tcp_port, wait_until
+from cubefs_harness import (CubeFactory, CubeMount, UnixHTTPConnection, call,
+                             environment_problem, free_tcp_port, wait_until)
 
 pytestmark = pytest.mark.skipif(environment_problem() is not None,
                                 reason=environment_problem() or "")
 
 HTTP_TIMEOUT_S = 5.0
-
-
-class UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float = HTTP_TIMEOUT_S) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self._path)
-
-
-def call(conn: http.client.HTTPConnection, method: str, target: str,
-         body: Optional[bytes | str | Any] = None) -> tuple[int, bytes]:
-    if body is not None and not isinstance(body, (bytes, str)):
-        body = json.dumps(body)
-    conn.request(method, target, body=body,
-                 headers={"Content-Type": "application/json"} if body is not None else {})
-    resp = conn.getresponse()
-    return resp.status, resp.read()
 
 
 def make_tree(root: Path, count: int, size: int = 20_000) -> list[Path]:

@@ -3,6 +3,7 @@ data request, a corrupted chunk file is caught and refetched, and a changed file
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -11,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from cubefs_harness import CubeFactory, CubeMount, environment_problem, wait_until
+from cubefs_harness import (CubeFactory, CubeMount, UnixHTTPConnection, call,
+                             environment_problem, wait_until)
 
 pytestmark = pytest.mark.skipif(environment_problem() is not None,
                                 reason=environment_problem() or "")
@@ -107,10 +109,6 @@ def test_changed_file_is_never_served_stale_from_nvme(cube: CubeFactory, tmp_pat
 
 def test_prefetch_uses_the_nvme_tier_after_restart(cube: CubeFactory, tmp_path: Path) -> None:
     """A published stream whose files are on the NVMe tier costs only metadata requests."""
-    import http.client
-    import json
-    import socket
-
     src, disk = tmp_path / "src", tmp_path / "nvme"
     files = make_files(src, 20, 50_000)
     first = cube.mount(src, nvme_overrides(disk))
@@ -118,22 +116,16 @@ def test_prefetch_uses_the_nvme_tier_after_restart(cube: CubeFactory, tmp_path: 
     assert first.fusermount().returncode == 0 and first.wait_gone()
 
     second = cube.mount(src, nvme_overrides(disk))
-    sock_path = second.read_control()["control_socket"]
+    sock = second.read_control()["control_socket"]
 
-    def call(method: str, target: str, body: Any = None) -> Any:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(5)
-        s.connect(sock_path)
-        conn = http.client.HTTPConnection("localhost", timeout=5)
-        conn.sock = s
-        conn.request(method, target, body=json.dumps(body) if body is not None else None)
-        r = conn.getresponse()
-        data = r.read()
+    def control(method: str, target: str, body: Any = None) -> Any:
+        status, data = call(UnixHTTPConnection(sock), method, target, body)
+        assert status < 300, (status, data)
         return json.loads(data) if data else None
 
-    sid = call("POST", "/v1/streams", {"name": "t", "pid": 1})["id"]
-    call("POST", f"/v1/streams/{sid}/paths", {"paths": list(files)})
-    assert wait_until(lambda: call("GET", "/v1/stats")["global"]["prefetch"]["fetched"] == 20,
+    sid = control("POST", "/v1/streams", {"name": "t", "pid": 1})["id"]
+    control("POST", f"/v1/streams/{sid}/paths", {"paths": list(files)})
+    assert wait_until(lambda: control("GET", "/v1/stats")["global"]["prefetch"]["fetched"] == 20,
                       timeout=20)
     read_all(second, files)
     assert backend_reads(second) == 0
