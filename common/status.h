@@ -51,6 +51,11 @@ class [[nodiscard]] Status {
   bool IsNotFound() const { return code_ == Code::kNotFound; }
   bool IsStale() const { return code_ == Code::kStale; }
 
+  // The same code with `prefix` and `suffix` around the message (to add context).
+  Status Wrap(std::string_view prefix, std::string_view suffix = "") const {
+    return {code_, std::string(prefix) + msg_ + std::string(suffix)};
+  }
+
   // "IOError: open a/b: No such file..." — for logs and user-facing errors.
   std::string ToString() const;
 

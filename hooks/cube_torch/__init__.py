@@ -21,9 +21,47 @@ from typing import Any, Dict
 from . import _common
 
 __version__ = "0.1.0"
-__all__ = ["stats", "CubeTorchWarning", "__version__"]
+__all__ = ["stats", "CubeTorchWarning", "__version__", "load_file", "load", "save_file",
+           "init_io_helper", "read_info", "LoadError"]
 
 CubeTorchWarning = _common.CubeTorchWarning
+
+from ._io import LoadError  # noqa: E402  (ctypes only; the library loads on first use)
+
+
+def load_file(path, device="cpu", use_pinmem=False, use_cipher=None, num_threads=None,
+              helper=None, direct_io=False):
+    """Loads a safetensors file (plain or veTurboIO-encrypted) into a dict of tensors on
+    `device`, reading it with many threads into one buffer; see _loader.load_file."""
+    from . import _loader
+    return _loader.load_file(path, device=device, use_pinmem=use_pinmem, use_cipher=use_cipher,
+                             num_threads=num_threads, helper=helper, direct_io=direct_io)
+
+
+def load(file, map_location="cpu", use_pinmem=False, use_cipher=None, helper=None):
+    """veTurboIO-style load: safetensors through load_file, anything else through torch.load."""
+    from . import _loader
+    return _loader.load(file, map_location=map_location, use_pinmem=use_pinmem,
+                        use_cipher=use_cipher, helper=helper)
+
+
+def save_file(tensors, path, metadata=None, use_cipher=False):
+    """Writes a safetensors file atomically; use_cipher=True writes the veTurboIO encrypted
+    format with a fresh IV and an integrity tag."""
+    from . import _loader
+    return _loader.save_file(tensors, path, metadata=metadata, use_cipher=use_cipher)
+
+
+def init_io_helper(slot_bytes=16 << 20, slots=8):
+    """Reusable pinned staging buffers for loads to CUDA."""
+    from . import _loader
+    return _loader.init_io_helper(slot_bytes, slots)
+
+
+def read_info(path, use_cipher=None):
+    """The validated header of a model file (tensors, metadata, sizes), without the data."""
+    from . import _loader
+    return _loader.read_info(path, use_cipher=use_cipher)
 
 
 def stats() -> Dict[str, Any]:

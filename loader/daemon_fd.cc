@@ -1,0 +1,219 @@
+#include "loader/daemon_fd.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+namespace cubetorchfs::loader {
+
+namespace {
+
+// mountinfo escapes space, tab, newline and backslash as \ooo.
+std::string Unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size() && s[i + 1] >= '0' && s[i + 1] <= '7' && s[i + 2] >= '0' && s[i + 2] <= '7' &&
+        s[i + 3] >= '0' && s[i + 3] <= '7') {
+      out.push_back(static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0')));
+      i += 3;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+bool Contains(const std::string& mount_point, const std::string& path) {
+  if (mount_point == "/") return true;
+  return path.compare(0, mount_point.size(), mount_point) == 0 &&
+         (path.size() == mount_point.size() || path[mount_point.size()] == '/');
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+  void reset(int fd) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_;
+};
+
+int RemainingMs(std::chrono::steady_clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return left.count() <= 0 ? 0 : static_cast<int>(left.count());
+}
+
+// Waits until `fd` is ready for `events` or the deadline passes.
+Status WaitFor(int fd, short events, std::chrono::steady_clock::time_point deadline,
+               const std::string& what) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    int ms = RemainingMs(deadline);
+    if (ms == 0) return Status::IOError("control socket: timed out " + what);
+    int n = ::poll(&p, 1, ms);
+    if (n > 0) return Status::OK();
+    if (n < 0 && errno != EINTR) return Status::IOError("control socket: poll: " + std::string(std::strerror(errno)));
+  }
+}
+
+}  // namespace
+
+std::optional<MountOf> FindCubetorchfsMount(const std::string& path, const std::string& mountinfo) {
+  std::string text = mountinfo;
+  if (text.empty()) {
+    std::ifstream in("/proc/self/mountinfo");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  std::optional<MountOf> best;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    // id parent major:minor root mount_point options [optional fields...] - fstype source super
+    std::istringstream f(line);
+    std::string id, parent, dev, root, mnt, opts, tok;
+    if (!(f >> id >> parent >> dev >> root >> mnt >> opts)) continue;
+    while (f >> tok && tok != "-") {
+    }
+    std::string fstype, source;
+    if (!(f >> fstype >> source)) continue;
+    if (fstype != "fuse.cubetorchfs") continue;
+    const std::string prefix = "cubetorchfs:";
+    if (source.rfind(prefix, 0) != 0) continue;
+    std::string mount_point = Unescape(mnt);
+    if (!Contains(mount_point, path)) continue;
+    if (!best || mount_point.size() > best->mount_point.size())
+      best = MountOf{mount_point, Unescape(source.substr(prefix.size()))};
+  }
+  return best;
+}
+
+Result<std::string> ControlSocketOf(const std::string& vol_name) {
+  const char* dir = std::getenv("CUBE_TORCH_CONFIG_DIR");
+  std::string file = std::string(dir && *dir ? dir : "/tmp") + "/cube_torch.config." + vol_name;
+  std::ifstream in(file);
+  if (!in) return Status::NotFound(file + ": no control file (is the daemon running?)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("control_socket") ||
+      !j["control_socket"].is_string() || j["control_socket"].get<std::string>().empty())
+    return Status::Corruption(file + ": no control_socket in the control file");
+  return j["control_socket"].get<std::string>();
+}
+
+Result<DaemonFile> OpenViaDaemon(const std::string& socket_path, const std::string& path,
+                                 int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.size() >= sizeof(addr.sun_path))
+    return Status::InvalidArgument("control socket path too long: " + socket_path);
+  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  Fd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (sock.get() < 0) return Status::IOError(std::string("socket: ") + std::strerror(errno));
+  if (::connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 &&
+      errno != EINPROGRESS && errno != EAGAIN)
+    return Status::IOError("control socket " + socket_path + ": " + std::strerror(errno));
+
+  const std::string body = nlohmann::json{{"path", path}}.dump(-1, ' ', false,
+                                                               nlohmann::json::error_handler_t::replace);
+  std::string request = "POST /v1/files/open HTTP/1.1\r\nHost: cubetorchfs\r\n"
+                        "Content-Type: application/json\r\nConnection: close\r\n"
+                        "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  size_t sent = 0;
+  while (sent < request.size()) {
+    CTFS_RETURN_IF_ERROR(WaitFor(sock.get(), POLLOUT, deadline, "sending the request"));
+    ssize_t n = ::send(sock.get(), request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return Status::IOError("control socket " + socket_path + ": send: " + std::strerror(errno));
+    }
+    sent += static_cast<size_t>(n);
+  }
+
+  // Read the reply; the descriptor arrives with its first bytes.
+  std::string reply;
+  Fd received(-1);
+  size_t header_end = std::string::npos;
+  size_t content_length = 0;
+  for (;;) {
+    if (header_end != std::string::npos && reply.size() >= header_end + content_length) break;
+    CTFS_RETURN_IF_ERROR(WaitFor(sock.get(), POLLIN, deadline, "waiting for the daemon's reply"));
+    char buf[4096];
+    iovec iov{buf, sizeof(buf)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = ::recvmsg(sock.get(), &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return Status::IOError("control socket: recvmsg: " + std::string(std::strerror(errno)));
+    }
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (received.get() < 0) received.reset(fd);
+        else ::close(fd);  // only one is expected
+      }
+    }
+    if (n == 0) break;
+    reply.append(buf, static_cast<size_t>(n));
+    if (header_end == std::string::npos) {
+      size_t p = reply.find("\r\n\r\n");
+      if (p != std::string::npos) {
+        header_end = p + 4;
+        std::string head = reply.substr(0, p);
+        for (char& ch : head) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+        size_t cl = head.find("content-length:");
+        if (cl != std::string::npos) content_length = std::strtoull(head.c_str() + cl + 15, nullptr, 10);
+      }
+    }
+    if (reply.size() > (1u << 20)) return Status::Corruption("control socket: reply too large");
+  }
+  if (header_end == std::string::npos)
+    return Status::IOError("control socket: the daemon closed the connection without a reply");
+  int code = 0;
+  if (reply.rfind("HTTP/1.", 0) == 0 && reply.size() > 12) code = std::atoi(reply.c_str() + 9);
+  nlohmann::json j = nlohmann::json::parse(reply.substr(header_end), nullptr, false);
+  if (code != 200) {
+    std::string why = (j.is_object() && j.contains("error") && j["error"].is_string())
+                          ? j["error"].get<std::string>()
+                          : "HTTP " + std::to_string(code);
+    if (code == 404) return Status::NotFound("daemon: " + why);
+    if (code == 501 || code == 405) return Status::NotSupported("daemon: " + why);
+    return Status::IOError("daemon: " + why);
+  }
+  if (received.get() < 0) return Status::IOError("daemon: reply carried no file descriptor");
+  if (!j.is_object() || !j.contains("size") || !j["size"].is_number_unsigned())
+    return Status::Corruption("daemon: reply without a size");
+  return DaemonFile{received.release(), j["size"].get<uint64_t>()};
+}
+
+}  // namespace cubetorchfs::loader

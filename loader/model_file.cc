@@ -1,0 +1,322 @@
+#include "loader/model_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "crypto/encrypted_header.h"
+#include "crypto/key_source.h"
+#include "loader/daemon_fd.h"
+
+namespace cubetorchfs::loader {
+
+namespace {
+
+constexpr uint64_t kDirectAlign = 4096;
+
+std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+int OpenTimeoutMs() {
+  const char* v = std::getenv("CUBE_TORCH_OPEN_TIMEOUT_S");
+  long s = v ? std::strtol(v, nullptr, 10) : 0;
+  return s > 0 && s < 86400 ? static_cast<int>(s * 1000) : 600 * 1000;
+}
+
+}  // namespace
+
+const char* SourceName(Source source) {
+  switch (source) {
+    case Source::kDirect:
+      return "direct";
+    case Source::kDaemonFd:
+      return "daemon-fd";
+    case Source::kMount:
+      return "mount";
+  }
+  return "?";
+}
+
+int DefaultIoThreads() {
+  if (const char* v = std::getenv("CUBE_TORCH_IO_THREADS")) {
+    long n = std::strtol(v, nullptr, 10);
+    if (n >= 1 && n <= 256) return static_cast<int>(n);
+  }
+  int hw = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(2 * hw, 4, 32);
+}
+
+ModelFile::~ModelFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status ModelFile::PreadFull(uint8_t* dst, uint64_t len, uint64_t file_offset,
+                            std::vector<uint8_t>* bounce) {
+  if (direct_) {
+    // O_DIRECT wants aligned offsets, lengths and memory: read the aligned cover of the range
+    // into an aligned bounce buffer and copy out what was asked for.
+    const uint64_t begin = file_offset / kDirectAlign * kDirectAlign;
+    const uint64_t end = (file_offset + len + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    const uint64_t cover = end - begin;
+    if (bounce->size() < cover + kDirectAlign) bounce->resize(cover + kDirectAlign);
+    uint8_t* aligned = reinterpret_cast<uint8_t*>(
+        (reinterpret_cast<uintptr_t>(bounce->data()) + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
+    uint64_t got = 0;
+    while (got < cover) {
+      ssize_t n = ::pread(fd_, aligned + got, cover - got, static_cast<off_t>(begin + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return Status::IOError(Errno(path_ + ": read"));
+      if (n == 0) break;  // end of file (the last block is short)
+      got += static_cast<uint64_t>(n);
+    }
+    if (got < file_offset - begin + len)
+      return Status::Corruption(path_ + ": file is shorter than its header says (changed while loading?)");
+    std::memcpy(dst, aligned + (file_offset - begin), len);
+    return Status::OK();
+  }
+  uint64_t done = 0;
+  while (done < len) {
+    size_t want = static_cast<size_t>(std::min<uint64_t>(len - done, 1ull << 30));
+    ssize_t n = ::pread(fd_, dst + done, want, static_cast<off_t>(file_offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::IOError(Errno(path_ + ": read"));
+    if (n == 0)
+      return Status::Corruption(path_ + ": file is shorter than its header says (changed while loading?)");
+    done += static_cast<uint64_t>(n);
+  }
+  return Status::OK();
+}
+
+Result<std::unique_ptr<ModelFile>> ModelFile::Open(const std::string& path,
+                                                   const OpenOptions& options) {
+  std::unique_ptr<ModelFile> f(new ModelFile());
+  char resolved[PATH_MAX];
+  if (::realpath(path.c_str(), resolved) == nullptr) {
+    if (errno == ENOENT || errno == ENOTDIR) return Status::NotFound(path + ": no such file");
+    return Status::IOError(Errno(path));
+  }
+  f->path_ = resolved;
+
+  std::string daemon_problem;
+  if (options.use_daemon) {
+    if (std::optional<MountOf> mount = FindCubetorchfsMount(f->path_)) {
+      f->source_ = Source::kMount;
+      Result<std::string> sock = ControlSocketOf(mount->vol_name);
+      if (sock.ok()) {
+        Result<DaemonFile> df = OpenViaDaemon(*sock, f->path_, OpenTimeoutMs());
+        if (df.ok()) {
+          f->fd_ = df->fd;
+          f->source_ = Source::kDaemonFd;
+        } else if (df.status().IsNotFound() &&
+                   df.status().ToString().find("no such file") != std::string::npos) {
+          return Status::NotFound(path + ": no such file");
+        }
+      }
+    }
+  }
+  if (f->fd_ < 0) {
+    int flags = O_RDONLY | O_CLOEXEC;
+    if (options.direct_io) {
+      f->fd_ = ::open(f->path_.c_str(), flags | O_DIRECT);
+      f->direct_ = f->fd_ >= 0;  // file systems without O_DIRECT (tmpfs) read buffered
+    }
+    if (f->fd_ < 0) f->fd_ = ::open(f->path_.c_str(), flags);
+    if (f->fd_ < 0) return Status::IOError(Errno(path));
+  }
+  struct stat st;
+  if (::fstat(f->fd_, &st) != 0) return Status::IOError(Errno(path + ": stat"));
+  if (!S_ISREG(st.st_mode)) return Status::InvalidArgument(path + ": not a regular file");
+  f->file_size_ = static_cast<uint64_t>(st.st_size);
+
+  std::vector<uint8_t> bounce;
+  uint8_t magic[16] = {};
+  const bool has_magic =
+      f->file_size_ >= sizeof(magic) && f->PreadFull(magic, sizeof(magic), 0, &bounce).ok() &&
+      crypto::HasEncryptedHeaderMagic(magic, sizeof(magic));
+  if (has_magic) {
+    if (options.cipher == CipherChoice::kOff)
+      return Status::InvalidArgument(path + ": the file has the encrypted-model header; load it "
+                                     "with use_cipher=True (or None)");
+    if (f->file_size_ < crypto::kEncryptedHeaderSize)
+      return Status::Corruption(path + ": encrypted header truncated (file of " +
+                                std::to_string(f->file_size_) + " bytes)");
+    std::vector<uint8_t> raw(crypto::kEncryptedHeaderSize);
+    CTFS_RETURN_IF_ERROR(f->PreadFull(raw.data(), raw.size(), 0, &bounce));
+    Result<crypto::EncryptedHeader> h = crypto::ParseEncryptedHeader(raw.data(), raw.size());
+    if (!h.ok()) return Status::Corruption(path + ": " + h.status().message());
+    Result<crypto::CipherParams> params = crypto::ResolveCipherParams(&h.value());
+    if (!params.ok()) return params.status().Wrap(path + ": ");
+    Result<std::optional<crypto::IntegrityField>> integrity = crypto::GetIntegrityField(*h);
+    if (!integrity.ok()) return Status::Corruption(path + ": " + integrity.status().message());
+    if (*integrity && ((*integrity)->chunk_size == 0 || (*integrity)->chunk_size > (1ull << 30)))
+      return Status::Corruption(path + ": integrity chunk_size " +
+                                std::to_string((*integrity)->chunk_size) + " is out of range");
+    f->integrity_ = *integrity;
+    f->cipher_ = std::move(params.value());
+    f->encrypted_ = true;
+    f->payload_base_ = crypto::kEncryptedHeaderSize;
+  } else if (options.cipher == CipherChoice::kOn) {
+    Result<crypto::CipherParams> params = crypto::ResolveCipherParams(nullptr);
+    if (!params.ok()) return params.status().Wrap(path + ": ");
+    f->cipher_ = std::move(params.value());
+    f->encrypted_ = true;
+  }
+  f->payload_size_ = f->file_size_ - f->payload_base_;
+
+  const std::string hint = f->encrypted_ ? " (encrypted file: wrong key or IV?)" : "";
+  uint8_t first8[8] = {};
+  const size_t have8 = static_cast<size_t>(std::min<uint64_t>(8, f->payload_size_));
+  CTFS_RETURN_IF_ERROR(f->PreadFull(first8, have8, f->payload_base_, &bounce));
+  std::vector<uint8_t> first8_cipher(first8, first8 + have8);
+  if (f->encrypted_)
+    CTFS_RETURN_IF_ERROR(crypto::CtrXorAt(f->cipher_->key, f->cipher_->iv, 0, first8, have8));
+  Result<uint64_t> n = HeaderLength(first8, have8, f->payload_size_);
+  if (!n.ok()) return n.status().Wrap(path + ": ", hint);
+  std::vector<uint8_t> json(static_cast<size_t>(*n));
+  CTFS_RETURN_IF_ERROR(f->PreadFull(json.data(), json.size(), f->payload_base_ + 8, &bounce));
+  if (f->integrity_) {
+    f->header_ciphertext_ = first8_cipher;
+    f->header_ciphertext_.insert(f->header_ciphertext_.end(), json.begin(), json.end());
+  }
+  if (f->encrypted_)
+    CTFS_RETURN_IF_ERROR(crypto::CtrXorAt(f->cipher_->key, f->cipher_->iv, 8, json.data(), json.size()));
+  Result<Header> header = ParseHeaderJson(json.data(), json.size(), f->payload_size_);
+  if (!header.ok())
+    return header.status().Wrap(path + ": ", hint);
+  f->header_ = std::move(header.value());
+  return f;
+}
+
+Status ModelFile::ReadData(uint8_t* dst, uint64_t len, const ReadOptions& options) {
+  if (len != data_size())
+    return Status::InvalidArgument(path_ + ": destination of " + std::to_string(len) +
+                                   " bytes for a data section of " + std::to_string(data_size()));
+  return ReadPlan(options, [dst](uint64_t off, uint64_t) -> Result<uint8_t*> { return dst + off; },
+                  nullptr, false);
+}
+
+Status ModelFile::ReadDataStaged(const StageFn& stage, const SinkFn& sink, bool leave_encrypted,
+                                 const ReadOptions& options) {
+  return ReadPlan(options, stage, sink, leave_encrypted && encrypted_);
+}
+
+uint64_t ModelFile::ItemBytes(const ReadOptions& options) const {
+  if (integrity_) return integrity_->chunk_size;
+  return std::max<uint64_t>(options.chunk_bytes, 1 << 20);
+}
+
+Status ModelFile::ReadPlan(const ReadOptions& options, const StageFn& stage, const SinkFn& sink,
+                           bool leave_encrypted) {
+  const uint64_t data_off = header_.data_offset;
+  const uint64_t total = data_size();
+  // Work items. With an integrity tag an item is one tag chunk (payload coordinates), so each
+  // thread can compute its chunk's tag from the ciphertext it read; otherwise items are
+  // chunk_bytes of the data section.
+  const uint64_t unit = ItemBytes(options);
+  const uint64_t first = 0;
+  const uint64_t count = integrity_ ? (payload_size_ + unit - 1) / unit : (total + unit - 1) / unit;
+  std::vector<crypto::Tag> tags(integrity_ ? count : 0);
+  std::optional<crypto::IntegrityKey> mac_key;
+  crypto::IntegrityParams params;
+  if (integrity_) {
+    Result<crypto::IntegrityKey> k = crypto::IntegrityKey::Derive(cipher_->key);
+    if (!k.ok()) return k.status();
+    mac_key = *k;
+    params.iv = cipher_->iv;
+    params.payload_size = payload_size_;
+    params.chunk_size = unit;
+  }
+
+  std::atomic<uint64_t> next{first};
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  Status first_error;
+  auto fail = [&](Status s) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (first_error.ok()) first_error = std::move(s);
+    failed = true;
+  };
+  auto worker = [&]() {
+    std::vector<uint8_t> bounce;
+    std::vector<uint8_t> joined;
+    for (;;) {
+      if (failed.load()) return;
+      const uint64_t i = next.fetch_add(1);
+      if (i >= count) return;
+      // The item's data-section range [d_begin, d_end).
+      uint64_t d_begin, d_end, p_begin = 0, p_end = 0;
+      if (integrity_) {
+        p_begin = i * unit;
+        p_end = std::min(payload_size_, p_begin + unit);
+        d_begin = std::max(p_begin, data_off) - data_off;
+        d_end = std::max(p_end, data_off) - data_off;
+      } else {
+        d_begin = i * unit;
+        d_end = std::min(total, d_begin + unit);
+      }
+      const uint64_t len = d_end - d_begin;
+      uint8_t* ptr = nullptr;
+      if (len > 0) {
+        Result<uint8_t*> where = stage(d_begin, len);
+        if (!where.ok()) return fail(where.status());
+        ptr = *where;
+        Status s = PreadFull(ptr, len, payload_base_ + data_off + d_begin, &bounce);
+        if (!s.ok()) return fail(s);
+      }
+      if (integrity_) {
+        // The chunk's ciphertext: any part of it before the data section comes from the
+        // header bytes kept at open.
+        const uint8_t* chunk = ptr;
+        size_t chunk_len = static_cast<size_t>(p_end - p_begin);
+        if (p_begin < data_off) {
+          const uint64_t head_part = std::min(p_end, data_off) - p_begin;
+          joined.assign(header_ciphertext_.begin() + static_cast<ptrdiff_t>(p_begin),
+                        header_ciphertext_.begin() + static_cast<ptrdiff_t>(p_begin + head_part));
+          if (len > 0) joined.insert(joined.end(), ptr, ptr + len);
+          chunk = joined.data();
+        }
+        Result<crypto::Tag> t = crypto::ChunkTag(*mac_key, params, i, chunk, chunk_len);
+        if (!t.ok()) return fail(t.status());
+        tags[i] = *t;
+      }
+      if (len == 0) continue;
+      if (encrypted_ && !leave_encrypted) {
+        Status s = crypto::CtrXorAt(cipher_->key, cipher_->iv, data_off + d_begin, ptr, len);
+        if (!s.ok()) return fail(s);
+      }
+      if (sink) {
+        Status s = sink(d_begin, len, ptr);
+        if (!s.ok()) return fail(s);
+      }
+    }
+  };
+  int threads = options.threads > 0 ? options.threads : DefaultIoThreads();
+  threads = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(threads), count));
+  if (threads <= 1) {
+    worker();
+  } else {
+    std::vector<std::thread> pool;
+    pool.reserve(static_cast<size_t>(threads));
+    for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
+    for (auto& t : pool) t.join();
+  }
+  if (!first_error.ok()) return first_error;
+  if (integrity_) {
+    Result<crypto::Tag> root = crypto::CombineChunkTags(*mac_key, params, tags);
+    if (!root.ok()) return root.status();
+    Status s = crypto::CheckIntegrityTag(*root, integrity_->tag);
+    if (!s.ok()) return Status::Corruption(path_ + ": " + s.message() +
+                                           " — the file was modified or damaged; not loading it");
+  }
+  return Status::OK();
+}
+
+}  // namespace cubetorchfs::loader

@@ -1,0 +1,230 @@
+#include "loader/model_writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "crypto/encrypted_header.h"
+#include "crypto/integrity.h"
+#include "crypto/key_source.h"
+#include "loader/model_file.h"
+
+namespace cubetorchfs::loader {
+
+namespace {
+
+std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+Status PwriteFull(int fd, const uint8_t* data, uint64_t len, uint64_t offset, const std::string& path) {
+  uint64_t done = 0;
+  while (done < len) {
+    size_t want = static_cast<size_t>(std::min<uint64_t>(len - done, 1ull << 30));
+    ssize_t n = ::pwrite(fd, data + done, want, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::IOError(Errno(path + ": write"));
+    done += static_cast<uint64_t>(n);
+  }
+  return Status::OK();
+}
+
+// The payload as a list of pieces: the safetensors header, then each tensor's bytes.
+class Payload {
+ public:
+  void Add(const uint8_t* p, uint64_t len) {
+    if (len == 0) return;
+    starts_.push_back(size_);
+    pieces_.push_back({p, len});
+    size_ += len;
+  }
+  uint64_t size() const { return size_; }
+  // Calls fn(ptr, len) for the bytes of payload [offset, offset + len), in order.
+  template <typename Fn>
+  Status ForEach(uint64_t offset, uint64_t len, Fn&& fn) const {
+    auto it = std::upper_bound(starts_.begin(), starts_.end(), offset);
+    size_t i = static_cast<size_t>(it - starts_.begin()) - 1;
+    while (len > 0 && i < pieces_.size()) {
+      const uint64_t within = offset - starts_[i];
+      const uint64_t n = std::min(len, pieces_[i].second - within);
+      CTFS_RETURN_IF_ERROR(fn(pieces_[i].first + within, n));
+      offset += n;
+      len -= n;
+      ++i;
+    }
+    return Status::OK();
+  }
+
+ private:
+  std::vector<std::pair<const uint8_t*, uint64_t>> pieces_;
+  std::vector<uint64_t> starts_;
+  uint64_t size_ = 0;
+};
+
+// Runs fn(i) for i in [0, count) on up to `threads` threads; the first error wins.
+Status ParallelFor(uint64_t count, int threads, const std::function<Status(uint64_t)>& fn) {
+  std::atomic<uint64_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  Status first;
+  auto worker = [&] {
+    for (;;) {
+      if (failed) return;
+      uint64_t i = next.fetch_add(1);
+      if (i >= count) return;
+      Status s = fn(i);
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (first.ok()) first = s;
+        failed = true;
+      }
+    }
+  };
+  int n = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(std::max(threads, 1)), count));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < n; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  return first;
+}
+
+}  // namespace
+
+Status SaveSafetensors(const std::string& path, const std::vector<SaveTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata,
+                       const SaveOptions& options) {
+  // The header, with offsets in the order given.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::set<std::string> names;
+  uint64_t offset = 0;
+  for (const SaveTensor& t : tensors) {
+    if (t.name == "__metadata__")
+      return Status::InvalidArgument("tensor name '__metadata__' is reserved by the format");
+    if (!names.insert(t.name).second)
+      return Status::InvalidArgument("tensor '" + t.name + "' appears twice");
+    if (t.len > 0 && t.data == nullptr)
+      return Status::InvalidArgument("tensor '" + t.name + "': no data");
+    header[t.name] = {{"dtype", DtypeName(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.len}}};
+    offset += t.len;
+  }
+  std::string json = header.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::strict);
+  // Pad with spaces so the data section starts 8-byte aligned, as the reference writer does.
+  while ((8 + json.size()) % 8 != 0) json.push_back(' ');
+  const uint64_t data_size = offset;
+  const uint64_t payload_size = 8 + json.size() + data_size;
+  // Let the parser judge the header we made: every rule it enforces on load holds on save.
+  Result<Header> check = ParseHeaderJson(reinterpret_cast<const uint8_t*>(json.data()),
+                                         json.size(), payload_size);
+  if (!check.ok()) return check.status().Wrap("save " + path + ": ");
+
+  std::string prefix(8, '\0');
+  uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i) prefix[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  prefix += json;
+  Payload payload;
+  payload.Add(reinterpret_cast<const uint8_t*>(prefix.data()), prefix.size());
+  for (const SaveTensor& t : tensors) payload.Add(t.data, t.len);
+
+  std::optional<crypto::EncryptedHeader> enc;
+  std::optional<crypto::Key> key;
+  if (options.encrypt) {
+    Result<crypto::KeyMaterial> km = crypto::ResolveKey(nullptr);
+    if (!km.ok()) return km.status().Wrap("save " + path + " encrypted: ");
+    const auto mode = km->key.size() == 32 ? crypto::CipherMode::kCtr256 : crypto::CipherMode::kCtr128;
+    Result<crypto::EncryptedHeader> h = crypto::NewEncryptedHeader(mode, std::time(nullptr));
+    if (!h.ok()) return h.status();
+    enc = *h;
+    key = km->key;
+  }
+  const uint64_t base = enc ? crypto::kEncryptedHeaderSize : 0;
+
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::IOError(Errno("save " + tmp));
+  auto cleanup = [&](Status s) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return s;
+  };
+  const int threads = options.threads > 0 ? options.threads : DefaultIoThreads();
+  Status s;
+  if (!enc) {
+    const uint64_t unit = 8ull << 20;
+    s = ParallelFor((payload_size + unit - 1) / unit, threads, [&](uint64_t i) {
+      uint64_t pos = i * unit;
+      return payload.ForEach(pos, std::min(unit, payload_size - pos), [&](const uint8_t* p, uint64_t len) {
+        Status w = PwriteFull(fd, p, len, pos, tmp);
+        pos += len;
+        return w;
+      });
+    });
+  } else {
+    crypto::IntegrityParams params;
+    params.iv = enc->iv;
+    params.payload_size = payload_size;
+    const uint64_t unit = params.chunk_size;
+    Result<crypto::IntegrityKey> mac = crypto::IntegrityKey::Derive(*key);
+    if (!mac.ok()) return cleanup(mac.status());
+    std::vector<crypto::Tag> tags(crypto::IntegrityChunkCount(params));
+    s = ParallelFor(tags.size(), threads, [&](uint64_t i) -> Status {
+      thread_local std::vector<uint8_t> buf;
+      const uint64_t pos = i * unit;
+      const uint64_t len = std::min(unit, payload_size - pos);
+      buf.resize(len);
+      uint64_t at = 0;
+      CTFS_RETURN_IF_ERROR(payload.ForEach(pos, len, [&](const uint8_t* p, uint64_t l) {
+        std::memcpy(buf.data() + at, p, l);
+        at += l;
+        return Status::OK();
+      }));
+      CTFS_RETURN_IF_ERROR(crypto::CtrXorAt(*key, enc->iv, pos, buf.data(), len));
+      Result<crypto::Tag> t = crypto::ChunkTag(*mac, params, i, buf.data(), len);
+      if (!t.ok()) return t.status();
+      tags[i] = *t;
+      return PwriteFull(fd, buf.data(), len, base + pos, tmp);
+    });
+    if (s.ok()) {
+      Result<crypto::Tag> root = crypto::CombineChunkTags(*mac, params, tags);
+      if (!root.ok()) return cleanup(root.status());
+      crypto::SetIntegrityField(&*enc, crypto::IntegrityField{unit, *root});
+      Result<std::string> bytes = crypto::SerializeEncryptedHeader(*enc);
+      if (!bytes.ok()) return cleanup(bytes.status());
+      s = PwriteFull(fd, reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size(), 0, tmp);
+    }
+  }
+  if (!s.ok()) return cleanup(s);
+  if (::ftruncate(fd, static_cast<off_t>(base + payload_size)) != 0)
+    return cleanup(Status::IOError(Errno("save " + tmp + ": truncate")));
+  if (::fsync(fd) != 0) return cleanup(Status::IOError(Errno("save " + tmp + ": fsync")));
+  if (::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    return Status::IOError(Errno("save " + tmp + ": close"));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    Status e = Status::IOError(Errno("save " + path + ": rename"));
+    ::unlink(tmp.c_str());
+    return e;
+  }
+  // Make the rename durable.
+  std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
+  if (dir.empty()) dir = "/";
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);  // best effort: some file systems refuse fsync on directories
+    ::close(dfd);
+  }
+  return Status::OK();
+}
+
+}  // namespace cubetorchfs::loader
