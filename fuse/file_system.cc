@@ -162,6 +162,7 @@ Result<ReadResult> FileSystem::Read(const FileHandle& handle, uint64_t offset, s
   ReadResult out;
   const uint64_t file_size = handle.version.size;
   if (offset >= file_size || size == 0) return out;
+  if (model_fetcher_ != nullptr) model_fetcher_->OnRead(handle.path, handle.version, offset);
   const uint64_t end = std::min<uint64_t>(file_size, offset + size);
   // Files up to chunk_bytes are one whole-file entry; larger ones are chunks of chunk_bytes.
   const uint64_t chunk_bytes = options_.chunk_bytes;

@@ -23,6 +23,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "fuse/inode_table.h"
+#include "fuse/model_fetch.h"
 #include "prefetch/prefetcher.h"
 
 namespace prometheus {
@@ -105,6 +106,10 @@ class FileSystem {
 
   const InodeTable& inodes() const { return inodes_; }
 
+  // The model-file fast path (fuse/model_fetch.h) to tell about reads; null: none. Set before
+  // the first read; must outlive the FileSystem.
+  void set_model_fetcher(ModelFetcher* fetcher) { model_fetcher_ = fetcher; }
+
  private:
   FileSystem(const Options& options, cfs_client::Backend* backend, cache::RamCache* cache,
              prefetch::Prefetcher* prefetcher, Clock* clock, prometheus::Registry& registry,
@@ -122,6 +127,7 @@ class FileSystem {
   cache::DiskCache* const disk_;  // the NVMe tier, or null
   Clock* const clock_;
   InodeTable inodes_;
+  ModelFetcher* model_fetcher_ = nullptr;
 
   // Owned by the registry.
   prometheus::Counter* bytes_ram_;

@@ -190,6 +190,13 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   Result<std::unique_ptr<FileSystem>> fs = FileSystem::New(
       fs_options, backend->get(), cache.get(), &prefetcher, SystemClock(), *registry, disk.get());
   if (!fs.ok()) return Fail(kExitBadConfig, "backend.root: " + fs.status().message());
+  // *.safetensors: parallel ranged fetches on first read and for /v1/files/open.
+  ModelFetcher::Options model_options;
+  model_options.chunk_bytes = config.cache.chunk_bytes;
+  model_options.threads = static_cast<int>(std::clamp<uint64_t>(config.prefetch.max_inflight, 1, 16));
+  model_options.background_max_bytes = config.cache.memory_bytes / 2;
+  ModelFetcher model_fetcher(model_options, backend->get(), cache.get(), disk.get());
+  (*fs)->set_model_fetcher(&model_fetcher);
 
   prefetch::ControlServer::Options control_options;
   control_options.socket_path = config.prefetch.control_socket.empty()
@@ -206,7 +213,13 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
       [filesystem](const std::string& path, uint64_t max_bytes) {
         return filesystem->ReadWholeFile(path, max_bytes);
       },
-      warmer.get());
+      warmer.get(),
+      [&model_fetcher](const std::string& path) -> Result<prefetch::ControlServer::OpenedFile> {
+        Result<ResidentFile> r = model_fetcher.MakeResident(path);
+        if (!r.ok()) return r.status();
+        return prefetch::ControlServer::OpenedFile{r->fd,        r->size,       r->mtime_ns,
+                                                   r->ram_bytes, r->disk_bytes, r->backend_bytes};
+      });
   if (!control.ok()) return Fail(kExitBadConfig, control.status().message());
 
   FuseContext ctx(fs->get(), config.fuse, *registry);

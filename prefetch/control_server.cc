@@ -1,15 +1,19 @@
 #include "prefetch/control_server.h"
 
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "common/logging.h"
@@ -113,6 +117,8 @@ class Session : public std::enable_shared_from_this<Session<Protocol>> {
   void Read();
   void OnRead(beast::error_code ec);
   void Write(Response res, bool keep_alive);
+  // Sends `res` with `fd` attached (SCM_RIGHTS), closes `fd` and the connection.
+  void WriteWithFd(Response res, int fd);
 
   Stream stream_;
   ServerImpl* server_;
@@ -123,12 +129,13 @@ class Session : public std::enable_shared_from_this<Session<Protocol>> {
 class ServerImpl final : public ControlServer {
  public:
   ServerImpl(const Options& options, Prefetcher* prefetcher, cache::RamCache* ram,
-             FileReader reader, Warmer* warmer)
+             FileReader reader, Warmer* warmer, FileOpener opener)
       : options_(options),
         prefetcher_(prefetcher),
         ram_(ram),
         reader_(std::move(reader)),
         warmer_(warmer),
+        opener_(std::move(opener)),
         pool_(kPoolThreads),
         unix_acceptor_(ioc_),
         tcp_acceptor_(ioc_) {}
@@ -181,8 +188,34 @@ class ServerImpl final : public ControlServer {
     return Status::OK();
   }
 
-  // Answers `req`, calling `done` with the response on the Asio thread.
-  void Dispatch(Request req, const asio::any_io_executor& ex, std::function<void(Response)> done) {
+  // Answers `req`, calling `done` with the response (and a descriptor to attach, or -1) on the
+  // Asio thread. `can_pass_fd`: the request came over the unix socket.
+  void Dispatch(Request req, const asio::any_io_executor& ex,
+                std::function<void(Response, int)> done, bool can_pass_fd) {
+    if (req.target() == "/v1/files/open") {
+      const unsigned v = req.version();
+      if (req.method() != http::verb::post)
+        return done(Error(http::status::method_not_allowed, "use POST", v), -1);
+      if (!can_pass_fd)
+        return done(Error(http::status::bad_request,
+                          "/v1/files/open passes a file descriptor: use the unix control socket", v),
+                    -1);
+      if (!opener_)
+        return done(Error(http::status::not_implemented, "this daemon cannot open files", v), -1);
+      asio::post(pool_, [this, req = std::move(req), ex, done = std::move(done)]() mutable {
+        Response res;
+        int fd = -1;
+        try {
+          res = OpenFile(req, &fd);
+        } catch (const std::exception& e) {
+          res = Error(http::status::internal_server_error, e.what(), req.version());
+        }
+        asio::post(ex, [res = std::move(res), fd, done = std::move(done)]() mutable {
+          done(std::move(res), fd);
+        });
+      });
+      return;
+    }
     if (req.method() == http::verb::post &&
         (req.target() == "/batchdownload/path" || req.target() == "/v1/warmup")) {
       // Reads file data: off the Asio thread.
@@ -193,11 +226,11 @@ class ServerImpl final : public ControlServer {
         } catch (const std::exception& e) {  // e.g. bad_alloc: fail this request only
           res = Error(http::status::internal_server_error, e.what(), req.version());
         }
-        asio::post(ex, [res = std::move(res), done = std::move(done)]() mutable { done(std::move(res)); });
+        asio::post(ex, [res = std::move(res), done = std::move(done)]() mutable { done(std::move(res), -1); });
       });
       return;
     }
-    done(Handle(req));
+    done(Handle(req), -1);
   }
 
   std::atomic<int> connections{0};
@@ -424,6 +457,37 @@ class ServerImpl final : public ControlServer {
                         v);
   }
 
+  // POST /v1/files/open {"path": str}: the file made resident, and its descriptor in *fd.
+  Response OpenFile(const Request& req, int* fd) {
+    const unsigned v = req.version();
+    json body = json::parse(req.body(), nullptr, false);
+    if (!body.is_object() || !body.contains("path") || !body["path"].is_string())
+      return Error(http::status::bad_request, "body must be {\"path\": str}", v);
+    Result<std::string> sp = ToStorePath(options_.mount_point, body["path"].get<std::string>());
+    if (!sp.ok()) return Error(http::status::unprocessable_entity, sp.status().message(), v);
+    Result<OpenedFile> f = opener_(*sp);
+    if (!f.ok()) {
+      files_open_failed_++;
+      const Status& s = f.status();
+      if (s.IsNotFound()) CTFS_LOG(kDebug) << "files/open " << *sp << ": " << s.ToString();
+      else CTFS_LOG(kWarn) << "files/open " << *sp << ": " << s.ToString();
+      http::status code = s.IsNotFound() ? http::status::not_found
+                          : s.code() == Status::Code::kInvalidArgument ? http::status::bad_request
+                          : s.IsStale() ? http::status::conflict
+                                        : http::status::service_unavailable;
+      return Error(code, s.message(), v);
+    }
+    files_opened_++;
+    files_open_bytes_ += f->size;
+    *fd = f->fd;
+    return JsonResponse(http::status::ok,
+                        json{{"size", f->size},
+                             {"mtime_ns", f->mtime_ns},
+                             {"bytes", {{"ram", f->ram_bytes}, {"disk", f->disk_bytes},
+                                        {"backend", f->backend_bytes}}}},
+                        v);
+  }
+
   json StatsJson() {
     Stats s = prefetcher_->GetStats();
     json streams = json::array();
@@ -452,7 +516,11 @@ class ServerImpl final : public ControlServer {
                     {"window_files", s.window_files},
                     {"window_bytes", s.window_bytes},
                     {"window_budget_bytes", s.window_budget_bytes}}},
-                  {"cache", {{"ram_bytes", ram_->bytes() + s.window_bytes}}}}},
+                  {"cache", {{"ram_bytes", ram_->bytes() + s.window_bytes}}},
+                  {"files_open",
+                   {{"opened", files_opened_.load()},
+                    {"failed", files_open_failed_.load()},
+                    {"bytes", files_open_bytes_.load()}}}}},
                 {"streams", streams}};
   }
 
@@ -461,6 +529,8 @@ class ServerImpl final : public ControlServer {
   cache::RamCache* const ram_;
   const FileReader reader_;
   Warmer* const warmer_;
+  const FileOpener opener_;
+  std::atomic<uint64_t> files_opened_{0}, files_open_failed_{0}, files_open_bytes_{0};
   asio::io_context ioc_;
   asio::thread_pool pool_;
   asio::local::stream_protocol::acceptor unix_acceptor_;
@@ -513,10 +583,55 @@ void Session<Protocol>::OnRead(beast::error_code ec) {
   }
   Request req = parser_->release();
   const bool keep_alive = req.keep_alive();
-  server_->Dispatch(std::move(req), stream_.get_executor(),
-                    [self = this->shared_from_this(), keep_alive](Response res) {
-                      self->Write(std::move(res), keep_alive);
-                    });
+  server_->Dispatch(
+      std::move(req), stream_.get_executor(),
+      [self = this->shared_from_this(), keep_alive](Response res, int fd) {
+        if (fd >= 0) return self->WriteWithFd(std::move(res), fd);
+        self->Write(std::move(res), keep_alive);
+      },
+      std::is_same_v<Protocol, asio::local::stream_protocol>);
+}
+
+template <typename Protocol>
+void Session<Protocol>::WriteWithFd(Response res, int fd) {
+  res.keep_alive(false);
+  std::ostringstream os;
+  os << res;
+  const std::string wire = os.str();
+  const int sock = stream_.socket().native_handle();
+  // The reply is small and the socket's buffer empty (one request per connection), so this
+  // completes at once; the poll only bounds a client that stopped reading.
+  size_t sent = 0;
+  bool fd_sent = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (sent < wire.size() && std::chrono::steady_clock::now() < deadline) {
+    iovec iov{const_cast<char*>(wire.data() + sent), wire.size() - sent};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    if (!fd_sent) {
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    }
+    ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+      pollfd p{sock, POLLOUT, 0};
+      ::poll(&p, 1, 100);
+      continue;
+    }
+    if (n < 0) break;
+    fd_sent = true;
+    sent += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  beast::error_code ignored;
+  stream_.socket().shutdown(Protocol::socket::shutdown_both, ignored);
 }
 
 template <typename Protocol>
@@ -540,9 +655,10 @@ void Session<Protocol>::Write(Response res, bool keep_alive) {
 Result<std::unique_ptr<ControlServer>> ControlServer::Start(const Options& options,
                                                             Prefetcher* prefetcher,
                                                             cache::RamCache* ram,
-                                                            FileReader reader, Warmer* warmer) {
-  auto server =
-      std::make_unique<ServerImpl>(options, prefetcher, ram, std::move(reader), warmer);
+                                                            FileReader reader, Warmer* warmer,
+                                                            FileOpener opener) {
+  auto server = std::make_unique<ServerImpl>(options, prefetcher, ram, std::move(reader), warmer,
+                                             std::move(opener));
   Status s = server->Listen();
   if (!s.ok()) return s;
   return std::unique_ptr<ControlServer>(std::move(server));

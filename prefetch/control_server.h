@@ -8,6 +8,10 @@
 //   POST   /prefetch/read/path      [[abs_path, ...], ...]      -> 200 "prefetching.\n"
 //   POST   /register/pid, /unregister/pid   [pid, ...]          -> 200
 //   POST   /batchdownload/path      [[path, ...]]               -> 200 framed file contents
+//   POST   /v1/files/open           {"path": str}  (unix socket only) -> 200 {"size", "mtime_ns",
+//                                     "bytes": {"ram", "disk", "backend"}} and a read-only file
+//                                     descriptor of the file's bytes attached with SCM_RIGHTS
+//                                     (docs/fd_exchange.md)
 //   POST   /v1/warmup               {"paths": [str, ...]}       -> 200 {"fetched", "skipped",
 //                                     "failed", "bytes", "errors"}: fills the NVMe tier
 //
@@ -47,13 +51,25 @@ class ControlServer {
   // `max_bytes` before reading them.
   using FileReader =
       std::function<Result<std::string>(const std::string& store_path, uint64_t max_bytes)>;
+  // Makes a whole file resident and returns a descriptor of it (for /v1/files/open).
+  struct OpenedFile {
+    int fd = -1;  // ownership passes to the server, which closes it after sending
+    uint64_t size = 0;
+    int64_t mtime_ns = 0;
+    uint64_t ram_bytes = 0;
+    uint64_t disk_bytes = 0;
+    uint64_t backend_bytes = 0;
+  };
+  using FileOpener = std::function<Result<OpenedFile>(const std::string& store_path)>;
 
   // Binds the listeners and starts serving. Fails naming the socket or port it could not
   // bind. `prefetcher`, `ram` and `warmer` (null without an NVMe tier) must outlive the server.
+  // Without an `opener`, /v1/files/open answers 501.
   static Result<std::unique_ptr<ControlServer>> Start(const Options& options,
                                                       Prefetcher* prefetcher,
                                                       cache::RamCache* ram, FileReader reader,
-                                                      Warmer* warmer = nullptr);
+                                                      Warmer* warmer = nullptr,
+                                                      FileOpener opener = nullptr);
   virtual ~ControlServer() = default;  // stops serving and removes the socket file
 };
 

@@ -1,0 +1,226 @@
+#include "fuse/model_fetch.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "common/logging.h"
+
+namespace cubetorchfs::fuse {
+
+namespace {
+
+constexpr size_t kMaxStarted = 1024;
+
+// MemAvailable from /proc/meminfo in bytes; 0 if unknown.
+uint64_t MemAvailable() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+std::string FileKey(const std::string& path, const cfs_client::FileVersion& v) {
+  return path + '\0' + std::to_string(v.size) + '\0' + std::to_string(v.mtime_ns);
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+ModelFetcher::ModelFetcher(const Options& options, cfs_client::Backend* backend,
+                           cache::RamCache* ram, cache::DiskCache* disk)
+    : options_(options), backend_(backend), ram_(ram), disk_(disk) {
+  if (options_.background_max_bytes > 0)
+    for (int i = 0; i < std::max(1, options_.threads); ++i) workers_.emplace_back([this] { Worker(); });
+}
+
+ModelFetcher::~ModelFetcher() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    jobs_.clear();
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+bool ModelFetcher::IsModelFile(const std::string& path) {
+  static const std::string kSuffix = ".safetensors";
+  return path.size() > kSuffix.size() &&
+         path.compare(path.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0;
+}
+
+uint64_t ModelFetcher::background_chunks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return background_chunks_;
+}
+
+void ModelFetcher::OnRead(const std::string& path, const cfs_client::FileVersion& version,
+                          uint64_t offset) {
+  if (workers_.empty() || version.size <= options_.chunk_bytes || !IsModelFile(path)) return;
+  std::string key = FileKey(path, version);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ || !started_.insert(key).second) return;
+    started_order_.push_back(key);
+    if (started_order_.size() > kMaxStarted) {
+      started_.erase(started_order_.front());
+      started_order_.pop_front();
+    }
+    const uint64_t chunks = (version.size + options_.chunk_bytes - 1) / options_.chunk_bytes;
+    const uint64_t limit = std::max<uint64_t>(1, options_.background_max_bytes / options_.chunk_bytes);
+    const uint64_t first = offset / options_.chunk_bytes;
+    for (uint64_t c = first; c < chunks && c - first < limit; ++c) {
+      jobs_.push_back({path, version, c});
+      ++background_chunks_;
+    }
+  }
+  cv_.notify_all();
+}
+
+Result<cache::BufferRef> ModelFetcher::FetchChunk(const std::string& key, const std::string& path,
+                                                  const cfs_client::FileVersion& version,
+                                                  uint64_t chunk, bool* from_disk) {
+  const uint64_t begin = chunk * options_.chunk_bytes;
+  const size_t len = static_cast<size_t>(std::min(options_.chunk_bytes, version.size - begin));
+  if (disk_ != nullptr) {
+    Result<cache::BufferRef> d = disk_->Get(key);
+    if (d.ok() && (*d)->size == len) {
+      *from_disk = true;
+      return d;
+    }
+  }
+  Result<cache::BufferRef> r = cache::ReadChunk(*backend_, path, version, begin, len);
+  if (r.ok() && disk_ != nullptr) disk_->PutAsync(key, r.value());
+  return r;
+}
+
+void ModelFetcher::Worker() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+      if (stop_) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    const std::string key = cache::ChunkKey(job.path, job.version, job.chunk);
+    bool from_disk = false;
+    Result<cache::Lookup> got = ram_->GetOrFetch(
+        key, [&] { return FetchChunk(key, job.path, job.version, job.chunk, &from_disk); });
+    if (!got.ok())
+      CTFS_LOG(kDebug) << "model prefetch " << job.path << " chunk " << job.chunk << ": "
+                       << got.status().ToString();
+  }
+}
+
+Result<ResidentFile> ModelFetcher::MakeResident(const std::string& path) {
+  Result<cfs_client::FileAttr> attr = backend_->Stat(path);
+  if (!attr.ok()) {
+    if (attr.status().IsNotFound()) return Status::NotFound(path + ": no such file");
+    return attr.status();
+  }
+  if (!attr->IsRegular()) return Status::InvalidArgument(path + ": not a regular file");
+  const cfs_client::FileVersion version = attr->Version();
+  const uint64_t avail = MemAvailable();
+  if (avail != 0 && version.size > avail / 10 * 9)
+    return Status::IOError(path + ": " + std::to_string(version.size) +
+                           " bytes do not fit in available memory (" + std::to_string(avail) +
+                           "); read it through the mount");
+
+  std::string name = "cubetorchfs:" + path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
+  Fd mfd(static_cast<int>(::memfd_create(name.substr(0, 200).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING)));
+  if (mfd.get() < 0) return Status::IOError(std::string("memfd_create: ") + std::strerror(errno));
+  if (::ftruncate(mfd.get(), static_cast<off_t>(version.size)) != 0)
+    return Status::IOError(path + ": cannot size memory file: " + std::strerror(errno));
+
+  const uint64_t chunks = (version.size + options_.chunk_bytes - 1) / options_.chunk_bytes;
+  std::atomic<uint64_t> next{0}, ram_bytes{0}, disk_bytes{0}, backend_bytes{0};
+  std::atomic<bool> failed{false};
+  std::mutex err_mu;
+  Status first_error;
+  auto worker = [&] {
+    for (;;) {
+      if (failed) return;
+      const uint64_t c = next.fetch_add(1);
+      if (c >= chunks) return;
+      const std::string key = cache::ChunkKey(path, version, c);
+      cache::BufferRef buf = ram_->Get(key);
+      std::atomic<uint64_t>* counter = &ram_bytes;
+      if (!buf) {
+        bool from_disk = false;
+        Result<cache::BufferRef> r = FetchChunk(key, path, version, c, &from_disk);
+        if (!r.ok()) {
+          std::lock_guard<std::mutex> lock(err_mu);
+          if (first_error.ok()) first_error = r.status();
+          failed = true;
+          return;
+        }
+        buf = std::move(r.value());
+        counter = from_disk ? &disk_bytes : &backend_bytes;
+      }
+      const uint64_t off = c * options_.chunk_bytes;
+      size_t done = 0;
+      while (done < buf->size) {
+        ssize_t n = ::pwrite(mfd.get(), buf->data.get() + done, buf->size - done,
+                             static_cast<off_t>(off + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+          std::lock_guard<std::mutex> lock(err_mu);
+          if (first_error.ok())
+            first_error = Status::IOError(path + ": filling the memory file: " + std::strerror(errno));
+          failed = true;
+          return;
+        }
+        done += static_cast<size_t>(n);
+      }
+      *counter += buf->size;
+    }
+  };
+  const int threads = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(std::max(1, options_.threads)), chunks));
+  std::vector<std::thread> pool;
+  for (int i = 1; i < threads; ++i) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  if (!first_error.ok()) return first_error;
+
+  if (::fcntl(mfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0)
+    return Status::IOError(std::string("sealing the memory file: ") + std::strerror(errno));
+  // A read-only open file description of the same memory for the caller.
+  Fd ro(::open(("/proc/self/fd/" + std::to_string(mfd.get())).c_str(), O_RDONLY | O_CLOEXEC));
+  if (ro.get() < 0) return Status::IOError(std::string("reopening the memory file: ") + std::strerror(errno));
+  ResidentFile out;
+  out.fd = ro.release();
+  out.size = version.size;
+  out.mtime_ns = version.mtime_ns;
+  out.ram_bytes = ram_bytes;
+  out.disk_bytes = disk_bytes;
+  out.backend_bytes = backend_bytes;
+  return out;
+}
+
+}  // namespace cubetorchfs::fuse

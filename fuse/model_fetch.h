@@ -1,0 +1,97 @@
+// The model-file fast path on the daemon side.
+//
+// 1. FUSE reads: the first read of a `*.safetensors` file larger than one chunk starts
+//    parallel ranged fetches of its chunks (chunk_bytes each, from the read offset on, up to
+//    `background_max_bytes`) into the RAM cache, instead of one demand read per chunk as the
+//    reader gets there. Readers that reach a chunk still in flight wait for that fetch (the
+//    RAM cache shares concurrent fetches of one key).
+// 2. The control API's POST /v1/files/open (docs/fd_exchange.md): MakeResident() reads the
+//    whole file with parallel ranged reads (RAM cache, then the NVMe tier, then the store)
+//    into a sealed memfd and returns a read-only descriptor of it, which the loader library
+//    receives with SCM_RIGHTS and reads with its own threads, without FUSE. The daemon keeps
+//    no reference: the memory is the caller's and is freed when it closes the descriptor.
+//    Chunks fetched from the store are also written to the NVMe tier (when there is one), so
+//    a second load does not go back to the store.
+//
+// Thread safety: all methods may be called concurrently.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cache/disk_cache.h"
+#include "cache/ram_cache.h"
+#include "cfs_client/backend.h"
+#include "common/status.h"
+
+namespace cubetorchfs::fuse {
+
+struct ResidentFile {
+  int fd = -1;  // read-only, sealed memfd; owned by the caller
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  uint64_t ram_bytes = 0;  // where the bytes came from
+  uint64_t disk_bytes = 0;
+  uint64_t backend_bytes = 0;
+};
+
+class ModelFetcher {
+ public:
+  struct Options {
+    uint64_t chunk_bytes = 4ull << 20;
+    int threads = 8;                            // parallel ranged reads
+    uint64_t background_max_bytes = 1ull << 30;  // per file, for FUSE reads (0: off)
+  };
+  // `backend`, `ram` and `disk` (null without an NVMe tier) must outlive this.
+  ModelFetcher(const Options& options, cfs_client::Backend* backend, cache::RamCache* ram,
+               cache::DiskCache* disk);
+  ~ModelFetcher();  // drops queued fetches, waits for running ones
+
+  // True for the files this fast path handles.
+  static bool IsModelFile(const std::string& path);
+
+  // Called for every FUSE read of a regular file (cheap when not a model file).
+  void OnRead(const std::string& path, const cfs_client::FileVersion& version, uint64_t offset);
+
+  // Reads store file `path` into a sealed memfd. NotFound ("...: no such file"),
+  // InvalidArgument (not a regular file), IOError (store failure, or the file does not fit
+  // in available memory), Stale (the file changed while it was read).
+  Result<ResidentFile> MakeResident(const std::string& path);
+
+  // Chunk fetches started by OnRead so far (for tests and stats).
+  uint64_t background_chunks() const;
+
+ private:
+  struct Job {
+    std::string path;
+    cfs_client::FileVersion version;
+    uint64_t chunk;
+  };
+  void Worker();
+  // The chunk from the NVMe tier or the store (writing store bytes to the tier).
+  Result<cache::BufferRef> FetchChunk(const std::string& key, const std::string& path,
+                                      const cfs_client::FileVersion& version, uint64_t chunk,
+                                      bool* from_disk);
+
+  const Options options_;
+  cfs_client::Backend* const backend_;
+  cache::RamCache* const ram_;
+  cache::DiskCache* const disk_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  std::set<std::string> started_;  // path + version keys already scheduled (bounded)
+  std::deque<std::string> started_order_;
+  uint64_t background_chunks_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace cubetorchfs::fuse
