@@ -1,0 +1,98 @@
+#include "fuse/model_fetch.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "tests/test_util.h"
+
+namespace cubetorchfs::fuse {
+namespace {
+
+using testing::MemBackend;
+
+std::string Pattern(size_t n) {
+  std::string s(n, '\0');
+  uint32_t x = 12345;
+  for (auto& c : s) {
+    x = x * 1103515245 + 12345;
+    c = static_cast<char>(x >> 16);
+  }
+  return s;
+}
+
+std::unique_ptr<cache::RamCache> Ram() {
+  cache::RamCache::Options o;
+  o.capacity_bytes = 64 << 20;
+  o.max_entry_bytes = 1 << 20;
+  return cache::RamCache::New(o, nullptr);
+}
+
+TEST(ModelFetchTest, MakeResidentGivesASealedReadOnlyCopy) {
+  MemBackend backend;
+  const std::string data = Pattern((5 << 20) + 123);
+  backend.AddDir("models");
+  backend.PutFile("models/m.safetensors", data, 7);
+  auto ram = Ram();
+  ModelFetcher::Options o;
+  o.chunk_bytes = 1 << 20;
+  o.threads = 4;
+  ModelFetcher f(o, &backend, ram.get(), nullptr);
+  // One chunk already in RAM: it is used, not fetched again.
+  auto chunk2 = cache::Buffer::Allocate(1 << 20);
+  std::memcpy(chunk2->data.get(), data.data() + (2 << 20), 1 << 20);
+  ram->Insert(cache::ChunkKey("models/m.safetensors", {data.size(), 7}, 2), chunk2);
+
+  Result<ResidentFile> r = f.MakeResident("models/m.safetensors");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->size, data.size());
+  EXPECT_EQ(r->ram_bytes, 1u << 20);
+  EXPECT_EQ(r->backend_bytes, data.size() - (1 << 20));
+  std::string got(data.size(), '\0');
+  ASSERT_EQ(::pread(r->fd, got.data(), got.size(), 0), static_cast<ssize_t>(got.size()));
+  EXPECT_EQ(got, data);
+  EXPECT_EQ(::pwrite(r->fd, "x", 1, 0), -1);  // read-only descriptor
+  EXPECT_EQ(::fcntl(r->fd, F_GET_SEALS) & F_SEAL_WRITE, F_SEAL_WRITE);
+  ::close(r->fd);
+
+  EXPECT_NE(f.MakeResident("models/none.safetensors").status().message().find("no such file"),
+            std::string::npos);
+  EXPECT_EQ(f.MakeResident("models").status().code(), Status::Code::kInvalidArgument);
+}
+
+TEST(ModelFetchTest, FirstReadOfAModelFileFetchesItsChunksInParallel) {
+  MemBackend backend;
+  const std::string data = Pattern(6 << 20);
+  backend.PutFile("m.safetensors", data, 1);
+  backend.PutFile("other.bin", data, 1);
+  auto ram = Ram();
+  ModelFetcher::Options o;
+  o.chunk_bytes = 1 << 20;
+  o.threads = 3;
+  o.background_max_bytes = 4 << 20;  // at most 4 chunks from the read offset
+  ModelFetcher f(o, &backend, ram.get(), nullptr);
+  const cfs_client::FileVersion v{data.size(), 1};
+  f.OnRead("other.bin", v, 0);  // not a model file
+  EXPECT_EQ(f.background_chunks(), 0u);
+  f.OnRead("m.safetensors", v, 1 << 20);
+  f.OnRead("m.safetensors", v, 2 << 20);  // once per file version
+  EXPECT_EQ(f.background_chunks(), 4u);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto cached = [&] {
+    int n = 0;
+    for (uint64_t c = 0; c < 6; ++c) n += ram->Get(cache::ChunkKey("m.safetensors", v, c)) != nullptr;
+    return n;
+  };
+  while (cached() < 4 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(cached(), 4);
+  EXPECT_EQ(ram->Get(cache::ChunkKey("m.safetensors", v, 0)), nullptr);  // before the offset
+  EXPECT_NE(ram->Get(cache::ChunkKey("m.safetensors", v, 4)), nullptr);
+}
+
+}  // namespace
+}  // namespace cubetorchfs::fuse
