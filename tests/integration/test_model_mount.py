@@ -1,0 +1,133 @@
+"""Model files through a real mount: cube_torch.load_file under a cubetorchfs mount gets a
+descriptor of the resident file from the daemon (SCM_RIGHTS over the control socket) and
+loads exactly what a direct load gives; without it, it reads through FUSE, where the first
+read of a *.safetensors file starts parallel chunk fetches. The /v1/files/open errors are
+checked over the real socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cubefs_harness import (REPO_ROOT, CubeFactory, CubeMount, UnixHTTPConnection, call,
+                             environment_problem)
+
+pytestmark = pytest.mark.skipif(environment_problem() is not None,
+                                reason=environment_problem() or "")
+
+KEY_B64 = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="  # 32 bytes: AES-256
+
+# Runs in a child process, as a training script would: save, or load and digest.
+CHILD = r"""
+import hashlib, json, sys, torch, cube_torch
+op, path = sys.argv[1], sys.argv[2]
+if op == "save":
+    g = torch.Generator().manual_seed(int(sys.argv[4]) if len(sys.argv) > 4 else 5)
+    t = {f"layer{i}.weight": torch.randn(256, 1024, generator=g) for i in range(12)}
+    t["odd"] = torch.randint(0, 2, (7,), dtype=torch.bool)
+    t["bf"] = torch.randn(33, generator=g).bfloat16()
+    cube_torch.save_file(t, path, metadata={"m": "1"}, use_cipher=sys.argv[3] == "1")
+else:
+    out = cube_torch.load_file(path)
+    h = hashlib.sha256()
+    for k in sorted(out):
+        h.update(k.encode()); h.update(str(out[k].dtype).encode())
+        h.update(out[k].contiguous().view(torch.uint8).numpy().tobytes())
+    print(json.dumps({"digest": h.hexdigest(), "stats": cube_torch.stats().get("global", {})}))
+"""
+
+
+def child(mount: CubeMount | None, *args: str, **env_extra: str) -> dict[str, Any]:
+    env = mount.env() if mount is not None else dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT / "hooks")
+    env["VETURBOIO_KEY"] = KEY_B64
+    env.update(env_extra)
+    r = subprocess.run([sys.executable, "-c", CHILD, *args], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout) if r.stdout.strip() else {}
+
+
+@pytest.fixture()
+def models(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    (src / "models").mkdir(parents=True)
+    child(None, "save", str(src / "models" / "plain.safetensors"), "0")
+    child(None, "save", str(src / "models" / "enc.safetensors"), "1")
+    return src
+
+
+def files_open(stats: dict[str, Any]) -> dict[str, int]:
+    return stats.get("files_open", {})
+
+
+@pytest.mark.parametrize("name", ["plain.safetensors", "enc.safetensors"])
+def test_load_through_mount_uses_daemon_fd_and_equals_direct(cube: CubeFactory, models: Path,
+                                                             name: str) -> None:
+    mount = cube.mount(models, {"cache": {"chunk_bytes": "1MiB"}})
+    direct = child(None, "load", str(models / "models" / name))
+    through = child(mount, "load", str(mount.path(f"models/{name}")))
+    assert through["digest"] == direct["digest"]
+    opened = files_open(through["stats"])
+    assert opened.get("opened") == 1 and opened.get("failed") == 0, opened
+    assert opened.get("bytes") == (models / "models" / name).stat().st_size
+
+
+def test_without_daemon_fd_reads_through_fuse_with_parallel_chunks(cube: CubeFactory,
+                                                                   models: Path) -> None:
+    mount = cube.mount(models, {"cache": {"chunk_bytes": "1MiB"}})
+    direct = child(None, "load", str(models / "models" / "plain.safetensors"))
+    through = child(mount, "load", str(mount.path("models/plain.safetensors")),
+                    CUBE_TORCH_NO_DAEMON_FD="1")
+    assert through["digest"] == direct["digest"]
+    assert files_open(through["stats"]).get("opened", 0) == 0
+    m = mount.metrics()
+    chunks = -(-(models / "models" / "plain.safetensors").stat().st_size // (1 << 20))
+    # Every chunk was fetched once, by the parallel model fetch or a demand read.
+    assert m.value("cubetorchfs_backend_requests_total", op="read", status="ok") == chunks
+    # The parallel fetch ran ahead of the readers: not every read had to fetch for itself.
+    assert m.value("cubetorchfs_reads_total", result="miss") < chunks
+
+
+def test_changed_file_is_served_fresh(cube: CubeFactory, models: Path) -> None:
+    mount = cube.mount(models)
+    path = mount.path("models/plain.safetensors")
+    first = child(mount, "load", str(path))
+    child(None, "save", str(models / "models" / "plain.safetensors"), "1", "6")  # other tensors
+    second = child(mount, "load", str(path))
+    assert second["digest"] == child(None, "load", str(models / "models" / "plain.safetensors"))["digest"]
+    assert second["digest"] != first["digest"]
+    assert files_open(second["stats"]).get("opened") == 2
+
+
+def test_files_open_errors(cube: CubeFactory, models: Path) -> None:
+    mount = cube.mount(models)
+    sock = mount.read_control()["control_socket"]
+    cases = [
+        ({"path": str(mount.path("models/none.safetensors"))}, 404, "no such file"),
+        ({"path": "/etc/passwd"}, 422, ""),
+        ({"path": str(mount.path("models"))}, 400, "not a regular file"),
+        ({"nope": 1}, 400, "path"),
+        ("{not json", 400, ""),
+    ]
+    for body, status, text in cases:
+        conn = UnixHTTPConnection(sock)
+        try:
+            code, reply = call(conn, "POST", "/v1/files/open", body)
+        finally:
+            conn.close()
+        assert code == status, (body, code, reply)
+        assert text in json.loads(reply)["error"], reply
+    conn = UnixHTTPConnection(sock)
+    try:
+        assert call(conn, "GET", "/v1/files/open")[0] == 405
+    finally:
+        conn.close()
+    # The daemon is still serving.
+    assert (mount.path("models/plain.safetensors")).stat().st_size > 0
