@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Fuzz the safetensors header parser (loader/safetensors.cc) with libFuzzer for a bounded time.
+# Fuzz the safetensors header parser (loader/safetensors.cc) with libFuzzer for a bounded time,
+# then the loader's file-opening code (loader/fuzz_model_file.cc: encrypted header, integrity
+# field, ModelFile::Open + ReadData) for as long again.
 #
-#   bench/fuzz_safetensors.sh [SECONDS]      (default 60)
+#   bench/fuzz_safetensors.sh [SECONDS]      (default 60 per target)
 #
 # Builds loader/fuzz_safetensors.cc with clang (-fsanitize=fuzzer,address,undefined) in its own
 # build directory (build-fuzz, or $FUZZ_BUILD_DIR), seeds a corpus with a few valid files, runs
@@ -34,7 +36,8 @@ if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
     exit 2
   }
 fi
-cmake --build "$BUILD" -j"$JOBS" --target fuzz_safetensors >"$BUILD/fuzz-build.log" 2>&1 || {
+cmake -S "$ROOT" -B "$BUILD" >>"$BUILD/fuzz-configure.log" 2>&1  # picks up new targets
+cmake --build "$BUILD" -j"$JOBS" --target fuzz_safetensors fuzz_model_file >"$BUILD/fuzz-build.log" 2>&1 || {
   echo "fuzz_safetensors: build failed, see $BUILD/fuzz-build.log" >&2
   exit 2
 }
@@ -84,3 +87,29 @@ if [[ $rc -ne 0 || -n "$crashes" ]]; then
   exit 1
 fi
 echo "fuzz_safetensors: no crash found in ${SECONDS_TO_RUN}s"
+
+# The second target, seeded with the same files plus an encrypted-header input ('E', header
+# JSON, 0xFF, payload) that carries an integrity field.
+MODEL_WORK="$BUILD/fuzz-model-work"
+mkdir -p "$MODEL_WORK/corpus" "$MODEL_WORK/artifacts"
+cp "$WORK"/corpus/seed_* "$MODEL_WORK/corpus/" 2>/dev/null || true
+printf 'E{"mode":"CTR-128","iv":"AAAAAAAAAAAAAAAAAAAAAA==","file_timestamp":1,"cubetorchfs_integrity":{"alg":"HMAC-SHA256-chunked-v1","chunk_size":64,"tag":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}}\xff\x10\x00\x00\x00\x00\x00\x00\x00{}              ' \
+  >"$MODEL_WORK/corpus/seed_encrypted"
+echo "fuzz_model_file: running for ${SECONDS_TO_RUN}s"
+set +e
+"$BUILD/bin/fuzz_model_file" "$MODEL_WORK/corpus" -max_total_time="$SECONDS_TO_RUN" \
+  -print_final_stats=1 -max_len=4096 -rss_limit_mb=2048 \
+  -artifact_prefix="$MODEL_WORK/artifacts/" >"$MODEL_WORK/fuzz.log" 2>&1
+rc=$?
+set -e
+execs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$MODEL_WORK/fuzz.log" | grep -o '[0-9]*$' || true)"
+rate="$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$MODEL_WORK/fuzz.log" | grep -o '[0-9]*$' || true)"
+crashes="$(ls "$MODEL_WORK/artifacts" 2>/dev/null | grep -E '^(crash|leak|oom|timeout)-' || true)"
+echo "fuzz_model_file: executions=${execs:-?} exec/s=${rate:-?} corpus=$(ls "$MODEL_WORK/corpus" | wc -l)"
+if [[ $rc -ne 0 || -n "$crashes" ]]; then
+  echo "fuzz_model_file: CRASH FOUND (exit $rc); reproducers in $MODEL_WORK/artifacts:"
+  echo "$crashes"
+  grep -E 'ERROR|SUMMARY|runtime error' "$MODEL_WORK/fuzz.log" | head -20
+  exit 1
+fi
+echo "fuzz_model_file: no crash found in ${SECONDS_TO_RUN}s"
