@@ -1,0 +1,308 @@
+#!/usr/bin/python3
+"""Model loading: cube_torch.load_file vs torch.load vs a plain parallel read (the limit).
+
+For each size (GiB) and layout (one tensor; ~500 tensors of mixed sizes) the script writes the
+same random weights (never zeros) as safetensors, as veTurboIO-encrypted safetensors
+(save_file(use_cipher=True), a random key) and as a torch.save .pt, then measures in
+alternating rounds, in this order each round:
+
+  load_file        cube_torch.load_file(plain)               (CPU, default threads)
+  torch.load       torch.load(.pt, map_location="cpu")
+  limit            os.preadv of the whole safetensors file with --threads Python threads
+                   (they release the GIL) into a fresh page-aligned buffer, 8 MiB per read —
+                   the same work as load_file minus parsing: new memory + every byte read once
+  limit-prefault   the same into a buffer allocated and touched before the clock starts (what
+                   the read alone costs; shown, not used for the ratio)
+  load_file-enc    cube_torch.load_file(encrypted): read + AES-CTR + integrity check
+  mount, mount-enc with --mount DIR: load_file of copies placed under DIR (a cubetorchfs mount)
+
+Hot page cache by default (one unmeasured warm-up round reads everything first); --cold drops
+the page cache (`sync; echo 3 > /proc/sys/vm/drop_caches`, root) before every measurement.
+Prints one table (median and min–max seconds and GB/s per system) and a last line with the
+ratios: load_file/torch.load (speed-up; target >= 8), load_file/limit (fraction of the limit's
+throughput; target >= 0.7), encrypted/plain (target >= 0.5), medians over all sizes and layouts.
+
+Files go under --workdir (default: a fresh directory in /var/tmp) and are deleted at exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import base64
+import gc
+import mmap
+import os
+import platform
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hooks"))
+os.environ.setdefault("CUBE_TORCH_DISABLE", "1")  # no DataLoader hook needed here
+import cube_torch  # noqa: E402
+
+GIB = 1 << 30
+READ_CHUNK = 8 << 20
+MANY = 500
+
+
+def default_threads() -> int:
+    env = os.environ.get("CUBE_TORCH_IO_THREADS")
+    if env and env.isdigit() and 1 <= int(env) <= 256:
+        return int(env)
+    return min(32, max(4, 2 * (os.cpu_count() or 1)))  # the library's default
+
+
+def drop_caches() -> None:
+    subprocess.run(["sync"], check=True, timeout=120)
+    with open("/proc/sys/vm/drop_caches", "w") as fh:
+        fh.write("3\n")
+
+
+# ---- data --------------------------------------------------------------------------------------
+
+def make_weights(nbytes: int, layout: str, seed: int) -> Dict[str, torch.Tensor]:
+    """Random bits (as float32/bf16/int8 tensors; NaN bit patterns included) with separate
+    storages, as a real state dict has. "one": one float32 tensor; "many": MANY tensors of
+    log-normally distributed sizes (a few big matrices, many small ones)."""
+    gen = torch.Generator().manual_seed(seed)
+    if layout == "one":
+        return {"weight": torch.empty(nbytes // 4, dtype=torch.int32).random_(generator=gen)
+                .view(torch.float32)}
+    sizes = torch.empty(MANY).log_normal_(0.0, 2.0, generator=gen)
+    sizes = (sizes / sizes.sum() * nbytes).long().clamp_(min=64)
+    sizes = (sizes // 64) * 64
+    sizes[0] += nbytes - int(sizes.sum())  # exact total
+    out: Dict[str, torch.Tensor] = {}
+    dtypes = [torch.float32, torch.float32, torch.bfloat16, torch.int8]
+    for i, s in enumerate(sizes.tolist()):
+        dtype = dtypes[i % len(dtypes)]
+        elem = torch.empty((), dtype=dtype).element_size()
+        raw = torch.empty(s // 4, dtype=torch.int32).random_(generator=gen)
+        out[f"layers.{i // 4}.t{i % 4}.weight"] = raw.view(torch.uint8)[: s // elem * elem].view(dtype)
+    return out
+
+
+def same_bytes(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> bool:
+    return sorted(a) == sorted(b) and all(
+        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and
+        torch.equal(a[k].reshape(-1).view(torch.uint8), b[k].reshape(-1).view(torch.uint8))
+        for k in a)
+
+
+# ---- the systems -------------------------------------------------------------------------------
+
+def fresh_buffer(n: int) -> mmap.mmap:
+    """New memory allocated the way load_file allocates its buffer (private, huge pages), so
+    the limit pays the same allocation cost."""
+    m = mmap.mmap(-1, max(n, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            m.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    return m
+
+
+def parallel_read(path: str, buf: mmap.mmap, threads: int) -> int:
+    size = os.path.getsize(path)
+    view = memoryview(buf)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        def read(off: int) -> int:
+            end = min(size, off + READ_CHUNK)
+            done = off
+            while done < end:
+                n = os.preadv(fd, [view[done:end]], done)
+                if n <= 0:
+                    raise OSError(f"{path}: short read at {done}")
+                done += n
+            return end - off
+
+        with ThreadPoolExecutor(threads) as pool:
+            total = sum(pool.map(read, range(0, size, READ_CHUNK)))
+    finally:
+        os.close(fd)
+        view.release()
+    assert total == size
+    return total
+
+
+def measure(fn: Callable[[], object], cold: bool, setup: Optional[Callable[[], object]] = None) -> float:
+    arg = setup() if setup else None
+    if cold:
+        drop_caches()
+    gc.collect()
+    t0 = time.perf_counter()
+    result = fn() if arg is None else fn(arg)  # type: ignore[call-arg]
+    dt = time.perf_counter() - t0
+    del result, arg
+    gc.collect()
+    return dt
+
+
+# ---- main --------------------------------------------------------------------------------------
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1", help="comma-separated GiB sizes (default 1; e.g. 1,2,4)")
+    ap.add_argument("--layouts", default="one,many", help="one,many (default both)")
+    ap.add_argument("--rounds", type=int, default=5, help="measured rounds (default 5, at least 5 "
+                    "for a recorded figure)")
+    ap.add_argument("--threads", type=int, default=default_threads(),
+                    help="threads of the plain-read limit (default: the library's default, "
+                         f"{default_threads()} here)")
+    ap.add_argument("--cold", action="store_true", help="drop the page cache before every "
+                    "measurement (root)")
+    ap.add_argument("--mount", metavar="DIR", help="also load copies placed under this "
+                    "directory of a running cubetorchfs mount")
+    ap.add_argument("--workdir", help="where the files go (default: a new directory in /var/tmp); "
+                    "removed at exit")
+    ap.add_argument("--no-encrypted", action="store_true", help="skip the encrypted rows")
+    args = ap.parse_args()
+    sizes = [float(s) for s in args.sizes.split(",") if s]
+    layouts = [s for s in args.layouts.split(",") if s]
+    if args.cold and os.geteuid() != 0:
+        ap.error("--cold needs root (drop_caches)")
+    if any(l not in ("one", "many") for l in layouts):
+        ap.error("--layouts: one, many")
+
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="cube-load-bench-", dir="/var/tmp"))
+    work.mkdir(parents=True, exist_ok=True)
+    mount_dir = Path(tempfile.mkdtemp(prefix="cube-load-bench-", dir=args.mount)) if args.mount else None
+    cleanup_paths = [p for p in (work if not args.workdir else None, mount_dir) if p]
+    made: List[Path] = []
+
+    def cleanup() -> None:
+        for p in made:
+            try:
+                p.unlink()
+            except OSError:
+                pass
+        for d in cleanup_paths:
+            shutil.rmtree(d, ignore_errors=True)
+
+    atexit.register(cleanup)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    os.environ["VETURBOIO_KEY"] = base64.b64encode(os.urandom(32)).decode()  # this run only
+
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    print(f"# load_bench: sizes {sizes} GiB, layouts {layouts}, {args.rounds} rounds, "
+          f"{'cold' if args.cold else 'hot'} page cache, limit threads {args.threads}, "
+          f"load_file threads default; {os.cpu_count()} cores, {mem_gib:.0f} GiB, kernel "
+          f"{platform.release()}, torch {torch.__version__}; files in {work}", flush=True)
+
+    results: Dict[tuple, List[float]] = {}
+    file_bytes: Dict[tuple, int] = {}
+    began = time.monotonic()
+    for size in sizes:
+        nbytes = int(size * GIB)
+        for layout in layouts:
+            tag = f"{size:g}GiB-{layout}"
+            t0 = time.monotonic()
+            weights = make_weights(nbytes, layout, seed=int(size * 1000) + len(layout))
+            st, enc, pt = work / f"{tag}.safetensors", work / f"{tag}.enc.safetensors", work / f"{tag}.pt"
+            made.extend([st, enc, pt])
+            cube_torch.save_file(weights, st)
+            if not args.no_encrypted:
+                cube_torch.save_file(weights, enc, use_cipher=True)
+            torch.save(weights, pt)
+            systems: Dict[str, tuple] = {
+                "load_file": (lambda p=st: cube_torch.load_file(p), None, st),
+                "torch.load": (lambda p=pt: torch.load(p, map_location="cpu"), None, pt),
+                "limit": (lambda b, p=st: parallel_read(str(p), b, args.threads),
+                          lambda p=st: fresh_buffer(os.path.getsize(p)), st),
+                "limit-prefault": (lambda b, p=st: parallel_read(str(p), b, args.threads),
+                                   lambda p=st: _touched(fresh_buffer(os.path.getsize(p))), st),
+            }
+            if not args.no_encrypted:
+                systems["load_file-enc"] = (lambda p=enc: cube_torch.load_file(p), None, enc)
+            if mount_dir:
+                mst, menc = mount_dir / st.name, mount_dir / enc.name
+                shutil.copyfile(st, mst)
+                made.append(mst)
+                systems["mount"] = (lambda p=mst: cube_torch.load_file(p), None, mst)
+                if not args.no_encrypted:
+                    shutil.copyfile(enc, menc)
+                    made.append(menc)
+                    systems["mount-enc"] = (lambda p=menc: cube_torch.load_file(p), None, menc)
+            # Correctness once, and the warm-up round for the hot case.
+            for name in ("load_file", "load_file-enc", "mount", "mount-enc"):
+                if name in systems and not same_bytes(systems[name][0](), weights):
+                    print(f"ERROR: {name} of {tag} loaded different bytes", file=sys.stderr)
+                    return 1
+            if not same_bytes(torch.load(pt, map_location="cpu"), weights):
+                print(f"ERROR: torch.load of {tag} differs", file=sys.stderr)
+                return 1
+            del weights
+            gc.collect()
+            for name, (_, _, path) in systems.items():
+                file_bytes[(tag, name)] = os.path.getsize(path)
+            if mount_dir:
+                src = cube_torch.read_info(mount_dir / st.name)["source"]
+                print(f"# {tag}: files written and checked in {time.monotonic() - t0:.1f} s; "
+                      f"mount source: {src}", flush=True)
+            else:
+                print(f"# {tag}: files written and checked in {time.monotonic() - t0:.1f} s",
+                      flush=True)
+            for _ in range(args.rounds):
+                for name, (fn, setup, _) in systems.items():
+                    results.setdefault((tag, name), []).append(measure(fn, args.cold, setup))
+            for p in (st, enc, pt):  # free the disk and page cache before the next size
+                if p.exists():
+                    p.unlink()
+
+    # ---- report ----
+    print(f"\n{'file':<14} {'system':<15} {'median s':>9} {'min–max s':>15} {'GB/s':>7} {'min–max GB/s':>15}")
+    medians: Dict[tuple, float] = {}
+    for (tag, name), ts in results.items():
+        med = statistics.median(ts)
+        medians[(tag, name)] = med
+        gb = file_bytes[(tag, name)] / 1e9
+        print(f"{tag:<14} {name:<15} {med:>9.3f} {min(ts):>7.3f}–{max(ts):<7.3f} {gb / med:>7.2f} "
+              f"{gb / max(ts):>7.2f}–{gb / min(ts):<7.2f}")
+    tags = sorted({t for t, _ in results})
+
+    def ratio(num: str, den: str) -> str:
+        # speed ratio of system `num` to `den` (> 1: num is faster), per file, then the median.
+        rs = [medians[(t, den)] / medians[(t, num)] for t in tags if (t, num) in medians and (t, den) in medians]
+        if not rs:
+            return "n/a"
+        each = ", ".join(f"{t} {medians[(t, den)] / medians[(t, num)]:.2f}" for t in tags if (t, num) in medians)
+        return f"{statistics.median(rs):.2f} ({each})"
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)
+    print(f"# peak RSS of this process {rss:.2f} GiB; whole run {time.monotonic() - began:.0f} s")
+    line = (f"ratios ({'cold' if args.cold else 'hot'}): load_file/torch.load = {ratio('load_file', 'torch.load')} "
+            f"(target >= 8); load_file/limit = {ratio('load_file', 'limit')} (target >= 0.7; "
+            f"vs prefaulted buffer {ratio('load_file', 'limit-prefault')})")
+    if not args.no_encrypted:
+        line += f"; encrypted/plain = {ratio('load_file-enc', 'load_file')} (target >= 0.5)"
+    if mount_dir:
+        line += f"; mount/direct = {ratio('mount', 'load_file')}"
+    print(line)
+    return 0
+
+
+def _touched(buf: mmap.mmap) -> mmap.mmap:
+    page = mmap.PAGESIZE
+    view = memoryview(buf)
+    for off in range(0, len(buf), page):
+        view[off] = 1
+    view.release()
+    return buf
+
+
+if __name__ == "__main__":
+    sys.exit(main())
