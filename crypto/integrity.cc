@@ -83,12 +83,13 @@ uint64_t ChunkLength(const IntegrityParams& p, uint64_t index) {
 
 IntegrityKey::~IntegrityKey() { OPENSSL_cleanse(bytes_.data(), bytes_.size()); }
 
-Result<IntegrityKey> IntegrityKey::Derive(const Key& data_key) {
+Result<IntegrityKey> IntegrityKey::Derive(const Key& data_key, const Iv& iv) {
   if (data_key.empty()) return Status::InvalidArgument("integrity: no key");
   Hmac h;
   CTFS_RETURN_IF_ERROR(h.Init(data_key.data(), data_key.size()));
-  constexpr std::string_view kLabel = "cubetorchfs-integrity-v1";
+  constexpr std::string_view kLabel = "cubetorchfs-integrity-v2";
   CTFS_RETURN_IF_ERROR(h.Update(kLabel.data(), kLabel.size()));
+  CTFS_RETURN_IF_ERROR(h.Update(iv.data(), iv.size()));
   IntegrityKey k;
   CTFS_RETURN_IF_ERROR(h.Final(k.bytes_.data()));
   return k;
@@ -100,25 +101,83 @@ uint64_t IntegrityChunkCount(const IntegrityParams& params) {
          (params.payload_size % params.chunk_size != 0 ? 1 : 0);
 }
 
-Result<Tag> ChunkTag(const IntegrityKey& key, const IntegrityParams& params, uint64_t index,
-                     const uint8_t* chunk, size_t len) {
+struct ChunkMac::Ctx {
+  EVP_CIPHER_CTX* gcm = nullptr;
+};
+
+ChunkMac::ChunkMac() : ctx_(new Ctx) {}
+
+ChunkMac::~ChunkMac() {
+  if (ctx_->gcm != nullptr) EVP_CIPHER_CTX_free(ctx_->gcm);  // wipes the key schedule
+  delete ctx_;
+}
+
+Status ChunkMac::Begin(const IntegrityKey& key, const IntegrityParams& params, uint64_t index) {
   if (params.chunk_size == 0) return Status::InvalidArgument("integrity: chunk size is 0");
-  if (index >= IntegrityChunkCount(params) || len != ChunkLength(params, index)) {
-    return Status::InvalidArgument("integrity: chunk " + std::to_string(index) + " of " +
-                                   std::to_string(len) + " bytes does not fit the payload");
+  if (index >= IntegrityChunkCount(params)) {
+    return Status::InvalidArgument("integrity: chunk " + std::to_string(index) +
+                                   " is past the end of the payload");
   }
-  Hmac h;
-  CTFS_RETURN_IF_ERROR(h.Init(key.data(), kTagSize));
-  CTFS_RETURN_IF_ERROR(UpdatePrefix(h, "ctfs-chunk", params));
-  CTFS_RETURN_IF_ERROR(h.UpdateU64(index));
-  CTFS_RETURN_IF_ERROR(h.Update(chunk, len));
-  Tag t;
-  CTFS_RETURN_IF_ERROR(h.Final(t.data()));
+  if (ctx_->gcm == nullptr) ctx_->gcm = EVP_CIPHER_CTX_new();
+  if (ctx_->gcm == nullptr) return Status::IOError("integrity: EVP_CIPHER_CTX_new failed");
+  uint8_t nonce[12] = {};
+  for (int i = 0; i < 8; ++i) nonce[4 + i] = static_cast<uint8_t>(index >> (56 - 8 * i));
+  if (EVP_EncryptInit_ex(ctx_->gcm, EVP_aes_256_gcm(), nullptr, key.data(), nonce) != 1)
+    return Status::IOError("integrity: GMAC init failed");
+  index_ = index;
+  want_ = ChunkLength(params, index);
+  fed_ = 0;
+  uint8_t prefix[10 + 16];
+  std::memcpy(prefix, "ctfs-chunk", 10);
+  for (int i = 0; i < 8; ++i) {
+    prefix[10 + i] = static_cast<uint8_t>(params.payload_size >> (56 - 8 * i));
+    prefix[18 + i] = static_cast<uint8_t>(params.chunk_size >> (56 - 8 * i));
+  }
+  int outl = 0;
+  if (EVP_EncryptUpdate(ctx_->gcm, nullptr, &outl, prefix, sizeof(prefix)) != 1)
+    return Status::IOError("integrity: GMAC update failed");
+  return Status::OK();
+}
+
+Status ChunkMac::Update(const uint8_t* data, size_t len) {
+  if (ctx_->gcm == nullptr) return Status::InvalidArgument("integrity: Update before Begin");
+  while (len > 0) {  // EVP takes int lengths
+    const int n = static_cast<int>(std::min<size_t>(len, 1u << 30));
+    int outl = 0;
+    if (EVP_EncryptUpdate(ctx_->gcm, nullptr, &outl, data, n) != 1)
+      return Status::IOError("integrity: GMAC update failed");
+    data += n;
+    len -= static_cast<size_t>(n);
+    fed_ += static_cast<uint64_t>(n);
+  }
+  return Status::OK();
+}
+
+Result<ChunkTagValue> ChunkMac::Finish() {
+  if (ctx_->gcm == nullptr) return Status::InvalidArgument("integrity: Finish before Begin");
+  if (fed_ != want_) {
+    return Status::InvalidArgument("integrity: chunk " + std::to_string(index_) + " of " +
+                                   std::to_string(fed_) + " bytes does not fit the payload");
+  }
+  int outl = 0;
+  uint8_t none[16];
+  ChunkTagValue t;
+  if (EVP_EncryptFinal_ex(ctx_->gcm, none, &outl) != 1 ||
+      EVP_CIPHER_CTX_ctrl(ctx_->gcm, EVP_CTRL_GCM_GET_TAG, static_cast<int>(t.size()), t.data()) != 1)
+    return Status::IOError("integrity: GMAC final failed");
   return t;
 }
 
+Result<ChunkTagValue> ChunkTag(const IntegrityKey& key, const IntegrityParams& params,
+                               uint64_t index, const uint8_t* chunk, size_t len) {
+  ChunkMac mac;
+  CTFS_RETURN_IF_ERROR(mac.Begin(key, params, index));
+  CTFS_RETURN_IF_ERROR(mac.Update(chunk, len));
+  return mac.Finish();
+}
+
 Result<Tag> CombineChunkTags(const IntegrityKey& key, const IntegrityParams& params,
-                             const std::vector<Tag>& chunk_tags) {
+                             const std::vector<ChunkTagValue>& chunk_tags) {
   if (params.chunk_size == 0) return Status::InvalidArgument("integrity: chunk size is 0");
   if (chunk_tags.size() != IntegrityChunkCount(params)) {
     return Status::InvalidArgument("integrity: " + std::to_string(chunk_tags.size()) +
@@ -128,7 +187,7 @@ Result<Tag> CombineChunkTags(const IntegrityKey& key, const IntegrityParams& par
   Hmac h;
   CTFS_RETURN_IF_ERROR(h.Init(key.data(), kTagSize));
   CTFS_RETURN_IF_ERROR(UpdatePrefix(h, "ctfs-root", params));
-  for (const Tag& t : chunk_tags) CTFS_RETURN_IF_ERROR(h.Update(t.data(), t.size()));
+  for (const ChunkTagValue& t : chunk_tags) CTFS_RETURN_IF_ERROR(h.Update(t.data(), t.size()));
   Tag out;
   CTFS_RETURN_IF_ERROR(h.Final(out.data()));
   return out;
@@ -142,10 +201,10 @@ Result<Tag> ComputeIntegrityTag(const Key& data_key, const IntegrityParams& para
                                    std::to_string(len) + " bytes given");
   }
   if (params.chunk_size == 0) return Status::InvalidArgument("integrity: chunk size is 0");
-  auto key = IntegrityKey::Derive(data_key);
+  auto key = IntegrityKey::Derive(data_key, params.iv);
   if (!key.ok()) return key.status();
   const uint64_t n = IntegrityChunkCount(params);
-  std::vector<Tag> tags(n);
+  std::vector<ChunkTagValue> tags(n);
   std::vector<Status> results(std::max(threads, 1));
   auto work = [&](int worker, uint64_t first, uint64_t last) {
     for (uint64_t i = first; i < last; ++i) {

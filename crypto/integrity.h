@@ -3,17 +3,24 @@
 // flipped, truncated, appended or reordered byte anywhere in the payload is a clear Corruption
 // error instead of silently wrong weights.
 //
-// Definition (all HMAC-SHA256; u64 is 8 bytes big-endian):
-//   mac_key      = HMAC(data_key, "cubetorchfs-integrity-v1")
-//   chunk_tag[i] = HMAC(mac_key, "ctfs-chunk" | iv | u64(payload_size) | u64(chunk_size) |
-//                                u64(i) | ciphertext[i*chunk_size, min((i+1)*chunk_size, size)))
-//   tag          = HMAC(mac_key, "ctfs-root" | iv | u64(payload_size) | u64(chunk_size) |
-//                                chunk_tag[0] | chunk_tag[1] | ...)
-// Chunk tags are independent, so verification runs in parallel chunks (a reader can compute
-// the tag of each chunk in the thread that read it, then combine). Stored in the header as
-//   "cubetorchfs_integrity": {"alg": "HMAC-SHA256-chunked-v1", "chunk_size": N, "tag": b64}
+// Definition (u64 is 8 bytes big-endian, u32 4 bytes big-endian):
+//   mac_key      = HMAC-SHA256(data_key, "cubetorchfs-integrity-v2" | iv)      (32 bytes)
+//   chunk_tag[i] = GMAC-AES-256(mac_key, nonce = u32(0) | u64(i),
+//                               aad = "ctfs-chunk" | u64(payload_size) | u64(chunk_size) |
+//                                     ciphertext[i*chunk_size, min((i+1)*chunk_size, size)))
+//                                                                               (16 bytes)
+//   tag          = HMAC-SHA256(mac_key, "ctfs-root" | iv | u64(payload_size) | u64(chunk_size) |
+//                              chunk_tag[0] | chunk_tag[1] | ...)               (32 bytes)
+// The MAC key is per file (the IV is fresh for every file written), so GMAC nonces, which are
+// the chunk indexes, never repeat under one key. GMAC runs on the AES and carry-less multiply
+// instructions (about 3x the speed of HMAC-SHA256 with SHA-NI on our machines), and chunk tags
+// are independent, so verification runs in parallel chunks, in the thread that read each
+// chunk, while the chunk is still in its cache (ChunkMac takes it in pieces).
+// Stored in the header as
+//   "cubetorchfs_integrity": {"alg": "GMAC-AES256-chunked-v2", "chunk_size": N, "tag": b64}
 //
-// Thread safety: reentrant; IntegrityKey is an immutable value once made.
+// Thread safety: reentrant; IntegrityKey is an immutable value once made; a ChunkMac is used
+// by one thread.
 #pragma once
 
 #include <array>
@@ -31,11 +38,14 @@
 namespace cubetorchfs::crypto {
 
 inline constexpr std::string_view kIntegrityField = "cubetorchfs_integrity";
-inline constexpr std::string_view kIntegrityAlg = "HMAC-SHA256-chunked-v1";
+inline constexpr std::string_view kIntegrityAlg = "GMAC-AES256-chunked-v2";
 inline constexpr uint64_t kDefaultIntegrityChunk = uint64_t{4} << 20;
 inline constexpr size_t kTagSize = 32;
 
+inline constexpr size_t kChunkTagSize = 16;
+
 using Tag = std::array<uint8_t, kTagSize>;
+using ChunkTagValue = std::array<uint8_t, kChunkTagSize>;
 
 // The MAC key derived from a data key. Wiped when destroyed.
 class IntegrityKey {
@@ -43,7 +53,7 @@ class IntegrityKey {
   ~IntegrityKey();
   IntegrityKey(const IntegrityKey& other) = default;
   IntegrityKey& operator=(const IntegrityKey& other) = default;
-  static Result<IntegrityKey> Derive(const Key& data_key);
+  static Result<IntegrityKey> Derive(const Key& data_key, const Iv& iv);
   const uint8_t* data() const { return bytes_.data(); }
 
  private:
@@ -61,14 +71,34 @@ struct IntegrityParams {
 // Number of chunks of a payload (0 for an empty one).
 uint64_t IntegrityChunkCount(const IntegrityParams& params);
 
+// The tag of one chunk, fed in pieces in order: Begin, Update..., Finish. Finish fails
+// (InvalidArgument) unless exactly the chunk's length was fed.
+class ChunkMac {
+ public:
+  ChunkMac();
+  ~ChunkMac();
+  ChunkMac(const ChunkMac&) = delete;
+  ChunkMac& operator=(const ChunkMac&) = delete;
+  Status Begin(const IntegrityKey& key, const IntegrityParams& params, uint64_t index);
+  Status Update(const uint8_t* data, size_t len);
+  Result<ChunkTagValue> Finish();
+
+ private:
+  struct Ctx;
+  Ctx* ctx_;
+  uint64_t index_ = 0;
+  uint64_t want_ = 0;
+  uint64_t fed_ = 0;
+};
+
 // Tag of chunk `index`, whose ciphertext is chunk[0, len). REQUIRES len is that chunk's exact
 // length (InvalidArgument otherwise).
-Result<Tag> ChunkTag(const IntegrityKey& key, const IntegrityParams& params, uint64_t index,
-                     const uint8_t* chunk, size_t len);
+Result<ChunkTagValue> ChunkTag(const IntegrityKey& key, const IntegrityParams& params,
+                               uint64_t index, const uint8_t* chunk, size_t len);
 
 // The file tag from all chunk tags in order (InvalidArgument if the count is wrong).
 Result<Tag> CombineChunkTags(const IntegrityKey& key, const IntegrityParams& params,
-                             const std::vector<Tag>& chunk_tags);
+                             const std::vector<ChunkTagValue>& chunk_tags);
 
 // The file tag of a whole ciphertext in memory, chunks spread over up to `threads` threads.
 // params.payload_size must equal len.

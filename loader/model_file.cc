@@ -22,6 +22,8 @@ namespace cubetorchfs::loader {
 namespace {
 
 constexpr uint64_t kDirectAlign = 4096;
+// Encrypted files are read, authenticated and decrypted in pieces of this size.
+constexpr uint64_t kCipherBlock = 512 << 10;
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
@@ -223,11 +225,11 @@ Status ModelFile::ReadPlan(const ReadOptions& options, const StageFn& stage, con
   const uint64_t unit = ItemBytes(options);
   const uint64_t first = 0;
   const uint64_t count = integrity_ ? (payload_size_ + unit - 1) / unit : (total + unit - 1) / unit;
-  std::vector<crypto::Tag> tags(integrity_ ? count : 0);
+  std::vector<crypto::ChunkTagValue> tags(integrity_ ? count : 0);
   std::optional<crypto::IntegrityKey> mac_key;
   crypto::IntegrityParams params;
   if (integrity_) {
-    Result<crypto::IntegrityKey> k = crypto::IntegrityKey::Derive(cipher_->key);
+    Result<crypto::IntegrityKey> k = crypto::IntegrityKey::Derive(cipher_->key, cipher_->iv);
     if (!k.ok()) return k.status();
     mac_key = *k;
     params.iv = cipher_->iv;
@@ -246,7 +248,7 @@ Status ModelFile::ReadPlan(const ReadOptions& options, const StageFn& stage, con
   };
   auto worker = [&]() {
     std::vector<uint8_t> bounce;
-    std::vector<uint8_t> joined;
+    crypto::ChunkMac mac;
     for (;;) {
       if (failed.load()) return;
       const uint64_t i = next.fetch_add(1);
@@ -268,30 +270,38 @@ Status ModelFile::ReadPlan(const ReadOptions& options, const StageFn& stage, con
         Result<uint8_t*> where = stage(d_begin, len);
         if (!where.ok()) return fail(where.status());
         ptr = *where;
-        Status s = PreadFull(ptr, len, payload_base_ + data_off + d_begin, &bounce);
-        if (!s.ok()) return fail(s);
       }
-      if (integrity_) {
-        // The chunk's ciphertext: any part of it before the data section comes from the
-        // header bytes kept at open.
-        const uint8_t* chunk = ptr;
-        size_t chunk_len = static_cast<size_t>(p_end - p_begin);
-        if (p_begin < data_off) {
-          const uint64_t head_part = std::min(p_end, data_off) - p_begin;
-          joined.assign(header_ciphertext_.begin() + static_cast<ptrdiff_t>(p_begin),
-                        header_ciphertext_.begin() + static_cast<ptrdiff_t>(p_begin + head_part));
-          if (len > 0) joined.insert(joined.end(), ptr, ptr + len);
-          chunk = joined.data();
+      const uint64_t file_off = payload_base_ + data_off + d_begin;
+      if (!encrypted_) {
+        if (len > 0) {
+          Status s = PreadFull(ptr, len, file_off, &bounce);
+          if (!s.ok()) return fail(s);
         }
-        Result<crypto::Tag> t = crypto::ChunkTag(*mac_key, params, i, chunk, chunk_len);
-        if (!t.ok()) return fail(t.status());
-        tags[i] = *t;
+      } else {
+        // Encrypted: in sub-blocks small enough to stay in the core's cache between the
+        // read, the chunk MAC (over the ciphertext) and the decryption.
+        if (integrity_) {
+          Status s = mac.Begin(*mac_key, params, i);
+          // Any part of the chunk before the data section is header bytes kept at open.
+          if (s.ok() && p_begin < data_off)
+            s = mac.Update(header_ciphertext_.data() + p_begin, std::min(p_end, data_off) - p_begin);
+          if (!s.ok()) return fail(s);
+        }
+        for (uint64_t at = 0; at < len; at += kCipherBlock) {
+          const uint64_t n = std::min(kCipherBlock, len - at);
+          Status s = PreadFull(ptr + at, n, file_off + at, &bounce);
+          if (s.ok() && integrity_) s = mac.Update(ptr + at, n);
+          if (s.ok() && !leave_encrypted)
+            s = crypto::CtrXorAt(cipher_->key, cipher_->iv, data_off + d_begin + at, ptr + at, n);
+          if (!s.ok()) return fail(s);
+        }
+        if (integrity_) {
+          Result<crypto::ChunkTagValue> t = mac.Finish();
+          if (!t.ok()) return fail(t.status());
+          tags[i] = *t;
+        }
       }
       if (len == 0) continue;
-      if (encrypted_ && !leave_encrypted) {
-        Status s = crypto::CtrXorAt(cipher_->key, cipher_->iv, data_off + d_begin, ptr, len);
-        if (!s.ok()) return fail(s);
-      }
       if (sink) {
         Status s = sink(d_begin, len, ptr);
         if (!s.ok()) return fail(s);

@@ -174,9 +174,9 @@ Status SaveSafetensors(const std::string& path, const std::vector<SaveTensor>& t
     params.iv = enc->iv;
     params.payload_size = payload_size;
     const uint64_t unit = params.chunk_size;
-    Result<crypto::IntegrityKey> mac = crypto::IntegrityKey::Derive(*key);
+    Result<crypto::IntegrityKey> mac = crypto::IntegrityKey::Derive(*key, enc->iv);
     if (!mac.ok()) return cleanup(mac.status());
-    std::vector<crypto::Tag> tags(crypto::IntegrityChunkCount(params));
+    std::vector<crypto::ChunkTagValue> tags(crypto::IntegrityChunkCount(params));
     s = ParallelFor(tags.size(), threads, [&](uint64_t i) -> Status {
       thread_local std::vector<uint8_t> buf;
       const uint64_t pos = i * unit;
@@ -188,8 +188,16 @@ Status SaveSafetensors(const std::string& path, const std::vector<SaveTensor>& t
         at += l;
         return Status::OK();
       }));
-      CTFS_RETURN_IF_ERROR(crypto::CtrXorAt(*key, enc->iv, pos, buf.data(), len));
-      Result<crypto::Tag> t = crypto::ChunkTag(*mac, params, i, buf.data(), len);
+      // Encrypt, then MAC the ciphertext, a cache-sized piece at a time.
+      crypto::ChunkMac chunk_mac;
+      CTFS_RETURN_IF_ERROR(chunk_mac.Begin(*mac, params, i));
+      constexpr uint64_t kPiece = 512 << 10;
+      for (uint64_t off = 0; off < len; off += kPiece) {
+        const uint64_t piece = std::min(kPiece, len - off);
+        CTFS_RETURN_IF_ERROR(crypto::CtrXorAt(*key, enc->iv, pos + off, buf.data() + off, piece));
+        CTFS_RETURN_IF_ERROR(chunk_mac.Update(buf.data() + off, piece));
+      }
+      Result<crypto::ChunkTagValue> t = chunk_mac.Finish();
       if (!t.ok()) return t.status();
       tags[i] = *t;
       return PwriteFull(fd, buf.data(), len, base + pos, tmp);

@@ -36,9 +36,9 @@ TEST(IntegrityTest, ParallelEqualsSerialAndChunkwise) {
     EXPECT_EQ(*par, *serial) << threads;
   }
   // A reader computing each chunk's tag on its own gets the same file tag.
-  auto mac_key = IntegrityKey::Derive(key);
+  auto mac_key = IntegrityKey::Derive(key, iv);
   ASSERT_TRUE(mac_key.ok());
-  std::vector<Tag> tags;
+  std::vector<ChunkTagValue> tags;
   for (uint64_t i = 0; i < IntegrityChunkCount(p); ++i) {
     const size_t begin = i * 4096, len = std::min<size_t>(4096, data.size() - begin);
     auto t = ChunkTag(*mac_key, p, i, data.data() + begin, len);
@@ -49,6 +49,22 @@ TEST(IntegrityTest, ParallelEqualsSerialAndChunkwise) {
   ASSERT_TRUE(combined.ok());
   EXPECT_EQ(*combined, *serial);
   EXPECT_TRUE(VerifyIntegrity(key, p, data.data(), data.size(), *serial, 4).ok());
+  // Fed in uneven pieces, a chunk's tag is the same; fed short or long, it is refused.
+  ChunkMac mac;
+  ASSERT_TRUE(mac.Begin(*mac_key, p, 3).ok());
+  for (size_t at = 3 * 4096; at < 4 * 4096; at += 1000)
+    ASSERT_TRUE(mac.Update(data.data() + at, std::min<size_t>(1000, 4 * 4096 - at)).ok());
+  auto pieces = mac.Finish();
+  ASSERT_TRUE(pieces.ok());
+  EXPECT_EQ(*pieces, tags[3]);
+  ASSERT_TRUE(mac.Begin(*mac_key, p, 3).ok());
+  ASSERT_TRUE(mac.Update(data.data(), 4095).ok());
+  EXPECT_EQ(mac.Finish().status().code(), Status::Code::kInvalidArgument);
+  // The MAC key is per file: the same key and bytes under another IV give other chunk tags
+  // (so GMAC nonces, the chunk indexes, never repeat under one MAC key).
+  auto other_key = IntegrityKey::Derive(key, RandomIv(rng));
+  ASSERT_TRUE(other_key.ok());
+  EXPECT_NE(*ChunkTag(*other_key, p, 0, data.data(), 4096), tags[0]);
 }
 
 TEST(IntegrityTest, DetectsTampering) {
@@ -119,11 +135,15 @@ TEST(IntegrityTest, HeaderFieldRoundTrip) {
   EncryptedHeader bad;
   bad.extra[std::string(kIntegrityField)] = R"({"alg":"MD5","chunk_size":1,"tag":""})";
   EXPECT_EQ(GetIntegrityField(bad).status().code(), Status::Code::kCorruption);
-  bad.extra[std::string(kIntegrityField)] =
-      R"({"alg":"HMAC-SHA256-chunked-v1","chunk_size":0,"tag":""})";
-  EXPECT_FALSE(GetIntegrityField(bad).ok());
+  // The first format, HMAC over whole chunks, is no longer read: a clear error names it.
   bad.extra[std::string(kIntegrityField)] =
       R"({"alg":"HMAC-SHA256-chunked-v1","chunk_size":4,"tag":"AAAA"})";
+  EXPECT_EQ(GetIntegrityField(bad).status().code(), Status::Code::kCorruption);
+  bad.extra[std::string(kIntegrityField)] =
+      R"({"alg":"GMAC-AES256-chunked-v2","chunk_size":0,"tag":""})";
+  EXPECT_FALSE(GetIntegrityField(bad).ok());
+  bad.extra[std::string(kIntegrityField)] =
+      R"({"alg":"GMAC-AES256-chunked-v2","chunk_size":4,"tag":"AAAA"})";
   EXPECT_FALSE(GetIntegrityField(bad).ok());
 }
 
