@@ -84,7 +84,7 @@ std::string InfoJson(const loader::ModelFile& f) {
                        {"end", t.end}});
   nlohmann::json j = {{"data_size", f.data_size()},
                       {"encrypted", f.encrypted()},
-                      {"verified", f.verified()},
+                      {"integrity_tag", f.has_integrity_tag()},
                       {"source", loader::SourceName(f.source())},
                       {"metadata", f.header().metadata},
                       {"tensors", tensors}};

@@ -37,7 +37,7 @@ int ctio_cuda_built(void);
 int ctio_open(const char* path, int cipher, int flags, ctio_file** out, char* err, size_t err_len);
 
 /* The validated header as JSON, valid until ctio_close:
- * {"data_size": n, "encrypted": bool, "verified": bool, "source": "direct|daemon-fd|mount",
+ * {"data_size": n, "encrypted": bool, "integrity_tag": bool (carries our tag, checked when the data is read), "source": "direct|daemon-fd|mount",
  *  "metadata": {str: str}, "tensors": [{"name", "dtype", "shape", "begin", "end"}, ...]}
  * with tensors in file order and begin/end relative to the data section. */
 const char* ctio_info_json(ctio_file* f);

@@ -27,6 +27,12 @@ constexpr uint64_t kCipherBlock = 512 << 10;
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
+// No key source is the caller's to fix (InvalidArgument), not a missing file.
+Status KeyError(const std::string& path, const Status& s) {
+  if (s.IsNotFound()) return Status::InvalidArgument(path + ": " + s.message());
+  return s.Wrap(path + ": ");
+}
+
 int OpenTimeoutMs() {
   const char* v = std::getenv("CUBE_TORCH_OPEN_TIMEOUT_S");
   long s = v ? std::strtol(v, nullptr, 10) : 0;
@@ -155,7 +161,7 @@ Result<std::unique_ptr<ModelFile>> ModelFile::Open(const std::string& path,
     Result<crypto::EncryptedHeader> h = crypto::ParseEncryptedHeader(raw.data(), raw.size());
     if (!h.ok()) return Status::Corruption(path + ": " + h.status().message());
     Result<crypto::CipherParams> params = crypto::ResolveCipherParams(&h.value());
-    if (!params.ok()) return params.status().Wrap(path + ": ");
+    if (!params.ok()) return KeyError(path, params.status());
     Result<std::optional<crypto::IntegrityField>> integrity = crypto::GetIntegrityField(*h);
     if (!integrity.ok()) return Status::Corruption(path + ": " + integrity.status().message());
     if (*integrity && ((*integrity)->chunk_size == 0 || (*integrity)->chunk_size > (1ull << 30)))
@@ -167,7 +173,7 @@ Result<std::unique_ptr<ModelFile>> ModelFile::Open(const std::string& path,
     f->payload_base_ = crypto::kEncryptedHeaderSize;
   } else if (options.cipher == CipherChoice::kOn) {
     Result<crypto::CipherParams> params = crypto::ResolveCipherParams(nullptr);
-    if (!params.ok()) return params.status().Wrap(path + ": ");
+    if (!params.ok()) return KeyError(path, params.status());
     f->cipher_ = std::move(params.value());
     f->encrypted_ = true;
   }

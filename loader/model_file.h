@@ -65,7 +65,8 @@ class ModelFile {
   const Header& header() const { return header_; }
   uint64_t data_size() const { return payload_size_ - header_.data_offset; }
   bool encrypted() const { return encrypted_; }
-  bool verified() const { return integrity_.has_value(); }  // carries our integrity tag
+  // Carries our integrity tag (checked by ReadData; nothing is checked at Open).
+  bool has_integrity_tag() const { return integrity_.has_value(); }
   Source source() const { return source_; }
   const std::string& path() const { return path_; }
 

@@ -140,7 +140,12 @@ Status SaveSafetensors(const std::string& path, const std::vector<SaveTensor>& t
   std::optional<crypto::Key> key;
   if (options.encrypt) {
     Result<crypto::KeyMaterial> km = crypto::ResolveKey(nullptr);
-    if (!km.ok()) return km.status().Wrap("save " + path + " encrypted: ");
+    if (!km.ok()) {
+      // No key source is a usage error here, not a missing file.
+      if (km.status().IsNotFound())
+        return Status::InvalidArgument("save " + path + " encrypted: " + km.status().message());
+      return km.status().Wrap("save " + path + " encrypted: ");
+    }
     const auto mode = km->key.size() == 32 ? crypto::CipherMode::kCtr256 : crypto::CipherMode::kCtr128;
     Result<crypto::EncryptedHeader> h = crypto::NewEncryptedHeader(mode, std::time(nullptr));
     if (!h.ok()) return h.status();

@@ -182,7 +182,8 @@ def _default_helper() -> IOHelper:
 
 def read_info(path: Union[str, os.PathLike], use_cipher: Optional[bool] = None) -> Dict[str, Any]:
     """The validated header of a model file: tensors (name, dtype, shape, offsets), metadata,
-    data_size, encrypted, verified, source. Reads no tensor data."""
+    data_size, encrypted, integrity_tag (the file carries our tag; it is checked only when the
+    data is loaded), source. Reads no tensor data."""
     flags = _io.NO_DAEMON
     with _io.File(os.fspath(path), _cipher_arg(use_cipher), flags) as f:
         return json.loads(f.info_json())
@@ -232,7 +233,7 @@ def save_file(tensors: Dict[str, torch.Tensor], path: Union[str, os.PathLike],
         if not isinstance(key, str):
             raise TypeError(f"save_file: key {key!r} is not a string")
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"save_file: '{key}' is a {type(t).__name__}, not a torch.Tensor")
+            raise TypeError(f"save_file: '{key}' is of type {type(t).__name__}, not a torch.Tensor")
         if t.layout != torch.strided:
             raise TypeError(f"save_file: '{key}' has layout {t.layout}; only dense tensors are saved")
         name = _dtype_name(t.dtype, key)
@@ -251,6 +252,9 @@ def save_file(tensors: Dict[str, torch.Tensor], path: Union[str, os.PathLike],
     lib = _io.lib()
     err = _io.errbuf()
     meta = json.dumps(metadata).encode("utf-8") if metadata else None
-    _io.check(lib.ctio_save(os.fsencode(path), arr, len(prepared), meta,
-                            1 if use_cipher else 0, _threads(num_threads), err, len(err)), err)
+    try:
+        _io.check(lib.ctio_save(os.fsencode(path), arr, len(prepared), meta,
+                                1 if use_cipher else 0, _threads(num_threads), err, len(err)), err)
+    except LoadError as e:  # bad input to a save (e.g. no key source): a plain ValueError
+        raise ValueError(str(e)) from None
     del keep
