@@ -14,7 +14,10 @@ alternating rounds, in this order each round:
   limit-prefault   the same into a buffer allocated and touched before the clock starts (what
                    the read alone costs; shown, not used for the ratio)
   load_file-enc    cube_torch.load_file(encrypted): read + AES-CTR + integrity check
-  mount, mount-enc with --mount DIR: load_file of copies placed under DIR (a cubetorchfs mount)
+  mount, mount-enc, mount-fuse   with --mount: the same files through a cubetorchfs mount this
+                   script starts over the work directory (posix backend): load_file through the
+                   daemon's descriptor (mount, mount-enc) and through FUSE reads
+                   (mount-fuse: CUBE_TORCH_NO_DAEMON_FD=1)
 
 Hot page cache by default (one unmeasured warm-up round reads everything first); --cold drops
 the page cache (`sync; echo 3 > /proc/sys/vm/drop_caches`, root) before every measurement.
@@ -31,6 +34,7 @@ import argparse
 import atexit
 import base64
 import gc
+import json
 import mmap
 import os
 import platform
@@ -165,8 +169,8 @@ def main() -> int:
                          f"{default_threads()} here)")
     ap.add_argument("--cold", action="store_true", help="drop the page cache before every "
                     "measurement (root)")
-    ap.add_argument("--mount", metavar="DIR", help="also load copies placed under this "
-                    "directory of a running cubetorchfs mount")
+    ap.add_argument("--mount", action="store_true", help="also load through a cubetorchfs mount "
+                    "of the work directory (build/bin/cubetorchfs or $CUBETORCHFS_BIN)")
     ap.add_argument("--workdir", help="where the files go (default: a new directory in /var/tmp); "
                     "removed at exit")
     ap.add_argument("--no-encrypted", action="store_true", help="skip the encrypted rows")
@@ -180,11 +184,14 @@ def main() -> int:
 
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="cube-load-bench-", dir="/var/tmp"))
     work.mkdir(parents=True, exist_ok=True)
-    mount_dir = Path(tempfile.mkdtemp(prefix="cube-load-bench-", dir=args.mount)) if args.mount else None
-    cleanup_paths = [p for p in (work if not args.workdir else None, mount_dir) if p]
+    cleanup_paths = [p for p in (work if not args.workdir else None,) if p]
     made: List[Path] = []
+    daemon = Daemon(work) if args.mount else None
+    mount_dir = daemon.mountpoint if daemon else None
 
     def cleanup() -> None:
+        if daemon:
+            daemon.stop()
         for p in made:
             try:
                 p.unlink()
@@ -196,6 +203,8 @@ def main() -> int:
     atexit.register(cleanup)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     os.environ["VETURBOIO_KEY"] = base64.b64encode(os.urandom(32)).decode()  # this run only
+    if daemon:
+        daemon.start()
 
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
     print(f"# load_bench: sizes {sizes} GiB, layouts {layouts}, {args.rounds} rounds, "
@@ -230,15 +239,12 @@ def main() -> int:
                 systems["load_file-enc"] = (lambda p=enc: cube_torch.load_file(p), None, enc)
             if mount_dir:
                 mst, menc = mount_dir / st.name, mount_dir / enc.name
-                shutil.copyfile(st, mst)
-                made.append(mst)
-                systems["mount"] = (lambda p=mst: cube_torch.load_file(p), None, mst)
+                systems["mount"] = (lambda p=mst: cube_torch.load_file(p), None, st)
+                systems["mount-fuse"] = (lambda p=mst: load_via_fuse(p), None, st)
                 if not args.no_encrypted:
-                    shutil.copyfile(enc, menc)
-                    made.append(menc)
-                    systems["mount-enc"] = (lambda p=menc: cube_torch.load_file(p), None, menc)
+                    systems["mount-enc"] = (lambda p=menc: cube_torch.load_file(p), None, enc)
             # Correctness once, and the warm-up round for the hot case.
-            for name in ("load_file", "load_file-enc", "mount", "mount-enc"):
+            for name in ("load_file", "load_file-enc", "mount", "mount-enc", "mount-fuse"):
                 if name in systems and not same_bytes(systems[name][0](), weights):
                     print(f"ERROR: {name} of {tag} loaded different bytes", file=sys.stderr)
                     return 1
@@ -249,13 +255,8 @@ def main() -> int:
             gc.collect()
             for name, (_, _, path) in systems.items():
                 file_bytes[(tag, name)] = os.path.getsize(path)
-            if mount_dir:
-                src = cube_torch.read_info(mount_dir / st.name)["source"]
-                print(f"# {tag}: files written and checked in {time.monotonic() - t0:.1f} s; "
-                      f"mount source: {src}", flush=True)
-            else:
-                print(f"# {tag}: files written and checked in {time.monotonic() - t0:.1f} s",
-                      flush=True)
+            print(f"# {tag}: files written and checked in {time.monotonic() - t0:.1f} s",
+                  flush=True)
             for _ in range(args.rounds):
                 for name, (fn, setup, _) in systems.items():
                     results.setdefault((tag, name), []).append(measure(fn, args.cold, setup))
@@ -289,10 +290,77 @@ def main() -> int:
             f"vs prefaulted buffer {ratio('load_file', 'limit-prefault')})")
     if not args.no_encrypted:
         line += f"; encrypted/plain = {ratio('load_file-enc', 'load_file')} (target >= 0.5)"
-    if mount_dir:
-        line += f"; mount/direct = {ratio('mount', 'load_file')}"
+    if daemon:
+        opened = daemon.stats().get("files_open", {})
+        print(f"# daemon: files_open {opened}; VmHWM {daemon.vmhwm() / (1 << 20):.0f} MiB "
+              f"(cache.memory_bytes {daemon.MEMORY})")
+        line += (f"; mount/direct = {ratio('mount', 'load_file')}, mount-enc/direct-enc = "
+                 f"{ratio('mount-enc', 'load_file-enc')}, mount-fuse/direct = "
+                 f"{ratio('mount-fuse', 'load_file')}")
     print(line)
     return 0
+
+
+def load_via_fuse(path: Path):
+    """load_file reading through FUSE instead of asking the daemon for a descriptor."""
+    os.environ["CUBE_TORCH_NO_DAEMON_FD"] = "1"
+    try:
+        return cube_torch.load_file(path)
+    finally:
+        del os.environ["CUBE_TORCH_NO_DAEMON_FD"]
+
+
+class Daemon:
+    """A cubetorchfs mount of `root` for the --mount rows, always unmounted at exit."""
+
+    MEMORY = "2GiB"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.base = Path(tempfile.mkdtemp(prefix="cube-load-bench-mnt-", dir="/tmp"))
+        self.mountpoint = self.base / "mnt"
+        self.vol = f"loadbench{os.getpid()}"
+        self.pid: Optional[int] = None
+
+    def start(self) -> None:
+        binary = os.environ.get("CUBETORCHFS_BIN",
+                                str(Path(__file__).resolve().parents[1] / "build/bin/cubetorchfs"))
+        self.mountpoint.mkdir()
+        cfg = {"volName": self.vol, "mountPoint": str(self.mountpoint), "logDir": str(self.base),
+               "exporterPort": 0, "profPort": "",
+               "backend": {"type": "posix", "root": str(self.root)},
+               "cache": {"memory_bytes": self.MEMORY, "chunk_bytes": "4MiB"},
+               "prefetch": {"control_socket": str(self.base / "ctl.sock")}}
+        (self.base / "config.json").write_text(json.dumps(cfg))
+        os.environ["CUBE_TORCH_CONFIG_DIR"] = str(self.base)
+        subprocess.run([binary, "-c", str(self.base / "config.json")], check=True, timeout=60,
+                       env=dict(os.environ))
+        self.pid = json.loads((self.base / f"cube_torch.config.{self.vol}").read_text())["pid"]
+
+    def stats(self) -> dict:
+        return cube_torch.stats().get("global", {})
+
+    def vmhwm(self) -> int:
+        with open(f"/proc/{self.pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    def stop(self) -> None:
+        if self.pid is not None:
+            subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], timeout=30,
+                           stderr=subprocess.DEVNULL)
+            for _ in range(100):
+                try:
+                    os.kill(self.pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.05)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+            self.pid = None
+        shutil.rmtree(self.base, ignore_errors=True)
 
 
 def _touched(buf: mmap.mmap) -> mmap.mmap:

@@ -164,41 +164,48 @@ Result<ResidentFile> ModelFetcher::MakeResident(const std::string& path) {
   std::mutex err_mu;
   Status first_error;
   auto worker = [&] {
+    std::vector<char> scratch;
     for (;;) {
       if (failed) return;
       const uint64_t c = next.fetch_add(1);
       if (c >= chunks) return;
       const std::string key = cache::ChunkKey(path, version, c);
+      const uint64_t off = c * options_.chunk_bytes;
+      const size_t len = static_cast<size_t>(std::min(options_.chunk_bytes, version.size - off));
+      auto fail = [&](Status s) {
+        std::lock_guard<std::mutex> lock(err_mu);
+        if (first_error.ok()) first_error = std::move(s);
+        failed = true;
+      };
       cache::BufferRef buf = ram_->Get(key);
+      if (buf && buf->size != len) buf.reset();
       std::atomic<uint64_t>* counter = &ram_bytes;
-      if (!buf) {
+      if (!buf && disk_ != nullptr) {
         bool from_disk = false;
         Result<cache::BufferRef> r = FetchChunk(key, path, version, c, &from_disk);
-        if (!r.ok()) {
-          std::lock_guard<std::mutex> lock(err_mu);
-          if (first_error.ok()) first_error = r.status();
-          failed = true;
-          return;
-        }
+        if (!r.ok()) return fail(r.status());
         buf = std::move(r.value());
         counter = from_disk ? &disk_bytes : &backend_bytes;
       }
-      const uint64_t off = c * options_.chunk_bytes;
+      const char* src = buf ? buf->data.get() : nullptr;
+      if (!buf) {
+        // From the store into this thread's buffer (allocated once: no fresh pages per
+        // chunk), then into the memory file.
+        if (scratch.size() < len) scratch.resize(len);
+        Result<size_t> n = backend_->Read(path, version, off, len, scratch.data());
+        if (!n.ok()) return fail(n.status());
+        if (*n != len) return fail(Status::Stale(path + ": changed while it was read"));
+        src = scratch.data();
+        counter = &backend_bytes;
+      }
       size_t done = 0;
-      while (done < buf->size) {
-        ssize_t n = ::pwrite(mfd.get(), buf->data.get() + done, buf->size - done,
-                             static_cast<off_t>(off + done));
+      while (done < len) {
+        ssize_t n = ::pwrite(mfd.get(), src + done, len - done, static_cast<off_t>(off + done));
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-          std::lock_guard<std::mutex> lock(err_mu);
-          if (first_error.ok())
-            first_error = Status::IOError(path + ": filling the memory file: " + std::strerror(errno));
-          failed = true;
-          return;
-        }
+        if (n < 0) return fail(Status::IOError(path + ": filling the memory file: " + std::strerror(errno)));
         done += static_cast<size_t>(n);
       }
-      *counter += buf->size;
+      *counter += len;
     }
   };
   const int threads = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(std::max(1, options_.threads)), chunks));
