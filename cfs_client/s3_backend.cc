@@ -432,6 +432,34 @@ class S3Backend final : public Backend {
     return s;
   }
 
+  Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path,
+                                                  const OpenWriteOptions&) override {
+    return Status::ReadOnly("s3: writes are not supported yet: " + path);
+  }
+  Result<FileAttr> Mkdir(const std::string& path, mode_t, int64_t, int64_t) override {
+    return Status::ReadOnly("s3: writes are not supported yet: " + path);
+  }
+  Status Unlink(const std::string& path) override {
+    return Status::ReadOnly("s3: writes are not supported yet: " + path);
+  }
+  Status Rmdir(const std::string& path) override {
+    return Status::ReadOnly("s3: writes are not supported yet: " + path);
+  }
+  Status Rename(const std::string& from, const std::string&, bool) override {
+    return Status::ReadOnly("s3: writes are not supported yet: " + from);
+  }
+  Result<FileAttr> Symlink(const std::string&, const std::string& path, int64_t,
+                           int64_t) override {
+    return Status::ReadOnly("s3: writes are not supported yet: " + path);
+  }
+  Result<FileAttr> Link(const std::string& from, const std::string&) override {
+    return Status::ReadOnly("s3: writes are not supported yet: " + from);
+  }
+  Result<FileAttr> SetAttr(const std::string& path, const AttrChange&) override {
+    return Status::ReadOnly("s3: writes are not supported yet: " + path);
+  }
+  Status SyncDir(const std::string&) override { return Status::OK(); }
+
   // For the startup check: lists one key of the bucket, naming the config key at fault.
   Status Probe() {
     const std::string dir = s3::DirKeyPrefix(opts_.prefix, "");

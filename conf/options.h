@@ -57,7 +57,9 @@ struct PrefetchOptions {
 };
 
 struct FuseOptions {
-  bool read_only = false;           // Default: false (writes still EROFS until supported).
+  // Mount read-only: every change fails with EROFS. Not implied by profile ai_prefetch.
+  // Default: false.
+  bool read_only = false;
   double entry_timeout_s = 1.0;     // Default: 1 s; 300 s with profile ai_prefetch.
   double attr_timeout_s = 1.0;      // Default: 1 s; 300 s with profile ai_prefetch.
   double negative_timeout_s = 0.0;  // Default: 0 s; 5 s with profile ai_prefetch.

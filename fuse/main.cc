@@ -187,6 +187,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   fs_options.attr_timeout_s = config.fuse.attr_timeout_s;
   fs_options.keep_cache = config.fuse.keep_cache;
   fs_options.chunk_bytes = config.cache.chunk_bytes;
+  fs_options.read_only = config.fuse.read_only;
   Result<std::unique_ptr<FileSystem>> fs = FileSystem::New(
       fs_options, backend->get(), cache.get(), &prefetcher, SystemClock(), *registry, disk.get());
   if (!fs.ok()) return Fail(kExitBadConfig, "backend.root: " + fs.status().message());
@@ -261,6 +262,10 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   CTFS_LOG(kInfo) << "unmounting " << config.mount_point << " (session loop returned " << rc << ")";
   fuse_session_unmount(se.get());
   fuse_remove_signal_handlers(se.get());
+  // Files still open for writing when the mount went away (SIGTERM with writers running):
+  // what they wrote goes to the store before exit.
+  if (Status s = filesystem->FlushAll(); !s.ok())
+    CTFS_LOG(kError) << "some written bytes did not reach the store: " << s.ToString();
   control->reset();  // closes the listeners and removes the socket file
   if (disk) disk->Flush();  // chunks already queued reach the NVMe tier (at most 32 MiB)
   RemoveControlFile(control_path, info.pid);
