@@ -114,6 +114,9 @@ class WritableFile {
   virtual Status Sync() = 0;
   // Attributes of the file as written through this handle (size included, flushed or not).
   virtual Result<FileAttr> Stat() = 0;
+  // The file was renamed to `path` in the store: later flushes go there. (A posix descriptor
+  // follows its file by itself.)
+  virtual void Moved(const std::string& path) { (void)path; }
 };
 
 class Backend {

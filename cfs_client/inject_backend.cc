@@ -22,7 +22,8 @@ class InjectWritableFile final : public WritableFile {
   Status Allocate(int mode, uint64_t offset, uint64_t len) override;
   Status Flush() override;
   Status Sync() override;
-  Result<FileAttr> Stat() override { return base_->Stat(); }  // local state, not a request
+  Result<FileAttr> Stat() override { return base_->Stat(); }
+  void Moved(const std::string& path) override { base_->Moved(path); }  // local state, not a request
 
  private:
   const std::unique_ptr<WritableFile> base_;

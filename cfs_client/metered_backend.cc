@@ -66,6 +66,7 @@ class MeteredWritableFile final : public WritableFile {
   Status Flush() override;
   Status Sync() override;
   Result<FileAttr> Stat() override { return base_->Stat(); }
+  void Moved(const std::string& path) override { base_->Moved(path); }
 
  private:
   const std::unique_ptr<WritableFile> base_;

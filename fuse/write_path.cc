@@ -323,7 +323,10 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
       }
     }
     CTFS_RETURN_IF_ERROR(backend_->Rename(*from, *to, (flags & RENAME_NOREPLACE) != 0));
-    if (src_state && !src_state->closed) src_state->path = *to;
+    if (src_state && !src_state->closed) {
+      src_state->path = *to;
+      src_state->file->Moved(*to);
+    }
   }
   if (dst_state && dst_state != src_state) {
     std::lock_guard<std::mutex> dl(dst_state->mu);
@@ -340,8 +343,10 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
       std::unique_lock<std::mutex> sl(st->mu, std::try_to_lock);
       // A state busy in a backend call is not under this directory in any case that can
       // race with this rename (the kernel locks both directories), so skipping it is safe.
-      if (sl.owns_lock() && st->path.compare(0, prefix.size(), prefix) == 0)
+      if (sl.owns_lock() && !st->closed && st->path.compare(0, prefix.size(), prefix) == 0) {
         st->path = *to + st->path.substr(from->size());
+        st->file->Moved(st->path);
+      }
     }
   }
   inodes_.Rename(*from, *to);
