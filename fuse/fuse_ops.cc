@@ -390,6 +390,9 @@ void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   if (!c.ok()) return ReplyError(req, c.status(), "create");
   fuse_entry_param param = ToEntryParam(ctx, c->entry.ino, c->entry.attr);
   fi->keep_cache = 0;
+  // A new file is written, not read: its bytes go from the writer's buffer to the request
+  // without a copy into this mount's page cache (which would only hold them twice).
+  fi->direct_io = 1;
   if (ctx.no_open) {
     fi->fh = 0;
     fuse_reply_create(req, &param, fi);
