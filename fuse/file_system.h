@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -168,6 +169,10 @@ class FileSystem {
   Status Fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t len);
   // Flushes every file still being written (at unmount); returns the first error.
   Status FlushAll();
+  // `hook(ino)` runs, outside every lock, when a file written through the mount was closed
+  // (flush or release): fuse_ops drops the kernel's cached pages and attributes of it then.
+  // Set once, before requests are served.
+  void SetWrittenHook(std::function<void(uint64_t ino)> hook);
 
   const InodeTable& inodes() const { return inodes_; }
 
@@ -196,6 +201,7 @@ class FileSystem {
   // Flushes and closes `state` if nothing writes it any more (an unlinked file: once the
   // kernel forgot it). REQUIRES: state->mu held.
   Status MaybeCloseLocked(uint64_t ino, WriteState& state, bool forgotten = false);
+  void NotifyWritten(uint64_t ino);
   // Drops every cached copy of the file at `path` (RAM, NVMe, prefetch window).
   void InvalidateCaches(const std::string& path);
   // Records attributes after a change made through the mount.
@@ -221,6 +227,7 @@ class FileSystem {
   // skip the write-path checks entirely while both are zero.
   std::atomic<uint64_t> open_writes_{0};
   std::atomic<bool> ever_written_{false};
+  std::function<void(uint64_t)> written_hook_;  // set once before serving
 
   // Owned by the registry.
   prometheus::Counter* bytes_ram_;

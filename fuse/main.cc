@@ -225,6 +225,13 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
       fuse_session_new(args.get(), &Operations(), sizeof(fuse_lowlevel_ops), &ctx));
   if (!se) return Fail(kExitBadConfig, "-o: invalid FUSE mount options (see the line above)");
   ctx.session = se.get();
+  fuse_session* session = se.get();
+  filesystem->SetWrittenHook([session](uint64_t ino) {
+    // A file written through the mount was closed: the kernel drops what it cached of it
+    // (other descriptors' pages, attributes), so the next reader sees what the store has.
+    int err = fuse_lowlevel_notify_inval_inode(session, ino, 0, 0);
+    if (err != 0 && err != -ENOENT) CTFS_LOG(kWarn) << "invalidate inode " << ino << ": " << err;
+  });
   if (fuse_set_signal_handlers(se.get()) != 0)
     return Fail(kExitFailure, "cannot set signal handlers");
   if (fuse_session_mount(se.get(), config.mount_point.c_str()) != 0) {

@@ -402,13 +402,27 @@ Result<size_t> FileSystem::Write(uint64_t ino, uint64_t offset, const char* data
 Status FileSystem::Flush(uint64_t ino) {
   std::shared_ptr<WriteState> st = FindWriteState(ino);
   if (!st) return Status::OK();
-  std::lock_guard<std::mutex> sl(st->mu);
-  if (st->closed) return Status::OK();
-  if (st->dirty && !st->removed) {
-    CTFS_RETURN_IF_ERROR(st->file->Flush());
-    st->dirty = false;
+  Status s;
+  {
+    std::lock_guard<std::mutex> sl(st->mu);
+    if (st->closed) return Status::OK();
+    if (st->dirty && !st->removed) {
+      CTFS_RETURN_IF_ERROR(st->file->Flush());
+      st->dirty = false;
+    }
+    s = MaybeCloseLocked(ino, *st);
+    if (!st->closed) return s;
   }
-  return MaybeCloseLocked(ino, *st);
+  NotifyWritten(ino);
+  return s;
+}
+
+void FileSystem::SetWrittenHook(std::function<void(uint64_t ino)> hook) {
+  written_hook_ = std::move(hook);
+}
+
+void FileSystem::NotifyWritten(uint64_t ino) {
+  if (written_hook_) written_hook_(ino);
 }
 
 Status FileSystem::Fsync(uint64_t ino) {
@@ -440,13 +454,18 @@ Status FileSystem::FsyncDir(uint64_t ino) {
 Status FileSystem::Release(uint64_t ino, const FileHandle* handle) {
   std::shared_ptr<WriteState> st = FindWriteState(ino);
   if (!st) return Status::OK();
-  std::lock_guard<std::mutex> sl(st->mu);
-  if (st->closed) return Status::OK();
-  if (handle != nullptr && handle->writable && st->writers > 0) st->writers--;
-  Status s = MaybeCloseLocked(ino, *st);
-  if (!s.ok())
-    CTFS_LOG(kWarn) << "release " << st->path << ": bytes not in the store yet, kept for a "
-                    << "later flush: " << s.ToString();
+  Status s;
+  {
+    std::lock_guard<std::mutex> sl(st->mu);
+    if (st->closed) return Status::OK();
+    if (handle != nullptr && handle->writable && st->writers > 0) st->writers--;
+    s = MaybeCloseLocked(ino, *st);
+    if (!s.ok())
+      CTFS_LOG(kWarn) << "release " << st->path << ": bytes not in the store yet, kept for a "
+                      << "later flush: " << s.ToString();
+    if (!st->closed) return s;
+  }
+  NotifyWritten(ino);
   return s;
 }
 

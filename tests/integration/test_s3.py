@@ -421,7 +421,8 @@ def test_checkpoint_through_an_s3_mount(cube: CubeFactory, tmp_path: Path, s3: S
             assert mount.path(f"{step}/{name}").read_bytes() == data, name
         assert s3_get(s3, f"{step}/.metadata.tmp") is None
         assert proxy.mismatches == [] and proxy.checked > 20
-        assert not any(staging.iterdir()), "staging files left after successful uploads"
+        assert wait_until(lambda: not any(staging.iterdir()), 10), \
+            "staging files left after successful uploads"
         mount.cleanup()
         again = mount_s3(cube, tmp_path, proxy.endpoint, write_bucket, {"profile": profile})
         assert sorted(os.listdir(again.path(step))) == sorted(want)
@@ -483,7 +484,8 @@ def test_a_failed_upload_fails_fsync_and_is_kept_for_retry(cube: CubeFactory,
         finally:
             client.close()
         assert status == 200 and body == data
-        assert not any(staging.iterdir())
+        # The kernel sends release after close returns: the staging file goes then.
+        assert wait_until(lambda: not any(staging.iterdir()), 10), "staging file left behind"
     finally:
         server.stop()
 
