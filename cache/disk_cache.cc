@@ -263,6 +263,30 @@ class NvmeCache final : public DiskCache {
     queue_cv_.wait(l, [&] { return queue_.empty() && !writing_; });
   }
 
+  void EraseFile(const std::string& path) override {
+    {
+      // Queued chunks of the file are dropped; one being written is waited for, so it is
+      // indexed (and erased below) rather than appearing after this returns.
+      std::unique_lock<std::mutex> l(queue_mu_);
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        if (IsKeyOfFile(it->first, path)) {
+          queued_bytes_ -= it->second->size;
+          queued_keys_.erase(it->first);
+          it = queue_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      queue_cv_.wait(l, [&] { return !writing_; });
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto it = lru_.begin(); it != lru_.end();) {
+      auto next = std::next(it);
+      if (IsKeyOfFile(*it, path)) DropLocked(it);
+      it = next;
+    }
+  }
+
   uint64_t bytes() const override {
     std::lock_guard<std::mutex> l(mu_);
     return bytes_;
@@ -352,13 +376,19 @@ class NvmeCache final : public DiskCache {
 
   // REQUIRES: mu_ held.
   void EvictLocked(std::list<std::string>::iterator it) {
+    DropLocked(it);
+    if (evictions_) evictions_->Increment();
+  }
+
+  // Removes the chunk at `it` from the tier: data file, index and use order.
+  // REQUIRES: mu_ held.
+  void DropLocked(std::list<std::string>::iterator it) {
     auto e = index_.find(*it);
     ::unlink(DataPath(e->second.value.id).c_str());
     db_->Delete(rocksdb::WriteOptions(), *it);
     bytes_ -= e->second.value.length;
     index_.erase(e);
     lru_.erase(it);
-    if (evictions_) evictions_->Increment();
     if (bytes_gauge_) bytes_gauge_->Set(static_cast<double>(bytes_));
   }
 

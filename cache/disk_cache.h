@@ -60,6 +60,9 @@ class DiskCache {
   virtual void PutAsync(const std::string& key, BufferRef data) = 0;
   // Waits until every queued Put is done.
   virtual void Flush() = 0;
+  // Drops every chunk of the file at `path`, any version, stored or queued (after a write
+  // through the mount). O(entries) under the index lock.
+  virtual void EraseFile(const std::string& path) = 0;
 
   virtual uint64_t bytes() const = 0;
   virtual uint64_t entries() const = 0;

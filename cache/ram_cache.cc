@@ -61,6 +61,11 @@ std::string ChunkKey(std::string_view path, const cfs_client::FileVersion& versi
   return key;
 }
 
+bool IsKeyOfFile(std::string_view key, std::string_view path) {
+  return key.size() > path.size() && key.compare(0, path.size(), path) == 0 &&
+         key[path.size()] == '\0';
+}
+
 namespace {
 
 using SharedResult = std::shared_future<Result<BufferRef>>;
@@ -126,6 +131,17 @@ class ShardedLruCache final : public RamCache {
     Shard& s = ShardOf(key);
     std::lock_guard<std::mutex> l(s.mu);
     InsertLocked(s, key, std::move(buffer));
+  }
+
+  void EraseFile(std::string_view path) override {
+    for (Shard& s : shards_) {
+      std::lock_guard<std::mutex> l(s.mu);
+      for (auto it = s.lru.begin(); it != s.lru.end();) {
+        auto next = std::next(it);
+        if (IsKeyOfFile(it->key, path)) RemoveLocked(s, it);
+        it = next;
+      }
+    }
   }
 
   uint64_t bytes() const override { return bytes_.load(std::memory_order_relaxed); }

@@ -50,6 +50,8 @@ Result<BufferRef> ReadChunk(cfs_client::Backend& backend, const std::string& pat
 
 // Key of chunk `chunk` of version `version` of the file at `path`.
 std::string ChunkKey(std::string_view path, const cfs_client::FileVersion& version, uint64_t chunk);
+// Whether `key` (a ChunkKey) is of the file at `path`, any version.
+bool IsKeyOfFile(std::string_view key, std::string_view path);
 
 // How a GetOrFetch call was served.
 enum class Served {
@@ -91,6 +93,10 @@ class RamCache {
   // Caches `buffer` under `key`, replacing any entry, evicting least recently used entries
   // as needed. A buffer larger than a shard's share of the budget is not cached.
   virtual void Insert(const std::string& key, BufferRef buffer) = 0;
+
+  // Drops every entry of the file at `path`, whatever its version (after a write through the
+  // mount, so no reader is served the old bytes). Visits every shard: O(entries).
+  virtual void EraseFile(std::string_view path) = 0;
 
   // Bytes held by cached entries; never above Options::capacity_bytes.
   virtual uint64_t bytes() const = 0;

@@ -1,15 +1,24 @@
-// The store behind the mount: stat, list, ranged read.
+// The store behind the mount: stat, list, ranged read, and writes.
 //
 // Paths are relative to the store's root, without a leading slash; "" is the root itself.
 // Every read names the version of the file it expects (size + mtime, or an ETag later), and a
 // backend that can tell the file changed returns Status::Stale rather than mixing old and new
 // bytes. Implementations are thread-safe: many threads call them at once.
+//
+// Writes: OpenWrite() gives a WritableFile, a handle on one file being written. Its bytes
+// reach the store by Flush() (visible to other readers of the store) and Sync() (durable
+// there); what each backend does underneath (posix: pwrite to the file and fsync; s3: a local
+// staging file uploaded on Flush/Sync) is in its .cc. The namespace operations (Mkdir,
+// Unlink, Rename, ...) act on the store at once. Errors keep the store's meaning: EEXIST,
+// ENOTEMPTY, ENOSPC, EXDEV ... reach the caller as the store gave them (Status codes, or
+// Status::Errno for the rest).
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +71,54 @@ struct FsStats {
   uint64_t name_max = 255;
 };
 
+// How OpenWrite opens a file.
+struct OpenWriteOptions {
+  bool create = false;     // create the file if it does not exist (O_CREAT)
+  bool exclusive = false;  // with create: fail with Exists if it does (O_EXCL)
+  bool truncate = false;   // empty it (O_TRUNC)
+  mode_t mode = 0644;      // permission bits of a created file
+  // Owner of a created file, where the store keeps owners and may give them away (a posix
+  // store served by root). -1: the store's default.
+  int64_t uid = -1;
+  int64_t gid = -1;
+};
+
+// Attributes to change (SetAttr). Unset fields are left alone.
+struct AttrChange {
+  std::optional<mode_t> mode;  // permission bits only
+  std::optional<int64_t> uid, gid;
+  std::optional<int64_t> atime_ns, mtime_ns;  // kTimeNow: the store's current time
+  static constexpr int64_t kTimeNow = INT64_MIN;
+};
+
+// One file open for writing. Reads see the bytes written through this handle, flushed or not.
+// Thread-safe: writes and reads may come from many threads at once. It must not outlive the
+// Backend that opened it.
+class WritableFile {
+ public:
+  // Releases the handle. Bytes not yet flushed stay where the backend keeps them (s3: the
+  // staging file is kept and logged) but are not in the store: call Flush or Sync first.
+  virtual ~WritableFile() = default;
+
+  virtual Result<size_t> Write(uint64_t offset, const char* data, size_t len) = 0;
+  // Up to `len` bytes at `offset` as this handle sees the file; short only at its end.
+  virtual Result<size_t> Read(uint64_t offset, size_t len, char* buf) = 0;
+  virtual Status Truncate(uint64_t size) = 0;
+  // fallocate(2) with `mode`; NotSupported where the store cannot.
+  virtual Status Allocate(int mode, uint64_t offset, uint64_t len) = 0;
+  // The bytes written so far are in the store, visible to its other readers. An error means
+  // they may not be; a later Flush tries again.
+  virtual Status Flush() = 0;
+  // Flush, and the bytes are durable in the store (they survive a crash of the store's host
+  // where the store promises that).
+  virtual Status Sync() = 0;
+  // Attributes of the file as written through this handle (size included, flushed or not).
+  virtual Result<FileAttr> Stat() = 0;
+  // The file was renamed to `path` in the store: later flushes go there. (A posix descriptor
+  // follows its file by itself.)
+  virtual void Moved(const std::string& path) { (void)path; }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -90,6 +147,25 @@ class Backend {
   virtual Result<std::string> ReadLink(const std::string& path) = 0;
 
   virtual Result<FsStats> StatFs() = 0;
+
+  // --- writes ---
+
+  // Opens regular file `path` for writing (creating or truncating it as `options` say).
+  virtual Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path,
+                                                          const OpenWriteOptions& options) = 0;
+  virtual Result<FileAttr> Mkdir(const std::string& path, mode_t mode, int64_t uid,
+                                 int64_t gid) = 0;
+  virtual Status Unlink(const std::string& path) = 0;
+  virtual Status Rmdir(const std::string& path) = 0;
+  // rename(2); `noreplace`: fail with Exists if `to` exists (RENAME_NOREPLACE).
+  virtual Status Rename(const std::string& from, const std::string& to, bool noreplace) = 0;
+  virtual Result<FileAttr> Symlink(const std::string& target, const std::string& path,
+                                   int64_t uid, int64_t gid) = 0;
+  virtual Result<FileAttr> Link(const std::string& from, const std::string& to) = 0;
+  // Changes mode, owner or times of `path` (a size change goes through a WritableFile).
+  virtual Result<FileAttr> SetAttr(const std::string& path, const AttrChange& change) = 0;
+  // Makes the entries of directory `path` (creates, renames, unlinks in it) durable.
+  virtual Status SyncDir(const std::string& path) = 0;
 };
 
 // A backend over the directory `root`. Fails if `root` is not a readable directory.
@@ -111,6 +187,7 @@ Status CheckS3Backend(const conf::S3Options& opts);
 struct InjectCounters {
   uint64_t requests = 0;       // every call that reached the wrapper
   uint64_t read_requests = 0;  // Read calls
+  uint64_t write_requests = 0;  // calls that change the store (writes, flushes, renames, ...)
   uint64_t injected_errors = 0;
 };
 

@@ -9,6 +9,28 @@
 namespace cubetorchfs::cfs_client {
 namespace {
 
+class InjectBackend;
+
+// A WritableFile whose every request goes through the wrapper's injection first.
+class InjectWritableFile final : public WritableFile {
+ public:
+  InjectWritableFile(std::unique_ptr<WritableFile> base, InjectBackend* owner, std::string path)
+      : base_(std::move(base)), owner_(owner), path_(std::move(path)) {}
+  Result<size_t> Write(uint64_t offset, const char* data, size_t len) override;
+  Result<size_t> Read(uint64_t offset, size_t len, char* buf) override;
+  Status Truncate(uint64_t size) override;
+  Status Allocate(int mode, uint64_t offset, uint64_t len) override;
+  Status Flush() override;
+  Status Sync() override;
+  Result<FileAttr> Stat() override { return base_->Stat(); }
+  void Moved(const std::string& path) override { base_->Moved(path); }  // local state, not a request
+
+ private:
+  const std::unique_ptr<WritableFile> base_;
+  InjectBackend* const owner_;
+  const std::string path_;
+};
+
 class InjectBackend final : public Backend {
  public:
   InjectBackend(std::unique_ptr<Backend> base, const conf::InjectOptions& opts, Clock* clock,
@@ -41,8 +63,51 @@ class InjectBackend final : public Backend {
     return base_->StatFs();
   }
 
- private:
-  Status Before(const std::string& what, bool is_read) {
+  Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path,
+                                                  const OpenWriteOptions& options) override {
+    CTFS_RETURN_IF_ERROR(Before("open " + path, false, true));
+    Result<std::unique_ptr<WritableFile>> f = base_->OpenWrite(path, options);
+    if (!f.ok()) return f.status();
+    return std::unique_ptr<WritableFile>(
+        new InjectWritableFile(std::move(f).value(), this, path));
+  }
+  Result<FileAttr> Mkdir(const std::string& path, mode_t mode, int64_t uid,
+                         int64_t gid) override {
+    CTFS_RETURN_IF_ERROR(Before("mkdir " + path, false, true));
+    return base_->Mkdir(path, mode, uid, gid);
+  }
+  Status Unlink(const std::string& path) override {
+    CTFS_RETURN_IF_ERROR(Before("unlink " + path, false, true));
+    return base_->Unlink(path);
+  }
+  Status Rmdir(const std::string& path) override {
+    CTFS_RETURN_IF_ERROR(Before("rmdir " + path, false, true));
+    return base_->Rmdir(path);
+  }
+  Status Rename(const std::string& from, const std::string& to, bool noreplace) override {
+    CTFS_RETURN_IF_ERROR(Before("rename " + from, false, true));
+    return base_->Rename(from, to, noreplace);
+  }
+  Result<FileAttr> Symlink(const std::string& target, const std::string& path, int64_t uid,
+                           int64_t gid) override {
+    CTFS_RETURN_IF_ERROR(Before("symlink " + path, false, true));
+    return base_->Symlink(target, path, uid, gid);
+  }
+  Result<FileAttr> Link(const std::string& from, const std::string& to) override {
+    CTFS_RETURN_IF_ERROR(Before("link " + to, false, true));
+    return base_->Link(from, to);
+  }
+  Result<FileAttr> SetAttr(const std::string& path, const AttrChange& change) override {
+    CTFS_RETURN_IF_ERROR(Before("setattr " + path, false, true));
+    return base_->SetAttr(path, change);
+  }
+  Status SyncDir(const std::string& path) override {
+    CTFS_RETURN_IF_ERROR(Before("fsyncdir " + path, false, true));
+    return base_->SyncDir(path);
+  }
+
+  // Counts a request, sleeps the configured latency, and fails it at the configured rate.
+  Status Before(const std::string& what, bool is_read, bool is_write = false) {
     bool fail = false;
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -51,6 +116,7 @@ class InjectBackend final : public Backend {
       if (counters_) {
         counters_->requests++;
         if (is_read) counters_->read_requests++;
+        if (is_write) counters_->write_requests++;
         if (fail) counters_->injected_errors++;
       }
     }
@@ -59,6 +125,8 @@ class InjectBackend final : public Backend {
     return Status::OK();
   }
 
+
+ private:
   const std::unique_ptr<Backend> base_;
   const conf::InjectOptions opts_;
   Clock* const clock_;
@@ -66,6 +134,31 @@ class InjectBackend final : public Backend {
   InjectCounters* const counters_;  // GUARDED_BY(mu_)
   std::mt19937_64 rng_;             // GUARDED_BY(mu_)
 };
+
+Result<size_t> InjectWritableFile::Write(uint64_t offset, const char* data, size_t len) {
+  CTFS_RETURN_IF_ERROR(owner_->Before("write " + path_, false, true));
+  return base_->Write(offset, data, len);
+}
+Result<size_t> InjectWritableFile::Read(uint64_t offset, size_t len, char* buf) {
+  CTFS_RETURN_IF_ERROR(owner_->Before("read " + path_, true));
+  return base_->Read(offset, len, buf);
+}
+Status InjectWritableFile::Truncate(uint64_t size) {
+  CTFS_RETURN_IF_ERROR(owner_->Before("truncate " + path_, false, true));
+  return base_->Truncate(size);
+}
+Status InjectWritableFile::Allocate(int mode, uint64_t offset, uint64_t len) {
+  CTFS_RETURN_IF_ERROR(owner_->Before("fallocate " + path_, false, true));
+  return base_->Allocate(mode, offset, len);
+}
+Status InjectWritableFile::Flush() {
+  CTFS_RETURN_IF_ERROR(owner_->Before("flush " + path_, false, true));
+  return base_->Flush();
+}
+Status InjectWritableFile::Sync() {
+  CTFS_RETURN_IF_ERROR(owner_->Before("fsync " + path_, false, true));
+  return base_->Sync();
+}
 
 }  // namespace
 

@@ -11,9 +11,30 @@
 namespace cubetorchfs::cfs_client {
 namespace {
 
-enum Op { kStat, kList, kRead, kReadLink, kStatFs, kNumOps };
-constexpr std::array<const char*, kNumOps> kOpNames = {"stat", "list", "read", "readlink",
-                                                       "statfs"};
+enum Op {
+  kStat,
+  kList,
+  kRead,
+  kReadLink,
+  kStatFs,
+  kOpenWrite,
+  kWrite,
+  kTruncate,
+  kFlush,
+  kSync,
+  kMkdir,
+  kUnlink,
+  kRmdir,
+  kRename,
+  kSymlink,
+  kLink,
+  kSetAttr,
+  kSyncDir,
+  kNumOps
+};
+constexpr std::array<const char*, kNumOps> kOpNames = {
+    "stat",  "list",  "read",  "readlink", "statfs",  "open_write", "write",   "truncate", "flush",
+    "fsync", "mkdir", "unlink", "rmdir",   "rename", "symlink",    "link",    "setattr",  "fsyncdir"};
 enum Outcome { kOk, kNotFound, kStaleOutcome, kError, kNumOutcomes };
 constexpr std::array<const char*, kNumOutcomes> kOutcomeNames = {"ok", "not_found", "stale",
                                                                  "error"};
@@ -24,6 +45,33 @@ Outcome OutcomeOf(const Status& s) {
   if (s.IsStale()) return kStaleOutcome;
   return kError;
 }
+
+// Results without a value (Status) and with one look the same to Timed().
+const Status& StatusOf(const Status& s) { return s; }
+template <typename T>
+const Status& StatusOf(const Result<T>& r) {
+  return r.status();
+}
+
+class MeteredBackend;
+
+class MeteredWritableFile final : public WritableFile {
+ public:
+  MeteredWritableFile(std::unique_ptr<WritableFile> base, MeteredBackend* owner)
+      : base_(std::move(base)), owner_(owner) {}
+  Result<size_t> Write(uint64_t offset, const char* data, size_t len) override;
+  Result<size_t> Read(uint64_t offset, size_t len, char* buf) override;
+  Status Truncate(uint64_t size) override;
+  Status Allocate(int mode, uint64_t offset, uint64_t len) override;
+  Status Flush() override;
+  Status Sync() override;
+  Result<FileAttr> Stat() override { return base_->Stat(); }
+  void Moved(const std::string& path) override { base_->Moved(path); }
+
+ private:
+  const std::unique_ptr<WritableFile> base_;
+  MeteredBackend* const owner_;
+};
 
 class MeteredBackend final : public Backend {
  public:
@@ -53,7 +101,7 @@ class MeteredBackend final : public Backend {
     uint64_t start = clock_->NowNanos();
     auto r = fn();
     seconds_[op]->Observe(static_cast<double>(clock_->NowNanos() - start) / 1e9);
-    requests_[op][OutcomeOf(r.status())]->Increment();
+    requests_[op][OutcomeOf(StatusOf(r))]->Increment();
     return r;
   }
 
@@ -76,6 +124,39 @@ class MeteredBackend final : public Backend {
   Result<FsStats> StatFs() override {
     return Timed(kStatFs, [&] { return base_->StatFs(); });
   }
+  Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path,
+                                                  const OpenWriteOptions& options) override {
+    Result<std::unique_ptr<WritableFile>> f =
+        Timed(kOpenWrite, [&] { return base_->OpenWrite(path, options); });
+    if (!f.ok()) return f.status();
+    return std::unique_ptr<WritableFile>(new MeteredWritableFile(std::move(f).value(), this));
+  }
+  Result<FileAttr> Mkdir(const std::string& path, mode_t mode, int64_t uid,
+                         int64_t gid) override {
+    return Timed(kMkdir, [&] { return base_->Mkdir(path, mode, uid, gid); });
+  }
+  Status Unlink(const std::string& path) override {
+    return Timed(kUnlink, [&] { return base_->Unlink(path); });
+  }
+  Status Rmdir(const std::string& path) override {
+    return Timed(kRmdir, [&] { return base_->Rmdir(path); });
+  }
+  Status Rename(const std::string& from, const std::string& to, bool noreplace) override {
+    return Timed(kRename, [&] { return base_->Rename(from, to, noreplace); });
+  }
+  Result<FileAttr> Symlink(const std::string& target, const std::string& path, int64_t uid,
+                           int64_t gid) override {
+    return Timed(kSymlink, [&] { return base_->Symlink(target, path, uid, gid); });
+  }
+  Result<FileAttr> Link(const std::string& from, const std::string& to) override {
+    return Timed(kLink, [&] { return base_->Link(from, to); });
+  }
+  Result<FileAttr> SetAttr(const std::string& path, const AttrChange& change) override {
+    return Timed(kSetAttr, [&] { return base_->SetAttr(path, change); });
+  }
+  Status SyncDir(const std::string& path) override {
+    return Timed(kSyncDir, [&] { return base_->SyncDir(path); });
+  }
 
  private:
   const std::unique_ptr<Backend> base_;
@@ -84,6 +165,25 @@ class MeteredBackend final : public Backend {
   prometheus::Counter* requests_[kNumOps][kNumOutcomes];
   prometheus::Histogram* seconds_[kNumOps];
 };
+
+Result<size_t> MeteredWritableFile::Write(uint64_t offset, const char* data, size_t len) {
+  return owner_->Timed(kWrite, [&] { return base_->Write(offset, data, len); });
+}
+Result<size_t> MeteredWritableFile::Read(uint64_t offset, size_t len, char* buf) {
+  return owner_->Timed(kRead, [&] { return base_->Read(offset, len, buf); });
+}
+Status MeteredWritableFile::Truncate(uint64_t size) {
+  return owner_->Timed(kTruncate, [&] { return base_->Truncate(size); });
+}
+Status MeteredWritableFile::Allocate(int mode, uint64_t offset, uint64_t len) {
+  return owner_->Timed(kTruncate, [&] { return base_->Allocate(mode, offset, len); });
+}
+Status MeteredWritableFile::Flush() {
+  return owner_->Timed(kFlush, [&] { return base_->Flush(); });
+}
+Status MeteredWritableFile::Sync() {
+  return owner_->Timed(kSync, [&] { return base_->Sync(); });
+}
 
 }  // namespace
 

@@ -1,4 +1,10 @@
 // The posix backend: a directory tree (a local disk, or a CubeFS/vePFS/NFS mount) as a store.
+//
+// Writes go straight through: a WritableFile is an O_RDWR descriptor of the file itself, written
+// with pwrite (so every byte written is in the store's file at once, visible to its readers and
+// surviving a crash of this daemon); Sync is fsync of that file. Renames are the store's own
+// atomic rename(2); SyncDir fsyncs the directory, which is what makes a create, rename or
+// unlink durable.
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -23,6 +29,14 @@ namespace {
 Status FromErrno(int err, const std::string& what) {
   std::string msg = what + ": " + std::strerror(err);
   switch (err) {
+    case EEXIST:
+      return Status::Exists(msg);
+    case ENOTEMPTY:
+      return Status::NotEmpty(msg);
+    case ENOSPC:
+      return Status::NoSpace(msg);
+    case EIO:
+      return Status::IOError(msg);
     case ENOENT:
       return Status::NotFound(msg);
     case EACCES:
@@ -36,8 +50,8 @@ Status FromErrno(int err, const std::string& what) {
       return Status::NameTooLong(msg);
     case EINVAL:
       return Status::InvalidArgument(msg);
-    default:
-      return Status::IOError(msg);
+    default:  // EXDEV, EMLINK, EDQUOT, EFBIG, ELOOP, EROFS, ...: as the store said
+      return Status::Errno(err, msg);
   }
 }
 
@@ -64,7 +78,14 @@ class Fd {
  public:
   explicit Fd(int fd = -1) : fd_(fd) {}
   Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
-  Fd& operator=(Fd&&) = delete;
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = o.fd_;
+      o.fd_ = -1;
+    }
+    return *this;
+  }
   ~Fd() {
     if (fd_ >= 0) ::close(fd_);
   }
@@ -82,6 +103,71 @@ class Fd {
 // Owns a DIR stream.
 struct DirCloser {
   void operator()(DIR* d) const { ::closedir(d); }
+};
+
+// A file open for writing: its descriptor, written through.
+class PosixWritableFile final : public WritableFile {
+ public:
+  PosixWritableFile(Fd fd, std::string show) : fd_(std::move(fd)), show_(std::move(show)) {}
+
+  Result<size_t> Write(uint64_t offset, const char* data, size_t len) override {
+    size_t done = 0;
+    while (done < len) {
+      ssize_t n = ::pwrite(fd_.get(), data + done, len - done, static_cast<off_t>(offset + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        // Bytes already written stay written (as with write(2)); report them if any.
+        if (done > 0) return done;
+        return FromErrno(errno, "write " + show_);
+      }
+      done += static_cast<size_t>(n);
+    }
+    return done;
+  }
+
+  Result<size_t> Read(uint64_t offset, size_t len, char* buf) override {
+    size_t done = 0;
+    while (done < len) {
+      ssize_t n = ::pread(fd_.get(), buf + done, len - done, static_cast<off_t>(offset + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return FromErrno(errno, "read " + show_);
+      }
+      if (n == 0) break;
+      done += static_cast<size_t>(n);
+    }
+    return done;
+  }
+
+  Status Truncate(uint64_t size) override {
+    if (::ftruncate(fd_.get(), static_cast<off_t>(size)) != 0)
+      return FromErrno(errno, "truncate " + show_);
+    return Status::OK();
+  }
+
+  Status Allocate(int mode, uint64_t offset, uint64_t len) override {
+    if (::fallocate(fd_.get(), mode, static_cast<off_t>(offset), static_cast<off_t>(len)) != 0)
+      return FromErrno(errno, "fallocate " + show_);
+    return Status::OK();
+  }
+
+  // pwrite already put the bytes in the store's file: nothing to do.
+  Status Flush() override { return Status::OK(); }
+
+  Status Sync() override {
+    if (::fsync(fd_.get()) != 0) return FromErrno(errno, "fsync " + show_);
+    return Status::OK();
+  }
+
+  Result<FileAttr> Stat() override {
+    struct stat st;
+    if (::fstat(fd_.get(), &st) != 0) return FromErrno(errno, "fstat " + show_);
+    return FromStat(st);
+  }
+
+ private:
+  const Fd fd_;
+  const std::string show_;
 };
 
 class PosixBackend final : public Backend {
@@ -160,6 +246,101 @@ class PosixBackend final : public Backend {
     return s;
   }
 
+  Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path,
+                                                  const OpenWriteOptions& o) override {
+    const int base = O_RDWR | O_NOFOLLOW | O_CLOEXEC | (o.truncate ? O_TRUNC : 0);
+    // Create with O_EXCL first, so we know whether this call made the file (only then is it
+    // given to the caller); if it exists and that is allowed, open it as it is.
+    bool created = false;
+    Fd fd;
+    for (int attempt = 0; attempt < 8 && fd.get() < 0; ++attempt) {
+      if (o.create) {
+        fd = Fd(::openat(root_fd_.get(), Rel(path), base | O_CREAT | O_EXCL, o.mode & 07777));
+        if (fd.get() >= 0) {
+          created = true;
+          break;
+        }
+        if (errno != EEXIST || o.exclusive) return FromErrno(errno, "create " + Show(path));
+      }
+      fd = Fd(::openat(root_fd_.get(), Rel(path), base));
+      if (fd.get() < 0 && (errno != ENOENT || !o.create)) return FromErrno(errno, "open " + Show(path));
+    }
+    if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
+    if (!S_ISREG(st.st_mode)) return Status::IsDirectory(Show(path) + ": not a regular file");
+    if (created) Chown(fd.get(), "", o.uid, o.gid, st);
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(std::move(fd), Show(path)));
+  }
+
+  Result<FileAttr> Mkdir(const std::string& path, mode_t mode, int64_t uid,
+                         int64_t gid) override {
+    if (::mkdirat(root_fd_.get(), Rel(path), mode & 07777) != 0)
+      return FromErrno(errno, "mkdir " + Show(path));
+    return StatOwnedBy(path, uid, gid);
+  }
+
+  Status Unlink(const std::string& path) override {
+    if (::unlinkat(root_fd_.get(), Rel(path), 0) != 0)
+      return FromErrno(errno, "unlink " + Show(path));
+    return Status::OK();
+  }
+
+  Status Rmdir(const std::string& path) override {
+    if (::unlinkat(root_fd_.get(), Rel(path), AT_REMOVEDIR) != 0)
+      return FromErrno(errno, "rmdir " + Show(path));
+    return Status::OK();
+  }
+
+  Status Rename(const std::string& from, const std::string& to, bool noreplace) override {
+    const int r = noreplace ? ::renameat2(root_fd_.get(), Rel(from), root_fd_.get(), Rel(to),
+                                          RENAME_NOREPLACE)
+                            : ::renameat(root_fd_.get(), Rel(from), root_fd_.get(), Rel(to));
+    if (r != 0) return FromErrno(errno, "rename " + Show(from) + " to " + Show(to));
+    return Status::OK();
+  }
+
+  Result<FileAttr> Symlink(const std::string& target, const std::string& path, int64_t uid,
+                           int64_t gid) override {
+    if (::symlinkat(target.c_str(), root_fd_.get(), Rel(path)) != 0)
+      return FromErrno(errno, "symlink " + Show(path));
+    return StatOwnedBy(path, uid, gid);
+  }
+
+  Result<FileAttr> Link(const std::string& from, const std::string& to) override {
+    if (::linkat(root_fd_.get(), Rel(from), root_fd_.get(), Rel(to), 0) != 0)
+      return FromErrno(errno, "link " + Show(from) + " to " + Show(to));
+    return Stat(to);
+  }
+
+  Result<FileAttr> SetAttr(const std::string& path, const AttrChange& c) override {
+    if (c.mode && ::fchmodat(root_fd_.get(), Rel(path), *c.mode & 07777, 0) != 0)
+      return FromErrno(errno, "chmod " + Show(path));
+    if ((c.uid || c.gid) &&
+        ::fchownat(root_fd_.get(), Rel(path), c.uid ? static_cast<uid_t>(*c.uid) : uid_t(-1),
+                   c.gid ? static_cast<gid_t>(*c.gid) : gid_t(-1), AT_SYMLINK_NOFOLLOW) != 0)
+      return FromErrno(errno, "chown " + Show(path));
+    if (c.atime_ns || c.mtime_ns) {
+      auto ts = [](const std::optional<int64_t>& ns) {
+        if (!ns) return timespec{0, UTIME_OMIT};
+        if (*ns == AttrChange::kTimeNow) return timespec{0, UTIME_NOW};
+        return timespec{static_cast<time_t>(*ns / 1'000'000'000),
+                        static_cast<long>(*ns % 1'000'000'000)};
+      };
+      const timespec times[2] = {ts(c.atime_ns), ts(c.mtime_ns)};
+      if (::utimensat(root_fd_.get(), Rel(path), times, AT_SYMLINK_NOFOLLOW) != 0)
+        return FromErrno(errno, "utimens " + Show(path));
+    }
+    return Stat(path);
+  }
+
+  Status SyncDir(const std::string& path) override {
+    Fd fd(::openat(root_fd_.get(), Rel(path), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
+    if (::fsync(fd.get()) != 0) return FromErrno(errno, "fsync " + Show(path));
+    return Status::OK();
+  }
+
  private:
   static const char* Rel(const std::string& path) { return path.empty() ? "." : path.c_str(); }
 
@@ -202,6 +383,31 @@ class PosixBackend final : public Backend {
     return done;
   }
   std::string Show(const std::string& path) const { return root_ + "/" + path; }
+
+  // Attributes of the new entry `path`, given to uid/gid first where asked and possible.
+  Result<FileAttr> StatOwnedBy(const std::string& path, int64_t uid, int64_t gid) {
+    Result<FileAttr> a = Stat(path);
+    if (!a.ok()) return a;
+    struct stat st {};
+    st.st_uid = a->uid;
+    st.st_gid = a->gid;
+    if (Chown(-1, path, uid, gid, st)) return Stat(path);
+    return a;
+  }
+
+  // Gives a new entry (descriptor `fd`, else `path`) to uid/gid when asked and possible (we
+  // run as root); `st` holds its present owner. Returns whether it changed anything. A failure
+  // is logged nowhere and ignored: the entry exists, owned by the daemon's user.
+  bool Chown(int fd, const std::string& path, int64_t uid, int64_t gid,
+             const struct stat& st) const {
+    if (::geteuid() != 0 || (uid < 0 && gid < 0)) return false;
+    const uid_t u = uid >= 0 ? static_cast<uid_t>(uid) : st.st_uid;
+    const gid_t g = gid >= 0 ? static_cast<gid_t>(gid) : st.st_gid;
+    if (u == st.st_uid && g == st.st_gid) return false;
+    const int r = fd >= 0 ? ::fchown(fd, u, g)
+                          : ::fchownat(root_fd_.get(), Rel(path), u, g, AT_SYMLINK_NOFOLLOW);
+    return r == 0;
+  }
 
   const std::string root_;
   const Fd root_fd_;

@@ -40,6 +40,18 @@ std::string Status::ToString() const {
     case Code::kCorruption:
       name = "Corruption";
       break;
+    case Code::kExists:
+      name = "Exists";
+      break;
+    case Code::kNotEmpty:
+      name = "NotEmpty";
+      break;
+    case Code::kNoSpace:
+      name = "NoSpace";
+      break;
+    case Code::kErrno:
+      name = "Error";
+      break;
   }
   return std::string(name) + ": " + msg_;
 }

@@ -29,6 +29,10 @@ class [[nodiscard]] Status {
     kReadOnly,          // the file system does not accept writes
     kNameTooLong,       // a name or path longer than the store allows
     kCorruption,        // data failed a consistency check
+    kExists,            // the name already exists
+    kNotEmpty,          // a directory that must be empty is not
+    kNoSpace,           // the store is full
+    kErrno,             // any other error of a POSIX store, carried as its errno
   };
 
   Status() = default;
@@ -44,10 +48,21 @@ class [[nodiscard]] Status {
   static Status ReadOnly(std::string_view msg) { return {Code::kReadOnly, msg}; }
   static Status NameTooLong(std::string_view msg) { return {Code::kNameTooLong, msg}; }
   static Status Corruption(std::string_view msg) { return {Code::kCorruption, msg}; }
+  static Status Exists(std::string_view msg) { return {Code::kExists, msg}; }
+  static Status NotEmpty(std::string_view msg) { return {Code::kNotEmpty, msg}; }
+  static Status NoSpace(std::string_view msg) { return {Code::kNoSpace, msg}; }
+  // An error of a POSIX store that has no code of its own (EXDEV, EMLINK, EDQUOT, ...): the
+  // errno reaches the caller unchanged. REQUIRES: err > 0.
+  static Status Errno(int err, std::string_view msg) {
+    Status s(Code::kErrno, msg);
+    s.errno_ = err;
+    return s;
+  }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }
   const std::string& message() const { return msg_; }
+  int errno_value() const { return errno_; }  // the errno of a kErrno status, else 0
   bool IsNotFound() const { return code_ == Code::kNotFound; }
   bool IsStale() const { return code_ == Code::kStale; }
 
@@ -63,6 +78,7 @@ class [[nodiscard]] Status {
   Status(Code code, std::string_view msg) : code_(code), msg_(msg) {}
 
   Code code_ = Code::kOk;
+  int errno_ = 0;
   std::string msg_;
 };
 

@@ -173,7 +173,8 @@ Status ParseInject(const YAML::Node& node, InjectOptions* o) {
 // Keys of the s3 backend; set_s3_keys collects those present (an error with type posix).
 const std::set<std::string> kS3Keys = {"endpoint",   "bucket",         "region",     "prefix",
                                        "path_style", "access_key",     "secret_key", "timeout_ms",
-                                       "retries",    "max_connections"};
+                                       "retries",    "max_connections", "staging_dir",
+                                       "multipart_bytes"};
 
 Status ParseBackend(const YAML::Node& node, BackendOptions* o, std::vector<std::string>* s3_set) {
   std::set<std::string> known = {"type", "root", "inject"};
@@ -200,6 +201,12 @@ Status ParseBackend(const YAML::Node& node, BackendOptions* o, std::vector<std::
                         uint64_t n = 0;
                         CTFS_ASSIGN(n, GetUint(v, key, 20));
                         s3->retries = static_cast<uint32_t>(n);
+                      }
+                      if (k == "staging_dir") CTFS_ASSIGN(s3->staging_dir, GetString(v, key));
+                      if (k == "multipart_bytes") {
+                        CTFS_ASSIGN(s3->multipart_bytes, GetSize(v, key));
+                        if (s3->multipart_bytes < (5u << 20))
+                          return Bad(key, "must be at least 5MiB (S3's smallest part)");
                       }
                       if (k == "max_connections") {
                         uint64_t n = 0;

@@ -31,6 +31,11 @@ struct S3Options {
   uint64_t timeout_ms = 30000;       // limit of one request attempt. Default: 30000.
   uint32_t retries = 4;              // retries of a failed request (5xx, 429, network). Default: 4.
   uint32_t max_connections = 64;     // parallel requests (pooled connections). Default: 64.
+  // Local directory of the staging files of files being written (one per file, uploaded on
+  // flush/fsync/close; kept there when an upload fails). Default: /tmp/cubetorchfs-staging.
+  std::string staging_dir = "/tmp/cubetorchfs-staging";
+  // Files larger than this are uploaded in parts of this size, in parallel. Default: 16 MiB.
+  uint64_t multipart_bytes = 16ull << 20;
 };
 
 struct BackendOptions {
@@ -57,7 +62,9 @@ struct PrefetchOptions {
 };
 
 struct FuseOptions {
-  bool read_only = false;           // Default: false (writes still EROFS until supported).
+  // Mount read-only: every change fails with EROFS. Not implied by profile ai_prefetch.
+  // Default: false.
+  bool read_only = false;
   double entry_timeout_s = 1.0;     // Default: 1 s; 300 s with profile ai_prefetch.
   double attr_timeout_s = 1.0;      // Default: 1 s; 300 s with profile ai_prefetch.
   double negative_timeout_s = 0.0;  // Default: 0 s; 5 s with profile ai_prefetch.

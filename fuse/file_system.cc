@@ -89,6 +89,16 @@ Result<Entry> FileSystem::Lookup(uint64_t parent, const std::string& name) {
   if (!dir->attr.IsDir()) return Status::NotDirectory(dir->path);
   if (name.size() > 255) return Status::NameTooLong(name.substr(0, 32) + "...");
   std::string path = ChildPath(dir->path, name);
+  if (open_writes_.load() > 0) {
+    // A file being written: its attributes are those of the bytes written so far (an
+    // object store may not have it yet).
+    if (std::optional<uint64_t> ino = inodes_.Find(path)) {
+      if (std::shared_ptr<WriteState> st = FindWriteState(*ino)) {
+        std::optional<cfs_client::FileAttr> attr = WrittenAttr(*st);
+        if (attr) return Entry{inodes_.Acquire(path, *attr, clock_->NowNanos()), *attr};
+      }
+    }
+  }
   uint64_t fetched_ns = 0;
   if (std::optional<cfs_client::FileAttr> warm = prefetcher_->WarmAttr(path, &fetched_ns))
     return Entry{inodes_.Acquire(path, *warm, fetched_ns), *warm};
@@ -97,12 +107,28 @@ Result<Entry> FileSystem::Lookup(uint64_t parent, const std::string& name) {
   return Entry{inodes_.Acquire(path, attr.value(), clock_->NowNanos()), attr.value()};
 }
 
-void FileSystem::Forget(uint64_t ino, uint64_t nlookup) { inodes_.Forget(ino, nlookup); }
+void FileSystem::Forget(uint64_t ino, uint64_t nlookup) {
+  inodes_.Forget(ino, nlookup);
+  if (open_writes_.load() == 0 || inodes_.Get(ino)) return;
+  // The kernel holds no reference any more, so no descriptor is open: whatever is still
+  // being written (under no_open, a file never flushed) goes to the store now.
+  if (std::shared_ptr<WriteState> st = FindWriteState(ino)) {
+    if (Status s = CloseForgotten(ino, *st); !s.ok())
+      CTFS_LOG(kError) << "forget: bytes written could not reach the store: " << s.ToString();
+  }
+}
 
 Result<cfs_client::FileAttr> FileSystem::GetAttr(uint64_t ino) {
   // The kernel asks only when its own copy expired, so answer from the store.
   Result<InodeInfo> inode = GetInode(ino);
   if (!inode.ok()) return inode.status();
+  if (std::shared_ptr<WriteState> st = FindWriteState(ino)) {
+    if (std::optional<cfs_client::FileAttr> attr = WrittenAttr(*st)) {
+      inodes_.SetAttr(ino, *attr, clock_->NowNanos());
+      return *attr;
+    }
+  }
+  if (inode->removed) return inode->attr;  // unlinked but still open: what we last knew
   Result<cfs_client::FileAttr> attr = backend_->Stat(inode->path);
   if (attr.ok()) inodes_.SetAttr(ino, attr.value(), clock_->NowNanos());
   return attr;
@@ -130,18 +156,27 @@ uint64_t FileSystem::AcquireDirEntry(const DirHandle& dir, const cfs_client::Dir
   return inodes_.Acquire(ChildPath(dir.path, entry.name), entry.attr, clock_->NowNanos());
 }
 
-Result<OpenResult> FileSystem::Open(uint64_t ino, int flags) {
-  if ((flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC))
-    return Status::ReadOnly("writes are not supported");
+Result<FileSystem::OpenTarget> FileSystem::RegularForOpen(uint64_t ino) {
   Result<InodeInfo> inode = GetInode(ino);
   if (!inode.ok()) return inode.status();
   Result<cfs_client::FileAttr> attr = FreshAttr(inode.value());
   if (!attr.ok()) return attr.status();
   if (attr->IsDir()) return Status::IsDirectory(inode->path);
   if (!attr->IsRegular()) return Status::InvalidArgument(inode->path + ": not a regular file");
+  return OpenTarget{std::move(inode).value(), attr.value()};
+}
+
+Result<OpenResult> FileSystem::Open(uint64_t ino, int flags, bool track_handle) {
+  if ((flags & O_ACCMODE) != O_RDONLY) return OpenForWrite(ino, flags, track_handle);
+  if ((flags & O_TRUNC) != 0) CTFS_RETURN_IF_ERROR(CheckWritable());
+  Result<OpenTarget> target = RegularForOpen(ino);
+  if (!target.ok()) return target.status();
+  const InodeInfo* inode = &target->inode;
+  const cfs_client::FileAttr* attr = &target->attr;
 
   OpenResult r;
-  r.handle = std::make_unique<FileHandle>(FileHandle{ino, inode->path, attr->Version()});
+  r.handle = std::make_unique<FileHandle>(
+      FileHandle{ino, inode->path, attr->Version(), inode->write_gen, false});
   std::optional<cfs_client::FileVersion> previous = inodes_.SetOpenedVersion(ino, attr->Version());
   const bool unchanged = previous && *previous == attr->Version();
   r.keep_cache = options_.keep_cache && unchanged;
@@ -155,10 +190,26 @@ Result<FileHandle> FileSystem::HandleFor(uint64_t ino) {
   Result<cfs_client::FileAttr> attr = FreshAttr(inode.value());
   if (!attr.ok()) return attr.status();
   if (!attr->IsRegular()) return Status::InvalidArgument(inode->path + ": not a regular file");
-  return FileHandle{ino, inode->path, attr->Version()};
+  return FileHandle{ino, inode->path, attr->Version(), inode->write_gen, false};
 }
 
-Result<ReadResult> FileSystem::Read(const FileHandle& handle, uint64_t offset, size_t size) {
+Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, size_t size) {
+  const FileHandle* current = &opened;
+  FileHandle refreshed;
+  if (opened.ino != 0 && ever_written_.load()) {
+    // Being written through the mount: the bytes written so far, never a cached copy.
+    if (std::optional<Result<ReadResult>> w = ReadWritten(opened.ino, offset, size))
+      return std::move(*w);
+    // Changed through the mount since this handle was opened: read the new version.
+    std::optional<InodeInfo> inode = inodes_.Get(opened.ino);
+    if (inode && inode->write_gen != opened.write_gen) {
+      Result<FileHandle> h = HandleFor(opened.ino);
+      if (!h.ok()) return h.status();
+      refreshed = std::move(h).value();
+      current = &refreshed;
+    }
+  }
+  const FileHandle& handle = *current;
   ReadResult out;
   const uint64_t file_size = handle.version.size;
   if (offset >= file_size || size == 0) return out;
@@ -227,7 +278,7 @@ Result<std::string> FileSystem::ReadWholeFile(const std::string& path, uint64_t 
   if (attr->size > max_bytes)
     return Status::InvalidArgument(path + ": " + std::to_string(attr->size) +
                                    " bytes is more than one reply may carry");
-  const FileHandle handle{0, path, attr->Version()};
+  const FileHandle handle{0, path, attr->Version(), 0, false};
   std::string out;
   out.reserve(attr->size);
   constexpr size_t kPiece = 1 << 20;
@@ -244,7 +295,7 @@ Result<cfs_client::FsStats> FileSystem::StatFs() { return backend_->StatFs(); }
 Status FileSystem::Access(uint64_t ino, int mask) {
   Result<InodeInfo> inode = GetInode(ino);
   if (!inode.ok()) return inode.status();
-  if (mask & W_OK) return Status::ReadOnly("writes are not supported");
+  if (mask & W_OK) return CheckWritable();
   return Status::OK();
 }
 

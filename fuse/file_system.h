@@ -8,12 +8,28 @@
 // moves the streams' cursors. Attributes come from the inode table while younger than attr_timeout_s, so
 // opening a file whose metadata is fresh costs no backend request.
 //
+// Writes (write_path.cc): a file being written has one write state per inode, shared by every
+// handle that writes it, holding the backend's WritableFile. It is opened by the first write
+// (or an open for writing) and closed when the last writing handle is released, or at flush
+// when the kernel sends no releases (FUSE no_open). While it exists, reads of the file are
+// served through it (the bytes just written, never a cached copy); when it opens and when it
+// closes, the file's cached chunks are dropped from every tier and from the prefetch window.
+// Flush makes the written bytes visible in the store, Fsync durable there; either fails with
+// the store's error and the bytes are then not reported written.
+//
 // Thread safety: all methods may be called concurrently from the FUSE worker threads. No lock
-// is held across a backend call.
+// is held across a backend call, except a write state's own mutex, which serializes the
+// backend calls on that one file. Lock order: WriteState::mu, then writes_mu_ or the inode
+// table's mutex (never the other way).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -43,7 +59,17 @@ struct FileHandle {
   uint64_t ino = 0;
   std::string path;
   cfs_client::FileVersion version;
+  uint64_t write_gen = 0;  // the inode's write generation at open
+  bool writable = false;   // counted as a writer of the inode until released
 };
+
+// Who asks: owner of what the request creates.
+struct Caller {
+  int64_t uid = -1;
+  int64_t gid = -1;
+};
+
+struct WriteState;
 
 struct DirHandle {
   uint64_t ino = 0;
@@ -74,6 +100,7 @@ class FileSystem {
     double attr_timeout_s = 1.0;
     bool keep_cache = false;
     uint64_t chunk_bytes = 4ull << 20;
+    bool read_only = false;  // every change fails with ReadOnly (EROFS)
   };
 
   // `backend`, `cache`, `prefetcher`, `clock` and `registry` must outlive the FileSystem. Fails if the
@@ -93,7 +120,8 @@ class FileSystem {
   Result<std::unique_ptr<DirHandle>> OpenDir(uint64_t ino);
   // For readdirplus: the inode of `entry` of `dir`, with one lookup added.
   uint64_t AcquireDirEntry(const DirHandle& dir, const cfs_client::DirEntry& entry);
-  Result<OpenResult> Open(uint64_t ino, int flags);
+  // Opens for reading, or for writing (see OpenForWrite) when `flags` ask to write.
+  Result<OpenResult> Open(uint64_t ino, int flags, bool track_handle = true);
   Result<ReadResult> Read(const FileHandle& handle, uint64_t offset, size_t size);
   // The whole file at store path `path`, through the same cache and accounting as FUSE reads
   // (for the legacy /batchdownload/path endpoint).
@@ -103,6 +131,49 @@ class FileSystem {
   Result<FileHandle> HandleFor(uint64_t ino);
   Result<cfs_client::FsStats> StatFs();
   Status Access(uint64_t ino, int mask);
+
+  // --- writes (write_path.cc) ---
+  // `track_handle`: the kernel will send a release for the handle (false under no_open: the
+  // write state then closes at flush).
+  struct Created {
+    Entry entry;
+    std::unique_ptr<FileHandle> handle;
+  };
+  Result<Created> Create(uint64_t parent, const std::string& name, mode_t mode, int flags,
+                         const Caller& caller, bool track_handle);
+  Result<Entry> Mknod(uint64_t parent, const std::string& name, mode_t mode, const Caller& caller);
+  Result<Entry> Mkdir(uint64_t parent, const std::string& name, mode_t mode, const Caller& caller);
+  Result<Entry> Symlink(const std::string& target, uint64_t parent, const std::string& name,
+                        const Caller& caller);
+  Result<Entry> Link(uint64_t ino, uint64_t new_parent, const std::string& new_name);
+  Status Unlink(uint64_t parent, const std::string& name);
+  Status Rmdir(uint64_t parent, const std::string& name);
+  // flags: RENAME_NOREPLACE is honoured; RENAME_EXCHANGE and others are NotSupported.
+  Status Rename(uint64_t parent, const std::string& name, uint64_t new_parent,
+                const std::string& new_name, unsigned flags);
+  // Open for writing (`flags` has O_WRONLY or O_RDWR): the handle counts as a writer when
+  // `track_handle`.
+  Result<OpenResult> OpenForWrite(uint64_t ino, int flags, bool track_handle);
+  Result<size_t> Write(uint64_t ino, uint64_t offset, const char* data, size_t len);
+  // close(2) of a descriptor: the written bytes reach the store (visible there).
+  Status Flush(uint64_t ino);
+  // fsync(2): the written bytes are durable in the store.
+  Status Fsync(uint64_t ino);
+  Status FsyncDir(uint64_t ino);
+  // The last close of a handle; `handle` may be null (fh 0).
+  Status Release(uint64_t ino, const FileHandle* handle);
+  struct AttrChange {
+    std::optional<uint64_t> size;
+    cfs_client::AttrChange meta;
+  };
+  Result<cfs_client::FileAttr> SetAttr(uint64_t ino, const AttrChange& change);
+  Status Fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t len);
+  // Flushes every file still being written (at unmount); returns the first error.
+  Status FlushAll();
+  // `hook(ino)` runs, outside every lock, when a file written through the mount was closed
+  // (flush or release): fuse_ops drops the kernel's cached pages and attributes of it then.
+  // Set once, before requests are served.
+  void SetWrittenHook(std::function<void(uint64_t ino)> hook);
 
   const InodeTable& inodes() const { return inodes_; }
 
@@ -116,9 +187,36 @@ class FileSystem {
              const cfs_client::FileAttr& root_attr, cache::DiskCache* disk);
 
   Result<InodeInfo> GetInode(uint64_t ino);
+  // The inode `ino` with fresh attributes, if it is a regular file (what open needs).
+  struct OpenTarget {
+    InodeInfo inode;
+    cfs_client::FileAttr attr;
+  };
+  Result<OpenTarget> RegularForOpen(uint64_t ino);
   // The inode's attributes, re-read from the store when older than attr_timeout_s.
   Result<cfs_client::FileAttr> FreshAttr(const InodeInfo& inode);
   static std::string ChildPath(const std::string& parent, const std::string& name);
+
+  // Write path helpers (write_path.cc).
+  Status CheckWritable() const;
+  Result<std::string> ChildOf(uint64_t parent, const std::string& name);
+  std::shared_ptr<WriteState> FindWriteState(uint64_t ino);
+  // The write state of `ino`, opening the file in the store if it has none.
+  Result<std::shared_ptr<WriteState>> GetWriteState(uint64_t ino, bool add_writer);
+  // Flushes and closes `state` if nothing writes it any more (an unlinked file: once the
+  // kernel forgot it). REQUIRES: state->mu held.
+  Status MaybeCloseLocked(uint64_t ino, WriteState& state, bool forgotten = false);
+  void NotifyWritten(uint64_t ino);
+  // Drops every cached copy of the file at `path` (RAM, NVMe, prefetch window).
+  void InvalidateCaches(const std::string& path);
+  // Records attributes after a change made through the mount.
+  void Changed(uint64_t ino, const cfs_client::FileAttr& attr);
+  // Attributes of a file being written, as written so far; nothing if it was closed.
+  std::optional<cfs_client::FileAttr> WrittenAttr(WriteState& state);
+  // Closes the write state of an inode the kernel forgot, flushing what is left.
+  Status CloseForgotten(uint64_t ino, WriteState& state);
+  // Reads through the write state of `handle.ino`, if it has one.
+  std::optional<Result<ReadResult>> ReadWritten(uint64_t ino, uint64_t offset, size_t size);
 
   const Options options_;
   cfs_client::Backend* const backend_;
@@ -128,6 +226,14 @@ class FileSystem {
   Clock* const clock_;
   InodeTable inodes_;
   ModelFetcher* model_fetcher_ = nullptr;
+
+  std::mutex writes_mu_;  // guards writes_
+  std::unordered_map<uint64_t, std::shared_ptr<WriteState>> writes_;  // GUARDED_BY(writes_mu_)
+  // Write states open now, and whether any change was ever made through the mount: reads
+  // skip the write-path checks entirely while both are zero.
+  std::atomic<uint64_t> open_writes_{0};
+  std::atomic<bool> ever_written_{false};
+  std::function<void(uint64_t)> written_hook_;  // set once before serving
 
   // Owned by the registry.
   prometheus::Counter* bytes_ram_;

@@ -31,11 +31,28 @@ enum Op {
   kGetxattr,
   kListxattr,
   kWrite,
+  kCreate,
+  kMknod,
+  kMkdir,
+  kUnlink,
+  kRmdir,
+  kRename,
+  kSymlink,
+  kLink,
+  kSetattr,
+  kFlush,
+  kFsync,
+  kFsyncdir,
+  kFallocate,
+  kXattrWrite,
   kNumOps
 };
 constexpr std::array<const char*, kNumOps> kOpNames = {
-    "lookup", "forget", "getattr", "readlink", "opendir", "readdir",  "readdirplus", "releasedir",
-    "open",   "read",   "release", "statfs",   "access",  "getxattr", "listxattr",   "write"};
+    "lookup",  "forget",   "getattr", "readlink", "opendir",  "readdir",   "readdirplus",
+    "releasedir", "open",  "read",    "release",  "statfs",   "access",    "getxattr",
+    "listxattr", "write",  "create",  "mknod",    "mkdir",    "unlink",    "rmdir",
+    "rename",  "symlink",  "link",    "setattr",  "flush",    "fsync",     "fsyncdir",
+    "fallocate", "setxattr"};
 
 // cubetorchfs_fuse_ops_total{op} and cubetorchfs_fuse_op_seconds{op}; owned by the registry.
 struct OpMetrics {
@@ -92,6 +109,14 @@ int ToErrno(const Status& s) {
       return ENAMETOOLONG;
     case Code::kCorruption:
       return EIO;
+    case Code::kExists:
+      return EEXIST;
+    case Code::kNotEmpty:
+      return ENOTEMPTY;
+    case Code::kNoSpace:
+      return ENOSPC;
+    case Code::kErrno:
+      return s.errno_value() > 0 ? s.errno_value() : EIO;
   }
   return EIO;
 }
@@ -168,10 +193,15 @@ void Init(void* userdata, fuse_conn_info* conn) {
   // Drop the kernel's cached pages when the attributes show the file changed.
   if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
   conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+  // O_TRUNC must reach us as a setattr: under no_open the open that would carry it is
+  // never sent, and the kernel would truncate only its own page cache.
+  conn->want &= ~FUSE_CAP_ATOMIC_O_TRUNC;
   // With keep_cache (the ai_prefetch profile: datasets do not change under training), let the
   // kernel skip open and release altogether: a hot file is then served from the page cache
   // with no round trip to this daemon at all. Changes in the store still show once the
   // attributes expire (attr_timeout_s), since AUTO_INVAL_DATA drops pages whose file changed.
+  // Writes work without handles then: the kernel still sends write, flush (at every close)
+  // and fsync, with fh 0, and FileSystem keeps one write state per inode (see file_system.h).
   ctx->no_open = ctx->options.keep_cache && (conn->capable & FUSE_CAP_NO_OPEN_SUPPORT);
   CTFS_LOG(kInfo) << "FUSE session started: protocol " << conn->proto_major << "."
                   << conn->proto_minor << ", max_read " << ctx->options.max_read;
@@ -288,11 +318,13 @@ void ReleaseDir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
 void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   OpScope scope(req, kOpen);
   FuseContext& ctx = Ctx(req);
-  Result<OpenResult> r = ctx.fs->Open(ino, fi->flags);
+  // Under no_open no release will come for this handle, so it must not count as a writer.
+  Result<OpenResult> r = ctx.fs->Open(ino, fi->flags, /*track_handle=*/!ctx.no_open);
   if (!r.ok()) return ReplyError(req, r.status(), "open");
-  if (ctx.no_open && (fi->flags & O_ACCMODE) == O_RDONLY) {
-    // ENOSYS to a valid open tells the kernel to stop sending opens; reads then arrive with
-    // fh 0 and are served at the inode's current version.
+  if (ctx.no_open) {
+    // ENOSYS to a valid open tells the kernel to stop sending opens (and releases) for every
+    // file; reads then arrive with fh 0 and are served at the inode's current version, writes
+    // with fh 0 go to the inode's write state, closed at flush.
     fuse_reply_err(req, ENOSYS);
     return;
   }
@@ -327,10 +359,160 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
   fuse_reply_iov(req, iov.data(), static_cast<int>(iov.size()));
 }
 
-void Release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   OpScope scope(req, kRelease);
-  delete reinterpret_cast<FileHandle*>(fi->fh);
+  std::unique_ptr<FileHandle> handle(reinterpret_cast<FileHandle*>(fi->fh));
+  // close(2) already got flush's answer; an error here (logged) keeps the bytes for later.
+  Status ignored = Ctx(req).fs->Release(ino, handle.get());
+  (void)ignored;
   fuse_reply_err(req, 0);
+}
+
+Caller CallerOf(fuse_req_t req) {
+  const fuse_ctx* c = fuse_req_ctx(req);
+  return Caller{static_cast<int64_t>(c->uid), static_cast<int64_t>(c->gid)};
+}
+
+void ReplyEntry(fuse_req_t req, const Result<Entry>& e, const char* op) {
+  if (!e.ok()) return ReplyError(req, e.status(), op);
+  fuse_entry_param param = ToEntryParam(Ctx(req), e->ino, e->attr);
+  fuse_reply_entry(req, &param);
+}
+
+void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
+            fuse_file_info* fi) {
+  OpScope scope(req, kCreate);
+  FuseContext& ctx = Ctx(req);
+  // Under no_open the kernel may or may not send a release for this handle (it stops once it
+  // saw ENOSYS on an open), so it never counts as a writer: the write state closes at flush.
+  Result<FileSystem::Created> c =
+      ctx.fs->Create(parent, name, mode, fi->flags, CallerOf(req), !ctx.no_open);
+  if (!c.ok()) return ReplyError(req, c.status(), "create");
+  fuse_entry_param param = ToEntryParam(ctx, c->entry.ino, c->entry.attr);
+  fi->keep_cache = 0;
+  // A new file is written, not read: its bytes go from the writer's buffer to the request
+  // without a copy into this mount's page cache (which would only hold them twice).
+  fi->direct_io = 1;
+  if (ctx.no_open) {
+    fi->fh = 0;
+    fuse_reply_create(req, &param, fi);
+    return;
+  }
+  fi->fh = reinterpret_cast<uint64_t>(c->handle.release());
+  if (fuse_reply_create(req, &param, fi) == -ENOENT) {
+    // The caller was interrupted: no release will come for this handle.
+    std::unique_ptr<FileHandle> h(reinterpret_cast<FileHandle*>(fi->fh));
+    Status ignored = ctx.fs->Release(c->entry.ino, h.get());
+    (void)ignored;
+  }
+}
+
+void Mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t) {
+  OpScope scope(req, kMknod);
+  ReplyEntry(req, Ctx(req).fs->Mknod(parent, name, mode, CallerOf(req)), "mknod");
+}
+
+void Mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  OpScope scope(req, kMkdir);
+  ReplyEntry(req, Ctx(req).fs->Mkdir(parent, name, mode, CallerOf(req)), "mkdir");
+}
+
+void Symlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
+  OpScope scope(req, kSymlink);
+  ReplyEntry(req, Ctx(req).fs->Symlink(target, parent, name, CallerOf(req)), "symlink");
+}
+
+void Link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t new_parent, const char* new_name) {
+  OpScope scope(req, kLink);
+  ReplyEntry(req, Ctx(req).fs->Link(ino, new_parent, new_name), "link");
+}
+
+void Unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  OpScope scope(req, kUnlink);
+  Status s = Ctx(req).fs->Unlink(parent, name);
+  if (!s.ok()) return ReplyError(req, s, "unlink");
+  fuse_reply_err(req, 0);
+}
+
+void Rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  OpScope scope(req, kRmdir);
+  Status s = Ctx(req).fs->Rmdir(parent, name);
+  if (!s.ok()) return ReplyError(req, s, "rmdir");
+  fuse_reply_err(req, 0);
+}
+
+void Rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t new_parent,
+            const char* new_name, unsigned flags) {
+  OpScope scope(req, kRename);
+  Status s = Ctx(req).fs->Rename(parent, name, new_parent, new_name, flags);
+  if (!s.ok()) return ReplyError(req, s, "rename");
+  fuse_reply_err(req, 0);
+}
+
+void Write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off,
+           fuse_file_info*) {
+  OpScope scope(req, kWrite);
+  Result<size_t> n = Ctx(req).fs->Write(ino, static_cast<uint64_t>(off), buf, size);
+  if (!n.ok()) return ReplyError(req, n.status(), "write");
+  fuse_reply_write(req, *n);
+}
+
+void Flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  OpScope scope(req, kFlush);
+  Status s = Ctx(req).fs->Flush(ino);
+  if (!s.ok()) return ReplyError(req, s, "flush");
+  fuse_reply_err(req, 0);
+}
+
+void Fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info*) {
+  OpScope scope(req, kFsync);
+  Status s = Ctx(req).fs->Fsync(ino);
+  if (!s.ok()) return ReplyError(req, s, "fsync");
+  fuse_reply_err(req, 0);
+}
+
+void FsyncDir(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info*) {
+  OpScope scope(req, kFsyncdir);
+  Status s = Ctx(req).fs->FsyncDir(ino);
+  if (!s.ok()) return ReplyError(req, s, "fsyncdir");
+  fuse_reply_err(req, 0);
+}
+
+void Fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
+               fuse_file_info*) {
+  OpScope scope(req, kFallocate);
+  Status s = Ctx(req).fs->Fallocate(ino, mode, static_cast<uint64_t>(offset),
+                                    static_cast<uint64_t>(length));
+  if (!s.ok()) return ReplyError(req, s, "fallocate");
+  fuse_reply_err(req, 0);
+}
+
+int64_t TimeOf(const struct timespec& ts) {
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+void SetAttr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info*) {
+  OpScope scope(req, kSetattr);
+  FuseContext& ctx = Ctx(req);
+  FileSystem::AttrChange c;
+  if (to_set & FUSE_SET_ATTR_SIZE) c.size = static_cast<uint64_t>(attr->st_size);
+  if (to_set & FUSE_SET_ATTR_MODE) c.meta.mode = attr->st_mode & 07777;
+  if (to_set & FUSE_SET_ATTR_UID) c.meta.uid = attr->st_uid;
+  if (to_set & FUSE_SET_ATTR_GID) c.meta.gid = attr->st_gid;
+  if (to_set & FUSE_SET_ATTR_ATIME_NOW) {
+    c.meta.atime_ns = cfs_client::AttrChange::kTimeNow;
+  } else if (to_set & FUSE_SET_ATTR_ATIME) {
+    c.meta.atime_ns = TimeOf(attr->st_atim);
+  }
+  if (to_set & FUSE_SET_ATTR_MTIME_NOW) {
+    c.meta.mtime_ns = cfs_client::AttrChange::kTimeNow;
+  } else if (to_set & FUSE_SET_ATTR_MTIME) {
+    c.meta.mtime_ns = TimeOf(attr->st_mtim);
+  }
+  Result<cfs_client::FileAttr> a = ctx.fs->SetAttr(ino, c);
+  if (!a.ok()) return ReplyError(req, a.status(), "setattr");
+  struct stat st = ToStat(ino, a.value());
+  fuse_reply_attr(req, &st, ctx.options.attr_timeout_s);
 }
 
 void StatFs(fuse_req_t req, fuse_ino_t) {
@@ -366,10 +548,10 @@ void ListXattr(fuse_req_t req, fuse_ino_t, size_t) {
   fuse_reply_err(req, ENOSYS);
 }
 
-// Every operation that would change the store, until writes are supported.
-void ReplyReadOnly(fuse_req_t req) {
-  OpScope scope(req, kWrite);
-  fuse_reply_err(req, EROFS);
+// Extended attributes are not kept: setting or removing one is not supported.
+void ReplyNoXattr(fuse_req_t req) {
+  OpScope scope(req, kXattrWrite);
+  fuse_reply_err(req, ENOTSUP);
 }
 
 }  // namespace
@@ -394,28 +576,24 @@ const fuse_lowlevel_ops& Operations() {
     o.access = Access;
     o.getxattr = GetXattr;
     o.listxattr = ListXattr;
-    o.setattr = [](fuse_req_t req, fuse_ino_t, struct stat*, int, fuse_file_info*) {
-      ReplyReadOnly(req);
-    };
-    o.mknod = [](fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) { ReplyReadOnly(req); };
-    o.mkdir = [](fuse_req_t req, fuse_ino_t, const char*, mode_t) { ReplyReadOnly(req); };
-    o.unlink = [](fuse_req_t req, fuse_ino_t, const char*) { ReplyReadOnly(req); };
-    o.rmdir = [](fuse_req_t req, fuse_ino_t, const char*) { ReplyReadOnly(req); };
-    o.symlink = [](fuse_req_t req, const char*, fuse_ino_t, const char*) { ReplyReadOnly(req); };
-    o.rename = [](fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*, unsigned) {
-      ReplyReadOnly(req);
-    };
-    o.link = [](fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) { ReplyReadOnly(req); };
-    o.create = [](fuse_req_t req, fuse_ino_t, const char*, mode_t, fuse_file_info*) {
-      ReplyReadOnly(req);
-    };
-    o.write = [](fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, fuse_file_info*) {
-      ReplyReadOnly(req);
-    };
+    o.setattr = SetAttr;
+    o.create = Create;
+    o.mknod = Mknod;
+    o.mkdir = Mkdir;
+    o.unlink = Unlink;
+    o.rmdir = Rmdir;
+    o.symlink = Symlink;
+    o.rename = Rename;
+    o.link = Link;
+    o.write = Write;
+    o.flush = Flush;
+    o.fsync = Fsync;
+    o.fsyncdir = FsyncDir;
+    o.fallocate = Fallocate;
     o.setxattr = [](fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) {
-      ReplyReadOnly(req);
+      ReplyNoXattr(req);
     };
-    o.removexattr = [](fuse_req_t req, fuse_ino_t, const char*) { ReplyReadOnly(req); };
+    o.removexattr = [](fuse_req_t req, fuse_ino_t, const char*) { ReplyNoXattr(req); };
     return o;
   }();
   return ops;

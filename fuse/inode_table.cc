@@ -1,5 +1,7 @@
 #include "fuse/inode_table.h"
 
+#include <vector>
+
 namespace cubetorchfs::fuse {
 
 InodeTable::InodeTable(const cfs_client::FileAttr& root_attr, uint64_t now_ns) {
@@ -36,7 +38,8 @@ void InodeTable::Forget(uint64_t ino, uint64_t n) {
   Node& node = it->second;
   node.nlookup = n >= node.nlookup ? 0 : node.nlookup - n;
   if (node.nlookup == 0) {
-    by_path_.erase(node.info.path);
+    auto p = by_path_.find(node.info.path);
+    if (p != by_path_.end() && p->second == ino) by_path_.erase(p);  // not a removed inode's old path
     nodes_.erase(it);
   }
 }
@@ -64,6 +67,56 @@ std::optional<cfs_client::FileVersion> InodeTable::SetOpenedVersion(
   std::optional<cfs_client::FileVersion> previous = it->second.info.opened_version;
   it->second.info.opened_version = version;
   return previous;
+}
+
+std::optional<uint64_t> InodeTable::Find(const std::string& path) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = by_path_.find(path);
+  if (it == by_path_.end()) return std::nullopt;
+  return it->second;
+}
+
+void InodeTable::Remove(const std::string& path) {
+  if (path.empty()) return;
+  std::lock_guard<std::mutex> l(mu_);
+  RemoveLocked(path);
+}
+
+void InodeTable::RemoveLocked(const std::string& path) {
+  auto it = by_path_.find(path);
+  if (it == by_path_.end()) return;
+  auto n = nodes_.find(it->second);
+  if (n != nodes_.end()) {
+    n->second.info.removed = true;
+    n->second.info.write_gen++;
+  }
+  by_path_.erase(it);
+}
+
+void InodeTable::Rename(const std::string& from, const std::string& to) {
+  std::lock_guard<std::mutex> l(mu_);
+  RemoveLocked(to);
+  // The entry itself, then everything under it (a directory).
+  const std::string prefix = from + "/";
+  std::vector<std::pair<std::string, uint64_t>> moved;
+  for (const auto& [path, ino] : by_path_)
+    if (path == from || path.compare(0, prefix.size(), prefix) == 0) moved.emplace_back(path, ino);
+  for (const auto& [path, ino] : moved) {
+    by_path_.erase(path);
+    std::string new_path = to + path.substr(from.size());
+    auto stale = by_path_.find(new_path);  // an entry under the replaced directory
+    if (stale != by_path_.end()) RemoveLocked(new_path);
+    by_path_[new_path] = ino;
+    auto n = nodes_.find(ino);
+    if (n != nodes_.end()) n->second.info.path = std::move(new_path);
+  }
+}
+
+uint64_t InodeTable::BumpWriteGen(uint64_t ino) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = nodes_.find(ino);
+  if (it == nodes_.end()) return 0;
+  return ++it->second.info.write_gen;
 }
 
 size_t InodeTable::size() const {

@@ -32,6 +32,10 @@ struct InodeInfo {
   // The version of the file at its last open, to tell the kernel whether its page cache of
   // the file is still good.
   std::optional<cfs_client::FileVersion> opened_version;
+  // Bumped by every change made through the mount, so a handle opened before it knows to
+  // read the new version.
+  uint64_t write_gen = 0;
+  bool removed = false;  // unlinked or renamed over: no path leads to it any more
 };
 
 class InodeTable {
@@ -54,6 +58,20 @@ class InodeTable {
   std::optional<cfs_client::FileVersion> SetOpenedVersion(uint64_t ino,
                                                           const cfs_client::FileVersion& version);
 
+  // The live inode of `path`, if the kernel knows one.
+  std::optional<uint64_t> Find(const std::string& path) const;
+
+  // `path` was removed from the store: its inode (if any) stays for the kernel's references
+  // but no longer answers to the path.
+  void Remove(const std::string& path);
+
+  // `from` was renamed to `to`: the inode of `from` (and of everything under it, for a
+  // directory) now answers to the new path; an inode of `to` is removed.
+  void Rename(const std::string& from, const std::string& to);
+
+  // Bumps the write generation of `ino` and returns it (0 for an unknown inode).
+  uint64_t BumpWriteGen(uint64_t ino);
+
   size_t size() const;
   uint64_t lookups(uint64_t ino) const;  // for tests
 
@@ -62,6 +80,9 @@ class InodeTable {
     InodeInfo info;
     uint64_t nlookup = 0;
   };
+
+  // REQUIRES: mu_ held.
+  void RemoveLocked(const std::string& path);
 
   mutable std::mutex mu_;                              // guards the members below
   uint64_t next_ino_ = kRootIno + 1;                   // GUARDED_BY(mu_)

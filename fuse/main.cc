@@ -187,6 +187,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   fs_options.attr_timeout_s = config.fuse.attr_timeout_s;
   fs_options.keep_cache = config.fuse.keep_cache;
   fs_options.chunk_bytes = config.cache.chunk_bytes;
+  fs_options.read_only = config.fuse.read_only;
   Result<std::unique_ptr<FileSystem>> fs = FileSystem::New(
       fs_options, backend->get(), cache.get(), &prefetcher, SystemClock(), *registry, disk.get());
   if (!fs.ok()) return Fail(kExitBadConfig, "backend.root: " + fs.status().message());
@@ -237,6 +238,13 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
       fuse_session_new(args.get(), &Operations(), sizeof(fuse_lowlevel_ops), &ctx));
   if (!se) return Fail(kExitBadConfig, "-o: invalid FUSE mount options (see the line above)");
   ctx.session = se.get();
+  fuse_session* session = se.get();
+  filesystem->SetWrittenHook([session](uint64_t ino) {
+    // A file written through the mount was closed: the kernel drops what it cached of it
+    // (other descriptors' pages, attributes), so the next reader sees what the store has.
+    int err = fuse_lowlevel_notify_inval_inode(session, ino, 0, 0);
+    if (err != 0 && err != -ENOENT) CTFS_LOG(kWarn) << "invalidate inode " << ino << ": " << err;
+  });
   if (fuse_set_signal_handlers(se.get()) != 0)
     return Fail(kExitFailure, "cannot set signal handlers");
   if (fuse_session_mount(se.get(), config.mount_point.c_str()) != 0) {
@@ -274,6 +282,10 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   CTFS_LOG(kInfo) << "unmounting " << config.mount_point << " (session loop returned " << rc << ")";
   fuse_session_unmount(se.get());
   fuse_remove_signal_handlers(se.get());
+  // Files still open for writing when the mount went away (SIGTERM with writers running):
+  // what they wrote goes to the store before exit.
+  if (Status s = filesystem->FlushAll(); !s.ok())
+    CTFS_LOG(kError) << "some written bytes did not reach the store: " << s.ToString();
   control->reset();  // closes the listeners and removes the socket file
   if (disk) disk->Flush();  // chunks already queued reach the NVMe tier (at most 32 MiB)
   RemoveControlFile(control_path, info.pid);

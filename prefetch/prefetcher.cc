@@ -349,7 +349,7 @@ void Prefetcher::RunJob(const Job& job) {
     FailLocked(window_.find(job.path));
     return;
   }
-  if (disk_ != nullptr)  // kept for later runs and epochs (chunks already there are skipped)
+  if (disk_ != nullptr && !e->invalidated)  // kept for later runs and epochs
     for (size_t i = 0; i < chunks.size(); ++i)
       disk_->PutAsync(cache::ChunkKey(job.path, attr.Version(), i), chunks[i]);
   e->chunks = std::move(chunks);
@@ -383,6 +383,8 @@ void Prefetcher::ReleaseLocked(std::unordered_map<std::string, Entry>::iterator 
     totals_.evicted_unread++;
     if (evicted_unread_) evicted_unread_->Increment();
     if (Stream* s = StreamById(e.first_stream)) s->stats.evicted_unread++;
+  } else if (e.invalidated) {
+    // Bytes of a version written over through the mount: kept nowhere.
   } else if (!options_.prefetch.evict_after_read) {
     // Keep it for later readers in the RAM cache's LRU (which demotes to NVMe in turn).
     for (size_t i = 0; i < e.chunks.size(); ++i)
@@ -493,7 +495,8 @@ std::optional<Prefetcher::WindowHit> Prefetcher::Get(const std::string& path,
                                                       uint64_t chunk) {
   std::unique_lock<std::mutex> l(mu_);
   auto it = window_.find(path);
-  if (it == window_.end() || it->second.waiting_for_room) return std::nullopt;
+  if (it == window_.end() || it->second.waiting_for_room || it->second.invalidated)
+    return std::nullopt;
   if (it->second.state != State::kStat && it->second.attr.Version() != version)
     return std::nullopt;
   bool waited = false;
@@ -503,7 +506,7 @@ std::optional<Prefetcher::WindowHit> Prefetcher::Get(const std::string& path,
     done.wait();
     l.lock();
     it = window_.find(path);
-    if (it == window_.end() || it->second.state != State::kReady ||
+    if (it == window_.end() || it->second.state != State::kReady || it->second.invalidated ||
         it->second.attr.Version() != version)
       return std::nullopt;
     waited = true;
@@ -516,11 +519,20 @@ std::optional<cfs_client::FileAttr> Prefetcher::WarmAttr(const std::string& path
                                                          uint64_t* fetched_ns) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = window_.find(path);
-  if (it == window_.end() || it->second.state == State::kStat) return std::nullopt;
+  if (it == window_.end() || it->second.state == State::kStat || it->second.invalidated)
+    return std::nullopt;
   const double age_s = static_cast<double>(clock_->NowNanos() - it->second.attr_time_ns) / 1e9;
   if (age_s >= options_.attr_timeout_s) return std::nullopt;
   if (fetched_ns != nullptr) *fetched_ns = it->second.attr_time_ns;
   return it->second.attr;
+}
+
+void Prefetcher::Invalidate(const std::string& path) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = window_.find(path);
+  if (it == window_.end()) return;
+  it->second.invalidated = true;
+  MaybeReleaseLocked(path);
 }
 
 bool Prefetcher::RunOneJob() {

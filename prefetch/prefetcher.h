@@ -126,6 +126,11 @@ class Prefetcher {
   std::optional<cfs_client::FileAttr> WarmAttr(const std::string& path,
                                                uint64_t* fetched_ns = nullptr);
 
+  // Forgets what the window holds of `path` (its attributes and bytes), after a write through
+  // the mount changed it: later lookups and reads go to the store. A fetch of it in flight
+  // finishes, but its result is not served.
+  void Invalidate(const std::string& path);
+
   // --- for tests ---
   // Runs the next eligible fetch in the calling thread; false if there is none.
   bool RunOneJob();
@@ -149,6 +154,7 @@ class Prefetcher {
     uint64_t last_read_ns = 0;
     bool was_read = false;
     bool waiting_for_room = false;  // a large file waiting for window room before its fetch
+    bool invalidated = false;  // written through the mount since fetched: never served
     std::string first_stream;  // the stream whose position created it (for its counters)
     std::shared_future<void> done;  // ready when the fetch ends, either way
     std::shared_ptr<std::promise<void>> promise;

@@ -121,13 +121,189 @@ class MemBackend final : public cfs_client::Backend {
   }
   Result<cfs_client::FsStats> StatFs() override { return cfs_client::FsStats{}; }
 
+  // --- writes: a WritableFile edits the stored bytes in place (like a posix file) ---
+  std::string Data(const std::string& path) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = nodes_.find(path);
+    return it == nodes_.end() ? std::string("<missing>") : it->second.data;
+  }
+  bool Exists(const std::string& path) {
+    std::lock_guard<std::mutex> l(mu_);
+    return nodes_.count(path) > 0;
+  }
+  // The next `n` write-side calls (writes, flushes, syncs, namespace changes) fail with `s`.
+  void FailWrites(int n, Status s) {
+    std::lock_guard<std::mutex> l(mu_);
+    fail_writes_ = n;
+    fail_status_ = std::move(s);
+  }
+  int syncs() const { return syncs_.load(); }
+  int flushes() const { return flushes_.load(); }
+
+  class MemFile final : public cfs_client::WritableFile {
+   public:
+    MemFile(MemBackend* b, std::string path) : b_(b), path_(std::move(path)) {}
+    Result<size_t> Write(uint64_t offset, const char* data, size_t len) override {
+      std::lock_guard<std::mutex> l(b_->mu_);
+      CTFS_RETURN_IF_ERROR(b_->MaybeFailLocked());
+      Node* n = b_->FileLocked(path_);
+      if (n == nullptr) return Status::NotFound(path_);
+      if (n->data.size() < offset + len) n->data.resize(offset + len, '\0');
+      n->data.replace(offset, len, data, len);
+      b_->TouchLocked(*n);
+      return len;
+    }
+    Result<size_t> Read(uint64_t offset, size_t len, char* buf) override {
+      std::lock_guard<std::mutex> l(b_->mu_);
+      Node* n = b_->FileLocked(path_);
+      if (n == nullptr) return Status::NotFound(path_);
+      if (offset >= n->data.size()) return size_t{0};
+      size_t k = std::min(len, n->data.size() - offset);
+      n->data.copy(buf, k, offset);
+      return k;
+    }
+    Status Truncate(uint64_t size) override {
+      std::lock_guard<std::mutex> l(b_->mu_);
+      CTFS_RETURN_IF_ERROR(b_->MaybeFailLocked());
+      Node* n = b_->FileLocked(path_);
+      if (n == nullptr) return Status::NotFound(path_);
+      n->data.resize(size, '\0');
+      b_->TouchLocked(*n);
+      return Status::OK();
+    }
+    Status Allocate(int, uint64_t, uint64_t) override {
+      return Status::NotSupported("fallocate");
+    }
+    Status Flush() override {
+      b_->flushes_++;
+      std::lock_guard<std::mutex> l(b_->mu_);
+      return b_->MaybeFailLocked();
+    }
+    Status Sync() override {
+      b_->syncs_++;
+      std::lock_guard<std::mutex> l(b_->mu_);
+      return b_->MaybeFailLocked();
+    }
+    Result<cfs_client::FileAttr> Stat() override {
+      std::lock_guard<std::mutex> l(b_->mu_);
+      Node* n = b_->FileLocked(path_);
+      if (n == nullptr) return Status::NotFound(path_);
+      return n->attr;
+    }
+
+   private:
+    MemBackend* const b_;
+    const std::string path_;
+  };
+
+  Result<std::unique_ptr<cfs_client::WritableFile>> OpenWrite(
+      const std::string& path, const cfs_client::OpenWriteOptions& o) override {
+    std::lock_guard<std::mutex> l(mu_);
+    CTFS_RETURN_IF_ERROR(MaybeFailLocked());
+    auto it = nodes_.find(path);
+    if (it == nodes_.end()) {
+      if (!o.create) return Status::NotFound(path);
+      cfs_client::FileAttr a;
+      a.mode = S_IFREG | o.mode;
+      a.mtime_ns = ++mtime_;
+      nodes_[path] = {a, ""};
+    } else if (o.create && o.exclusive) {
+      return Status::Exists(path);
+    } else if (it->second.attr.IsDir()) {
+      return Status::IsDirectory(path);
+    } else if (o.truncate) {
+      it->second.data.clear();
+      TouchLocked(it->second);
+    }
+    return std::unique_ptr<cfs_client::WritableFile>(new MemFile(this, path));
+  }
+  Result<cfs_client::FileAttr> Mkdir(const std::string& path, mode_t, int64_t,
+                                     int64_t) override {
+    std::lock_guard<std::mutex> l(mu_);
+    CTFS_RETURN_IF_ERROR(MaybeFailLocked());
+    if (nodes_.count(path)) return Status::Exists(path);
+    cfs_client::FileAttr a;
+    a.mode = S_IFDIR | 0755;
+    a.nlink = 2;
+    nodes_[path] = {a, ""};
+    return a;
+  }
+  Status Unlink(const std::string& path) override {
+    std::lock_guard<std::mutex> l(mu_);
+    CTFS_RETURN_IF_ERROR(MaybeFailLocked());
+    auto it = nodes_.find(path);
+    if (it == nodes_.end()) return Status::NotFound(path);
+    if (it->second.attr.IsDir()) return Status::IsDirectory(path);
+    nodes_.erase(it);
+    return Status::OK();
+  }
+  Status Rmdir(const std::string& path) override {
+    std::lock_guard<std::mutex> l(mu_);
+    CTFS_RETURN_IF_ERROR(MaybeFailLocked());
+    auto it = nodes_.find(path);
+    if (it == nodes_.end()) return Status::NotFound(path);
+    if (!it->second.attr.IsDir()) return Status::NotDirectory(path);
+    for (const auto& [p, n] : nodes_)
+      if (p.rfind(path + "/", 0) == 0) return Status::NotEmpty(path);
+    nodes_.erase(it);
+    return Status::OK();
+  }
+  Status Rename(const std::string& from, const std::string& to, bool noreplace) override {
+    std::lock_guard<std::mutex> l(mu_);
+    CTFS_RETURN_IF_ERROR(MaybeFailLocked());
+    auto it = nodes_.find(from);
+    if (it == nodes_.end()) return Status::NotFound(from);
+    if (noreplace && nodes_.count(to)) return Status::Exists(to);
+    Node n = it->second;
+    nodes_.erase(it);
+    nodes_[to] = n;
+    return Status::OK();
+  }
+  Result<cfs_client::FileAttr> Symlink(const std::string&, const std::string& path, int64_t,
+                                       int64_t) override {
+    return Status::NotSupported(path);
+  }
+  Result<cfs_client::FileAttr> Link(const std::string& from, const std::string&) override {
+    return Status::NotSupported(from);
+  }
+  Result<cfs_client::FileAttr> SetAttr(const std::string& path,
+                                       const cfs_client::AttrChange& c) override {
+    std::lock_guard<std::mutex> l(mu_);
+    CTFS_RETURN_IF_ERROR(MaybeFailLocked());
+    auto it = nodes_.find(path);
+    if (it == nodes_.end()) return Status::NotFound(path);
+    if (c.mode) it->second.attr.mode = (it->second.attr.mode & S_IFMT) | *c.mode;
+    return it->second.attr;
+  }
+  Status SyncDir(const std::string&) override { return Status::OK(); }
+
  private:
   struct Node {
     cfs_client::FileAttr attr;
     std::string data;
   };
+  // REQUIRES: mu_ held.
+  Status MaybeFailLocked() {
+    if (fail_writes_ <= 0) return Status::OK();
+    fail_writes_--;
+    return fail_status_;
+  }
+  Node* FileLocked(const std::string& path) {
+    auto it = nodes_.find(path);
+    return it == nodes_.end() ? nullptr : &it->second;
+  }
+  void TouchLocked(Node& n) {
+    n.attr.size = n.data.size();
+    n.attr.mtime_ns = ++mtime_;
+  }
+
   std::mutex mu_;
   std::map<std::string, Node> nodes_;
+  int fail_writes_ = 0;
+  Status fail_status_;
+  int64_t mtime_ = 1000;
+  std::atomic<int> syncs_{0};
+  std::atomic<int> flushes_{0};
   std::atomic<int> reads_{0};
   std::vector<std::string> read_log_;
   std::mutex gate_mu_;

@@ -63,5 +63,29 @@ TEST(InjectBackendTest, ZeroRatePassesThrough) {
   EXPECT_TRUE(b->Stat("missing").status().IsNotFound());
 }
 
+TEST(InjectBackendTest, WritesAreForwardedDelayedAndFailed) {
+  FakeClock clock;
+  InjectCounters counters;
+  auto store = Store();
+  MemBackend* mem = store.get();
+  auto b = NewInjectBackend(std::move(store), {true, 100, 0.0, 1}, &clock, &counters);
+  OpenWriteOptions create;
+  create.create = true;
+  uint64_t t0 = clock.NowNanos();
+  Result<std::unique_ptr<WritableFile>> f = b->OpenWrite("new", create);
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE((*f)->Write(0, "abc", 3).ok());
+  ASSERT_TRUE((*f)->Sync().ok());
+  ASSERT_TRUE(b->Rename("new", "moved", false).ok());
+  EXPECT_EQ(clock.NowNanos() - t0, 400'000u);  // open, write, fsync, rename
+  EXPECT_EQ(counters.write_requests, 4u);
+  EXPECT_EQ(mem->Data("moved"), "abc");
+
+  auto failing = NewInjectBackend(Store(), {true, 0, 1.0, 1}, &clock);
+  EXPECT_EQ(failing->OpenWrite("x", create).status().code(), Status::Code::kIOError);
+  EXPECT_EQ(failing->Unlink("f").code(), Status::Code::kIOError);
+  EXPECT_EQ(failing->Mkdir("d", 0755, -1, -1).status().code(), Status::Code::kIOError);
+}
+
 }  // namespace
 }  // namespace cubetorchfs::cfs_client

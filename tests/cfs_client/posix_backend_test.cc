@@ -93,5 +93,44 @@ TEST(PosixBackendRootTest, UnusableRootsAreRefused) {
   EXPECT_EQ(NewPosixBackend("/etc/hostname").status().code(), Status::Code::kNotDirectory);
 }
 
+TEST_F(PosixBackendTest, WritesGoThroughToTheFile) {
+  OpenWriteOptions o;
+  o.create = true;
+  o.exclusive = true;
+  Result<std::unique_ptr<WritableFile>> f = backend_->OpenWrite("dir/new", o);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_EQ((*f)->Write(0, "hello", 5).value(), 5u);
+  ASSERT_EQ((*f)->Write(10, "x", 1).value(), 1u);  // sparse
+  std::ifstream in(root_ / "dir/new", std::ios::binary);
+  std::string got((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(got, std::string("hello\0\0\0\0\0x", 11));  // in the file before any flush
+  char buf[16];
+  EXPECT_EQ((*f)->Read(8, 16, buf).value(), 3u);
+  ASSERT_TRUE((*f)->Truncate(2).ok());
+  EXPECT_EQ((*f)->Stat()->size, 2u);
+  ASSERT_TRUE((*f)->Sync().ok());
+  EXPECT_EQ(backend_->OpenWrite("dir/new", o).status().code(), Status::Code::kExists);
+  EXPECT_EQ(backend_->OpenWrite("dir", {}).status().code(), Status::Code::kIsDirectory);
+}
+
+TEST_F(PosixBackendTest, NamespaceErrorsKeepTheirErrno) {
+  EXPECT_EQ(backend_->Mkdir("dir", 0755, -1, -1).status().code(), Status::Code::kExists);
+  EXPECT_EQ(backend_->Rmdir("dir").code(), Status::Code::kNotEmpty);
+  EXPECT_EQ(backend_->Unlink("dir").code(), Status::Code::kIsDirectory);
+  EXPECT_EQ(backend_->Rmdir("missing").code(), Status::Code::kNotFound);
+  EXPECT_EQ(backend_->Rename("dir/file", "dir/sub", false).code(), Status::Code::kIsDirectory);
+  EXPECT_EQ(backend_->Rename("dir/file", "empty", true).code(), Status::Code::kExists);
+  ASSERT_TRUE(backend_->Rename("dir/file", "empty", false).ok());
+  EXPECT_EQ(backend_->Stat("empty")->size, 11u);
+  ASSERT_TRUE(backend_->Mkdir("d2", 0700, -1, -1).ok());
+  EXPECT_EQ(backend_->Stat("d2")->mode & 0777, 0700u);
+  AttrChange c;
+  c.mode = 0600;
+  EXPECT_EQ(backend_->SetAttr("empty", c)->mode & 0777, 0600u);
+  ASSERT_TRUE(backend_->SyncDir("").ok());
+  Status s = backend_->Link("missing", "l2").status();
+  EXPECT_EQ(s.code(), Status::Code::kNotFound);
+}
+
 }  // namespace
 }  // namespace cubetorchfs::cfs_client

@@ -127,6 +127,8 @@ TEST(ConfigTest, S3BackendWithEveryKey) {
       "  timeout_ms: 5000\n"
       "  retries: 2\n"
       "  max_connections: 16\n"
+      "  staging_dir: /nvme/staging\n"
+      "  multipart_bytes: 64MiB\n"
       "  inject: {latency_us: 10}\n");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   const S3Options& s3 = c->backend.s3;
@@ -139,6 +141,8 @@ TEST(ConfigTest, S3BackendWithEveryKey) {
   EXPECT_EQ(s3.timeout_ms, 5000u);
   EXPECT_EQ(s3.retries, 2u);
   EXPECT_EQ(s3.max_connections, 16u);
+  EXPECT_EQ(s3.staging_dir, "/nvme/staging");
+  EXPECT_EQ(s3.multipart_bytes, 64ull << 20);
   EXPECT_TRUE(c->backend.inject.enabled);
 }
 
@@ -171,6 +175,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{R"({"volName": "v", "backend": {"root": "/d"}, "cache": {"chunk_bytes": "1KiB"}})",
                 "cache.chunk_bytes"},
         BadCase{R"({"volName": "v", "backend": {"root": "/d", "type": "nfs"}})", "backend.type"},
+        BadCase{R"({"volName": "v", "backend": {"type": "s3", "endpoint": "http://h",
+                                                "multipart_bytes": "1MiB"}})",
+                "backend.multipart_bytes"},
         BadCase{R"({"volName": "v", "backend": {"root": "/d", "inject": {"error_rate": 2}}})",
                 "backend.inject.error_rate"},
         BadCase{R"({"volName": "v", "backend": {"root": "/d"}, "fuse": {"attr_timeout_s": "x"}})",

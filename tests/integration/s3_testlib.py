@@ -223,6 +223,15 @@ class SigV4CheckingProxy:
             def do_HEAD(self) -> None:
                 proxy.handle(self)
 
+            def do_PUT(self) -> None:
+                proxy.handle(self)
+
+            def do_POST(self) -> None:
+                proxy.handle(self)
+
+            def do_DELETE(self) -> None:
+                proxy.handle(self)
+
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
@@ -256,12 +265,15 @@ class SigV4CheckingProxy:
         return None
 
     def handle(self, req: http.server.BaseHTTPRequestHandler) -> None:
+        length = int(req.headers.get("Content-Length") or 0)
+        payload = req.rfile.read(length) if length else b""
         problem = self.verify(req)
         with self.lock:
             self.checked += 1
             if problem:
                 self.mismatches.append(problem)
         if problem:
+            req.close_connection = True
             body = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SignatureDoesNotMatch"
                     b"</Code><Message>signature mismatch</Message></Error>")
             req.send_response(403)
@@ -274,7 +286,7 @@ class SigV4CheckingProxy:
         conn = http.client.HTTPConnection("127.0.0.1", self.upstream_port, timeout=30)
         try:
             headers = {k: v for k, v in req.headers.items() if k.lower() != "connection"}
-            conn.request(req.command, req.path, headers=headers)
+            conn.request(req.command, req.path, body=payload if length else None, headers=headers)
             reply = conn.getresponse()
             body = reply.read()
             req.send_response(reply.status)

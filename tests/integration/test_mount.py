@@ -295,8 +295,13 @@ def test_proc_mounts_entry(tree_mount: CubeMount) -> None:
     assert entry.source == f"cubetorchfs:{tree_mount.vol_name}"
 
 
-def test_writes_fail_with_erofs(tree_mount: CubeMount, source_tree: SourceTree) -> None:
-    mnt = tree_mount.mountpoint
+@pytest.mark.parametrize("profile", ["", "ai_prefetch"])
+def test_read_only_mount_fails_writes_with_erofs(cube: CubeFactory, source_tree: SourceTree,
+                                                 profile: str) -> None:
+    """fuse.read_only keeps the store untouched, with or without the ai_prefetch profile (which
+    does not imply it)."""
+    mount = cube.mount(source_tree.root, {"profile": profile, "fuse": {"read_only": True}})
+    mnt = mount.mountpoint
     existing = mnt / "sizes/size_4096.bin"
 
     def open_for_write() -> None:

@@ -1,0 +1,568 @@
+// FileSystem's write path: creates, writes, flush/fsync, truncation, and namespace changes.
+// The contract is in file_system.h; the durability rules users see are in the README.
+
+#include <fcntl.h>
+#include <linux/fs.h>  // RENAME_NOREPLACE
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+#include <ctime>
+
+#include "common/logging.h"
+#include "fuse/file_system.h"
+
+namespace cubetorchfs::fuse {
+
+// The one open backend file of an inode being written, shared by all its writing handles.
+struct WriteState {
+  std::mutex mu;  // serializes the backend calls on `file`; guards everything below
+  std::unique_ptr<cfs_client::WritableFile> file;
+  std::string path;       // where the file is in the store (renames follow it)
+  uint32_t writers = 0;   // tracked handles open for writing
+  bool dirty = false;     // written since the last successful Flush
+  bool removed = false;   // unlinked or renamed over: its bytes go nowhere
+  bool closed = false;    // taken out of writes_: look the inode up again
+};
+
+namespace {
+
+// File times are wall-clock times, whatever clock drives the caches.
+int64_t WallNowNs() {
+  struct timespec ts;
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+}  // namespace
+
+Status FileSystem::CheckWritable() const {
+  if (options_.read_only) return Status::ReadOnly("the mount is read-only (fuse.read_only)");
+  return Status::OK();
+}
+
+Result<std::string> FileSystem::ChildOf(uint64_t parent, const std::string& name) {
+  Result<InodeInfo> dir = GetInode(parent);
+  if (!dir.ok()) return dir.status();
+  if (!dir->attr.IsDir()) return Status::NotDirectory(dir->path);
+  if (name.size() > 255) return Status::NameTooLong(name.substr(0, 32) + "...");
+  return ChildPath(dir->path, name);
+}
+
+void FileSystem::InvalidateCaches(const std::string& path) {
+  cache_->EraseFile(path);
+  if (disk_ != nullptr) disk_->EraseFile(path);
+  prefetcher_->Invalidate(path);
+}
+
+void FileSystem::Changed(uint64_t ino, const cfs_client::FileAttr& attr) {
+  ever_written_.store(true);
+  inodes_.SetAttr(ino, attr, clock_->NowNanos());
+  inodes_.BumpWriteGen(ino);
+}
+
+std::shared_ptr<WriteState> FileSystem::FindWriteState(uint64_t ino) {
+  if (open_writes_.load() == 0) return nullptr;
+  std::lock_guard<std::mutex> l(writes_mu_);
+  auto it = writes_.find(ino);
+  return it == writes_.end() ? nullptr : it->second;
+}
+
+Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool add_writer) {
+  for (;;) {
+    std::shared_ptr<WriteState> st;
+    bool created = false;
+    {
+      std::lock_guard<std::mutex> l(writes_mu_);
+      auto it = writes_.find(ino);
+      if (it != writes_.end()) {
+        st = it->second;
+      } else {
+        st = std::make_shared<WriteState>();
+        created = true;
+      }
+    }
+    if (!created) {
+      std::lock_guard<std::mutex> l(st->mu);
+      if (st->closed) continue;  // closed meanwhile: open a new one
+      if (add_writer) st->writers++;
+      return st;
+    }
+    // Open the file with the new state locked, so other callers wait for the outcome.
+    std::unique_lock<std::mutex> sl(st->mu);
+    {
+      std::lock_guard<std::mutex> l(writes_mu_);
+      if (writes_.count(ino)) continue;  // another caller got there first
+      writes_.emplace(ino, st);
+      open_writes_++;
+    }
+    ever_written_.store(true);
+    Result<InodeInfo> inode = GetInode(ino);
+    Result<std::unique_ptr<cfs_client::WritableFile>> file =
+        inode.ok() ? backend_->OpenWrite(inode->path, {})
+                   : Result<std::unique_ptr<cfs_client::WritableFile>>(inode.status());
+    if (!file.ok()) {
+      st->closed = true;
+      std::lock_guard<std::mutex> l(writes_mu_);
+      writes_.erase(ino);
+      open_writes_--;
+      return file.status();
+    }
+    st->file = std::move(file).value();
+    st->path = inode->path;
+    if (add_writer) st->writers++;
+    InvalidateCaches(st->path);
+    return st;
+  }
+}
+
+Status FileSystem::MaybeCloseLocked(uint64_t ino, WriteState& st, bool forgotten) {
+  if (st.closed || st.writers > 0) return Status::OK();
+  // An unlinked file stays open for descriptors that may still use it, until forgotten.
+  if (st.removed && !forgotten) return Status::OK();
+  if (st.dirty && !st.removed) {
+    Status s = st.file->Flush();
+    if (!s.ok()) return s;  // kept open: the next flush, fsync or release tries again
+    st.dirty = false;
+  }
+  Result<cfs_client::FileAttr> attr = st.file->Stat();
+  st.file.reset();
+  st.closed = true;
+  {
+    std::lock_guard<std::mutex> l(writes_mu_);
+    auto it = writes_.find(ino);
+    if (it != writes_.end() && it->second.get() == &st) {
+      writes_.erase(it);
+      open_writes_--;
+    }
+  }
+  if (st.removed) return Status::OK();
+  InvalidateCaches(st.path);
+  // The store's own attributes (its mtime, an object's version) from now on.
+  Result<cfs_client::FileAttr> stored = backend_->Stat(st.path);
+  if (stored.ok()) {
+    Changed(ino, stored.value());
+  } else if (attr.ok()) {
+    Changed(ino, attr.value());
+  }
+  return Status::OK();
+}
+
+Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::string& name,
+                                               mode_t mode, int flags, const Caller& caller,
+                                               bool track_handle) {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  Result<std::string> path = ChildOf(parent, name);
+  if (!path.ok()) return path.status();
+  cfs_client::OpenWriteOptions o;
+  o.create = true;
+  o.exclusive = (flags & O_EXCL) != 0;
+  o.truncate = (flags & O_TRUNC) != 0;
+  o.mode = mode & 07777;
+  o.uid = caller.uid;
+  o.gid = caller.gid;
+  Result<std::unique_ptr<cfs_client::WritableFile>> file = backend_->OpenWrite(*path, o);
+  if (!file.ok()) return file.status();
+  Result<cfs_client::FileAttr> attr = (*file)->Stat();
+  if (!attr.ok()) return attr.status();
+  const uint64_t ino = inodes_.Acquire(*path, *attr, clock_->NowNanos());
+  std::shared_ptr<WriteState> st;
+  {
+    std::lock_guard<std::mutex> l(writes_mu_);
+    auto it = writes_.find(ino);
+    if (it == writes_.end()) {
+      st = std::make_shared<WriteState>();
+      st->file = std::move(file).value();
+      st->path = *path;
+      writes_.emplace(ino, st);
+      open_writes_++;
+    } else {
+      st = it->second;  // already being written: share that state (the new handle is dropped)
+    }
+  }
+  {
+    std::lock_guard<std::mutex> sl(st->mu);
+    if (track_handle) st->writers++;
+    st->dirty = true;  // an object store must receive even an empty new file
+  }
+  InvalidateCaches(*path);
+  Changed(ino, *attr);
+  Created out;
+  out.entry = Entry{ino, *attr};
+  out.handle = std::make_unique<FileHandle>();
+  out.handle->ino = ino;
+  out.handle->path = *path;
+  out.handle->version = attr->Version();
+  out.handle->write_gen = inodes_.Get(ino) ? inodes_.Get(ino)->write_gen : 0;
+  out.handle->writable = track_handle;
+  return out;
+}
+
+Result<Entry> FileSystem::Mknod(uint64_t parent, const std::string& name, mode_t mode,
+                                const Caller& caller) {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  if (!S_ISREG(mode)) return Status::Errno(EPERM, name + ": only regular files can be made");
+  Result<Created> c = Create(parent, name, mode, O_EXCL, caller, /*track_handle=*/false);
+  if (!c.ok()) return c.status();
+  Status s = Flush(c->entry.ino);
+  if (!s.ok()) return s;
+  return c->entry;
+}
+
+Result<Entry> FileSystem::Mkdir(uint64_t parent, const std::string& name, mode_t mode,
+                                const Caller& caller) {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  Result<std::string> path = ChildOf(parent, name);
+  if (!path.ok()) return path.status();
+  Result<cfs_client::FileAttr> attr = backend_->Mkdir(*path, mode & 07777, caller.uid, caller.gid);
+  if (!attr.ok()) return attr.status();
+  prefetcher_->Invalidate(*path);
+  return Entry{inodes_.Acquire(*path, *attr, clock_->NowNanos()), *attr};
+}
+
+Result<Entry> FileSystem::Symlink(const std::string& target, uint64_t parent,
+                                  const std::string& name, const Caller& caller) {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  Result<std::string> path = ChildOf(parent, name);
+  if (!path.ok()) return path.status();
+  Result<cfs_client::FileAttr> attr = backend_->Symlink(target, *path, caller.uid, caller.gid);
+  if (!attr.ok()) return attr.status();
+  prefetcher_->Invalidate(*path);
+  return Entry{inodes_.Acquire(*path, *attr, clock_->NowNanos()), *attr};
+}
+
+Result<Entry> FileSystem::Link(uint64_t ino, uint64_t new_parent, const std::string& new_name) {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  Result<InodeInfo> inode = GetInode(ino);
+  if (!inode.ok()) return inode.status();
+  Result<std::string> path = ChildOf(new_parent, new_name);
+  if (!path.ok()) return path.status();
+  Result<cfs_client::FileAttr> attr = backend_->Link(inode->path, *path);
+  if (!attr.ok()) return attr.status();
+  // Each name is its own inode here (inodes are per path): a write through one name shows
+  // through the other once its attributes expire.
+  Changed(ino, *attr);
+  return Entry{inodes_.Acquire(*path, *attr, clock_->NowNanos()), *attr};
+}
+
+Status FileSystem::Unlink(uint64_t parent, const std::string& name) {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  Result<std::string> path = ChildOf(parent, name);
+  if (!path.ok()) return path.status();
+  std::optional<uint64_t> ino = inodes_.Find(*path);
+  std::shared_ptr<WriteState> st = ino ? FindWriteState(*ino) : nullptr;
+  if (ino && !st) {
+    // The kernel may hold the file open (under no_open we cannot tell): keep the store's file
+    // open so its descriptors go on working after the name is gone, as POSIX says. The state
+    // lives until the kernel forgets the inode. A regular file only; failures just mean no
+    // such descriptor can exist.
+    std::optional<InodeInfo> inode = inodes_.Get(*ino);
+    if (inode && inode->attr.IsRegular()) {
+      Result<std::shared_ptr<WriteState>> opened = GetWriteState(*ino, false);
+      if (opened.ok()) st = opened.value();
+    }
+  }
+  bool unflushed = false;
+  if (st) {
+    std::lock_guard<std::mutex> sl(st->mu);
+    unflushed = st->dirty && !st->closed;
+  }
+  Status s = backend_->Unlink(*path);
+  // A file created through the mount may not be in an object store yet: removing it is
+  // then only forgetting its bytes.
+  if (!s.ok() && !(unflushed && s.IsNotFound())) {
+    if (st) {
+      std::lock_guard<std::mutex> sl(st->mu);
+      Status ignored = MaybeCloseLocked(*ino, *st);
+      (void)ignored;
+    }
+    return s;
+  }
+  if (st) {
+    std::lock_guard<std::mutex> sl(st->mu);
+    st->removed = true;
+    st->dirty = false;
+  }
+  inodes_.Remove(*path);
+  InvalidateCaches(*path);
+  return Status::OK();
+}
+
+Status FileSystem::Rmdir(uint64_t parent, const std::string& name) {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  Result<std::string> path = ChildOf(parent, name);
+  if (!path.ok()) return path.status();
+  CTFS_RETURN_IF_ERROR(backend_->Rmdir(*path));
+  inodes_.Remove(*path);
+  prefetcher_->Invalidate(*path);
+  return Status::OK();
+}
+
+Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new_parent,
+                          const std::string& new_name, unsigned flags) {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  if ((flags & ~static_cast<unsigned>(RENAME_NOREPLACE)) != 0)
+    return Status::NotSupported("rename: only RENAME_NOREPLACE is supported");
+  Result<std::string> from = ChildOf(parent, name);
+  if (!from.ok()) return from.status();
+  Result<std::string> to = ChildOf(new_parent, new_name);
+  if (!to.ok()) return to.status();
+  if (*from == *to) return Status::OK();
+  std::optional<uint64_t> src = inodes_.Find(*from);
+  std::optional<uint64_t> dst = inodes_.Find(*to);
+  std::shared_ptr<WriteState> src_state = src ? FindWriteState(*src) : nullptr;
+  std::shared_ptr<WriteState> dst_state = dst ? FindWriteState(*dst) : nullptr;
+  {
+    // The store renames what it has: bytes still on their way there go first.
+    std::unique_lock<std::mutex> sl;
+    if (src_state) {
+      sl = std::unique_lock<std::mutex>(src_state->mu);
+      if (src_state->dirty && !src_state->removed && !src_state->closed) {
+        CTFS_RETURN_IF_ERROR(src_state->file->Flush());
+        src_state->dirty = false;
+      }
+    }
+    CTFS_RETURN_IF_ERROR(backend_->Rename(*from, *to, (flags & RENAME_NOREPLACE) != 0));
+    if (src_state && !src_state->closed) {
+      src_state->path = *to;
+      src_state->file->Moved(*to);
+    }
+  }
+  if (dst_state && dst_state != src_state) {
+    std::lock_guard<std::mutex> dl(dst_state->mu);
+    dst_state->removed = true;
+    dst_state->dirty = false;
+  }
+  {
+    // Files being written under a renamed directory follow it.
+    const std::string prefix = *from + "/";
+    std::lock_guard<std::mutex> l(writes_mu_);
+    for (auto& [i, st] : writes_) {
+      (void)i;
+      if (st == src_state) continue;
+      std::unique_lock<std::mutex> sl(st->mu, std::try_to_lock);
+      // A state busy in a backend call is not under this directory in any case that can
+      // race with this rename (the kernel locks both directories), so skipping it is safe.
+      if (sl.owns_lock() && !st->closed && st->path.compare(0, prefix.size(), prefix) == 0) {
+        st->path = *to + st->path.substr(from->size());
+        st->file->Moved(st->path);
+      }
+    }
+  }
+  inodes_.Rename(*from, *to);
+  InvalidateCaches(*from);
+  InvalidateCaches(*to);
+  if (src) {
+    Result<cfs_client::FileAttr> attr = backend_->Stat(*to);
+    if (attr.ok()) Changed(*src, *attr);
+  }
+  return Status::OK();
+}
+
+Result<OpenResult> FileSystem::OpenForWrite(uint64_t ino, int flags, bool track_handle) {
+  (void)flags;  // O_TRUNC arrives as a setattr (atomic_o_trunc is off), O_APPEND as offsets
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  Result<OpenTarget> target = RegularForOpen(ino);
+  if (!target.ok()) return target.status();
+  const InodeInfo* inode = &target->inode;
+  const cfs_client::FileAttr* attr = &target->attr;
+  OpenResult r;
+  r.handle = std::make_unique<FileHandle>();
+  r.handle->ino = ino;
+  r.handle->path = inode->path;
+  r.handle->version = attr->Version();
+  r.handle->write_gen = inode->write_gen;
+  r.handle->writable = track_handle;
+  if (track_handle) {
+    Result<std::shared_ptr<WriteState>> st = GetWriteState(ino, /*add_writer=*/true);
+    if (!st.ok()) return st.status();
+  }
+  return r;
+}
+
+Result<size_t> FileSystem::Write(uint64_t ino, uint64_t offset, const char* data, size_t len) {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  Result<std::shared_ptr<WriteState>> st = GetWriteState(ino, false);
+  if (!st.ok()) return st.status();
+  std::lock_guard<std::mutex> sl((*st)->mu);
+  if ((*st)->closed) return Status::IOError("write: the file was closed meanwhile");
+  Result<size_t> n = (*st)->file->Write(offset, data, len);
+  if (!n.ok()) return n.status();
+  (*st)->dirty = true;
+  if (std::optional<InodeInfo> inode = inodes_.Get(ino)) {
+    cfs_client::FileAttr a = inode->attr;
+    a.size = std::max<uint64_t>(a.size, offset + *n);
+    a.mtime_ns = a.ctime_ns = WallNowNs();
+    a.blocks = (a.size + 511) / 512;
+    inodes_.SetAttr(ino, a, clock_->NowNanos());
+  }
+  return n;
+}
+
+Status FileSystem::Flush(uint64_t ino) {
+  std::shared_ptr<WriteState> st = FindWriteState(ino);
+  if (!st) return Status::OK();
+  Status s;
+  {
+    std::lock_guard<std::mutex> sl(st->mu);
+    if (st->closed) return Status::OK();
+    if (st->dirty && !st->removed) {
+      CTFS_RETURN_IF_ERROR(st->file->Flush());
+      st->dirty = false;
+    }
+    s = MaybeCloseLocked(ino, *st);
+    if (!st->closed) return s;
+  }
+  NotifyWritten(ino);
+  return s;
+}
+
+void FileSystem::SetWrittenHook(std::function<void(uint64_t ino)> hook) {
+  written_hook_ = std::move(hook);
+}
+
+void FileSystem::NotifyWritten(uint64_t ino) {
+  if (written_hook_) written_hook_(ino);
+}
+
+Status FileSystem::Fsync(uint64_t ino) {
+  if (options_.read_only) return Status::OK();
+  Result<InodeInfo> inode = GetInode(ino);
+  if (!inode.ok()) return inode.status();
+  std::shared_ptr<WriteState> existing = FindWriteState(ino);
+  if (!existing && (!inode->attr.IsRegular() || inode->removed)) return Status::OK();
+  // Without a write state the file may still hold bytes written (and flushed) earlier that
+  // were never made durable: open it to sync them.
+  Result<std::shared_ptr<WriteState>> st = GetWriteState(ino, false);
+  if (!st.ok()) return st.status().IsNotFound() ? Status::OK() : st.status();
+  std::lock_guard<std::mutex> sl((*st)->mu);
+  if ((*st)->closed) return Status::OK();
+  if (!(*st)->removed) {
+    CTFS_RETURN_IF_ERROR((*st)->file->Sync());
+    (*st)->dirty = false;
+  }
+  return MaybeCloseLocked(ino, **st);
+}
+
+Status FileSystem::FsyncDir(uint64_t ino) {
+  if (options_.read_only) return Status::OK();
+  Result<InodeInfo> inode = GetInode(ino);
+  if (!inode.ok()) return inode.status();
+  return backend_->SyncDir(inode->path);
+}
+
+Status FileSystem::Release(uint64_t ino, const FileHandle* handle) {
+  std::shared_ptr<WriteState> st = FindWriteState(ino);
+  if (!st) return Status::OK();
+  Status s;
+  {
+    std::lock_guard<std::mutex> sl(st->mu);
+    if (st->closed) return Status::OK();
+    if (handle != nullptr && handle->writable && st->writers > 0) st->writers--;
+    s = MaybeCloseLocked(ino, *st);
+    if (!s.ok())
+      CTFS_LOG(kWarn) << "release " << st->path << ": bytes not in the store yet, kept for a "
+                      << "later flush: " << s.ToString();
+    if (!st->closed) return s;
+  }
+  NotifyWritten(ino);
+  return s;
+}
+
+Result<cfs_client::FileAttr> FileSystem::SetAttr(uint64_t ino, const AttrChange& change) {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  Result<InodeInfo> inode = GetInode(ino);
+  if (!inode.ok()) return inode.status();
+  if (change.size) {
+    if (inode->attr.IsDir()) return Status::IsDirectory(inode->path);
+    Result<std::shared_ptr<WriteState>> st = GetWriteState(ino, false);
+    if (!st.ok()) return st.status();
+    std::lock_guard<std::mutex> sl((*st)->mu);
+    if ((*st)->closed) return Status::IOError("truncate: the file was closed meanwhile");
+    CTFS_RETURN_IF_ERROR((*st)->file->Truncate(*change.size));
+    (*st)->dirty = true;
+    Result<cfs_client::FileAttr> a = (*st)->file->Stat();
+    if (a.ok()) Changed(ino, *a);
+    CTFS_RETURN_IF_ERROR(MaybeCloseLocked(ino, **st));
+  }
+  const cfs_client::AttrChange& m = change.meta;
+  if (m.mode || m.uid || m.gid || m.atime_ns || m.mtime_ns) {
+    Result<cfs_client::FileAttr> a = backend_->SetAttr(inode->path, m);
+    if (!a.ok()) return a.status();
+  }
+  if (std::shared_ptr<WriteState> st = FindWriteState(ino)) {
+    std::lock_guard<std::mutex> sl(st->mu);
+    if (!st->closed) {
+      Result<cfs_client::FileAttr> a = st->file->Stat();
+      if (a.ok()) inodes_.SetAttr(ino, *a, clock_->NowNanos());
+      return a;
+    }
+  }
+  Result<cfs_client::FileAttr> a = backend_->Stat(inode->path);
+  if (a.ok()) Changed(ino, *a);
+  return a;
+}
+
+Status FileSystem::Fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t len) {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  Result<std::shared_ptr<WriteState>> st = GetWriteState(ino, false);
+  if (!st.ok()) return st.status();
+  std::lock_guard<std::mutex> sl((*st)->mu);
+  if ((*st)->closed) return Status::IOError("fallocate: the file was closed meanwhile");
+  CTFS_RETURN_IF_ERROR((*st)->file->Allocate(mode, offset, len));
+  (*st)->dirty = true;
+  Result<cfs_client::FileAttr> a = (*st)->file->Stat();
+  if (a.ok()) inodes_.SetAttr(ino, *a, clock_->NowNanos());
+  return MaybeCloseLocked(ino, **st);
+}
+
+std::optional<cfs_client::FileAttr> FileSystem::WrittenAttr(WriteState& st) {
+  std::lock_guard<std::mutex> sl(st.mu);
+  if (st.closed) return std::nullopt;
+  Result<cfs_client::FileAttr> a = st.file->Stat();
+  if (!a.ok()) return std::nullopt;
+  return a.value();
+}
+
+Status FileSystem::CloseForgotten(uint64_t ino, WriteState& st) {
+  std::lock_guard<std::mutex> sl(st.mu);
+  st.writers = 0;
+  return MaybeCloseLocked(ino, st, /*forgotten=*/true);
+}
+
+Status FileSystem::FlushAll() {
+  std::vector<std::pair<uint64_t, std::shared_ptr<WriteState>>> states;
+  {
+    std::lock_guard<std::mutex> l(writes_mu_);
+    states.assign(writes_.begin(), writes_.end());
+  }
+  Status first;
+  for (auto& [ino, st] : states) {
+    std::lock_guard<std::mutex> sl(st->mu);
+    if (st->closed || st->removed || !st->dirty) continue;
+    Status s = st->file->Flush();
+    if (s.ok()) {
+      st->dirty = false;
+    } else {
+      CTFS_LOG(kError) << "flush " << st->path << " at unmount: " << s.ToString();
+      if (first.ok()) first = s;
+    }
+  }
+  return first;
+}
+
+std::optional<Result<ReadResult>> FileSystem::ReadWritten(uint64_t ino, uint64_t offset,
+                                                          size_t size) {
+  std::shared_ptr<WriteState> st = FindWriteState(ino);
+  if (!st) return std::nullopt;
+  std::lock_guard<std::mutex> sl(st->mu);
+  if (st->closed) return std::nullopt;
+  std::shared_ptr<cache::Buffer> buf = cache::Buffer::Allocate(std::max<size_t>(size, 1));
+  Result<size_t> n = st->file->Read(offset, size, buf->data.get());
+  if (!n.ok()) return Result<ReadResult>(n.status());
+  ReadResult out;
+  if (*n > 0) out.slices.push_back({cache::BufferRef(std::move(buf)), 0, *n});
+  return Result<ReadResult>(std::move(out));
+}
+
+}  // namespace cubetorchfs::fuse
