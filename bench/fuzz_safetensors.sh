@@ -67,49 +67,40 @@ write("seed_many", [("layer.%d" % i, "F16", [i + 1], 2 * (i + 1)) for i in range
 write("seed_subbyte", [("x", "F6_E2M3", [4], 3), ("y", "F8_E4M3", [2], 2), ("z", "C64", [1], 8)])
 PY
 
-echo "fuzz_safetensors: running $FUZZER for ${SECONDS_TO_RUN}s"
-set +e
-"$FUZZER" "$WORK/corpus" -max_total_time="$SECONDS_TO_RUN" -print_final_stats=1 \
-  -dict="$ROOT/loader/fuzz_safetensors.dict" -max_len=4096 -rss_limit_mb=2048 \
-  -artifact_prefix="$WORK/artifacts/" >"$WORK/fuzz.log" 2>&1
-rc=$?
-set -e
+# run_fuzzer NAME BINARY WORKDIR [libFuzzer flags...]: runs for SECONDS_TO_RUN, prints a summary
+# line, and exits 1 if it found a crash.
+run_fuzzer() {
+  local name="$1" binary="$2" work="$3"
+  shift 3
+  echo "$name: running $binary for ${SECONDS_TO_RUN}s"
+  set +e
+  "$binary" "$work/corpus" -max_total_time="$SECONDS_TO_RUN" -print_final_stats=1 \
+    -max_len=4096 -rss_limit_mb=2048 -artifact_prefix="$work/artifacts/" "$@" \
+    >"$work/fuzz.log" 2>&1
+  local rc=$?
+  set -e
+  local execs rate cov crashes
+  execs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/fuzz.log" | grep -o '[0-9]*$' || true)"
+  rate="$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$work/fuzz.log" | grep -o '[0-9]*$' || true)"
+  cov="$(grep -E '^#[0-9]+' "$work/fuzz.log" | tail -1 | grep -o 'cov: [0-9]*' || true)"
+  crashes="$(ls "$work/artifacts" 2>/dev/null | grep -E '^(crash|leak|oom|timeout)-' || true)"
+  echo "$name: executions=${execs:-?} exec/s=${rate:-?} ${cov} corpus=$(ls "$work/corpus" | wc -l)"
+  if [[ $rc -ne 0 || -n "$crashes" ]]; then
+    echo "$name: CRASH FOUND (exit $rc); reproducers in $work/artifacts:"
+    echo "$crashes"
+    grep -E 'ERROR|SUMMARY|runtime error' "$work/fuzz.log" | head -20
+    exit 1
+  fi
+  echo "$name: no crash found in ${SECONDS_TO_RUN}s"
+}
 
-execs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$WORK/fuzz.log" | grep -o '[0-9]*$' || true)"
-rate="$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$WORK/fuzz.log" | grep -o '[0-9]*$' || true)"
-cov="$(grep -E '^#[0-9]+' "$WORK/fuzz.log" | tail -1 | grep -o 'cov: [0-9]*' || true)"
-crashes="$(ls "$WORK/artifacts" 2>/dev/null | grep -E '^(crash|leak|oom|timeout)-' || true)"
-echo "fuzz_safetensors: executions=${execs:-?} exec/s=${rate:-?} ${cov} corpus=$(ls "$WORK/corpus" | wc -l)"
-if [[ $rc -ne 0 || -n "$crashes" ]]; then
-  echo "fuzz_safetensors: CRASH FOUND (exit $rc); reproducers in $WORK/artifacts:"
-  echo "$crashes"
-  grep -E 'ERROR|SUMMARY|runtime error' "$WORK/fuzz.log" | head -20
-  exit 1
-fi
-echo "fuzz_safetensors: no crash found in ${SECONDS_TO_RUN}s"
+run_fuzzer fuzz_safetensors "$FUZZER" "$WORK" -dict="$ROOT/loader/fuzz_safetensors.dict"
 
 # The second target, seeded with the same files plus an encrypted-header input ('E', header
 # JSON, 0xFF, payload) that carries an integrity field.
 MODEL_WORK="$BUILD/fuzz-model-work"
 mkdir -p "$MODEL_WORK/corpus" "$MODEL_WORK/artifacts"
 cp "$WORK"/corpus/seed_* "$MODEL_WORK/corpus/" 2>/dev/null || true
-printf 'E{"mode":"CTR-128","iv":"AAAAAAAAAAAAAAAAAAAAAA==","file_timestamp":1,"cubetorchfs_integrity":{"alg":"HMAC-SHA256-chunked-v1","chunk_size":64,"tag":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}}\xff\x10\x00\x00\x00\x00\x00\x00\x00{}              ' \
+printf 'E{"mode":"CTR-128","iv":"AAAAAAAAAAAAAAAAAAAAAA==","file_timestamp":1,"cubetorchfs_integrity":{"alg":"GMAC-AES256-chunked-v2","chunk_size":64,"tag":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}}\xff\x10\x00\x00\x00\x00\x00\x00\x00{}              ' \
   >"$MODEL_WORK/corpus/seed_encrypted"
-echo "fuzz_model_file: running for ${SECONDS_TO_RUN}s"
-set +e
-"$BUILD/bin/fuzz_model_file" "$MODEL_WORK/corpus" -max_total_time="$SECONDS_TO_RUN" \
-  -print_final_stats=1 -max_len=4096 -rss_limit_mb=2048 \
-  -artifact_prefix="$MODEL_WORK/artifacts/" >"$MODEL_WORK/fuzz.log" 2>&1
-rc=$?
-set -e
-execs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$MODEL_WORK/fuzz.log" | grep -o '[0-9]*$' || true)"
-rate="$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$MODEL_WORK/fuzz.log" | grep -o '[0-9]*$' || true)"
-crashes="$(ls "$MODEL_WORK/artifacts" 2>/dev/null | grep -E '^(crash|leak|oom|timeout)-' || true)"
-echo "fuzz_model_file: executions=${execs:-?} exec/s=${rate:-?} corpus=$(ls "$MODEL_WORK/corpus" | wc -l)"
-if [[ $rc -ne 0 || -n "$crashes" ]]; then
-  echo "fuzz_model_file: CRASH FOUND (exit $rc); reproducers in $MODEL_WORK/artifacts:"
-  echo "$crashes"
-  grep -E 'ERROR|SUMMARY|runtime error' "$MODEL_WORK/fuzz.log" | head -20
-  exit 1
-fi
-echo "fuzz_model_file: no crash found in ${SECONDS_TO_RUN}s"
+run_fuzzer fuzz_model_file "$BUILD/bin/fuzz_model_file" "$MODEL_WORK"

@@ -22,9 +22,13 @@ class CudaCopier final : public Copier {
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    // The caller's thread keeps the device it had (torch follows the current device).
+    if (prev_device_ >= 0) cudaSetDevice(prev_device_);
   }
 
+  // REQUIRES: called on the thread that will destroy the copier.
   Status Init(int device, int slots) {
+    if (cudaGetDevice(&prev_device_) != cudaSuccess) prev_device_ = -1;
     cudaError_t err = cudaSetDevice(device);
     if (err != cudaSuccess) return CudaError("cudaSetDevice", err);
     device_ = device;
@@ -67,6 +71,7 @@ class CudaCopier final : public Copier {
 
  private:
   int device_ = 0;
+  int prev_device_ = -1;
   cudaStream_t stream_ = nullptr;
   std::vector<cudaEvent_t> events_;
 };

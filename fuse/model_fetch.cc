@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <system_error>
 
 #include "common/logging.h"
 
@@ -28,6 +29,34 @@ uint64_t MemAvailable() {
     if (key == "MemAvailable:") return kib * 1024;
   return 0;
 }
+
+// Room left under this process's cgroup v2 memory limit (memory files are charged to the
+// daemon's cgroup); UINT64_MAX without a limit.
+uint64_t CgroupRoom() {
+  std::ifstream cg("/proc/self/cgroup");
+  std::string line, rel;
+  while (std::getline(cg, line))
+    if (line.rfind("0::", 0) == 0) rel = line.substr(3);
+  if (rel.empty()) return UINT64_MAX;
+  const std::string dir = "/sys/fs/cgroup" + (rel == "/" ? std::string() : rel);
+  std::ifstream max_in(dir + "/memory.max"), cur_in(dir + "/memory.current");
+  std::string max_text;
+  uint64_t current = 0;
+  if (!(max_in >> max_text) || max_text == "max" || !(cur_in >> current)) return UINT64_MAX;
+  const uint64_t limit = std::strtoull(max_text.c_str(), nullptr, 10);
+  return limit > current ? limit - current : 0;
+}
+
+}  // namespace
+
+uint64_t ModelFetcher::AvailableMemory() {
+  uint64_t avail = MemAvailable();
+  const uint64_t room = CgroupRoom();
+  if (room != UINT64_MAX && (avail == 0 || room < avail)) avail = room == 0 ? 1 : room;
+  return avail;
+}
+
+namespace {
 
 std::string FileKey(const std::string& path, const cfs_client::FileVersion& v) {
   return path + '\0' + std::to_string(v.size) + '\0' + std::to_string(v.mtime_ns);
@@ -146,12 +175,58 @@ Result<ResidentFile> ModelFetcher::MakeResident(const std::string& path) {
   }
   if (!attr->IsRegular()) return Status::InvalidArgument(path + ": not a regular file");
   const cfs_client::FileVersion version = attr->Version();
-  const uint64_t avail = MemAvailable();
-  if (avail != 0 && version.size > avail / 10 * 9)
-    return Status::IOError(path + ": " + std::to_string(version.size) +
-                           " bytes do not fit in available memory (" + std::to_string(avail) +
-                           "); read it through the mount");
+  const std::string key = FileKey(path, version);
 
+  // Requests for a version already being made resident share that memory file (8 ranks of
+  // one node loading one shard make one copy, not 8).
+  std::shared_ptr<Inflight> shared;
+  bool leader = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = inflight_.find(key);
+    if (it != inflight_.end()) {
+      shared = it->second;
+    } else {
+      const uint64_t avail = AvailableMemory();
+      const uint64_t usable = avail > resident_inflight_bytes_ ? avail - resident_inflight_bytes_ : 0;
+      if (avail != 0 && version.size > usable / 10 * 9)
+        return Status::IOError(path + ": " + std::to_string(version.size) +
+                               " bytes do not fit in available memory (" + std::to_string(usable) +
+                               " bytes, counting files being made resident); read it through "
+                               "the mount");
+      resident_inflight_bytes_ += version.size;
+      shared = std::make_shared<Inflight>();
+      inflight_.emplace(key, shared);
+      leader = true;
+    }
+  }
+  if (leader) {
+    Result<ResidentFile> built = BuildResident(path, version);
+    std::lock_guard<std::mutex> lock(mu_);
+    resident_inflight_bytes_ -= version.size;
+    inflight_.erase(key);
+    shared->result = std::move(built);
+    shared->done = true;
+    cv_.notify_all();
+  } else {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return shared->done; });
+  }
+  // Every requester gets its own descriptor of the shared memory file; the original is
+  // closed when the last requester is done with `shared`.
+  if (!shared->result.ok()) return shared->result.status();
+  ResidentFile out = shared->result.value();
+  out.fd = ::fcntl(shared->result->fd, F_DUPFD_CLOEXEC, 0);
+  if (out.fd < 0) return Status::IOError(std::string("dup: ") + std::strerror(errno));
+  return out;
+}
+
+ModelFetcher::Inflight::~Inflight() {
+  if (result.ok() && result->fd >= 0) ::close(result->fd);
+}
+
+Result<ResidentFile> ModelFetcher::BuildResident(const std::string& path,
+                                                 const cfs_client::FileVersion& version) {
   std::string name = "cubetorchfs:" + path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
   Fd mfd(static_cast<int>(::memfd_create(name.substr(0, 200).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING)));
   if (mfd.get() < 0) return Status::IOError(std::string("memfd_create: ") + std::strerror(errno));
@@ -210,7 +285,13 @@ Result<ResidentFile> ModelFetcher::MakeResident(const std::string& path) {
   };
   const int threads = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(std::max(1, options_.threads)), chunks));
   std::vector<std::thread> pool;
-  for (int i = 1; i < threads; ++i) pool.emplace_back(worker);
+  for (int i = 1; i < threads; ++i) {
+    try {
+      pool.emplace_back(worker);
+    } catch (const std::system_error&) {
+      break;  // no more threads: the ones running and this one do the work
+    }
+  }
   worker();
   for (auto& t : pool) t.join();
   if (!first_error.ok()) return first_error;

@@ -19,6 +19,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -67,7 +69,19 @@ class ModelFetcher {
   // Chunk fetches started by OnRead so far (for tests and stats).
   uint64_t background_chunks() const;
 
+  // Memory a new resident file may use: MemAvailable, or less under a cgroup limit; 0 if
+  // unknown.
+  static uint64_t AvailableMemory();
+
  private:
+  // A resident file being built, shared by the requests that arrive meanwhile.
+  struct Inflight {
+    ~Inflight();  // closes the memory file's original descriptor
+    bool done = false;
+    Result<ResidentFile> result = Status::IOError("not built yet");
+  };
+  Result<ResidentFile> BuildResident(const std::string& path, const cfs_client::FileVersion& version);
+
   struct Job {
     std::string path;
     cfs_client::FileVersion version;
@@ -90,6 +104,8 @@ class ModelFetcher {
   std::set<std::string> started_;  // path + version keys already scheduled (bounded)
   std::deque<std::string> started_order_;
   uint64_t background_chunks_ = 0;
+  std::map<std::string, std::shared_ptr<Inflight>> inflight_;  // by path + version
+  uint64_t resident_inflight_bytes_ = 0;  // sizes of the files being built
   bool stop_ = false;
   std::vector<std::thread> workers_;
 };

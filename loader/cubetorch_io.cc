@@ -110,6 +110,7 @@ int ctio_open(const char* path, int cipher, int flags, ctio_file** out, char* er
                              : loader::CipherChoice::kOn;
     o.use_daemon = (flags & CTIO_NO_DAEMON) == 0;
     o.direct_io = (flags & CTIO_DIRECT_IO) != 0;
+    o.require_integrity = (flags & CTIO_REQUIRE_INTEGRITY) != 0;
     Result<std::unique_ptr<loader::ModelFile>> f = loader::ModelFile::Open(path, o);
     if (!f.ok()) return Fail(f.status(), err, err_len);
     auto h = std::make_unique<ctio_file>();

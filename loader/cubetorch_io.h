@@ -24,6 +24,7 @@ extern "C" {
 /* ctio_open flags */
 #define CTIO_NO_DAEMON 1 /* do not ask a cubetorchfs daemon for a descriptor */
 #define CTIO_DIRECT_IO 2 /* read with O_DIRECT where the file system allows it */
+#define CTIO_REQUIRE_INTEGRITY 4 /* refuse files without our integrity tag */
 
 typedef struct ctio_file ctio_file;
 typedef struct ctio_helper ctio_helper;

@@ -103,9 +103,17 @@ std::optional<MountOf> FindCubetorchfsMount(const std::string& path, const std::
     std::string mount_point = Unescape(mnt);
     if (!Contains(mount_point, path)) continue;
     if (!best || mount_point.size() > best->mount_point.size())
-      best = MountOf{mount_point, Unescape(source.substr(prefix.size()))};
+      best = MountOf{mount_point, Unescape(source.substr(prefix.size())), Unescape(root)};
   }
   return best;
+}
+
+std::string MountOf::StorePath(const std::string& path) const {
+  std::string rel = mount_point == "/" ? path : path.substr(mount_point.size());
+  std::string base = root == "/" ? "" : root;
+  std::string out = base + rel;
+  size_t start = out.find_first_not_of('/');
+  return start == std::string::npos ? "" : out.substr(start);
 }
 
 Result<std::string> ControlSocketOf(const std::string& vol_name) {

@@ -17,6 +17,10 @@ namespace cubetorchfs::loader {
 struct MountOf {
   std::string mount_point;  // as in /proc/self/mountinfo, unescaped
   std::string vol_name;     // from the source "cubetorchfs:<volName>"
+  std::string root = "/";   // the directory of the volume mounted there (a bind mount of a
+                            // subdirectory has its own)
+  // `path` (inside mount_point) relative to the volume's root, as the daemon's API takes it.
+  std::string StorePath(const std::string& path) const;
 };
 
 // The innermost fuse.cubetorchfs mount containing the absolute, resolved `path`; nullopt when

@@ -131,8 +131,12 @@ Result<std::unique_ptr<ModelFile>> ModelFile::Open(const std::string& path,
       f->source_ = Source::kMount;
       Result<std::string> sock = ControlSocketOf(mount->vol_name);
       if (sock.ok()) {
-        Result<DaemonFile> df = OpenViaDaemon(*sock, f->path_, OpenTimeoutMs());
-        if (df.ok()) {
+        Result<DaemonFile> df = OpenViaDaemon(*sock, mount->StorePath(f->path_), OpenTimeoutMs());
+        struct stat through_mount;
+        if (df.ok() && ::stat(f->path_.c_str(), &through_mount) == 0 &&
+            static_cast<uint64_t>(through_mount.st_size) != df->size) {
+          ::close(df->fd);  // not the file the mount shows (changed meanwhile?): read that one
+        } else if (df.ok()) {
           f->fd_ = df->fd;
           f->source_ = Source::kDaemonFd;
         } else if (df.status().IsNotFound() &&
@@ -176,9 +180,13 @@ Result<std::unique_ptr<ModelFile>> ModelFile::Open(const std::string& path,
     if (!params.ok()) return KeyError(path, params.status());
     Result<std::optional<crypto::IntegrityField>> integrity = crypto::GetIntegrityField(*h);
     if (!integrity.ok()) return Status::Corruption(path + ": " + integrity.status().message());
-    if (*integrity && ((*integrity)->chunk_size == 0 || (*integrity)->chunk_size > (1ull << 30)))
+    // The header is not authenticated: bound what it may ask of the reader (the writer
+    // uses 4 MiB; tiny chunks would cost a MAC setup and 16 bytes of tag per chunk).
+    if (*integrity && ((*integrity)->chunk_size < (64u << 10) || (*integrity)->chunk_size > (1ull << 30) ||
+                       (*integrity)->chunk_size % crypto::kAesBlockSize != 0))
       return Status::Corruption(path + ": integrity chunk_size " +
-                                std::to_string((*integrity)->chunk_size) + " is out of range");
+                                std::to_string((*integrity)->chunk_size) +
+                                " is out of range (64 KiB to 1 GiB, a multiple of 16)");
     f->integrity_ = *integrity;
     f->cipher_ = std::move(params.value());
     f->encrypted_ = true;
@@ -189,6 +197,9 @@ Result<std::unique_ptr<ModelFile>> ModelFile::Open(const std::string& path,
     f->cipher_ = std::move(params.value());
     f->encrypted_ = true;
   }
+  if (options.require_integrity && !f->integrity_)
+    return Status::Corruption(path + ": the file carries no integrity tag and one is required "
+                              "(require_integrity / CUBE_TORCH_REQUIRE_INTEGRITY)");
   f->payload_size_ = f->file_size_ - f->payload_base_;
 
   const std::string hint = f->encrypted_ ? " (encrypted file: wrong key or IV?)" : "";
@@ -333,7 +344,14 @@ Status ModelFile::ReadPlan(const ReadOptions& options, const StageFn& stage, con
   } else {
     std::vector<std::thread> pool;
     pool.reserve(static_cast<size_t>(threads));
-    for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
+    for (int t = 1; t < threads; ++t) {
+      try {
+        pool.emplace_back(worker);
+      } catch (const std::system_error&) {
+        break;  // no more threads (pids limit): the ones running and this one do the work
+      }
+    }
+    worker();
     for (auto& t : pool) t.join();
   }
   if (!first_error.ok()) return first_error;

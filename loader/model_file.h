@@ -44,6 +44,9 @@ struct OpenOptions {
   bool use_daemon = true;
   // Read with O_DIRECT (bypassing the page cache) when the file system allows it.
   bool direct_io = false;
+  // Refuse any file that does not carry our integrity tag (plain files, and encrypted files
+  // made by other tools or whose tag was stripped from the unauthenticated outer header).
+  bool require_integrity = false;
 };
 
 // Where the bytes come from, for messages and tests.

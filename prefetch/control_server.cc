@@ -137,6 +137,7 @@ class ServerImpl final : public ControlServer {
         warmer_(warmer),
         opener_(std::move(opener)),
         pool_(kPoolThreads),
+        open_pool_(kPoolThreads),
         unix_acceptor_(ioc_),
         tcp_acceptor_(ioc_) {}
 
@@ -144,6 +145,7 @@ class ServerImpl final : public ControlServer {
     ioc_.stop();
     if (thread_.joinable()) thread_.join();
     pool_.join();
+    open_pool_.join();
     if (bound_unix_) ::unlink(options_.socket_path.c_str());
   }
 
@@ -202,7 +204,9 @@ class ServerImpl final : public ControlServer {
                     -1);
       if (!opener_)
         return done(Error(http::status::not_implemented, "this daemon cannot open files", v), -1);
-      asio::post(pool_, [this, req = std::move(req), ex, done = std::move(done)]() mutable {
+      // Own threads: opens of big files take long and must not queue /batchdownload and
+      // /v1/warmup behind them (nor those these).
+      asio::post(open_pool_, [this, req = std::move(req), ex, done = std::move(done)]() mutable {
         Response res;
         int fd = -1;
         try {
@@ -533,6 +537,7 @@ class ServerImpl final : public ControlServer {
   std::atomic<uint64_t> files_opened_{0}, files_open_failed_{0}, files_open_bytes_{0};
   asio::io_context ioc_;
   asio::thread_pool pool_;
+  asio::thread_pool open_pool_;  // /v1/files/open
   asio::local::stream_protocol::acceptor unix_acceptor_;
   asio::ip::tcp::acceptor tcp_acceptor_;
   std::thread thread_;

@@ -17,6 +17,7 @@ ABI_VERSION = 1
 LIB_NAME = "libcubetorch_io.so"
 NO_DAEMON = 1
 DIRECT_IO = 2
+REQUIRE_INTEGRITY = 4
 _ERR_LEN = 4096
 
 _lock = threading.Lock()

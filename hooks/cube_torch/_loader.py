@@ -13,6 +13,7 @@ import ctypes
 import json
 import mmap
 import os
+import threading
 from typing import Any, Dict, Iterable, Optional, Union
 
 import torch
@@ -68,8 +69,12 @@ class IOHelper:
         self.slot_bytes = int(slot_bytes)
         self.slots = int(slots)
         self._h = ctypes.c_void_p()
+        # One load at a time uses the slots: two loads sharing them would overwrite each
+        # other's bytes between read and copy.
+        self.lock = threading.Lock()
 
     def _handle(self) -> ctypes.c_void_p:
+        """The staging slots, allocated on first use. REQUIRES: self.lock held."""
         if not self._h:
             lib = _io.lib()
             err = _io.errbuf()
@@ -125,12 +130,17 @@ def _views(flat: torch.Tensor, tensors: Iterable[Dict[str, Any]], path: str) -> 
 def load_file(path: Union[str, os.PathLike], device: Union[str, torch.device] = "cpu",
               use_pinmem: bool = False, use_cipher: Optional[bool] = None,
               num_threads: Optional[int] = None, helper: Optional[IOHelper] = None,
-              direct_io: bool = False) -> Dict[str, torch.Tensor]:
+              direct_io: bool = False,
+              require_integrity: Optional[bool] = None) -> Dict[str, torch.Tensor]:
     """Loads a safetensors file into a dict of tensors on `device`.
 
     use_cipher: None detects the veTurboIO header; True also reads headerless encrypted
     files (key and IV from DATAPIPE_SOCKET_PATH or VETURBOIO_KEY/VETURBOIO_IV); False refuses
     encrypted files. use_pinmem: CPU tensors in pinned memory (when CUDA is available).
+    require_integrity: refuse files without our integrity tag (default: the environment
+    CUBE_TORCH_REQUIRE_INTEGRITY=1). The tag lives in the unauthenticated outer header, so
+    without this an attacker may strip it and tamper with an encrypted file undetected, as
+    with any veTurboIO file.
     Raises FileNotFoundError, LoadError (bad file, failed integrity check, wrong key) or OSError.
     """
     path = os.fspath(path)
@@ -138,6 +148,10 @@ def load_file(path: Union[str, os.PathLike], device: Union[str, torch.device] = 
     flags = _io.DIRECT_IO if direct_io else 0
     if os.environ.get("CUBE_TORCH_NO_DAEMON_FD", "") not in ("", "0"):
         flags |= _io.NO_DAEMON
+    if require_integrity is None:
+        require_integrity = os.environ.get("CUBE_TORCH_REQUIRE_INTEGRITY", "") not in ("", "0")
+    if require_integrity:
+        flags |= _io.REQUIRE_INTEGRITY
     with _io.File(path, _cipher_arg(use_cipher), flags) as f:
         info = json.loads(f.info_json())
         for t in info["tensors"]:  # fail before reading anything
@@ -150,8 +164,12 @@ def load_file(path: Union[str, os.PathLike], device: Union[str, torch.device] = 
             index = dev.index if dev.index is not None else torch.cuda.current_device()
             if _io.lib().ctio_cuda_built() and n > 0:
                 flat = torch.empty(n, dtype=torch.uint8, device=torch.device("cuda", index))
+                # The library copies on its own stream: let whatever torch queued on this
+                # memory (a freed block may still be in use by queued kernels) finish first.
+                torch.cuda.current_stream(index).synchronize()
                 staging = helper if helper is not None else _default_helper()
-                f.read_cuda(flat.data_ptr(), n, index, threads, staging._handle(), True)
+                with staging.lock:
+                    f.read_cuda(flat.data_ptr(), n, index, threads, staging._handle(), True)
             else:  # a library without CUDA: read into pinned memory, copy with torch
                 host = _host_buffer(n, pinned=True)
                 if n:
@@ -171,13 +189,15 @@ def load_file(path: Union[str, os.PathLike], device: Union[str, torch.device] = 
 
 
 _default = None
+_default_lock = threading.Lock()
 
 
 def _default_helper() -> IOHelper:
     global _default
-    if _default is None:
-        _default = IOHelper()
-    return _default
+    with _default_lock:
+        if _default is None:
+            _default = IOHelper()
+        return _default
 
 
 def read_info(path: Union[str, os.PathLike], use_cipher: Optional[bool] = None) -> Dict[str, Any]:
@@ -237,7 +257,11 @@ def save_file(tensors: Dict[str, torch.Tensor], path: Union[str, os.PathLike],
         if t.layout != torch.strided:
             raise TypeError(f"save_file: '{key}' has layout {t.layout}; only dense tensors are saved")
         name = _dtype_name(t.dtype, key)
-        data = t.detach().to("cpu").contiguous()
+        data = t.detach().to("cpu")
+        # Lazy conjugate/negative views share storage with the original: materialize them.
+        if hasattr(data, "resolve_conj"):
+            data = data.resolve_conj().resolve_neg()
+        data = data.contiguous()
         prepared.append((key, name, data))
     # Larger elements first, then by name: keeps every tensor aligned for a zero-copy view.
     prepared.sort(key=lambda p: (-p[2].element_size(), p[0]))

@@ -64,6 +64,43 @@ TEST(ModelFetchTest, MakeResidentGivesASealedReadOnlyCopy) {
   EXPECT_EQ(f.MakeResident("models").status().code(), Status::Code::kInvalidArgument);
 }
 
+TEST(ModelFetchTest, ConcurrentRequestsShareOneBuild) {
+  MemBackend backend;
+  const std::string data = Pattern((3 << 20) + 5);
+  backend.PutFile("m.safetensors", data, 3);
+  auto ram = Ram();
+  ModelFetcher::Options o;
+  o.chunk_bytes = 1 << 20;
+  o.threads = 2;
+  ModelFetcher f(o, &backend, ram.get(), nullptr);
+  backend.CloseGate();  // the first build waits in the store
+  Result<ResidentFile> a = Status::IOError("unset"), b = Status::IOError("unset");
+  std::thread ta([&] { a = f.MakeResident("m.safetensors"); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (backend.reads() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  std::thread tb([&] { b = f.MakeResident("m.safetensors"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // b is waiting on a's build
+  backend.OpenGate();
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(backend.reads(), 4);  // 4 chunks read once, not twice
+  EXPECT_NE(a->fd, b->fd);        // each its own descriptor of the same memory
+  for (int fd : {a->fd, b->fd}) {
+    std::string got(data.size(), '\0');
+    ASSERT_EQ(::pread(fd, got.data(), got.size(), 0), static_cast<ssize_t>(got.size()));
+    EXPECT_EQ(got, data);
+    ::close(fd);
+  }
+  // Once built, a new request builds anew (nothing is retained by the daemon).
+  Result<ResidentFile> c = f.MakeResident("m.safetensors");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(backend.reads(), 8);
+  ::close(c->fd);
+}
+
 TEST(ModelFetchTest, FirstReadOfAModelFileFetchesItsChunksInParallel) {
   MemBackend backend;
   const std::string data = Pattern(6 << 20);

@@ -727,3 +727,19 @@ def test_cuda_load_equals_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, e
         assert_same(gpu, cpu)
     assert_same(cpu, want)
 
+
+
+def test_require_integrity_refuses_untagged_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    want = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4)}
+    plain = tmp_path / "plain.safetensors"
+    cube_torch.save_file(want, plain)
+    set_key(monkeypatch, os.urandom(32))
+    enc = tmp_path / "enc.safetensors"
+    cube_torch.save_file(want, enc, use_cipher=True)
+    with pytest.raises(LoadError, match="no integrity tag"):
+        cube_torch.load_file(plain, require_integrity=True)
+    assert_same(cube_torch.load_file(enc, require_integrity=True), want)
+    monkeypatch.setenv("CUBE_TORCH_REQUIRE_INTEGRITY", "1")
+    with pytest.raises(LoadError, match="no integrity tag"):
+        cube_torch.load_file(plain)
+    assert_same(cube_torch.load_file(plain, require_integrity=False), want)

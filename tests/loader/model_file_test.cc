@@ -14,6 +14,8 @@
 #include <random>
 
 #include "crypto/aes_ctr.h"
+#include "crypto/encrypted_header.h"
+#include "crypto/integrity.h"
 #include "loader/daemon_fd.h"
 #include "loader/device_load.h"
 #include "loader/model_writer.h"
@@ -233,6 +235,44 @@ TEST_F(ModelFileTest, DevicePipelineThroughStagingSlots) {
             Status::Code::kInvalidArgument);
 }
 
+TEST_F(ModelFileTest, RequireIntegrityAndBoundedChunkSize) {
+  auto ts = MakeTensors({(1 << 20) + 3, 64});
+  ASSERT_TRUE(SaveSafetensors(Path("plain.safetensors"), ts, {}, {}).ok());
+  ::setenv("VETURBOIO_KEY", "MDEyMzQ1Njc4OWFiY2RlZg==", 1);
+  SaveOptions enc;
+  enc.encrypt = true;
+  ASSERT_TRUE(SaveSafetensors(Path("enc.safetensors"), ts, {}, enc).ok());
+  OpenOptions strict;
+  strict.require_integrity = true;
+  auto plain = ModelFile::Open(Path("plain.safetensors"), strict);
+  EXPECT_EQ(plain.status().code(), Status::Code::kCorruption);
+  EXPECT_NE(plain.status().message().find("no integrity tag"), std::string::npos);
+  EXPECT_EQ(LoadAll(Path("enc.safetensors"), 2, strict), Expected());
+
+  // The outer header is not authenticated: a rewritten chunk_size must not make the reader
+  // do a MAC per byte (or allocate a tag per byte).
+  std::fstream io(Path("enc.safetensors"), std::ios::in | std::ios::out | std::ios::binary);
+  std::vector<uint8_t> raw(crypto::kEncryptedHeaderSize);
+  io.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(raw.size()));
+  auto header = crypto::ParseEncryptedHeader(raw.data(), raw.size());
+  ASSERT_TRUE(header.ok());
+  auto field = crypto::GetIntegrityField(*header);
+  ASSERT_TRUE(field.ok() && field->has_value());
+  for (uint64_t bad : {uint64_t{1}, uint64_t{4096}, uint64_t{(1 << 20) + 1}}) {
+    crypto::IntegrityField f = **field;
+    f.chunk_size = bad;
+    crypto::SetIntegrityField(&*header, f);
+    auto bytes = crypto::SerializeEncryptedHeader(*header);
+    ASSERT_TRUE(bytes.ok());
+    io.seekp(0);
+    io.write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
+    io.flush();
+    auto opened = ModelFile::Open(Path("enc.safetensors"), {});
+    EXPECT_EQ(opened.status().code(), Status::Code::kCorruption) << bad;
+    EXPECT_NE(opened.status().message().find("out of range"), std::string::npos) << bad;
+  }
+}
+
 TEST_F(ModelFileTest, HeaderlessEncryptedNeedsUseCipher) {
   auto ts = MakeTensors({1000, 24});
   ASSERT_TRUE(SaveSafetensors(Path("plain.safetensors"), ts, {}, {}).ok());
@@ -271,6 +311,17 @@ TEST(DaemonFdTest, FindsTheInnermostCubetorchfsMount) {
   EXPECT_FALSE(FindCubetorchfsMount("/cfsx/m", mountinfo).has_value());
   EXPECT_FALSE(FindCubetorchfsMount("/other/m", mountinfo).has_value());
   EXPECT_FALSE(FindCubetorchfsMount("/fake/m", mountinfo).has_value());
+  // Paths go to the daemon relative to the volume's root, also for a bind mount of a
+  // subdirectory (mountinfo's root field) at another place.
+  EXPECT_EQ(FindCubetorchfsMount("/cfs/a/b.safetensors", mountinfo)->StorePath("/cfs/a/b.safetensors"),
+            "a/b.safetensors");
+  const std::string bind = "50 22 0:40 /team-a /models rw - fuse.cubetorchfs cubetorchfs:outer rw\n";
+  m = FindCubetorchfsMount("/models/m.safetensors", bind);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->root, "/team-a");
+  EXPECT_EQ(m->StorePath("/models/m.safetensors"), "team-a/m.safetensors");
+  const MountOf at_root{"/", "v", "/"};
+  EXPECT_EQ(at_root.StorePath("/x/y"), "x/y");
 }
 
 TEST(DaemonFdTest, NoDaemonIsAClearError) {
