@@ -239,6 +239,9 @@ class ServerImpl final : public ControlServer {
 
   std::atomic<int> connections{0};
 
+  // Runs `fn` on the threads of /v1/files/open (work that may block on a client).
+  void RunBlocking(std::function<void()> fn) { asio::post(open_pool_, std::move(fn)); }
+
  private:
   template <typename Acceptor>
   void Accept(Acceptor& acceptor) {
@@ -597,15 +600,9 @@ void Session<Protocol>::OnRead(beast::error_code ec) {
       std::is_same_v<Protocol, asio::local::stream_protocol>);
 }
 
-template <typename Protocol>
-void Session<Protocol>::WriteWithFd(Response res, int fd) {
-  res.keep_alive(false);
-  std::ostringstream os;
-  os << res;
-  const std::string wire = os.str();
-  const int sock = stream_.socket().native_handle();
-  // The reply is small and the socket's buffer empty (one request per connection), so this
-  // completes at once; the poll only bounds a client that stopped reading.
+// Sends `wire` on `sock` with `fd` attached to its first bytes (SCM_RIGHTS). Blocks up to
+// 2 s on a client that stopped reading. False if the reply did not go out whole.
+bool SendWithFd(int sock, const std::string& wire, int fd) {
   size_t sent = 0;
   bool fd_sent = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
@@ -630,13 +627,28 @@ void Session<Protocol>::WriteWithFd(Response res, int fd) {
       ::poll(&p, 1, 100);
       continue;
     }
-    if (n < 0) break;
+    if (n < 0) return false;
     fd_sent = true;
     sent += static_cast<size_t>(n);
   }
-  ::close(fd);
-  beast::error_code ignored;
-  stream_.socket().shutdown(Protocol::socket::shutdown_both, ignored);
+  return sent == wire.size();
+}
+
+template <typename Protocol>
+void Session<Protocol>::WriteWithFd(Response res, int fd) {
+  res.keep_alive(false);
+  std::ostringstream os;
+  os << res;
+  // The send may block on a client that stopped reading: not on the Asio thread. No
+  // operation is pending on this socket meanwhile, so the other thread may use it.
+  server_->RunBlocking([self = this->shared_from_this(), wire = os.str(), fd] {
+    SendWithFd(self->stream_.socket().native_handle(), wire, fd);
+    ::close(fd);
+    asio::post(self->stream_.get_executor(), [self] {
+      beast::error_code ignored;
+      self->stream_.socket().shutdown(Protocol::socket::shutdown_both, ignored);
+    });
+  });
 }
 
 template <typename Protocol>
