@@ -277,7 +277,13 @@ class NvmeCache final : public DiskCache {
           ++it;
         }
       }
-      queue_cv_.wait(l, [&] { return !writing_; });
+      // Only the chunk being written now, and only if it is of this file: the writer takes
+      // the next chunk without letting go of the lock, so waiting for it to be idle could
+      // wait as long as others keep the queue full.
+      if (writing_ && IsKeyOfFile(writing_key_, path)) {
+        const uint64_t seq = taken_seq_;
+        queue_cv_.wait(l, [&] { return done_seq_ >= seq; });
+      }
     }
     std::lock_guard<std::mutex> l(mu_);
     for (auto it = lru_.begin(); it != lru_.end();) {
@@ -412,6 +418,8 @@ class NvmeCache final : public DiskCache {
       auto [key, data] = std::move(queue_.front());
       queue_.pop_front();
       writing_ = true;
+      writing_key_ = key;
+      const uint64_t seq = ++taken_seq_;
       l.unlock();
       Status s = Put(key, *data);
       if (!s.ok()) CTFS_LOG(kDebug) << "NVMe tier: " << s.ToString();
@@ -421,6 +429,7 @@ class NvmeCache final : public DiskCache {
       queued_bytes_ -= size;
       queued_keys_.erase(key);
       writing_ = false;
+      done_seq_ = seq;
       queue_cv_.notify_all();
     }
   }
@@ -443,6 +452,9 @@ class NvmeCache final : public DiskCache {
   std::unordered_set<std::string> queued_keys_;
   uint64_t dropped_ = 0;
   bool writing_ = false;
+  std::string writing_key_;  // the chunk being written, while writing_
+  uint64_t taken_seq_ = 0;   // chunks taken by the writer so far
+  uint64_t done_seq_ = 0;    // the last of them written
   bool stop_ = false;
   std::thread writer_;
 

@@ -4,7 +4,11 @@
 #include <prometheus/registry.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <future>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 
@@ -41,13 +45,15 @@ class DiskCacheTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
   void Open(uint64_t capacity = 1 << 20,
-            DiskCache::Options::CrashPoint crash = DiskCache::Options::CrashPoint::kNone) {
+            DiskCache::Options::CrashPoint crash = DiskCache::Options::CrashPoint::kNone,
+            uint64_t queue_bytes = 32ull << 20) {
     cache_.reset();
     DiskCache::Options o;
     o.dir = dir_;
     o.capacity_bytes = capacity;
     o.min_free_ratio = 0;
     o.crash_point = crash;
+    o.queue_bytes = queue_bytes;
     auto c = DiskCache::Open(o, &registry_);
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     cache_ = std::move(c).value();
@@ -161,6 +167,33 @@ TEST_F(DiskCacheTest, AChunkBiggerThanTheQueueIsStillWritten) {
   cache_->Flush();
   EXPECT_EQ(cache_->entries(), 1u);
   EXPECT_EQ(cache_->bytes(), 5000u);
+}
+
+// EraseFile waits for a chunk of its file being written, not for the writer to go idle: with
+// other files keeping the queue full it used to wait as long as they did (the writer takes
+// the next chunk without letting go of the lock).
+TEST_F(DiskCacheTest, EraseFileIsNotStarvedByAFullQueue) {
+  Open(64 << 20, DiskCache::Options::CrashPoint::kNone, 256 << 10);
+  cache_->PutAsync(ChunkKey("victim", {100, 1}, 0), Bytes(2000, 'v'));
+  cache_->Flush();
+  std::atomic<bool> stop{false};
+  std::thread producer([&] {
+    for (int i = 0; !stop.load(); ++i)
+      cache_->PutAsync(ChunkKey("other", {100, 1}, static_cast<uint64_t>(i)), Bytes(4096, 'o'));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the writer is busy now
+  std::promise<void> erased;
+  std::future<void> done = erased.get_future();
+  std::thread eraser([&] {
+    cache_->EraseFile("victim");
+    erased.set_value();
+  });
+  const bool in_time = done.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  stop = true;  // lets a starved EraseFile finish, so the test ends either way
+  producer.join();
+  eraser.join();
+  EXPECT_TRUE(in_time) << "EraseFile waited for the whole queue";
+  EXPECT_FALSE(cache_->Contains(ChunkKey("victim", {100, 1}, 0)));
 }
 
 TEST_F(DiskCacheTest, SecondOpenOfTheSameDirectoryFailsClearly) {
