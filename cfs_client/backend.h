@@ -96,8 +96,9 @@ struct AttrChange {
 // Backend that opened it.
 class WritableFile {
  public:
-  // Releases the handle. Bytes not yet flushed stay where the backend keeps them (s3: the
-  // staging file is kept and logged) but are not in the store: call Flush or Sync first.
+  // Releases the handle (errors are logged, not reported: call Close to see them). Bytes not
+  // yet flushed stay where the backend keeps them (s3: the staging file is kept and logged)
+  // but are not in the store: call Flush or Sync first.
   virtual ~WritableFile() = default;
 
   virtual Result<size_t> Write(uint64_t offset, const char* data, size_t len) = 0;
@@ -117,6 +118,14 @@ class WritableFile {
   // The file was renamed to `path` in the store: later flushes go there. (A posix descriptor
   // follows its file by itself.)
   virtual void Moved(const std::string& path) { (void)path; }
+  // Lets go of the file in the store (posix: close(2), whose error some stores, NFS among
+  // them, report only then). After it only the destructor may be called. Bytes not flushed
+  // are kept as by the destructor.
+  virtual Status Close() { return Status::OK(); }
+  // The file was unlinked or renamed over: its bytes go nowhere. Later flushes do nothing and
+  // local copies (an s3 staging file) are removed; reads and writes through the handle go on
+  // working until it is released.
+  virtual void Discard() {}
 };
 
 class Backend {

@@ -24,6 +24,8 @@ class InjectWritableFile final : public WritableFile {
   Status Sync() override;
   Result<FileAttr> Stat() override { return base_->Stat(); }
   void Moved(const std::string& path) override { base_->Moved(path); }  // local state, not a request
+  Status Close() override { return base_->Close(); }
+  void Discard() override { base_->Discard(); }
 
  private:
   const std::unique_ptr<WritableFile> base_;

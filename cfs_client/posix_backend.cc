@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "cfs_client/backend.h"
+#include "common/logging.h"
 
 namespace cubetorchfs::cfs_client {
 
@@ -40,7 +41,6 @@ Status FromErrno(int err, const std::string& what) {
     case ENOENT:
       return Status::NotFound(msg);
     case EACCES:
-    case EPERM:
       return Status::PermissionDenied(msg);
     case ENOTDIR:
       return Status::NotDirectory(msg);
@@ -50,7 +50,7 @@ Status FromErrno(int err, const std::string& what) {
       return Status::NameTooLong(msg);
     case EINVAL:
       return Status::InvalidArgument(msg);
-    default:  // EXDEV, EMLINK, EDQUOT, EFBIG, ELOOP, EROFS, ...: as the store said
+    default:  // EPERM, EXDEV, EMLINK, EDQUOT, EFBIG, ELOOP, EROFS, ...: as the store said
       return Status::Errno(err, msg);
   }
 }
@@ -151,8 +151,15 @@ class PosixWritableFile final : public WritableFile {
     return Status::OK();
   }
 
-  // pwrite already put the bytes in the store's file: nothing to do.
-  Status Flush() override { return Status::OK(); }
+  // pwrite already put the bytes in the store's file. A store that writes back at close
+  // (NFS and the like) reports its errors only at close(2): close a duplicate descriptor to
+  // get them now, as close(2) of the writer's own descriptor would.
+  Status Flush() override {
+    const int d = ::dup(fd_.get());
+    if (d < 0) return FromErrno(errno, "flush " + show_);
+    if (::close(d) != 0) return FromErrno(errno, "flush (close) " + show_);
+    return Status::OK();
+  }
 
   Status Sync() override {
     if (::fsync(fd_.get()) != 0) return FromErrno(errno, "fsync " + show_);
@@ -165,8 +172,19 @@ class PosixWritableFile final : public WritableFile {
     return FromStat(st);
   }
 
+  // close(2) releases the descriptor even when it fails (EINTR included): never retried.
+  Status Close() override {
+    if (fd_.get() < 0) return Status::OK();
+    if (::close(fd_.release()) != 0) return FromErrno(errno, "close " + show_);
+    return Status::OK();
+  }
+
+  ~PosixWritableFile() override {
+    if (Status s = Close(); !s.ok()) CTFS_LOG(kError) << s.ToString();
+  }
+
  private:
-  const Fd fd_;
+  Fd fd_;
   const std::string show_;
 };
 

@@ -504,7 +504,9 @@ class S3Backend final : public Backend {
           dirty_(empty || !exists) {}
 
     ~S3WritableFile() override {
-      if (dirty_) {
+      if (discarded_) {
+        // unlinked at Discard
+      } else if (dirty_) {
         CTFS_LOG(kError) << "s3: " << b_->Show(b_->Key(path_)) << " closed with bytes never "
                          << "uploaded; they are kept in " << staging_;
       } else {
@@ -564,7 +566,7 @@ class S3Backend final : public Backend {
 
     Status Flush() override {
       std::lock_guard<std::mutex> l(mu_);
-      if (!dirty_) return Status::OK();
+      if (!dirty_ || discarded_) return Status::OK();
       CTFS_RETURN_IF_ERROR(b_->Upload(path_, fd_));
       dirty_ = false;
       return Status::OK();
@@ -589,6 +591,16 @@ class S3Backend final : public Backend {
     void Moved(const std::string& path) override {
       std::lock_guard<std::mutex> l(mu_);
       path_ = path;
+    }
+
+    // The staging file's name goes now; its descriptor keeps working for reads and writes
+    // until the handle is released, and its space is freed then.
+    void Discard() override {
+      std::lock_guard<std::mutex> l(mu_);
+      if (discarded_) return;
+      discarded_ = true;
+      dirty_ = false;
+      ::unlink(staging_.c_str());
     }
 
    private:
@@ -626,6 +638,7 @@ class S3Backend final : public Backend {
     const int fd_;
     bool materialized_;  // the staging file holds the object's bytes
     bool dirty_;         // changed since the last successful upload
+    bool discarded_ = false;  // unlinked or renamed over: never uploaded again
   };
 
   Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path,
@@ -642,9 +655,10 @@ class S3Backend final : public Backend {
     if (::mkdir(opts_.staging_dir.c_str(), 0700) != 0 && errno != EEXIST)
       return Status::IOError("backend.staging_dir: " + opts_.staging_dir + ": " +
                              std::strerror(errno));
-    const std::string staging = opts_.staging_dir + "/" + std::to_string(::getpid()) + "-" +
-                                std::to_string(staging_seq_++);
-    int fd = ::open(staging.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    // A unique name even among files left by an earlier daemon with the same pid (a
+    // restarted container): mkostemp picks it with O_EXCL.
+    std::string staging = opts_.staging_dir + "/" + std::to_string(::getpid()) + "-XXXXXX";
+    int fd = ::mkostemp(staging.data(), O_CLOEXEC);
     if (fd < 0)
       return Status::IOError("backend.staging_dir: " + staging + ": " + std::strerror(errno));
     return std::unique_ptr<WritableFile>(
@@ -804,8 +818,16 @@ class S3Backend final : public Backend {
   }
 
   // Uploads the staging file `fd` as the object of `path`: one PUT, or a multipart upload
-  // with parts in parallel for a file over multipart_bytes.
+  // with parts in parallel for a file over multipart_bytes. A 404 here (NoSuchUpload when a
+  // retried complete finds the upload already gone, NoSuchBucket) is a failed upload: EIO,
+  // not "no such file".
   Status Upload(const std::string& path, int fd) {
+    Status s = UploadOnce(path, fd);
+    if (s.IsNotFound()) return Status::IOError(s.message());
+    return s;
+  }
+
+  Status UploadOnce(const std::string& path, int fd) {
     struct stat st;
     if (::fstat(fd, &st) != 0)
       return Status::IOError("s3 upload " + path + ": fstat of the staging file failed");
@@ -1079,7 +1101,6 @@ class S3Backend final : public Backend {
   const gid_t gid_;
   const int64_t start_ns_;  // directories show this time: S3 has none for them
   const std::string session_token_;
-  std::atomic<uint64_t> staging_seq_{0};
 };
 
 Result<std::unique_ptr<S3Backend>> MakeS3Backend(const conf::S3Options& opts) {

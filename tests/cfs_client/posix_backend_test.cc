@@ -1,4 +1,6 @@
 #include <gtest/gtest.h>
+
+#include <cerrno>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -130,6 +132,24 @@ TEST_F(PosixBackendTest, NamespaceErrorsKeepTheirErrno) {
   ASSERT_TRUE(backend_->SyncDir("").ok());
   Status s = backend_->Link("missing", "l2").status();
   EXPECT_EQ(s.code(), Status::Code::kNotFound);
+  // EPERM is not EACCES: link(2) of a directory.
+  s = backend_->Link("dir", "l3").status();
+  EXPECT_EQ(s.code(), Status::Code::kErrno);
+  EXPECT_EQ(s.errno_value(), EPERM);
+}
+
+TEST_F(PosixBackendTest, FlushAndCloseReportSuccessOnALocalFile) {
+  OpenWriteOptions o;
+  o.create = true;
+  Result<std::unique_ptr<WritableFile>> f = backend_->OpenWrite("dir/closed", o);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_TRUE((*f)->Write(0, "abc", 3).ok());
+  ASSERT_TRUE((*f)->Flush().ok());  // closes a duplicate: the handle goes on working
+  ASSERT_TRUE((*f)->Write(3, "d", 1).ok());
+  ASSERT_TRUE((*f)->Flush().ok());
+  EXPECT_TRUE((*f)->Close().ok());
+  EXPECT_TRUE((*f)->Close().ok());  // once closed, nothing more to report
+  EXPECT_EQ(backend_->Stat("dir/closed")->size, 4u);
 }
 
 }  // namespace
