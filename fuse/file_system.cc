@@ -78,6 +78,15 @@ Result<cfs_client::FileAttr> FileSystem::FreshAttr(const InodeInfo& inode) {
   const uint64_t now = clock_->NowNanos();
   const double age_s = static_cast<double>(now - inode.attr_time_ns) / 1e9;
   if (age_s < options_.attr_timeout_s) return inode.attr;
+  if (std::shared_ptr<WriteState> st = FindWriteState(inode.ino)) {
+    // Being written: the bytes written so far (an object store may not have them yet).
+    if (std::optional<cfs_client::FileAttr> attr = WrittenAttr(*st)) {
+      inodes_.SetAttr(inode.ino, *attr, now);
+      return *attr;
+    }
+  }
+  // Unlinked or renamed over: its old path names another file now, if any.
+  if (inode.removed) return inode.attr;
   Result<cfs_client::FileAttr> attr = backend_->Stat(inode.path);
   if (attr.ok()) inodes_.SetAttr(inode.ino, attr.value(), now);
   return attr;
@@ -87,6 +96,7 @@ Result<Entry> FileSystem::Lookup(uint64_t parent, const std::string& name) {
   Result<InodeInfo> dir = GetInode(parent);
   if (!dir.ok()) return dir.status();
   if (!dir->attr.IsDir()) return Status::NotDirectory(dir->path);
+  if (dir->removed) return Status::NotFound(dir->path + ": removed from the store");
   if (name.size() > 255) return Status::NameTooLong(name.substr(0, 32) + "...");
   std::string path = ChildPath(dir->path, name);
   if (open_writes_.load() > 0) {
@@ -137,12 +147,19 @@ Result<cfs_client::FileAttr> FileSystem::GetAttr(uint64_t ino) {
 Result<std::string> FileSystem::ReadLink(uint64_t ino) {
   Result<InodeInfo> inode = GetInode(ino);
   if (!inode.ok()) return inode.status();
+  if (inode->removed) return Status::Stale(inode->path + ": removed from the store");
   return backend_->ReadLink(inode->path);
 }
 
 Result<std::unique_ptr<DirHandle>> FileSystem::OpenDir(uint64_t ino) {
   Result<InodeInfo> inode = GetInode(ino);
   if (!inode.ok()) return inode.status();
+  if (inode->removed) {  // removed: no entries (its old path may name another directory)
+    auto handle = std::make_unique<DirHandle>();
+    handle->ino = ino;
+    handle->path = inode->path;
+    return handle;
+  }
   Result<std::vector<cfs_client::DirEntry>> entries = backend_->List(inode->path);
   if (!entries.ok()) return entries.status();
   auto handle = std::make_unique<DirHandle>();
@@ -156,9 +173,18 @@ uint64_t FileSystem::AcquireDirEntry(const DirHandle& dir, const cfs_client::Dir
   return inodes_.Acquire(ChildPath(dir.path, entry.name), entry.attr, clock_->NowNanos());
 }
 
+Status FileSystem::CheckNotRemoved(const InodeInfo& inode) {
+  // Unlinked or renamed over, and not kept open: its bytes are gone, and its old path names
+  // another file now, if any. Never resolve that path again.
+  if (inode.removed && !FindWriteState(inode.ino))
+    return Status::Stale(inode.path + ": removed from the store");
+  return Status::OK();
+}
+
 Result<FileSystem::OpenTarget> FileSystem::RegularForOpen(uint64_t ino) {
   Result<InodeInfo> inode = GetInode(ino);
   if (!inode.ok()) return inode.status();
+  CTFS_RETURN_IF_ERROR(CheckNotRemoved(*inode));
   Result<cfs_client::FileAttr> attr = FreshAttr(inode.value());
   if (!attr.ok()) return attr.status();
   if (attr->IsDir()) return Status::IsDirectory(inode->path);
@@ -187,6 +213,7 @@ Result<OpenResult> FileSystem::Open(uint64_t ino, int flags, bool track_handle) 
 Result<FileHandle> FileSystem::HandleFor(uint64_t ino) {
   Result<InodeInfo> inode = GetInode(ino);
   if (!inode.ok()) return inode.status();
+  CTFS_RETURN_IF_ERROR(CheckNotRemoved(*inode));
   Result<cfs_client::FileAttr> attr = FreshAttr(inode.value());
   if (!attr.ok()) return attr.status();
   if (!attr->IsRegular()) return Status::InvalidArgument(inode->path + ": not a regular file");
@@ -202,6 +229,10 @@ Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, s
       return std::move(*w);
     // Changed through the mount since this handle was opened: read the new version.
     std::optional<InodeInfo> inode = inodes_.Get(opened.ino);
+    if (inode && inode->removed) {
+      // Removed with no state kept open (ReadWritten found none): the bytes are gone.
+      return Status::Stale(inode->path + ": removed from the store");
+    }
     if (inode && inode->write_gen != opened.write_gen) {
       Result<FileHandle> h = HandleFor(opened.ino);
       if (!h.ok()) return h.status();

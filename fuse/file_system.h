@@ -168,7 +168,9 @@ class FileSystem {
   };
   Result<cfs_client::FileAttr> SetAttr(uint64_t ino, const AttrChange& change);
   Status Fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t len);
-  // Flushes every file still being written (at unmount); returns the first error.
+  // Flushes and closes every file still being written (at unmount), newest changes first;
+  // returns the first error. An orphan (a file forgotten by the kernel before its bytes
+  // reached the store) is skipped if its path was written and flushed since.
   Status FlushAll();
   // `hook(ino)` runs, outside every lock, when a file written through the mount was closed
   // (flush or release): fuse_ops drops the kernel's cached pages and attributes of it then.
@@ -193,6 +195,8 @@ class FileSystem {
     cfs_client::FileAttr attr;
   };
   Result<OpenTarget> RegularForOpen(uint64_t ino);
+  // Stale for an inode unlinked or renamed over with no write state kept open for it.
+  Status CheckNotRemoved(const InodeInfo& inode);
   // The inode's attributes, re-read from the store when older than attr_timeout_s.
   Result<cfs_client::FileAttr> FreshAttr(const InodeInfo& inode);
   static std::string ChildPath(const std::string& parent, const std::string& name);
@@ -206,6 +210,15 @@ class FileSystem {
   // Flushes and closes `state` if nothing writes it any more (an unlinked file: once the
   // kernel forgot it). REQUIRES: state->mu held.
   Status MaybeCloseLocked(uint64_t ino, WriteState& state, bool forgotten = false);
+  // The state's bytes reach the store, if it has unflushed ones. REQUIRES: state->mu held.
+  Status FlushLocked(WriteState& state);
+  // Records a change (dirty, with a new write sequence). REQUIRES: state->mu held.
+  void MarkChangedLocked(WriteState& state);
+  // The file was unlinked or renamed over: its bytes go nowhere. REQUIRES: state->mu held.
+  void MarkRemovedLocked(WriteState& state);
+  // Notes that the state's bytes up to its write sequence reached the store at its path
+  // (kept only while orphans exist). REQUIRES: state->mu held.
+  void RecordFlushed(const WriteState& state);
   void NotifyWritten(uint64_t ino);
   // Drops every cached copy of the file at `path` (RAM, NVMe, prefetch window).
   void InvalidateCaches(const std::string& path);
@@ -233,6 +246,13 @@ class FileSystem {
   // skip the write-path checks entirely while both are zero.
   std::atomic<uint64_t> open_writes_{0};
   std::atomic<bool> ever_written_{false};
+  // Orders changes: each write state records the sequence of its last one.
+  std::atomic<uint64_t> write_seq_{0};
+  // Write states whose inode was forgotten with bytes not in the store (kept for FlushAll),
+  // and while there are any, the newest write sequence flushed at each path: an orphan older
+  // than that is not flushed over it. GUARDED_BY(writes_mu_)
+  uint64_t orphans_ = 0;
+  std::unordered_map<std::string, uint64_t> flushed_seq_;
   std::function<void(uint64_t)> written_hook_;  // set once before serving
 
   // Owned by the registry.

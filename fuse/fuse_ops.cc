@@ -336,7 +336,13 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   }
   fi->keep_cache = r->keep_cache;
   fi->fh = reinterpret_cast<uint64_t>(r->handle.release());
-  if (fuse_reply_open(req, fi) == -ENOENT) delete reinterpret_cast<FileHandle*>(fi->fh);
+  if (fuse_reply_open(req, fi) == -ENOENT) {
+    // The caller was interrupted: no release will come for this handle, which may count as
+    // a writer of the file.
+    std::unique_ptr<FileHandle> h(reinterpret_cast<FileHandle*>(fi->fh));
+    Status ignored = ctx.fs->Release(ino, h.get());
+    (void)ignored;
+  }
 }
 
 void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {

@@ -23,6 +23,8 @@ struct WriteState {
   bool dirty = false;     // written since the last successful Flush
   bool removed = false;   // unlinked or renamed over: its bytes go nowhere
   bool closed = false;    // taken out of writes_: look the inode up again
+  bool orphan = false;    // its inode was forgotten before its bytes reached the store
+  uint64_t write_seq = 0;  // FileSystem::write_seq_ at its last change
 };
 
 namespace {
@@ -45,6 +47,8 @@ Result<std::string> FileSystem::ChildOf(uint64_t parent, const std::string& name
   Result<InodeInfo> dir = GetInode(parent);
   if (!dir.ok()) return dir.status();
   if (!dir->attr.IsDir()) return Status::NotDirectory(dir->path);
+  // A removed directory has no entries (its old path names another one, if any).
+  if (dir->removed) return Status::NotFound(dir->path + ": removed from the store");
   if (name.size() > 255) return Status::NameTooLong(name.substr(0, 32) + "...");
   return ChildPath(dir->path, name);
 }
@@ -99,8 +103,10 @@ Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool
     ever_written_.store(true);
     Result<InodeInfo> inode = GetInode(ino);
     Result<std::unique_ptr<cfs_client::WritableFile>> file =
-        inode.ok() ? backend_->OpenWrite(inode->path, {})
-                   : Result<std::unique_ptr<cfs_client::WritableFile>>(inode.status());
+        !inode.ok() ? Result<std::unique_ptr<cfs_client::WritableFile>>(inode.status())
+        // Unlinked or renamed over with nothing kept open: its old path names another file.
+        : inode->removed ? Status::Stale(inode->path + ": removed from the store")
+                         : backend_->OpenWrite(inode->path, {});
     if (!file.ok()) {
       st->closed = true;
       std::lock_guard<std::mutex> l(writes_mu_);
@@ -111,21 +117,56 @@ Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool
     st->file = std::move(file).value();
     st->path = inode->path;
     if (add_writer) st->writers++;
-    InvalidateCaches(st->path);
+    sl.unlock();
+    // Reads are served through the state from now on; the cached copies go (not under the
+    // state's lock: the NVMe tier may wait for a chunk being written).
+    InvalidateCaches(inode->path);
     return st;
   }
+}
+
+void FileSystem::MarkChangedLocked(WriteState& st) {
+  st.dirty = true;
+  st.write_seq = ++write_seq_;
+}
+
+void FileSystem::MarkRemovedLocked(WriteState& st) {
+  st.removed = true;
+  st.dirty = false;
+  if (!st.closed && st.file) st.file->Discard();
+}
+
+Status FileSystem::FlushLocked(WriteState& st) {
+  if (!st.dirty || st.removed || st.closed) return Status::OK();
+  CTFS_RETURN_IF_ERROR(st.file->Flush());
+  st.dirty = false;
+  RecordFlushed(st);
+  return Status::OK();
+}
+
+void FileSystem::RecordFlushed(const WriteState& st) {
+  std::lock_guard<std::mutex> l(writes_mu_);
+  if (orphans_ == 0) return;  // only an orphan could be older than these bytes
+  uint64_t& seq = flushed_seq_[st.path];
+  seq = std::max(seq, st.write_seq);
 }
 
 Status FileSystem::MaybeCloseLocked(uint64_t ino, WriteState& st, bool forgotten) {
   if (st.closed || st.writers > 0) return Status::OK();
   // An unlinked file stays open for descriptors that may still use it, until forgotten.
   if (st.removed && !forgotten) return Status::OK();
-  if (st.dirty && !st.removed) {
-    Status s = st.file->Flush();
-    if (!s.ok()) return s;  // kept open: the next flush, fsync or release tries again
-    st.dirty = false;
+  // Kept open on failure: the next flush, fsync or release tries again.
+  CTFS_RETURN_IF_ERROR(FlushLocked(st));
+  if (!st.removed) {
+    // While the state still serves reads: the cached copies go, and the store's own
+    // attributes (its mtime, an object's version) and a new write generation are recorded,
+    // so a read that finds the state closed reads the new version.
+    InvalidateCaches(st.path);
+    Result<cfs_client::FileAttr> stored = backend_->Stat(st.path);
+    if (!stored.ok()) stored = st.file->Stat();
+    if (stored.ok()) Changed(ino, stored.value());
   }
-  Result<cfs_client::FileAttr> attr = st.file->Stat();
+  Status closed = st.file->Close();
   st.file.reset();
   st.closed = true;
   {
@@ -135,15 +176,12 @@ Status FileSystem::MaybeCloseLocked(uint64_t ino, WriteState& st, bool forgotten
       writes_.erase(it);
       open_writes_--;
     }
+    if (st.orphan && --orphans_ == 0) flushed_seq_.clear();
   }
-  if (st.removed) return Status::OK();
-  InvalidateCaches(st.path);
-  // The store's own attributes (its mtime, an object's version) from now on.
-  Result<cfs_client::FileAttr> stored = backend_->Stat(st.path);
-  if (stored.ok()) {
-    Changed(ino, stored.value());
-  } else if (attr.ok()) {
-    Changed(ino, attr.value());
+  if (!closed.ok()) {
+    // The store may report a failed write-back only now (NFS): the bytes may not be there.
+    CTFS_LOG(kError) << "close " << st.path << ": " << closed.ToString();
+    if (!st.removed) return closed;
   }
   return Status::OK();
 }
@@ -183,7 +221,7 @@ Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::strin
   {
     std::lock_guard<std::mutex> sl(st->mu);
     if (track_handle) st->writers++;
-    st->dirty = true;  // an object store must receive even an empty new file
+    MarkChangedLocked(*st);  // an object store must receive even an empty new file
   }
   InvalidateCaches(*path);
   Changed(ino, *attr);
@@ -235,6 +273,8 @@ Result<Entry> FileSystem::Link(uint64_t ino, uint64_t new_parent, const std::str
   CTFS_RETURN_IF_ERROR(CheckWritable());
   Result<InodeInfo> inode = GetInode(ino);
   if (!inode.ok()) return inode.status();
+  // As link(2) of an unlinked file; its old path names another file now, if any.
+  if (inode->removed) return Status::NotFound(inode->path + ": removed from the store");
   Result<std::string> path = ChildOf(new_parent, new_name);
   if (!path.ok()) return path.status();
   Result<cfs_client::FileAttr> attr = backend_->Link(inode->path, *path);
@@ -249,6 +289,7 @@ Status FileSystem::Unlink(uint64_t parent, const std::string& name) {
   CTFS_RETURN_IF_ERROR(CheckWritable());
   Result<std::string> path = ChildOf(parent, name);
   if (!path.ok()) return path.status();
+  ever_written_.store(true);
   std::optional<uint64_t> ino = inodes_.Find(*path);
   std::shared_ptr<WriteState> st = ino ? FindWriteState(*ino) : nullptr;
   if (ino && !st) {
@@ -280,8 +321,7 @@ Status FileSystem::Unlink(uint64_t parent, const std::string& name) {
   }
   if (st) {
     std::lock_guard<std::mutex> sl(st->mu);
-    st->removed = true;
-    st->dirty = false;
+    MarkRemovedLocked(*st);
   }
   inodes_.Remove(*path);
   InvalidateCaches(*path);
@@ -301,8 +341,10 @@ Status FileSystem::Rmdir(uint64_t parent, const std::string& name) {
 Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new_parent,
                           const std::string& new_name, unsigned flags) {
   CTFS_RETURN_IF_ERROR(CheckWritable());
+  if ((flags & RENAME_EXCHANGE) != 0)
+    return Status::NotSupported("rename: RENAME_EXCHANGE is not supported");
   if ((flags & ~static_cast<unsigned>(RENAME_NOREPLACE)) != 0)
-    return Status::NotSupported("rename: only RENAME_NOREPLACE is supported");
+    return Status::InvalidArgument("rename: unknown flags " + std::to_string(flags));
   Result<std::string> from = ChildOf(parent, name);
   if (!from.ok()) return from.status();
   Result<std::string> to = ChildOf(new_parent, new_name);
@@ -310,28 +352,50 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
   if (*from == *to) return Status::OK();
   std::optional<uint64_t> src = inodes_.Find(*from);
   std::optional<uint64_t> dst = inodes_.Find(*to);
+  ever_written_.store(true);
   std::shared_ptr<WriteState> src_state = src ? FindWriteState(*src) : nullptr;
   std::shared_ptr<WriteState> dst_state = dst ? FindWriteState(*dst) : nullptr;
+  bool dst_opened = false;
+  if (dst && !dst_state && (flags & RENAME_NOREPLACE) == 0) {
+    // As Unlink does: the replaced file may be held open by the kernel (under no_open we
+    // cannot tell), so keep the store's file open for its descriptors; after the rename its
+    // path names the renamed file. A regular file only; failures just mean no such
+    // descriptor can exist.
+    std::optional<InodeInfo> inode = inodes_.Get(*dst);
+    if (inode && inode->attr.IsRegular() && !inode->removed) {
+      Result<std::shared_ptr<WriteState>> opened = GetWriteState(*dst, false);
+      if (opened.ok()) {
+        dst_state = opened.value();
+        dst_opened = true;
+      }
+    }
+  }
+  Status renamed;
   {
     // The store renames what it has: bytes still on their way there go first.
     std::unique_lock<std::mutex> sl;
     if (src_state) {
       sl = std::unique_lock<std::mutex>(src_state->mu);
-      if (src_state->dirty && !src_state->removed && !src_state->closed) {
-        CTFS_RETURN_IF_ERROR(src_state->file->Flush());
-        src_state->dirty = false;
-      }
+      renamed = FlushLocked(*src_state);
     }
-    CTFS_RETURN_IF_ERROR(backend_->Rename(*from, *to, (flags & RENAME_NOREPLACE) != 0));
-    if (src_state && !src_state->closed) {
+    if (renamed.ok())
+      renamed = backend_->Rename(*from, *to, (flags & RENAME_NOREPLACE) != 0);
+    if (renamed.ok() && src_state && !src_state->closed) {
       src_state->path = *to;
       src_state->file->Moved(*to);
     }
   }
+  if (!renamed.ok()) {
+    if (dst_opened) {  // the keep-alive is not needed after all
+      std::lock_guard<std::mutex> dl(dst_state->mu);
+      Status ignored = MaybeCloseLocked(*dst, *dst_state);
+      (void)ignored;
+    }
+    return renamed;
+  }
   if (dst_state && dst_state != src_state) {
     std::lock_guard<std::mutex> dl(dst_state->mu);
-    dst_state->removed = true;
-    dst_state->dirty = false;
+    MarkRemovedLocked(*dst_state);
   }
   {
     // Files being written under a renamed directory follow it.
@@ -382,13 +446,19 @@ Result<OpenResult> FileSystem::OpenForWrite(uint64_t ino, int flags, bool track_
 
 Result<size_t> FileSystem::Write(uint64_t ino, uint64_t offset, const char* data, size_t len) {
   CTFS_RETURN_IF_ERROR(CheckWritable());
-  Result<std::shared_ptr<WriteState>> st = GetWriteState(ino, false);
-  if (!st.ok()) return st.status();
-  std::lock_guard<std::mutex> sl((*st)->mu);
-  if ((*st)->closed) return Status::IOError("write: the file was closed meanwhile");
-  Result<size_t> n = (*st)->file->Write(offset, data, len);
+  std::shared_ptr<WriteState> st;
+  std::unique_lock<std::mutex> sl;
+  for (;;) {
+    Result<std::shared_ptr<WriteState>> got = GetWriteState(ino, false);
+    if (!got.ok()) return got.status();
+    st = std::move(got).value();
+    sl = std::unique_lock<std::mutex>(st->mu);
+    if (!st->closed) break;
+    sl.unlock();  // closed meanwhile (a flush of another descriptor): open it again
+  }
+  Result<size_t> n = st->file->Write(offset, data, len);
   if (!n.ok()) return n.status();
-  (*st)->dirty = true;
+  MarkChangedLocked(*st);
   if (std::optional<InodeInfo> inode = inodes_.Get(ino)) {
     cfs_client::FileAttr a = inode->attr;
     a.size = std::max<uint64_t>(a.size, offset + *n);
@@ -405,11 +475,8 @@ Status FileSystem::Flush(uint64_t ino) {
   Status s;
   {
     std::lock_guard<std::mutex> sl(st->mu);
-    if (st->closed) return Status::OK();
-    if (st->dirty && !st->removed) {
-      CTFS_RETURN_IF_ERROR(st->file->Flush());
-      st->dirty = false;
-    }
+    if (st->closed) return Status::OK();  // closed by another flush, which flushed it all
+    CTFS_RETURN_IF_ERROR(FlushLocked(*st));
     s = MaybeCloseLocked(ino, *st);
     if (!st->closed) return s;
   }
@@ -432,16 +499,26 @@ Status FileSystem::Fsync(uint64_t ino) {
   std::shared_ptr<WriteState> existing = FindWriteState(ino);
   if (!existing && (!inode->attr.IsRegular() || inode->removed)) return Status::OK();
   // Without a write state the file may still hold bytes written (and flushed) earlier that
-  // were never made durable: open it to sync them.
-  Result<std::shared_ptr<WriteState>> st = GetWriteState(ino, false);
-  if (!st.ok()) return st.status().IsNotFound() ? Status::OK() : st.status();
-  std::lock_guard<std::mutex> sl((*st)->mu);
-  if ((*st)->closed) return Status::OK();
-  if (!(*st)->removed) {
-    CTFS_RETURN_IF_ERROR((*st)->file->Sync());
-    (*st)->dirty = false;
+  // were never made durable: open it to sync them. A state closed meanwhile (by a flush of
+  // another descriptor) made the bytes visible, not durable: open it again and sync.
+  for (;;) {
+    Result<std::shared_ptr<WriteState>> st = GetWriteState(ino, false);
+    if (!st.ok()) {
+      if (st.status().IsNotFound() || st.status().code() == Status::Code::kStale)
+        return Status::OK();  // gone from the store: nothing left to make durable
+      return st.status();
+    }
+    std::lock_guard<std::mutex> sl((*st)->mu);
+    if ((*st)->closed) continue;
+    if (!(*st)->removed) {
+      CTFS_RETURN_IF_ERROR((*st)->file->Sync());
+      if ((*st)->dirty) {
+        (*st)->dirty = false;
+        RecordFlushed(**st);
+      }
+    }
+    return MaybeCloseLocked(ino, **st);
   }
-  return MaybeCloseLocked(ino, **st);
 }
 
 Status FileSystem::FsyncDir(uint64_t ino) {
@@ -475,20 +552,36 @@ Result<cfs_client::FileAttr> FileSystem::SetAttr(uint64_t ino, const AttrChange&
   if (!inode.ok()) return inode.status();
   if (change.size) {
     if (inode->attr.IsDir()) return Status::IsDirectory(inode->path);
-    Result<std::shared_ptr<WriteState>> st = GetWriteState(ino, false);
-    if (!st.ok()) return st.status();
-    std::lock_guard<std::mutex> sl((*st)->mu);
-    if ((*st)->closed) return Status::IOError("truncate: the file was closed meanwhile");
-    CTFS_RETURN_IF_ERROR((*st)->file->Truncate(*change.size));
-    (*st)->dirty = true;
-    Result<cfs_client::FileAttr> a = (*st)->file->Stat();
-    if (a.ok()) Changed(ino, *a);
-    CTFS_RETURN_IF_ERROR(MaybeCloseLocked(ino, **st));
+    for (;;) {
+      Result<std::shared_ptr<WriteState>> st = GetWriteState(ino, false);
+      if (!st.ok()) return st.status();
+      std::lock_guard<std::mutex> sl((*st)->mu);
+      if ((*st)->closed) continue;  // closed meanwhile: open it again
+      CTFS_RETURN_IF_ERROR((*st)->file->Truncate(*change.size));
+      MarkChangedLocked(**st);
+      Result<cfs_client::FileAttr> a = (*st)->file->Stat();
+      if (a.ok()) Changed(ino, *a);
+      CTFS_RETURN_IF_ERROR(MaybeCloseLocked(ino, **st));
+      break;
+    }
   }
   const cfs_client::AttrChange& m = change.meta;
   if (m.mode || m.uid || m.gid || m.atime_ns || m.mtime_ns) {
+    // Its old path names another file now, if any.
+    if (inode->removed) return Status::Stale(inode->path + ": removed from the store");
     Result<cfs_client::FileAttr> a = backend_->SetAttr(inode->path, m);
-    if (!a.ok()) return a.status();
+    if (!a.ok()) {
+      // A file created through the mount may not be in an object store yet (touch of a new
+      // file): there is nothing there to change then.
+      bool unflushed = false;
+      if (a.status().IsNotFound()) {
+        if (std::shared_ptr<WriteState> st = FindWriteState(ino)) {
+          std::lock_guard<std::mutex> sl(st->mu);
+          unflushed = st->dirty && !st->closed;
+        }
+      }
+      if (!unflushed) return a.status();
+    }
   }
   if (std::shared_ptr<WriteState> st = FindWriteState(ino)) {
     std::lock_guard<std::mutex> sl(st->mu);
@@ -498,6 +591,7 @@ Result<cfs_client::FileAttr> FileSystem::SetAttr(uint64_t ino, const AttrChange&
       return a;
     }
   }
+  if (inode->removed) return inode->attr;
   Result<cfs_client::FileAttr> a = backend_->Stat(inode->path);
   if (a.ok()) Changed(ino, *a);
   return a;
@@ -505,15 +599,17 @@ Result<cfs_client::FileAttr> FileSystem::SetAttr(uint64_t ino, const AttrChange&
 
 Status FileSystem::Fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t len) {
   CTFS_RETURN_IF_ERROR(CheckWritable());
-  Result<std::shared_ptr<WriteState>> st = GetWriteState(ino, false);
-  if (!st.ok()) return st.status();
-  std::lock_guard<std::mutex> sl((*st)->mu);
-  if ((*st)->closed) return Status::IOError("fallocate: the file was closed meanwhile");
-  CTFS_RETURN_IF_ERROR((*st)->file->Allocate(mode, offset, len));
-  (*st)->dirty = true;
-  Result<cfs_client::FileAttr> a = (*st)->file->Stat();
-  if (a.ok()) inodes_.SetAttr(ino, *a, clock_->NowNanos());
-  return MaybeCloseLocked(ino, **st);
+  for (;;) {
+    Result<std::shared_ptr<WriteState>> st = GetWriteState(ino, false);
+    if (!st.ok()) return st.status();
+    std::lock_guard<std::mutex> sl((*st)->mu);
+    if ((*st)->closed) continue;  // closed meanwhile: open it again
+    CTFS_RETURN_IF_ERROR((*st)->file->Allocate(mode, offset, len));
+    MarkChangedLocked(**st);
+    Result<cfs_client::FileAttr> a = (*st)->file->Stat();
+    if (a.ok()) inodes_.SetAttr(ino, *a, clock_->NowNanos());
+    return MaybeCloseLocked(ino, **st);
+  }
 }
 
 std::optional<cfs_client::FileAttr> FileSystem::WrittenAttr(WriteState& st) {
@@ -527,26 +623,68 @@ std::optional<cfs_client::FileAttr> FileSystem::WrittenAttr(WriteState& st) {
 Status FileSystem::CloseForgotten(uint64_t ino, WriteState& st) {
   std::lock_guard<std::mutex> sl(st.mu);
   st.writers = 0;
-  return MaybeCloseLocked(ino, st, /*forgotten=*/true);
+  Status s = MaybeCloseLocked(ino, st, /*forgotten=*/true);
+  if (!st.closed && !st.orphan) {
+    // Kept for FlushAll, unless the path is written anew meanwhile (see RecordFlushed).
+    st.orphan = true;
+    std::lock_guard<std::mutex> l(writes_mu_);
+    orphans_++;
+  }
+  return s;
 }
 
 Status FileSystem::FlushAll() {
-  std::vector<std::pair<uint64_t, std::shared_ptr<WriteState>>> states;
+  struct Item {
+    uint64_t ino;
+    uint64_t seq;
+    std::shared_ptr<WriteState> st;
+  };
+  std::vector<Item> states;
   {
     std::lock_guard<std::mutex> l(writes_mu_);
-    states.assign(writes_.begin(), writes_.end());
+    for (const auto& [ino, st] : writes_) states.push_back({ino, 0, st});
   }
+  for (Item& i : states) {
+    std::lock_guard<std::mutex> sl(i.st->mu);
+    i.seq = i.st->write_seq;
+  }
+  // Newest changes first: an orphan (see CloseForgotten) older than bytes since flushed at
+  // its path must not overwrite them.
+  std::sort(states.begin(), states.end(), [](const Item& a, const Item& b) { return a.seq > b.seq; });
   Status first;
-  for (auto& [ino, st] : states) {
-    std::lock_guard<std::mutex> sl(st->mu);
-    if (st->closed || st->removed || !st->dirty) continue;
-    Status s = st->file->Flush();
-    if (s.ok()) {
-      st->dirty = false;
-    } else {
-      CTFS_LOG(kError) << "flush " << st->path << " at unmount: " << s.ToString();
-      if (first.ok()) first = s;
+  for (Item& i : states) {
+    WriteState& st = *i.st;
+    std::lock_guard<std::mutex> sl(st.mu);
+    if (st.closed) continue;
+    if (st.dirty && !st.removed) {
+      bool superseded = false;
+      {
+        std::lock_guard<std::mutex> l(writes_mu_);
+        auto it = flushed_seq_.find(st.path);
+        superseded = it != flushed_seq_.end() && it->second > st.write_seq;
+      }
+      if (superseded) {
+        CTFS_LOG(kWarn) << "flush " << st.path << " at unmount: skipped, the file was written "
+                        << "anew since these bytes failed to reach the store";
+      } else if (Status s = FlushLocked(st); !s.ok()) {
+        CTFS_LOG(kError) << "flush " << st.path << " at unmount: " << s.ToString();
+        if (first.ok()) first = s;
+      }
     }
+    // Let go of the file: local copies of what reached the store (s3 staging files) go too.
+    if (Status c = st.file->Close(); !c.ok()) {
+      CTFS_LOG(kError) << "close " << st.path << " at unmount: " << c.ToString();
+      if (first.ok() && !st.removed) first = c;
+    }
+    st.file.reset();
+    st.closed = true;
+    std::lock_guard<std::mutex> l(writes_mu_);
+    auto it = writes_.find(i.ino);
+    if (it != writes_.end() && it->second == i.st) {
+      writes_.erase(it);
+      open_writes_--;
+    }
+    if (st.orphan && --orphans_ == 0) flushed_seq_.clear();
   }
   return first;
 }

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <vector>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -27,6 +28,11 @@ class FakeClock final : public Clock {
 };
 
 // An in-memory store: files and directories by path, with counters of requests.
+//
+// Writes: by default a WritableFile edits its file's bytes in place, following the file (not
+// the name) across renames and unlinks, like a posix descriptor. In object-store mode
+// (SetObjectStore) it edits a private copy, published at the path on Flush/Sync (like the s3
+// backend's staging file): a new file is not in the store until then.
 class MemBackend final : public cfs_client::Backend {
  public:
   MemBackend() { AddDir(""); }
@@ -36,7 +42,7 @@ class MemBackend final : public cfs_client::Backend {
     cfs_client::FileAttr a;
     a.mode = S_IFDIR | 0755;
     a.nlink = 2;
-    nodes_[path] = {a, ""};
+    nodes_[path] = std::make_shared<Node>(Node{a, ""});
   }
   void PutFile(const std::string& path, const std::string& data, int64_t mtime_ns = 1) {
     std::lock_guard<std::mutex> l(mu_);
@@ -44,8 +50,14 @@ class MemBackend final : public cfs_client::Backend {
     a.mode = S_IFREG | 0644;
     a.size = data.size();
     a.mtime_ns = mtime_ns;
-    nodes_[path] = {a, data};
+    auto it = nodes_.find(path);
+    if (it != nodes_.end() && it->second->attr.IsRegular()) {
+      *it->second = Node{a, data};  // rewritten in place: open files see it
+    } else {
+      nodes_[path] = std::make_shared<Node>(Node{a, data});
+    }
   }
+  void SetObjectStore(bool on) { object_store_ = on; }
   int reads() const { return reads_.load(); }
   // Paths of Read calls, in order.
   std::vector<std::string> read_log() {
@@ -72,7 +84,7 @@ class MemBackend final : public cfs_client::Backend {
     std::lock_guard<std::mutex> l(mu_);
     auto it = nodes_.find(path);
     if (it == nodes_.end()) return Status::NotFound(path);
-    return it->second.attr;
+    return it->second->attr;
   }
   Result<std::vector<cfs_client::DirEntry>> List(const std::string& path) override {
     std::lock_guard<std::mutex> l(mu_);
@@ -81,7 +93,7 @@ class MemBackend final : public cfs_client::Backend {
     for (const auto& [p, n] : nodes_) {
       if (p.empty() || p.rfind(prefix, 0) != 0) continue;
       std::string rest = p.substr(prefix.size());
-      if (rest.find('/') == std::string::npos) out.push_back({rest, n.attr});
+      if (rest.find('/') == std::string::npos) out.push_back({rest, n->attr});
     }
     return out;
   }
@@ -100,8 +112,8 @@ class MemBackend final : public cfs_client::Backend {
     read_log_.push_back(path);
     auto it = nodes_.find(path);
     if (it == nodes_.end()) return Status::NotFound(path);
-    if (it->second.attr.Version() != expect) return Status::Stale(path);
-    const std::string& d = it->second.data;
+    if (it->second->attr.Version() != expect) return Status::Stale(path);
+    const std::string& d = it->second->data;
     if (offset >= d.size()) return size_t{0};
     size_t n = std::min(len, d.size() - offset);
     d.copy(buf, n, offset);
@@ -121,11 +133,11 @@ class MemBackend final : public cfs_client::Backend {
   }
   Result<cfs_client::FsStats> StatFs() override { return cfs_client::FsStats{}; }
 
-  // --- writes: a WritableFile edits the stored bytes in place (like a posix file) ---
+  // --- writes ---
   std::string Data(const std::string& path) {
     std::lock_guard<std::mutex> l(mu_);
     auto it = nodes_.find(path);
-    return it == nodes_.end() ? std::string("<missing>") : it->second.data;
+    return it == nodes_.end() ? std::string("<missing>") : it->second->data;
   }
   bool Exists(const std::string& path) {
     std::lock_guard<std::mutex> l(mu_);
@@ -137,38 +149,53 @@ class MemBackend final : public cfs_client::Backend {
     fail_writes_ = n;
     fail_status_ = std::move(s);
   }
+  // The next `n` WritableFile closes fail with `s` (the file is closed all the same).
+  void FailCloses(int n, Status s) {
+    std::lock_guard<std::mutex> l(mu_);
+    fail_closes_ = n;
+    close_status_ = std::move(s);
+  }
   int syncs() const { return syncs_.load(); }
   int flushes() const { return flushes_.load(); }
+  int closes() const { return closes_.load(); }
+  int discards() const { return discards_.load(); }
+  // WritableFiles open now.
+  int open_files() const { return open_files_.load(); }
+
+  struct Node {
+    cfs_client::FileAttr attr;
+    std::string data;
+  };
 
   class MemFile final : public cfs_client::WritableFile {
    public:
-    MemFile(MemBackend* b, std::string path) : b_(b), path_(std::move(path)) {}
+    MemFile(MemBackend* b, std::string path, std::shared_ptr<Node> node)
+        : b_(b), path_(std::move(path)), node_(std::move(node)) {
+      b_->open_files_++;
+    }
+    ~MemFile() override { b_->open_files_--; }
     Result<size_t> Write(uint64_t offset, const char* data, size_t len) override {
       std::lock_guard<std::mutex> l(b_->mu_);
       CTFS_RETURN_IF_ERROR(b_->MaybeFailLocked());
-      Node* n = b_->FileLocked(path_);
-      if (n == nullptr) return Status::NotFound(path_);
-      if (n->data.size() < offset + len) n->data.resize(offset + len, '\0');
-      n->data.replace(offset, len, data, len);
-      b_->TouchLocked(*n);
+      Node& n = *node_;
+      if (n.data.size() < offset + len) n.data.resize(offset + len, '\0');
+      n.data.replace(offset, len, data, len);
+      b_->TouchLocked(n);
       return len;
     }
     Result<size_t> Read(uint64_t offset, size_t len, char* buf) override {
       std::lock_guard<std::mutex> l(b_->mu_);
-      Node* n = b_->FileLocked(path_);
-      if (n == nullptr) return Status::NotFound(path_);
-      if (offset >= n->data.size()) return size_t{0};
-      size_t k = std::min(len, n->data.size() - offset);
-      n->data.copy(buf, k, offset);
+      const Node& n = *node_;
+      if (offset >= n.data.size()) return size_t{0};
+      size_t k = std::min(len, n.data.size() - offset);
+      n.data.copy(buf, k, offset);
       return k;
     }
     Status Truncate(uint64_t size) override {
       std::lock_guard<std::mutex> l(b_->mu_);
       CTFS_RETURN_IF_ERROR(b_->MaybeFailLocked());
-      Node* n = b_->FileLocked(path_);
-      if (n == nullptr) return Status::NotFound(path_);
-      n->data.resize(size, '\0');
-      b_->TouchLocked(*n);
+      node_->data.resize(size, '\0');
+      b_->TouchLocked(*node_);
       return Status::OK();
     }
     Status Allocate(int, uint64_t, uint64_t) override {
@@ -177,23 +204,48 @@ class MemBackend final : public cfs_client::Backend {
     Status Flush() override {
       b_->flushes_++;
       std::lock_guard<std::mutex> l(b_->mu_);
-      return b_->MaybeFailLocked();
+      CTFS_RETURN_IF_ERROR(b_->MaybeFailLocked());
+      return PublishLocked();
     }
     Status Sync() override {
       b_->syncs_++;
       std::lock_guard<std::mutex> l(b_->mu_);
-      return b_->MaybeFailLocked();
+      CTFS_RETURN_IF_ERROR(b_->MaybeFailLocked());
+      return PublishLocked();
     }
     Result<cfs_client::FileAttr> Stat() override {
       std::lock_guard<std::mutex> l(b_->mu_);
-      Node* n = b_->FileLocked(path_);
-      if (n == nullptr) return Status::NotFound(path_);
-      return n->attr;
+      return node_->attr;
+    }
+    void Moved(const std::string& path) override {
+      std::lock_guard<std::mutex> l(b_->mu_);
+      path_ = path;
+    }
+    Status Close() override {
+      b_->closes_++;
+      std::lock_guard<std::mutex> l(b_->mu_);
+      if (b_->fail_closes_ <= 0) return Status::OK();
+      b_->fail_closes_--;
+      return b_->close_status_;
+    }
+    void Discard() override {
+      b_->discards_++;
+      std::lock_guard<std::mutex> l(b_->mu_);
+      discarded_ = true;
     }
 
    private:
+    // Object-store mode: the private copy becomes the object at path_. REQUIRES: b_->mu_.
+    Status PublishLocked() {
+      if (!b_->object_store_ || discarded_) return Status::OK();
+      b_->nodes_[path_] = std::make_shared<Node>(*node_);
+      return Status::OK();
+    }
+
     MemBackend* const b_;
-    const std::string path_;
+    std::string path_;
+    const std::shared_ptr<Node> node_;
+    bool discarded_ = false;
   };
 
   Result<std::unique_ptr<cfs_client::WritableFile>> OpenWrite(
@@ -201,21 +253,26 @@ class MemBackend final : public cfs_client::Backend {
     std::lock_guard<std::mutex> l(mu_);
     CTFS_RETURN_IF_ERROR(MaybeFailLocked());
     auto it = nodes_.find(path);
+    std::shared_ptr<Node> node;
     if (it == nodes_.end()) {
       if (!o.create) return Status::NotFound(path);
       cfs_client::FileAttr a;
       a.mode = S_IFREG | o.mode;
       a.mtime_ns = ++mtime_;
-      nodes_[path] = {a, ""};
+      node = std::make_shared<Node>(Node{a, ""});
+      if (!object_store_) nodes_[path] = node;
     } else if (o.create && o.exclusive) {
       return Status::Exists(path);
-    } else if (it->second.attr.IsDir()) {
+    } else if (it->second->attr.IsDir()) {
       return Status::IsDirectory(path);
-    } else if (o.truncate) {
-      it->second.data.clear();
-      TouchLocked(it->second);
+    } else {
+      node = object_store_ ? std::make_shared<Node>(*it->second) : it->second;
+      if (o.truncate) {
+        node->data.clear();
+        TouchLocked(*node);
+      }
     }
-    return std::unique_ptr<cfs_client::WritableFile>(new MemFile(this, path));
+    return std::unique_ptr<cfs_client::WritableFile>(new MemFile(this, path, std::move(node)));
   }
   Result<cfs_client::FileAttr> Mkdir(const std::string& path, mode_t, int64_t,
                                      int64_t) override {
@@ -225,7 +282,7 @@ class MemBackend final : public cfs_client::Backend {
     cfs_client::FileAttr a;
     a.mode = S_IFDIR | 0755;
     a.nlink = 2;
-    nodes_[path] = {a, ""};
+    nodes_[path] = std::make_shared<Node>(Node{a, ""});
     return a;
   }
   Status Unlink(const std::string& path) override {
@@ -233,7 +290,7 @@ class MemBackend final : public cfs_client::Backend {
     CTFS_RETURN_IF_ERROR(MaybeFailLocked());
     auto it = nodes_.find(path);
     if (it == nodes_.end()) return Status::NotFound(path);
-    if (it->second.attr.IsDir()) return Status::IsDirectory(path);
+    if (it->second->attr.IsDir()) return Status::IsDirectory(path);
     nodes_.erase(it);
     return Status::OK();
   }
@@ -242,7 +299,7 @@ class MemBackend final : public cfs_client::Backend {
     CTFS_RETURN_IF_ERROR(MaybeFailLocked());
     auto it = nodes_.find(path);
     if (it == nodes_.end()) return Status::NotFound(path);
-    if (!it->second.attr.IsDir()) return Status::NotDirectory(path);
+    if (!it->second->attr.IsDir()) return Status::NotDirectory(path);
     for (const auto& [p, n] : nodes_)
       if (p.rfind(path + "/", 0) == 0) return Status::NotEmpty(path);
     nodes_.erase(it);
@@ -254,9 +311,9 @@ class MemBackend final : public cfs_client::Backend {
     auto it = nodes_.find(from);
     if (it == nodes_.end()) return Status::NotFound(from);
     if (noreplace && nodes_.count(to)) return Status::Exists(to);
-    Node n = it->second;
+    std::shared_ptr<Node> n = it->second;
     nodes_.erase(it);
-    nodes_[to] = n;
+    nodes_[to] = std::move(n);
     return Status::OK();
   }
   Result<cfs_client::FileAttr> Symlink(const std::string&, const std::string& path, int64_t,
@@ -272,25 +329,17 @@ class MemBackend final : public cfs_client::Backend {
     CTFS_RETURN_IF_ERROR(MaybeFailLocked());
     auto it = nodes_.find(path);
     if (it == nodes_.end()) return Status::NotFound(path);
-    if (c.mode) it->second.attr.mode = (it->second.attr.mode & S_IFMT) | *c.mode;
-    return it->second.attr;
+    if (c.mode) it->second->attr.mode = (it->second->attr.mode & S_IFMT) | *c.mode;
+    return it->second->attr;
   }
   Status SyncDir(const std::string&) override { return Status::OK(); }
 
  private:
-  struct Node {
-    cfs_client::FileAttr attr;
-    std::string data;
-  };
   // REQUIRES: mu_ held.
   Status MaybeFailLocked() {
     if (fail_writes_ <= 0) return Status::OK();
     fail_writes_--;
     return fail_status_;
-  }
-  Node* FileLocked(const std::string& path) {
-    auto it = nodes_.find(path);
-    return it == nodes_.end() ? nullptr : &it->second;
   }
   void TouchLocked(Node& n) {
     n.attr.size = n.data.size();
@@ -298,12 +347,18 @@ class MemBackend final : public cfs_client::Backend {
   }
 
   std::mutex mu_;
-  std::map<std::string, Node> nodes_;
+  std::map<std::string, std::shared_ptr<Node>> nodes_;
+  std::atomic<bool> object_store_{false};
   int fail_writes_ = 0;
   Status fail_status_;
+  int fail_closes_ = 0;
+  Status close_status_;
   int64_t mtime_ = 1000;
   std::atomic<int> syncs_{0};
   std::atomic<int> flushes_{0};
+  std::atomic<int> closes_{0};
+  std::atomic<int> discards_{0};
+  std::atomic<int> open_files_{0};
   std::atomic<int> reads_{0};
   std::vector<std::string> read_log_;
   std::mutex gate_mu_;

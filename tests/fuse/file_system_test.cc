@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
+#include <atomic>
+#include <cerrno>
 #include <thread>
 
 #include "tests/test_util.h"
@@ -76,6 +78,18 @@ class FileSystemTest : public ::testing::Test {
     Result<OpenResult> r = fs_->Open(LookupPath(path), O_RDONLY);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return std::move(r->handle);
+  }
+
+  // A file written under no_open whose flush fails, and fails again when the kernel forgets
+  // it: an orphan write state. Returns its (forgotten) inode.
+  uint64_t MakeOrphan(const std::string& name, const std::string& data) {
+    Result<FileSystem::Created> c = fs_->Create(kRootIno, name, 0644, 0, {}, false);
+    EXPECT_TRUE(c.ok());
+    EXPECT_TRUE(fs_->Write(c->entry.ino, 0, data.data(), data.size()).ok());
+    store_.FailWrites(2, Status::IOError("store down"));
+    EXPECT_FALSE(fs_->Flush(c->entry.ino).ok());
+    fs_->Forget(c->entry.ino, 1);  // the retry at forget fails too
+    return c->entry.ino;
   }
 
   MemBackend store_;
@@ -252,6 +266,189 @@ TEST_F(FileSystemTest, RenameMovesTheInodeAndReplacesTheTarget) {
   EXPECT_EQ(e->attr.size, 4u);
   EXPECT_EQ(fs_->Rename(kRootIno, "big", kRootIno, "x", RENAME_EXCHANGE).code(),
             Status::Code::kNotSupported);
+}
+
+// The replaced file of a rename stays what its descriptors see (as after unlink): its inode
+// never resolves its old path again, which now names the renamed file.
+TEST_F(FileSystemTest, RenameOverKeepsTheReplacedFileForItsDescriptors) {
+  const uint64_t old_ino = LookupPath("d/small");  // known to the kernel (no_open: no handle)
+  Result<FileSystem::Created> c = fs_->Create(LookupPath("d"), "tmp", 0644, 0, {}, false);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(fs_->Write(c->entry.ino, 0, "NEW", 3).ok());
+  ASSERT_TRUE(fs_->Flush(c->entry.ino).ok());
+  ASSERT_TRUE(fs_->Rename(LookupPath("d"), "tmp", LookupPath("d"), "small", 0).ok());
+  EXPECT_EQ(store_.Data("d/small"), "NEW");
+  // Reads of the old inode: the old bytes.
+  Result<FileHandle> h = fs_->HandleFor(old_ino);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  Result<ReadResult> r = fs_->Read(*h, 0, 4096);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(Bytes(*r), Pattern(1000, 1));
+  // Writes of the old inode go to the old file, never into the one that has the name now.
+  ASSERT_TRUE(fs_->Write(old_ino, 0, "X", 1).ok());
+  ASSERT_TRUE(fs_->Flush(old_ino).ok());
+  FileSystem::AttrChange trunc;
+  trunc.size = 1;
+  ASSERT_TRUE(fs_->SetAttr(old_ino, trunc).ok());
+  EXPECT_EQ(store_.Data("d/small"), "NEW");
+  EXPECT_EQ(Bytes(fs_->Read(*h, 0, 4096).value()), "X");
+  // Forgotten by the kernel: the old file is let go.
+  fs_->Forget(old_ino, 1);
+  EXPECT_EQ(store_.open_files(), 0);
+  EXPECT_EQ(store_.Data("d/small"), "NEW");
+}
+
+// Unlinked with no file kept open (the keep-alive open failed): the inode answers ESTALE and
+// never touches the file created at its old path since.
+TEST_F(FileSystemTest, RemovedInodeWithoutStateNeverResolvesItsPath) {
+  const uint64_t old_ino = LookupPath("d/small");
+  store_.FailWrites(1, Status::IOError("keep-alive open fails"));
+  ASSERT_TRUE(fs_->Unlink(LookupPath("d"), "small").ok());
+  EXPECT_FALSE(store_.Exists("d/small"));
+  store_.PutFile("d/small", "another file", 5);  // made by another client of the store
+  clock_.AdvanceSeconds(11);                      // the inode's attributes expired
+  const auto kStale = Status::Code::kStale;
+  EXPECT_EQ(fs_->Write(old_ino, 0, "X", 1).status().code(), kStale);
+  EXPECT_EQ(fs_->HandleFor(old_ino).status().code(), kStale);
+  EXPECT_EQ(fs_->Open(old_ino, O_RDONLY).status().code(), kStale);
+  EXPECT_EQ(fs_->Open(old_ino, O_RDWR).status().code(), kStale);
+  FileSystem::AttrChange chmod;
+  chmod.meta.mode = 0600;
+  EXPECT_EQ(fs_->SetAttr(old_ino, chmod).status().code(), kStale);
+  FileSystem::AttrChange trunc;
+  trunc.size = 0;
+  EXPECT_EQ(fs_->SetAttr(old_ino, trunc).status().code(), kStale);
+  EXPECT_TRUE(fs_->Fsync(old_ino).ok());
+  EXPECT_EQ(fs_->GetAttr(old_ino)->size, 1000u);  // what it last was
+  EXPECT_EQ(store_.Data("d/small"), "another file");
+  EXPECT_EQ(store_.open_files(), 0);
+}
+
+// close(2) errors of the store (NFS reports write-back failures there) reach close.
+TEST_F(FileSystemTest, AFailedCloseOfTheStoreFileFailsTheFlush) {
+  Result<FileSystem::Created> c = fs_->Create(kRootIno, "nfs", 0644, 0, {}, false);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(fs_->Write(c->entry.ino, 0, "data", 4).ok());
+  store_.FailCloses(1, Status::Errno(EDQUOT, "quota exceeded at close"));
+  Status s = fs_->Flush(c->entry.ino);
+  EXPECT_EQ(s.code(), Status::Code::kErrno);
+  EXPECT_EQ(s.errno_value(), EDQUOT);
+  EXPECT_EQ(store_.closes(), 1);
+  EXPECT_EQ(store_.open_files(), 0);
+}
+
+// Under no_open any close flushes (and may close) the inode's one write state while other
+// descriptors write: their writes, truncates and fsyncs open it again, never a spurious EIO
+// nor an fsync that syncs nothing.
+TEST_F(FileSystemTest, WritesRacingAFlushThatClosesTheStateSucceed) {
+  Result<FileSystem::Created> c = fs_->Create(kRootIno, "race", 0644, 0, {}, false);
+  ASSERT_TRUE(c.ok());
+  const uint64_t ino = c->entry.ino;
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0};
+  std::thread closer([&] {
+    while (!stop.load())
+      if (!fs_->Flush(ino).ok()) failures++;
+  });
+  const int syncs_before = store_.syncs();
+  int fsyncs = 0;
+  for (int i = 0; i < 3000; ++i) {
+    if (!fs_->Write(ino, static_cast<uint64_t>(i % 100), "x", 1).ok()) failures++;
+    if (i % 10 == 0) {
+      FileSystem::AttrChange trunc;
+      trunc.size = 50;
+      if (!fs_->SetAttr(ino, trunc).ok()) failures++;
+    }
+    if (i % 7 == 0) {
+      if (!fs_->Fsync(ino).ok()) failures++;
+      fsyncs++;
+    }
+  }
+  stop = true;
+  closer.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(store_.syncs() - syncs_before, fsyncs);  // every fsync synced a file
+}
+
+// An orphan (forgotten before its bytes could reach an object store) is not uploaded at
+// unmount over what was written at its path since.
+TEST_F(FileSystemTest, AnOrphanDoesNotOverwriteNewerBytesAtUnmount) {
+  store_.SetObjectStore(true);
+  const uint64_t orphan = MakeOrphan("ckpt", "old");
+  EXPECT_FALSE(store_.Exists("ckpt"));
+  Result<FileSystem::Created> again = fs_->Create(kRootIno, "ckpt", 0644, 0, {}, false);
+  ASSERT_TRUE(again.ok());
+  ASSERT_NE(again->entry.ino, orphan);
+  ASSERT_TRUE(fs_->Write(again->entry.ino, 0, "new", 3).ok());
+  ASSERT_TRUE(fs_->Flush(again->entry.ino).ok());
+  EXPECT_EQ(store_.Data("ckpt"), "new");
+  EXPECT_TRUE(fs_->FlushAll().ok());
+  EXPECT_EQ(store_.Data("ckpt"), "new");
+  EXPECT_EQ(store_.open_files(), 0);  // every file let go at unmount
+}
+
+// An orphan with nothing newer at its path is still flushed at unmount.
+TEST_F(FileSystemTest, AnOrphanIsFlushedAtUnmount) {
+  store_.SetObjectStore(true);
+  MakeOrphan("ckpt", "only");
+  EXPECT_TRUE(fs_->FlushAll().ok());
+  EXPECT_EQ(store_.Data("ckpt"), "only");
+}
+
+// touch of a new file on an object store: the times are set before the first upload, and the
+// file opens and reads after its attributes expire, from what was written so far.
+TEST_F(FileSystemTest, AnUnflushedFileOfAnObjectStoreCanBeTouchedAndOpened) {
+  store_.SetObjectStore(true);
+  Result<FileSystem::Created> c = fs_->Create(kRootIno, "touched", 0644, 0, {}, false);
+  ASSERT_TRUE(c.ok());
+  const uint64_t ino = c->entry.ino;
+  FileSystem::AttrChange times;
+  times.meta.atime_ns = times.meta.mtime_ns = cfs_client::AttrChange::kTimeNow;
+  Result<cfs_client::FileAttr> a = fs_->SetAttr(ino, times);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(fs_->Write(ino, 0, "abc", 3).ok());
+  clock_.AdvanceSeconds(11);
+  Result<FileHandle> h = fs_->HandleFor(ino);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ(h->version.size, 3u);
+  clock_.AdvanceSeconds(11);
+  Result<OpenResult> o = fs_->Open(ino, O_RDONLY, false);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(Bytes(fs_->Read(*o->handle, 0, 100).value()), "abc");
+  EXPECT_FALSE(store_.Exists("touched"));
+  ASSERT_TRUE(fs_->Flush(ino).ok());
+  EXPECT_EQ(store_.Data("touched"), "abc");
+}
+
+// Unlink and rename-over of a file not yet in an object store drop its local copy.
+TEST_F(FileSystemTest, RemovingAnUnflushedFileDiscardsItsBytes) {
+  store_.SetObjectStore(true);
+  Result<FileSystem::Created> c = fs_->Create(kRootIno, "gone", 0644, 0, {}, true);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(fs_->Write(c->entry.ino, 0, "abc", 3).ok());
+  ASSERT_TRUE(fs_->Unlink(kRootIno, "gone").ok());
+  EXPECT_EQ(store_.discards(), 1);
+  ASSERT_TRUE(fs_->Release(c->entry.ino, c->handle.get()).ok());
+  fs_->Forget(c->entry.ino, 1);
+  EXPECT_FALSE(store_.Exists("gone"));
+  EXPECT_EQ(store_.open_files(), 0);
+
+  Result<FileSystem::Created> dst = fs_->Create(kRootIno, "dst", 0644, 0, {}, false);
+  ASSERT_TRUE(dst.ok());
+  ASSERT_TRUE(fs_->Write(dst->entry.ino, 0, "unflushed", 9).ok());
+  store_.PutFile("src", "src bytes");
+  ASSERT_TRUE(fs_->Rename(kRootIno, "src", kRootIno, "dst", 0).ok());
+  EXPECT_EQ(store_.discards(), 2);
+  EXPECT_TRUE(fs_->FlushAll().ok());
+  EXPECT_EQ(store_.Data("dst"), "src bytes");
+}
+
+TEST_F(FileSystemTest, UnknownRenameFlagsAreInvalid) {
+  EXPECT_EQ(fs_->Rename(kRootIno, "big", kRootIno, "x", 1u << 10).code(),
+            Status::Code::kInvalidArgument);
+  EXPECT_EQ(fs_->Rename(kRootIno, "big", kRootIno, "x", RENAME_EXCHANGE).code(),
+            Status::Code::kNotSupported);
+  EXPECT_TRUE(store_.Exists("big"));
 }
 
 TEST_F(FileSystemTest, OpenDirSnapshotsEntries) {
