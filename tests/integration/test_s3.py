@@ -454,6 +454,38 @@ def test_s3_overwrite_truncate_unlink_and_rename_rules(cube: CubeFactory, tmp_pa
     assert errno_of(lambda: os.symlink("x", m / "link")) == errno.EPERM
 
 
+@pytest.mark.parametrize("profile", ["", "ai_prefetch"])
+def test_s3_files_not_yet_uploaded(cube: CubeFactory, tmp_path: Path, s3: S3rver,
+                                   write_bucket: str, profile: str) -> None:
+    """touch of a new file (its times set before the first upload); unlink and rename-over of
+    a file still being written leave no staging file behind and upload nothing of it."""
+    staging = tmp_path / "staging"
+    mount = mount_s3(cube, tmp_path, s3.endpoint, write_bucket, {"profile": profile},
+                     staging_dir=str(staging))
+    m = mount.mountpoint
+    name = f"touched{profile}"
+    subprocess.run(["touch", str(m / name)], check=True, timeout=30)
+    assert s3_get(s3, name) == b""
+    fd = os.open(m / f"gone{profile}", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"never uploaded")
+        os.unlink(m / f"gone{profile}")
+        assert not any(staging.iterdir()), "staging file of an unlinked file kept"
+        os.write(fd, b" still writable")
+    finally:
+        os.close(fd)
+    assert s3_get(s3, f"gone{profile}") is None
+    (m / f"src{profile}").write_bytes(b"src")
+    fd = os.open(m / f"dst{profile}", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"unflushed destination")
+        os.rename(m / f"src{profile}", m / f"dst{profile}")
+    finally:
+        os.close(fd)
+    assert s3_get(s3, f"dst{profile}") == b"src"
+    assert wait_until(lambda: not any(staging.iterdir()), 10), "staging files left behind"
+
+
 def test_a_failed_upload_fails_fsync_and_is_kept_for_retry(cube: CubeFactory,
                                                           tmp_path: Path) -> None:
     server = S3rver(tmp_path / "down-s3" / "data").start()

@@ -275,6 +275,34 @@ def test_truncate_append_sparse_rename_unlink(cube: CubeFactory, tmp_path: Path,
     assert sorted(os.listdir(m)) == ["sparse"]
 
 
+@pytest.mark.parametrize("profile", PROFILES)
+def test_a_descriptor_of_a_file_renamed_over_keeps_the_old_file(cube: CubeFactory,
+                                                                  tmp_path: Path,
+                                                                  profile: str) -> None:
+    """The replaced file stays what its open descriptors read and write (as after unlink):
+    nothing written through them reaches the file that has the name now."""
+    root = tmp_path / "store"
+    root.mkdir()
+    (root / "meta").write_bytes(b"old metadata")
+    mount = mount_rw(cube, root, profile)
+    m = mount.mountpoint
+    fd = os.open(m / "meta", os.O_RDWR)
+    try:
+        assert os.pread(fd, 3, 0) == b"old"
+        (m / "meta.tmp").write_bytes(b"new metadata")
+        os.rename(m / "meta.tmp", m / "meta")
+        assert (root / "meta").read_bytes() == b"new metadata"
+        assert os.pwrite(fd, b"OLD", 0) == 3
+        os.ftruncate(fd, 5)
+        os.fsync(fd)
+        assert os.pread(fd, 20, 0) == b"OLD m"
+    finally:
+        os.close(fd)
+    assert (root / "meta").read_bytes() == b"new metadata"
+    assert (m / "meta").read_bytes() == b"new metadata"
+    assert sorted(os.listdir(root)) == ["meta"]
+
+
 # --------------------------------------------------------------------------- errno suite
 
 
