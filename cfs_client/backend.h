@@ -157,6 +157,16 @@ class Backend {
 
   virtual Result<FsStats> StatFs() = 0;
 
+  // A read-only descriptor (O_CLOEXEC) of regular file `path`, provided it is still at
+  // `expect`, for a reader that may read the store's own file (the model loader, through the
+  // daemon): posix only. NotSupported where the store has no such file (S3) or where every
+  // byte must pass through this process (fault injection); Stale if the file changed.
+  virtual Result<int> OpenReadFd(const std::string& path, const FileVersion& expect) {
+    (void)path;
+    (void)expect;
+    return Status::NotSupported("this store has no file descriptors to hand out");
+  }
+
   // --- writes ---
 
   // Opens regular file `path` for writing (creating or truncating it as `options` say).

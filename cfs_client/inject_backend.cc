@@ -56,6 +56,13 @@ class InjectBackend final : public Backend {
     CTFS_RETURN_IF_ERROR(Before("read " + path, true));
     return base_->StatRead(path, len, buf);
   }
+  Result<int> OpenReadFd(const std::string& path, const FileVersion& expect) override {
+    // A descriptor would let the reader skip the injected latency and errors.
+    if (opts_.latency_us > 0 || opts_.error_rate > 0)
+      return Status::NotSupported("fault injection is on: every byte goes through the daemon");
+    return base_->OpenReadFd(path, expect);
+  }
+
   Result<std::string> ReadLink(const std::string& path) override {
     CTFS_RETURN_IF_ERROR(Before("readlink " + path, false));
     return base_->ReadLink(path);

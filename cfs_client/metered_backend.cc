@@ -30,11 +30,13 @@ enum Op {
   kLink,
   kSetAttr,
   kSyncDir,
+  kOpenRead,
   kNumOps
 };
 constexpr std::array<const char*, kNumOps> kOpNames = {
     "stat",  "list",  "read",  "readlink", "statfs",  "open_write", "write",   "truncate", "flush",
-    "fsync", "mkdir", "unlink", "rmdir",   "rename", "symlink",    "link",    "setattr",  "fsyncdir"};
+    "fsync", "mkdir", "unlink", "rmdir",   "rename", "symlink",    "link",    "setattr",  "fsyncdir",
+    "open_read"};
 enum Outcome { kOk, kNotFound, kStaleOutcome, kError, kNumOutcomes };
 constexpr std::array<const char*, kNumOutcomes> kOutcomeNames = {"ok", "not_found", "stale",
                                                                  "error"};
@@ -120,6 +122,15 @@ class MeteredBackend final : public Backend {
   Result<Fetched> StatRead(const std::string& path, size_t len, char* buf) override {
     return Timed(kRead, [&] { return base_->StatRead(path, len, buf); });
   }
+  Result<int> OpenReadFd(const std::string& path, const FileVersion& expect) override {
+    uint64_t start = clock_->NowNanos();
+    Result<int> r = base_->OpenReadFd(path, expect);
+    if (r.status().code() == Status::Code::kNotSupported) return r;  // no request was made
+    seconds_[kOpenRead]->Observe(static_cast<double>(clock_->NowNanos() - start) / 1e9);
+    requests_[kOpenRead][OutcomeOf(r.status())]->Increment();
+    return r;
+  }
+
   Result<std::string> ReadLink(const std::string& path) override {
     return Timed(kReadLink, [&] { return base_->ReadLink(path); });
   }

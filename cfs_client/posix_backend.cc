@@ -235,6 +235,17 @@ class PosixBackend final : public Backend {
     return r->bytes;
   }
 
+  Result<int> OpenReadFd(const std::string& path, const FileVersion& expect) override {
+    Fd fd(::openat(root_fd_.get(), Rel(path), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
+    if (!S_ISREG(st.st_mode)) return Status::IsDirectory("open " + Show(path) + ": not a regular file");
+    if (FromStat(st).Version() != expect)
+      return Status::Stale("open " + Show(path) + ": file changed in the store");
+    return fd.release();
+  }
+
   Result<Fetched> StatRead(const std::string& path, size_t len, char* buf) override {
     Result<Fetched> r = ReadAt(path, nullptr, 0, len, buf);
     if (r.ok() && r->bytes != std::min<uint64_t>(len, r->attr.size))

@@ -218,8 +218,15 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
       [&model_fetcher](const std::string& path) -> Result<prefetch::ControlServer::OpenedFile> {
         Result<ResidentFile> r = model_fetcher.MakeResident(path);
         if (!r.ok()) return r.status();
-        return prefetch::ControlServer::OpenedFile{r->fd,        r->size,       r->mtime_ns,
-                                                   r->ram_bytes, r->disk_bytes, r->backend_bytes};
+        prefetch::ControlServer::OpenedFile f;
+        f.fd = r->fd;
+        f.store_file = r->store_file;
+        f.size = r->size;
+        f.mtime_ns = r->mtime_ns;
+        f.ram_bytes = r->ram_bytes;
+        f.disk_bytes = r->disk_bytes;
+        f.backend_bytes = r->backend_bytes;
+        return f;
       });
   if (!control.ok()) return Fail(kExitBadConfig, control.status().message());
 

@@ -175,6 +175,20 @@ Result<ResidentFile> ModelFetcher::MakeResident(const std::string& path) {
   }
   if (!attr->IsRegular()) return Status::InvalidArgument(path + ": not a regular file");
   const cfs_client::FileVersion version = attr->Version();
+  if (disk_ == nullptr) {
+    Result<int> own = backend_->OpenReadFd(path, version);
+    if (own.ok()) {
+      ResidentFile out;
+      out.fd = *own;
+      out.store_file = true;
+      out.size = version.size;
+      out.mtime_ns = version.mtime_ns;
+      return out;
+    }
+    if (own.status().code() != Status::Code::kNotSupported)
+      CTFS_LOG(kDebug) << "files/open " << path << ": no store descriptor ("
+                       << own.status().ToString() << "), making a memory copy";
+  }
   const std::string key = FileKey(path, version);
 
   // Requests for a version already being made resident share that memory file (8 ranks of

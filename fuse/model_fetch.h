@@ -12,6 +12,9 @@
 //    no reference: the memory is the caller's and is freed when it closes the descriptor.
 //    Chunks fetched from the store are also written to the NVMe tier (when there is one), so
 //    a second load does not go back to the store.
+//    On a posix store without an NVMe tier (and without fault injection) there is nothing to
+//    copy: the descriptor handed over is the store's own file, opened read-only at the
+//    version just seen, so the loader reads it as fast as a direct load.
 //
 // Thread safety: all methods may be called concurrently.
 #pragma once
@@ -35,7 +38,8 @@
 namespace cubetorchfs::fuse {
 
 struct ResidentFile {
-  int fd = -1;  // read-only, sealed memfd; owned by the caller
+  int fd = -1;  // read-only: a sealed memfd, or the store's own file; owned by the caller
+  bool store_file = false;  // fd is the store's file (posix), not a memory copy
   uint64_t size = 0;
   int64_t mtime_ns = 0;
   uint64_t ram_bytes = 0;  // where the bytes came from

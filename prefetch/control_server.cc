@@ -486,10 +486,12 @@ class ServerImpl final : public ControlServer {
     }
     files_opened_++;
     files_open_bytes_ += f->size;
+    if (f->store_file) files_open_store_++;
     *fd = f->fd;
     return JsonResponse(http::status::ok,
                         json{{"size", f->size},
                              {"mtime_ns", f->mtime_ns},
+                             {"kind", f->store_file ? "store" : "memory"},
                              {"bytes", {{"ram", f->ram_bytes}, {"disk", f->disk_bytes},
                                         {"backend", f->backend_bytes}}}},
                         v);
@@ -527,6 +529,7 @@ class ServerImpl final : public ControlServer {
                   {"files_open",
                    {{"opened", files_opened_.load()},
                     {"failed", files_open_failed_.load()},
+                    {"store_files", files_open_store_.load()},
                     {"bytes", files_open_bytes_.load()}}}}},
                 {"streams", streams}};
   }
@@ -537,7 +540,8 @@ class ServerImpl final : public ControlServer {
   const FileReader reader_;
   Warmer* const warmer_;
   const FileOpener opener_;
-  std::atomic<uint64_t> files_opened_{0}, files_open_failed_{0}, files_open_bytes_{0};
+  std::atomic<uint64_t> files_opened_{0}, files_open_failed_{0}, files_open_bytes_{0},
+      files_open_store_{0};
   asio::io_context ioc_;
   asio::thread_pool pool_;
   asio::thread_pool open_pool_;  // /v1/files/open

@@ -9,7 +9,7 @@
 //   POST   /register/pid, /unregister/pid   [pid, ...]          -> 200
 //   POST   /batchdownload/path      [[path, ...]]               -> 200 framed file contents
 //   POST   /v1/files/open           {"path": str}  (unix socket only) -> 200 {"size", "mtime_ns",
-//                                     "bytes": {"ram", "disk", "backend"}} and a read-only file
+//                                     "kind", "bytes": {"ram", "disk", "backend"}} and a read-only file
 //                                     descriptor of the file's bytes attached with SCM_RIGHTS
 //                                     (docs/fd_exchange.md)
 //   POST   /v1/warmup               {"paths": [str, ...]}       -> 200 {"fetched", "skipped",
@@ -54,6 +54,7 @@ class ControlServer {
   // Makes a whole file resident and returns a descriptor of it (for /v1/files/open).
   struct OpenedFile {
     int fd = -1;  // ownership passes to the server, which closes it after sending
+    bool store_file = false;  // the store's own file rather than a memory copy
     uint64_t size = 0;
     int64_t mtime_ns = 0;
     uint64_t ram_bytes = 0;

@@ -4,7 +4,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <cstring>
 #include <thread>
 
@@ -62,6 +66,46 @@ TEST(ModelFetchTest, MakeResidentGivesASealedReadOnlyCopy) {
   EXPECT_NE(f.MakeResident("models/none.safetensors").status().message().find("no such file"),
             std::string::npos);
   EXPECT_EQ(f.MakeResident("models").status().code(), Status::Code::kInvalidArgument);
+}
+
+TEST(ModelFetchTest, PosixStoreHandsOverItsOwnFileUnlessInjecting) {
+  const std::string root = ::testing::TempDir() + "ctfs_model_fetch_" + std::to_string(::getpid());
+  std::filesystem::create_directories(root);
+  const std::string data = Pattern((2 << 20) + 17);
+  {
+    std::ofstream out(root + "/m.safetensors", std::ios::binary);
+    out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  }
+  auto posix = cfs_client::NewPosixBackend(root);
+  ASSERT_TRUE(posix.ok()) << posix.status().ToString();
+  auto ram = Ram();
+  ModelFetcher::Options o;
+  o.chunk_bytes = 1 << 20;
+  ModelFetcher direct(o, posix->get(), ram.get(), nullptr);
+  Result<ResidentFile> r = direct.MakeResident("m.safetensors");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->store_file);
+  struct stat a, b;
+  ASSERT_EQ(::fstat(r->fd, &a), 0);
+  ASSERT_EQ(::stat((root + "/m.safetensors").c_str(), &b), 0);
+  EXPECT_EQ(a.st_ino, b.st_ino);  // the store's file itself: no copy was made
+  EXPECT_EQ(::pwrite(r->fd, "x", 1, 0), -1);  // read-only
+  ::close(r->fd);
+
+  // With fault injection every byte must pass through the daemon: a memory copy.
+  conf::InjectOptions inject;
+  inject.latency_us = 1;
+  auto injected = cfs_client::NewInjectBackend(std::move(posix).value(), inject, SystemClock());
+  ModelFetcher copying(o, injected.get(), ram.get(), nullptr);
+  r = copying.MakeResident("m.safetensors");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->store_file);
+  EXPECT_EQ(::fcntl(r->fd, F_GET_SEALS) & F_SEAL_WRITE, F_SEAL_WRITE);
+  std::string got(data.size(), '\0');
+  ASSERT_EQ(::pread(r->fd, got.data(), got.size(), 0), static_cast<ssize_t>(got.size()));
+  EXPECT_EQ(got, data);
+  ::close(r->fd);
+  std::filesystem::remove_all(root);
 }
 
 TEST(ModelFetchTest, ConcurrentRequestsShareOneBuild) {

@@ -67,21 +67,30 @@ def files_open(stats: dict[str, Any]) -> dict[str, int]:
     return stats.get("files_open", {})
 
 
+@pytest.mark.parametrize("kind", ["store", "memory"])
 @pytest.mark.parametrize("name", ["plain.safetensors", "enc.safetensors"])
 def test_load_through_mount_uses_daemon_fd_and_equals_direct(cube: CubeFactory, models: Path,
-                                                             name: str) -> None:
-    mount = cube.mount(models, {"cache": {"chunk_bytes": "1MiB"}})
+                                                             name: str, kind: str) -> None:
+    # A posix store hands over its own file; with fault injection on, the daemon makes a
+    # memory copy with parallel ranged reads instead.
+    backend = {"inject": {"latency_us": 100}} if kind == "memory" else {}
+    mount = cube.mount(models, {"cache": {"chunk_bytes": "1MiB"}, "backend": backend})
     direct = child(None, "load", str(models / "models" / name))
     through = child(mount, "load", str(mount.path(f"models/{name}")))
     assert through["digest"] == direct["digest"]
     opened = files_open(through["stats"])
     assert opened.get("opened") == 1 and opened.get("failed") == 0, opened
     assert opened.get("bytes") == (models / "models" / name).stat().st_size
+    assert opened.get("store_files") == (1 if kind == "store" else 0), opened
+    reads = mount.metrics().value("cubetorchfs_backend_requests_total", op="read", status="ok")
+    size = (models / "models" / name).stat().st_size
+    assert reads == (0 if kind == "store" else -(-size // (1 << 20))), reads
 
 
 def test_without_daemon_fd_reads_through_fuse_with_parallel_chunks(cube: CubeFactory,
                                                                    models: Path) -> None:
-    mount = cube.mount(models, {"cache": {"chunk_bytes": "1MiB"}})
+    # RAM for the whole file in every shard of the cache: no chunk is evicted and refetched.
+    mount = cube.mount(models, {"cache": {"chunk_bytes": "1MiB", "memory_bytes": "512MiB"}})
     direct = child(None, "load", str(models / "models" / "plain.safetensors"))
     through = child(mount, "load", str(mount.path("models/plain.safetensors")),
                     CUBE_TORCH_NO_DAEMON_FD="1")
