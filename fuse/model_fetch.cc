@@ -9,9 +9,9 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <system_error>
 
 #include "common/logging.h"
+#include "common/parallel.h"
 
 namespace cubetorchfs::fuse {
 
@@ -298,16 +298,7 @@ Result<ResidentFile> ModelFetcher::BuildResident(const std::string& path,
     }
   };
   const int threads = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(std::max(1, options_.threads)), chunks));
-  std::vector<std::thread> pool;
-  for (int i = 1; i < threads; ++i) {
-    try {
-      pool.emplace_back(worker);
-    } catch (const std::system_error&) {
-      break;  // no more threads: the ones running and this one do the work
-    }
-  }
-  worker();
-  for (auto& t : pool) t.join();
+  RunOnThreads(threads, worker);
   if (!first_error.ok()) return first_error;
 
   if (::fcntl(mfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0)

@@ -14,6 +14,7 @@
 #include <system_error>
 #include <thread>
 
+#include "common/parallel.h"
 #include "crypto/encrypted_header.h"
 #include "crypto/key_source.h"
 #include "loader/daemon_fd.h"
@@ -339,21 +340,7 @@ Status ModelFile::ReadPlan(const ReadOptions& options, const StageFn& stage, con
   };
   int threads = options.threads > 0 ? options.threads : DefaultIoThreads();
   threads = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(threads), count));
-  if (threads <= 1) {
-    worker();
-  } else {
-    std::vector<std::thread> pool;
-    pool.reserve(static_cast<size_t>(threads));
-    for (int t = 1; t < threads; ++t) {
-      try {
-        pool.emplace_back(worker);
-      } catch (const std::system_error&) {
-        break;  // no more threads (pids limit): the ones running and this one do the work
-      }
-    }
-    worker();
-    for (auto& t : pool) t.join();
-  }
+  RunOnThreads(threads, worker);
   if (!first_error.ok()) return first_error;
   if (integrity_) {
     Result<crypto::Tag> root = crypto::CombineChunkTags(*mac_key, params, tags);

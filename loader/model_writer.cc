@@ -12,9 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-#include <system_error>
-#include <thread>
 
+#include "common/parallel.h"
 #include "crypto/encrypted_header.h"
 #include "crypto/integrity.h"
 #include "crypto/key_source.h"
@@ -89,17 +88,8 @@ Status ParallelFor(uint64_t count, int threads, const std::function<Status(uint6
       }
     }
   };
-  int n = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(std::max(threads, 1)), count));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < n; ++t) {
-    try {
-      pool.emplace_back(worker);
-    } catch (const std::system_error&) {
-      break;  // no more threads: the ones running and this one do the work
-    }
-  }
-  worker();
-  for (auto& t : pool) t.join();
+  RunOnThreads(static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(std::max(threads, 1)), count)),
+               worker);
   return first;
 }
 
