@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cubefs_harness import (REPO_ROOT, CubeFactory, CubeMount, UnixHTTPConnection, call,
-                             environment_problem)
+                             environment_problem, wait_until)
 
 pytestmark = pytest.mark.skipif(environment_problem() is not None,
                                 reason=environment_problem() or "")
@@ -85,6 +85,30 @@ def test_load_through_mount_uses_daemon_fd_and_equals_direct(cube: CubeFactory, 
     reads = mount.metrics().value("cubetorchfs_backend_requests_total", op="read", status="ok")
     size = (models / "models" / name).stat().st_size
     assert reads == (0 if kind == "store" else -(-size // (1 << 20))), reads
+
+
+def test_second_load_comes_from_the_nvme_tier(cube: CubeFactory, models: Path,
+                                             tmp_path: Path) -> None:
+    # With an NVMe tier the daemon makes memory copies and keeps the chunks on the tier: a
+    # second load on this node reads nothing from the store.
+    mount = cube.mount(models, {"cache": {"chunk_bytes": "1MiB", "disk_dir": str(tmp_path / "nvme"),
+                                          "disk_bytes": "256MiB"}})
+    path = mount.path("models/plain.safetensors")
+    size = (models / "models" / "plain.safetensors").stat().st_size
+
+    def backend_reads() -> float:
+        return mount.metrics().value("cubetorchfs_backend_requests_total", op="read", status="ok")
+
+    first = child(mount, "load", str(path))
+    assert backend_reads() == -(-size // (1 << 20))
+    assert wait_until(lambda: mount.metrics().value("cubetorchfs_cache_bytes", tier="disk") >= size,
+                      timeout=20)
+    reads_after_first = backend_reads()
+    second = child(mount, "load", str(path))
+    assert second["digest"] == first["digest"]
+    assert backend_reads() == reads_after_first
+    opened = files_open(second["stats"])
+    assert opened.get("opened") == 2 and opened.get("store_files") == 0, opened
 
 
 def test_without_daemon_fd_reads_through_fuse_with_parallel_chunks(cube: CubeFactory,
