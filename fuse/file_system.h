@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -228,6 +229,12 @@ class FileSystem {
   std::optional<cfs_client::FileAttr> WrittenAttr(WriteState& state);
   // Closes the write state of an inode the kernel forgot, flushing what is left.
   Status CloseForgotten(uint64_t ino, WriteState& state);
+  // While orphans exist: records that `paths` now hold something newer than any orphan's
+  // bytes for them (or below them). REQUIRES: writes_mu_ held.
+  void MarkPathsReplacedLocked(std::initializer_list<const std::string*> paths);
+  // An orphan's bytes at `path` are older than what the store has there now (or above it).
+  // REQUIRES: writes_mu_ held.
+  bool SupersededLocked(const std::string& path, uint64_t write_seq) const;
   // Reads through the write state of `handle.ino`, if it has one.
   std::optional<Result<ReadResult>> ReadWritten(uint64_t ino, uint64_t offset, size_t size);
 

@@ -323,6 +323,12 @@ Status FileSystem::Unlink(uint64_t parent, const std::string& name) {
     std::lock_guard<std::mutex> sl(st->mu);
     MarkRemovedLocked(*st);
   }
+  {
+    // An orphan of this path (bytes of a forgotten file that failed to reach the store) must
+    // not bring the file back at unmount.
+    std::lock_guard<std::mutex> l(writes_mu_);
+    MarkPathsReplacedLocked({&*path});
+  }
   inodes_.Remove(*path);
   InvalidateCaches(*path);
   return Status::OK();
@@ -333,6 +339,10 @@ Status FileSystem::Rmdir(uint64_t parent, const std::string& name) {
   Result<std::string> path = ChildOf(parent, name);
   if (!path.ok()) return path.status();
   CTFS_RETURN_IF_ERROR(backend_->Rmdir(*path));
+  {
+    std::lock_guard<std::mutex> l(writes_mu_);
+    MarkPathsReplacedLocked({&*path});
+  }
   inodes_.Remove(*path);
   prefetcher_->Invalidate(*path);
   return Status::OK();
@@ -380,9 +390,16 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
     }
     if (renamed.ok())
       renamed = backend_->Rename(*from, *to, (flags & RENAME_NOREPLACE) != 0);
+    if (renamed.ok()) {
+      // Both names hold something new now: an orphan of either (or below either, for a
+      // directory) is older and must not be uploaded over it at unmount.
+      std::lock_guard<std::mutex> l(writes_mu_);
+      MarkPathsReplacedLocked({&*from, &*to});
+    }
     if (renamed.ok() && src_state && !src_state->closed) {
       src_state->path = *to;
       src_state->file->Moved(*to);
+      src_state->write_seq = ++write_seq_;  // newer than the marks just made
     }
   }
   if (!renamed.ok()) {
@@ -410,6 +427,7 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
       if (sl.owns_lock() && !st->closed && st->path.compare(0, prefix.size(), prefix) == 0) {
         st->path = *to + st->path.substr(from->size());
         st->file->Moved(st->path);
+        st->write_seq = ++write_seq_;  // newer than the marks of this rename
       }
     }
   }
@@ -623,14 +641,32 @@ std::optional<cfs_client::FileAttr> FileSystem::WrittenAttr(WriteState& st) {
 Status FileSystem::CloseForgotten(uint64_t ino, WriteState& st) {
   std::lock_guard<std::mutex> sl(st.mu);
   st.writers = 0;
-  Status s = MaybeCloseLocked(ino, st, /*forgotten=*/true);
   if (!st.closed && !st.orphan) {
-    // Kept for FlushAll, unless the path is written anew meanwhile (see RecordFlushed).
+    // Counted as an orphan before its last flush is tried: a flush of the same path by a new
+    // inode while that upload runs is then recorded (see RecordFlushed). If the flush
+    // succeeds, closing the state uncounts it.
     st.orphan = true;
     std::lock_guard<std::mutex> l(writes_mu_);
     orphans_++;
   }
-  return s;
+  return MaybeCloseLocked(ino, st, /*forgotten=*/true);
+}
+
+void FileSystem::MarkPathsReplacedLocked(std::initializer_list<const std::string*> paths) {
+  if (orphans_ == 0) return;  // only an orphan could be older than what these paths hold now
+  const uint64_t seq = ++write_seq_;
+  for (const std::string* p : paths) flushed_seq_[*p] = seq;
+}
+
+bool FileSystem::SupersededLocked(const std::string& path, uint64_t write_seq) const {
+  // The path itself, or a directory above it, changed in the store after these bytes.
+  for (std::string p = path;;) {
+    auto it = flushed_seq_.find(p);
+    if (it != flushed_seq_.end() && it->second > write_seq) return true;
+    const size_t slash = p.rfind('/');
+    if (slash == std::string::npos) return false;
+    p.resize(slash);
+  }
 }
 
 Status FileSystem::FlushAll() {
@@ -660,8 +696,7 @@ Status FileSystem::FlushAll() {
       bool superseded = false;
       {
         std::lock_guard<std::mutex> l(writes_mu_);
-        auto it = flushed_seq_.find(st.path);
-        superseded = it != flushed_seq_.end() && it->second > st.write_seq;
+        superseded = SupersededLocked(st.path, st.write_seq);
       }
       if (superseded) {
         CTFS_LOG(kWarn) << "flush " << st.path << " at unmount: skipped, the file was written "

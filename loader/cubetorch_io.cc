@@ -57,6 +57,8 @@ int Fail(const Status& s, char* err, size_t err_len) {
       return -EACCES;
     case Code::kIsDirectory:
       return -EISDIR;
+    case Code::kErrno:
+      return s.errno_value() > 0 ? -s.errno_value() : -EIO;
     default:
       return -EIO;
   }

@@ -387,6 +387,35 @@ TEST_F(FileSystemTest, AnOrphanDoesNotOverwriteNewerBytesAtUnmount) {
   EXPECT_EQ(store_.open_files(), 0);  // every file let go at unmount
 }
 
+// Nor over a file renamed onto its path, nor back over a file since unlinked, nor into a
+// directory removed since; while a file moved by a directory rename is still flushed.
+TEST_F(FileSystemTest, AnOrphanDoesNotComeBackOverARenameOrAnUnlink) {
+  store_.SetObjectStore(true);
+  MakeOrphan("ckpt", "failed");
+  Result<FileSystem::Created> tmp = fs_->Create(kRootIno, "ckpt.tmp", 0644, 0, {}, false);
+  ASSERT_TRUE(tmp.ok());
+  ASSERT_TRUE(fs_->Write(tmp->entry.ino, 0, "newest", 6).ok());
+  ASSERT_TRUE(fs_->Flush(tmp->entry.ino).ok());
+  ASSERT_TRUE(fs_->Rename(kRootIno, "ckpt.tmp", kRootIno, "ckpt", 0).ok());
+  EXPECT_EQ(store_.Data("ckpt"), "newest");
+
+  // "gone" is in the store; a later rewrite of it fails and is forgotten; then it is deleted.
+  Result<FileSystem::Created> g = fs_->Create(kRootIno, "gone", 0644, 0, {}, false);
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE(fs_->Write(g->entry.ino, 0, "v1", 2).ok());
+  ASSERT_TRUE(fs_->Flush(g->entry.ino).ok());
+  ASSERT_TRUE(fs_->Write(g->entry.ino, 0, "v2", 2).ok());
+  store_.FailWrites(2, Status::IOError("store down"));
+  EXPECT_FALSE(fs_->Flush(g->entry.ino).ok());
+  fs_->Forget(g->entry.ino, 1);
+  ASSERT_TRUE(store_.Exists("gone"));
+  ASSERT_TRUE(fs_->Unlink(kRootIno, "gone").ok());
+
+  EXPECT_TRUE(fs_->FlushAll().ok());
+  EXPECT_EQ(store_.Data("ckpt"), "newest");
+  EXPECT_FALSE(store_.Exists("gone"));
+}
+
 // An orphan with nothing newer at its path is still flushed at unmount.
 TEST_F(FileSystemTest, AnOrphanIsFlushedAtUnmount) {
   store_.SetObjectStore(true);
