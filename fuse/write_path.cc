@@ -382,12 +382,25 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
   }
   Status renamed;
   {
-    // The store renames what it has: bytes still on their way there go first.
-    std::unique_lock<std::mutex> sl;
-    if (src_state) {
+    // The store renames what it has: bytes still on their way there go first. The replaced
+    // file's state is held too, so no upload of it can land after the rename (the kernel
+    // runs no other rename of these names meanwhile; the address order is for safety).
+    std::unique_lock<std::mutex> sl, dl;
+    if (dst_state == src_state) dst_state.reset();  // renaming a file onto itself
+    if (src_state && dst_state) {
+      std::mutex* first = std::less<std::mutex*>()(&src_state->mu, &dst_state->mu) ? &src_state->mu : &dst_state->mu;
+      std::mutex* second = first == &src_state->mu ? &dst_state->mu : &src_state->mu;
+      std::unique_lock<std::mutex> a(*first), b(*second);
+      sl = std::unique_lock<std::mutex>(src_state->mu, std::adopt_lock);
+      dl = std::unique_lock<std::mutex>(dst_state->mu, std::adopt_lock);
+      a.release();
+      b.release();
+    } else if (src_state) {
       sl = std::unique_lock<std::mutex>(src_state->mu);
-      renamed = FlushLocked(*src_state);
+    } else if (dst_state) {
+      dl = std::unique_lock<std::mutex>(dst_state->mu);
     }
+    if (src_state) renamed = FlushLocked(*src_state);
     if (renamed.ok())
       renamed = backend_->Rename(*from, *to, (flags & RENAME_NOREPLACE) != 0);
     if (renamed.ok()) {
@@ -401,18 +414,14 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
       src_state->file->Moved(*to);
       src_state->write_seq = ++write_seq_;  // newer than the marks just made
     }
-  }
-  if (!renamed.ok()) {
-    if (dst_opened) {  // the keep-alive is not needed after all
-      std::lock_guard<std::mutex> dl(dst_state->mu);
-      Status ignored = MaybeCloseLocked(*dst, *dst_state);
-      (void)ignored;
+    if (!renamed.ok()) {
+      if (dst_opened) {  // the keep-alive is not needed after all
+        Status ignored = MaybeCloseLocked(*dst, *dst_state);
+        (void)ignored;
+      }
+      return renamed;
     }
-    return renamed;
-  }
-  if (dst_state && dst_state != src_state) {
-    std::lock_guard<std::mutex> dl(dst_state->mu);
-    MarkRemovedLocked(*dst_state);
+    if (dst_state) MarkRemovedLocked(*dst_state);
   }
   {
     // Files being written under a renamed directory follow it.
