@@ -26,6 +26,7 @@
 
 #include "cache/crc32c.h"
 #include "common/logging.h"
+#include "common/unique_fd.h"
 
 namespace cubetorchfs::cache {
 namespace {
@@ -63,21 +64,6 @@ std::string IdName(uint64_t id) {
 Status Errno(const std::string& what) {
   return Status::IOError(what + ": " + std::strerror(errno));
 }
-
-// Owns a file descriptor.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 class NvmeCache final : public DiskCache {
  public:
@@ -178,7 +164,7 @@ class NvmeCache final : public DiskCache {
       lru_.splice(lru_.begin(), lru_, it->second.lru);
     }
     std::shared_ptr<Buffer> buf = Buffer::Allocate(v.length);
-    Fd fd(::open(DataPath(v.id).c_str(), O_RDONLY | O_CLOEXEC));
+    UniqueFd fd(::open(DataPath(v.id).c_str(), O_RDONLY | O_CLOEXEC));
     if (fd.get() < 0) {
       if (errno != ENOENT) return Errno(DataPath(v.id));  // e.g. out of descriptors: keep it
       DropIfSame(key, v.id);  // evicted meanwhile, or removed by hand
@@ -322,7 +308,7 @@ class NvmeCache final : public DiskCache {
   Status WriteChunk(uint64_t id, const Buffer& data) {
     const std::string tmp = TmpDir() + "/" + IdName(id);
     {
-      Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+      UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
       if (fd.get() < 0) return Errno(tmp);
       size_t done = 0;
       while (done < data.size) {
@@ -482,6 +468,23 @@ Result<std::unique_ptr<DiskCache>> DiskCache::Open(const Options& options,
   auto cache = std::make_unique<NvmeCache>(options, db, registry);
   CTFS_RETURN_IF_ERROR(cache->Recover());
   return std::unique_ptr<DiskCache>(std::move(cache));
+}
+
+Result<BufferRef> ReadChunkThroughTier(cfs_client::Backend& backend, DiskCache* disk,
+                                       const std::string& key, const std::string& path,
+                                       const cfs_client::FileVersion& version, uint64_t offset,
+                                       size_t len, bool* from_disk) {
+  *from_disk = false;
+  if (disk != nullptr) {
+    Result<BufferRef> d = disk->Get(key);
+    if (d.ok() && (*d)->size == len) {
+      *from_disk = true;
+      return d;
+    }
+  }
+  Result<BufferRef> r = ReadChunk(backend, path, version, offset, len);
+  if (r.ok() && disk != nullptr) disk->PutAsync(key, r.value());
+  return r;
 }
 
 }  // namespace cubetorchfs::cache

@@ -18,6 +18,7 @@
 
 #include "cfs_client/backend.h"
 #include "common/logging.h"
+#include "common/unique_fd.h"
 
 namespace cubetorchfs::cfs_client {
 
@@ -73,33 +74,6 @@ FileAttr FromStat(const struct stat& st) {
   return a;
 }
 
-// Owns a file descriptor.
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      if (fd_ >= 0) ::close(fd_);
-      fd_ = o.fd_;
-      o.fd_ = -1;
-    }
-    return *this;
-  }
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  int release() {
-    int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-
- private:
-  int fd_;
-};
-
 // Owns a DIR stream.
 struct DirCloser {
   void operator()(DIR* d) const { ::closedir(d); }
@@ -108,7 +82,7 @@ struct DirCloser {
 // A file open for writing: its descriptor, written through.
 class PosixWritableFile final : public WritableFile {
  public:
-  PosixWritableFile(Fd fd, std::string show) : fd_(std::move(fd)), show_(std::move(show)) {}
+  PosixWritableFile(UniqueFd fd, std::string show) : fd_(std::move(fd)), show_(std::move(show)) {}
 
   Result<size_t> Write(uint64_t offset, const char* data, size_t len) override {
     size_t done = 0;
@@ -184,13 +158,13 @@ class PosixWritableFile final : public WritableFile {
   }
 
  private:
-  Fd fd_;
+  UniqueFd fd_;
   const std::string show_;
 };
 
 class PosixBackend final : public Backend {
  public:
-  PosixBackend(std::string root, Fd root_fd)
+  PosixBackend(std::string root, UniqueFd root_fd)
       : root_(std::move(root)), root_fd_(std::move(root_fd)) {}
 
   Result<FileAttr> Stat(const std::string& path) override {
@@ -236,7 +210,7 @@ class PosixBackend final : public Backend {
   }
 
   Result<int> OpenReadFd(const std::string& path, const FileVersion& expect) override {
-    Fd fd(::openat(root_fd_.get(), Rel(path), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    UniqueFd fd(::openat(root_fd_.get(), Rel(path), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
     struct stat st;
     if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
@@ -281,17 +255,17 @@ class PosixBackend final : public Backend {
     // Create with O_EXCL first, so we know whether this call made the file (only then is it
     // given to the caller); if it exists and that is allowed, open it as it is.
     bool created = false;
-    Fd fd;
+    UniqueFd fd;
     for (int attempt = 0; attempt < 8 && fd.get() < 0; ++attempt) {
       if (o.create) {
-        fd = Fd(::openat(root_fd_.get(), Rel(path), base | O_CREAT | O_EXCL, o.mode & 07777));
+        fd = UniqueFd(::openat(root_fd_.get(), Rel(path), base | O_CREAT | O_EXCL, o.mode & 07777));
         if (fd.get() >= 0) {
           created = true;
           break;
         }
         if (errno != EEXIST || o.exclusive) return FromErrno(errno, "create " + Show(path));
       }
-      fd = Fd(::openat(root_fd_.get(), Rel(path), base));
+      fd = UniqueFd(::openat(root_fd_.get(), Rel(path), base));
       if (fd.get() < 0 && (errno != ENOENT || !o.create)) return FromErrno(errno, "open " + Show(path));
     }
     if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
@@ -364,7 +338,7 @@ class PosixBackend final : public Backend {
   }
 
   Status SyncDir(const std::string& path) override {
-    Fd fd(::openat(root_fd_.get(), Rel(path), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    UniqueFd fd(::openat(root_fd_.get(), Rel(path), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
     if (::fsync(fd.get()) != 0) return FromErrno(errno, "fsync " + Show(path));
     return Status::OK();
@@ -378,7 +352,7 @@ class PosixBackend final : public Backend {
   // place keeps its size; its mtime tells the bytes may be mixed).
   Result<Fetched> ReadAt(const std::string& path, const FileVersion* expect, uint64_t offset,
                          size_t len, char* buf) const {
-    Fd fd(::openat(root_fd_.get(), Rel(path), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    UniqueFd fd(::openat(root_fd_.get(), Rel(path), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
     struct stat st;
     if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
@@ -439,13 +413,13 @@ class PosixBackend final : public Backend {
   }
 
   const std::string root_;
-  const Fd root_fd_;
+  const UniqueFd root_fd_;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<Backend>> NewPosixBackend(const std::string& root) {
-  Fd fd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  UniqueFd fd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd.get() < 0) {
     int err = errno;
     if (err == ENOTDIR) return Status::NotDirectory(root + ": not a directory");

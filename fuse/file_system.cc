@@ -266,18 +266,9 @@ Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, s
       const std::string key = cache::ChunkKey(handle.path, handle.version, chunk);
       bool from_disk = false;
       Result<cache::Lookup> got = cache_->GetOrFetch(
-          key, [&]() -> Result<cache::BufferRef> {
-            if (disk_ != nullptr) {
-              Result<cache::BufferRef> d = disk_->Get(key);
-              if (d.ok() && (*d)->size == chunk_len) {
-                from_disk = true;
-                return d;
-              }
-            }
-            Result<cache::BufferRef> r =
-                cache::ReadChunk(*backend_, handle.path, handle.version, chunk_begin, chunk_len);
-            if (r.ok() && disk_ != nullptr) disk_->PutAsync(key, r.value());  // for later runs
-            return r;
+          key, [&] {
+            return cache::ReadChunkThroughTier(*backend_, disk_, key, handle.path,
+                                               handle.version, chunk_begin, chunk_len, &from_disk);
           });
       if (!got.ok()) return got.status();
       if (from_disk) {  // no wait on the backend: still a hit

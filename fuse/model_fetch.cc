@@ -12,6 +12,7 @@
 
 #include "common/logging.h"
 #include "common/parallel.h"
+#include "common/unique_fd.h"
 
 namespace cubetorchfs::fuse {
 
@@ -61,21 +62,6 @@ namespace {
 std::string FileKey(const std::string& path, const cfs_client::FileVersion& v) {
   return path + '\0' + std::to_string(v.size) + '\0' + std::to_string(v.mtime_ns);
 }
-
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
 
 }  // namespace
 
@@ -130,23 +116,6 @@ void ModelFetcher::OnRead(const std::string& path, const cfs_client::FileVersion
   cv_.notify_all();
 }
 
-Result<cache::BufferRef> ModelFetcher::FetchChunk(const std::string& key, const std::string& path,
-                                                  const cfs_client::FileVersion& version,
-                                                  uint64_t chunk, bool* from_disk) {
-  const uint64_t begin = chunk * options_.chunk_bytes;
-  const size_t len = static_cast<size_t>(std::min(options_.chunk_bytes, version.size - begin));
-  if (disk_ != nullptr) {
-    Result<cache::BufferRef> d = disk_->Get(key);
-    if (d.ok() && (*d)->size == len) {
-      *from_disk = true;
-      return d;
-    }
-  }
-  Result<cache::BufferRef> r = cache::ReadChunk(*backend_, path, version, begin, len);
-  if (r.ok() && disk_ != nullptr) disk_->PutAsync(key, r.value());
-  return r;
-}
-
 void ModelFetcher::Worker() {
   for (;;) {
     Job job;
@@ -160,7 +129,13 @@ void ModelFetcher::Worker() {
     const std::string key = cache::ChunkKey(job.path, job.version, job.chunk);
     bool from_disk = false;
     Result<cache::Lookup> got = ram_->GetOrFetch(
-        key, [&] { return FetchChunk(key, job.path, job.version, job.chunk, &from_disk); });
+        key, [&] {
+          const uint64_t begin = job.chunk * options_.chunk_bytes;
+          return cache::ReadChunkThroughTier(*backend_, disk_, key, job.path, job.version, begin,
+                                             static_cast<size_t>(std::min(options_.chunk_bytes,
+                                                                          job.version.size - begin)),
+                                             &from_disk);
+        });
     if (!got.ok())
       CTFS_LOG(kDebug) << "model prefetch " << job.path << " chunk " << job.chunk << ": "
                        << got.status().ToString();
@@ -242,7 +217,7 @@ ModelFetcher::Inflight::~Inflight() {
 Result<ResidentFile> ModelFetcher::BuildResident(const std::string& path,
                                                  const cfs_client::FileVersion& version) {
   std::string name = "cubetorchfs:" + path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
-  Fd mfd(static_cast<int>(::memfd_create(name.substr(0, 200).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING)));
+  UniqueFd mfd(static_cast<int>(::memfd_create(name.substr(0, 200).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING)));
   if (mfd.get() < 0) return Status::IOError(std::string("memfd_create: ") + std::strerror(errno));
   if (::ftruncate(mfd.get(), static_cast<off_t>(version.size)) != 0)
     return Status::IOError(path + ": cannot size memory file: " + std::strerror(errno));
@@ -271,7 +246,8 @@ Result<ResidentFile> ModelFetcher::BuildResident(const std::string& path,
       std::atomic<uint64_t>* counter = &ram_bytes;
       if (!buf && disk_ != nullptr) {
         bool from_disk = false;
-        Result<cache::BufferRef> r = FetchChunk(key, path, version, c, &from_disk);
+        Result<cache::BufferRef> r =
+            cache::ReadChunkThroughTier(*backend_, disk_, key, path, version, off, len, &from_disk);
         if (!r.ok()) return fail(r.status());
         buf = std::move(r.value());
         counter = from_disk ? &disk_bytes : &backend_bytes;
@@ -304,7 +280,7 @@ Result<ResidentFile> ModelFetcher::BuildResident(const std::string& path,
   if (::fcntl(mfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0)
     return Status::IOError(std::string("sealing the memory file: ") + std::strerror(errno));
   // A read-only open file description of the same memory for the caller.
-  Fd ro(::open(("/proc/self/fd/" + std::to_string(mfd.get())).c_str(), O_RDONLY | O_CLOEXEC));
+  UniqueFd ro(::open(("/proc/self/fd/" + std::to_string(mfd.get())).c_str(), O_RDONLY | O_CLOEXEC));
   if (ro.get() < 0) return Status::IOError(std::string("reopening the memory file: ") + std::strerror(errno));
   ResidentFile out;
   out.fd = ro.release();

@@ -92,10 +92,6 @@ class ModelFetcher {
     uint64_t chunk;
   };
   void Worker();
-  // The chunk from the NVMe tier or the store (writing store bytes to the tier).
-  Result<cache::BufferRef> FetchChunk(const std::string& key, const std::string& path,
-                                      const cfs_client::FileVersion& version, uint64_t chunk,
-                                      bool* from_disk);
 
   const Options options_;
   cfs_client::Backend* const backend_;

@@ -14,6 +14,8 @@
 #include <sstream>
 #include <vector>
 
+#include "common/unique_fd.h"
+
 namespace cubetorchfs::loader {
 
 namespace {
@@ -38,23 +40,6 @@ bool Contains(const std::string& mount_point, const std::string& path) {
   return path.compare(0, mount_point.size(), mount_point) == 0 &&
          (path.size() == mount_point.size() || path[mount_point.size()] == '/');
 }
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-  void reset(int fd) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_;
-};
 
 int RemainingMs(std::chrono::steady_clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -138,7 +123,7 @@ Result<DaemonFile> OpenViaDaemon(const std::string& socket_path, const std::stri
   if (socket_path.size() >= sizeof(addr.sun_path))
     return Status::InvalidArgument("control socket path too long: " + socket_path);
   std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
-  Fd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  UniqueFd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (sock.get() < 0) return Status::IOError(std::string("socket: ") + std::strerror(errno));
   if (::connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 &&
       errno != EINPROGRESS && errno != EAGAIN)
@@ -162,7 +147,7 @@ Result<DaemonFile> OpenViaDaemon(const std::string& socket_path, const std::stri
 
   // Read the reply; the descriptor arrives with its first bytes.
   std::string reply;
-  Fd received(-1);
+  UniqueFd received(-1);
   size_t header_end = std::string::npos;
   size_t content_length = 0;
   for (;;) {

@@ -29,6 +29,14 @@ std::string Pattern(size_t n) {
   return s;
 }
 
+// 1 MiB chunks, `threads` parallel reads.
+ModelFetcher::Options Opts(int threads = 8) {
+  ModelFetcher::Options o;
+  o.chunk_bytes = 1 << 20;
+  o.threads = threads;
+  return o;
+}
+
 std::unique_ptr<cache::RamCache> Ram() {
   cache::RamCache::Options o;
   o.capacity_bytes = 64 << 20;
@@ -42,9 +50,7 @@ TEST(ModelFetchTest, MakeResidentGivesASealedReadOnlyCopy) {
   backend.AddDir("models");
   backend.PutFile("models/m.safetensors", data, 7);
   auto ram = Ram();
-  ModelFetcher::Options o;
-  o.chunk_bytes = 1 << 20;
-  o.threads = 4;
+  ModelFetcher::Options o = Opts(4);
   ModelFetcher f(o, &backend, ram.get(), nullptr);
   // One chunk already in RAM: it is used, not fetched again.
   auto chunk2 = cache::Buffer::Allocate(1 << 20);
@@ -79,8 +85,7 @@ TEST(ModelFetchTest, PosixStoreHandsOverItsOwnFileUnlessInjecting) {
   auto posix = cfs_client::NewPosixBackend(root);
   ASSERT_TRUE(posix.ok()) << posix.status().ToString();
   auto ram = Ram();
-  ModelFetcher::Options o;
-  o.chunk_bytes = 1 << 20;
+  ModelFetcher::Options o = Opts();
   ModelFetcher direct(o, posix->get(), ram.get(), nullptr);
   Result<ResidentFile> r = direct.MakeResident("m.safetensors");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -113,9 +118,7 @@ TEST(ModelFetchTest, ConcurrentRequestsShareOneBuild) {
   const std::string data = Pattern((3 << 20) + 5);
   backend.PutFile("m.safetensors", data, 3);
   auto ram = Ram();
-  ModelFetcher::Options o;
-  o.chunk_bytes = 1 << 20;
-  o.threads = 2;
+  ModelFetcher::Options o = Opts(2);
   ModelFetcher f(o, &backend, ram.get(), nullptr);
   backend.CloseGate();  // the first build waits in the store
   Result<ResidentFile> a = Status::IOError("unset"), b = Status::IOError("unset");
@@ -151,9 +154,7 @@ TEST(ModelFetchTest, FirstReadOfAModelFileFetchesItsChunksInParallel) {
   backend.PutFile("m.safetensors", data, 1);
   backend.PutFile("other.bin", data, 1);
   auto ram = Ram();
-  ModelFetcher::Options o;
-  o.chunk_bytes = 1 << 20;
-  o.threads = 3;
+  ModelFetcher::Options o = Opts(3);
   o.background_max_bytes = 4 << 20;  // at most 4 chunks from the read offset
   ModelFetcher f(o, &backend, ram.get(), nullptr);
   const cfs_client::FileVersion v{data.size(), 1};
