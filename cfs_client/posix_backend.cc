@@ -5,14 +5,25 @@
 // surviving a crash of this daemon); Sync is fsync of that file. Renames are the store's own
 // atomic rename(2); SyncDir fsyncs the directory, which is what makes a create, rename or
 // unlink durable.
+//
+// Every path is resolved strictly beneath the root and never through a symlink: the parent
+// directory is opened with openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS) from the root's
+// descriptor (a component walk with O_NOFOLLOW where openat2 is missing), and the operation
+// acts on the last component with an *at call that does not follow it either. A component
+// that is, or became, a symlink fails with ELOOP (ENOTDIR on the fallback walk); it is never
+// followed to another file. Symlinks the users see are followed by the kernel, through
+// readlink, with the caller's rights. Paths longer than PATH_MAX are walked in pieces.
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -73,6 +84,60 @@ FileAttr FromStat(const struct stat& st) {
   a.blocks = static_cast<uint64_t>(st.st_blocks);
   return a;
 }
+
+
+// openat2 is used while the kernel has it; after one ENOSYS the component walk is used.
+std::atomic<bool> g_have_openat2{true};
+
+// Opens `path` (no "." or ".." components; relative) beneath directory `dirfd` without
+// following any symlink, with `flags` (O_CLOEXEC is added). -1 and errno on failure.
+int OpenNoFollow(int dirfd, const std::string& path, int flags, mode_t mode = 0) {
+  flags |= O_CLOEXEC;
+  if (g_have_openat2.load(std::memory_order_relaxed)) {
+    struct open_how how {};
+    how.flags = static_cast<uint64_t>(flags);
+    how.mode = (flags & O_CREAT) ? mode : 0;
+    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+    for (;;) {
+      const long r = ::syscall(SYS_openat2, dirfd, path.c_str(), &how, sizeof(how));
+      if (r >= 0) return static_cast<int>(r);
+      if (errno == EAGAIN || errno == EINTR) continue;  // a rename raced the lookup
+      if (errno != ENOSYS) return -1;
+      g_have_openat2.store(false, std::memory_order_relaxed);
+      break;
+    }
+  }
+  // Without openat2: one component at a time, each opened O_NOFOLLOW.
+  int cur = dirfd;
+  UniqueFd held;
+  size_t start = 0;
+  for (;;) {
+    const size_t slash = path.find('/', start);
+    const std::string part = path.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
+    if (part == ".." ) {
+      errno = EXDEV;
+      return -1;
+    }
+    if (slash == std::string::npos)
+      return ::openat(cur, part.c_str(), flags | O_NOFOLLOW, mode);
+    const int fd = ::openat(cur, part.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return -1;
+    held = UniqueFd(fd);
+    cur = fd;
+    start = slash + 1;
+  }
+}
+
+// A path's place in the store: the directory it is in, opened beneath the root, and its last
+// component. `dir` is the root's descriptor or `owned`'s.
+struct At {
+  UniqueFd owned;
+  int dir = -1;
+  std::string name;  // "." for the root itself
+};
+
+// What openat2 is given at once; longer directory paths are opened piece by piece.
+constexpr size_t kPathPiece = 3072;
 
 // Owns a DIR stream.
 struct DirCloser {
@@ -168,14 +233,18 @@ class PosixBackend final : public Backend {
       : root_(std::move(root)), root_fd_(std::move(root_fd)) {}
 
   Result<FileAttr> Stat(const std::string& path) override {
+    Result<At> at = Locate(path, "stat");
+    if (!at.ok()) return at.status();
     struct stat st;
-    if (::fstatat(root_fd_.get(), Rel(path), &st, AT_SYMLINK_NOFOLLOW) != 0)
+    if (::fstatat(at->dir, at->name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
       return FromErrno(errno, "stat " + Show(path));
     return FromStat(st);
   }
 
   Result<std::vector<DirEntry>> List(const std::string& path) override {
-    int fd = ::openat(root_fd_.get(), Rel(path), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    Result<At> at = Locate(path, "opendir");
+    if (!at.ok()) return at.status();
+    int fd = ::openat(at->dir, at->name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return FromErrno(errno, "opendir " + Show(path));
     std::unique_ptr<DIR, DirCloser> dir(::fdopendir(fd));
     if (!dir) {
@@ -210,11 +279,14 @@ class PosixBackend final : public Backend {
   }
 
   Result<int> OpenReadFd(const std::string& path, const FileVersion& expect) override {
-    UniqueFd fd(::openat(root_fd_.get(), Rel(path), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    Result<At> at = Locate(path, "open");
+    if (!at.ok()) return at.status();
+    UniqueFd fd(::openat(at->dir, at->name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
     if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
     struct stat st;
     if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
     if (!S_ISREG(st.st_mode)) return Status::IsDirectory("open " + Show(path) + ": not a regular file");
+    if (::fcntl(fd.get(), F_SETFL, 0) != 0) return FromErrno(errno, "fcntl " + Show(path));
     if (FromStat(st).Version() != expect)
       return Status::Stale("open " + Show(path) + ": file changed in the store");
     return fd.release();
@@ -229,7 +301,9 @@ class PosixBackend final : public Backend {
 
   Result<std::string> ReadLink(const std::string& path) override {
     std::string target(4096, '\0');
-    ssize_t n = ::readlinkat(root_fd_.get(), Rel(path), target.data(), target.size());
+    Result<At> at = Locate(path, "readlink");
+    if (!at.ok()) return at.status();
+    ssize_t n = ::readlinkat(at->dir, at->name.c_str(), target.data(), target.size());
     if (n < 0) return FromErrno(errno, "readlink " + Show(path));
     target.resize(static_cast<size_t>(n));
     return target;
@@ -254,18 +328,20 @@ class PosixBackend final : public Backend {
     const int base = O_RDWR | O_NOFOLLOW | O_CLOEXEC | (o.truncate ? O_TRUNC : 0);
     // Create with O_EXCL first, so we know whether this call made the file (only then is it
     // given to the caller); if it exists and that is allowed, open it as it is.
+    Result<At> at = Locate(path, "open");
+    if (!at.ok()) return at.status();
     bool created = false;
     UniqueFd fd;
     for (int attempt = 0; attempt < 8 && fd.get() < 0; ++attempt) {
       if (o.create) {
-        fd = UniqueFd(::openat(root_fd_.get(), Rel(path), base | O_CREAT | O_EXCL, o.mode & 07777));
+        fd = UniqueFd(::openat(at->dir, at->name.c_str(), base | O_CREAT | O_EXCL, o.mode & 07777));
         if (fd.get() >= 0) {
           created = true;
           break;
         }
         if (errno != EEXIST || o.exclusive) return FromErrno(errno, "create " + Show(path));
       }
-      fd = UniqueFd(::openat(root_fd_.get(), Rel(path), base));
+      fd = UniqueFd(::openat(at->dir, at->name.c_str(), base));
       if (fd.get() < 0 && (errno != ENOENT || !o.create)) return FromErrno(errno, "open " + Show(path));
     }
     if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
@@ -278,49 +354,69 @@ class PosixBackend final : public Backend {
 
   Result<FileAttr> Mkdir(const std::string& path, mode_t mode, int64_t uid,
                          int64_t gid) override {
-    if (::mkdirat(root_fd_.get(), Rel(path), mode & 07777) != 0)
+    Result<At> at = Locate(path, "mkdir");
+    if (!at.ok()) return at.status();
+    if (::mkdirat(at->dir, at->name.c_str(), mode & 07777) != 0)
       return FromErrno(errno, "mkdir " + Show(path));
     return StatOwnedBy(path, uid, gid);
   }
 
   Status Unlink(const std::string& path) override {
-    if (::unlinkat(root_fd_.get(), Rel(path), 0) != 0)
+    Result<At> at = Locate(path, "unlink");
+    if (!at.ok()) return at.status();
+    if (::unlinkat(at->dir, at->name.c_str(), 0) != 0)
       return FromErrno(errno, "unlink " + Show(path));
     return Status::OK();
   }
 
   Status Rmdir(const std::string& path) override {
-    if (::unlinkat(root_fd_.get(), Rel(path), AT_REMOVEDIR) != 0)
+    Result<At> at = Locate(path, "rmdir");
+    if (!at.ok()) return at.status();
+    if (::unlinkat(at->dir, at->name.c_str(), AT_REMOVEDIR) != 0)
       return FromErrno(errno, "rmdir " + Show(path));
     return Status::OK();
   }
 
   Status Rename(const std::string& from, const std::string& to, bool noreplace) override {
-    const int r = noreplace ? ::renameat2(root_fd_.get(), Rel(from), root_fd_.get(), Rel(to),
-                                          RENAME_NOREPLACE)
-                            : ::renameat(root_fd_.get(), Rel(from), root_fd_.get(), Rel(to));
+    Result<At> a = Locate(from, "rename");
+    if (!a.ok()) return a.status();
+    Result<At> b = Locate(to, "rename");
+    if (!b.ok()) return b.status();
+    const int r = ::renameat2(a->dir, a->name.c_str(), b->dir, b->name.c_str(),
+                              noreplace ? RENAME_NOREPLACE : 0);
     if (r != 0) return FromErrno(errno, "rename " + Show(from) + " to " + Show(to));
     return Status::OK();
   }
 
   Result<FileAttr> Symlink(const std::string& target, const std::string& path, int64_t uid,
                            int64_t gid) override {
-    if (::symlinkat(target.c_str(), root_fd_.get(), Rel(path)) != 0)
+    Result<At> at = Locate(path, "symlink");
+    if (!at.ok()) return at.status();
+    if (::symlinkat(target.c_str(), at->dir, at->name.c_str()) != 0)
       return FromErrno(errno, "symlink " + Show(path));
     return StatOwnedBy(path, uid, gid);
   }
 
   Result<FileAttr> Link(const std::string& from, const std::string& to) override {
-    if (::linkat(root_fd_.get(), Rel(from), root_fd_.get(), Rel(to), 0) != 0)
+    Result<At> a = Locate(from, "link");
+    if (!a.ok()) return a.status();
+    Result<At> b = Locate(to, "link");
+    if (!b.ok()) return b.status();
+    if (::linkat(a->dir, a->name.c_str(), b->dir, b->name.c_str(), 0) != 0)
       return FromErrno(errno, "link " + Show(from) + " to " + Show(to));
     return Stat(to);
   }
 
   Result<FileAttr> SetAttr(const std::string& path, const AttrChange& c) override {
-    if (c.mode && ::fchmodat(root_fd_.get(), Rel(path), *c.mode & 07777, 0) != 0)
+    Result<At> at = Locate(path, "setattr");
+    if (!at.ok()) return at.status();
+    // AT_SYMLINK_NOFOLLOW: glibc changes the file itself through an O_PATH descriptor, and
+    // refuses (EOPNOTSUPP) a symlink rather than change what it points to.
+    if (c.mode &&
+        ::fchmodat(at->dir, at->name.c_str(), *c.mode & 07777, AT_SYMLINK_NOFOLLOW) != 0)
       return FromErrno(errno, "chmod " + Show(path));
     if ((c.uid || c.gid) &&
-        ::fchownat(root_fd_.get(), Rel(path), c.uid ? static_cast<uid_t>(*c.uid) : uid_t(-1),
+        ::fchownat(at->dir, at->name.c_str(), c.uid ? static_cast<uid_t>(*c.uid) : uid_t(-1),
                    c.gid ? static_cast<gid_t>(*c.gid) : gid_t(-1), AT_SYMLINK_NOFOLLOW) != 0)
       return FromErrno(errno, "chown " + Show(path));
     if (c.atime_ns || c.mtime_ns) {
@@ -331,33 +427,79 @@ class PosixBackend final : public Backend {
                         static_cast<long>(*ns % 1'000'000'000)};
       };
       const timespec times[2] = {ts(c.atime_ns), ts(c.mtime_ns)};
-      if (::utimensat(root_fd_.get(), Rel(path), times, AT_SYMLINK_NOFOLLOW) != 0)
+      if (::utimensat(at->dir, at->name.c_str(), times, AT_SYMLINK_NOFOLLOW) != 0)
         return FromErrno(errno, "utimens " + Show(path));
     }
     return Stat(path);
   }
 
   Status SyncDir(const std::string& path) override {
-    UniqueFd fd(::openat(root_fd_.get(), Rel(path), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    Result<At> at = Locate(path, "open");
+    if (!at.ok()) return at.status();
+    UniqueFd fd(::openat(at->dir, at->name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
     if (::fsync(fd.get()) != 0) return FromErrno(errno, "fsync " + Show(path));
     return Status::OK();
   }
 
  private:
-  static const char* Rel(const std::string& path) { return path.empty() ? "." : path.c_str(); }
+  // Where `path` is: its parent directory opened beneath the root without following any
+  // symlink, and its last component. InvalidArgument for "." / ".." / empty components.
+  Result<At> Locate(const std::string& path, const char* what) const {
+    At at;
+    at.dir = root_fd_.get();
+    if (path.empty()) {
+      at.name = ".";
+      return at;
+    }
+    if (path.find('\0') != std::string::npos || path.front() == '/' || path.back() == '/')
+      return Status::InvalidArgument(std::string(what) + " " + Show(path) + ": not a store path");
+    for (size_t start = 0;;) {
+      const size_t slash = path.find('/', start);
+      const size_t len = (slash == std::string::npos ? path.size() : slash) - start;
+      if (len == 0 || (len == 1 && path[start] == '.') ||
+          (len == 2 && path[start] == '.' && path[start + 1] == '.'))
+        return Status::InvalidArgument(std::string(what) + " " + Show(path) +
+                                       ": \".\", \"..\" or empty component");
+      if (slash == std::string::npos) break;
+      start = slash + 1;
+    }
+    const size_t last = path.rfind('/');
+    if (last == std::string::npos) {
+      at.name = path;
+      return at;
+    }
+    at.name = path.substr(last + 1);
+    // The parent, opened in pieces of at most kPathPiece bytes cut at slashes.
+    size_t start = 0;
+    while (start < last) {
+      size_t end = last;
+      if (end - start > kPathPiece) end = path.rfind('/', start + kPathPiece);
+      const int fd = OpenNoFollow(at.dir, path.substr(start, end - start),
+                                  O_PATH | O_DIRECTORY);
+      if (fd < 0) return FromErrno(errno, std::string(what) + " " + Show(path));
+      at.owned = UniqueFd(fd);
+      at.dir = fd;
+      start = end + 1;
+    }
+    return at;
+  }
 
   // Opens regular file `path`, checks it is at version `expect` (if given), reads up to `len`
   // bytes at `offset`, and checks the version did not change meanwhile (a file rewritten in
   // place keeps its size; its mtime tells the bytes may be mixed).
   Result<Fetched> ReadAt(const std::string& path, const FileVersion* expect, uint64_t offset,
                          size_t len, char* buf) const {
-    UniqueFd fd(::openat(root_fd_.get(), Rel(path), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    Result<At> at = Locate(path, "open");
+    if (!at.ok()) return at.status();
+    // O_NONBLOCK: opening a FIFO planted in the store must not block this thread.
+    UniqueFd fd(::openat(at->dir, at->name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
     if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
     struct stat st;
     if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
     if (!S_ISREG(st.st_mode))
       return Status::IsDirectory("read " + Show(path) + ": not a regular file");
+    if (::fcntl(fd.get(), F_SETFL, 0) != 0) return FromErrno(errno, "fcntl " + Show(path));
     Fetched out{FromStat(st), 0};
     if (expect != nullptr && out.attr.Version() != *expect)
       return Status::Stale("read " + Show(path) + ": file changed in the store");
@@ -407,9 +549,9 @@ class PosixBackend final : public Backend {
     const uid_t u = uid >= 0 ? static_cast<uid_t>(uid) : st.st_uid;
     const gid_t g = gid >= 0 ? static_cast<gid_t>(gid) : st.st_gid;
     if (u == st.st_uid && g == st.st_gid) return false;
-    const int r = fd >= 0 ? ::fchown(fd, u, g)
-                          : ::fchownat(root_fd_.get(), Rel(path), u, g, AT_SYMLINK_NOFOLLOW);
-    return r == 0;
+    if (fd >= 0) return ::fchown(fd, u, g) == 0;
+    Result<At> at = Locate(path, "chown");
+    return at.ok() && ::fchownat(at->dir, at->name.c_str(), u, g, AT_SYMLINK_NOFOLLOW) == 0;
   }
 
   const std::string root_;

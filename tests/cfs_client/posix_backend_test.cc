@@ -152,5 +152,125 @@ TEST_F(PosixBackendTest, FlushAndCloseReportSuccessOnALocalFile) {
   EXPECT_EQ(backend_->Stat("dir/closed")->size, 4u);
 }
 
+
+// A store with a symlink to a directory outside the root, and one inside it: no operation
+// may act through either (the kernel follows the links users see, with their rights).
+class PosixBeneathRootTest : public PosixBackendTest {
+ protected:
+  void SetUp() override {
+    PosixBackendTest::SetUp();
+    outside_ = root_.string() + "_outside";
+    fs::remove_all(outside_);
+    fs::create_directories(outside_ / "d");
+    std::ofstream(outside_ / "secret") << "secret";
+    std::ofstream(outside_ / "d" / "f") << "deep";
+    fs::create_symlink(outside_, root_ / "esc");
+    fs::create_symlink("dir", root_ / "inner");
+  }
+  void TearDown() override {
+    fs::remove_all(outside_);
+    PosixBackendTest::TearDown();
+  }
+  fs::path outside_;
+};
+
+TEST_F(PosixBeneathRootTest, NoReadOrOpenThroughASymlinkedDirectory) {
+  char buf[64];
+  for (const char* p : {"esc/secret", "esc/d/f", "inner/file"}) {
+    SCOPED_TRACE(p);
+    EXPECT_FALSE(backend_->Stat(p).ok());
+    EXPECT_FALSE(backend_->StatRead(p, sizeof(buf), buf).ok());
+    EXPECT_FALSE(backend_->Read(p, FileVersion{6, 0}, 0, sizeof(buf), buf).ok());
+    EXPECT_FALSE(backend_->OpenReadFd(p, FileVersion{6, 0}).ok());
+    EXPECT_FALSE(backend_->ReadLink(p).ok());
+  }
+  EXPECT_FALSE(backend_->List("esc").ok());
+  EXPECT_FALSE(backend_->List("esc/d").ok());
+  EXPECT_FALSE(backend_->List("inner").ok());
+  // The links themselves are entries like any other.
+  EXPECT_TRUE(backend_->Stat("esc")->IsSymlink());
+  EXPECT_EQ(backend_->ReadLink("esc").value(), outside_.string());
+}
+
+TEST_F(PosixBeneathRootTest, NoChangeThroughASymlinkedDirectory) {
+  OpenWriteOptions create;
+  create.create = true;
+  EXPECT_FALSE(backend_->OpenWrite("esc/new", create).ok());
+  EXPECT_FALSE(backend_->OpenWrite("esc/secret", OpenWriteOptions{}).ok());
+  EXPECT_FALSE(backend_->Mkdir("esc/newdir", 0755, -1, -1).ok());
+  EXPECT_FALSE(backend_->Unlink("esc/secret").ok());
+  EXPECT_FALSE(backend_->Rmdir("esc/d").ok());
+  EXPECT_FALSE(backend_->Rename("esc/secret", "stolen", false).ok());
+  EXPECT_FALSE(backend_->Rename("dir/file", "esc/planted", false).ok());
+  EXPECT_FALSE(backend_->Link("esc/secret", "hard").ok());
+  EXPECT_FALSE(backend_->Symlink("x", "esc/sym", -1, -1).ok());
+  AttrChange chmod;
+  chmod.mode = 0666;
+  EXPECT_FALSE(backend_->SetAttr("esc/secret", chmod).ok());
+  AttrChange times;
+  times.mtime_ns = 0;
+  EXPECT_FALSE(backend_->SetAttr("esc/secret", times).ok());
+  EXPECT_FALSE(backend_->SyncDir("esc/d").ok());
+  // Nothing outside changed.
+  EXPECT_TRUE(fs::exists(outside_ / "secret"));
+  EXPECT_TRUE(fs::exists(outside_ / "d" / "f"));
+  EXPECT_FALSE(fs::exists(outside_ / "new"));
+  EXPECT_FALSE(fs::exists(outside_ / "newdir"));
+  EXPECT_FALSE(fs::exists(root_ / "stolen"));
+  EXPECT_EQ(fs::status(outside_ / "secret").permissions() & fs::perms::others_write,
+            fs::perms::none);
+}
+
+TEST_F(PosixBeneathRootTest, ChmodOfASymlinkNeverChangesItsTarget) {
+  const auto before = fs::status(outside_ / "secret").permissions();
+  fs::create_symlink(outside_ / "secret", root_ / "dir" / "fl");
+  AttrChange chmod;
+  chmod.mode = 0666;
+  EXPECT_FALSE(backend_->SetAttr("dir/fl", chmod).ok());
+  EXPECT_EQ(fs::status(outside_ / "secret").permissions(), before);
+}
+
+TEST_F(PosixBeneathRootTest, DotDotAndEmptyComponentsAreRefused) {
+  for (const char* p : {"..", "../x", "dir/../../x", "dir//file", "./dir", "dir/.", "/dir"}) {
+    SCOPED_TRACE(p);
+    EXPECT_FALSE(backend_->Stat(p).ok());
+  }
+}
+
+TEST_F(PosixBeneathRootTest, ADirectorySwappedForASymlinkIsNotFollowed) {
+  ASSERT_TRUE(backend_->Stat("dir/sub").ok());
+  fs::rename(root_ / "dir", root_ / "dir.old");
+  fs::create_symlink(outside_, root_ / "dir");
+  EXPECT_FALSE(backend_->Stat("dir/secret").ok());
+  char buf[16];
+  EXPECT_FALSE(backend_->StatRead("dir/secret", sizeof(buf), buf).ok());
+}
+
+TEST_F(PosixBackendTest, PathsLongerThanPathMaxWork) {
+  // 40 levels of 200-byte names: about 8 KB, twice PATH_MAX.
+  std::string rel;
+  const std::string name(200, 'n');
+  for (int i = 0; i < 40; ++i) {
+    rel += (rel.empty() ? "" : "/") + name;
+    ASSERT_TRUE(backend_->Mkdir(rel, 0755, -1, -1).ok()) << i;
+  }
+  ASSERT_GT(rel.size(), 4096u);
+  OpenWriteOptions create;
+  create.create = true;
+  auto f = backend_->OpenWrite(rel + "/file", create);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_TRUE((*f)->Write(0, "deep", 4).ok());
+  ASSERT_TRUE((*f)->Close().ok());
+  auto a = backend_->Stat(rel + "/file");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->size, 4u);
+  char buf[8];
+  auto r = backend_->StatRead(rel + "/file", sizeof(buf), buf);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(std::string(buf, r->bytes), "deep");
+  EXPECT_EQ(backend_->List(rel)->size(), 1u);
+  EXPECT_TRUE(backend_->Unlink(rel + "/file").ok());
+}
+
 }  // namespace
 }  // namespace cubetorchfs::cfs_client
