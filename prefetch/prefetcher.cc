@@ -77,19 +77,25 @@ uint64_t Prefetcher::Slack() const {
   return std::clamp<uint64_t>(options_.prefetch.window_files / 4, 64, 1024);
 }
 
-std::string Prefetcher::CreateStream(const std::string& name, int pid) {
+std::string Prefetcher::CreateStream(const std::string& name, int pid, uid_t uid) {
   std::lock_guard<std::mutex> l(mu_);
+  uint64_t owned = 0;
+  for (const auto& [sid, st] : streams_) owned += st.uid == uid;
+  if (owned >= options_.max_streams_per_uid) return "";
   std::string id = std::to_string(next_stream_id_++);
   id.insert(id.begin(), 's');  // not "s" + ...: g++ 12 warns falsely (-Wrestrict) on that
   Stream& s = streams_[id];
   s.id = id;
   s.name = name;
   s.pid = pid;
+  s.uid = uid;
   s.last_active_ns = clock_->NowNanos();
   s.stats.id = id;
   s.stats.name = name;
   s.stats.pid = pid;
-  CTFS_LOG(kInfo) << "stream " << id << " created: " << name << " (pid " << pid << ")";
+  s.stats.uid = uid;
+  CTFS_LOG(kInfo) << "stream " << id << " created: " << name << " (pid " << pid << ", uid "
+                  << uid << ")";
   return id;
 }
 
@@ -98,13 +104,16 @@ Prefetcher::Stream* Prefetcher::StreamById(const std::string& id) {
   return it == streams_.end() ? nullptr : &it->second;
 }
 
-bool Prefetcher::DeleteStream(const std::string& id) {
+bool Prefetcher::DeleteStream(const std::string& id) { return DeleteStreamAs(0, id) == Op::kOk; }
+
+Prefetcher::Op Prefetcher::DeleteStreamAs(uid_t uid, const std::string& id) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = streams_.find(id);
-  if (it == streams_.end()) return false;
+  if (it == streams_.end()) return Op::kNotFound;
+  if (uid != 0 && it->second.uid != uid) return Op::kForbidden;
   DeleteStreamLocked(it);
   Wake();
-  return true;
+  return Op::kOk;
 }
 
 void Prefetcher::DeleteStreamLocked(std::map<std::string, Stream>::iterator it) {
@@ -124,10 +133,21 @@ void Prefetcher::DeleteStreamLocked(std::map<std::string, Stream>::iterator it) 
 }
 
 bool Prefetcher::Publish(const std::string& id, const std::vector<std::string>& paths) {
+  return PublishAs(0, id, paths) == Op::kOk;
+}
+
+Prefetcher::Op Prefetcher::PublishAs(uid_t uid, const std::string& id,
+                                     const std::vector<std::string>& paths) {
   {
     std::lock_guard<std::mutex> l(mu_);
     Stream* s = StreamById(id);
-    if (s == nullptr) return false;
+    if (s == nullptr) return Op::kNotFound;
+    if (uid != 0 && s->uid != uid) return Op::kForbidden;
+    // Queued positions of all the owner's streams stay under the per-uid limit.
+    uint64_t queued = 0;
+    for (const auto& [sid, st] : streams_)
+      if (st.uid == s->uid) queued += st.base + st.paths.size() - st.low;
+    if (queued + paths.size() > options_.max_queued_paths_per_uid) return Op::kFull;
     for (const auto& path : paths) {
       const uint64_t pos = s->base + s->paths.size();
       s->paths.push_back(path);
@@ -138,16 +158,17 @@ bool Prefetcher::Publish(const std::string& id, const std::vector<std::string>& 
     s->last_active_ns = clock_->NowNanos();
   }
   Wake();
-  return true;
+  return Op::kOk;
 }
 
-Stats Prefetcher::GetStats() {
+Stats Prefetcher::GetStats(std::optional<uid_t> only) {
   std::lock_guard<std::mutex> l(mu_);
   Stats out = totals_;
   out.inflight = inflight_;
   out.window_files = window_.size();
   out.window_bytes = window_bytes_;
   for (const auto& [id, s] : streams_) {
+    if (only && s.uid != *only) continue;
     StreamStats st = s.stats;
     st.queued = s.base + s.paths.size() - s.low;
     out.streams.push_back(std::move(st));
@@ -157,13 +178,32 @@ Stats Prefetcher::GetStats() {
 
 std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
   if (!options_.prefetch.enabled || streams_.empty()) return std::nullopt;
-  if (window_.size() >= options_.prefetch.window_files) return std::nullopt;
-  if (window_bytes_ >= options_.window_budget_bytes) return std::nullopt;
+  // The window is shared fairly among the users whose streams have files to fetch: each
+  // gets an equal part of its files and bytes, and one over its part gives way to one under.
+  std::unordered_map<uid_t, bool> wanting;
+  for (auto& [id, s] : streams_)
+    if (std::max(s.next, s.low) < s.base + s.paths.size()) wanting[s.uid] = true;
+  const uint64_t users = std::max<uint64_t>(1, wanting.size());
+  const uint64_t share_files = std::max<uint64_t>(1, options_.prefetch.window_files / users);
+  const uint64_t share_bytes = options_.window_budget_bytes / users;
+  auto over_share = [&](uid_t uid) {
+    if (users < 2) return false;
+    auto u = use_.find(uid);
+    return u != use_.end() && (u->second.files >= share_files || u->second.bytes >= share_bytes);
+  };
+  if (window_.size() >= options_.prefetch.window_files ||
+      window_bytes_ >= options_.window_budget_bytes) {
+    if (users < 2 || !PreemptLocked(wanting, share_files, share_bytes)) return std::nullopt;
+    if (window_.size() >= options_.prefetch.window_files ||
+        window_bytes_ >= options_.window_budget_bytes)
+      return std::nullopt;
+  }
   // Round-robin over streams so one DataLoader cannot starve another.
   auto it = streams_.upper_bound(rr_after_);
   for (size_t n = 0; n < streams_.size(); ++n, ++it) {
     if (it == streams_.end()) it = streams_.begin();
     Stream& s = it->second;
+    if (over_share(s.uid)) continue;
     s.next = std::max(s.next, s.low);
     const uint64_t limit = s.low + options_.prefetch.window_files;
     const uint64_t end = s.base + s.paths.size();
@@ -179,6 +219,8 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
       Entry& e = window_[path];
       e.refs = 1;
       e.first_stream = s.id;
+      e.owner = s.uid;
+      use_[s.uid].files++;
       e.promise = std::make_shared<std::promise<void>>();
       e.done = e.promise->get_future().share();
       inflight_++;
@@ -203,9 +245,7 @@ void Prefetcher::FailLocked(std::unordered_map<std::string, Entry>::iterator it)
   if (failed_) failed_->Increment();
   if (Stream* s = StreamById(e.first_stream)) s->stats.failed++;
   FinishFetchLocked(e);
-  window_bytes_ -= e.reserved;
-  if (window_gauge_) window_gauge_->Decrement(static_cast<double>(e.reserved));
-  window_.erase(it);
+  EraseLocked(it);
   Wake();
 }
 
@@ -213,16 +253,10 @@ void Prefetcher::RunJob(const Job& job) {
   std::unique_lock<std::mutex> l(mu_);
   // Entries that are not ready are erased only here, so the element stays put.
   Entry* e = &window_.at(job.path);
-  auto reserve = [&](uint64_t bytes) {
-    e->reserved += bytes;
-    window_bytes_ += bytes;
-    if (window_gauge_) window_gauge_->Increment(static_cast<double>(bytes));
-  };
+  auto reserve = [&](uint64_t bytes) { ChargeLocked(*e, static_cast<int64_t>(bytes)); };
   auto abandon = [&] {
     FinishFetchLocked(*e);
-    window_bytes_ -= e->reserved;
-    if (window_gauge_) window_gauge_->Decrement(static_cast<double>(e->reserved));
-    window_.erase(job.path);
+    EraseLocked(window_.find(job.path));
     Wake();
   };
   // Most files are small: one request brings attributes and data. Reserve a guess at the
@@ -277,9 +311,7 @@ void Prefetcher::RunJob(const Job& job) {
       first->Shrink(size);
       chunks.push_back(std::move(first));
     }
-    window_bytes_ -= guess - size;
-    if (window_gauge_) window_gauge_->Decrement(static_cast<double>(guess - size));
-    e->reserved = size;
+    ChargeLocked(*e, static_cast<int64_t>(size) - static_cast<int64_t>(e->reserved));
   } else {
     first.reset();
     if (size > options_.window_budget_bytes) {  // can never fit: leave it to demand reads
@@ -287,9 +319,7 @@ void Prefetcher::RunJob(const Job& job) {
       return;
     }
     // Wait for room: the window never pushes out a file that has not been read.
-    window_bytes_ -= e->reserved;
-    if (window_gauge_) window_gauge_->Decrement(static_cast<double>(e->reserved));
-    e->reserved = 0;
+    ChargeLocked(*e, -static_cast<int64_t>(e->reserved));
     e->waiting_for_room = true;  // readers fetch it themselves rather than wait on this
     // Release readers already waiting on the first request: room may only come from their
     // own reads of other files, so they must not wait here.
@@ -396,10 +426,55 @@ void Prefetcher::ReleaseLocked(std::unordered_map<std::string, Entry>::iterator 
       disk_->PutAsync(key, e.chunks[i]);
     }
   }
-  window_bytes_ -= e.reserved;
-  if (window_gauge_) window_gauge_->Decrement(static_cast<double>(e.reserved));
-  window_.erase(it);
+  EraseLocked(it);
   Wake();
+}
+
+void Prefetcher::ChargeLocked(Entry& e, int64_t bytes) {
+  e.reserved = static_cast<uint64_t>(static_cast<int64_t>(e.reserved) + bytes);
+  window_bytes_ = static_cast<uint64_t>(static_cast<int64_t>(window_bytes_) + bytes);
+  Use& u = use_[e.owner];
+  u.bytes = static_cast<uint64_t>(static_cast<int64_t>(u.bytes) + bytes);
+  if (window_gauge_) window_gauge_->Increment(static_cast<double>(bytes));
+}
+
+void Prefetcher::EraseLocked(std::unordered_map<std::string, Entry>::iterator it) {
+  ChargeLocked(it->second, -static_cast<int64_t>(it->second.reserved));
+  auto u = use_.find(it->second.owner);
+  if (u != use_.end() && --u->second.files == 0 && u->second.bytes == 0) use_.erase(u);
+  window_.erase(it);
+}
+
+bool Prefetcher::PreemptLocked(const std::unordered_map<uid_t, bool>& wanting,
+                               uint64_t share_files, uint64_t share_bytes) {
+  // Only for a user under its share who has files to fetch.
+  bool someone_under = false;
+  for (const auto& [uid, w] : wanting) {
+    auto u = use_.find(uid);
+    if (u == use_.end() || (u->second.files < share_files && u->second.bytes < share_bytes))
+      someone_under = true;
+  }
+  if (!someone_under) return false;
+  // The user furthest over its share gives up one fetched file nobody has read yet.
+  uid_t victim = 0;
+  uint64_t worst = 0;
+  for (const auto& [uid, u] : use_) {
+    const uint64_t over = std::max(u.files > share_files ? (u.files - share_files) * share_bytes : 0,
+                                   u.bytes > share_bytes ? (u.bytes - share_bytes) * share_files : 0);
+    if (over > worst) {
+      worst = over;
+      victim = uid;
+    }
+  }
+  if (worst == 0) return false;
+  for (auto it = window_.begin(); it != window_.end(); ++it) {
+    if (it->second.owner != victim || it->second.state != State::kReady || it->second.was_read)
+      continue;
+    totals_.preempted++;
+    ReleaseLocked(it);
+    return true;
+  }
+  return false;
 }
 
 void Prefetcher::MarkPositionLocked(Stream& s, uint64_t pos, PosState state) {

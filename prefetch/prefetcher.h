@@ -61,6 +61,7 @@ struct ReadCounts {
 struct StreamStats {
   std::string id, name;
   int pid = 0;
+  uid_t uid = 0;  // the stream's owner: the user who created it
   uint64_t published = 0;  // positions appended
   uint64_t read = 0;       // positions consumed by a read
   uint64_t skipped = 0;    // positions passed over by the readers
@@ -72,6 +73,7 @@ struct StreamStats {
 struct Stats {
   ReadCounts reads;  // every FUSE read of a regular file
   uint64_t fetched = 0, failed = 0, evicted_unread = 0;
+  uint64_t preempted = 0;      // unread files given up so another user got its share
   uint64_t inflight = 0;       // fetches running now
   uint64_t window_files = 0;   // entries in the window (fetching or ready)
   uint64_t window_bytes = 0;   // bytes reserved by them
@@ -91,6 +93,8 @@ class Prefetcher {
     // to [64, 1024] (DataLoader workers read a few batches out of order).
     uint64_t skip_slack = 0;
     bool start_workers = true;                  // false: tests run jobs with RunOneJob()
+    uint64_t max_streams_per_uid = 64;          // streams one user may have at once
+    uint64_t max_queued_paths_per_uid = 1u << 20;  // positions not yet read, all its streams
   };
 
   // `backend`, `ram`, `clock`, `registry` (may be null) and `disk` (the NVMe tier; may be
@@ -103,11 +107,17 @@ class Prefetcher {
   Prefetcher& operator=(const Prefetcher&) = delete;
 
   // --- the control API ---
-  std::string CreateStream(const std::string& name, int pid);
+  // A stream owned by `uid`; "" when that user already has max_streams_per_uid.
+  std::string CreateStream(const std::string& name, int pid, uid_t uid = 0);
   bool DeleteStream(const std::string& id);  // false: unknown stream
   // Appends store-relative paths, in read order. False: unknown stream.
   bool Publish(const std::string& id, const std::vector<std::string>& paths);
-  Stats GetStats();
+  // The same, on behalf of user `uid`: a stream belongs to its creator (root may act on any).
+  enum class Op { kOk, kNotFound, kForbidden, kFull };  // kFull: max_queued_paths_per_uid
+  Op DeleteStreamAs(uid_t uid, const std::string& id);
+  Op PublishAs(uid_t uid, const std::string& id, const std::vector<std::string>& paths);
+  // Counters; the streams of user `only` if given, else all.
+  Stats GetStats(std::optional<uid_t> only = std::nullopt);
 
   // --- the read path ---
   struct WindowHit {
@@ -156,6 +166,7 @@ class Prefetcher {
     bool waiting_for_room = false;  // a large file waiting for window room before its fetch
     bool invalidated = false;  // written through the mount since fetched: never served
     std::string first_stream;  // the stream whose position created it (for its counters)
+    uid_t owner = 0;           // that stream's owner, whose share of the window it uses
     std::shared_future<void> done;  // ready when the fetch ends, either way
     std::shared_ptr<std::promise<void>> promise;
   };
@@ -163,6 +174,7 @@ class Prefetcher {
   struct Stream {
     std::string id, name;
     int pid = 0;
+    uid_t uid = 0;
     uint64_t base = 0;  // position of paths.front()
     std::deque<std::string> paths;
     std::deque<uint8_t> states;
@@ -190,6 +202,14 @@ class Prefetcher {
   void SweepLocked();
   void MaybeReleaseLocked(const std::string& path);
   void FinishFetchLocked(Entry& e);
+  // Adds `bytes` (may be negative) to what `e` holds of the window.
+  void ChargeLocked(Entry& e, int64_t bytes);
+  // Removes an entry, giving back what it held.
+  void EraseLocked(std::unordered_map<std::string, Entry>::iterator it);
+  // Gives up one ready, unread entry of the user furthest over its share, when a user under
+  // its share has files to fetch. True if one was released.
+  bool PreemptLocked(const std::unordered_map<uid_t, bool>& wanting, uint64_t share_files,
+                     uint64_t share_bytes);
   Stream* StreamById(const std::string& id);
   void WorkerLoop();
   uint64_t Slack() const;
@@ -210,6 +230,10 @@ class Prefetcher {
   std::string rr_after_;         // round-robin: the stream served last
   std::unordered_map<std::string, Entry> window_;
   uint64_t window_bytes_ = 0;
+  struct Use {
+    uint64_t files = 0, bytes = 0;
+  };
+  std::unordered_map<uid_t, Use> use_;  // what each user's streams hold of the window
   uint64_t inflight_ = 0;
   uint64_t last_sweep_ns_ = 0;
   uint64_t size_estimate_ = 128 << 10;  // running mean of prefetched file sizes

@@ -311,5 +311,55 @@ TEST(ToStorePathTest, MapsMountPathsAndRejectsOthers) {
   EXPECT_FALSE(ToStorePath("/mnt/x", "").ok());
 }
 
+
+TEST_F(PrefetcherTest, StreamsBelongToTheirCreator) {
+  Make();
+  const std::string mine = pf_->CreateStream("alice", 1, 1000);
+  ASSERT_FALSE(mine.empty());
+  EXPECT_EQ(pf_->PublishAs(1001, mine, {Name(0)}), Prefetcher::Op::kForbidden);
+  EXPECT_EQ(pf_->DeleteStreamAs(1001, mine), Prefetcher::Op::kForbidden);
+  EXPECT_EQ(pf_->PublishAs(1000, mine, {Name(0)}), Prefetcher::Op::kOk);
+  EXPECT_EQ(pf_->PublishAs(1000, "s999", {Name(0)}), Prefetcher::Op::kNotFound);
+  EXPECT_EQ(pf_->GetStats(1001).streams.size(), 0u);
+  ASSERT_EQ(pf_->GetStats(1000).streams.size(), 1u);
+  EXPECT_EQ(pf_->GetStats(1000).streams[0].uid, 1000u);
+  EXPECT_EQ(pf_->DeleteStreamAs(0, mine), Prefetcher::Op::kOk);  // root may
+}
+
+TEST_F(PrefetcherTest, StreamsAndQueuedPathsAreLimitedPerUser) {
+  Prefetcher::Options o;
+  o.start_workers = false;
+  o.max_streams_per_uid = 2;
+  o.max_queued_paths_per_uid = 5;
+  pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
+  const std::string a = pf_->CreateStream("a", 1, 1000);
+  const std::string b = pf_->CreateStream("b", 1, 1000);
+  EXPECT_FALSE(a.empty());
+  EXPECT_FALSE(b.empty());
+  EXPECT_TRUE(pf_->CreateStream("c", 1, 1000).empty());
+  EXPECT_FALSE(pf_->CreateStream("other", 1, 1001).empty());
+  EXPECT_EQ(pf_->PublishAs(1000, a, {Name(0), Name(1), Name(2)}), Prefetcher::Op::kOk);
+  EXPECT_EQ(pf_->PublishAs(1000, b, {Name(3), Name(4), Name(5)}), Prefetcher::Op::kFull);
+  EXPECT_EQ(pf_->PublishAs(1000, b, {Name(3), Name(4)}), Prefetcher::Op::kOk);
+}
+
+TEST_F(PrefetcherTest, OneUserFloodingTheWindowDoesNotStarveAnother) {
+  Make(/*window_files=*/8, /*budget=*/1 << 20, /*slack=*/4);
+  const std::string flood = pf_->CreateStream("flood", 1, 1000);
+  std::vector<std::string> many;
+  for (int i = 0; i < 40; ++i) many.push_back(Name(i));
+  ASSERT_EQ(pf_->PublishAs(1000, flood, many), Prefetcher::Op::kOk);
+  EXPECT_EQ(RunAll(), 8);  // alone, it may fill the window; it never reads
+  const std::string fair = pf_->CreateStream("fair", 1, 1001);
+  ASSERT_EQ(pf_->PublishAs(1001, fair, {Name(50), Name(51), Name(52), Name(53)}),
+            Prefetcher::Op::kOk);
+  RunAll();
+  for (int i = 50; i < 54; ++i)
+    EXPECT_TRUE(pf_->Get(Name(i), {kFileSize, 1}, 0).has_value()) << i;
+  const Stats st = pf_->GetStats();
+  EXPECT_LE(st.window_files, 8u);
+  EXPECT_GE(st.preempted, 4u);
+}
+
 }  // namespace
 }  // namespace cubetorchfs::prefetch

@@ -1,0 +1,262 @@
+#include "prefetch/access.h"
+
+#include <arpa/inet.h>
+#include <grp.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
+#include <netinet/in.h>
+#include <pwd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+
+#include "common/unique_fd.h"
+
+namespace cubetorchfs::prefetch {
+
+bool Caller::InGroup(gid_t g) const {
+  return g == gid || std::find(groups.begin(), groups.end(), g) != groups.end();
+}
+
+namespace {
+
+// Supplementary groups of `uid` from the user database (as login would set them).
+std::vector<gid_t> GroupsOf(uid_t uid, gid_t gid) {
+  std::vector<char> buf(16384);
+  struct passwd pw {};
+  struct passwd* found = nullptr;
+  if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) return {};
+  int n = 64;
+  std::vector<gid_t> groups(static_cast<size_t>(n));
+  if (::getgrouplist(pw.pw_name, gid, groups.data(), &n) < 0) {
+    if (n <= 0 || n > 65536) return {};
+    groups.resize(static_cast<size_t>(n));
+    if (::getgrouplist(pw.pw_name, gid, groups.data(), &n) < 0) return {};
+  }
+  groups.resize(static_cast<size_t>(n));
+  return groups;
+}
+
+gid_t PrimaryGid(uid_t uid) {
+  std::vector<char> buf(16384);
+  struct passwd pw {};
+  struct passwd* found = nullptr;
+  if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr)
+    return static_cast<gid_t>(-1);  // no such user: no group but "other"
+  return pw.pw_gid;
+}
+
+}  // namespace
+
+Result<Caller> UnixPeer(int fd) {
+  struct ucred cred {};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+    return Status::IOError(std::string("SO_PEERCRED: ") + std::strerror(errno));
+  Caller c;
+  c.uid = cred.uid;
+  c.gid = cred.gid;
+  c.pid = cred.pid;
+  std::vector<gid_t> groups(64);
+  len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+  int r = ::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len);
+  if (r != 0 && errno == ERANGE && len / sizeof(gid_t) <= 65536) {
+    groups.resize(len / sizeof(gid_t));
+    r = ::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len);
+  }
+  if (r == 0) {
+    groups.resize(len / sizeof(gid_t));
+    c.groups = std::move(groups);
+  } else {
+    c.groups = GroupsOf(c.uid, c.gid);
+  }
+  return c;
+}
+
+Result<Caller> TcpPeer(int fd) {
+  sockaddr_storage local{}, peer{};
+  socklen_t llen = sizeof(local), plen = sizeof(peer);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0)
+    return Status::IOError(std::string("getpeername: ") + std::strerror(errno));
+  if (local.ss_family != AF_INET || peer.ss_family != AF_INET)
+    return Status::PermissionDenied("not an IPv4 loopback connection");
+  const auto& l4 = reinterpret_cast<const sockaddr_in&>(local);
+  const auto& p4 = reinterpret_cast<const sockaddr_in&>(peer);
+
+  UniqueFd nl(::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG));
+  if (nl.get() < 0) return Status::IOError(std::string("NETLINK_SOCK_DIAG: ") + std::strerror(errno));
+  struct timeval tv {1, 0};
+  ::setsockopt(nl.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  struct {
+    nlmsghdr nlh;
+    inet_diag_req_v2 req;
+  } msg{};
+  msg.nlh.nlmsg_len = sizeof(msg);
+  msg.nlh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+  msg.nlh.nlmsg_flags = NLM_F_REQUEST;
+  msg.nlh.nlmsg_seq = 1;
+  msg.req.sdiag_family = AF_INET;
+  msg.req.sdiag_protocol = IPPROTO_TCP;
+  msg.req.idiag_states = ~0u;
+  // The peer's socket: its source is the peer's address, its destination ours.
+  msg.req.id.idiag_sport = p4.sin_port;
+  msg.req.id.idiag_dport = l4.sin_port;
+  msg.req.id.idiag_src[0] = p4.sin_addr.s_addr;
+  msg.req.id.idiag_dst[0] = l4.sin_addr.s_addr;
+  msg.req.id.idiag_cookie[0] = INET_DIAG_NOCOOKIE;
+  msg.req.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+  sockaddr_nl kernel{};
+  kernel.nl_family = AF_NETLINK;
+  if (::sendto(nl.get(), &msg, sizeof(msg), 0, reinterpret_cast<sockaddr*>(&kernel),
+               sizeof(kernel)) < 0)
+    return Status::IOError(std::string("sock_diag request: ") + std::strerror(errno));
+  alignas(nlmsghdr) char buf[8192];
+  const ssize_t n = ::recv(nl.get(), buf, sizeof(buf), 0);
+  if (n < 0) return Status::IOError(std::string("sock_diag reply: ") + std::strerror(errno));
+  int left = static_cast<int>(n);
+  for (auto* h = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(h, left); h = NLMSG_NEXT(h, left)) {
+    if (h->nlmsg_type == NLMSG_ERROR || h->nlmsg_type == NLMSG_DONE) break;
+    if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY) continue;
+    const auto* d = reinterpret_cast<const inet_diag_msg*>(NLMSG_DATA(h));
+    if (d->id.idiag_sport != p4.sin_port || d->id.idiag_dport != l4.sin_port) continue;
+    Caller c;
+    c.uid = d->idiag_uid;
+    c.gid = PrimaryGid(c.uid);
+    c.groups = GroupsOf(c.uid, c.gid);
+    return c;
+  }
+  return Status::PermissionDenied("the kernel does not know the peer of this connection");
+}
+
+bool MayAccess(const cfs_client::FileAttr& a, const Caller& c, int want) {
+  if (c.IsRoot()) {
+    // Root reads and searches anything; it executes only what someone may execute.
+    if ((want & X_OK) && !a.IsDir() && (a.mode & 0111) == 0) return false;
+    return true;
+  }
+  mode_t bits;
+  if (a.uid == c.uid) bits = (a.mode >> 6) & 7;
+  else if (c.InGroup(a.gid)) bits = (a.mode >> 3) & 7;
+  else bits = a.mode & 7;
+  return (bits & static_cast<mode_t>(want)) == static_cast<mode_t>(want);
+}
+
+const char* RejectName(Reject r) {
+  switch (r) {
+    case Reject::kNone: return "none";
+    case Reject::kOutside: return "outside";
+    case Reject::kSymlink: return "symlink";
+    case Reject::kPermission: return "permission";
+    case Reject::kNotFound: return "not_found";
+    case Reject::kNotFile: return "not_file";
+    case Reject::kLoop: return "loop";
+    case Reject::kStore: return "store";
+  }
+  return "unknown";
+}
+
+PathResolver::PathResolver(const Options& options, cfs_client::Backend* backend, Clock* clock)
+    : options_(options), backend_(backend), clock_(clock) {}
+
+Result<cfs_client::FileAttr> PathResolver::StatCached(const std::string& path, bool fresh) {
+  const uint64_t now = clock_->NowNanos();
+  const auto ttl = static_cast<uint64_t>(options_.ttl_s * 1e9);
+  if (!fresh) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = cache_.find(path);
+    if (it != cache_.end() && now - it->second.time_ns < ttl) return it->second.attr;
+  }
+  Result<cfs_client::FileAttr> a = backend_->Stat(path);
+  if (a.ok() && ttl > 0) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (cache_.size() >= options_.max_cached) cache_.clear();
+    cache_[path] = Cached{a.value(), now};
+  }
+  return a;
+}
+
+Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, const Caller& caller,
+                                                     bool fresh, Reject* why) {
+  *why = Reject::kNone;
+  auto fail = [why](Reject r, Status s) {
+    *why = r;
+    return s;
+  };
+  if (!options_.check_store) return Resolved{path, {}};
+  std::deque<std::string> todo;
+  for (size_t start = 0; start <= path.size();) {
+    size_t slash = path.find('/', start);
+    if (slash == std::string::npos) slash = path.size();
+    todo.push_back(path.substr(start, slash - start));
+    start = slash + 1;
+  }
+  // The root itself must be searchable.
+  Result<cfs_client::FileAttr> root = StatCached("", fresh);
+  if (!root.ok()) return fail(Reject::kStore, root.status());
+  if (!MayAccess(*root, caller, X_OK))
+    return fail(Reject::kPermission, Status::PermissionDenied(path + ": permission denied"));
+  std::string done;  // resolved so far: real directories only
+  int links = 0;
+  while (!todo.empty()) {
+    std::string part = std::move(todo.front());
+    todo.pop_front();
+    if (part.empty() || part == ".") continue;
+    if (part == "..") {
+      const size_t slash = done.rfind('/');
+      if (done.empty())
+        return fail(Reject::kSymlink, Status::PermissionDenied(path + ": leaves the store's root"));
+      done.erase(slash == std::string::npos ? 0 : slash);
+      continue;
+    }
+    const std::string cur = done.empty() ? part : done + "/" + part;
+    Result<cfs_client::FileAttr> a = StatCached(cur, fresh);
+    if (!a.ok()) {
+      const bool missing = a.status().IsNotFound() || a.status().code() == Status::Code::kNotDirectory;
+      return fail(missing ? Reject::kNotFound : Reject::kStore, a.status());
+    }
+    if (a->IsSymlink()) {
+      if (++links > 40)
+        return fail(Reject::kLoop, Status::Errno(ELOOP, path + ": too many levels of symlinks"));
+      Result<std::string> target = backend_->ReadLink(cur);
+      if (!target.ok()) return fail(Reject::kStore, target.status());
+      if (target->empty() || (*target)[0] == '/')
+        return fail(Reject::kSymlink,
+                    Status::PermissionDenied(path + ": " + cur + " is an absolute symlink"));
+      std::vector<std::string> parts;
+      for (size_t start = 0; start <= target->size();) {
+        size_t slash = target->find('/', start);
+        if (slash == std::string::npos) slash = target->size();
+        parts.push_back(target->substr(start, slash - start));
+        start = slash + 1;
+      }
+      todo.insert(todo.begin(), parts.begin(), parts.end());
+      continue;
+    }
+    // The last component is the file once nothing is left to resolve.
+    bool last = true;
+    for (const auto& rest : todo)
+      if (!rest.empty() && rest != ".") last = false;
+    if (!last) {
+      if (!a->IsDir())
+        return fail(Reject::kNotFound, Status::NotDirectory(path + ": " + cur + " is not a directory"));
+      if (!MayAccess(*a, caller, X_OK))
+        return fail(Reject::kPermission, Status::PermissionDenied(path + ": permission denied"));
+      done = cur;
+      continue;
+    }
+    if (!a->IsRegular())
+      return fail(Reject::kNotFile, Status::IsDirectory(path + ": not a regular file"));
+    if (!MayAccess(*a, caller, R_OK))
+      return fail(Reject::kPermission, Status::PermissionDenied(path + ": permission denied"));
+    return Resolved{cur, a.value()};
+  }
+  return fail(Reject::kNotFile, Status::IsDirectory(path + ": names a directory"));
+}
+
+}  // namespace cubetorchfs::prefetch

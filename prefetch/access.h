@@ -1,0 +1,101 @@
+// Who is asking, and what they may read: the caller of a control request, taken from the
+// kernel, and the resolution of the paths it names as the kernel would resolve them through
+// the mount for that caller.
+//
+// The daemon runs as root. A request over the unix socket or the loopback TCP port comes from
+// some local user, and every path it names is checked as that user's own open() through the
+// mount would be under default_permissions: search permission on every directory from the
+// root down, read permission on the file, by the mode bits (ACLs are not consulted). Symlinks
+// in the store are followed while they are relative and stay beneath the root (datasets link
+// class folders); an absolute one, or one that climbs out of the root, is refused for that
+// path. The result is a path without symlinks, which the backend then opens without following
+// any (a component swapped for a symlink after the check fails there; it never reaches
+// another file).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cfs_client/backend.h"
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace cubetorchfs::prefetch {
+
+struct Caller {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  pid_t pid = 0;                // 0 when the kernel does not say (TCP)
+  std::vector<gid_t> groups;    // supplementary groups; the primary gid counts as well
+  bool IsRoot() const { return uid == 0; }
+  bool InGroup(gid_t g) const;
+};
+
+// The peer of a connected unix socket: SO_PEERCRED, and SO_PEERGROUPS for its groups.
+Result<Caller> UnixPeer(int fd);
+// The owner of the local TCP socket at the other end of connected socket `fd` (loopback),
+// found with the kernel's socket diagnostics (NETLINK_SOCK_DIAG); its groups from the user
+// database. An error when the kernel does not know it (the peer is not on this host's
+// loopback in this network namespace): such a connection is refused.
+Result<Caller> TcpPeer(int fd);
+
+// Whether `caller` may `want` (a mask of R_OK, W_OK, X_OK) a file with attributes `a`, by its
+// mode bits, as the kernel checks them. Root may read and search anything.
+bool MayAccess(const cfs_client::FileAttr& a, const Caller& caller, int want);
+
+// Why a path was refused; counted per reason.
+enum class Reject {
+  kNone = 0,
+  kOutside,     // not under the mount, "..", NUL, too long
+  kSymlink,     // an absolute symlink, or one that leaves the root
+  kPermission,  // the caller may not search a directory or read the file
+  kNotFound,    // a component does not exist or is not a directory
+  kNotFile,     // not a regular file
+  kLoop,        // more than 40 symlinks
+  kStore,       // the store failed
+};
+constexpr int kRejectReasons = 8;
+const char* RejectName(Reject r);
+
+class PathResolver {
+ public:
+  struct Options {
+    // How long a directory's or file's attributes may answer a later check of a published
+    // path (prefetch only: requests that hand out bytes or descriptors always ask the store).
+    double ttl_s = 2.0;
+    size_t max_cached = 65536;  // attributes kept; all are dropped when full
+    // false for stores without symlinks or per-file owners (S3): only the lexical checks.
+    bool check_store = true;
+  };
+  PathResolver(const Options& options, cfs_client::Backend* backend, Clock* clock);
+
+  struct Resolved {
+    std::string path;  // store-relative, without symlinks
+    cfs_client::FileAttr attr;  // of the file (unset when the store is not checked)
+  };
+  // Resolves store-relative `path` (from ToStorePath) for `caller` as described above; the
+  // file must be a regular file the caller may read. `fresh`: ask the store for every
+  // component rather than use attributes younger than ttl_s. On failure, *why says why.
+  Result<Resolved> Resolve(const std::string& path, const Caller& caller, bool fresh,
+                           Reject* why);
+
+ private:
+  Result<cfs_client::FileAttr> StatCached(const std::string& path, bool fresh);
+
+  const Options options_;
+  cfs_client::Backend* const backend_;
+  Clock* const clock_;
+  std::mutex mu_;
+  struct Cached {
+    cfs_client::FileAttr attr;
+    uint64_t time_ns = 0;
+  };
+  std::unordered_map<std::string, Cached> cache_;
+};
+
+}  // namespace cubetorchfs::prefetch
