@@ -4,12 +4,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
 
 namespace cubetorchfs {
 namespace {
@@ -31,7 +36,117 @@ const char* LevelName(LogLevel level) {
   return "?";
 }
 
+// Bytes `c` takes once escaped.
+size_t EscapedSize(unsigned char c) {
+  if (c == '\\' || c == '\n' || c == '\t' || c == '\r') return 2;
+  if (c < 0x20 || c == 0x7f) return 4;
+  return 1;
+}
+
+void AppendEscaped(std::string* out, unsigned char c) {
+  switch (c) {
+    case '\\':
+      *out += "\\\\";
+      return;
+    case '\n':
+      *out += "\\n";
+      return;
+    case '\t':
+      *out += "\\t";
+      return;
+    case '\r':
+      *out += "\\r";
+      return;
+    default:
+      if (c < 0x20 || c == 0x7f) {
+        static constexpr char kHex[] = "0123456789abcdef";
+        *out += "\\x";
+        *out += kHex[c >> 4];
+        *out += kHex[c & 0xf];
+      } else {
+        *out += static_cast<char>(c);
+      }
+  }
+}
+
+// Per-call-site token buckets for warnings and errors. Call sites are source lines, so the
+// table stays small; it is cleared if something passes ever-new `file` pointers.
+class RateLimiter {
+ public:
+  // True if a line from (file, line) may be written now; then *suppressed is the number of
+  // lines from there dropped since the last one written.
+  bool Admit(const char* file, int line, uint64_t* suppressed) {
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (sites_.size() >= kMaxSites) sites_.clear();
+    auto [it, inserted] = sites_.try_emplace(Site{file, line});
+    Bucket& b = it->second;
+    if (inserted) {
+      b.tokens = kLogBurstLines;
+    } else {
+      const double elapsed_s = static_cast<double>(now - b.last_ns) / 1e9;
+      b.tokens = std::min<double>(kLogBurstLines, b.tokens + elapsed_s * kLogLinesPerSecond);
+    }
+    b.last_ns = now;
+    if (b.tokens < 1.0) {
+      ++b.suppressed;
+      return false;
+    }
+    b.tokens -= 1.0;
+    *suppressed = std::exchange(b.suppressed, 0);
+    return true;
+  }
+
+ private:
+  static constexpr size_t kMaxSites = 4096;
+  struct Site {
+    const char* file;
+    int line;
+    bool operator==(const Site& o) const { return file == o.file && line == o.line; }
+  };
+  struct SiteHash {
+    size_t operator()(const Site& s) const {
+      return std::hash<const void*>()(s.file) * 31 + static_cast<size_t>(s.line);
+    }
+  };
+  struct Bucket {
+    double tokens = 0;
+    int64_t last_ns = 0;
+    uint64_t suppressed = 0;
+  };
+  std::mutex mu_;
+  std::unordered_map<Site, Bucket, SiteHash> sites_;
+};
+
+RateLimiter& Limiter() {
+  static RateLimiter* limiter = new RateLimiter;  // never destroyed: threads log until _exit
+  return *limiter;
+}
+
 }  // namespace
+
+std::string EscapeLogText(std::string_view text, size_t max_bytes) {
+  std::string out;
+  out.reserve(std::min(text.size(), max_bytes) + 16);
+  size_t i = 0;
+  for (; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (out.size() + EscapedSize(c) > max_bytes) break;
+    AppendEscaped(&out, c);
+  }
+  if (i == text.size()) return out;
+  // Cut before a whole UTF-8 sequence (bytes >= 0x80 were copied one for one).
+  for (int k = 0; k < 3 && i > 0 && (static_cast<unsigned char>(text[i]) & 0xc0) == 0x80 &&
+                  static_cast<unsigned char>(text[i - 1]) >= 0x80;
+       ++k) {
+    --i;
+    out.pop_back();
+  }
+  out += "... (" + std::to_string(text.size() - i) + " bytes cut)";
+  return out;
+}
 
 Result<LogLevel> ParseLogLevel(std::string_view s) {
   std::string l(s);
@@ -65,6 +180,8 @@ bool LogIsStderr() { return g_fd.load() == STDERR_FILENO; }
 bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_level.load(); }
 
 void WriteLogLine(LogLevel level, const char* file, int line, const std::string& msg) {
+  uint64_t suppressed = 0;
+  if (level >= LogLevel::kWarn && !Limiter().Admit(file, line, &suppressed)) return;
   using namespace std::chrono;
   auto now = system_clock::now();
   std::time_t secs = system_clock::to_time_t(now);
@@ -77,8 +194,12 @@ void WriteLogLine(LogLevel level, const char* file, int line, const std::string&
                 LevelName(level), tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
                 tm.tm_min, tm.tm_sec, static_cast<long>(usec), static_cast<int>(::gettid()),
                 base ? base + 1 : file, line);
-  std::string out = head + msg;
-  if (out.empty() || out.back() != '\n') out.push_back('\n');
+  std::string_view text = msg;
+  while (!text.empty() && text.back() == '\n') text.remove_suffix(1);  // a habit, not a forgery
+  std::string out = head;
+  out += EscapeLogText(text);
+  if (suppressed > 0) out += " (" + std::to_string(suppressed) + " similar lines suppressed)";
+  out.push_back('\n');
   ssize_t ignored = ::write(g_fd.load(), out.data(), out.size());
   (void)ignored;  // nowhere left to report a failed log write
 }
