@@ -1,5 +1,11 @@
 #include "conf/config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/mark.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -7,14 +13,16 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <limits>
+#include <map>
+#include <new>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <vector>
 
 #include "common/logging.h"
+#include "common/unique_fd.h"
 
 namespace cubetorchfs::conf {
 namespace {
@@ -76,17 +84,47 @@ const std::set<std::string> kCubeFsClientKeys = {
 // Our own top-level keys.
 const std::set<std::string> kTopLevelKeys = {
     "volName", "mountPoint", "logDir", "logLevel", "exporterPort", "profPort",
-    "profile", "backend",    "cache",  "prefetch", "fuse",
+    "profile", "backend",    "cache",  "prefetch", "control", "fuse",
 };
+
+// Longest unix socket path: sockaddr_un.sun_path with its terminating NUL.
+constexpr size_t kMaxSocketPathBytes = sizeof(sockaddr_un{}.sun_path) - 1;
+// Longest error message: a config value quoted in one cannot flood the terminal.
+constexpr size_t kMaxErrorBytes = 1024;
 
 Status Bad(const std::string& key, const std::string& why) {
   return Status::InvalidArgument(key + ": " + why);
 }
 
+bool HasControlChar(const std::string& s) {
+  return std::any_of(s.begin(), s.end(), [](char ch) {
+    const auto c = static_cast<unsigned char>(ch);
+    return c < 0x20 || c == 0x7f;
+  });
+}
+
+// A config value for an error message: quoted, escaped, at most 80 bytes.
+std::string Quote(const std::string& s) {
+  std::string q = "\"";
+  q += EscapeLogText(s, 80);
+  q += '"';
+  return q;
+}
+
+// Every config error is one line of bounded length, whatever the file holds.
+Status OneLine(const Status& s) {
+  return Status::InvalidArgument(EscapeLogText(s.message(), kMaxErrorBytes));
+}
+
 std::string Scalar(const YAML::Node& n) { return n.IsScalar() ? n.Scalar() : std::string(); }
 
+// Strings end up in paths, mount options, HTTP headers and log lines: none may hold a control
+// character (NUL, newline, tab, ESC, ...).
 Result<std::string> GetString(const YAML::Node& n, const std::string& key) {
   if (!n.IsScalar()) return Bad(key, "must be a string");
+  if (HasControlChar(n.Scalar()))
+    return Bad(key, "must not contain control characters (NUL, newline, tab, ...), got " +
+                        Quote(n.Scalar()));
   return n.Scalar();
 }
 
@@ -264,7 +302,8 @@ Status ParseCache(const YAML::Node& node, CacheOptions* o) {
 Status ParsePrefetch(const YAML::Node& node, PrefetchOptions* o) {
   return ForEachKey(node, "prefetch",
                     {"enabled", "max_inflight", "window_files", "window_bytes", "evict_after_read",
-                     "control_socket"},
+                     "control_socket", "max_streams_per_uid", "max_queued_paths_per_uid",
+                     "max_queued_paths"},
                     [&](const std::string& k, const YAML::Node& v, const std::string& key) {
                       if (k == "enabled") CTFS_ASSIGN(o->enabled, GetBool(v, key));
                       if (k == "max_inflight") {
@@ -279,8 +318,46 @@ Status ParsePrefetch(const YAML::Node& node, PrefetchOptions* o) {
                       if (k == "evict_after_read")
                         CTFS_ASSIGN(o->evict_after_read, GetBool(v, key));
                       if (k == "control_socket") CTFS_ASSIGN(o->control_socket, GetString(v, key));
+                      uint64_t* limit = k == "max_streams_per_uid"        ? &o->max_streams_per_uid
+                                        : k == "max_queued_paths_per_uid" ? &o->max_queued_paths_per_uid
+                                        : k == "max_queued_paths"         ? &o->max_queued_paths
+                                                                          : nullptr;
+                      if (limit != nullptr) {
+                        CTFS_ASSIGN(*limit, GetUint(v, key, 1ull << 26));
+                        if (*limit == 0) return Bad(key, "must be at least 1");
+                      }
                       return Status::OK();
                     });
+}
+
+Status ParseControl(const YAML::Node& node, ControlOptions* o) {
+  CTFS_RETURN_IF_ERROR(ForEachKey(
+      node, "control",
+      {"max_body_bytes", "body_memory_bytes", "max_json_elements", "max_json_depth",
+       "max_connections_unix", "max_connections_tcp", "max_connections_per_uid", "idle_timeout_s"},
+      [&](const std::string& k, const YAML::Node& v, const std::string& key) {
+        if (k == "max_body_bytes") CTFS_ASSIGN(o->max_body_bytes, GetSize(v, key));
+        if (k == "body_memory_bytes") CTFS_ASSIGN(o->body_memory_bytes, GetSize(v, key));
+        if (k == "max_json_elements") CTFS_ASSIGN(o->max_json_elements, GetUint(v, key, 1ull << 26));
+        if (k == "max_json_depth") CTFS_ASSIGN(o->max_json_depth, GetUint(v, key, 1024));
+        if (k == "max_connections_unix") CTFS_ASSIGN(o->max_connections_unix, GetUint(v, key, 65536));
+        if (k == "max_connections_tcp") CTFS_ASSIGN(o->max_connections_tcp, GetUint(v, key, 65536));
+        if (k == "max_connections_per_uid")
+          CTFS_ASSIGN(o->max_connections_per_uid, GetUint(v, key, 65536));
+        if (k == "idle_timeout_s") CTFS_ASSIGN(o->idle_timeout_s, GetDouble(v, key, 0.1, 3600));
+        if (k != "idle_timeout_s" && k != "max_connections_tcp" && k != "max_connections_unix") {
+          const uint64_t got = k == "max_body_bytes"      ? o->max_body_bytes
+                               : k == "body_memory_bytes" ? o->body_memory_bytes
+                               : k == "max_json_elements" ? o->max_json_elements
+                               : k == "max_json_depth"    ? o->max_json_depth
+                                                          : o->max_connections_per_uid;
+          if (got == 0) return Bad(key, "must be at least 1");
+        }
+        return Status::OK();
+      }));
+  if (o->body_memory_bytes < o->max_body_bytes)
+    return Bad("control.body_memory_bytes", "must be at least control.max_body_bytes");
+  return Status::OK();
 }
 
 // Which fuse.* timeouts the file set explicitly (so profile and CubeFS keys don't override).
@@ -326,8 +403,24 @@ Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
 // `s3_set`: the s3 backend's keys present in the file.
 Status Validate(const Config& c, const std::vector<std::string>& s3_set) {
   if (c.vol_name.empty()) return Bad("volName", "required (the volume or bucket name)");
-  if (c.vol_name.find('/') != std::string::npos || c.vol_name == "." || c.vol_name == "..")
-    return Bad("volName", "must not contain '/'");
+  // volName goes into the FUSE mount options (fsname=cubetorchfs:<volName>), the control file
+  // name and the control socket path: only characters that mean nothing in any of them.
+  const bool vol_chars_ok = std::all_of(c.vol_name.begin(), c.vol_name.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-';
+  });
+  if (!vol_chars_ok || c.vol_name.size() > kMaxVolNameBytes)
+    return Bad("volName", "must be 1 to " + std::to_string(kMaxVolNameBytes) +
+                              " of the characters A-Z a-z 0-9 . _ - (it names the mount source, "
+                              "the control file and the control socket), got " +
+                              Quote(c.vol_name) + " (" + std::to_string(c.vol_name.size()) +
+                              " bytes)");
+  if (c.vol_name == "." || c.vol_name == "..")
+    return Bad("volName", "must not be \".\" or \"..\"");
+  if (const std::string sock = ControlSocketPath(c); sock.size() > kMaxSocketPathBytes)
+    return Bad("prefetch.control_socket",
+               (c.prefetch.control_socket.empty() ? "the default path " : "") + Quote(sock) +
+                   " is " + std::to_string(sock.size()) + " bytes; a unix socket path is at most " +
+                   std::to_string(kMaxSocketPathBytes) + " bytes (sockaddr_un.sun_path)");
   if (c.backend.type == "posix") {
     if (c.backend.root.empty()) return Bad("backend.root", "required for the posix backend");
     if (!s3_set.empty())
@@ -384,6 +477,8 @@ Result<Config> ParseNode(const YAML::Node& root) {
       CTFS_RETURN_IF_ERROR(ParseCache(v, &c.cache));
     else if (k == "prefetch")
       CTFS_RETURN_IF_ERROR(ParsePrefetch(v, &c.prefetch));
+    else if (k == "control")
+      CTFS_RETURN_IF_ERROR(ParseControl(v, &c.control));
     else if (k == "fuse")
       CTFS_RETURN_IF_ERROR(ParseFuse(v, &c.fuse, &fuse_set));
     else if (k == "rdonly")
@@ -413,10 +508,221 @@ Result<Config> ParseNode(const YAML::Node& root) {
   while (!c.backend.s3.endpoint.empty() && c.backend.s3.endpoint.back() == '/')
     c.backend.s3.endpoint.pop_back();
   CTFS_RETURN_IF_ERROR(Validate(c, s3_set));
+  if (const uint64_t phys = PhysicalMemoryBytes(); phys != 0 && c.cache.memory_bytes > phys)
+    c.warnings.push_back("cache.memory_bytes: " + std::to_string(c.cache.memory_bytes) +
+                         " bytes is more than this machine's physical memory (" +
+                         std::to_string(phys) + " bytes); the cache will swap or be killed");
   return c;
 }
 
+// Walks the parser's events (not the node tree, where aliases can make a small file expand
+// into exponentially many nodes) and refuses what yaml-cpp accepts silently: a key given twice
+// in one map (the later value would win unnoticed), a key that is not a string or holds a
+// control character, and a second YAML document (YAML::Load reads only the first). JSON and
+// YAML in block or flow style all produce the same events.
+class KeyScanner : public YAML::EventHandler {
+ public:
+  struct Error {
+    std::string message;
+  };
+
+  // Called after the first document: later ones may only be empty ("a: 1\n---\n").
+  void StartExtraDocuments() { extra_documents_ = true; }
+
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override {
+    if (InKeyPosition()) throw Error{Where() + "a key must be a string" + Line(mark)};
+    ValueDone();
+  }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override {
+    CheckExtra(mark);
+    if (InKeyPosition())
+      throw Error{Where() + "a key must be a string, not an alias" + Line(mark)};
+    ValueDone();
+  }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string& value) override {
+    CheckExtra(mark);
+    if (InKeyPosition()) return Key(mark, value);
+    ValueDone();
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    Open(mark, /*map=*/false);
+  }
+  void OnSequenceEnd() override { Close(); }
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    Open(mark, /*map=*/true);
+  }
+  void OnMapEnd() override { Close(); }
+
+ private:
+  struct Frame {
+    bool map = false;
+    bool want_key = true;              // map: the next scalar is a key
+    std::string key;                   // map: the key whose value is being read
+    std::map<std::string, int> lines;  // map: the keys seen, each with its line
+    size_t index = 0;                  // sequence: the element being read
+  };
+
+  static std::string Line(const YAML::Mark& mark) {
+    return " (line " + std::to_string(mark.line + 1) + ")";
+  }
+
+  void CheckExtra(const YAML::Mark& mark) const {
+    if (extra_documents_)
+      throw Error{"config: holds a second YAML document" + Line(mark) +
+                  "; only the first would be read, so put every key in one"};
+  }
+
+  bool InKeyPosition() const {
+    return !stack_.empty() && stack_.back().map && stack_.back().want_key;
+  }
+
+  // The key path being read: "cache.memory_bytes", "mountOptions[2]".
+  std::string Path() const {
+    std::string p;
+    for (const Frame& f : stack_) {
+      if (!f.map)
+        p += "[" + std::to_string(f.index) + "]";
+      else if (!f.want_key)
+        p += (p.empty() ? "" : ".") + f.key;
+    }
+    return p;
+  }
+  std::string Where() const {
+    std::string p = Path();
+    return (p.empty() ? "config" : p) + ": ";
+  }
+
+  void Open(const YAML::Mark& mark, bool map) {
+    CheckExtra(mark);
+    if (InKeyPosition())
+      throw Error{Where() + "a key must be a string, not a list or an object" + Line(mark)};
+    stack_.emplace_back();
+    stack_.back().map = map;
+  }
+  void Close() {
+    if (!stack_.empty()) stack_.pop_back();
+    ValueDone();
+  }
+  void ValueDone() {
+    if (stack_.empty()) return;
+    Frame& f = stack_.back();
+    if (f.map)
+      f.want_key = true;
+    else
+      ++f.index;
+  }
+  void Key(const YAML::Mark& mark, const std::string& key) {
+    Frame& f = stack_.back();
+    f.key = key;
+    f.want_key = false;
+    if (HasControlChar(key))
+      throw Error{Where() + "a key must not contain control characters" + Line(mark)};
+    auto [it, inserted] = f.lines.emplace(key, mark.line + 1);
+    if (!inserted)
+      throw Error{Where() + "duplicate key (lines " + std::to_string(it->second) + " and " +
+                  std::to_string(mark.line + 1) +
+                  "); the second value would silently replace the first"};
+  }
+
+  std::vector<Frame> stack_;
+  bool extra_documents_ = false;
+};
+
+Status CheckKeys(const std::string& text) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  KeyScanner scanner;
+  try {
+    if (!parser.HandleNextDocument(scanner)) return Status::OK();
+    scanner.StartExtraDocuments();
+    while (parser.HandleNextDocument(scanner)) {
+    }
+  } catch (const KeyScanner::Error& e) {
+    return Status::InvalidArgument(e.message);
+  }
+  return Status::OK();
+}
+
+Result<Config> ParseConfigText(const std::string& text, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return Status::InvalidArgument(source + ": not valid JSON or YAML at line " +
+                                   std::to_string(e.mark.line + 1) + ", column " +
+                                   std::to_string(e.mark.column + 1) + ": " + e.msg);
+  }
+  try {
+    CTFS_RETURN_IF_ERROR(CheckKeys(text));
+    return ParseNode(root);
+  } catch (const YAML::Exception& e) {  // a malformed node yaml-cpp only notices on access
+    return Status::InvalidArgument(source + ": " + e.what());
+  }
+}
+
+const char* FileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+Result<std::string> ReadConfigFile(const std::string& path) {
+  auto fail = [&path](const std::string& why) {
+    return Status::InvalidArgument(path + ": cannot read config: " + why);
+  };
+  auto not_regular = [&fail](mode_t mode) {
+    return fail(std::string("not a regular file (") + FileKind(mode) + ")");
+  };
+  // stat before open: opening a device can act on it, and a FIFO must not block the open.
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return fail(std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return not_regular(st.st_mode);
+  // O_NONBLOCK: should the path have become a FIFO since the stat, open(2) still returns at
+  // once; fstat then checks what was opened.
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  if (fd.get() < 0) return fail(std::strerror(errno));
+  if (::fstat(fd.get(), &st) != 0) return fail(std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return not_regular(st.st_mode);
+  const std::string too_big = "larger than " + std::to_string(kMaxConfigBytes >> 20) + " MiB";
+  if (st.st_size > static_cast<off_t>(kMaxConfigBytes)) return fail(too_big);
+  // At most one byte past the limit is read: a file that grows meanwhile, or one that reports
+  // size 0 (/proc), is still bounded.
+  std::string text(kMaxConfigBytes + 1, '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fail(std::strerror(errno));
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  if (got > kMaxConfigBytes) return fail(too_big);
+  text.resize(got);
+  return text;
+}
+
 }  // namespace
+
+uint64_t PhysicalMemoryBytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_size = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return 0;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+}
+
+std::string ControlSocketPath(const Config& config) {
+  return config.prefetch.control_socket.empty()
+             ? "/run/cubetorchfs/" + config.vol_name + ".sock"
+             : config.prefetch.control_socket;
+}
 
 Result<uint64_t> ParseSize(std::string_view text) {
   std::string s(text);
@@ -460,27 +766,35 @@ Result<uint64_t> ParseSize(std::string_view text) {
 }
 
 Result<Config> ParseConfig(const std::string& text, const std::string& source) {
-  YAML::Node root;
+  // Whatever goes wrong (yaml-cpp, std::length_error, std::bad_alloc) becomes one error line.
   try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    return Status::InvalidArgument(source + ": not valid JSON or YAML at line " +
-                                   std::to_string(e.mark.line + 1) + ", column " +
-                                   std::to_string(e.mark.column + 1) + ": " + e.msg);
-  }
-  try {
-    return ParseNode(root);
-  } catch (const YAML::Exception& e) {  // a malformed node yaml-cpp only notices on access
-    return Status::InvalidArgument(source + ": " + e.what());
+    Result<Config> c = ParseConfigText(text, source);
+    if (!c.ok()) return OneLine(c.status());
+    return c;
+  } catch (const std::bad_alloc&) {
+    return OneLine(Status::InvalidArgument(source + ": out of memory reading the config"));
+  } catch (const std::exception& e) {
+    return OneLine(Status::InvalidArgument(source + ": " + e.what()));
+  } catch (...) {
+    return OneLine(Status::InvalidArgument(source + ": unexpected error reading the config"));
   }
 }
 
 Result<Config> LoadConfig(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::InvalidArgument(path + ": cannot read config: " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ParseConfig(ss.str(), path);
+  try {
+    Result<std::string> text = ReadConfigFile(path);
+    if (!text.ok()) return OneLine(text.status());
+    Result<Config> c = ParseConfig(text.value(), path);
+    if (c.ok())
+      for (const std::string& w : c->warnings) CTFS_LOG(kWarn) << w;
+    return c;
+  } catch (const std::bad_alloc&) {
+    return OneLine(Status::InvalidArgument(path + ": out of memory reading the config"));
+  } catch (const std::exception& e) {
+    return OneLine(Status::InvalidArgument(path + ": " + e.what()));
+  } catch (...) {
+    return OneLine(Status::InvalidArgument(path + ": unexpected error reading the config"));
+  }
 }
 
 }  // namespace cubetorchfs::conf

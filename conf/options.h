@@ -58,7 +58,23 @@ struct PrefetchOptions {
   uint64_t window_files = 4096;        // files fetched ahead of a stream's cursor. Default: 4096.
   uint64_t window_bytes = 1ull << 30;  // bytes fetched ahead. Default: 1 GiB.
   bool evict_after_read = true;        // Default: true.
-  std::string control_socket;          // Default: /run/cubetorchfs/<volName>.sock.
+  // Default: /run/cubetorchfs/<volName>.sock (conf::ControlSocketPath). At most 107 bytes.
+  std::string control_socket;
+  uint64_t max_streams_per_uid = 64;             // streams one user may have. Default: 64.
+  uint64_t max_queued_paths_per_uid = 1u << 17;  // paths not yet read, one user. Default: 131072.
+  uint64_t max_queued_paths = 1u << 18;          // paths not yet read, all users. Default: 262144.
+};
+
+// The control server's limits (docs/security.md): what one outsider can make it hold.
+struct ControlOptions {
+  uint64_t max_body_bytes = 16ull << 20;     // one request's body. Default: 16 MiB.
+  uint64_t body_memory_bytes = 32ull << 20;  // all bodies held at once. Default: 32 MiB.
+  uint64_t max_json_elements = 1u << 17;     // values in one body. Default: 131072.
+  uint64_t max_json_depth = 16;              // nesting of one body. Default: 16.
+  uint64_t max_connections_unix = 128;       // on the unix socket. Default: 128.
+  uint64_t max_connections_tcp = 64;         // on 127.0.0.1:profPort. Default: 64.
+  uint64_t max_connections_per_uid = 16;     // one user, both listeners. Default: 16.
+  double idle_timeout_s = 30;                // to send a request or take a reply. Default: 30 s.
 };
 
 struct FuseOptions {
@@ -85,10 +101,13 @@ struct Config {
   BackendOptions backend;
   CacheOptions cache;
   PrefetchOptions prefetch;
+  ControlOptions control;
   FuseOptions fuse;
 
   // Top-level keys that are neither ours nor the CubeFS client's, for one warning.
   std::vector<std::string> unknown_top_level_keys;
+  // Accepted but doubtful settings (cache.memory_bytes above physical memory), one line each.
+  std::vector<std::string> warnings;
 };
 
 }  // namespace cubetorchfs::conf

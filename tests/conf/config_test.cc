@@ -1,6 +1,16 @@
 #include "conf/config.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <future>
+#include <string>
 
 namespace cubetorchfs::conf {
 namespace {
@@ -242,6 +252,265 @@ TEST(ConfigTest, LoadConfigNamesAMissingFile) {
   Result<Config> c = LoadConfig("/nonexistent/cubetorchfs.json");
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("/nonexistent/cubetorchfs.json"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------- hardening
+
+// The error of `text`, which must be refused.
+std::string ErrorOf(const std::string& text) {
+  Result<Config> c = ParseConfig(text);
+  EXPECT_FALSE(c.ok()) << text.substr(0, 200);
+  return c.ok() ? std::string() : c.status().message();
+}
+
+bool StartsWith(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+std::string WithVolName(const std::string& vol) {
+  return "{\"volName\": \"" + vol + "\", \"backend\": {\"root\": \"/d\"}}";
+}
+
+TEST(ConfigHardeningTest, VolNameMustBeShortAndPlain) {
+  for (const std::string& bad :
+       {std::string("a,ro,allow_other"), std::string(65, 'v'), std::string(200, 'v'),
+        std::string("a b"), std::string("a\\nb"), std::string("a\\u0000b"), std::string("a=b"),
+        std::string("caf\xc3\xa9"), std::string("a/b"), std::string("..")}) {
+    std::string err = ErrorOf(WithVolName(bad));
+    EXPECT_TRUE(StartsWith(err, "volName: ")) << bad << " -> " << err;
+    EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+  }
+  EXPECT_NE(ErrorOf(WithVolName("a,ro,allow_other")).find("A-Z a-z 0-9 . _ -"), std::string::npos);
+  EXPECT_NE(ErrorOf(WithVolName(std::string(200, 'v'))).find("200 bytes"), std::string::npos);
+  for (const std::string& good : {std::string(64, 'v'), std::string("ltp-test_1.2"),
+                                  std::string("A9")}) {
+    Result<Config> c = ParseConfig(WithVolName(good));
+    ASSERT_TRUE(c.ok()) << good << ": " << c.status().ToString();
+    EXPECT_EQ(c->vol_name, good);
+  }
+}
+
+TEST(ConfigHardeningTest, ControlSocketPathMustFitSunPath) {
+  auto with_socket = [](const std::string& path) {
+    return R"({"volName": "v", "backend": {"root": "/d"}, "prefetch": {"control_socket": ")" +
+           path + "\"}}";
+  };
+  const std::string dir = "/run/x/";
+  std::string err = ErrorOf(with_socket(dir + std::string(108 - dir.size(), 's')));  // 108 bytes
+  EXPECT_TRUE(StartsWith(err, "prefetch.control_socket: ")) << err;
+  EXPECT_NE(err.find("107"), std::string::npos) << err;
+  err = ErrorOf(with_socket("/" + std::string(199, 's')));
+  EXPECT_TRUE(StartsWith(err, "prefetch.control_socket: ")) << err;
+  EXPECT_NE(err.find("200 bytes"), std::string::npos) << err;
+
+  Result<Config> c = ParseConfig(with_socket(dir + std::string(107 - dir.size(), 's')));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(ControlSocketPath(*c).size(), 107u);
+  // The default path, from the longest volName, fits.
+  c = ParseConfig(WithVolName(std::string(64, 'v')));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(ControlSocketPath(*c), "/run/cubetorchfs/" + std::string(64, 'v') + ".sock");
+}
+
+TEST(ConfigHardeningTest, DuplicateKeysAreErrorsAtEveryLevel) {
+  struct Case {
+    std::string text;
+    std::string key;
+  };
+  for (const Case& tc : std::vector<Case>{
+           {R"({"volName": "a", "volName": "b", "backend": {"root": "/d"}})", "volName"},
+           {R"({"volName": "v", "backend": {"root": "/d", "root": "/e"}})", "backend.root"},
+           {R"({"volName": "v", "backend": {"root": "/d", "inject": {"seed": 1, "seed": 2}}})",
+            "backend.inject.seed"},
+           {R"({"volName": "v", "backend": {"root": "/d"}, "owner": "x", "owner": "y"})", "owner"},
+           {R"({"volName": "v", "backend": {"root": "/d"}, "x": [{"k": 1}, {"k": 1, "k": 2}]})",
+            "x[1].k"},
+           {"volName: v\nbackend:\n  root: /d\ncache:\n  memory_bytes: 1GiB\n"
+            "  memory_bytes: 2GiB\n",
+            "cache.memory_bytes"},
+           {"volName: v\nbackend: {root: /d, root: /e}\n", "backend.root"},
+           {"volName: v\nbackend:\n  root: /d\n\"volName\": w\n", "volName"},  // quoted = plain
+           {"volName: v\nbackend:\n  root: /d\nbackend:\n  root: /e\n", "backend"},
+       }) {
+    std::string err = ErrorOf(tc.text);
+    EXPECT_TRUE(StartsWith(err, tc.key + ": duplicate key")) << tc.text << " -> " << err;
+  }
+  EXPECT_NE(ErrorOf("volName: v\nbackend:\n  root: /d\nvolName: w\n").find("lines 1 and 4"),
+            std::string::npos);
+  // The same key in different maps is fine.
+  Result<Config> c = ParseConfig(
+      R"({"volName": "v", "backend": {"root": "/d"}, "x": [{"k": 1}, {"k": 2}], "k": 3})");
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+}
+
+TEST(ConfigHardeningTest, KeysMustBePlainStringsInOneDocument) {
+  EXPECT_TRUE(StartsWith(ErrorOf("volName: v\nbackend: {root: /d}\n? [a, b]\n: 1\n"), "config: "));
+  EXPECT_TRUE(StartsWith(ErrorOf("volName: v\nbackend: {root: /d}\n~: 1\n"), "config: "));
+  EXPECT_TRUE(StartsWith(ErrorOf("volName: v\nbackend: {root: /d, \"a\\nb\": 1}\n"),
+                         "backend.a\\nb: a key must not contain control characters"));
+  std::string err = ErrorOf("volName: v\nbackend: {root: /d}\n---\nvolName: w\n");
+  EXPECT_NE(err.find("second YAML document"), std::string::npos) << err;
+  // An empty document after "---" is harmless.
+  EXPECT_TRUE(ParseConfig("volName: v\nbackend: {root: /d}\n---\n").ok());
+}
+
+TEST(ConfigHardeningTest, AliasesCannotBlowUpTheKeyCheck) {
+  // "Billion laughs": 10^20 leaves if the alias tree were walked; the event scan sees ~200.
+  std::string text = "volName: v\nbackend: {root: /d}\nl0: &l0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i <= 20; ++i) {
+    std::string name("l"), prev("*l");
+    name += std::to_string(i);
+    prev += std::to_string(i - 1);
+    text += name;
+    text += ": &";
+    text += name;
+    text += " [";
+    for (int j = 0; j < 10; ++j) {
+      if (j > 0) text += ", ";
+      text += prev;
+    }
+    text += "]\n";
+  }
+  const auto start = std::chrono::steady_clock::now();
+  Result<Config> c = ParseConfig(text);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST(ConfigHardeningTest, StringValuesMustNotHoldControlCharacters) {
+  struct Case {
+    std::string text;
+    std::string key;
+  };
+  for (const Case& tc : std::vector<Case>{
+           {R"({"volName": "v", "backend": {"root": "/d\nx"}})", "backend.root"},
+           {R"({"volName": "v", "mountPoint": "/m\u0000/x", "backend": {"root": "/d"}})",
+            "mountPoint"},
+           {R"({"volName": "v", "logDir": "/l\r", "backend": {"root": "/d"}})", "logDir"},
+           {R"({"volName": "v", "backend": {"root": "/d"}, "cache": {"disk_dir": "/n\t",
+               "disk_bytes": "1GiB"}})",
+            "cache.disk_dir"},
+           {R"({"volName": "v", "backend": {"root": "/d"},
+               "prefetch": {"control_socket": "/s\n.sock"}})",
+            "prefetch.control_socket"},
+           {R"({"volName": "v", "backend": {"type": "s3", "endpoint": "http://h",
+               "access_key": "AK\r\nX-Injected: 1", "secret_key": "SK"}})",
+            "backend.access_key"},
+           {R"({"volName": "v", "backend": {"type": "s3", "endpoint": "http://h",
+               "staging_dir": "/s\u001b[2J"}})",
+            "backend.staging_dir"},
+       }) {
+    std::string err = ErrorOf(tc.text);
+    EXPECT_TRUE(StartsWith(err, tc.key + ": must not contain control characters"))
+        << tc.text << " -> " << err;
+    for (char ch : err) EXPECT_FALSE(static_cast<unsigned char>(ch) < 0x20) << err;
+  }
+  // Commas are fine in paths (they never reach the mount options).
+  EXPECT_TRUE(ParseConfig(R"({"volName": "v", "backend": {"root": "/d,ro"}})").ok());
+}
+
+TEST(ConfigHardeningTest, ErrorsAreOneBoundedLine) {
+  std::string err = ErrorOf(
+      R"({"volName": "v", "backend": {"root": "/d"}, "cache": {"memory_bytes": "1\nfake: line"}})");
+  EXPECT_TRUE(StartsWith(err, "cache.memory_bytes: ")) << err;
+  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+  err = ErrorOf(R"({"volName": "v", "backend": {"root": "/d"}, "cache": {"memory_bytes": ")" +
+                std::string(100000, '9') + "X\"}}");
+  EXPECT_TRUE(StartsWith(err, "cache.memory_bytes: ")) << err.substr(0, 100);
+  EXPECT_LT(err.size(), 1200u);
+}
+
+TEST(ConfigHardeningTest, MemoryBudgetAbovePhysicalMemoryIsAWarningOnly) {
+  ASSERT_GT(PhysicalMemoryBytes(), 0u);
+  Result<Config> c = ParseConfig(
+      R"({"volName": "v", "backend": {"root": "/d"}, "cache": {"memory_bytes": "16384TiB"}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(c->warnings.size(), 1u);
+  EXPECT_TRUE(StartsWith(c->warnings[0], "cache.memory_bytes: ")) << c->warnings[0];
+  EXPECT_NE(c->warnings[0].find("physical memory"), std::string::npos);
+  c = ParseConfig(
+      R"({"volName": "v", "backend": {"root": "/d"}, "cache": {"memory_bytes": "64MiB"}})");
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->warnings.empty());
+}
+
+// A scratch directory removed with its contents after the test.
+class ConfigFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/ctfs_config_test.XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::string cmd = "rm -rf '" + dir_ + "'";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+  }
+  std::string Write(const std::string& name, const std::string& text) {
+    std::string path = dir_ + "/" + name;
+    std::ofstream(path, std::ios::binary) << text;
+    return path;
+  }
+  std::string dir_;
+};
+
+TEST_F(ConfigFileTest, RefusesWhatIsNotARegularFile) {
+  for (const std::string& path : {std::string("/dev/zero"), std::string("/dev/null"), dir_}) {
+    Result<Config> c = LoadConfig(path);
+    ASSERT_FALSE(c.ok()) << path;
+    EXPECT_TRUE(StartsWith(c.status().message(), path + ": cannot read config: not a regular file"))
+        << c.status().message();
+  }
+}
+
+TEST_F(ConfigFileTest, AFifoIsRefusedWithoutBlocking) {
+  const std::string fifo = dir_ + "/config.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto result = std::async(std::launch::async, [&] { return LoadConfig(fifo); });
+  if (result.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    int w = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // unblocks the reader
+    if (w >= 0) ::close(w);
+    FAIL() << "LoadConfig blocked on a FIFO";
+  }
+  Result<Config> c = result.get();
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("not a regular file (a FIFO)"), std::string::npos)
+      << c.status().message();
+}
+
+TEST_F(ConfigFileTest, RefusesAFileAboveOneMebibyte) {
+  std::string text = kMinimal;
+  text += "\n#" + std::string(kMaxConfigBytes - text.size() - 3, 'x') + "\n";
+  ASSERT_EQ(text.size(), kMaxConfigBytes);
+  Result<Config> c = LoadConfig(Write("exact.json", text));
+  EXPECT_TRUE(c.ok()) << c.status().ToString();  // exactly 1 MiB is fine
+
+  const std::string big = Write("big.json", text + "#");
+  c = LoadConfig(big);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), big + ": cannot read config: larger than 1 MiB");
+  c = LoadConfig(Write("huge.json", std::string(2u << 20, ' ')));
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("larger than 1 MiB"), std::string::npos);
+}
+
+TEST_F(ConfigFileTest, FollowsASymlinkToARegularFile) {
+  const std::string target = Write("real.json", kMinimal);
+  const std::string link = dir_ + "/link.json";
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  Result<Config> c = LoadConfig(link);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->vol_name, "v");
+  // A symlink to a device is still refused.
+  const std::string dev_link = dir_ + "/zero.json";
+  ASSERT_EQ(::symlink("/dev/zero", dev_link.c_str()), 0);
+  EXPECT_FALSE(LoadConfig(dev_link).ok());
+}
+
+TEST_F(ConfigFileTest, LoadedErrorsAreOneLineToo) {
+  const std::string path = Write("dup.yaml", "volName: v\nbackend: {root: /d}\nvolName: \"x\\ny\"\n");
+  Result<Config> c = LoadConfig(path);
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(StartsWith(c.status().message(), "volName: duplicate key")) << c.status().message();
+  EXPECT_EQ(c.status().message().find('\n'), std::string::npos);
 }
 
 }  // namespace
