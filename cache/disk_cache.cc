@@ -6,6 +6,8 @@
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
+#include <rocksdb/file_system.h>
 #include <rocksdb/write_batch.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -65,10 +67,97 @@ Status Errno(const std::string& what) {
   return Status::IOError(what + ": " + std::strerror(errno));
 }
 
+std::string Octal(mode_t mode) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(mode & 07777));
+  return buf;
+}
+
+// Makes `dir` a directory only this process's user can enter: created 0700 if missing (its
+// parents as usual); if present it must be a real directory (never a symlink) owned by us or
+// root, and a wider mode is narrowed to 0700 (logged). The tier holds copies of files other
+// users may not read.
+Status PrivateDir(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno == ENOENT) {
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(dir).parent_path(), ec);
+    if (ec) return Status::IOError("cache.disk_dir: " + dir + ": " + ec.message());
+    ::mkdir(dir.c_str(), 0700);
+  }
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.get() < 0) {
+    if (errno == ELOOP || errno == ENOTDIR) {
+      struct stat l;
+      if (::lstat(dir.c_str(), &l) == 0 && S_ISLNK(l.st_mode))
+        return Status::PermissionDenied("cache.disk_dir: " + dir +
+                                        " is a symlink; refusing it (name the real directory)");
+    }
+    return Errno("cache.disk_dir: " + dir);
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Errno("cache.disk_dir: " + dir);
+  if (st.st_uid != ::geteuid() && st.st_uid != 0)
+    return Status::PermissionDenied("cache.disk_dir: " + dir + " is owned by uid " +
+                                    std::to_string(st.st_uid) +
+                                    ", another user; refusing it (it would see cached data)");
+  if ((st.st_mode & 07777) != 0700) {
+    if (::fchmod(fd.get(), 0700) != 0) return Errno("cache.disk_dir: chmod 0700 " + dir);
+    CTFS_LOG(kInfo) << "NVMe tier: " << dir << " was mode " << Octal(st.st_mode)
+                    << ", made 0700 (cached data is private to the daemon)";
+  }
+  return Status::OK();
+}
+
+// RocksDB's file system, creating every file of the index 0600 (RocksDB itself uses 0644).
+class PrivateFileSystem final : public rocksdb::FileSystemWrapper {
+ public:
+  using FileSystemWrapper::FileSystemWrapper;
+  const char* Name() const override { return "CubetorchfsPrivateFileSystem"; }
+
+  rocksdb::IOStatus NewWritableFile(const std::string& f, const rocksdb::FileOptions& o,
+                                    std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                    rocksdb::IODebugContext* d) override {
+    return Private(f, target()->NewWritableFile(f, o, r, d));
+  }
+  rocksdb::IOStatus ReopenWritableFile(const std::string& f, const rocksdb::FileOptions& o,
+                                       std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                       rocksdb::IODebugContext* d) override {
+    return Private(f, target()->ReopenWritableFile(f, o, r, d));
+  }
+  rocksdb::IOStatus ReuseWritableFile(const std::string& f, const std::string& old,
+                                      const rocksdb::FileOptions& o,
+                                      std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                      rocksdb::IODebugContext* d) override {
+    return Private(f, target()->ReuseWritableFile(f, old, o, r, d));
+  }
+  rocksdb::IOStatus NewRandomRWFile(const std::string& f, const rocksdb::FileOptions& o,
+                                    std::unique_ptr<rocksdb::FSRandomRWFile>* r,
+                                    rocksdb::IODebugContext* d) override {
+    return Private(f, target()->NewRandomRWFile(f, o, r, d));
+  }
+  rocksdb::IOStatus LockFile(const std::string& f, const rocksdb::IOOptions& o,
+                             rocksdb::FileLock** l, rocksdb::IODebugContext* d) override {
+    return Private(f, target()->LockFile(f, o, l, d));
+  }
+  rocksdb::IOStatus NewLogger(const std::string& f, const rocksdb::IOOptions& o,
+                              std::shared_ptr<rocksdb::Logger>* r,
+                              rocksdb::IODebugContext* d) override {
+    return Private(f, target()->NewLogger(f, o, r, d));
+  }
+
+ private:
+  // The file is in the 0700 index directory, so it was never readable by others meanwhile.
+  static rocksdb::IOStatus Private(const std::string& f, rocksdb::IOStatus s) {
+    if (s.ok()) ::chmod(f.c_str(), 0600);
+    return s;
+  }
+};
+
 class NvmeCache final : public DiskCache {
  public:
-  NvmeCache(const Options& options, rocksdb::DB* db, prometheus::Registry* registry)
-      : options_(options), db_(db) {
+  NvmeCache(const Options& options, std::unique_ptr<rocksdb::Env> env, rocksdb::DB* db,
+            prometheus::Registry* registry)
+      : options_(options), env_(std::move(env)), db_(db) {
     if (registry != nullptr) {
       bytes_gauge_ = &prometheus::BuildGauge()
                           .Name("cubetorchfs_cache_bytes")
@@ -100,24 +189,27 @@ class NvmeCache final : public DiskCache {
   Status Recover() {
     namespace fs = std::filesystem;
     std::error_code ec;
-    fs::remove_all(TmpDir(), ec);
-    fs::create_directories(TmpDir(), ec);
-    if (ec) return Status::IOError("cache.disk_dir: " + TmpDir() + ": " + ec.message());
+    fs::remove_all(TmpDir(), ec);  // a symlink there is removed, never followed
+    CTFS_RETURN_IF_ERROR(PrivateDir(TmpDir()));
     // Index entries whose data is missing or short: a crash between data and index, or a
     // file removed by hand.
     rocksdb::WriteBatch drop;
     std::vector<std::pair<uint64_t, std::string>> by_seq;
     std::unordered_set<uint64_t> live;
+    size_t narrowed = 0;
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
       IndexValue v;
       struct stat st;
       const std::string key = it->key().ToString();
       if (!IndexValue::Decode(it->value().ToString(), &v) ||
-          ::stat(DataPath(v.id).c_str(), &st) != 0 || static_cast<uint64_t>(st.st_size) != v.length) {
+          ::lstat(DataPath(v.id).c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
+          static_cast<uint64_t>(st.st_size) != v.length) {
         drop.Delete(key);
         continue;
       }
+      // Chunks written by an older version were 0644 (in a directory now 0700).
+      if ((st.st_mode & 0777) != 0600 && ::chmod(DataPath(v.id).c_str(), 0600) == 0) ++narrowed;
       Entry& e = index_[key];
       e.value = v;
       by_seq.emplace_back(v.seq, key);
@@ -128,6 +220,9 @@ class NvmeCache final : public DiskCache {
     }
     if (!it->status().ok()) return Status::IOError("cache.disk_dir: index: " + it->status().ToString());
     it.reset();
+    if (narrowed > 0)
+      CTFS_LOG(kInfo) << "NVMe tier " << options_.dir << ": made " << narrowed
+                      << " chunk files 0600 (they were readable by others)";
     const size_t dropped = drop.Count();
     if (dropped > 0) db_->Write(rocksdb::WriteOptions(), &drop);
     // Data files no entry names: written but never indexed.
@@ -164,9 +259,10 @@ class NvmeCache final : public DiskCache {
       lru_.splice(lru_.begin(), lru_, it->second.lru);
     }
     std::shared_ptr<Buffer> buf = Buffer::Allocate(v.length);
-    UniqueFd fd(::open(DataPath(v.id).c_str(), O_RDONLY | O_CLOEXEC));
+    UniqueFd fd(::open(DataPath(v.id).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     if (fd.get() < 0) {
-      if (errno != ENOENT) return Errno(DataPath(v.id));  // e.g. out of descriptors: keep it
+      // e.g. out of descriptors: keep it. A symlink (ELOOP) is not our chunk.
+      if (errno != ENOENT && errno != ELOOP) return Errno(DataPath(v.id));
       DropIfSame(key, v.id);  // evicted meanwhile, or removed by hand
       return Status::NotFound("chunk file gone");
     }
@@ -308,8 +404,14 @@ class NvmeCache final : public DiskCache {
   Status WriteChunk(uint64_t id, const Buffer& data) {
     const std::string tmp = TmpDir() + "/" + IdName(id);
     {
-      UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+      // 0600 whatever the umask: the chunk may be of a file only its owner may read.
+      UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
       if (fd.get() < 0) return Errno(tmp);
+      if (::fchmod(fd.get(), 0600) != 0) {
+        Status s = Errno(tmp);
+        ::unlink(tmp.c_str());
+        return s;
+      }
       size_t done = 0;
       while (done < data.size) {
         ssize_t n = ::write(fd.get(), data.data.get() + done, data.size - done);
@@ -421,6 +523,7 @@ class NvmeCache final : public DiskCache {
   }
 
   const Options options_;
+  std::unique_ptr<rocksdb::Env> env_;  // RocksDB's, with PrivateFileSystem; outlives db_
   std::unique_ptr<rocksdb::DB> db_;
 
   mutable std::mutex mu_;  // guards the members below, up to queue_mu_
@@ -454,18 +557,21 @@ class NvmeCache final : public DiskCache {
 
 Result<std::unique_ptr<DiskCache>> DiskCache::Open(const Options& options,
                                                    prometheus::Registry* registry) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(options.dir + "/data", ec);
-  if (ec) return Status::IOError("cache.disk_dir: " + options.dir + ": " + ec.message());
+  // Every directory of the tier 0700 and ours, before anything is written into it.
+  for (const std::string& d :
+       {options.dir, options.dir + "/data", options.dir + "/tmp", options.dir + "/index"})
+    CTFS_RETURN_IF_ERROR(PrivateDir(d));
+  std::unique_ptr<rocksdb::Env> env =
+      rocksdb::NewCompositeEnv(std::make_shared<PrivateFileSystem>(rocksdb::FileSystem::Default()));
   rocksdb::Options db_options;
+  db_options.env = env.get();
   db_options.create_if_missing = true;
   db_options.max_open_files = 256;
   db_options.keep_log_file_num = 2;
   rocksdb::DB* db = nullptr;
   rocksdb::Status rs = rocksdb::DB::Open(db_options, options.dir + "/index", &db);
   if (!rs.ok()) return Status::IOError("cache.disk_dir: " + options.dir + ": " + rs.ToString());
-  auto cache = std::make_unique<NvmeCache>(options, db, registry);
+  auto cache = std::make_unique<NvmeCache>(options, std::move(env), db, registry);
   CTFS_RETURN_IF_ERROR(cache->Recover());
   return std::unique_ptr<DiskCache>(std::move(cache));
 }

@@ -2,15 +2,20 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pwd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -60,7 +65,68 @@ Status WaitFor(int fd, short events, std::chrono::steady_clock::time_point deadl
   }
 }
 
+bool TrustedOwner(uid_t uid) { return uid == 0 || uid == ::getuid() || uid == ::geteuid(); }
+
+std::string Owner(uid_t uid) {
+  std::string out = "uid " + std::to_string(uid);
+  passwd pw{};
+  passwd* found = nullptr;
+  std::vector<char> buf(4096);
+  if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr)
+    out += std::string(" (") + found->pw_name + ")";
+  return out;
+}
+
+// One line on stderr per path and process: the loader then reads through the mount.
+void WarnOnce(const std::string& path, const std::string& message) {
+  static std::mutex mu;
+  static std::set<std::string>* warned = new std::set<std::string>();
+  {
+    std::lock_guard<std::mutex> l(mu);
+    if (!warned->insert(path).second) return;
+  }
+  std::fprintf(stderr, "cube_torch: warning: %s; not using it (reading through the mount)\n",
+               message.c_str());
+}
+
+Status Untrusted(const std::string& path, const std::string& why) {
+  WarnOnce(path, why);
+  return Status::PermissionDenied(why);
+}
+
 }  // namespace
+
+Status CheckControlSocket(const std::string& socket_path) {
+  struct stat st;
+  if (::lstat(socket_path.c_str(), &st) != 0) {
+    if (errno == ENOENT)
+      return Status::NotFound(socket_path + ": no control socket (is the daemon running?)");
+    return Status::IOError("control socket " + socket_path + ": " + std::strerror(errno));
+  }
+  if (S_ISLNK(st.st_mode))
+    return Untrusted(socket_path, "control socket " + socket_path + " is a symlink (owned by " +
+                                      Owner(st.st_uid) + ")");
+  if (!S_ISSOCK(st.st_mode))
+    return Untrusted(socket_path, "control socket " + socket_path + " is not a socket (owned by " +
+                                      Owner(st.st_uid) + ")");
+  if (!TrustedOwner(st.st_uid))
+    return Untrusted(socket_path, "control socket " + socket_path + " is owned by " +
+                                      Owner(st.st_uid) + ", neither root nor this user");
+  // Its directory: nobody else may put another socket in its place.
+  const size_t slash = socket_path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : socket_path.substr(0, slash);
+  struct stat d;
+  if (::stat(dir.c_str(), &d) != 0)
+    return Status::IOError("control socket directory " + dir + ": " + std::strerror(errno));
+  if (!TrustedOwner(d.st_uid) ||
+      ((d.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (d.st_mode & S_ISVTX) == 0))
+    return Untrusted(socket_path, "control socket " + socket_path + ": its directory " + dir +
+                                      " (owned by " + Owner(d.st_uid) +
+                                      ") lets other users replace it");
+  return Status::OK();
+}
 
 std::optional<MountOf> FindCubetorchfsMount(const std::string& path, const std::string& mountinfo) {
   std::string text = mountinfo;
@@ -104,15 +170,45 @@ std::string MountOf::StorePath(const std::string& path) const {
 Result<std::string> ControlSocketOf(const std::string& vol_name) {
   const char* dir = std::getenv("CUBE_TORCH_CONFIG_DIR");
   std::string file = std::string(dir && *dir ? dir : "/tmp") + "/cube_torch.config." + vol_name;
-  std::ifstream in(file);
-  if (!in) return Status::NotFound(file + ": no control file (is the daemon running?)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  // Never through a symlink; then the descriptor's own owner and mode.
+  UniqueFd fd(::open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (fd.get() < 0) {
+    if (errno == ENOENT)
+      return Status::NotFound(file + ": no control file (is the daemon running?)");
+    struct stat l;
+    if (errno == ELOOP && ::lstat(file.c_str(), &l) == 0)
+      return Untrusted(file, "control file " + file + " is a symlink (owned by " +
+                                 Owner(l.st_uid) + ")");
+    return Status::IOError(file + ": " + std::strerror(errno));
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Status::IOError(file + ": " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode) || st.st_nlink != 1)
+    return Untrusted(file, "control file " + file + " is not a plain file (owned by " +
+                               Owner(st.st_uid) + ")");
+  if (!TrustedOwner(st.st_uid))
+    return Untrusted(file, "control file " + file + " is owned by " + Owner(st.st_uid) +
+                               ", neither root nor this user");
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+    return Untrusted(file, "control file " + file + " (owned by " + Owner(st.st_uid) +
+                               ") is writable by group or others");
+  std::string text;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::IOError(file + ": " + std::strerror(errno));
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > (1u << 20)) return Status::Corruption(file + ": control file too large");
+  }
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("control_socket") ||
       !j["control_socket"].is_string() || j["control_socket"].get<std::string>().empty())
     return Status::Corruption(file + ": no control_socket in the control file");
-  return j["control_socket"].get<std::string>();
+  std::string sock = j["control_socket"].get<std::string>();
+  CTFS_RETURN_IF_ERROR(CheckControlSocket(sock));
+  return sock;
 }
 
 Result<DaemonFile> OpenViaDaemon(const std::string& socket_path, const std::string& path,

@@ -31,8 +31,17 @@ std::optional<MountOf> FindCubetorchfsMount(const std::string& path,
 
 // The control socket of the daemon serving `vol_name`, from its control file
 // ($CUBE_TORCH_CONFIG_DIR or /tmp, file cube_torch.config.<volName>). NotFound if there is no
-// control file, Corruption if it does not hold a control_socket.
+// control file (or no socket), Corruption if it does not hold a control_socket.
+// Both are trusted only as a root daemon (or this user's own) would leave them: the file not
+// a symlink (O_NOFOLLOW), a regular file with one link, owned by root or the caller (real or
+// effective uid), not group/world-writable; the socket as CheckControlSocket says. Anything
+// else is PermissionDenied, after one warning on stderr naming the path and its owner.
 Result<std::string> ControlSocketOf(const std::string& vol_name);
+
+// OK if `socket_path` is a socket (not a symlink) owned by root or the caller, in a directory
+// owned by root or the caller that others cannot write to (or sticky). NotFound if absent;
+// PermissionDenied after one warning on stderr otherwise.
+Status CheckControlSocket(const std::string& socket_path);
 
 struct DaemonFile {
   int fd = -1;  // owned by the caller; read-only, CLOEXEC

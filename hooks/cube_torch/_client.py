@@ -6,6 +6,13 @@ CUBE_TORCH_CONFIG_DIR, default /tmp), holding JSON
 "version"}`. With VOL_NAME set, that volume's file is the only one considered; otherwise the
 daemon whose mount point holds the dataset's files is chosen (the deepest mount wins).
 
+The directory is usually /tmp, where any local user can put a file of that name, so a control
+file is trusted only as a daemon leaves it: not a symlink (opened with O_NOFOLLOW), a regular
+file with one link, owned by root or by this user (real or effective uid), not writable by
+group or others. Its socket likewise: a socket, not a symlink, owned by root or this user, in
+a directory owned by root or this user that others cannot write to unless sticky. Anything
+else is ignored after one warning naming the path and its owner (docs/permissions.md).
+
 `ControlClient` speaks the /v1 API (HTTP/1.1 + JSON over the unix socket). Every call is
 bounded by a socket timeout (`TIMEOUT_S`) and returns a `Reply` or raises `ControlError`;
 nothing else escapes. A client is meant for one thread at a time.
@@ -18,6 +25,7 @@ import http.client
 import json
 import os
 import socket
+import stat
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
@@ -43,14 +51,118 @@ class Daemon:
     control_file: str = ""
 
 
-def parse_control_file(path: str) -> Optional[Daemon]:
-    """The daemon a control file describes, or None if unreadable or incomplete."""
+def _trusted_uid(uid: int) -> bool:
+    return uid == 0 or uid == os.getuid() or uid == os.geteuid()
+
+
+def _owner(uid: int) -> str:
     try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read(1 << 20))
+        import pwd
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (ImportError, KeyError, OSError):
+        return f"uid {uid}"
+
+
+# Paths found untrusted by the latest live_daemons() scan (their warning is given already).
+_last_untrusted: List[str] = []
+
+
+def last_untrusted() -> List[str]:
+    return list(_last_untrusted)
+
+
+def _untrusted(path: str, why: str) -> None:
+    _last_untrusted.append(path)
+    _common.warn_once("untrusted:" + path, f"ignoring {why}: a cubetorchfs daemon (root's or "
+                      "your own) never leaves it so; nothing is published through it")
+
+
+def read_trusted_control_file(path: str) -> Optional[bytes]:
+    """The bytes of the control file at `path` if it may be trusted (see the top of this
+    module), else None; a file present but untrusted gets one warning."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            try:
+                owner = _owner(os.lstat(path).st_uid)
+            except OSError:
+                owner = "unknown"
+            _untrusted(path, f"control file {path}: a symlink (owned by {owner})")
+        return None
+    try:
+        st = os.fstat(fd)
+        owner = _owner(st.st_uid)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            _untrusted(path, f"control file {path}: not a plain file (owned by {owner})")
+            return None
+        if not _trusted_uid(st.st_uid):
+            _untrusted(path, f"control file {path}: owned by {owner}, neither root nor you")
+            return None
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            _untrusted(path, f"control file {path}: writable by group or others "
+                             f"(mode {stat.S_IMODE(st.st_mode):04o}, owned by {owner})")
+            return None
+        chunks = []
+        left = 1 << 20
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def control_socket_trusted(sock: str) -> bool:
+    """False, after one warning, if `sock` exists but is not a socket of root or this user
+    (or is a symlink), or sits in a directory others may write to (unless sticky). An absent
+    socket is not judged here: connecting to it fails as for a daemon gone."""
+    try:
+        st = os.lstat(sock)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    owner = _owner(st.st_uid)
+    if stat.S_ISLNK(st.st_mode):
+        _untrusted(sock, f"control socket {sock}: a symlink (owned by {owner})")
+        return False
+    if not stat.S_ISSOCK(st.st_mode):
+        _untrusted(sock, f"control socket {sock}: not a socket (owned by {owner})")
+        return False
+    if not _trusted_uid(st.st_uid):
+        _untrusted(sock, f"control socket {sock}: owned by {owner}, neither root nor you")
+        return False
+    parent = os.path.dirname(sock) or "."
+    try:
+        d = os.stat(parent)
+    except OSError:
+        return False
+    if not _trusted_uid(d.st_uid) or (
+            d.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not d.st_mode & stat.S_ISVTX):
+        _untrusted(sock, f"control socket {sock}: its directory {parent} (owned by "
+                         f"{_owner(d.st_uid)}) lets other users replace it")
+        return False
+    return True
+
+
+def parse_control_file(path: str) -> Optional[Daemon]:
+    """The daemon a control file describes, or None if untrusted, unreadable or incomplete."""
+    try:
+        raw = read_trusted_control_file(path)
+        if raw is None:
+            return None
+        data = json.loads(raw)
         mount = data["mount_point"]
         sock = data["control_socket"]
         if not isinstance(mount, str) or not mount or not isinstance(sock, str) or not sock:
+            return None
+        if not control_socket_trusted(sock):
             return None
         pid = int(data.get("pid") or 0)
         return Daemon(
@@ -88,6 +200,7 @@ def control_files(config_dir: Optional[str] = None, vol_name: Optional[str] = No
     config_dir = config_dir if config_dir is not None else _common.config_dir()
     vol_name = vol_name if vol_name is not None else _common.vol_name()
     prefix = _common.CONTROL_FILE_PREFIX
+    # Symlinks are listed (is_file follows them) so that parse_control_file warns about them.
     if vol_name:
         path = os.path.join(config_dir, prefix + vol_name)
         return [path] if os.path.isfile(path) else []
@@ -101,6 +214,7 @@ def control_files(config_dir: Optional[str] = None, vol_name: Optional[str] = No
 def live_daemons(config_dir: Optional[str] = None, vol_name: Optional[str] = None) -> List[Daemon]:
     """The daemons of the control files present whose process is alive."""
     out = []
+    del _last_untrusted[:]
     for path in control_files(config_dir, vol_name):
         d = parse_control_file(path)
         if d is not None and pid_alive(d.pid):
@@ -154,6 +268,8 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.socket_path = socket_path
 
     def connect(self) -> None:
+        if not control_socket_trusted(self.socket_path):  # checked again: it may have changed
+            raise PermissionError(errno.EPERM, "untrusted control socket", self.socket_path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(self.timeout)

@@ -352,7 +352,9 @@ class Publisher:
         if daemon is None:
             where = _common.config_dir()
             vol = _common.vol_name()
-            if not daemons:
+            if not daemons and _client.last_untrusted():
+                pass  # the untrusted control file (or socket) was warned about already
+            elif not daemons:
                 self._warn(f"no running cubetorchfs daemon announced in {where}"
                            + (f" for VOL_NAME={vol}" if vol else "") + "; not publishing")
             else:

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -204,6 +205,90 @@ TEST_F(DiskCacheTest, SecondOpenOfTheSameDirectoryFailsClearly) {
   auto second = DiskCache::Open(o, nullptr);
   ASSERT_FALSE(second.ok());
   EXPECT_NE(second.status().message().find("cache.disk_dir"), std::string::npos);
+}
+
+
+// Every directory of the tier 0700 and every file 0600, RocksDB's own included, whatever the
+// umask: the tier holds copies of files other users may not read.
+void ExpectPrivate(const fs::path& dir) {
+  struct stat st;
+  ASSERT_EQ(::lstat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u) << dir;
+  size_t files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    ASSERT_EQ(::lstat(e.path().c_str(), &st), 0);
+    if (S_ISDIR(st.st_mode)) {
+      EXPECT_EQ(st.st_mode & 07777, 0700u) << e.path();
+    } else {
+      EXPECT_TRUE(S_ISREG(st.st_mode)) << e.path();
+      EXPECT_EQ(st.st_mode & 07777, 0600u) << e.path();
+      ++files;
+    }
+  }
+  EXPECT_GT(files, 3u);  // chunks and the index's files were looked at
+}
+
+class UmaskZero {
+ public:
+  UmaskZero() : old_(::umask(0)) {}
+  ~UmaskZero() { ::umask(old_); }
+
+ private:
+  mode_t old_;
+};
+
+TEST_F(DiskCacheTest, FilesAre0600AndDirectories0700EvenUnderUmaskZero) {
+  UmaskZero umask0;
+  Open();
+  ASSERT_TRUE(cache_->Put(Key(1), *Bytes(5000, 'a')).ok());
+  cache_->PutAsync(Key(2), Bytes(7000, 'b'));
+  cache_->Flush();
+  ASSERT_NE(cache_->DataFileOf(Key(1)), "");
+  ExpectPrivate(dir_);
+  Open();  // a restart writes new index files
+  ASSERT_TRUE(cache_->Put(Key(3), *Bytes(100, 'c')).ok());
+  ExpectPrivate(dir_);
+}
+
+TEST_F(DiskCacheTest, AnExistingWideTierIsNarrowedAtOpen) {
+  Open();
+  ASSERT_TRUE(cache_->Put(Key(1), *Bytes(5000, 'a')).ok());
+  const std::string chunk = cache_->DataFileOf(Key(1));
+  cache_.reset();
+  // As an older version left it: 0755 directories, 0644 chunks.
+  for (const char* d : {"", "/data", "/tmp", "/index"})
+    ASSERT_EQ(::chmod((dir_.string() + d).c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(chunk.c_str(), 0644), 0);
+  Open();
+  EXPECT_EQ(cache_->entries(), 1u);
+  ExpectPrivate(dir_);
+}
+
+TEST_F(DiskCacheTest, ASymlinkedTierIsRefused) {
+  const fs::path real = dir_.string() + ".real";
+  fs::create_directories(real);
+  fs::create_symlink(real, dir_);
+  DiskCache::Options o;
+  o.dir = dir_;
+  o.capacity_bytes = 1 << 20;
+  auto c = DiskCache::Open(o, nullptr);
+  fs::remove_all(real);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("symlink"), std::string::npos) << c.status().ToString();
+  EXPECT_NE(c.status().message().find(dir_.string()), std::string::npos);
+}
+
+TEST_F(DiskCacheTest, ATierOfAnotherUserIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to make a directory of another user";
+  fs::create_directories(dir_);
+  ASSERT_EQ(::chown(dir_.c_str(), 65534, 65534), 0);
+  DiskCache::Options o;
+  o.dir = dir_;
+  o.capacity_bytes = 1 << 20;
+  auto c = DiskCache::Open(o, nullptr);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("uid 65534"), std::string::npos) << c.status().ToString();
+  EXPECT_TRUE(fs::is_empty(dir_));  // nothing was written into it
 }
 
 }  // namespace
