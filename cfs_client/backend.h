@@ -17,6 +17,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -151,7 +152,12 @@ class Backend {
     FileAttr attr;
     size_t bytes = 0;
   };
-  virtual Result<Fetched> StatRead(const std::string& path, size_t len, char* buf) = 0;
+  // `check`, if given, is asked about the file's attributes before its bytes are read (a
+  // store that learns them only with the bytes, S3, asks it then and drops the bytes); its
+  // error is returned instead of the bytes.
+  using AttrCheck = std::function<Status(const FileAttr&)>;
+  virtual Result<Fetched> StatRead(const std::string& path, size_t len, char* buf,
+                                   const AttrCheck& check = nullptr) = 0;
 
   virtual Result<std::string> ReadLink(const std::string& path) = 0;
 

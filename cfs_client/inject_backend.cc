@@ -52,9 +52,10 @@ class InjectBackend final : public Backend {
     CTFS_RETURN_IF_ERROR(Before("read " + path, true));
     return base_->Read(path, expect, offset, len, buf);
   }
-  Result<Fetched> StatRead(const std::string& path, size_t len, char* buf) override {
+  Result<Fetched> StatRead(const std::string& path, size_t len, char* buf,
+                           const AttrCheck& check = nullptr) override {
     CTFS_RETURN_IF_ERROR(Before("read " + path, true));
-    return base_->StatRead(path, len, buf);
+    return base_->StatRead(path, len, buf, check);
   }
   Result<int> OpenReadFd(const std::string& path, const FileVersion& expect) override {
     // A descriptor would let the reader skip the injected latency and errors.

@@ -119,8 +119,9 @@ class MeteredBackend final : public Backend {
                       size_t len, char* buf) override {
     return Timed(kRead, [&] { return base_->Read(path, expect, offset, len, buf); });
   }
-  Result<Fetched> StatRead(const std::string& path, size_t len, char* buf) override {
-    return Timed(kRead, [&] { return base_->StatRead(path, len, buf); });
+  Result<Fetched> StatRead(const std::string& path, size_t len, char* buf,
+                           const AttrCheck& check = nullptr) override {
+    return Timed(kRead, [&] { return base_->StatRead(path, len, buf, check); });
   }
   Result<int> OpenReadFd(const std::string& path, const FileVersion& expect) override {
     uint64_t start = clock_->NowNanos();

@@ -292,8 +292,9 @@ class PosixBackend final : public Backend {
     return fd.release();
   }
 
-  Result<Fetched> StatRead(const std::string& path, size_t len, char* buf) override {
-    Result<Fetched> r = ReadAt(path, nullptr, 0, len, buf);
+  Result<Fetched> StatRead(const std::string& path, size_t len, char* buf,
+                           const AttrCheck& check = nullptr) override {
+    Result<Fetched> r = ReadAt(path, nullptr, 0, len, buf, check);
     if (r.ok() && r->bytes != std::min<uint64_t>(len, r->attr.size))
       return Status::Stale("read " + Show(path) + ": file changed in the store while read");
     return r;
@@ -489,7 +490,7 @@ class PosixBackend final : public Backend {
   // bytes at `offset`, and checks the version did not change meanwhile (a file rewritten in
   // place keeps its size; its mtime tells the bytes may be mixed).
   Result<Fetched> ReadAt(const std::string& path, const FileVersion* expect, uint64_t offset,
-                         size_t len, char* buf) const {
+                         size_t len, char* buf, const AttrCheck& check = nullptr) const {
     Result<At> at = Locate(path, "open");
     if (!at.ok()) return at.status();
     // O_NONBLOCK: opening a FIFO planted in the store must not block this thread.
@@ -503,6 +504,7 @@ class PosixBackend final : public Backend {
     Fetched out{FromStat(st), 0};
     if (expect != nullptr && out.attr.Version() != *expect)
       return Status::Stale("read " + Show(path) + ": file changed in the store");
+    if (check) CTFS_RETURN_IF_ERROR(check(out.attr));
     Result<size_t> n = PreadFull(fd.get(), path, offset, len, buf);
     if (!n.ok()) return n.status();
     if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));

@@ -36,6 +36,7 @@
 #include <cctype>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -72,6 +73,44 @@ struct SlistDeleter {
   void operator()(curl_slist* l) const { curl_slist_free_all(l); }
 };
 using SlistPtr = std::unique_ptr<curl_slist, SlistDeleter>;
+
+// backend.staging_dir holds the bytes of files being written, which may be files only their
+// owner may read: it must be a real directory (never a symlink) owned by us (or root), mode
+// 0700. Created 0700 when missing and `create`; a wider mode is narrowed (logged).
+Status PrivateStagingDir(const std::string& dir, bool create) {
+  const std::string what = "backend.staging_dir: " + dir;
+  if (create && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return Status::IOError(what + ": " + std::strerror(errno));
+  int raw = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (raw < 0) {
+    const int err = errno;
+    struct stat l;
+    if (::lstat(dir.c_str(), &l) == 0 && S_ISLNK(l.st_mode))
+      return Status::PermissionDenied(what +
+                                      " is a symlink; refusing it (name the real directory)");
+    if (err == ENOENT && !create) return Status::OK();  // created by the first write
+    return Status::IOError(what + ": " + std::strerror(err));
+  }
+  struct stat st;
+  Status s;
+  if (::fstat(raw, &st) != 0) {
+    s = Status::IOError(what + ": " + std::strerror(errno));
+  } else if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    s = Status::PermissionDenied(what + " is owned by uid " + std::to_string(st.st_uid) +
+                                 ", another user; refusing it (it would see files being written)");
+  } else if ((st.st_mode & 07777) != 0700) {
+    if (::fchmod(raw, 0700) != 0) {
+      s = Status::IOError(what + ": chmod 0700: " + std::strerror(errno));
+    } else {
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      CTFS_LOG(kInfo) << "s3: " << dir << " was mode " << mode
+                      << ", made 0700 (staging files are private to the daemon)";
+    }
+  }
+  ::close(raw);
+  return s;
+}
 
 // libcurl's global state, initialized once before the first handle (curl_global_init is not
 // thread-safe in 7.88) and never torn down: the process exits with it.
@@ -437,7 +476,15 @@ class S3Backend final : public Backend {
     return want;
   }
 
-  Result<Fetched> StatRead(const std::string& path, size_t len, char* buf) override {
+  // A GET brings the attributes with the bytes: `check` is asked after, and the bytes dropped.
+  Result<Fetched> StatRead(const std::string& path, size_t len, char* buf,
+                           const AttrCheck& check = nullptr) override {
+    Result<Fetched> r = GetHead(path, len, buf);
+    if (r.ok() && check) CTFS_RETURN_IF_ERROR(check(r->attr));
+    return r;
+  }
+
+  Result<Fetched> GetHead(const std::string& path, size_t len, char* buf) {
     const std::string key = s3::ObjectKey(opts_.prefix, path);
     if (len == 0) {
       Result<FileAttr> attr = Stat(path);
@@ -652,15 +699,20 @@ class S3Backend final : public Backend {
     } else if (!now.status().IsNotFound() || !o.create) {
       return now.status();
     }
-    if (::mkdir(opts_.staging_dir.c_str(), 0700) != 0 && errno != EEXIST)
-      return Status::IOError("backend.staging_dir: " + opts_.staging_dir + ": " +
-                             std::strerror(errno));
+    CTFS_RETURN_IF_ERROR(PrivateStagingDir(opts_.staging_dir, /*create=*/true));
     // A unique name even among files left by an earlier daemon with the same pid (a
-    // restarted container): mkostemp picks it with O_EXCL.
+    // restarted container): mkostemp picks it with O_EXCL (a planted symlink is never
+    // followed), mode 0600, made exact with fchmod whatever the umask.
     std::string staging = opts_.staging_dir + "/" + std::to_string(::getpid()) + "-XXXXXX";
     int fd = ::mkostemp(staging.data(), O_CLOEXEC);
     if (fd < 0)
       return Status::IOError("backend.staging_dir: " + staging + ": " + std::strerror(errno));
+    if (::fchmod(fd, 0600) != 0) {
+      Status s = Status::IOError("backend.staging_dir: " + staging + ": " + std::strerror(errno));
+      ::close(fd);
+      ::unlink(staging.c_str());
+      return s;
+    }
     return std::unique_ptr<WritableFile>(
         new S3WritableFile(this, path, exists, o.truncate, staging, fd));
   }
@@ -1121,6 +1173,9 @@ Result<std::unique_ptr<S3Backend>> MakeS3Backend(const conf::S3Options& opts) {
       return Status::InvalidArgument(
           "backend.access_key: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set together");
   }
+  // An existing staging directory is checked (and narrowed to 0700) at start, so a bad one
+  // stops the mount with a clear error rather than failing the first write.
+  CTFS_RETURN_IF_ERROR(PrivateStagingDir(opts.staging_dir, /*create=*/false));
   auto b = std::make_unique<S3Backend>(opts, std::move(endpoint).value(), std::move(access_key),
                                        std::move(secret_key), std::move(token));
   return b;

@@ -74,6 +74,16 @@ Result<InodeInfo> FileSystem::GetInode(uint64_t ino) {
   return *info;
 }
 
+std::optional<cfs_client::FileAttr> FileSystem::KnownAttr(const std::string& path) const {
+  std::optional<uint64_t> ino = inodes_.Find(path);
+  if (!ino) return std::nullopt;
+  std::optional<InodeInfo> info = inodes_.Get(*ino);
+  if (!info || info->removed) return std::nullopt;
+  const double age_s = static_cast<double>(clock_->NowNanos() - info->attr_time_ns) / 1e9;
+  if (age_s >= options_.attr_timeout_s) return std::nullopt;
+  return info->attr;
+}
+
 Result<cfs_client::FileAttr> FileSystem::FreshAttr(const InodeInfo& inode) {
   const uint64_t now = clock_->NowNanos();
   const double age_s = static_cast<double>(now - inode.attr_time_ns) / 1e9;
@@ -289,27 +299,22 @@ Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, s
   return out;
 }
 
-Result<std::string> FileSystem::ReadWholeFile(const std::string& path, uint64_t max_bytes) {
-  std::optional<cfs_client::FileAttr> attr = prefetcher_->WarmAttr(path);
-  if (!attr) {
-    Result<cfs_client::FileAttr> fresh = backend_->Stat(path);
-    if (!fresh.ok()) return fresh.status();
-    attr = fresh.value();
-  }
-  if (!attr->IsRegular()) return Status::InvalidArgument(path + ": not a regular file");
-  if (attr->size > max_bytes)
-    return Status::InvalidArgument(path + ": " + std::to_string(attr->size) +
-                                   " bytes is more than one reply may carry");
-  const FileHandle handle{0, path, attr->Version(), 0, false};
-  std::string out;
-  out.reserve(attr->size);
+Status FileSystem::StreamFile(const std::string& path, const cfs_client::FileAttr& attr,
+                              const std::function<Status(const char* data, size_t len)>& piece) {
+  if (!attr.IsRegular()) return Status::InvalidArgument(path + ": not a regular file");
+  const FileHandle handle{0, path, attr.Version(), 0, false};
   constexpr size_t kPiece = 1 << 20;
-  for (uint64_t off = 0; off < attr->size; off += kPiece) {
-    Result<ReadResult> r = Read(handle, off, kPiece);
+  for (uint64_t off = 0; off < attr.size;) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(kPiece, attr.size - off));
+    Result<ReadResult> r = Read(handle, off, want);
     if (!r.ok()) return r.status();
-    for (const auto& s : r->slices) out.append(s.buffer->data.get() + s.offset, s.length);
+    if (r->size() == 0 || r->size() > want)
+      return Status::Stale(path + ": file changed in the store while read");
+    for (const auto& s : r->slices)
+      CTFS_RETURN_IF_ERROR(piece(s.buffer->data.get() + s.offset, s.length));
+    off += r->size();
   }
-  return out;
+  return Status::OK();
 }
 
 Result<cfs_client::FsStats> FileSystem::StatFs() { return backend_->StatFs(); }

@@ -127,7 +127,11 @@ class FileSystem {
   // The whole file at store path `path`, through the same cache and accounting as FUSE reads
   // (for the legacy /batchdownload/path endpoint).
   // Files over `max_bytes` are refused before anything is read.
-  Result<std::string> ReadWholeFile(const std::string& path, uint64_t max_bytes);
+  // Reads regular file `path` (at `attr`'s version, the attributes a check just read) through
+  // the caches, handing `piece` its bytes in order, 1 MiB at a time, without copying them.
+  // An error from `piece` stops the read and is returned.
+  Status StreamFile(const std::string& path, const cfs_client::FileAttr& attr,
+                    const std::function<Status(const char* data, size_t len)>& piece);
   // A handle for reading `ino` at its current version, for reads without an open (no_open).
   Result<FileHandle> HandleFor(uint64_t ino);
   Result<cfs_client::FsStats> StatFs();
@@ -179,6 +183,9 @@ class FileSystem {
   void SetWrittenHook(std::function<void(uint64_t ino)> hook);
 
   const InodeTable& inodes() const { return inodes_; }
+  // The attributes the kernel was last given for `path`, while they are younger than
+  // attr_timeout_s (the kernel checks permissions against them meanwhile): nothing otherwise.
+  std::optional<cfs_client::FileAttr> KnownAttr(const std::string& path) const;
 
   // The model-file fast path (fuse/model_fetch.h) to tell about reads; null: none. Set before
   // the first read; must outlive the FileSystem.

@@ -181,6 +181,9 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   pf_options.chunk_bytes = config.cache.chunk_bytes;
   pf_options.window_budget_bytes = window_budget;
   pf_options.attr_timeout_s = config.fuse.attr_timeout_s;
+  pf_options.max_streams_per_uid = config.prefetch.max_streams_per_uid;
+  pf_options.max_queued_paths_per_uid = config.prefetch.max_queued_paths_per_uid;
+  pf_options.max_queued_paths = config.prefetch.max_queued_paths;
   prefetch::Prefetcher prefetcher(pf_options, backend->get(), cache.get(), SystemClock(),
                                   registry.get(), disk.get());
   FileSystem::Options fs_options;
@@ -200,19 +203,37 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   (*fs)->set_model_fetcher(&model_fetcher);
 
   prefetch::ControlServer::Options control_options;
-  control_options.socket_path = config.prefetch.control_socket.empty()
-                                    ? "/run/cubetorchfs/" + config.vol_name + ".sock"
-                                    : config.prefetch.control_socket;
+  control_options.socket_path = conf::ControlSocketPath(config);
   control_options.prof_port = config.prof_port;
   control_options.mount_point = config.mount_point;
+  control_options.registry = registry.get();
+  control_options.max_body_bytes = config.control.max_body_bytes;
+  control_options.body_memory_bytes = config.control.body_memory_bytes;
+  control_options.max_json_elements = config.control.max_json_elements;
+  control_options.max_json_depth = static_cast<int>(config.control.max_json_depth);
+  control_options.max_connections_unix = static_cast<int>(config.control.max_connections_unix);
+  control_options.max_connections_tcp = static_cast<int>(config.control.max_connections_tcp);
+  control_options.max_connections_per_uid =
+      static_cast<int>(config.control.max_connections_per_uid);
+  control_options.idle_timeout_s = config.control.idle_timeout_s;
+  // Paths in control requests are resolved for their caller beneath the root. An S3 store has
+  // no symlinks and gives every object the same owner and mode: only lexical checks there.
+  prefetch::PathResolver::Options resolver_options;
+  resolver_options.check_store = config.backend.type != "s3";
   FileSystem* filesystem = fs->get();
+  resolver_options.known_attr = [filesystem](const std::string& path) {
+    return filesystem->KnownAttr(path);
+  };
+  prefetch::PathResolver resolver(resolver_options, backend->get(), SystemClock());
+  control_options.resolver = &resolver;
   std::unique_ptr<prefetch::Warmer> warmer;
   if (disk) warmer = std::make_unique<prefetch::Warmer>(backend->get(), disk.get(),
                                                         config.cache.chunk_bytes);
   Result<std::unique_ptr<prefetch::ControlServer>> control = prefetch::ControlServer::Start(
       control_options, &prefetcher, cache.get(),
-      [filesystem](const std::string& path, uint64_t max_bytes) {
-        return filesystem->ReadWholeFile(path, max_bytes);
+      [filesystem](const std::string& path, const cfs_client::FileAttr& attr,
+                   const std::function<Status(const char*, size_t)>& piece) {
+        return filesystem->StreamFile(path, attr, piece);
       },
       warmer.get(),
       [&model_fetcher](const std::string& path) -> Result<prefetch::ControlServer::OpenedFile> {

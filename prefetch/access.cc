@@ -167,6 +167,9 @@ PathResolver::PathResolver(const Options& options, cfs_client::Backend* backend,
 Result<cfs_client::FileAttr> PathResolver::StatCached(const std::string& path, bool fresh) {
   const uint64_t now = clock_->NowNanos();
   const auto ttl = static_cast<uint64_t>(options_.ttl_s * 1e9);
+  if (!fresh && options_.known_attr) {
+    if (std::optional<cfs_client::FileAttr> known = options_.known_attr(path)) return *known;
+  }
   if (!fresh) {
     std::lock_guard<std::mutex> l(mu_);
     auto it = cache_.find(path);
@@ -182,13 +185,21 @@ Result<cfs_client::FileAttr> PathResolver::StatCached(const std::string& path, b
 }
 
 Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, const Caller& caller,
-                                                     bool fresh, Reject* why) {
+                                                     bool fresh, Reject* why, Depth depth) {
   *why = Reject::kNone;
   auto fail = [why](Reject r, Status s) {
     *why = r;
     return s;
   };
-  if (!options_.check_store) return Resolved{path, {}};
+  if (!options_.check_store) {
+    if (!fresh) return Resolved{path, {}};
+    Result<cfs_client::FileAttr> a = backend_->Stat(path);
+    if (!a.ok())
+      return fail(a.status().IsNotFound() ? Reject::kNotFound : Reject::kStore, a.status());
+    if (!a->IsRegular())
+      return fail(Reject::kNotFile, Status::IsDirectory(path + ": not a regular file"));
+    return Resolved{path, a.value()};
+  }
   std::deque<std::string> todo;
   for (size_t start = 0; start <= path.size();) {
     size_t slash = path.find('/', start);
@@ -197,7 +208,7 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
     start = slash + 1;
   }
   // The root itself must be searchable.
-  Result<cfs_client::FileAttr> root = StatCached("", fresh);
+  Result<cfs_client::FileAttr> root = StatCached("", false);
   if (!root.ok()) return fail(Reject::kStore, root.status());
   if (!MayAccess(*root, caller, X_OK))
     return fail(Reject::kPermission, Status::PermissionDenied(path + ": permission denied"));
@@ -215,7 +226,13 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
       continue;
     }
     const std::string cur = done.empty() ? part : done + "/" + part;
-    Result<cfs_client::FileAttr> a = StatCached(cur, fresh);
+    // The last component is the file once nothing is left to resolve.
+    bool last = true;
+    for (const auto& rest : todo)
+      if (!rest.empty() && rest != ".") last = false;
+    if (last && depth == Depth::kDirectories) return Resolved{cur, {}};
+    // Directories as the mount sees them; the file (and whether it is a link) as of now.
+    Result<cfs_client::FileAttr> a = StatCached(cur, fresh && last);
     if (!a.ok()) {
       const bool missing = a.status().IsNotFound() || a.status().code() == Status::Code::kNotDirectory;
       return fail(missing ? Reject::kNotFound : Reject::kStore, a.status());
@@ -238,10 +255,6 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
       todo.insert(todo.begin(), parts.begin(), parts.end());
       continue;
     }
-    // The last component is the file once nothing is left to resolve.
-    bool last = true;
-    for (const auto& rest : todo)
-      if (!rest.empty() && rest != ".") last = false;
     if (!last) {
       if (!a->IsDir())
         return fail(Reject::kNotFound, Status::NotDirectory(path + ": " + cur + " is not a directory"));

@@ -16,7 +16,9 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -69,8 +71,12 @@ class PathResolver {
     // path (prefetch only: requests that hand out bytes or descriptors always ask the store).
     double ttl_s = 2.0;
     size_t max_cached = 65536;  // attributes kept; all are dropped when full
-    // false for stores without symlinks or per-file owners (S3): only the lexical checks.
+    // false for stores without symlinks or per-file owners (S3): only the lexical checks
+    // (and, when `fresh`, the file's attributes).
     bool check_store = true;
+    // Attributes the mount already holds for a path (the FUSE inode table, while the kernel
+    // may use them): asked first when a check need not be fresh. May be null.
+    std::function<std::optional<cfs_client::FileAttr>(const std::string&)> known_attr;
   };
   PathResolver(const Options& options, cfs_client::Backend* backend, Clock* clock);
 
@@ -78,11 +84,17 @@ class PathResolver {
     std::string path;  // store-relative, without symlinks
     cfs_client::FileAttr attr;  // of the file (unset when the store is not checked)
   };
-  // Resolves store-relative `path` (from ToStorePath) for `caller` as described above; the
-  // file must be a regular file the caller may read. `fresh`: ask the store for every
-  // component rather than use attributes younger than ttl_s. On failure, *why says why.
+  // What Resolve checks. kFile: every directory and the file (a regular file the caller may
+  // read). kDirectories: the directories only; the last component is taken as it is, and
+  // the file is checked when it is fetched (Prefetcher's `reader`), with no extra request.
+  enum class Depth { kFile, kDirectories };
+  // Resolves store-relative `path` (from ToStorePath) for `caller` as described above.
+  // Directories are checked as the mount sees them (known_attr, else attributes at most ttl_s
+  // old: the kernel too checks permissions on attributes it caches); `fresh`: the file's
+  // attributes come from the store now. On failure, *why says why.
   Result<Resolved> Resolve(const std::string& path, const Caller& caller, bool fresh,
-                           Reject* why);
+                           Reject* why, Depth depth = Depth::kFile);
+  bool checks_store() const { return options_.check_store; }
 
  private:
   Result<cfs_client::FileAttr> StatCached(const std::string& path, bool fresh);

@@ -15,11 +15,20 @@
 //   POST   /v1/warmup               {"paths": [str, ...]}       -> 200 {"fetched", "skipped",
 //                                     "failed", "bytes", "errors"}: fills the NVMe tier
 //
-// Errors are JSON {"error": "..."}: 400 malformed, 404 unknown stream or route, 405 wrong
-// method, 413 body over 16 MiB, 422 no path inside the mount. Both listeners serve every
-// route. One Asio thread runs all connections; /batchdownload, which reads file data, runs on
-// a small worker pool so a slow store cannot stall the other clients. Every connection has an
-// idle timeout, and malformed or truncated requests only ever close their own connection.
+// Errors are JSON {"error": "..."}: 400 malformed, 403 another user's stream, 404 unknown
+// stream or route, 405 wrong method, 413 body over the limit, 422 no acceptable path, 429 a
+// per-user limit reached, 503 the server's request memory is in use (retry).
+//
+// Every connection is from a known local user: the unix socket's peer credentials
+// (SO_PEERCRED), or for the loopback TCP port the owner of the peer socket as the kernel's
+// socket diagnostics tell it (a peer it cannot name is refused). Every path a request names is
+// resolved for that user as its own open() through the mount would be (access.h): paths it
+// may not read are rejected, counted per reason, and never fetched. Streams belong to their
+// creator. Resources are bounded: connections per listener and per user, an idle timeout,
+// request bodies (each, and all being handled at once), the JSON shape (depth, elements),
+// streams and queued paths per user. /batchdownload replies are streamed (chunked), never
+// built in memory. Request handling, JSON parsing included, runs on worker threads, off the
+// one Asio thread that reads and writes the connections.
 //
 // Thread safety: Start() and the destructor from one thread; the rest is internal.
 #pragma once
@@ -28,13 +37,24 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "cache/ram_cache.h"
+#include "cfs_client/backend.h"
 #include "common/status.h"
+#include "prefetch/access.h"
 #include "prefetch/prefetcher.h"
 #include "prefetch/warmer.h"
 
+namespace prometheus {
+class Registry;
+}
+
 namespace cubetorchfs::prefetch {
+
+// Whether `body` is JSON of at most `max_depth` nesting and `max_elements` values (counted
+// without parsing it, so an oversized body costs no memory). The error says which.
+Status CheckJsonShape(std::string_view body, int max_depth, uint64_t max_elements);
 
 // Maps a published path (absolute under `mount_point`, or relative to the mount root) to a
 // store-relative path. Rejects paths outside the mount and ".." components.
@@ -46,11 +66,24 @@ class ControlServer {
     std::string socket_path;  // "" = no unix socket
     uint16_t prof_port = 0;   // 0 = no loopback TCP listener
     std::string mount_point;  // absolute, without a trailing slash
+    // Resolves and checks request paths for their caller; null: the lexical checks only
+    // (for tests of a store without owners).
+    PathResolver* resolver = nullptr;
+    prometheus::Registry* registry = nullptr;  // counters of refusals; may be null
+    uint64_t max_body_bytes = 16ull << 20;      // one request's body
+    uint64_t body_memory_bytes = 32ull << 20;   // all bodies being read or handled at once
+    uint64_t max_json_elements = 1u << 17;      // values in one body
+    int max_json_depth = 16;                    // nesting of one body
+    int max_connections_unix = 256;
+    int max_connections_tcp = 128;
+    int max_connections_per_uid = 64;           // on both listeners together
+    double idle_timeout_s = 30;                 // to send a request, or to take a reply's bytes
   };
-  // Reads a whole file by store-relative path (for /batchdownload/path), refusing files over
-  // `max_bytes` before reading them.
-  using FileReader =
-      std::function<Result<std::string>(const std::string& store_path, uint64_t max_bytes)>;
+  // Reads regular file `store_path` at the version of `attr`, handing `piece` its bytes in
+  // order (for /batchdownload/path).
+  using FileReader = std::function<Status(
+      const std::string& store_path, const cfs_client::FileAttr& attr,
+      const std::function<Status(const char* data, size_t len)>& piece)>;
   // Makes a whole file resident and returns a descriptor of it (for /v1/files/open).
   struct OpenedFile {
     int fd = -1;  // ownership passes to the server, which closes it after sending

@@ -77,7 +77,8 @@ uint64_t Prefetcher::Slack() const {
   return std::clamp<uint64_t>(options_.prefetch.window_files / 4, 64, 1024);
 }
 
-std::string Prefetcher::CreateStream(const std::string& name, int pid, uid_t uid) {
+std::string Prefetcher::CreateStream(const std::string& name, int pid, uid_t uid,
+                                     std::shared_ptr<const Caller> reader) {
   std::lock_guard<std::mutex> l(mu_);
   uint64_t owned = 0;
   for (const auto& [sid, st] : streams_) owned += st.uid == uid;
@@ -89,6 +90,7 @@ std::string Prefetcher::CreateStream(const std::string& name, int pid, uid_t uid
   s.name = name;
   s.pid = pid;
   s.uid = uid;
+  s.reader = std::move(reader);
   s.last_active_ns = clock_->NowNanos();
   s.stats.id = id;
   s.stats.name = name;
@@ -105,6 +107,13 @@ Prefetcher::Stream* Prefetcher::StreamById(const std::string& id) {
 }
 
 bool Prefetcher::DeleteStream(const std::string& id) { return DeleteStreamAs(0, id) == Op::kOk; }
+
+Prefetcher::Op Prefetcher::CheckStream(uid_t uid, const std::string& id) {
+  std::lock_guard<std::mutex> l(mu_);
+  const Stream* s = StreamById(id);
+  if (s == nullptr) return Op::kNotFound;
+  return uid != 0 && s->uid != uid ? Op::kForbidden : Op::kOk;
+}
 
 Prefetcher::Op Prefetcher::DeleteStreamAs(uid_t uid, const std::string& id) {
   std::lock_guard<std::mutex> l(mu_);
@@ -137,24 +146,35 @@ bool Prefetcher::Publish(const std::string& id, const std::vector<std::string>& 
 }
 
 Prefetcher::Op Prefetcher::PublishAs(uid_t uid, const std::string& id,
-                                     const std::vector<std::string>& paths) {
+                                     const std::vector<std::string>& paths, bool partial,
+                                     size_t* taken) {
+  if (taken != nullptr) *taken = 0;
   {
     std::lock_guard<std::mutex> l(mu_);
     Stream* s = StreamById(id);
     if (s == nullptr) return Op::kNotFound;
     if (uid != 0 && s->uid != uid) return Op::kForbidden;
     // Queued positions of all the owner's streams stay under the per-uid limit.
-    uint64_t queued = 0;
-    for (const auto& [sid, st] : streams_)
-      if (st.uid == s->uid) queued += st.base + st.paths.size() - st.low;
-    if (queued + paths.size() > options_.max_queued_paths_per_uid) return Op::kFull;
-    for (const auto& path : paths) {
+    uint64_t queued = 0, all = 0;
+    for (const auto& [sid, st] : streams_) {
+      const uint64_t q = st.base + st.paths.size() - st.low;
+      all += q;
+      if (st.uid == s->uid) queued += q;
+    }
+    const uint64_t room = std::min(
+        options_.max_queued_paths_per_uid - std::min(queued, options_.max_queued_paths_per_uid),
+        options_.max_queued_paths - std::min(all, options_.max_queued_paths));
+    if (room < paths.size() && (!partial || room == 0)) return Op::kFull;
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(room, paths.size()));
+    if (taken != nullptr) *taken = n;
+    for (size_t i = 0; i < n; ++i) {
+      const std::string& path = paths[i];
       const uint64_t pos = s->base + s->paths.size();
       s->paths.push_back(path);
       s->states.push_back(kPending);
       s->pending[path].push_back(pos);
     }
-    s->stats.published += paths.size();
+    s->stats.published += n;
     s->last_active_ns = clock_->NowNanos();
   }
   Wake();
@@ -220,6 +240,7 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
       e.refs = 1;
       e.first_stream = s.id;
       e.owner = s.uid;
+      e.reader = s.reader;
       use_[s.uid].files++;
       e.promise = std::make_shared<std::promise<void>>();
       e.done = e.promise->get_future().share();
@@ -266,6 +287,15 @@ void Prefetcher::RunJob(const Job& job) {
                                    options_.window_budget_bytes - window_bytes_,
                                    (size_estimate_ + size_estimate_ / 4 + 4095) / 4096 * 4096});
   reserve(guess);
+  // The owner's read permission is checked on the attributes before any byte is fetched.
+  cfs_client::Backend::AttrCheck check;
+  if (e->reader) {
+    check = [reader = e->reader, &job](const cfs_client::FileAttr& a) -> Status {
+      if (!MayAccess(a, *reader, R_OK))
+        return Status::PermissionDenied(job.path + ": the stream's owner may not read it");
+      return Status::OK();
+    };
+  }
   l.unlock();
 
   std::shared_ptr<cache::Buffer> first;
@@ -275,7 +305,12 @@ void Prefetcher::RunJob(const Job& job) {
   cache::BufferRef from_disk;
   if (disk_ != nullptr) {
     Result<cfs_client::FileAttr> attr = backend_->Stat(job.path);
-    if (attr.ok() && attr->IsRegular() && attr->size <= guess) {
+    if (attr.ok() && check) {
+      if (Status denied = check(attr.value()); !denied.ok()) attr = denied;
+    }
+    if (!attr.ok() && attr.status().code() == Status::Code::kPermissionDenied) {
+      got = attr.status();
+    } else if (attr.ok() && attr->IsRegular() && attr->size <= guess) {
       Result<cache::BufferRef> d = disk_->Get(cache::ChunkKey(job.path, attr->Version(), 0));
       if (d.ok() && (*d)->size == attr->size) {
         from_disk = std::move(d).value();
@@ -283,12 +318,13 @@ void Prefetcher::RunJob(const Job& job) {
       }
     }
   }
-  if (!from_disk) {
+  if (!from_disk && got.status().code() != Status::Code::kPermissionDenied) {
     first = cache::Buffer::Allocate(guess);
-    got = backend_->StatRead(job.path, static_cast<size_t>(guess), first->data.get());
+    got = backend_->StatRead(job.path, static_cast<size_t>(guess), first->data.get(), check);
   }
 
   l.lock();
+  if (!got.ok() && got.status().code() == Status::Code::kPermissionDenied) totals_.denied++;
   if (!got.ok()) {
     CTFS_LOG(kDebug) << "prefetch " << job.path << ": " << got.status().ToString();
     FailLocked(window_.find(job.path));
@@ -483,7 +519,8 @@ void Prefetcher::MarkPositionLocked(Stream& s, uint64_t pos, PosState state) {
   auto p = s.pending.find(path);
   if (p != s.pending.end()) {
     auto& positions = p->second;
-    positions.erase(std::find(positions.begin(), positions.end(), pos));
+    auto found = std::find(positions.begin(), positions.end(), pos);
+    if (found != positions.end()) positions.erase(found);
     if (positions.empty()) s.pending.erase(p);
   }
   (state == kRead ? s.stats.read : s.stats.skipped)++;

@@ -42,6 +42,7 @@
 #include "cfs_client/backend.h"
 #include "common/clock.h"
 #include "conf/options.h"
+#include "prefetch/access.h"
 
 namespace prometheus {
 class Registry;
@@ -74,6 +75,7 @@ struct Stats {
   ReadCounts reads;  // every FUSE read of a regular file
   uint64_t fetched = 0, failed = 0, evicted_unread = 0;
   uint64_t preempted = 0;      // unread files given up so another user got its share
+  uint64_t denied = 0;         // files the stream's owner may not read: not fetched
   uint64_t inflight = 0;       // fetches running now
   uint64_t window_files = 0;   // entries in the window (fetching or ready)
   uint64_t window_bytes = 0;   // bytes reserved by them
@@ -94,7 +96,8 @@ class Prefetcher {
     uint64_t skip_slack = 0;
     bool start_workers = true;                  // false: tests run jobs with RunOneJob()
     uint64_t max_streams_per_uid = 64;          // streams one user may have at once
-    uint64_t max_queued_paths_per_uid = 1u << 20;  // positions not yet read, all its streams
+    uint64_t max_queued_paths_per_uid = 1u << 17;  // positions not yet read, all its streams
+    uint64_t max_queued_paths = 1u << 18;          // positions not yet read, all streams
   };
 
   // `backend`, `ram`, `clock`, `registry` (may be null) and `disk` (the NVMe tier; may be
@@ -108,14 +111,24 @@ class Prefetcher {
 
   // --- the control API ---
   // A stream owned by `uid`; "" when that user already has max_streams_per_uid.
-  std::string CreateStream(const std::string& name, int pid, uid_t uid = 0);
+  // `reader`, if given, is the user each file is checked against before its bytes are
+  // fetched (read permission, as the kernel would check it); a file it may not read is
+  // counted `denied` and not fetched.
+  std::string CreateStream(const std::string& name, int pid, uid_t uid = 0,
+                           std::shared_ptr<const Caller> reader = nullptr);
   bool DeleteStream(const std::string& id);  // false: unknown stream
   // Appends store-relative paths, in read order. False: unknown stream.
   bool Publish(const std::string& id, const std::vector<std::string>& paths);
   // The same, on behalf of user `uid`: a stream belongs to its creator (root may act on any).
   enum class Op { kOk, kNotFound, kForbidden, kFull };  // kFull: max_queued_paths_per_uid
   Op DeleteStreamAs(uid_t uid, const std::string& id);
-  Op PublishAs(uid_t uid, const std::string& id, const std::vector<std::string>& paths);
+  // Whether stream `id` exists and `uid` may act on it (kOk, kNotFound or kForbidden).
+  Op CheckStream(uid_t uid, const std::string& id);
+  // kFull when the paths would take the owner past max_queued_paths_per_uid or all streams
+  // past max_queued_paths; nothing is published then. With `partial`, as many as fit are
+  // published instead (kFull only if none fit) and *taken says how many.
+  Op PublishAs(uid_t uid, const std::string& id, const std::vector<std::string>& paths,
+               bool partial = false, size_t* taken = nullptr);
   // Counters; the streams of user `only` if given, else all.
   Stats GetStats(std::optional<uid_t> only = std::nullopt);
 
@@ -167,6 +180,7 @@ class Prefetcher {
     bool invalidated = false;  // written through the mount since fetched: never served
     std::string first_stream;  // the stream whose position created it (for its counters)
     uid_t owner = 0;           // that stream's owner, whose share of the window it uses
+    std::shared_ptr<const Caller> reader;  // whose read permission the fetch checks
     std::shared_future<void> done;  // ready when the fetch ends, either way
     std::shared_ptr<std::promise<void>> promise;
   };
@@ -175,10 +189,13 @@ class Prefetcher {
     std::string id, name;
     int pid = 0;
     uid_t uid = 0;
+    std::shared_ptr<const Caller> reader;
     uint64_t base = 0;  // position of paths.front()
     std::deque<std::string> paths;
     std::deque<uint8_t> states;
-    std::unordered_map<std::string, std::deque<uint64_t>> pending;  // path -> positions, ascending
+    // path -> positions, ascending (a vector: most paths have one, and a deque's first block
+    // alone would cost 512 bytes a path)
+    std::unordered_map<std::string, std::vector<uint64_t>> pending;
     uint64_t low = 0;   // first position neither read nor skipped
     uint64_t high = 0;  // one past the furthest position read
     uint64_t next = 0;  // the next position the scheduler looks at

@@ -15,3 +15,5 @@ export PYTHONPATH="$PWD/hooks${PYTHONPATH:+:$PYTHONPATH}"
 # Separate runs: the hook tests patch DataLoader in their own process.
 timeout 600 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/hooks
 timeout 1200 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration
+echo "== security tests (pytest: attacks by an unprivileged user against a real daemon)"
+timeout 900 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/security

@@ -119,11 +119,13 @@ class MemBackend final : public cfs_client::Backend {
     d.copy(buf, n, offset);
     return n;
   }
-  Result<Fetched> StatRead(const std::string& path, size_t len, char* buf) override {
+  Result<Fetched> StatRead(const std::string& path, size_t len, char* buf,
+                           const AttrCheck& check = nullptr) override {
     Result<cfs_client::FileAttr> attr = Stat(path);
     stats_--;  // one request, counted as a read
     if (!attr.ok()) return attr.status();
     if (!attr->IsRegular()) return Status::IsDirectory(path);
+    if (check) CTFS_RETURN_IF_ERROR(check(attr.value()));
     Result<size_t> n = Read(path, attr->Version(), 0, len, buf);
     if (!n.ok()) return n.status();
     return Fetched{attr.value(), n.value()};

@@ -248,6 +248,45 @@ INSTANTIATE_TEST_SUITE_P(
                     "endpont": "x"}})",
                 "backend.endpont"}));
 
+TEST(ConfigTest, ControlAndPerUserLimits) {
+  Result<Config> c = ParseConfig(R"({"volName": "v", "backend": {"type": "posix", "root": "/d"},
+      "prefetch": {"max_streams_per_uid": 8, "max_queued_paths_per_uid": 1000,
+                   "max_queued_paths": 5000},
+      "control": {"max_body_bytes": "1MiB", "body_memory_bytes": "4MiB",
+                  "max_json_elements": 100, "max_json_depth": 4, "max_connections_unix": 10,
+                  "max_connections_tcp": 0, "max_connections_per_uid": 2,
+                  "idle_timeout_s": 5}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->prefetch.max_streams_per_uid, 8u);
+  EXPECT_EQ(c->prefetch.max_queued_paths_per_uid, 1000u);
+  EXPECT_EQ(c->prefetch.max_queued_paths, 5000u);
+  EXPECT_EQ(c->control.max_body_bytes, 1u << 20);
+  EXPECT_EQ(c->control.body_memory_bytes, 4u << 20);
+  EXPECT_EQ(c->control.max_json_elements, 100u);
+  EXPECT_EQ(c->control.max_json_depth, 4u);
+  EXPECT_EQ(c->control.max_connections_unix, 10u);
+  EXPECT_EQ(c->control.max_connections_tcp, 0u);
+  EXPECT_EQ(c->control.max_connections_per_uid, 2u);
+  EXPECT_DOUBLE_EQ(c->control.idle_timeout_s, 5);
+  Result<Config> d = ParseConfig(kMinimal);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->control.max_connections_per_uid, 64u);
+  EXPECT_EQ(d->control.body_memory_bytes, 32u << 20);
+  for (const char* bad : {
+           R"({"volName": "v", "backend": {"root": "/d"}, "control": {"max_body_bytes": 0}})",
+           R"({"volName": "v", "backend": {"root": "/d"}, "control": {"body_memory_bytes": "1MiB"}})",
+           R"({"volName": "v", "backend": {"root": "/d"}, "control": {"idle_timeout_s": 0}})",
+           R"({"volName": "v", "backend": {"root": "/d"}, "control": {"max_conns": 1}})",
+           R"({"volName": "v", "backend": {"root": "/d"}, "prefetch": {"max_queued_paths": 0}})"}) {
+    Result<Config> e = ParseConfig(bad);
+    EXPECT_FALSE(e.ok()) << bad;
+    if (!e.ok()) {
+      const std::string& m = e.status().message();
+      EXPECT_TRUE(m.rfind("control.", 0) == 0 || m.rfind("prefetch.", 0) == 0) << m;
+    }
+  }
+}
+
 TEST(ConfigTest, LoadConfigNamesAMissingFile) {
   Result<Config> c = LoadConfig("/nonexistent/cubetorchfs.json");
   ASSERT_FALSE(c.ok());

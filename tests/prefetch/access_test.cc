@@ -1,0 +1,125 @@
+#include "prefetch/access.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "prefetch/control_server.h"
+#include "tests/test_util.h"
+
+namespace cubetorchfs::prefetch {
+namespace {
+
+namespace fs = std::filesystem;
+
+Caller User(uid_t uid, std::vector<gid_t> groups = {}) {
+  Caller c;
+  c.uid = uid;
+  c.gid = uid;
+  c.groups = std::move(groups);
+  return c;
+}
+
+cfs_client::FileAttr Attr(mode_t mode, uid_t uid, gid_t gid) {
+  cfs_client::FileAttr a;
+  a.mode = mode;
+  a.uid = uid;
+  a.gid = gid;
+  return a;
+}
+
+TEST(MayAccessTest, OwnerGroupOtherAsTheKernelChecks) {
+  const auto f = Attr(S_IFREG | 0640, 1000, 50);
+  EXPECT_TRUE(MayAccess(f, User(1000), R_OK));
+  EXPECT_TRUE(MayAccess(f, User(1001, {50}), R_OK));
+  EXPECT_FALSE(MayAccess(f, User(1001), R_OK));
+  // The owner's bits apply to the owner even when "other" would allow more.
+  EXPECT_FALSE(MayAccess(Attr(S_IFREG | 0047, 1000, 50), User(1000), R_OK));
+  EXPECT_TRUE(MayAccess(Attr(S_IFDIR | 0711, 0, 0), User(1001), X_OK));
+  EXPECT_FALSE(MayAccess(Attr(S_IFDIR | 0700, 0, 0), User(1001), X_OK));
+  EXPECT_TRUE(MayAccess(Attr(S_IFREG | 0000, 5, 5), User(0), R_OK));  // root reads anything
+}
+
+TEST(CheckJsonShapeTest, DepthAndElementsWithoutParsing) {
+  EXPECT_TRUE(CheckJsonShape(R"({"paths": ["a", "b"]})", 4, 10).ok());
+  EXPECT_FALSE(CheckJsonShape(std::string(100, '['), 16, 1000).ok());
+  EXPECT_FALSE(CheckJsonShape("[0,0,0,0,0,0]", 4, 5).ok());
+  // Brackets and commas inside strings (escaped quotes too) are not structure.
+  EXPECT_TRUE(CheckJsonShape(R"(["[[[[[,,,,,\"[[[[,,,,"])", 2, 2).ok());
+}
+
+// A store with a symlinked class folder, links out of it, and private parts.
+class PathResolverTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = fs::temp_directory_path() / ("ctfs_access_" + std::to_string(::getpid()));
+    fs::remove_all(base_);
+    root_ = base_ / "root";
+    fs::create_directories(root_ / "data" / "cls");
+    fs::create_directories(base_ / "outside");
+    std::ofstream(root_ / "data" / "cls" / "img") << "x";
+    std::ofstream(base_ / "outside" / "secret") << "s";
+    fs::create_symlink("cls", root_ / "data" / "alias");            // inside: followed
+    fs::create_symlink("../../outside", root_ / "data" / "escape");  // climbs out
+    fs::create_symlink(base_ / "outside", root_ / "data" / "abs");   // absolute
+    fs::create_symlink("loop", root_ / "data" / "loop");
+    fs::create_directories(root_ / "closed");
+    std::ofstream(root_ / "closed" / "f") << "c";
+    ::chmod((root_ / "closed").c_str(), 0700);
+    std::ofstream(root_ / "data" / "private") << "p";
+    ::chmod((root_ / "data" / "private").c_str(), 0600);
+    auto b = cfs_client::NewPosixBackend(root_);
+    ASSERT_TRUE(b.ok());
+    backend_ = std::move(b).value();
+    resolver_ = std::make_unique<PathResolver>(PathResolver::Options{}, backend_.get(), &clock_);
+  }
+  void TearDown() override { fs::remove_all(base_); }
+
+  Reject Why(const std::string& path, const Caller& c,
+             PathResolver::Depth depth = PathResolver::Depth::kFile) {
+    Reject why = Reject::kNone;
+    Result<PathResolver::Resolved> r = resolver_->Resolve(path, c, true, &why, depth);
+    EXPECT_EQ(r.ok(), why == Reject::kNone) << path;
+    return why;
+  }
+
+  fs::path base_, root_;
+  testing::FakeClock clock_;
+  std::unique_ptr<cfs_client::Backend> backend_;
+  std::unique_ptr<PathResolver> resolver_;
+};
+
+TEST_F(PathResolverTest, RelativeLinksInsideTheStoreAreFollowed) {
+  Reject why;
+  auto r = resolver_->Resolve("data/alias/img", User(0), true, &why);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->path, "data/cls/img");
+  EXPECT_TRUE(r->attr.IsRegular());
+}
+
+TEST_F(PathResolverTest, LinksOutOfTheStoreAreRefused) {
+  EXPECT_EQ(Why("data/escape/secret", User(0)), Reject::kSymlink);
+  EXPECT_EQ(Why("data/abs/secret", User(0)), Reject::kSymlink);
+  EXPECT_EQ(Why("data/loop/x", User(0)), Reject::kLoop);
+  EXPECT_EQ(Why("data/escape/secret", User(0), PathResolver::Depth::kDirectories),
+            Reject::kSymlink);
+}
+
+TEST_F(PathResolverTest, TheCallersRightsDecide) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to own the files";
+  EXPECT_EQ(Why("closed/f", User(1000)), Reject::kPermission);
+  EXPECT_EQ(Why("closed/f", User(1000), PathResolver::Depth::kDirectories), Reject::kPermission);
+  EXPECT_EQ(Why("data/private", User(1000)), Reject::kPermission);
+  // Published paths have their file checked at fetch: the directories alone pass here.
+  EXPECT_EQ(Why("data/private", User(1000), PathResolver::Depth::kDirectories), Reject::kNone);
+  EXPECT_EQ(Why("closed/f", User(0)), Reject::kNone);
+  EXPECT_EQ(Why("data/cls/img", User(1000)), Reject::kNone);
+  EXPECT_EQ(Why("data/cls", User(1000)), Reject::kNotFile);
+  EXPECT_EQ(Why("data/none", User(1000)), Reject::kNotFound);
+}
+
+}  // namespace
+}  // namespace cubetorchfs::prefetch

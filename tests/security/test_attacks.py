@@ -1,0 +1,363 @@
+"""The audit's attacks, each tried against a real daemon by a hostile local user, and shown to
+fail: store symlinks that lead out of the root (through every API and through the mount),
+root-only files asked for over TCP and the unix socket, other users' streams, a directory
+swapped for a symlink under an allow_other mount, memory attacks, a flooding user, forged log
+lines and idle connections."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import stat
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cubefs_harness import (CubeFactory, CubeMount, UnixHTTPConnection, call,
+                             environment_problem, free_tcp_port, wait_until)
+from seclib import (NOBODY, OTHER, as_user, daemon_rss_bytes, find_pid, open_cube,  # noqa: F401
+                    parse_batch, shell_as)
+
+pytestmark = pytest.mark.skipif(environment_problem() is not None,
+                                reason=environment_problem() or "")
+
+SECRET = b"TOPSECRET-outside-the-store"
+ROOT_ONLY = b"ROOT-ONLY-inside-the-store"
+
+
+def make_store(base: Path) -> Path:
+    """A store with symlinks out of it, a root-only file and directory, and public files."""
+    outside = base / "outside"
+    outside.mkdir(mode=0o700)
+    (outside / "shadow").write_bytes(SECRET)
+    os.chmod(outside / "shadow", 0o600)
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    os.chmod(src, 0o755)
+    pub = src / "pub"
+    (pub / "d").mkdir(parents=True)
+    for d in (pub, pub / "d"):
+        os.chmod(d, 0o755)
+    for i in range(40):
+        (pub / f"f{i:03d}").write_bytes(bytes([i]) * 20_000)
+        os.chmod(pub / f"f{i:03d}", 0o644)
+    (pub / "d" / "x").write_bytes(b"inside-x")
+    os.chmod(pub / "d" / "x", 0o644)
+    (src / "private.bin").write_bytes(ROOT_ONLY)
+    os.chmod(src / "private.bin", 0o600)
+    (src / "closed").mkdir(mode=0o700)
+    os.chmod(src / "closed", 0o700)
+    (src / "closed" / "f").write_bytes(ROOT_ONLY)
+    os.chmod(src / "closed" / "f", 0o644)
+    own = src / "nobody"
+    own.mkdir()
+    (own / "mine.bin").write_bytes(b"nobody's own bytes")
+    os.chmod(own / "mine.bin", 0o600)
+    os.chown(own, NOBODY, NOBODY)
+    os.chown(own / "mine.bin", NOBODY, NOBODY)
+    os.symlink(str(outside), src / "etcdir")         # absolute, out of the store
+    os.symlink("../outside", src / "up")             # relative, climbs out
+    os.symlink("pub/d", src / "classes")             # relative, stays inside: allowed
+    os.symlink(str(outside / "shadow"), src / "shadowlink")
+    return src
+
+
+def start(cube: CubeFactory, src: Path, **extra: Any) -> tuple[CubeMount, str, int]:
+    prof = free_tcp_port()
+    overrides: dict[str, Any] = {"profile": "ai_prefetch", "profPort": prof,
+                                 "prefetch": {"max_inflight": 4}}
+    for k, v in extra.items():
+        overrides[k] = v
+    mount = cube.mount(src, overrides)
+    sock = mount.read_control()["control_socket"]
+    return mount, sock, prof
+
+
+def stats(sock: str) -> dict[str, Any]:
+    status, body = call(UnixHTTPConnection(sock), "GET", "/v1/stats")
+    assert status == 200, body
+    return json.loads(body)
+
+
+def no_secret_anywhere(where: Path) -> None:
+    for dirpath, _, files in os.walk(where):
+        for name in files:
+            p = Path(dirpath) / name
+            try:
+                assert SECRET not in p.read_bytes(), p
+            except (PermissionError, FileNotFoundError, IsADirectoryError):
+                pass
+
+
+def test_store_symlinks_never_lead_out_of_the_root(open_cube: CubeFactory) -> None:
+    base = open_cube.base.parent
+    src = make_store(base)
+    disk = base / "tier"
+    mount, sock, prof = start(open_cube, src,
+                              cache={"memory_bytes": "64MiB", "chunk_bytes": "4MiB",
+                                     "disk_dir": str(disk), "disk_bytes": "64MiB"})
+    m = str(mount.mountpoint)
+    escapes = [f"{m}/etcdir/shadow", f"{m}/up/shadow", f"{m}/shadowlink",
+               f"{m}/pub/../etcdir/shadow", "etcdir/shadow"]
+    inside = f"{m}/classes/x"
+    # /batchdownload/path over both listeners: no byte of the outside file, the inside link works.
+    for conn in (UnixHTTPConnection(sock), __import__("http.client").client.HTTPConnection(
+            "127.0.0.1", prof, timeout=10)):
+        status, body = call(conn, "POST", "/batchdownload/path", [escapes + [inside]])
+        assert status == 200, body
+        got = dict(parse_batch(body))
+        assert all(got[p] == b"" for p in escapes), got
+        assert got[inside] == b"inside-x"
+    # /v1/files/open: never a descriptor of the outside file.
+    for p in escapes[:3]:
+        out = as_user({"kind": "open", "socket": sock, "path": p}, uid=0)
+        assert out["status"] != 200 and out["fds"] == 0, out
+    # Stream publish, the legacy prefetch and warmup: refused, never fetched.
+    conn = UnixHTTPConnection(sock)
+    status, body = call(conn, "POST", "/v1/streams", {"name": "evil", "pid": 1})
+    sid = json.loads(body)["id"]
+    status, body = call(conn, "POST", f"/v1/streams/{sid}/paths", {"paths": escapes[:2] + [inside]})
+    assert status == 202 and json.loads(body) == {"accepted": 1, "rejected": 2}, body
+    status, body = call(conn, "POST", "/prefetch/read/path", [escapes])
+    assert status == 200
+    status, body = call(conn, "POST", "/v1/warmup", {"paths": escapes + [inside]})
+    assert status == 200, body
+    warm = json.loads(body)
+    assert warm["fetched"] + warm["skipped"] == 1 and warm["failed"] == len(escapes), warm
+    time.sleep(1.0)
+    g = stats(sock)["global"]
+    assert g["control"]["rejected_paths"]["symlink"] >= 8, g["control"]
+    # Nothing of the secret reached the tier, and the mount shows the links as links.
+    no_secret_anywhere(disk)
+    assert os.path.islink(mount.path("etcdir"))
+    assert mount.metrics().value("cubetorchfs_control_rejected_paths_total", reason="symlink") >= 8
+
+
+def test_non_root_user_gets_nothing_of_root_only_files(open_cube: CubeFactory) -> None:
+    base = open_cube.base.parent
+    src = make_store(base)
+    mount, sock, prof = start(open_cube, src)
+    m = str(mount.mountpoint)
+    ask = [f"{m}/private.bin", f"{m}/closed/f", f"{m}/pub/f001", f"{m}/nobody/mine.bin"]
+    for kind in ("tcp", "unix"):
+        out = as_user({"kind": kind, "port": prof, "socket": sock, "target": "/batchdownload/path",
+                       "body": [ask]})
+        assert out["status"] == 200, out
+        got = dict(parse_batch(out["body"]))
+        assert got[ask[0]] == b"" and got[ask[1]] == b"", got
+        assert got[ask[2]] == bytes([1]) * 20_000
+        assert got[ask[3]] == b"nobody's own bytes"  # the user's own 0600 file
+        # root, on the other hand, may read them all
+        out = as_user({"kind": kind, "port": prof, "socket": sock, "target": "/batchdownload/path",
+                       "body": [ask]}, uid=0)
+        assert dict(parse_batch(out["body"]))[ask[0]] == ROOT_ONLY
+    # No descriptor of a file the user may not read.
+    for p in ask[:2]:
+        out = as_user({"kind": "open", "socket": sock, "path": p})
+        assert out["status"] == 403 and out["fds"] == 0, out
+    # Published: the closed directory is refused at once; the 0600 file is never fetched.
+    out = as_user({"kind": "unix", "socket": sock, "target": "/v1/streams", "body": {"name": "n"}})
+    sid = json.loads(out["body"])["id"]
+    out = as_user({"kind": "unix", "socket": sock, "target": f"/v1/streams/{sid}/paths",
+                   "body": {"paths": ask}})
+    assert json.loads(out["body"]) == {"accepted": 3, "rejected": 1}, out
+    assert wait_until(lambda: stats(sock)["global"]["prefetch"]["fetched"] >= 2, timeout=10)
+    g = stats(sock)["global"]
+    assert g["prefetch"]["denied"] == 1, g["prefetch"]
+    assert g["control"]["rejected_paths"]["permission"] >= 5, g["control"]
+    # The legacy endpoint over TCP publishes into the user's own stream, same checks.
+    out = as_user({"kind": "tcp", "port": prof, "target": "/prefetch/read/path", "body": [ask]})
+    assert (out["status"], out["body"]) == (200, b"prefetching.\n")
+    streams = stats(sock)["streams"]
+    assert {s["uid"] for s in streams} == {NOBODY}, streams
+
+
+def test_streams_belong_to_their_creator(open_cube: CubeFactory) -> None:
+    src = make_store(open_cube.base.parent)
+    mount, sock, prof = start(open_cube, src)
+    out = as_user({"kind": "unix", "socket": sock, "target": "/v1/streams", "body": {"name": "a"}})
+    assert out["status"] == 201
+    sid = json.loads(out["body"])["id"]
+    for kind in ("unix", "tcp"):
+        other = as_user({"kind": kind, "socket": sock, "port": prof, "method": "DELETE",
+                         "target": f"/v1/streams/{sid}"}, uid=OTHER)
+        assert other["status"] == 403, other
+        other = as_user({"kind": kind, "socket": sock, "port": prof,
+                         "target": f"/v1/streams/{sid}/paths",
+                         "body": {"paths": [f"{mount.mountpoint}/pub/f000"]}}, uid=OTHER)
+        assert other["status"] == 403, other
+    seen = as_user({"kind": "unix", "socket": sock, "method": "GET", "target": "/v1/stats"},
+                   uid=OTHER)
+    assert json.loads(seen["body"])["streams"] == []
+    mine = as_user({"kind": "unix", "socket": sock, "method": "GET", "target": "/v1/stats"})
+    assert [s["id"] for s in json.loads(mine["body"])["streams"]] == [sid]
+    assert [s["id"] for s in stats(sock)["streams"]] == [sid]  # root sees all
+    assert as_user({"kind": "unix", "socket": sock, "method": "DELETE",
+                    "target": f"/v1/streams/{sid}"})["status"] == 204
+
+
+def test_mount_never_follows_a_directory_or_file_swapped_for_a_symlink(
+        open_cube: CubeFactory) -> None:
+    base = open_cube.base.parent
+    src = make_store(base)
+    victim = base / "victim"
+    victim.write_bytes(b"root's file")
+    os.chmod(victim, 0o600)
+    g = src / "pub" / "g"
+    g.write_bytes(b"user's file")
+    os.chown(g, NOBODY, NOBODY)
+    mount = open_cube.prepare(src, {"profile": "ai_prefetch"})
+    open_cube.start_foreground(mount, ["-o", "allow_other"])
+    m = mount.mountpoint
+    assert shell_as(["stat", f"{m}/pub/d", f"{m}/pub/g"])[0] == 0
+    assert shell_as(["cat", f"{m}/pub/d/x"]) == (0, b"inside-x")
+    # Swap, in the store, the directory for a link to a root-only one and the file for a link
+    # to a root 0600 file. The kernel still holds the old attributes (ai_prefetch: 300 s).
+    os.rename(src / "pub" / "d", src / "pub" / "d.old")
+    os.symlink(str(base / "outside"), src / "pub" / "d")
+    os.rename(g, src / "pub" / "g.old")
+    os.symlink(str(victim), g)
+    code, out = shell_as(["cat", f"{m}/pub/d/shadow"])
+    assert code != 0 and SECRET not in out, out
+    code, out = shell_as(["touch", f"{m}/pub/d/planted"])
+    assert code != 0 and not (base / "outside" / "planted").exists(), out
+    shell_as(["chmod", "666", f"{m}/pub/g"])
+    assert stat.S_IMODE(os.stat(victim).st_mode) == 0o600
+    code, out = shell_as(["cat", f"{m}/pub/g"])
+    assert b"root's file" not in out
+    # Once the kernel sees the links as links, it follows them itself, with the caller's
+    # rights: the user still cannot read what lies behind them.
+    time.sleep(0.2)
+    code, out = shell_as(["cat", f"{m}/pub/d/shadow"])
+    assert code != 0 and SECRET not in out, out
+
+
+def test_memory_attacks_stay_under_budget(open_cube: CubeFactory) -> None:
+    base = open_cube.base.parent
+    src = make_store(base)
+    big = src / "pub" / "big.bin"
+    with open(big, "wb") as f:
+        f.write(os.urandom(1 << 20) * 48)  # 48 MiB
+    os.chmod(big, 0o644)
+    mount, sock, prof = start(open_cube, src)  # cache.memory_bytes: 64 MiB
+    pid = find_pid(mount)
+    base_rss = daemon_rss_bytes(pid)
+    budget = 64 << 20
+    overhead = 160 << 20  # the stated bound on what the daemon adds to its cache (docs)
+    # Deeply nested and very wide JSON: refused before parsing, within the body limit.
+    for body in (b"[" * (15 << 20), b"[" + b"0," * (7 << 20) + b"0]"):
+        for conn in (UnixHTTPConnection(sock, timeout=30),
+                     http.client.HTTPConnection("127.0.0.1", prof, timeout=30)):
+            status, reply = call(conn, "POST", "/prefetch/read/path", body)
+            assert status == 400, reply
+            assert daemon_rss_bytes(pid) < budget + overhead
+    # 16 readers of a 192 MiB /batchdownload reply that never read it.
+    m = str(mount.mountpoint)
+    socks = []
+    peak = 0
+    payload = json.dumps([[f"{m}/pub/big.bin"] * 4]).encode()
+    for _ in range(16):
+        s = socket.create_connection(("127.0.0.1", prof), timeout=5)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.sendall(b"POST /batchdownload/path HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+                  % len(payload) + payload)
+        socks.append(s)
+    try:
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            peak = max(peak, daemon_rss_bytes(pid))
+            time.sleep(0.1)
+        print(f"daemon RSS: {base_rss >> 20} MiB at start, {peak >> 20} MiB peak under 12 "
+              f"stalled 192 MiB replies (budget {budget >> 20} MiB + {overhead >> 20} MiB)")
+        assert peak < budget + overhead, peak
+        # the daemon still answers others meanwhile
+        assert stats(sock)["global"] is not None
+    finally:
+        for s in socks:
+            s.close()
+    # A burst of large requests gives its memory back within seconds.
+    burst = [[f"{m}/pub/f{i:03d}" for i in range(40)] * 2000]
+    for _ in range(4):
+        call(UnixHTTPConnection(sock, timeout=60), "POST", "/prefetch/read/path", burst)
+    assert wait_until(lambda: daemon_rss_bytes(pid) < budget + overhead, timeout=10)
+
+
+def test_one_users_flood_does_not_starve_another(open_cube: CubeFactory) -> None:
+    src = make_store(open_cube.base.parent)
+    mount, sock, _ = start(open_cube, src, prefetch={"max_inflight": 4, "window_files": 16})
+    m = str(mount.mountpoint)
+    flood = as_user({"kind": "unix", "socket": sock, "target": "/v1/streams", "body": {"name": "f"}})
+    fid = json.loads(flood["body"])["id"]
+    out = as_user({"kind": "unix", "socket": sock, "target": f"/v1/streams/{fid}/paths",
+                   "body": {"paths": [f"{m}/pub/f{i % 30:03d}" for i in range(5000)]}})
+    assert out["status"] == 202
+    assert wait_until(lambda: stats(sock)["global"]["prefetch"]["window_files"] >= 16, timeout=10)
+    fair = as_user({"kind": "unix", "socket": sock, "target": "/v1/streams", "body": {"name": "g"}},
+                   uid=OTHER)
+    gid = json.loads(fair["body"])["id"]
+    out = as_user({"kind": "unix", "socket": sock, "target": f"/v1/streams/{gid}/paths",
+                   "body": {"paths": [f"{m}/pub/f{i:03d}" for i in range(30, 40)]}}, uid=OTHER)
+    assert out["status"] == 202, out
+
+    def fair_fetched() -> int:
+        return next(s["fetched"] for s in stats(sock)["streams"] if s["id"] == gid)
+    assert wait_until(lambda: fair_fetched() >= 8, timeout=15), stats(sock)
+    assert stats(sock)["global"]["prefetch"]["window_files"] <= 16
+
+
+def test_forged_log_lines_are_escaped(open_cube: CubeFactory) -> None:
+    src = make_store(open_cube.base.parent)
+    mount, sock, prof = start(open_cube, src)
+    forged = f"{mount.mountpoint}/nope\nE 2026-01-01 00:00:00.000000 1 forged.cc:1] FORGED"
+    began = time.monotonic()
+    for _ in range(30):  # 30 requests of 100 failures each
+        conn = http.client.HTTPConnection("127.0.0.1", prof, timeout=10)
+        assert call(conn, "POST", "/batchdownload/path", [[forged] * 100])[0] == 200
+    log = (mount.workdir / "log" / "cubetorchfs.log").read_text(errors="replace")
+    assert not any(line.startswith("E 2026-01-01") for line in log.splitlines())
+    assert "\\nE 2026-01-01" in log
+    # 3,000 failures: a burst of 10 lines, then about one a second.
+    lines = sum("FORGED" in line for line in log.splitlines())
+    assert 1 <= lines <= 10 + (time.monotonic() - began) + 2, lines
+
+
+def test_idle_connections_do_not_starve_others(open_cube: CubeFactory) -> None:
+    src = make_store(open_cube.base.parent)
+    mount, sock, prof = start(open_cube, src)
+    held = []
+    try:
+        for _ in range(150):  # one user's idle TCP connections: capped, per user and per port
+            try:
+                held.append(socket.create_connection(("127.0.0.1", prof), timeout=2))
+            except OSError:
+                break
+        time.sleep(0.5)
+        # Another user, on either listener, is still served.
+        for kind in ("unix", "tcp"):
+            out = as_user({"kind": kind, "socket": sock, "port": prof, "method": "GET",
+                           "target": "/v1/stats"}, uid=OTHER)
+            assert out["status"] == 200, out
+        seen = as_user({"kind": "unix", "socket": sock, "method": "GET", "target": "/v1/stats"},
+                       uid=OTHER)
+        refused = json.loads(seen["body"])["global"]["control"]["refused"]
+        assert refused["user_full"] >= 150 - 64, refused
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_unknown_tcp_peers_are_refused_not_trusted(open_cube: CubeFactory) -> None:
+    """The peer's owner comes from the kernel; the client cannot claim one. A request that
+    names another uid anywhere in it changes nothing."""
+    src = make_store(open_cube.base.parent)
+    mount, sock, prof = start(open_cube, src)
+    out = as_user({"kind": "tcp", "port": prof, "target": "/batchdownload/path?uid=0",
+                   "body": [[f"{mount.mountpoint}/private.bin"]]})
+    assert out["status"] in (200, 404)
+    if out["status"] == 200:
+        assert dict(parse_batch(out["body"]))[f"{mount.mountpoint}/private.bin"] == b""
