@@ -166,7 +166,9 @@ Status InitLogging(const std::string& path, LogLevel level) {
   }
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  // The daemon runs as root: never write through a link planted at the log's name. The log
+  // names files of every user, so it is readable by the daemon's user only.
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return Status::IOError(path + ": " + std::strerror(errno));
   int old = g_fd.exchange(fd);
   if (old != STDERR_FILENO) ::close(old);

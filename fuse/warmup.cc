@@ -112,16 +112,26 @@ Status Walk(cfs_client::Backend& backend, const std::string& dir, std::vector<It
 }
 
 // The socket of a live daemon serving this volume, or "".
+// Only a control file and socket owned by root or the caller are used (warmup often runs as
+// root: a file another user planted must not steer it).
 std::string LiveDaemonSocket(const std::string& vol_name) {
-  std::ifstream in(ControlFilePath(vol_name));
-  if (!in) return "";
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json c = json::parse(ss.str(), nullptr, false);
+  Result<std::string> text = ReadTrustedControlFile(ControlFilePath(vol_name));
+  if (!text.ok()) {
+    if (!text.status().IsNotFound()) std::cerr << "warmup: " << text.status().message() << "\n";
+    return "";
+  }
+  json c = json::parse(text.value(), nullptr, false);
   if (!c.is_object() || !c.contains("pid") || !c.contains("control_socket")) return "";
   if (!c["pid"].is_number_integer() || ::kill(c["pid"].get<int>(), 0) != 0) return "";
   if (!c["control_socket"].is_string()) return "";
   std::string sock = c["control_socket"].get<std::string>();
+  struct stat st;
+  if (::lstat(sock.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode) ||
+      (st.st_uid != 0 && st.st_uid != ::geteuid())) {
+    std::cerr << "warmup: ignoring control socket " << sock
+              << ": not a socket owned by root or you\n";
+    return "";
+  }
   prefetch::ControlClient probe(sock);
   Result<prefetch::HttpReply> r = probe.Call("GET", "/v1/stats", "");
   return r.ok() && r->status == 200 ? sock : "";

@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <set>
 
 #include "common/parallel.h"
@@ -151,8 +153,18 @@ Status SaveSafetensors(const std::string& path, const std::vector<SaveTensor>& t
   }
   const uint64_t base = enc ? crypto::kEncryptedHeaderSize : 0;
 
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A new temp file of unpredictable name (O_EXCL, O_NOFOLLOW): in a shared directory a file
+  // or symlink planted at a guessable name is never written through.
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
+    std::random_device rd;
+    char suffix[24];
+    std::snprintf(suffix, sizeof(suffix), ".%08x%08x", rd(), rd());
+    tmp = path + ".tmp." + std::to_string(::getpid()) + suffix;
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0) return Status::IOError(Errno("save " + tmp));
   auto cleanup = [&](Status s) {
     ::close(fd);
