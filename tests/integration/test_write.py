@@ -453,3 +453,47 @@ def test_full_backend_gives_enospc(cube: CubeFactory, tiny_tmpfs: Path, profile:
                       > 512 * 1024, 10), "the unlinked file's space was never released"
     mount.path("small").write_bytes(b"fits")
     assert (tiny_tmpfs / "small").read_bytes() == b"fits"
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_paths_longer_than_path_max_work(cube: CubeFactory, tmp_path: Path, profile: str) -> None:
+    """A tree deeper than PATH_MAX, built and used with paths relative to open directories as
+    the kernel allows: the daemon's store paths outgrow PATH_MAX and must still work."""
+    src = tmp_path / "src"
+    src.mkdir()
+    mount = mount_rw(cube, src, profile)
+    name = "d" * 250
+    fd = os.open(mount.path(), os.O_RDONLY | os.O_DIRECTORY)
+    depth = 0
+    try:
+        for depth in range(1, 25):  # 24 x 251 bytes: about 6 KB below the mount
+            os.mkdir(name, dir_fd=fd)
+            nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        leaf = os.open("leaf", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=fd)
+        os.write(leaf, b"deep bytes")
+        os.fsync(leaf)
+        os.close(leaf)
+        assert os.stat("leaf", dir_fd=fd).st_size == 10
+        r = os.open("leaf", os.O_RDONLY, dir_fd=fd)
+        assert os.read(r, 64) == b"deep bytes"
+        os.close(r)
+        os.rename("leaf", "leaf2", src_dir_fd=fd, dst_dir_fd=fd)
+        assert os.stat("leaf2", dir_fd=fd).st_size == 10
+        os.unlink("leaf2", dir_fd=fd)
+        with pytest.raises(FileNotFoundError):
+            os.stat("leaf2", dir_fd=fd)
+    finally:
+        os.close(fd)
+    # The store holds the same tree, deeper than PATH_MAX.
+    assert len(str(src)) + depth * (len(name) + 1) > 4096
+    fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        assert os.listdir(fd) == []
+    finally:
+        os.close(fd)
