@@ -538,8 +538,11 @@ class ServerImpl final : public ControlServer {
       if (why == Reject::kNotFound) return Status::NotFound(p + ": no such file");
       if (why == Reject::kPermission) return Status::PermissionDenied(p + ": permission denied");
       if (why == Reject::kNotFile) return Status::IsDirectory(p + ": not a regular file");
-      if (why == Reject::kSymlink || why == Reject::kLoop)
-        return Status::PermissionDenied(p + ": " + s.message().substr(s.message().find(": ") + 2));
+      if (why == Reject::kSymlink || why == Reject::kLoop) {
+        const size_t colon = s.message().find(": ");
+        return Status::PermissionDenied(
+            p + ": " + (colon == std::string::npos ? s.message() : s.message().substr(colon + 2)));
+      }
       return Status::IOError(p + ": the store failed");
     }
     return r;
