@@ -272,7 +272,7 @@ def test_memory_attacks_stay_under_budget(open_cube: CubeFactory) -> None:
         while time.monotonic() < deadline:
             peak = max(peak, daemon_rss_bytes(pid))
             time.sleep(0.1)
-        print(f"daemon RSS: {base_rss >> 20} MiB at start, {peak >> 20} MiB peak under 12 "
+        print(f"daemon RSS: {base_rss >> 20} MiB at start, {peak >> 20} MiB peak under 16 "
               f"stalled 192 MiB replies (budget {budget >> 20} MiB + {overhead >> 20} MiB)")
         assert peak < budget + overhead, peak
         # the daemon still answers others meanwhile
