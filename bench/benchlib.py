@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -30,3 +32,13 @@ def generate_jpegs(root: Path, files: int, classes: int, tag: str) -> None:
             print(f"\r[{tag}] generating JPEGs: {i + 1}/{files}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     marker.touch()
+
+
+def parse_rate(text: str) -> int:
+    """Bytes per second: a number (1e9), or with k/M/G (decimal) or KiB/MiB/GiB, and /s."""
+    m = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([kmg]i?b?|b)?(?:/s)?\s*", text, re.I)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a rate: {text!r} (bytes/s: 1e9, 1GB/s, 512MiB)")
+    unit = (m.group(2) or "").lower().rstrip("b")
+    factor = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}[unit]
+    return int(float(m.group(1)) * factor)

@@ -10,6 +10,15 @@ dropping the kernel's page cache: a cold epoch, the case prefetching is for. Rou
 local, nohook, hook; the table shows the median and min-max of the rounds. Variants: `decode`
 (PIL decode + RandomResizedCrop + ToTensor) and `raw` (the file bytes only).
 
+An epoch's time includes the ImageFolder scan (listing every class directory): the user waits
+for it too, and only the mount rows pay the store's latency there. The rate with the scan is
+the headline; the rate of the DataLoader loop alone is printed beside it, labelled scan-free.
+
+--store-concurrency / --store-bandwidth cap the emulated store (backend.inject.max_concurrency
+and bandwidth_bytes_s: requests served at once, bytes per second shared by all requests); the
+mount rows are then measured both uncapped and capped in the same rounds (--capped-only: capped
+only), against the same local rows.
+
 The last line gives the ratios the targets in BENCHMARKS.md are about.
 """
 
@@ -31,7 +40,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from benchlib import generate_jpegs  # noqa: E402
+from benchlib import generate_jpegs, parse_rate  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -52,11 +61,13 @@ def child(args: argparse.Namespace) -> None:
     from torchvision import transforms
 
     torch.manual_seed(0)
+    scan_start = time.monotonic()
     if args.variant == "decode":
         ds = torchvision.datasets.ImageFolder(args.child, transform=transforms.Compose(
             [transforms.RandomResizedCrop(112), transforms.ToTensor()]))
     else:
         ds = torchvision.datasets.ImageFolder(args.child, loader=lambda p: open(p, "rb").read())
+    scan = time.monotonic() - scan_start
     loader = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True, num_workers=2,
                                          collate_fn=None if args.variant == "decode" else list)
     start = time.monotonic()
@@ -64,7 +75,7 @@ def child(args: argparse.Namespace) -> None:
     for batch in loader:
         n += len(batch[0]) if args.variant == "decode" else len(batch)
     elapsed = time.monotonic() - start
-    print(json.dumps({"samples": n, "seconds": elapsed}))
+    print(json.dumps({"samples": n, "seconds": elapsed, "scan_seconds": scan}))
 
 
 def drop_caches() -> None:
@@ -81,8 +92,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class StoreCap:
+    """Limits of the emulated store: requests at once (0: unlimited) and bytes/s (0: unlimited)."""
+
+    def __init__(self, concurrency: int = 0, bandwidth: int = 0) -> None:
+        self.concurrency, self.bandwidth = concurrency, bandwidth
+
+    def inject(self) -> dict[str, int]:
+        keys = {}
+        if self.concurrency:
+            keys["max_concurrency"] = self.concurrency
+        if self.bandwidth:
+            keys["bandwidth_bytes_s"] = self.bandwidth
+        return keys
+
+    def __str__(self) -> str:
+        if not self.concurrency and not self.bandwidth:
+            return "uncapped"
+        return (f"cap {self.concurrency or 'inf'} req, "
+                + (f"{self.bandwidth / 1e9:g} GB/s" if self.bandwidth else "inf GB/s"))
+
+
 class Mount:
-    def __init__(self, binary: str, data: Path, work: Path, latency_us: int, memory: str) -> None:
+    def __init__(self, binary: str, data: Path, work: Path, latency_us: int, memory: str,
+                 cap: StoreCap) -> None:
         self.work = work
         self.mnt = work / "mnt"
         self.mnt.mkdir(parents=True, exist_ok=True)
@@ -92,7 +125,8 @@ class Mount:
         config = {
             "volName": self.vol, "mountPoint": str(self.mnt), "logDir": str(work / "log"),
             "exporterPort": self.port, "profile": "ai_prefetch",
-            "backend": {"type": "posix", "root": str(data), "inject": {"latency_us": latency_us}},
+            "backend": {"type": "posix", "root": str(data),
+                        "inject": {"latency_us": latency_us, **cap.inject()}},
             "cache": {"memory_bytes": memory},
             "prefetch": {"control_socket": f"/run/cubetorchfs/{self.vol}.sock"},
         }
@@ -100,12 +134,22 @@ class Mount:
         subprocess.run([binary, "-c", str(work / "config.json")], check=True, env=self.env, timeout=60)
         self.pid = json.loads((work / f"cube_torch.config.{self.vol}").read_text())["pid"]
 
-    def counters(self) -> dict[str, float]:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5).read().decode()
+    def hit_ratio(self) -> float:
+        """hit / (hit + late + miss) of cubetorchfs_reads_total; raises when they are missing."""
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
         out = {}
         for m in re.finditer(r'^cubetorchfs_reads_total\{result="(\w+)"\} (\S+)$', text, re.M):
             out[m.group(1)] = float(m.group(2))
-        return out
+        missing = [k for k in ("hit", "late", "miss") if k not in out]
+        if missing:
+            raise RuntimeError(f"{url}: no cubetorchfs_reads_total{{result=...}} sample for "
+                               f"{', '.join(missing)}: cannot compute the hit ratio")
+        total = sum(out[k] for k in ("hit", "late", "miss"))
+        if total == 0:
+            raise RuntimeError(f"{url}: cubetorchfs_reads_total is 0 for hit, late and miss after "
+                               "an epoch: no read reached the daemon, so there is no hit ratio")
+        return out["hit"] / total
 
     def peak_rss_mib(self) -> float:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
@@ -125,13 +169,16 @@ class Mount:
             time.sleep(0.05)
 
 
-def epoch(root: Path, variant: str, hook: bool, env: dict[str, str]) -> float:
+def epoch(root: Path, variant: str, hook: bool, env: dict[str, str]) -> dict[str, float]:
+    """One epoch in a fresh process: samples/s with the scan (`rate`) and without (`loop_rate`),
+    and the scan's seconds."""
     cmd = [sys.executable, __file__, "--child", str(root), "--variant", variant]
     if hook:
         cmd.append("--hook")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, timeout=1800)
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    return result["samples"] / result["seconds"]
+    return {"rate": result["samples"] / (result["scan_seconds"] + result["seconds"]),
+            "loop_rate": result["samples"] / result["seconds"], "scan": result["scan_seconds"]}
 
 
 def main() -> None:
@@ -141,6 +188,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--latency-us", type=int, nargs="+", default=[300, 10000])
     p.add_argument("--variants", nargs="+", default=["decode", "raw"], choices=["decode", "raw"])
+    p.add_argument("--store-concurrency", type=int, default=0, metavar="N",
+                   help="cap: requests the emulated store serves at once (e.g. 64; 0: no cap)")
+    p.add_argument("--store-bandwidth", type=parse_rate, default=0, metavar="BYTES/S",
+                   help="cap: bytes/s the emulated store moves, all requests together "
+                        "(e.g. 1e9 or 1GB/s; 0: no cap)")
+    p.add_argument("--capped-only", action="store_true",
+                   help="with a cap, measure only the capped mounts (default: uncapped and capped)")
     p.add_argument("--memory-bytes", default="4GiB")
     p.add_argument("--workdir", default="/tmp/cubetorchfs-epoch-bench")
     p.add_argument("--bin", default=os.environ.get("CUBETORCHFS_BIN", str(REPO / "build/bin/cubetorchfs")))
@@ -152,52 +206,79 @@ def main() -> None:
         child(args)
         return
 
+    capped = StoreCap(args.store_concurrency, args.store_bandwidth)
+    if capped.inject():
+        caps = [capped] if args.capped_only else [StoreCap(), capped]
+    else:
+        if args.capped_only:
+            p.error("--capped-only needs --store-concurrency or --store-bandwidth")
+        caps = [StoreCap()]
+    # One local row per round, then nohook and hook under each store setting.
+    systems = [("local", None)] + [(s, cap) for cap in caps for s in ("nohook", "hook")]
+
     data = Path(args.workdir) / "data"
     generate(data, args.files, args.classes)
-    results: dict[tuple[str, int, str], list[float]] = {}
-    hit_ratios: list[float] = []
+    results: dict[tuple[str, int, str, str], list[dict[str, float]]] = {}
+    hit_ratios: dict[str, list[float]] = {}  # by store setting
     rss: list[float] = []
     for variant in args.variants:
         for latency in args.latency_us:
             for r in range(args.rounds):
-                for system in ("local", "nohook", "hook"):
+                for system, cap in systems:
                     drop_caches()
+                    extra = ""
                     if system == "local":
-                        rate = epoch(data, variant, False, dict(os.environ))
+                        res = epoch(data, variant, False, dict(os.environ))
                     else:
                         work = Path(tempfile.mkdtemp(prefix="epoch-", dir=args.workdir))
-                        m = Mount(args.bin, data, work, latency, args.memory_bytes)
+                        m = Mount(args.bin, data, work, latency, args.memory_bytes, cap)
                         try:
-                            rate = epoch(m.mnt, variant, system == "hook", m.env)
-                            cpu = m.cpu_seconds()
+                            res = epoch(m.mnt, variant, system == "hook", m.env)
+                            extra = f", daemon CPU {m.cpu_seconds():.2f} s"
                             if system == "hook":
-                                c = m.counters()
-                                total = sum(c.values())
-                                hit_ratios.append(c.get("hit", 0) / total if total else 1.0)
+                                hit = m.hit_ratio()
+                                hit_ratios.setdefault(str(cap), []).append(hit)
+                                extra += f", hit ratio {hit:.3f}"
                             rss.append(m.peak_rss_mib())
                         finally:
                             m.close()
                             shutil.rmtree(work, ignore_errors=True)
-                    results.setdefault((variant, latency, system), []).append(rate)
-                    log(f"{variant} {latency} us round {r + 1}: {system} {rate:.0f} samples/s"
-                        + ("" if system == "local" else f", daemon CPU {cpu:.2f} s"))
+                    store = "" if cap is None else str(cap)
+                    results.setdefault((variant, latency, store, system), []).append(res)
+                    log(f"{variant} {latency} us round {r + 1}: {system} {store} {res['rate']:.0f} "
+                        f"samples/s (scan {res['scan']:.2f} s; scan-free {res['loop_rate']:.0f})" + extra)
 
     print(f"epoch_bench (cold) - nproc {os.cpu_count()}, {args.files} JPEGs, 2 workers, batch 64, "
-          f"{args.rounds} rounds, median (min-max)")
-    print(f"{'variant':8} {'latency':>9} {'system':8} {'samples/s':>10} {'min-max':>15}")
+          f"{args.rounds} rounds, median (min-max); samples/s include the ImageFolder scan, "
+          f"scan-free is the DataLoader loop alone")
+    print(f"{'variant':8} {'latency':>9} {'system':8} {'store':22} {'samples/s':>10} {'min-max':>15} "
+          f"{'scan s':>7} {'scan-free':>10}")
+    for (variant, latency, store, system), rs in results.items():
+        rates = [x["rate"] for x in rs]
+        print(f"{variant:8} {latency:>7}us {system:8} {store or '-':22} {statistics.median(rates):>10.0f} "
+              f"{min(rates):>7.0f}-{max(rates):<7.0f} {statistics.median(x['scan'] for x in rs):>7.2f} "
+              f"{statistics.median(x['loop_rate'] for x in rs):>10.0f}")
     summary = []
-    for (variant, latency, system), rates in results.items():
-        print(f"{variant:8} {latency:>7}us {system:8} {statistics.median(rates):>10.0f} "
-              f"{min(rates):>7.0f}-{max(rates):<7.0f}")
     for variant in args.variants:
         for latency in args.latency_us:
-            med = {s: statistics.median(results[(variant, latency, s)]) for s in ("local", "nohook", "hook")}
-            summary.append(f"{variant}@{latency}us hook/local={med['hook'] / med['local']:.2f} "
-                           f"hook/nohook={med['hook'] / med['nohook']:.2f}")
-    print(f"hook hit ratio: min {min(hit_ratios):.3f} median {statistics.median(hit_ratios):.3f}; "
-          f"daemon VmHWM max {max(rss):.0f} MiB (budget {args.memory_bytes} + 64 MiB)")
-    print("ratios: " + " | ".join(summary) + " (targets: hook/local >= 0.95, hook/nohook >= 5 at 10 ms)")
-
+            local = results[(variant, latency, "", "local")]
+            for cap in caps:
+                med = {s: statistics.median(x["rate"] for x in results[(variant, latency, str(cap), s)])
+                       for s in ("nohook", "hook")}
+                free = {s: statistics.median(x["loop_rate"] for x in results[(variant, latency, str(cap), s)])
+                        for s in ("nohook", "hook")}
+                med["local"] = statistics.median(x["rate"] for x in local)
+                free["local"] = statistics.median(x["loop_rate"] for x in local)
+                where = f"{variant}@{latency}us" + ("" if len(caps) == 1 and not cap.inject() else f" {cap}")
+                summary.append(f"{where} hook/local={med['hook'] / med['local']:.2f} "
+                               f"hook/nohook={med['hook'] / med['nohook']:.2f} "
+                               f"[scan-free: hook/local={free['hook'] / free['local']:.2f} "
+                               f"hook/nohook={free['hook'] / free['nohook']:.2f}]")
+    print("hook hit ratio: " + "; ".join(
+        f"{store}: min {min(h):.3f} median {statistics.median(h):.3f}" for store, h in hit_ratios.items())
+          + f"; daemon VmHWM max {max(rss):.0f} MiB (budget {args.memory_bytes} + 64 MiB)")
+    print("ratios (scan included; scan-free in brackets): " + " | ".join(summary)
+          + " (targets: hook/local >= 0.95, hook/nohook >= 5 at 10 ms)")
 
 if __name__ == "__main__":
     main()

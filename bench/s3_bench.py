@@ -3,6 +3,8 @@
 
   cubetorchfs  the s3 backend, profile ai_prefetch, with `import cube_torch` in the training
                process (PYTHONPATH=hooks; VOL_NAME and CUBE_TORCH_CONFIG_DIR find the daemon)
+  cubetorchfs-nohook  the same mount without `import cube_torch`: what the daemon does alone,
+               so the ratio of the two is the share due to prefetching
   s3fs         Debian's s3fs-fuse, with its local cache (-o use_cache=DIR)
   rclone       Debian's rclone, `rclone mount --vfs-cache-mode full`, an s3 remote (provider
                Other) configured through RCLONE_CONFIG_* environment variables
@@ -15,8 +17,18 @@ so each request costs the same extra round trip whichever system sends it.
 
 Each measurement is one epoch (ImageFolder DataLoader, 2 workers, batch 64, shuffle) in a
 fresh process, on a fresh mount with fresh, empty cache directories, after dropping the
-kernel's page cache. Rounds alternate cubetorchfs, s3fs, rclone. Variants: `raw` (the file
-bytes only; the default) and `decode` (PIL decode + RandomResizedCrop(112) + ToTensor).
+kernel's page cache. Rounds alternate cubetorchfs, cubetorchfs-nohook, s3fs, rclone. Variants:
+`raw` (the file bytes only; the default) and `decode` (PIL decode + RandomResizedCrop(112) +
+ToTensor).
+
+An epoch's time includes the ImageFolder scan (s3fs does a HEAD per file there): the user waits
+for it too. Rates and ratios are given with the scan (the headline) and, labelled scan-free,
+for the DataLoader loop alone.
+
+--store-concurrency / --store-bandwidth add cubetorchfs-capped and cubetorchfs-nohook-capped:
+the same mounts with the daemon's store requests capped (backend.inject.max_concurrency and
+bandwidth_bytes_s). Only cubetorchfs is capped (s3fs and rclone are not), so a capped row
+against a peer is a lower bound.
 
 Prints a table (median and min-max samples/s per system) and a last line with the ratio of
 cubetorchfs to the best peer, the target in BENCHMARKS.md ("S3 rows": >= 3).
@@ -44,12 +56,13 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from benchlib import generate_jpegs  # noqa: E402
+from benchlib import generate_jpegs, parse_rate  # noqa: E402
 S3RVER_JS = REPO / "tools" / "node_modules" / "s3rver" / "bin" / "s3rver.js"
 ACCESS_KEY = SECRET_KEY = "S3RVER"  # s3rver's built-in account
 REGION = "us-east-1"
 BUCKET = "bench"
-SYSTEMS = ("cubetorchfs", "s3fs", "rclone")
+SYSTEMS = ("cubetorchfs", "cubetorchfs-nohook", "s3fs", "rclone")
+CAPPED = ("cubetorchfs-capped", "cubetorchfs-nohook-capped")
 PEERS = ("s3fs", "rclone")
 MOUNT_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
@@ -393,7 +406,8 @@ class Mount:
 class CubeMount(Mount):
     name = "cubetorchfs"
 
-    def __init__(self, work: Path, endpoint: str, args: argparse.Namespace, hook: bool = True) -> None:
+    def __init__(self, work: Path, endpoint: str, args: argparse.Namespace, hook: bool = True,
+                 capped: bool = False) -> None:
         super().__init__(work, endpoint, args)
         self.hook = hook
         self.port = free_port()
@@ -407,6 +421,13 @@ class CubeMount(Mount):
             "cache": {"memory_bytes": args.memory_bytes},
             "prefetch": {"control_socket": f"/run/cubetorchfs/{self.vol}.sock"},
         }
+        if capped:
+            inject = {}
+            if args.store_concurrency:
+                inject["max_concurrency"] = args.store_concurrency
+            if args.store_bandwidth:
+                inject["bandwidth_bytes_s"] = args.store_bandwidth
+            config["backend"]["inject"] = inject
         (work / "config.json").write_text(json.dumps(config))
         out = subprocess.run([args.bin, "-c", str(work / "config.json")], env=self.env,
                              capture_output=True, text=True, timeout=MOUNT_TIMEOUT_S)
@@ -420,8 +441,14 @@ class CubeMount(Mount):
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5).read().decode()
         reads = {m.group(1): float(m.group(2))
                  for m in re.finditer(r'^cubetorchfs_reads_total\{result="(\w+)"\} (\S+)$', text, re.M)}
-        total = sum(reads.values())
-        frac = {k: reads.get(k, 0) / total if total else float("nan") for k in ("hit", "late", "miss")}
+        missing = [k for k in ("hit", "late", "miss") if k not in reads]
+        if missing:
+            raise RuntimeError(f"no cubetorchfs_reads_total sample for {', '.join(missing)} in /metrics: "
+                               "cannot compute the hit ratio")
+        total = sum(reads[k] for k in ("hit", "late", "miss"))
+        if total == 0:
+            raise RuntimeError("cubetorchfs_reads_total is 0 after an epoch: no read reached the daemon")
+        frac = {k: reads[k] / total for k in ("hit", "late", "miss")}
         return {"hit_ratio": frac["hit"], "late_ratio": frac["late"], "miss_ratio": frac["miss"],
                 "rss_mib": peak_rss_mib(self.pid)}
 
@@ -465,10 +492,9 @@ class RcloneMount(Mount):
 
 
 def make_mount(system: str, work: Path, endpoint: str, args: argparse.Namespace) -> Mount:
-    if system == "cubetorchfs":
-        return CubeMount(work, endpoint, args)
-    if system == "cubetorchfs-nohook":
-        return CubeMount(work, endpoint, args, hook=False)
+    if system.startswith("cubetorchfs"):
+        return CubeMount(work, endpoint, args, hook="-nohook" not in system,
+                         capped=system.endswith("-capped"))
     if system == "s3fs":
         return S3fsMount(work, endpoint, args)
     if system == "rclone":
@@ -549,13 +575,18 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--files", type=int, default=3000)
     p.add_argument("--classes", type=int, default=30)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--latency-ms", type=float, default=5.0,
                    help="added to every request by a proxy in front of s3rver (0: no proxy)")
     p.add_argument("--variants", nargs="+", default=["raw"], choices=["raw", "decode"])
     p.add_argument("--decode", action="store_true", help="also run the decode variant")
-    p.add_argument("--systems", nargs="+", default=list(SYSTEMS),
-                   choices=list(SYSTEMS) + ["cubetorchfs-nohook"])
+    p.add_argument("--systems", nargs="+", default=None, choices=list(SYSTEMS) + list(CAPPED),
+                   help="default: all of " + ", ".join(SYSTEMS) + ", and the capped ones with a cap")
+    p.add_argument("--store-concurrency", type=int, default=0, metavar="N",
+                   help="cap of the -capped cubetorchfs rows: store requests at once (e.g. 64)")
+    p.add_argument("--store-bandwidth", type=parse_rate, default=0, metavar="BYTES/S",
+                   help="cap of the -capped cubetorchfs rows: bytes/s from the store, all requests "
+                        "together (e.g. 1e9 or 1GB/s)")
     p.add_argument("--memory-bytes", default="4GiB", help="cubetorchfs cache.memory_bytes")
     p.add_argument("--epoch-timeout", type=float, default=600.0, help="seconds one epoch may take")
     p.add_argument("--workdir", default="/tmp/cubetorchfs-s3-bench")
@@ -574,6 +605,13 @@ def main() -> None:
         child(args)
         return
     variants = list(dict.fromkeys(args.variants + (["decode"] if args.decode else [])))
+    has_cap = bool(args.store_concurrency or args.store_bandwidth)
+    if args.systems is None:
+        args.systems = list(SYSTEMS) + (list(CAPPED) if has_cap else [])
+    if any(s in CAPPED for s in args.systems) and not has_cap:
+        p.error("the -capped systems need --store-concurrency or --store-bandwidth")
+    cap_text = (f"{args.store_concurrency or 'unlimited'} requests at once, "
+                + (f"{args.store_bandwidth / 1e9:g} GB/s" if args.store_bandwidth else "unlimited bytes/s"))
 
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -624,11 +662,13 @@ def main() -> None:
                             raise RuntimeError(f"read {res['samples']} samples, not {len(files)}")
                         if variant == "raw" and res["bytes"] != total_bytes:
                             raise RuntimeError(f"read {res['bytes']} bytes, not {total_bytes}")
-                        res.update(rate=res["samples"] / res["seconds"], mount_cpu=cpu1[0] - cpu0[0],
+                        res.update(rate=res["samples"] / (res["scan_seconds"] + res["seconds"]),
+                                   loop_rate=res["samples"] / res["seconds"], mount_cpu=cpu1[0] - cpu0[0],
                                    s3rver_cpu=cpu1[1] - cpu0[1], proxy_cpu=cpu1[2] - cpu0[2], **m.extra())
                         results.setdefault((variant, system), []).append(res)
                         log(f"{variant} round {r + 1}: {system:12} {res['rate']:7.0f} samples/s "
-                            f"({res['seconds']:.1f} s; scan {res['scan_seconds']:.1f} s; CPU: mount "
+                            f"(scan-free {res['loop_rate']:.0f}; loop {res['seconds']:.1f} s; "
+                            f"scan {res['scan_seconds']:.1f} s; CPU: mount "
                             f"{res['mount_cpu']:.1f} s, s3rver {res['s3rver_cpu']:.1f} s, proxy {res['proxy_cpu']:.1f} s)"
                             + (f"; reads: hit {res['hit_ratio']:.3f}, late {res['late_ratio']:.3f}, "
                                f"miss {res['miss_ratio']:.3f}" if "hit_ratio" in res else ""))
@@ -653,8 +693,11 @@ def main() -> None:
 
     lat = f"+{args.latency_ms:g} ms per request" if args.latency_ms > 0 else "no added latency"
     print(f"s3_bench (cold; loopback s3rver, {lat}) - nproc {os.cpu_count()}, {len(files)} JPEGs "
-          f"({total_bytes / 1e6:.0f} MB), 2 workers, batch 64, {args.rounds} rounds, median (min-max)")
-    print(f"{'variant':8} {'system':19} {'samples/s':>10} {'min-max':>15} {'scan s':>7} "
+          f"({total_bytes / 1e6:.0f} MB), 2 workers, batch 64, {args.rounds} rounds, median (min-max); "
+          f"samples/s include the ImageFolder scan, scan-free is the DataLoader loop alone")
+    if has_cap:
+        print(f"-capped rows: cubetorchfs's store requests capped at {cap_text} (peers uncapped)")
+    print(f"{'variant':8} {'system':26} {'samples/s':>10} {'min-max':>15} {'scan s':>7} {'scan-free':>10} "
           f"{'mount CPU s':>12} {'s3rver CPU s':>13}")
     for variant in variants:
         for system in args.systems:
@@ -662,32 +705,58 @@ def main() -> None:
             fails = failures.get((variant, system), [])
             if rs:
                 med, lo, hi = median_range([x["rate"] for x in rs])
-                print(f"{variant:8} {system:19} {med:>10.0f} {lo:>7.0f}-{hi:<7.0f} "
+                print(f"{variant:8} {system:26} {med:>10.0f} {lo:>7.0f}-{hi:<7.0f} "
                       f"{statistics.median(x['scan_seconds'] for x in rs):>7.2f} "
+                      f"{statistics.median(x['loop_rate'] for x in rs):>10.0f} "
                       f"{statistics.median(x['mount_cpu'] for x in rs):>12.1f} "
                       f"{statistics.median(x['s3rver_cpu'] for x in rs):>13.1f}"
                       + (f"  ({len(fails)} failed)" if fails else ""))
             else:
-                print(f"{variant:8} {system:19} {'failed':>10}  {fails[0] if fails else 'not run'}")
-    cube = [x for v in variants for x in results.get((v, "cubetorchfs"), []) if "hit_ratio" in x]
-    if cube:
-        print(f"cubetorchfs: hit ratio min {min(x['hit_ratio'] for x in cube):.3f} "
-              f"median {statistics.median(x['hit_ratio'] for x in cube):.3f}; daemon VmHWM max "
-              f"{max(x['rss_mib'] for x in cube):.0f} MiB (budget {args.memory_bytes} + 64 MiB)")
-    ratio_lines = []
-    for variant in variants:
-        cube_rates = [x["rate"] for x in results.get((variant, "cubetorchfs"), [])]
-        peers = {s: statistics.median(x["rate"] for x in results[(variant, s)])
-                 for s in PEERS if s in args.systems and results.get((variant, s))}
-        if not cube_rates or not peers:
-            ratio_lines.append((variant, None, "no cubetorchfs or no peer result"))
-            continue
+                print(f"{variant:8} {system:26} {'failed':>10}  {fails[0] if fails else 'not run'}")
+    for name in ("cubetorchfs", "cubetorchfs-capped"):
+        cube = [x for v in variants for x in results.get((v, name), []) if "hit_ratio" in x]
+        if cube:
+            print(f"{name}: hit ratio min {min(x['hit_ratio'] for x in cube):.3f} "
+                  f"median {statistics.median(x['hit_ratio'] for x in cube):.3f}; daemon VmHWM max "
+                  f"{max(x['rss_mib'] for x in cube):.0f} MiB (budget {args.memory_bytes} + 64 MiB)")
+
+    def med(variant: str, system: str, key: str) -> Optional[float]:
+        rs = results.get((variant, system), [])
+        return statistics.median(x[key] for x in rs) if rs and system in args.systems else None
+
+    def best_peer(variant: str, key: str) -> tuple[Optional[str], Optional[float]]:
+        peers = {s: med(variant, s, key) for s in PEERS}
+        peers = {s: v for s, v in peers.items() if v is not None}
+        if not peers:
+            return None, None
         best = max(peers, key=peers.get)
-        ratio_lines.append((variant, statistics.median(cube_rates) / peers[best], best))
-    for variant, ratio, best in ratio_lines:
-        print(f"{variant}: cubetorchfs / best peer ({best}) = " + (f"{ratio:.2f}" if ratio else "n/a"))
-    variant, ratio, best = ratio_lines[0]
-    print("ratio: cubetorchfs / best peer = " + (f"{ratio:.2f}" if ratio else "n/a") + " (target >= 3)")
+        return best, peers[best]
+
+    def ratio_text(a: Optional[float], b: Optional[float]) -> str:
+        return f"{a / b:.2f}" if a is not None and b else "n/a"
+
+    headline = None
+    for variant in variants:
+        for cube, nohook in (("cubetorchfs", "cubetorchfs-nohook"),
+                             ("cubetorchfs-capped", "cubetorchfs-nohook-capped")):
+            if cube not in args.systems and nohook not in args.systems:
+                continue
+            peer, peer_rate = best_peer(variant, "rate")
+            peer_free, peer_free_rate = best_peer(variant, "loop_rate")
+            vs_peer = ratio_text(med(variant, cube, "rate"), peer_rate)
+            vs_peer_free = ratio_text(med(variant, cube, "loop_rate"), peer_free_rate)
+            print(f"{variant}: {cube} / best peer ({peer or 'none'}) = {vs_peer} "
+                  f"[scan-free: {vs_peer_free}, best peer {peer_free or 'none'}]; "
+                  f"{cube} / {nohook} (the share due to prefetching) = "
+                  f"{ratio_text(med(variant, cube, 'rate'), med(variant, nohook, 'rate'))} "
+                  f"[scan-free: {ratio_text(med(variant, cube, 'loop_rate'), med(variant, nohook, 'loop_rate'))}]")
+            if headline is None and cube == "cubetorchfs":
+                headline = (vs_peer, vs_peer_free, peer, ratio_text(
+                    med(variant, cube, "rate"), med(variant, nohook, "rate")))
+    if headline is None:
+        headline = ("n/a", "n/a", None, "n/a")
+    print(f"ratio: cubetorchfs / best peer = {headline[0]} with the scan (scan-free {headline[1]}; "
+          f"best peer {headline[2] or 'none'}) (target >= 3); hook / no hook = {headline[3]}")
     if failures:
         sys.exit(1)
 

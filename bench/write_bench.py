@@ -10,6 +10,11 @@ directory and deletes the previous one first, outside the timing). The mount use
 backend over the same directory the direct rows write to, with profile ai_prefetch (the
 training profile). Prints the median and min-max of GB/s per side, the daemon's peak RSS
 (VmHWM) against its RAM budget, and a last line `ratio: mount/direct = X (target >= 0.7)`.
+
+--direct-write-sizes 1 4: no mount; the same pattern written directly into the backend
+directory with each write size in turn (MiB; rounds alternate), to see what the write size
+alone does (the mount hands the store max_write = 1 MiB writes). Last line:
+`ratio: direct 1 MiB / 4 MiB writes = X`.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 WRITE = 4 << 20
 
 
-def write_checkpoint(directory: Path, shards: int, shard_bytes: int, payload: bytes) -> None:
+def write_checkpoint(directory: Path, shards: int, shard_bytes: int, payload: bytes,
+                     write: int = WRITE) -> None:
     directory.mkdir(parents=True)
     errors: list[BaseException] = []
 
@@ -43,9 +49,9 @@ def write_checkpoint(directory: Path, shards: int, shard_bytes: int, payload: by
                 try:
                     done = 0
                     while done < shard_bytes:
-                        n = min(WRITE, shard_bytes - done)
+                        n = min(write, shard_bytes - done)
                         # A different slice per shard and offset: no two writes carry the same bytes.
-                        start = (i * 7919 + done // WRITE * 104729) % (len(payload) - WRITE)
+                        start = (i * 7919 + done // write * 104729) % (len(payload) - write)
                         done += os.write(fd, view[start:start + n])
                     os.fsync(fd)
                 finally:
@@ -81,6 +87,42 @@ def vm_hwm_kib(pid: int) -> int:
     return 0
 
 
+def compare_write_sizes(args: argparse.Namespace) -> None:
+    """The checkpoint pattern written directly with each write size in turn."""
+    sizes = [m << 20 for m in args.direct_write_sizes]
+    work = Path(args.workdir)
+    shutil.rmtree(work, ignore_errors=True)
+    store = work / "store"
+    store.mkdir(parents=True)
+    largest = max(sizes)
+    shard_bytes = int(args.gib * (1 << 30)) // args.shards // largest * largest
+    total = shard_bytes * args.shards
+    payload = os.urandom(64 << 20)  # random bytes, never zeros
+    results: dict[int, list[float]] = {w: [] for w in sizes}
+    try:
+        for r in range(args.rounds):
+            for w in sizes:
+                shutil.rmtree(store / "ckpt", ignore_errors=True)
+                subprocess.run(["sync"], check=False, timeout=300)
+                start = time.monotonic()
+                write_checkpoint(store / "ckpt", args.shards, shard_bytes, payload, w)
+                rate = total / (time.monotonic() - start) / 1e9
+                results[w].append(rate)
+                print(f"[write_bench] round {r + 1}: direct {w >> 20} MiB writes {rate:.2f} GB/s",
+                      file=sys.stderr)
+    finally:
+        shutil.rmtree(store / "ckpt", ignore_errors=True)
+
+    print(f"write_bench direct write sizes - nproc {os.cpu_count()}, {total / (1 << 30):.2f} GiB in "
+          f"{args.shards} shards, 4 writer threads, fsync each, {args.rounds} rounds, in {work}")
+    for w, rates in results.items():
+        print(f"direct {w >> 20:>3} MiB writes {statistics.median(rates):6.2f} GB/s  "
+              f"({min(rates):.2f}-{max(rates):.2f})")
+    first, last = sizes[0], sizes[-1]
+    ratio = statistics.median(results[first]) / statistics.median(results[last])
+    print(f"ratio: direct {first >> 20} MiB / {last >> 20} MiB writes = {ratio:.2f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -91,7 +133,12 @@ def main() -> None:
                    help="on the disk to measure (the backend directory lives here)")
     p.add_argument("--bin", default=os.environ.get("CUBETORCHFS_BIN",
                                                    str(REPO / "build/bin/cubetorchfs")))
+    p.add_argument("--direct-write-sizes", type=int, nargs="+", metavar="MIB",
+                   help="no mount: compare these write sizes (MiB), direct only (e.g. 1 4)")
     args = p.parse_args()
+    if args.direct_write_sizes:
+        compare_write_sizes(args)
+        return
 
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)

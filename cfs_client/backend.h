@@ -214,11 +214,15 @@ struct InjectCounters {
   uint64_t read_requests = 0;  // Read calls
   uint64_t write_requests = 0;  // calls that change the store (writes, flushes, renames, ...)
   uint64_t injected_errors = 0;
+  uint64_t peak_in_flight = 0;  // most requests served at once (at most opts.max_concurrency)
 };
 
-// Wraps `base`: adds `opts.latency_us` (slept on `clock`) to every request and fails a seeded
-// `opts.error_rate` fraction of them with IOError. `counters`, if not null, is updated
-// (atomically, under the wrapper's lock) and must outlive the wrapper.
+// Wraps `base` to emulate a remote store: every request waits for one of
+// `opts.max_concurrency` slots (0: unlimited), then `opts.latency_us` (slept on `clock`); a
+// seeded `opts.error_rate` fraction fail with IOError; the bytes a request reads or writes then
+// take bytes / `opts.bandwidth_bytes_s` (0: unlimited) on a link all requests share, first come
+// first served. `counters`, if not null, is updated (atomically, under the wrapper's lock) and
+// must outlive the wrapper.
 std::unique_ptr<Backend> NewInjectBackend(std::unique_ptr<Backend> base,
                                           const conf::InjectOptions& opts, Clock* clock,
                                           InjectCounters* counters = nullptr);

@@ -1,8 +1,18 @@
-// Latency and fault injection around any backend, for tests and benchmarks.
+// Latency, throughput limits and fault injection around any backend, for tests and benchmarks.
+//
+// One request through the wrapper: it waits for one of `max_concurrency` slots (0: none to
+// wait for), sleeps `latency_us`, fails at `error_rate`, else runs on the wrapped store, and
+// then pays the transfer of the bytes it moved at `bandwidth_bytes_s`. The link is one
+// resource shared by all requests: each transfer reserves the next free interval of it (first
+// come, first served), so N requests moving X bytes each at once take N * X / bandwidth in
+// all. The slot is held from the start of the latency to the end of the transfer, so a request
+// waiting for one sees the wait as latency too.
 
-#include <atomic>
+#include <algorithm>
+#include <condition_variable>
 #include <mutex>
 #include <random>
+#include <type_traits>
 
 #include "cfs_client/backend.h"
 
@@ -33,6 +43,13 @@ class InjectWritableFile final : public WritableFile {
   const std::string path_;
 };
 
+// What a request is, for the counters.
+enum class Kind { kOther, kRead, kWrite };
+
+// The bytes a request moved: the count a read or write returned, the data of a StatRead.
+uint64_t BytesMoved(const Result<size_t>& r) { return r.ok() ? *r : 0; }
+uint64_t BytesMoved(const Result<Backend::Fetched>& r) { return r.ok() ? r->bytes : 0; }
+
 class InjectBackend final : public Backend {
  public:
   InjectBackend(std::unique_ptr<Backend> base, const conf::InjectOptions& opts, Clock* clock,
@@ -40,84 +57,117 @@ class InjectBackend final : public Backend {
       : base_(std::move(base)), opts_(opts), clock_(clock), counters_(counters), rng_(opts.seed) {}
 
   Result<FileAttr> Stat(const std::string& path) override {
-    CTFS_RETURN_IF_ERROR(Before("stat " + path, false));
-    return base_->Stat(path);
+    return Serve("stat " + path, Kind::kOther, [&] { return base_->Stat(path); });
   }
   Result<std::vector<DirEntry>> List(const std::string& path) override {
-    CTFS_RETURN_IF_ERROR(Before("list " + path, false));
-    return base_->List(path);
+    return Serve("list " + path, Kind::kOther, [&] { return base_->List(path); });
   }
   Result<size_t> Read(const std::string& path, const FileVersion& expect, uint64_t offset,
                       size_t len, char* buf) override {
-    CTFS_RETURN_IF_ERROR(Before("read " + path, true));
-    return base_->Read(path, expect, offset, len, buf);
+    return Serve("read " + path, Kind::kRead,
+                 [&] { return base_->Read(path, expect, offset, len, buf); });
   }
   Result<Fetched> StatRead(const std::string& path, size_t len, char* buf,
                            const AttrCheck& check = nullptr) override {
-    CTFS_RETURN_IF_ERROR(Before("read " + path, true));
-    return base_->StatRead(path, len, buf, check);
+    return Serve("read " + path, Kind::kRead,
+                 [&] { return base_->StatRead(path, len, buf, check); });
   }
   Result<int> OpenReadFd(const std::string& path, const FileVersion& expect) override {
-    // A descriptor would let the reader skip the injected latency and errors.
-    if (opts_.latency_us > 0 || opts_.error_rate > 0)
+    // A descriptor would let the reader skip the injected latency, limits and errors.
+    if (opts_.latency_us > 0 || opts_.error_rate > 0 || opts_.max_concurrency > 0 ||
+        opts_.bandwidth_bytes_s > 0)
       return Status::NotSupported("fault injection is on: every byte goes through the daemon");
     return base_->OpenReadFd(path, expect);
   }
 
   Result<std::string> ReadLink(const std::string& path) override {
-    CTFS_RETURN_IF_ERROR(Before("readlink " + path, false));
-    return base_->ReadLink(path);
+    return Serve("readlink " + path, Kind::kOther, [&] { return base_->ReadLink(path); });
   }
   Result<FsStats> StatFs() override {
-    CTFS_RETURN_IF_ERROR(Before("statfs", false));
-    return base_->StatFs();
+    return Serve("statfs", Kind::kOther, [&] { return base_->StatFs(); });
   }
 
   Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path,
                                                   const OpenWriteOptions& options) override {
-    CTFS_RETURN_IF_ERROR(Before("open " + path, false, true));
-    Result<std::unique_ptr<WritableFile>> f = base_->OpenWrite(path, options);
+    Result<std::unique_ptr<WritableFile>> f =
+        Serve("open " + path, Kind::kWrite, [&] { return base_->OpenWrite(path, options); });
     if (!f.ok()) return f.status();
     return std::unique_ptr<WritableFile>(
         new InjectWritableFile(std::move(f).value(), this, path));
   }
   Result<FileAttr> Mkdir(const std::string& path, mode_t mode, int64_t uid,
                          int64_t gid) override {
-    CTFS_RETURN_IF_ERROR(Before("mkdir " + path, false, true));
-    return base_->Mkdir(path, mode, uid, gid);
+    return Serve("mkdir " + path, Kind::kWrite, [&] { return base_->Mkdir(path, mode, uid, gid); });
   }
   Status Unlink(const std::string& path) override {
-    CTFS_RETURN_IF_ERROR(Before("unlink " + path, false, true));
-    return base_->Unlink(path);
+    return Serve("unlink " + path, Kind::kWrite, [&] { return base_->Unlink(path); });
   }
   Status Rmdir(const std::string& path) override {
-    CTFS_RETURN_IF_ERROR(Before("rmdir " + path, false, true));
-    return base_->Rmdir(path);
+    return Serve("rmdir " + path, Kind::kWrite, [&] { return base_->Rmdir(path); });
   }
   Status Rename(const std::string& from, const std::string& to, bool noreplace) override {
-    CTFS_RETURN_IF_ERROR(Before("rename " + from, false, true));
-    return base_->Rename(from, to, noreplace);
+    return Serve("rename " + from, Kind::kWrite,
+                 [&] { return base_->Rename(from, to, noreplace); });
   }
   Result<FileAttr> Symlink(const std::string& target, const std::string& path, int64_t uid,
                            int64_t gid) override {
-    CTFS_RETURN_IF_ERROR(Before("symlink " + path, false, true));
-    return base_->Symlink(target, path, uid, gid);
+    return Serve("symlink " + path, Kind::kWrite,
+                 [&] { return base_->Symlink(target, path, uid, gid); });
   }
   Result<FileAttr> Link(const std::string& from, const std::string& to) override {
-    CTFS_RETURN_IF_ERROR(Before("link " + to, false, true));
-    return base_->Link(from, to);
+    return Serve("link " + to, Kind::kWrite, [&] { return base_->Link(from, to); });
   }
   Result<FileAttr> SetAttr(const std::string& path, const AttrChange& change) override {
-    CTFS_RETURN_IF_ERROR(Before("setattr " + path, false, true));
-    return base_->SetAttr(path, change);
+    return Serve("setattr " + path, Kind::kWrite, [&] { return base_->SetAttr(path, change); });
   }
   Status SyncDir(const std::string& path) override {
-    CTFS_RETURN_IF_ERROR(Before("fsyncdir " + path, false, true));
-    return base_->SyncDir(path);
+    return Serve("fsyncdir " + path, Kind::kWrite, [&] { return base_->SyncDir(path); });
+  }
+
+  // One request: a slot, the latency, maybe an injected error, else `op` on the store, then
+  // the transfer of what it read or wrote. Returns what `op` returned (or the injected error).
+  template <typename Op>
+  auto Serve(const std::string& what, Kind kind, Op&& op) -> decltype(op()) {
+    using R = decltype(op());
+    Slot slot(this);
+    Status st = Before(what, kind);
+    if (!st.ok()) return R(std::move(st));
+    R r = op();
+    if constexpr (std::is_same_v<R, Result<size_t>> || std::is_same_v<R, Result<Fetched>>)
+      Transfer(BytesMoved(r));
+    return r;
+  }
+
+ private:
+  // Holds one of the max_concurrency slots while it lives (waiting for one first).
+  class Slot {
+   public:
+    explicit Slot(InjectBackend* owner) : owner_(owner) { owner_->Acquire(); }
+    ~Slot() { owner_->Release(); }
+    Slot(const Slot&) = delete;
+    Slot& operator=(const Slot&) = delete;
+
+   private:
+    InjectBackend* const owner_;
+  };
+
+  void Acquire() {
+    std::unique_lock<std::mutex> l(mu_);
+    if (opts_.max_concurrency > 0)
+      slot_free_.wait(l, [&] { return in_flight_ < opts_.max_concurrency; });
+    ++in_flight_;
+    if (counters_) counters_->peak_in_flight = std::max(counters_->peak_in_flight, in_flight_);
+  }
+  void Release() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      --in_flight_;
+    }
+    if (opts_.max_concurrency > 0) slot_free_.notify_one();
   }
 
   // Counts a request, sleeps the configured latency, and fails it at the configured rate.
-  Status Before(const std::string& what, bool is_read, bool is_write = false) {
+  Status Before(const std::string& what, Kind kind) {
     bool fail = false;
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -125,8 +175,8 @@ class InjectBackend final : public Backend {
         fail = std::uniform_real_distribution<double>(0, 1)(rng_) < opts_.error_rate;
       if (counters_) {
         counters_->requests++;
-        if (is_read) counters_->read_requests++;
-        if (is_write) counters_->write_requests++;
+        if (kind == Kind::kRead) counters_->read_requests++;
+        if (kind == Kind::kWrite) counters_->write_requests++;
         if (fail) counters_->injected_errors++;
       }
     }
@@ -135,39 +185,54 @@ class InjectBackend final : public Backend {
     return Status::OK();
   }
 
+  // Sleeps until `bytes` have crossed the shared link: the transfer starts when the link is
+  // free (now, or when the transfers reserved before this one end) and lasts
+  // bytes / bandwidth_bytes_s.
+  void Transfer(uint64_t bytes) {
+    if (bytes == 0 || opts_.bandwidth_bytes_s == 0) return;
+    const auto duration_ns = static_cast<uint64_t>(static_cast<double>(bytes) * 1e9 /
+                                                   static_cast<double>(opts_.bandwidth_bytes_s));
+    const uint64_t now = clock_->NowNanos();
+    uint64_t end = 0;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      end = std::max(now, link_free_ns_) + duration_ns;
+      link_free_ns_ = end;
+    }
+    if (end > now) clock_->SleepMicros((end - now + 999) / 1000);
+  }
 
- private:
   const std::unique_ptr<Backend> base_;
   const conf::InjectOptions opts_;
   Clock* const clock_;
-  std::mutex mu_;                   // guards rng_ and *counters_
-  InjectCounters* const counters_;  // GUARDED_BY(mu_)
-  std::mt19937_64 rng_;             // GUARDED_BY(mu_)
+  std::mutex mu_;                     // guards everything below
+  std::condition_variable slot_free_;  // in_flight_ went down
+  InjectCounters* const counters_;    // GUARDED_BY(mu_)
+  std::mt19937_64 rng_;               // GUARDED_BY(mu_)
+  uint64_t in_flight_ = 0;            // GUARDED_BY(mu_): requests holding a slot
+  uint64_t link_free_ns_ = 0;         // GUARDED_BY(mu_): when the reserved transfers end
+
 };
 
 Result<size_t> InjectWritableFile::Write(uint64_t offset, const char* data, size_t len) {
-  CTFS_RETURN_IF_ERROR(owner_->Before("write " + path_, false, true));
-  return base_->Write(offset, data, len);
+  return owner_->Serve("write " + path_, Kind::kWrite,
+                       [&] { return base_->Write(offset, data, len); });
 }
 Result<size_t> InjectWritableFile::Read(uint64_t offset, size_t len, char* buf) {
-  CTFS_RETURN_IF_ERROR(owner_->Before("read " + path_, true));
-  return base_->Read(offset, len, buf);
+  return owner_->Serve("read " + path_, Kind::kRead, [&] { return base_->Read(offset, len, buf); });
 }
 Status InjectWritableFile::Truncate(uint64_t size) {
-  CTFS_RETURN_IF_ERROR(owner_->Before("truncate " + path_, false, true));
-  return base_->Truncate(size);
+  return owner_->Serve("truncate " + path_, Kind::kWrite, [&] { return base_->Truncate(size); });
 }
 Status InjectWritableFile::Allocate(int mode, uint64_t offset, uint64_t len) {
-  CTFS_RETURN_IF_ERROR(owner_->Before("fallocate " + path_, false, true));
-  return base_->Allocate(mode, offset, len);
+  return owner_->Serve("fallocate " + path_, Kind::kWrite,
+                       [&] { return base_->Allocate(mode, offset, len); });
 }
 Status InjectWritableFile::Flush() {
-  CTFS_RETURN_IF_ERROR(owner_->Before("flush " + path_, false, true));
-  return base_->Flush();
+  return owner_->Serve("flush " + path_, Kind::kWrite, [&] { return base_->Flush(); });
 }
 Status InjectWritableFile::Sync() {
-  CTFS_RETURN_IF_ERROR(owner_->Before("fsync " + path_, false, true));
-  return base_->Sync();
+  return owner_->Serve("fsync " + path_, Kind::kWrite, [&] { return base_->Sync(); });
 }
 
 }  // namespace

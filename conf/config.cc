@@ -198,12 +198,21 @@ Status ForEachKey(const YAML::Node& node, const std::string& prefix,
 
 Status ParseInject(const YAML::Node& node, InjectOptions* o) {
   o->enabled = true;
-  return ForEachKey(node, "backend.inject", {"latency_us", "error_rate", "seed"},
+  return ForEachKey(node, "backend.inject",
+                    {"latency_us", "error_rate", "seed", "max_concurrency", "bandwidth_bytes_s"},
                     [&](const std::string& k, const YAML::Node& v, const std::string& key) {
                       if (k == "latency_us")
                         CTFS_ASSIGN(o->latency_us, GetUint(v, key, 60'000'000));
                       if (k == "error_rate") CTFS_ASSIGN(o->error_rate, GetDouble(v, key, 0, 1));
                       if (k == "seed") CTFS_ASSIGN(o->seed, GetUint(v, key, UINT64_MAX));
+                      if (k == "max_concurrency")
+                        CTFS_ASSIGN(o->max_concurrency, GetUint(v, key, 1'000'000));
+                      if (k == "bandwidth_bytes_s") {
+                        // Bytes per second, as a size ("1GiB" is 2^30 bytes a second).
+                        CTFS_ASSIGN(o->bandwidth_bytes_s, GetSize(v, key));
+                        if (o->bandwidth_bytes_s > (uint64_t{1} << 50))
+                          return Bad(key, "must be at most 1PiB a second, got " + Scalar(v));
+                      }
                       return Status::OK();
                     });
 }

@@ -16,6 +16,12 @@ struct InjectOptions {
   uint64_t latency_us = 0;  // added to every backend request. Default: 0.
   double error_rate = 0.0;  // fraction of requests failing with EIO, in [0, 1]. Default: 0.
   uint64_t seed = 1;        // seeds the error draw so runs repeat. Default: 1.
+  // Requests served at once; the others wait their turn (the wait adds to their latency).
+  // 0 = unlimited. Default: 0.
+  uint64_t max_concurrency = 0;
+  // Bytes per second of data read or written, shared by all requests: a request moving N
+  // bytes takes N / bandwidth_bytes_s on top of its latency. 0 = unlimited. Default: 0.
+  uint64_t bandwidth_bytes_s = 0;
 };
 
 // backend.* keys of type "s3": an S3-compatible object store (AWS S3, MinIO, a CubeFS

@@ -552,5 +552,45 @@ TEST_F(ConfigFileTest, LoadedErrorsAreOneLineToo) {
   EXPECT_EQ(c.status().message().find('\n'), std::string::npos);
 }
 
+TEST(ConfigTest, InjectStoreLimits) {
+  Result<Config> c = ParseConfig(R"({"volName": "v", "backend": {"root": "/d", "inject":
+      {"latency_us": 300, "max_concurrency": 64, "bandwidth_bytes_s": 1000000000}}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->backend.inject.max_concurrency, 64u);
+  EXPECT_EQ(c->backend.inject.bandwidth_bytes_s, 1'000'000'000u);
+
+  c = ParseConfig(R"({"volName": "v", "backend": {"root": "/d", "inject":
+      {"bandwidth_bytes_s": "1GiB"}}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->backend.inject.bandwidth_bytes_s, 1ull << 30);
+  EXPECT_EQ(c->backend.inject.max_concurrency, 0u);  // default: unlimited
+
+  c = ParseConfig(R"({"volName": "v", "backend": {"root": "/d", "inject": {"latency_us": 1}}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->backend.inject.max_concurrency, 0u);
+  EXPECT_EQ(c->backend.inject.bandwidth_bytes_s, 0u);
+}
+
+TEST(ConfigTest, BadInjectStoreLimitsNameTheKey) {
+  for (const char* inject : {R"({"max_concurrency": -1})", R"({"max_concurrency": 1.5})",
+                             R"({"max_concurrency": "many"})", R"({"max_concurrency": 2000000})",
+                             R"({"max_concurrency": [1]})"}) {
+    Result<Config> c = ParseConfig(std::string(R"({"volName": "v", "backend": {"root": "/d", )") +
+                                   R"("inject": )" + inject + "}}");
+    ASSERT_FALSE(c.ok()) << inject;
+    EXPECT_EQ(c.status().message().rfind("backend.inject.max_concurrency", 0), 0u)
+        << c.status().message();
+  }
+  for (const char* inject : {R"({"bandwidth_bytes_s": -5})", R"({"bandwidth_bytes_s": "fast"})",
+                             R"({"bandwidth_bytes_s": "1XB"})", R"({"bandwidth_bytes_s": "2048TiB"})",
+                             R"({"bandwidth_bytes_s": "1e9"})"}) {
+    Result<Config> c = ParseConfig(std::string(R"({"volName": "v", "backend": {"root": "/d", )") +
+                                   R"("inject": )" + inject + "}}");
+    ASSERT_FALSE(c.ok()) << inject;
+    EXPECT_EQ(c.status().message().rfind("backend.inject.bandwidth_bytes_s", 0), 0u)
+        << c.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace cubetorchfs::conf
