@@ -138,16 +138,36 @@ TEST_F(FileSystemTest, ReadsSpanningChunksAreExact) {
 }
 
 TEST_F(FileSystemTest, ChangedFileIsReadFreshAfterAttrTimeout) {
-  auto h = OpenPath("d/small");
-  ASSERT_TRUE(fs_->Read(*h, 0, 4096).ok());
-  store_.PutFile("d/small", "new contents", 2);
-  // Within attr_timeout_s the open serves the version it knows, and the kernel keeps its cache.
-  Result<OpenResult> again = fs_->Open(LookupPath("d/small"), O_RDONLY);
-  // (the lookup above re-read the attributes, so the change is already seen)
-  ASSERT_TRUE(again.ok());
-  EXPECT_FALSE(again->keep_cache);
-  EXPECT_TRUE(again->invalidate_inode);
-  EXPECT_EQ(Bytes(fs_->Read(*again->handle, 0, 4096).value()), "new contents");
+  const uint64_t ino = LookupPath("d/small");
+  std::unique_ptr<FileHandle> h = std::move(fs_->Open(ino, O_RDONLY)->handle);
+  ASSERT_TRUE(h);
+  EXPECT_EQ(Bytes(fs_->Read(*h, 0, 4096).value()), Pattern(1000, 1));
+  const int stats = store_.stats();
+  const int reads = store_.reads();
+  store_.PutFile("d/small", "new contents", 2);  // changed in the store, behind our back
+  // Within attr_timeout_s (10 s): no round trip; the open serves the version it knows, and
+  // the kernel keeps its cache.
+  clock_.AdvanceSeconds(9.5);
+  Result<OpenResult> within = fs_->Open(ino, O_RDONLY);
+  ASSERT_TRUE(within.ok());
+  EXPECT_EQ(store_.stats(), stats) << "attributes re-read before attr_timeout_s";
+  EXPECT_TRUE(within->keep_cache);
+  EXPECT_FALSE(within->invalidate_inode);
+  EXPECT_EQ(Bytes(fs_->Read(*within->handle, 0, 4096).value()), Pattern(1000, 1));
+  EXPECT_EQ(store_.reads(), reads) << "the known version is served from RAM";
+  // Past attr_timeout_s since they were read: the store is asked again, sees the change,
+  // the kernel's cache of the file is dropped and the new bytes are read.
+  clock_.AdvanceSeconds(1);
+  Result<OpenResult> after = fs_->Open(ino, O_RDONLY);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(store_.stats(), stats + 1) << "attributes not re-read after attr_timeout_s";
+  EXPECT_FALSE(after->keep_cache);
+  EXPECT_TRUE(after->invalidate_inode);
+  EXPECT_EQ(Bytes(fs_->Read(*after->handle, 0, 4096).value()), "new contents");
+  EXPECT_EQ(store_.reads(), reads + 1);
+  // Fresh again: the next open within the timeout asks nothing.
+  ASSERT_TRUE(fs_->Open(ino, O_RDONLY).ok());
+  EXPECT_EQ(store_.stats(), stats + 1);
 }
 
 TEST_F(FileSystemTest, OpenUsesCachedAttributesUntilTheyExpire) {

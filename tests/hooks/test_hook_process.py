@@ -94,17 +94,32 @@ def test_forked_child_publishes_its_own_stream(mount: Path, config_dir: Path,
     assert daemon.all_streams()[-1].pid == os.getpid()
 
 
-def test_stats_shape(mount: Path, daemon: FakeDaemon) -> None:
+def test_stats_sends_the_queued_paths_first_and_returns_the_daemon_reply(
+        mount: Path, daemon: FakeDaemon) -> None:
     daemon.reads.update(hit=9, late=1, miss=2)
     files = make_files(mount, 8)
-    indices(DataLoader(FileList(files), batch_size=2))
+    order = indices(DataLoader(FileList(files), batch_size=2, shuffle=True))
+    assert sorted(order) == list(range(8))
     s = cube_torch.stats()  # no flush(): stats() waits for what was queued
-    assert set(s["global"]["reads"]) == {"hit", "late", "miss"}
-    assert isinstance(s["global"]["hit_ratio"], float)
-    assert isinstance(s["streams"], list)
-    assert s["client"]["published"] == 8
-    for key in ("published", "rejected", "dropped", "errors"):
-        assert isinstance(s["client"][key], int)
+    # What the hook sent: one stream for this process, every file in the order the loop
+    # read it, the stream deleted when the epoch ended, then (only then) one stats request.
+    (stream,) = daemon.all_streams()
+    assert stream.name.startswith("FileList:") and stream.pid == os.getpid()
+    assert stream.paths == [files[i] for i in order]
+    assert stream.deleted
+    sent = [(method, path) for method, path, _ in daemon.requests]
+    posts = sum(1 for x in sent if x == ("POST", f"/v1/streams/{stream.id}/paths"))
+    assert posts >= 1 and sent == ([("POST", "/v1/streams")]
+                                   + [("POST", f"/v1/streams/{stream.id}/paths")] * posts
+                                   + [("DELETE", f"/v1/streams/{stream.id}"),
+                                      ("GET", "/v1/stats")]), sent
+    # What stats() returns: the daemon's reply as served, plus the client's own counters,
+    # which agree with what the daemon accepted.
+    assert s["global"]["reads"] == {"hit": 9, "late": 1, "miss": 2}
+    assert s["global"]["hit_ratio"] == 0.75
+    assert s["streams"] == []  # the daemon lists live streams only
+    assert s["client"] == {"published": 8, "rejected": 0, "dropped": 0, "errors": 0,
+                           "skipped": 0, "unmapped": 0, "streams": 1}
 
 
 def test_stats_without_a_daemon() -> None:

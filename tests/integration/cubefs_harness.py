@@ -45,17 +45,25 @@ T = TypeVar("T")
 # --------------------------------------------------------------------------- environment
 
 
+def environment_problems() -> list[str]:
+    """Every reason these tests cannot run here (empty when they can). Under CI, a test
+    skipped for one of these fails instead (tests/ci_skips.py)."""
+    problems = []
+    if not os.path.exists("/dev/fuse"):
+        problems.append("/dev/fuse does not exist (no FUSE in this machine or container)")
+    elif not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        problems.append("/dev/fuse is not readable and writable by this user")
+    if shutil.which("fusermount3") is None:
+        problems.append("fusermount3 is not installed (Debian package fuse3)")
+    if not (BINARY.is_file() and os.access(BINARY, os.X_OK)):
+        problems.append(f"{BINARY} is not built (build the project or set CUBETORCHFS_BIN)")
+    return problems
+
+
 def environment_problem() -> Optional[str]:
     """Why these tests cannot run here, or None when they can."""
-    if not os.path.exists("/dev/fuse"):
-        return "/dev/fuse does not exist (no FUSE in this machine or container)"
-    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
-        return "/dev/fuse is not readable and writable by this user"
-    if shutil.which("fusermount3") is None:
-        return "fusermount3 is not installed (Debian package fuse3)"
-    if not (BINARY.is_file() and os.access(BINARY, os.X_OK)):
-        return f"{BINARY} is not built (build the project or set CUBETORCHFS_BIN)"
-    return None
+    problems = environment_problems()
+    return problems[0] if problems else None
 
 
 # --------------------------------------------------------------------------- small helpers

@@ -164,17 +164,25 @@ def test_legacy_cube_torch_endpoints(cube: CubeFactory, tmp_path: Path) -> None:
     assert wait_until(lambda: stats(sock)["global"]["prefetch"]["fetched"] == 6, timeout=20)
     status, body = call(conn, "POST", "/batchdownload/path", [abs_paths[:4]])
     assert status == 200
+    assert len(body) >= 16, body
     version, count = struct.unpack(">QQ", body[:16])
     assert (version, count) == (0, 4)
+    # Exactly `count` entries, in the order asked, and the body ends right after the last.
     off = 16
-    for f, p in zip(files, abs_paths):
-        (plen,) = struct.unpack(">Q", body[off:off + 8]); off += 8
-        assert body[off:off + plen].decode() == p; off += plen
-        (dlen,) = struct.unpack(">Q", body[off:off + 8]); off += 8
-        assert body[off:off + dlen] == f.read_bytes(); off += dlen
-        if off >= len(body):
-            break
-    assert off == len(body)
+
+    def take(n: int, what: str) -> bytes:
+        nonlocal off
+        assert off + n <= len(body), (
+            f"body ends at {len(body)} inside {what} ({n} bytes from {off})")
+        off += n
+        return body[off - n:off]
+
+    for i, (f, p) in enumerate(zip(files[:count], abs_paths[:count])):
+        (plen,) = struct.unpack(">Q", take(8, f"entry {i} path length"))
+        assert take(plen, f"entry {i} path").decode() == p
+        (dlen,) = struct.unpack(">Q", take(8, f"entry {i} data length"))
+        assert take(dlen, f"entry {i} data") == f.read_bytes(), p
+    assert off == len(body), f"{len(body) - off} bytes after the {count} entries"
     assert call(conn, "POST", "/unregister/pid", [os.getpid()])[0] == 200
     assert call(conn, "POST", "/register/pid", {"pid": 1})[0] == 400
     assert call(conn, "POST", "/prefetch/read/path", "garbage")[0] == 400

@@ -801,7 +801,17 @@ def test_torch_dataloader_through_mount(cube: CubeFactory, tmp_path: Path) -> No
     loader = torch_data.DataLoader(dataset, batch_size=16, shuffle=True, num_workers=2,
                                    collate_fn=keep_as_list, timeout=60)
     seen: dict[str, bytes] = {}
-    for _ in range(2):  # two epochs: cold, then cached
+    scrapes = [mount.metrics()]
+    # Three epochs: cold (from the store), cached (the kernel's page cache may answer), and
+    # cached with the kernel's pages dropped first (the daemon's RAM cache must answer).
+    for epoch in range(3):
+        if epoch == 2:
+            for rel in files:
+                fd = os.open(mount.path(rel), os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
         seen.clear()
         for batch in loader:
             for rel, data, target in batch:
@@ -811,4 +821,23 @@ def test_torch_dataloader_through_mount(cube: CubeFactory, tmp_path: Path) -> No
         assert seen.keys() == files.keys()
         bad = [rel for rel in files if seen[rel] != files[rel]]
         assert not bad, f"wrong bytes for {bad[:5]}"
-    assert mount.metrics().value("cubetorchfs_reads_total") >= len(files)
+        scrapes.append(mount.metrics())
+
+    def delta(epoch: int, name: str, **labels: str) -> float:
+        return scrapes[epoch + 1].value(name, **labels) - scrapes[epoch].value(name, **labels)
+
+    # Cold: every file came from the store, each exactly once (one chunk each).
+    total = sum(len(data) for data in files.values())
+    store_reads = delta(0, "cubetorchfs_backend_requests_total", op="read")
+    assert store_reads >= len(files), f"epoch 1 made {store_reads} store reads for {len(files)} files"
+    assert delta(0, "cubetorchfs_read_bytes_total", source="backend") == total
+    assert delta(0, "cubetorchfs_reads_total", result="miss") >= len(files)
+    # Cached: nothing from the store in either later epoch.
+    for epoch in (1, 2):
+        assert delta(epoch, "cubetorchfs_backend_requests_total", op="read") == 0, (
+            f"epoch {epoch + 1} read the store")
+        assert delta(epoch, "cubetorchfs_read_bytes_total", source="backend") == 0
+        assert delta(epoch, "cubetorchfs_reads_total", result="miss") == 0
+    # With the kernel's pages gone, the reads reached the daemon and were RAM-cache hits.
+    assert delta(2, "cubetorchfs_reads_total", result="hit") >= len(files)
+    assert delta(2, "cubetorchfs_read_bytes_total", source="ram") == total

@@ -265,9 +265,42 @@ def _read_uncached(path: Path) -> bytes:
         os.close(fd)
 
 
-def _reads(mount: CubeMount) -> dict[str, float]:
-    metrics = mount.metrics()
+def _reads(metrics: Any) -> dict[str, float]:
     return {r: metrics.value("cubetorchfs_reads_total", result=r) for r in ("hit", "late", "miss")}
+
+
+def _buckets(metrics: Any, name: str, **labels: str) -> dict[float, float]:
+    """The cumulative bucket counts of histogram `name` (upper bound -> count), summed over
+    the series whose labels include `labels`."""
+    out: dict[float, float] = {}
+    for sample, sample_labels, value in metrics.samples:
+        if sample == name + "_bucket" and all(sample_labels.get(k) == v
+                                                for k, v in labels.items()):
+            le = float(sample_labels["le"])
+            out[le] = out.get(le, 0.0) + value
+    return out
+
+
+def _bucket_quantile(q: float, buckets: dict[float, float]) -> float:
+    """histogram_quantile(q, ...) as Prometheus computes it (promql/quantile.go) over
+    cumulative bucket counts: linear interpolation inside the bucket holding rank q*count."""
+    ordered = sorted(buckets.items())
+    assert ordered and math.isinf(ordered[-1][0]), ordered
+    observations = ordered[-1][1]
+    if observations == 0:
+        return math.nan
+    rank = q * observations
+    b = next((i for i in range(len(ordered) - 1) if ordered[i][1] >= rank), len(ordered) - 1)
+    if b == len(ordered) - 1:
+        return ordered[-2][0]
+    if b == 0 and ordered[0][0] <= 0:
+        return ordered[0][0]
+    start, end, count = 0.0, ordered[b][0], ordered[b][1]
+    if b > 0:
+        start = ordered[b - 1][0]
+        count -= ordered[b - 1][1]
+        rank -= ordered[b - 1][1]
+    return start + (end - start) * (rank / count)
 
 
 def test_prometheus_scrapes_daemon_and_rules_yield_values(
@@ -303,16 +336,49 @@ def test_prometheus_scrapes_daemon_and_rules_yield_values(
     assert server.query("cubetorchfs:hit_ratio:rate1m") == [], \
         server.query("cubetorchfs:hit_ratio:rate1m")
 
-    before = _reads(mount)
+    scrape_before = mount.metrics()
+    reads_started = time.monotonic()
     for rel, data in files.items():  # first reads: misses
         assert bounded(_read_uncached, mount.path(rel), timeout=30, what=rel) == data
     for rel in list(files)[: len(files) * 2 // 3]:  # again: hits from the RAM cache
         assert bounded(_read_uncached, mount.path(rel), timeout=30, what=rel) == files[rel]
-    after = _reads(mount)
+    reads_took = time.monotonic() - reads_started
+    scrape_after = mount.metrics()
+    before, after = _reads(scrape_before), _reads(scrape_after)
     delta = {r: after[r] - before[r] for r in after}
     total = sum(delta.values())
     assert delta["miss"] > 0 and delta["hit"] > 0, f"daemon counted {delta}"
     expected = delta["hit"] / total
+    expected_late = delta["late"] / total
+
+    def moved(name: str, **labels: str) -> float:
+        return scrape_after.value(name, **labels) - scrape_before.value(name, **labels)
+
+    # The latency histograms moved by the requests made: one store read per file (the second
+    # reads came from RAM), one observation per FUSE read, and no more time than the reads took.
+    store_reads = moved("cubetorchfs_backend_requests_total", op="read")
+    assert store_reads == len(files), f"{store_reads} store reads for {len(files)} files"
+    assert moved("cubetorchfs_backend_request_seconds_count", op="read") == store_reads
+    assert 0 < moved("cubetorchfs_backend_request_seconds_sum", op="read") <= reads_took
+    fuse_reads = moved("cubetorchfs_fuse_ops_total", op="read")
+    assert fuse_reads == total, f"{fuse_reads} FUSE reads, {delta} counted by outcome"
+    assert moved("cubetorchfs_fuse_op_seconds_count", op="read") == fuse_reads
+    assert 0 < moved("cubetorchfs_fuse_op_seconds_sum", op="read") <= reads_took
+    # What the quantile rules must say about op="read", from the daemon's own buckets (there
+    # were no reads before, so the rules' 5m windows hold exactly these).
+    assert not _buckets(scrape_before, "cubetorchfs_backend_request_seconds", op="read").get(
+        math.inf), "store reads before the test's reads"
+    backend_buckets = _buckets(scrape_after, "cubetorchfs_backend_request_seconds", op="read")
+    fuse_buckets = {le: count - _buckets(scrape_before, "cubetorchfs_fuse_op_seconds",
+                                         op="read").get(le, 0.0)
+                    for le, count in _buckets(scrape_after, "cubetorchfs_fuse_op_seconds",
+                                              op="read").items()}
+    expected_quantiles = {
+        "cubetorchfs:backend_request_seconds:p50": _bucket_quantile(0.50, backend_buckets),
+        "cubetorchfs:backend_request_seconds:p90": _bucket_quantile(0.90, backend_buckets),
+        "cubetorchfs:backend_request_seconds:p99": _bucket_quantile(0.99, backend_buckets),
+        "cubetorchfs:fuse_op_seconds:p99": _bucket_quantile(0.99, fuse_buckets),
+    }
 
     # Poll the rule until it reflects all the reads (or the time runs out).
     last: list[dict[str, Any]] = []
@@ -335,8 +401,18 @@ def test_prometheus_scrapes_daemon_and_rules_yield_values(
     assert abs(ratio - expected) < 1e-3, (
         f"Prometheus says {ratio} after {waited:.1f}s, the daemon's counters {delta} say "
         f"{expected}")
-    late = server.query("cubetorchfs:late_ratio:rate1m")
-    assert late and 0.0 <= float(late[0]["value"][1]) <= 1.0, late
+    # The late ratio over the same reads: late / (hit + late + miss) from the same counters.
+    late: list[dict[str, Any]] = []
+
+    def late_caught_up() -> bool:
+        late[:] = server.query("cubetorchfs:late_ratio:rate1m")
+        return bool(late) and abs(float(late[0]["value"][1]) - expected_late) < 1e-3
+
+    poll(late_caught_up, 10)
+    assert len(late) == 1, late
+    assert abs(float(late[0]["value"][1]) - expected_late) < 1e-3, (
+        f"Prometheus says late ratio {late[0]['value'][1]}, the daemon's counters {delta} say "
+        f"{expected_late}")
 
     # The other rules have values too, and every rule evaluates without error.
     sources = {s["metric"]["source"]: float(s["value"][1])
@@ -350,6 +426,19 @@ def test_prometheus_scrapes_daemon_and_rules_yield_values(
         for sample in samples:
             value = float(sample["value"][1])
             assert not math.isnan(value) and value >= 0, sample
+        want = expected_quantiles[name]
+        assert not math.isnan(want) and want > 0, (name, want)
+        read_value: list[float] = []
+
+        def quantile_caught_up() -> bool:
+            read_value[:] = [float(s["value"][1]) for s in server.query(name)
+                             if s["metric"].get("op") == "read"]
+            return bool(read_value) and math.isclose(read_value[0], want, rel_tol=1e-6)
+
+        poll(quantile_caught_up, 10)
+        assert read_value and math.isclose(read_value[0], want, rel_tol=1e-6), (
+            f"{name}{{op=\"read\"}}: Prometheus says {read_value}, the daemon's buckets say "
+            f"{want}")
     ops = {s["metric"]["op"] for s in server.query("cubetorchfs:fuse_op_seconds:p99")}
     assert "read" in ops, ops
     groups = server.api("rules", type="record")["groups"]

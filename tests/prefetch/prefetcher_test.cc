@@ -3,6 +3,13 @@
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "prefetch/control_server.h"
@@ -160,6 +167,24 @@ TEST_F(PrefetcherTest, HitLateMissAccountingPerStreamAndGlobal) {
   EXPECT_EQ(s.streams[0].reads.miss, 1u);
 }
 
+// The scheduler state of thread `tid` of this process ('R', 'S', 'D'...), or 0 if unknown.
+char ThreadState(pid_t tid) {
+  std::ifstream f("/proc/self/task/" + std::to_string(tid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return 0;
+  const size_t paren = line.rfind(')');  // "tid (comm) S ...": comm may hold anything
+  return paren == std::string::npos || paren + 2 >= line.size() ? 0 : line[paren + 2];
+}
+
+double ReadsCounter(prometheus::Registry& reg, const std::string& result) {
+  for (const auto& f : reg.Collect())
+    if (f.name == "cubetorchfs_reads_total")
+      for (const auto& m : f.metric)
+        for (const auto& l : m.label)
+          if (l.name == "result" && l.value == result) return m.counter.value;
+  return -1;
+}
+
 TEST_F(PrefetcherTest, ReaderWaitsOnAFetchInFlightAndIsLate) {
   Make();
   Publish(0, 1);
@@ -167,15 +192,51 @@ TEST_F(PrefetcherTest, ReaderWaitsOnAFetchInFlightAndIsLate) {
   std::thread worker([&] { pf_->RunOneJob(); });
   while (store_.blocked_reads() == 0) std::this_thread::yield();  // the fetch is running
   std::optional<Prefetcher::WindowHit> got;
-  std::thread reader([&] { got = pf_->Get(Name(0), {kFileSize, 1}, 0); });
+  std::atomic<pid_t> reader_tid{0};
+  std::atomic<bool> reader_done{false};
+  std::thread reader([&] {
+    reader_tid = static_cast<pid_t>(::syscall(SYS_gettid));
+    got = pf_->Get(Name(0), {kFileSize, 1}, 0);
+    reader_done = true;
+  });
+  // Open the gate only once the reader sleeps inside Get (nothing else in Get blocks: the
+  // worker holds no lock while the store read is stuck), so its Get began while the fetch was
+  // in flight. A Get that does not wait returns and ends this loop too.
+  while (reader_tid == 0) std::this_thread::yield();
+  while (!reader_done) {
+    const char state = ThreadState(reader_tid);
+    if (state == 'S') {  // asleep; still asleep a moment later: not a passing lock wait
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      if (!reader_done && ThreadState(reader_tid) == 'S') break;
+      continue;
+    }
+    if (state == 0) {  // no /proc: give the reader time to get there
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      break;
+    }
+    std::this_thread::yield();
+  }
+  EXPECT_EQ(store_.blocked_reads(), 1) << "the fetch finished before the reader came";
   store_.OpenGate();
   worker.join();
   reader.join();
-  ASSERT_TRUE(got.has_value());
-  EXPECT_EQ(got->buffer->size, kFileSize);
-  // The reader either waited on the fetch (late) or arrived just after it finished (hit);
-  // it never fetched the file a second time.
-  EXPECT_EQ(store_.reads(), 1);
+  ASSERT_TRUE(got.has_value()) << "the reader was not given the fetch it waited for";
+  EXPECT_TRUE(got->waited) << "the read came while the fetch was in flight: it waited, a late "
+                              "read, not a plain hit";
+  ASSERT_EQ(got->buffer->size, kFileSize);
+  EXPECT_EQ(std::string(got->buffer->data.get(), kFileSize), std::string(kFileSize, 'a'));
+  EXPECT_EQ(store_.reads(), 1) << "the file was fetched a second time";
+  // FUSE reports the read as late because it waited (fuse/file_system.cc); it is counted so.
+  const double late_before = ReadsCounter(registry_, "late");
+  pf_->OnRead(Name(0), {kFileSize, 1}, 0, kFileSize,
+              got->waited ? ReadOutcome::kLate : ReadOutcome::kHit);
+  Stats s = pf_->GetStats();
+  EXPECT_EQ(s.reads.late, 1u);
+  EXPECT_EQ(s.reads.hit, 0u);
+  ASSERT_EQ(s.streams.size(), 1u);
+  EXPECT_EQ(s.streams[0].reads.late, 1u);
+  EXPECT_EQ(ReadsCounter(registry_, "late"), late_before + 1);
+  EXPECT_EQ(ReadsCounter(registry_, "hit"), 0);
 }
 
 TEST_F(PrefetcherTest, ReadersDoNotWaitOnAFetchThatWaitsForRoom) {
