@@ -19,7 +19,7 @@ and bandwidth_bytes_s: requests served at once, bytes per second shared by all r
 mount rows are then measured both uncapped and capped in the same rounds (--capped-only: capped
 only), against the same local rows.
 
-The last line gives the ratios the targets in BENCHMARKS.md are about.
+The last line gives the ratios the targets in docs/benchmarks.md are about.
 """
 
 from __future__ import annotations

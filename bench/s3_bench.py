@@ -31,7 +31,7 @@ bandwidth_bytes_s). Only cubetorchfs is capped (s3fs and rclone are not), so a c
 against a peer is a lower bound.
 
 Prints a table (median and min-max samples/s per system) and a last line with the ratio of
-cubetorchfs to the best peer, the target in BENCHMARKS.md ("S3 rows": >= 3).
+cubetorchfs to the best peer, the target in docs/benchmarks.md ("S3 rows": >= 3).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 The pattern of torch.distributed.checkpoint's FileSystemWriter: --shards files written by 4
 threads in 4 MiB writes, each fsynced, then .metadata.tmp written, fsynced and renamed to
-.metadata, and the directory fsynced. --gib GiB in all (default 1; 1-4 per BENCHMARKS.md).
+.metadata, and the directory fsynced. --gib GiB in all (default 1; 1-4 per docs/benchmarks.md).
 
 Rounds alternate direct, mount, direct, mount, ... (each round writes a fresh checkpoint
 directory and deletes the previous one first, outside the timing). The mount uses the posix
