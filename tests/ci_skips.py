@@ -13,8 +13,7 @@ skip reasons (cubefs_harness.environment_problems(), the error loading libcubeto
 other skip stays a skip under CI: no GPU, no CUDA, ../shared/cubefs absent, not root, a
 Prometheus or node binary missing, a test that skips itself for its own reasons.
 
-The conftests load this file by its path (tests/ is not put on sys.path), once per process,
-as the module `cubetorchfs_ci_skips`.
+The conftests import it with tests/ appended to sys.path (last, so it shadows nothing).
 """
 
 from __future__ import annotations

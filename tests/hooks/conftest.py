@@ -4,7 +4,6 @@ skipped because libcubetorch_io cannot be loaded fails instead (tests/ci_skips.p
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any, Iterator, List
@@ -21,15 +20,12 @@ from fake_control_server import FakeDaemon  # noqa: E402
 
 
 def _load_ci_skips() -> Any:
-    name = "cubetorchfs_ci_skips"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "ci_skips.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    # tests/ goes last on the path, so it can shadow nothing: only ci_skips is taken from it.
+    tests_dir = str(Path(__file__).resolve().parents[1])
+    if tests_dir not in sys.path:
+        sys.path.append(tests_dir)
+    import ci_skips
+    return ci_skips
 
 
 def _environment_problems() -> List[str]:

@@ -7,7 +7,6 @@ want of FUSE or the daemon binary fails instead (tests/ci_skips.py).
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import threading
@@ -21,15 +20,12 @@ from cubefs_harness import (TEST_WATCHDOG_S, CubeFactory, abort_live, environmen
 
 
 def _load_ci_skips() -> Any:
-    name = "cubetorchfs_ci_skips"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "ci_skips.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    # tests/ goes last on the path, so it can shadow nothing: only ci_skips is taken from it.
+    tests_dir = str(Path(__file__).resolve().parents[1])
+    if tests_dir not in sys.path:
+        sys.path.append(tests_dir)
+    import ci_skips
+    return ci_skips
 
 
 # pytest_runtest_makereport, pytest_make_collect_report: environment skips fail under CI.
