@@ -139,7 +139,10 @@ void FileSystem::Forget(uint64_t ino, uint64_t nlookup) {
 }
 
 Result<cfs_client::FileAttr> FileSystem::GetAttr(uint64_t ino) {
-  // The kernel asks only when its own copy expired, so answer from the store.
+  // The kernel asks again long before its copy expires: every read of a writable mount
+  // invalidates the file's atime, and the next fstat (Python's open() does one) comes here.
+  // Within attr_timeout_s the attributes the daemon holds answer, under the contract lookups
+  // keep; only older ones are asked of the store.
   Result<InodeInfo> inode = GetInode(ino);
   if (!inode.ok()) return inode.status();
   if (std::shared_ptr<WriteState> st = FindWriteState(ino)) {
@@ -148,10 +151,7 @@ Result<cfs_client::FileAttr> FileSystem::GetAttr(uint64_t ino) {
       return *attr;
     }
   }
-  if (inode->removed) return inode->attr;  // unlinked but still open: what we last knew
-  Result<cfs_client::FileAttr> attr = backend_->Stat(inode->path);
-  if (attr.ok()) inodes_.SetAttr(ino, attr.value(), clock_->NowNanos());
-  return attr;
+  return FreshAttr(inode.value());
 }
 
 Result<std::string> FileSystem::ReadLink(uint64_t ino) {

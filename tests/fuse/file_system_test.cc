@@ -185,6 +185,30 @@ TEST_F(FileSystemTest, OpenUsesCachedAttributesUntilTheyExpire) {
   EXPECT_EQ(Bytes(fs_->Read(*third->handle, 0, 100).value()), "changed");
 }
 
+TEST_F(FileSystemTest, GetAttrIsAnsweredFromHeldAttributesUntilTheyExpire) {
+  uint64_t ino = LookupPath("d/small");
+  const int stats = store_.stats();
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(fs_->GetAttr(ino)->size, 1000u);
+  EXPECT_EQ(store_.stats(), stats);  // no store request while the lookup's attributes hold
+  store_.PutFile("d/small", "changed", 3);
+  clock_.AdvanceSeconds(9);
+  EXPECT_EQ(fs_->GetAttr(ino)->size, 1000u);
+  EXPECT_EQ(store_.stats(), stats);
+  clock_.AdvanceSeconds(2);  // past attr_timeout_s: the store is asked, once
+  EXPECT_EQ(fs_->GetAttr(ino)->size, 7u);
+  EXPECT_EQ(fs_->GetAttr(ino)->size, 7u);
+  EXPECT_EQ(store_.stats(), stats + 1);
+}
+
+TEST_F(FileSystemTest, GetAttrOfAFileBeingWrittenShowsTheBytesWritten) {
+  uint64_t ino = LookupPath("d/small");
+  Result<OpenResult> w = fs_->Open(ino, O_WRONLY);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const std::string more(3000, 'x');
+  ASSERT_TRUE(fs_->Write(ino, 1000, more.data(), more.size()).ok());
+  EXPECT_EQ(fs_->GetAttr(ino)->size, 4000u);  // not the held 1000, though it is fresh
+}
+
 TEST_F(FileSystemTest, ReadOnlyMountRefusesEveryChange) {
   options_.read_only = true;
   fs_ = FileSystem::New(options_, &store_, cache_.get(), prefetcher_.get(), &clock_, registry_)

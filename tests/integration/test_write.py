@@ -497,3 +497,31 @@ def test_paths_longer_than_path_max_work(cube: CubeFactory, tmp_path: Path, prof
         assert os.listdir(fd) == []
     finally:
         os.close(fd)
+
+
+def test_open_and_stat_after_reads_ask_the_store_nothing(cube: CubeFactory, tmp_path: Path) -> None:
+    """On a writable mount every read invalidates the file's atime in the kernel, and the next
+    fstat (Python's open() makes one) reaches the daemon: within attr_timeout_s the daemon
+    answers from the attributes it holds, so a second pass over read files costs no store
+    request at all."""
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    for i in range(30):
+        (src / "d" / f"f{i:02d}").write_bytes(os.urandom(5000))
+    mount = mount_rw(cube, src, "ai_prefetch")
+    files = [mount.path(f"d/f{i:02d}") for i in range(30)]
+    for f in files:  # first pass: lookups, reads from the store
+        assert len(f.read_bytes()) == 5000
+
+    def store_requests() -> float:
+        m = mount.metrics()
+        return sum(m.value("cubetorchfs_backend_requests_total", op=op, status="ok")
+                   for op in ("stat", "read", "list"))
+    before = store_requests()
+    for _ in range(3):  # further passes: open (fstat), read, fstat, stat
+        for f in files:
+            with open(f, "rb") as fh:
+                assert len(fh.read()) == 5000
+                assert os.fstat(fh.fileno()).st_size == 5000
+            assert os.stat(f).st_size == 5000
+    assert store_requests() == before
