@@ -10,6 +10,7 @@ PACKAGES=(
   prometheus-cpp-dev libssl-dev libgtest-dev libgmock-dev nlohmann-json3-dev
   # tests, demo and benchmarks
   python3 python3-torch python3-torchvision python3-pytest python3-numpy python3-pil
+  python3-venv python3-pip
   bindfs curl prometheus s3fs rclone
 )
 
