@@ -10,7 +10,7 @@ import os
 import sys
 import threading
 import warnings
-from typing import Set
+from typing import Any, Optional, Set, Tuple
 
 DEFAULT_LOOKAHEAD_BATCHES = 16
 DEFAULT_REPORT_S = 10.0
@@ -63,14 +63,39 @@ _warned: Set[str] = set()
 _warned_lock = threading.Lock()
 
 
+# The user's line that last started iterating a DataLoader: where warnings raised on the
+# publisher thread (whose own stack is threading.py's and ours) point instead.
+_user_site: Optional[Tuple[str, int, dict]] = None
+
+
+def remember_user_site() -> None:
+    """Records the calling user's line (the first frame outside cube_torch and torch)."""
+    global _user_site
+    frame = _user_frame(sys._getframe(1))
+    if frame is not None:
+        _user_site = (frame.f_code.co_filename, frame.f_lineno, frame.f_globals)
+
+
 def warn_once(key: str, message: str) -> None:
-    """Emits `message` once per process per `key`. Never raises, even under `-W error`."""
+    """Emits `message` once per process per `key`, attributed to the user's line: the caller's
+    own, or on a thread of ours the line that last started iterating a DataLoader. Never
+    raises, even under `-W error`."""
     with _warned_lock:
         if key in _warned:
             return
         _warned.add(key)
+    text = "cube_torch: " + message
     try:
-        warnings.warn("cube_torch: " + message, CubeTorchWarning, stacklevel=_user_stacklevel())
+        frame = _user_frame(sys._getframe(1))
+        site = (frame.f_code.co_filename, frame.f_lineno, frame.f_globals) if frame else _user_site
+        if site is None:
+            warnings.warn(text, CubeTorchWarning, stacklevel=2)
+            return
+        filename, lineno, module_globals = site
+        warnings.warn_explicit(text, CubeTorchWarning, filename, lineno,
+                               module=module_globals.get("__name__", "__main__"),
+                               registry=module_globals.setdefault("__warningregistry__", {}),
+                               module_globals=module_globals)
     except Exception:  # a filter turned warnings into errors: stay quiet rather than raise
         pass
 
@@ -83,20 +108,22 @@ def _internal_dirs() -> tuple:
     return tuple(d + os.sep for d in dirs)
 
 
-def _user_stacklevel() -> int:
-    """The stacklevel (for a warn() in warn_once) of the first frame outside cube_torch and
-    torch.utils.data: the user's line that iterated the DataLoader, where there is one."""
+def _user_frame(frame: Any) -> Any:
+    """The first frame from `frame` outwards outside cube_torch, torch.utils.data and the
+    threading module; None when there is none (a thread of ours)."""
     skip = _internal_dirs()
-    level = 2  # warn_once's caller
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_back is not None and frame.f_code.co_filename.startswith(skip):
+    threading_file = os.path.abspath(threading.__file__)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(skip) and os.path.abspath(name) != threading_file:
+            return frame
         frame = frame.f_back
-        level += 1
-    return level
+    return None
 
 
 def reset_warnings() -> None:
     """Forgets which warnings were given (after fork, and for tests)."""
-    global _warned_lock
+    global _warned_lock, _user_site
     _warned.clear()
+    _user_site = None
     _warned_lock = threading.Lock()

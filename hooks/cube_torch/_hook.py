@@ -127,6 +127,7 @@ def _attach(it: Any) -> None:
         if source is None or isinstance(source, LookaheadIterator) or d.get(_SEEN) is source:
             return
         d[_SEEN] = source
+        _common.remember_user_site()  # where the publisher thread's warnings will point
         wrapper = _wrap(it, source)
         if wrapper is not None:
             it._sampler_iter = wrapper

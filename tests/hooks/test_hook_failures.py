@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from cube_torch import _publisher
+from cube_torch._common import CubeTorchWarning
 from fake_control_server import FakeDaemon
 from hook_testlib import (Counting, FileList, Unmappable, counters, cube_warnings, flush,
                           indices, make_files)
@@ -164,3 +165,20 @@ def test_stream_forgotten_by_the_daemon_is_recreated(monkeypatch: pytest.MonkeyP
     first, second = daemon.all_streams()
     assert first.paths + second.paths == [files[i] for i in seen]
     assert counters()["errors"] == 0
+
+
+def test_publisher_thread_warnings_name_the_users_loop(mount: Path, daemon_factory) -> None:
+    """A warning raised on the publisher thread points at the line of the training loop that
+    iterated the DataLoader, never at threading.py or cube_torch."""
+    daemon_factory("error")
+    dataset = FileList(make_files(mount, 12))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        loop_line = sys._getframe().f_lineno + 1
+        for _ in DataLoader(dataset, batch_size=2, shuffle=True, num_workers=0):
+            pass
+        flush()
+    ours = [w for w in record if issubclass(w.category, CubeTorchWarning)]
+    assert len(ours) == 1, [str(w.message) for w in ours]
+    assert (ours[0].filename, ours[0].lineno) == (__file__, loop_line), (ours[0].filename,
+                                                                          ours[0].lineno)
