@@ -77,3 +77,4 @@ if not _common.disabled():
     from . import _hook
 
     _hook.install()
+    _hook.install_spawn()

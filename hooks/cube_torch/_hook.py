@@ -21,6 +21,7 @@ first and swallows its own errors, so a torch we do not know runs unchanged.
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 from typing import Any, Callable, Dict, Optional, Sequence
 
@@ -60,6 +61,48 @@ def install(methods: Sequence[str] = ALL_METHODS, base: Optional[type] = None) -
             originals[name] = original
             setattr(base, name, functools.wraps(original)(makers[name](original)))
     setattr(base, _ORIGINALS, originals)
+    return True
+
+
+class SpawnEntry:
+    """A rank's function wrapped so that the rank imports cube_torch before it runs. Ranks of
+    torch.multiprocessing.spawn start a fresh interpreter that runs no `if __name__ ==
+    "__main__":` block, where `import cube_torch` often sits; unpickling this object there
+    imports the package (and so hooks DataLoader) first."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+def _patched_start_processes(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def start_processes(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(fn, SpawnEntry) and not _common.disabled():
+            fn = SpawnEntry(fn)
+        return original(fn, *args, **kwargs)
+    start_processes._cube_torch_original = original  # type: ignore[attr-defined]
+    return start_processes
+
+
+def install_spawn() -> bool:
+    """Makes ranks started by torch.multiprocessing.spawn / start_processes import cube_torch
+    (and so get the hook) whatever their script does. True if patched (now or before)."""
+    try:
+        import torch.multiprocessing as mp
+        module = sys.modules.get("torch.multiprocessing.spawn")
+    except Exception:
+        return False
+    if module is None or not callable(getattr(module, "start_processes", None)):
+        return False
+    if hasattr(module.start_processes, "_cube_torch_original"):
+        return True
+    patched = _patched_start_processes(module.start_processes)
+    module.start_processes = patched  # what spawn() calls
+    if getattr(mp, "start_processes", None) is patched._cube_torch_original:  # type: ignore
+        mp.start_processes = patched
     return True
 
 
