@@ -192,6 +192,15 @@ def _wrap(it: Any, source: Any) -> Optional[LookaheadIterator]:
                           f"{_qualname(dataset)} is an IterableDataset: its files cannot be "
                           "known ahead; it runs unchanged, without prefetching")
         return None
+    sampler = it.__dict__.get("_index_sampler")
+    if sampler is not None and not _restarts(sampler):
+        name = _qualname(sampler)
+        _common.warn_once(f"sampler:{name}",
+                          f"{name} may carry state from one pass to the next; so that the loop "
+                          "sees exactly its samples, cube_torch does not read ahead of it and "
+                          "publishes nothing (set `cube_torch_restartable = True` on the "
+                          "sampler if each iter() of it starts afresh)")
+        return None
     try:
         mapper = _paths.mapper_for(dataset)
     except Exception:
@@ -212,6 +221,28 @@ def _wrap(it: Any, source: Any) -> Optional[LookaheadIterator]:
     wrapper = LookaheadIterator(source, _common.lookahead_batches(), stream.submit, stream)
     weakref.finalize(wrapper, _publisher.close_stream, stream).atexit = False
     return wrapper
+
+
+def _restarts(sampler: Any) -> bool:
+    """Whether each iter() of `sampler` starts afresh, so that the batches the lookahead
+    pulled but the loop never used (after a `break`) change nothing later: torch's own
+    samplers and BatchSampler over them, unless a subclass overrides __iter__, or a sampler
+    that says so with `cube_torch_restartable`."""
+    declared = getattr(sampler, "cube_torch_restartable", None)
+    if declared is not None:
+        return bool(declared)
+    try:
+        from torch.utils.data import distributed, sampler as samplers
+    except Exception:
+        return False
+    if isinstance(sampler, samplers.BatchSampler):
+        return (type(sampler).__iter__ is samplers.BatchSampler.__iter__
+                and _restarts(sampler.sampler))
+    known = [getattr(samplers, n, None) for n in ("SequentialSampler", "RandomSampler",
+                                                   "SubsetRandomSampler", "WeightedRandomSampler")]
+    known.append(getattr(distributed, "DistributedSampler", None))
+    return any(isinstance(cls, type) and isinstance(sampler, cls)
+               and type(sampler).__iter__ is cls.__iter__ for cls in known)
 
 
 def _qualname(obj: Any) -> str:
