@@ -279,17 +279,14 @@ class PosixBackend final : public Backend {
   }
 
   Result<int> OpenReadFd(const std::string& path, const FileVersion& expect) override {
-    Result<At> at = Locate(path, "open");
-    if (!at.ok()) return at.status();
-    UniqueFd fd(::openat(at->dir, at->name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
-    if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
     struct stat st;
-    if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
-    if (!S_ISREG(st.st_mode)) return Status::IsDirectory("open " + Show(path) + ": not a regular file");
-    if (::fcntl(fd.get(), F_SETFL, 0) != 0) return FromErrno(errno, "fcntl " + Show(path));
+    Result<UniqueFd> fd = OpenRegular(path, "open", &st);
+    if (!fd.ok()) return fd.status();
     if (FromStat(st).Version() != expect)
       return Status::Stale("open " + Show(path) + ": file changed in the store");
-    return fd.release();
+    // The descriptor leaves the daemon: it gets ordinary blocking semantics.
+    if (::fcntl(fd->get(), F_SETFL, 0) != 0) return FromErrno(errno, "fcntl " + Show(path));
+    return fd->release();
   }
 
   Result<Fetched> StatRead(const std::string& path, size_t len, char* buf,
@@ -489,18 +486,26 @@ class PosixBackend final : public Backend {
   // Opens regular file `path`, checks it is at version `expect` (if given), reads up to `len`
   // bytes at `offset`, and checks the version did not change meanwhile (a file rewritten in
   // place keeps its size; its mtime tells the bytes may be mixed).
+  // Opens `path` read-only without following any symlink and fstats it into *st; fails
+  // unless it is a regular file. O_NONBLOCK keeps a FIFO planted in the store from blocking
+  // the open; reads of a regular file ignore it.
+  Result<UniqueFd> OpenRegular(const std::string& path, const char* what, struct stat* st) const {
+    Result<At> at = Locate(path, what);
+    if (!at.ok()) return at.status();
+    UniqueFd fd(::openat(at->dir, at->name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    if (fd.get() < 0) return FromErrno(errno, std::string(what) + " " + Show(path));
+    if (::fstat(fd.get(), st) != 0) return FromErrno(errno, "fstat " + Show(path));
+    if (!S_ISREG(st->st_mode))
+      return Status::IsDirectory(std::string(what) + " " + Show(path) + ": not a regular file");
+    return fd;
+  }
+
   Result<Fetched> ReadAt(const std::string& path, const FileVersion* expect, uint64_t offset,
                          size_t len, char* buf, const AttrCheck& check = nullptr) const {
-    Result<At> at = Locate(path, "open");
-    if (!at.ok()) return at.status();
-    // O_NONBLOCK: opening a FIFO planted in the store must not block this thread.
-    UniqueFd fd(::openat(at->dir, at->name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
-    if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
     struct stat st;
-    if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
-    if (!S_ISREG(st.st_mode))
-      return Status::IsDirectory("read " + Show(path) + ": not a regular file");
-    if (::fcntl(fd.get(), F_SETFL, 0) != 0) return FromErrno(errno, "fcntl " + Show(path));
+    Result<UniqueFd> opened = OpenRegular(path, "read", &st);
+    if (!opened.ok()) return opened.status();
+    const UniqueFd& fd = opened.value();
     Fetched out{FromStat(st), 0};
     if (expect != nullptr && out.attr.Version() != *expect)
       return Status::Stale("read " + Show(path) + ": file changed in the store");

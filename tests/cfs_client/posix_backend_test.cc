@@ -246,6 +246,15 @@ TEST_F(PosixBeneathRootTest, ADirectorySwappedForASymlinkIsNotFollowed) {
   EXPECT_FALSE(backend_->StatRead("dir/secret", sizeof(buf), buf).ok());
 }
 
+TEST_F(PosixBackendTest, AFifoInTheStoreIsRefusedWithoutBlocking) {
+  ASSERT_EQ(::mkfifo((root_ / "fifo").c_str(), 0644), 0);
+  char buf[8];
+  // With a blocking open this would wait forever for a writer.
+  EXPECT_EQ(backend_->StatRead("fifo", sizeof(buf), buf).status().code(),
+            Status::Code::kIsDirectory);
+  EXPECT_FALSE(backend_->OpenReadFd("fifo", FileVersion{}).ok());
+}
+
 TEST_F(PosixBackendTest, PathsLongerThanPathMaxWork) {
   // 40 levels of 200-byte names: about 8 KB, twice PATH_MAX.
   std::string rel;
