@@ -774,10 +774,12 @@ Result<uint64_t> ParseSize(std::string_view text) {
   return static_cast<uint64_t>(v);
 }
 
-Result<Config> ParseConfig(const std::string& text, const std::string& source) {
-  // Whatever goes wrong (yaml-cpp, std::length_error, std::bad_alloc) becomes one error line.
+// Runs `fn`, turning whatever it throws (yaml-cpp, std::length_error, std::bad_alloc) and
+// any error it returns into one error line naming `source`.
+template <typename Fn>
+Result<Config> OneLineErrors(const std::string& source, Fn&& fn) {
   try {
-    Result<Config> c = ParseConfigText(text, source);
+    Result<Config> c = fn();
     if (!c.ok()) return OneLine(c.status());
     return c;
   } catch (const std::bad_alloc&) {
@@ -789,21 +791,19 @@ Result<Config> ParseConfig(const std::string& text, const std::string& source) {
   }
 }
 
+Result<Config> ParseConfig(const std::string& text, const std::string& source) {
+  return OneLineErrors(source, [&] { return ParseConfigText(text, source); });
+}
+
 Result<Config> LoadConfig(const std::string& path) {
-  try {
+  return OneLineErrors(path, [&]() -> Result<Config> {
     Result<std::string> text = ReadConfigFile(path);
-    if (!text.ok()) return OneLine(text.status());
+    if (!text.ok()) return text.status();
     Result<Config> c = ParseConfig(text.value(), path);
     if (c.ok())
       for (const std::string& w : c->warnings) CTFS_LOG(kWarn) << w;
     return c;
-  } catch (const std::bad_alloc&) {
-    return OneLine(Status::InvalidArgument(path + ": out of memory reading the config"));
-  } catch (const std::exception& e) {
-    return OneLine(Status::InvalidArgument(path + ": " + e.what()));
-  } catch (...) {
-    return OneLine(Status::InvalidArgument(path + ": unexpected error reading the config"));
-  }
+  });
 }
 
 }  // namespace cubetorchfs::conf
