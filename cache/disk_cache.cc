@@ -404,14 +404,9 @@ class NvmeCache final : public DiskCache {
   Status WriteChunk(uint64_t id, const Buffer& data) {
     const std::string tmp = TmpDir() + "/" + IdName(id);
     {
-      // 0600 whatever the umask: the chunk may be of a file only its owner may read.
+      // 0600 (a umask can only narrow it): the chunk may be of a file only its owner may read.
       UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
       if (fd.get() < 0) return Errno(tmp);
-      if (::fchmod(fd.get(), 0600) != 0) {
-        Status s = Errno(tmp);
-        ::unlink(tmp.c_str());
-        return s;
-      }
       size_t done = 0;
       while (done < data.size) {
         ssize_t n = ::write(fd.get(), data.data.get() + done, data.size - done);

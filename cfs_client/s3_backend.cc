@@ -702,17 +702,11 @@ class S3Backend final : public Backend {
     CTFS_RETURN_IF_ERROR(PrivateStagingDir(opts_.staging_dir, /*create=*/true));
     // A unique name even among files left by an earlier daemon with the same pid (a
     // restarted container): mkostemp picks it with O_EXCL (a planted symlink is never
-    // followed), mode 0600, made exact with fchmod whatever the umask.
+    // followed), mode 0600 whatever the umask.
     std::string staging = opts_.staging_dir + "/" + std::to_string(::getpid()) + "-XXXXXX";
     int fd = ::mkostemp(staging.data(), O_CLOEXEC);
     if (fd < 0)
       return Status::IOError("backend.staging_dir: " + staging + ": " + std::strerror(errno));
-    if (::fchmod(fd, 0600) != 0) {
-      Status s = Status::IOError("backend.staging_dir: " + staging + ": " + std::strerror(errno));
-      ::close(fd);
-      ::unlink(staging.c_str());
-      return s;
-    }
     return std::unique_ptr<WritableFile>(
         new S3WritableFile(this, path, exists, o.truncate, staging, fd));
   }

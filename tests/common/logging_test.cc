@@ -1,11 +1,13 @@
 #include "common/logging.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -153,6 +155,27 @@ TEST(LoggingTest, InfoIsNotRateLimited) {
   LogCapture capture;
   for (int i = 0; i < 200; ++i) CTFS_LOG(kInfo) << "info " << i;
   EXPECT_EQ(capture.Lines().size(), 200u);
+}
+
+TEST(InitLoggingTest, NeverWritesThroughAPlantedFifoLinkOrHardLink) {
+  char dir[] = "/tmp/ctfs_logging_plant.XXXXXX";
+  const std::string d = ::mkdtemp(dir);
+  const std::string victim = d + "/victim";
+  std::ofstream(victim) << "keep";
+  ASSERT_EQ(::mkfifo((d + "/fifo.log").c_str(), 0644), 0);
+  ASSERT_EQ(::symlink(victim.c_str(), (d + "/sym.log").c_str()), 0);
+  ASSERT_EQ(::link(victim.c_str(), (d + "/hard.log").c_str()), 0);
+  // The FIFO must not block (no reader); none of them may become the log.
+  for (const char* name : {"/fifo.log", "/sym.log", "/hard.log"})
+    EXPECT_FALSE(InitLogging(d + name, LogLevel::kInfo).ok()) << name;
+  CTFS_LOG(kError) << "must not reach the victim";
+  (void)InitLogging("", LogLevel::kInfo);
+  std::ifstream in(victim);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "keep");
+  for (const char* name : {"/fifo.log", "/sym.log", "/hard.log", "/victim"})
+    ::unlink((d + name).c_str());
+  ::rmdir(d.c_str());
 }
 
 }  // namespace
