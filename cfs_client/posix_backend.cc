@@ -86,46 +86,41 @@ FileAttr FromStat(const struct stat& st) {
 }
 
 
-// openat2 is used while the kernel has it; after one ENOSYS the component walk is used.
+// openat2 is used while the kernel has it; once it is missing (ENOSYS) or filtered (EPERM
+// from a seccomp profile), the component walk is used.
 std::atomic<bool> g_have_openat2{true};
 
-// Opens `path` (no "." or ".." components; relative) beneath directory `dirfd` without
-// following any symlink, with `flags` (O_CLOEXEC is added). -1 and errno on failure.
-int OpenNoFollow(int dirfd, const std::string& path, int flags, mode_t mode = 0) {
-  flags |= O_CLOEXEC;
+// Opens directory `path` (relative, no "." or ".." components: Locate checks) beneath
+// directory `dirfd` as an O_PATH descriptor, following no symlink. -1 and errno on failure.
+int OpenDirNoFollow(int dirfd, const std::string& path) {
+  constexpr int kFlags = O_PATH | O_DIRECTORY | O_CLOEXEC;
   if (g_have_openat2.load(std::memory_order_relaxed)) {
     struct open_how how {};
-    how.flags = static_cast<uint64_t>(flags);
-    how.mode = (flags & O_CREAT) ? mode : 0;
+    how.flags = kFlags;
     how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-    for (;;) {
+    for (int attempt = 0; attempt < 16; ++attempt) {
       const long r = ::syscall(SYS_openat2, dirfd, path.c_str(), &how, sizeof(how));
       if (r >= 0) return static_cast<int>(r);
       if (errno == EAGAIN || errno == EINTR) continue;  // a rename raced the lookup
-      if (errno != ENOSYS) return -1;
+      if (errno != ENOSYS && errno != EPERM) return -1;
       g_have_openat2.store(false, std::memory_order_relaxed);
       break;
     }
+    if (g_have_openat2.load(std::memory_order_relaxed)) return -1;  // EAGAIN 16 times
   }
   // Without openat2: one component at a time, each opened O_NOFOLLOW.
   int cur = dirfd;
   UniqueFd held;
-  size_t start = 0;
-  for (;;) {
-    const size_t slash = path.find('/', start);
-    const std::string part = path.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
-    if (part == ".." ) {
-      errno = EXDEV;
-      return -1;
-    }
-    if (slash == std::string::npos)
-      return ::openat(cur, part.c_str(), flags | O_NOFOLLOW, mode);
-    const int fd = ::openat(cur, part.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  for (size_t start = 0; start <= path.size();) {
+    size_t slash = path.find('/', start);
+    if (slash == std::string::npos) slash = path.size();
+    const int fd = ::openat(cur, path.substr(start, slash - start).c_str(), kFlags | O_NOFOLLOW);
     if (fd < 0) return -1;
     held = UniqueFd(fd);
     cur = fd;
     start = slash + 1;
   }
+  return held.release();
 }
 
 // A path's place in the store: the directory it is in, opened beneath the root, and its last
@@ -473,8 +468,7 @@ class PosixBackend final : public Backend {
     while (start < last) {
       size_t end = last;
       if (end - start > kPathPiece) end = path.rfind('/', start + kPathPiece);
-      const int fd = OpenNoFollow(at.dir, path.substr(start, end - start),
-                                  O_PATH | O_DIRECTORY);
+      const int fd = OpenDirNoFollow(at.dir, path.substr(start, end - start));
       if (fd < 0) return FromErrno(errno, std::string(what) + " " + Show(path));
       at.owned = UniqueFd(fd);
       at.dir = fd;

@@ -200,13 +200,25 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
       return fail(Reject::kNotFile, Status::IsDirectory(path + ": not a regular file"));
     return Resolved{path, a.value()};
   }
+  // The components still to resolve, and how many of them name something (not "" or "."):
+  // the count says in O(1) whether a component is the last.
   std::deque<std::string> todo;
-  for (size_t start = 0; start <= path.size();) {
-    size_t slash = path.find('/', start);
-    if (slash == std::string::npos) slash = path.size();
-    todo.push_back(path.substr(start, slash - start));
-    start = slash + 1;
-  }
+  size_t named = 0;
+  auto push_front = [&](const std::string& p) {
+    std::vector<std::string> parts;
+    for (size_t start = 0; start <= p.size();) {
+      size_t slash = p.find('/', start);
+      if (slash == std::string::npos) slash = p.size();
+      parts.push_back(p.substr(start, slash - start));
+      start = slash + 1;
+    }
+    for (const auto& part : parts) named += !part.empty() && part != ".";
+    todo.insert(todo.begin(), parts.begin(), parts.end());
+  };
+  push_front(path);
+  // Bounded work whatever the store's links: 40 links, and at most this many steps.
+  constexpr int kMaxSteps = 4096;
+  int steps = 0;
   // The root itself must be searchable.
   Result<cfs_client::FileAttr> root = StatCached("", false);
   if (!root.ok()) return fail(Reject::kStore, root.status());
@@ -218,6 +230,9 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
     std::string part = std::move(todo.front());
     todo.pop_front();
     if (part.empty() || part == ".") continue;
+    --named;
+    if (++steps > kMaxSteps)
+      return fail(Reject::kLoop, Status::Errno(ELOOP, path + ": too many components to resolve"));
     if (part == "..") {
       const size_t slash = done.rfind('/');
       if (done.empty())
@@ -227,9 +242,7 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
     }
     const std::string cur = done.empty() ? part : done + "/" + part;
     // The last component is the file once nothing is left to resolve.
-    bool last = true;
-    for (const auto& rest : todo)
-      if (!rest.empty() && rest != ".") last = false;
+    const bool last = named == 0;
     if (last && depth == Depth::kDirectories) return Resolved{cur, {}};
     // Directories as the mount sees them; the file (and whether it is a link) as of now.
     Result<cfs_client::FileAttr> a = StatCached(cur, fresh && last);
@@ -245,14 +258,7 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
       if (target->empty() || (*target)[0] == '/')
         return fail(Reject::kSymlink,
                     Status::PermissionDenied(path + ": " + cur + " is an absolute symlink"));
-      std::vector<std::string> parts;
-      for (size_t start = 0; start <= target->size();) {
-        size_t slash = target->find('/', start);
-        if (slash == std::string::npos) slash = target->size();
-        parts.push_back(target->substr(start, slash - start));
-        start = slash + 1;
-      }
-      todo.insert(todo.begin(), parts.begin(), parts.end());
+      push_front(target.value());
       continue;
     }
     if (!last) {

@@ -1,5 +1,6 @@
 #include "prefetch/control_server.h"
 
+#include <fcntl.h>
 #include <malloc.h>
 #include <poll.h>
 #include <prometheus/counter.h>
@@ -247,7 +248,8 @@ class ServerImpl final : public ControlServer {
       if (ec) return Status::IOError("prefetch.control_socket: cannot listen on " + path + ": " + ec.message());
       bound_unix_ = true;
       // Any local user may connect: each request is checked with that user's own rights.
-      ::chmod(path.c_str(), 0666);
+      // Not through a symlink planted at the name meanwhile (glibc refuses one here).
+      ::fchmodat(AT_FDCWD, path.c_str(), 0666, AT_SYMLINK_NOFOLLOW);
       Accept(unix_acceptor_, &unix_connections_, options_.max_connections_unix);
     }
     if (options_.prof_port != 0) {
@@ -711,10 +713,17 @@ class ServerImpl final : public ControlServer {
 
   // Buffers small writes and sends them, and large ones directly, as HTTP chunks on a
   // non-blocking socket, waiting at most `timeout_s` for the client to take more bytes.
+  // A client must take the reply at kMinReplyRate on average after the first `timeout_s`:
+  // one that reads a byte now and then cannot hold a worker thread (and a cached chunk).
+  static constexpr double kMinReplyRate = 1 << 20;  // bytes a second
   class ChunkedWriter {
    public:
     ChunkedWriter(int sock, double timeout_s, bool chunked)
-        : sock_(sock), timeout_ms_(static_cast<int>(timeout_s * 1000)), chunked_(chunked) {}
+        : sock_(sock),
+          chunked_(chunked),
+          grace_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+              std::chrono::duration<double>(timeout_s))),
+          start_(std::chrono::steady_clock::now()) {}
     bool Raw(const std::string& s) { return Send(s.data(), s.size()); }
     bool Write(const char* data, size_t len) {
       if (buf_.size() + len <= kSendBuffer) {
@@ -744,18 +753,30 @@ class ServerImpl final : public ControlServer {
         const ssize_t n = ::send(sock_, data + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
           done += static_cast<size_t>(n);
+          sent_ += static_cast<uint64_t>(n);
           continue;
         }
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && errno != EAGAIN) return false;
+        // The deadline grows with what the client took, not with each byte it takes.
+        const auto deadline = start_ + grace_ +
+                              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(sent_ / kMinReplyRate));
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0) return false;  // too slow a client: the reply is cut
         pollfd p{sock_, POLLOUT, 0};
-        if (::poll(&p, 1, timeout_ms_) <= 0) return false;  // a client that stopped reading
+        if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000))) < 0 &&
+            errno != EINTR)
+          return false;
       }
       return true;
     }
     const int sock_;
-    const int timeout_ms_;
     const bool chunked_;
+    const std::chrono::steady_clock::duration grace_;
+    const std::chrono::steady_clock::time_point start_;
+    uint64_t sent_ = 0;
     std::string buf_;
   };
 

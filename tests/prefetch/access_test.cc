@@ -1,6 +1,9 @@
 #include "prefetch/access.h"
 
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -41,6 +44,37 @@ TEST(MayAccessTest, OwnerGroupOtherAsTheKernelChecks) {
   EXPECT_TRUE(MayAccess(Attr(S_IFDIR | 0711, 0, 0), User(1001), X_OK));
   EXPECT_FALSE(MayAccess(Attr(S_IFDIR | 0700, 0, 0), User(1001), X_OK));
   EXPECT_TRUE(MayAccess(Attr(S_IFREG | 0000, 5, 5), User(0), R_OK));  // root reads anything
+}
+
+TEST(PeerTest, TcpPeerIsTheKernelsWordOrARefusal) {
+  int pair[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
+  EXPECT_FALSE(TcpPeer(pair[0]).ok());  // not a loopback TCP connection: refused
+  Result<Caller> unix_peer = UnixPeer(pair[0]);
+  ASSERT_TRUE(unix_peer.ok());
+  EXPECT_EQ(unix_peer->uid, ::geteuid());
+  EXPECT_EQ(unix_peer->pid, ::getpid());
+  ::close(pair[0]);
+  ::close(pair[1]);
+  // A real loopback connection: the kernel names this process's uid.
+  int srv = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(::bind(srv, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(srv, 1), 0);
+  ASSERT_EQ(::getsockname(srv, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  int cli = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(::connect(cli, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  int conn = ::accept(srv, nullptr, nullptr);
+  ASSERT_GE(conn, 0);
+  Result<Caller> tcp_peer = TcpPeer(conn);
+  ASSERT_TRUE(tcp_peer.ok()) << tcp_peer.status().ToString();
+  EXPECT_EQ(tcp_peer->uid, ::geteuid());
+  ::close(conn);
+  ::close(cli);
+  ::close(srv);
 }
 
 TEST(CheckJsonShapeTest, DepthAndElementsWithoutParsing) {

@@ -38,7 +38,8 @@ def request(conn):
     if body is not None and not isinstance(body, str):
         body = json.dumps(body)
     try:
-        conn.request(spec.get("method", "POST"), spec["target"], body=body)
+        conn.request(spec.get("method", "POST"), spec["target"], body=body,
+                     headers=spec.get("headers", {}))
         r = conn.getresponse()
         data = r.read()
         return {"status": r.status, "body": base64.b64encode(data).decode()}
