@@ -250,7 +250,7 @@ def test_memory_attacks_stay_under_budget(open_cube: CubeFactory) -> None:
     pid = find_pid(mount)
     base_rss = daemon_rss_bytes(pid)
     budget = 64 << 20
-    overhead = 160 << 20  # the stated bound on what the daemon adds to its cache (docs)
+    overhead = 200 << 20  # the stated bound on what the daemon adds to its cache (docs/security.md)
     # Deeply nested and very wide JSON: refused before parsing, within the body limit.
     for body in (b"[" * (15 << 20), b"[" + b"0," * (7 << 20) + b"0]"):
         for conn in (UnixHTTPConnection(sock, timeout=30),
@@ -282,11 +282,14 @@ def test_memory_attacks_stay_under_budget(open_cube: CubeFactory) -> None:
     finally:
         for s in socks:
             s.close()
-    # A burst of large requests gives its memory back within seconds.
+    # A burst of large publishes (80,000 paths each, past the per-user queue limit) is
+    # accepted as far as the limits go, and RSS stays within the stated bound.
     burst = [[f"{m}/pub/f{i:03d}" for i in range(40)] * 2000]
     for _ in range(4):
-        call(UnixHTTPConnection(sock, timeout=60), "POST", "/prefetch/read/path", burst)
-    assert wait_until(lambda: daemon_rss_bytes(pid) < budget + overhead, timeout=10)
+        status, body = call(UnixHTTPConnection(sock, timeout=60), "POST", "/prefetch/read/path",
+                            burst)
+        assert (status, body) == (200, b"prefetching.\n")
+    assert daemon_rss_bytes(pid) < budget + overhead
 
 
 def test_one_users_flood_does_not_starve_another(open_cube: CubeFactory) -> None:
