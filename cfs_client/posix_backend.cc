@@ -90,13 +90,12 @@ FileAttr FromStat(const struct stat& st) {
 // from a seccomp profile), the component walk is used.
 std::atomic<bool> g_have_openat2{true};
 
-// Opens directory `path` (relative, no "." or ".." components: Locate checks) beneath
-// directory `dirfd` as an O_PATH descriptor, following no symlink. -1 and errno on failure.
-int OpenDirNoFollow(int dirfd, const std::string& path) {
-  constexpr int kFlags = O_PATH | O_DIRECTORY | O_CLOEXEC;
+// openat2(`dirfd`, `path`, `flags`) strictly beneath `dirfd`, following no symlink in any
+// component, the last included. -1 and errno on failure; ENOSYS once openat2 is unusable.
+int OpenBeneath(int dirfd, const std::string& path, int flags) {
   if (g_have_openat2.load(std::memory_order_relaxed)) {
     struct open_how how {};
-    how.flags = kFlags;
+    how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
     how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
     for (int attempt = 0; attempt < 16; ++attempt) {
       const long r = ::syscall(SYS_openat2, dirfd, path.c_str(), &how, sizeof(how));
@@ -108,6 +107,16 @@ int OpenDirNoFollow(int dirfd, const std::string& path) {
     }
     if (g_have_openat2.load(std::memory_order_relaxed)) return -1;  // EAGAIN 16 times
   }
+  errno = ENOSYS;
+  return -1;
+}
+
+// Opens directory `path` (relative, no "." or ".." components: Locate checks) beneath
+// directory `dirfd` as an O_PATH descriptor, following no symlink. -1 and errno on failure.
+int OpenDirNoFollow(int dirfd, const std::string& path) {
+  constexpr int kFlags = O_PATH | O_DIRECTORY | O_CLOEXEC;
+  const int direct = OpenBeneath(dirfd, path, kFlags);
+  if (direct >= 0 || errno != ENOSYS) return direct;
   // Without openat2: one component at a time, each opened O_NOFOLLOW.
   int cur = dirfd;
   UniqueFd held;
@@ -484,9 +493,16 @@ class PosixBackend final : public Backend {
   // unless it is a regular file. O_NONBLOCK keeps a FIFO planted in the store from blocking
   // the open; reads of a regular file ignore it.
   Result<UniqueFd> OpenRegular(const std::string& path, const char* what, struct stat* st) const {
-    Result<At> at = Locate(path, what);
-    if (!at.ok()) return at.status();
-    UniqueFd fd(::openat(at->dir, at->name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    constexpr int kFlags = O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+    // The read path's usual case, one syscall: the whole path at once.
+    UniqueFd fd(path.empty() || path.size() > kPathPiece || path.front() == '/'
+                    ? (errno = ENOSYS, -1)
+                    : OpenBeneath(root_fd_.get(), path, kFlags));
+    if (fd.get() < 0 && errno == ENOSYS) {  // long path or no openat2: parent, then the name
+      Result<At> at = Locate(path, what);
+      if (!at.ok()) return at.status();
+      fd = UniqueFd(::openat(at->dir, at->name.c_str(), kFlags));
+    }
     if (fd.get() < 0) return FromErrno(errno, std::string(what) + " " + Show(path));
     if (::fstat(fd.get(), st) != 0) return FromErrno(errno, "fstat " + Show(path));
     if (!S_ISREG(st->st_mode))
