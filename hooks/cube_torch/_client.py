@@ -26,9 +26,10 @@ import json
 import os
 import socket
 import stat
+import threading
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 from . import _common
 
@@ -63,16 +64,21 @@ def _owner(uid: int) -> str:
         return f"uid {uid}"
 
 
-# Paths found untrusted by the latest live_daemons() scan (their warning is given already).
-_last_untrusted: List[str] = []
+# Paths found untrusted since the latest live_daemons() scan (their warning is given already):
+# a set, so reconnects to one untrusted socket do not grow it; the publisher thread and the
+# caller's thread both touch it.
+_last_untrusted: Set[str] = set()
+_untrusted_lock = threading.Lock()
 
 
 def last_untrusted() -> List[str]:
-    return list(_last_untrusted)
+    with _untrusted_lock:
+        return sorted(_last_untrusted)
 
 
 def _untrusted(path: str, why: str) -> None:
-    _last_untrusted.append(path)
+    with _untrusted_lock:
+        _last_untrusted.add(path)
     _common.warn_once("untrusted:" + path, f"ignoring {why}: a cubetorchfs daemon (root's or "
                       "your own) never leaves it so; nothing is published through it")
 
@@ -214,7 +220,8 @@ def control_files(config_dir: Optional[str] = None, vol_name: Optional[str] = No
 def live_daemons(config_dir: Optional[str] = None, vol_name: Optional[str] = None) -> List[Daemon]:
     """The daemons of the control files present whose process is alive."""
     out = []
-    del _last_untrusted[:]
+    with _untrusted_lock:
+        _last_untrusted.clear()
     for path in control_files(config_dir, vol_name):
         d = parse_control_file(path)
         if d is not None and pid_alive(d.pid):
