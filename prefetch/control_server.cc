@@ -408,7 +408,7 @@ class ServerImpl final : public ControlServer {
     return json::parse(req.body(), nullptr, false);
   }
 
-  Reply Handle(const Request& req, const Caller& caller, bool can_pass_fd, int sock) {
+  Reply Handle(Request& req, const Caller& caller, bool can_pass_fd, int sock) {
     const unsigned v = req.version();
     const std::string target(req.target());
     const auto method = req.method();
@@ -649,7 +649,7 @@ class ServerImpl final : public ControlServer {
 
   // Streams the reply with chunked transfer encoding straight from the caches: memory held is
   // one chunk of the file being sent plus a small buffer, whatever the reply's size.
-  Reply BatchDownload(const Request& req, const Caller& caller, int sock) {
+  Reply BatchDownload(Request& req, const Caller& caller, int sock) {
     const unsigned v = req.version();
     std::string why;
     std::optional<json> body = ParseBody(req, &why);
@@ -664,6 +664,9 @@ class ServerImpl final : public ControlServer {
       }
     }
     body.reset();
+    // The reply may take long: the request's body is not kept while it is sent.
+    req.body().clear();
+    req.body().shrink_to_fit();
     const bool keep_alive = req.keep_alive() && v == 11;
     ChunkedWriter out(sock, options_.idle_timeout_s, v == 11);
     std::string head = std::string(v == 11 ? "HTTP/1.1" : "HTTP/1.0") +
