@@ -28,6 +28,7 @@
 
 #include "cache/crc32c.h"
 #include "common/logging.h"
+#include "common/private_dir.h"
 #include "common/unique_fd.h"
 
 namespace cubetorchfs::cache {
@@ -67,45 +68,9 @@ Status Errno(const std::string& what) {
   return Status::IOError(what + ": " + std::strerror(errno));
 }
 
-std::string Octal(mode_t mode) {
-  char buf[8];
-  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(mode & 07777));
-  return buf;
-}
-
-// Makes `dir` a directory only this process's user can enter: created 0700 if missing (its
-// parents as usual); if present it must be a real directory (never a symlink) owned by us or
-// root, and a wider mode is narrowed to 0700 (logged). The tier holds copies of files other
-// users may not read.
+// The tier holds copies of files other users may not read.
 Status PrivateDir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno == ENOENT) {
-    std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(dir).parent_path(), ec);
-    if (ec) return Status::IOError("cache.disk_dir: " + dir + ": " + ec.message());
-    ::mkdir(dir.c_str(), 0700);
-  }
-  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (fd.get() < 0) {
-    if (errno == ELOOP || errno == ENOTDIR) {
-      struct stat l;
-      if (::lstat(dir.c_str(), &l) == 0 && S_ISLNK(l.st_mode))
-        return Status::PermissionDenied("cache.disk_dir: " + dir +
-                                        " is a symlink; refusing it (name the real directory)");
-    }
-    return Errno("cache.disk_dir: " + dir);
-  }
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return Errno("cache.disk_dir: " + dir);
-  if (st.st_uid != ::geteuid() && st.st_uid != 0)
-    return Status::PermissionDenied("cache.disk_dir: " + dir + " is owned by uid " +
-                                    std::to_string(st.st_uid) +
-                                    ", another user; refusing it (it would see cached data)");
-  if ((st.st_mode & 07777) != 0700) {
-    if (::fchmod(fd.get(), 0700) != 0) return Errno("cache.disk_dir: chmod 0700 " + dir);
-    CTFS_LOG(kInfo) << "NVMe tier: " << dir << " was mode " << Octal(st.st_mode)
-                    << ", made 0700 (cached data is private to the daemon)";
-  }
-  return Status::OK();
+  return EnsurePrivateDir(dir, "cache.disk_dir", "cached data", CreateDir::kWithParents);
 }
 
 // RocksDB's file system, creating every file of the index 0600 (RocksDB itself uses 0644).

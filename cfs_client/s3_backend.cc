@@ -49,6 +49,7 @@
 #include "cfs_client/backend.h"
 #include "cfs_client/s3_protocol.h"
 #include "common/logging.h"
+#include "common/private_dir.h"
 #include "common/version.h"
 
 namespace cubetorchfs::cfs_client {
@@ -75,41 +76,10 @@ struct SlistDeleter {
 using SlistPtr = std::unique_ptr<curl_slist, SlistDeleter>;
 
 // backend.staging_dir holds the bytes of files being written, which may be files only their
-// owner may read: it must be a real directory (never a symlink) owned by us (or root), mode
-// 0700. Created 0700 when missing and `create`; a wider mode is narrowed (logged).
+// owner may read.
 Status PrivateStagingDir(const std::string& dir, bool create) {
-  const std::string what = "backend.staging_dir: " + dir;
-  if (create && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-    return Status::IOError(what + ": " + std::strerror(errno));
-  int raw = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (raw < 0) {
-    const int err = errno;
-    struct stat l;
-    if (::lstat(dir.c_str(), &l) == 0 && S_ISLNK(l.st_mode))
-      return Status::PermissionDenied(what +
-                                      " is a symlink; refusing it (name the real directory)");
-    if (err == ENOENT && !create) return Status::OK();  // created by the first write
-    return Status::IOError(what + ": " + std::strerror(err));
-  }
-  struct stat st;
-  Status s;
-  if (::fstat(raw, &st) != 0) {
-    s = Status::IOError(what + ": " + std::strerror(errno));
-  } else if (st.st_uid != ::geteuid() && st.st_uid != 0) {
-    s = Status::PermissionDenied(what + " is owned by uid " + std::to_string(st.st_uid) +
-                                 ", another user; refusing it (it would see files being written)");
-  } else if ((st.st_mode & 07777) != 0700) {
-    if (::fchmod(raw, 0700) != 0) {
-      s = Status::IOError(what + ": chmod 0700: " + std::strerror(errno));
-    } else {
-      char mode[8];
-      std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-      CTFS_LOG(kInfo) << "s3: " << dir << " was mode " << mode
-                      << ", made 0700 (staging files are private to the daemon)";
-    }
-  }
-  ::close(raw);
-  return s;
+  return EnsurePrivateDir(dir, "backend.staging_dir", "files being written",
+                          create ? CreateDir::kDir : CreateDir::kNo);
 }
 
 // libcurl's global state, initialized once before the first handle (curl_global_init is not

@@ -332,6 +332,24 @@ TEST_F(DiskCacheTest, ASymlinkedTierIsRefused) {
   EXPECT_NE(c.status().message().find(dir_.string()), std::string::npos);
 }
 
+TEST_F(DiskCacheTest, ATierInADirectoryOthersCanChangeIsRefused) {
+  // Anyone could rename the tier away and put a link in its place: refused.
+  const fs::path open_parent = dir_.string() + ".open";
+  fs::create_directories(open_parent);
+  ::chmod(open_parent.c_str(), 0777);
+  DiskCache::Options o;
+  o.dir = open_parent / "tier";
+  o.capacity_bytes = 1 << 20;
+  auto c = DiskCache::Open(o, nullptr);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("lets another user replace it"), std::string::npos)
+      << c.status().ToString();
+  // With the sticky bit (as /tmp has) others cannot rename it: accepted.
+  ::chmod(open_parent.c_str(), 01777);
+  EXPECT_TRUE(DiskCache::Open(o, nullptr).ok());
+  fs::remove_all(open_parent);
+}
+
 TEST_F(DiskCacheTest, ATierOfAnotherUserIsRefused) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to make a directory of another user";
   fs::create_directories(dir_);
