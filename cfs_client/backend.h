@@ -167,9 +167,13 @@ class Backend {
   // `expect`, for a reader that may read the store's own file (the model loader, through the
   // daemon): posix only. NotSupported where the store has no such file (S3) or where every
   // byte must pass through this process (fault injection); Stale if the file changed.
-  virtual Result<int> OpenReadFd(const std::string& path, const FileVersion& expect) {
+  // `check`, if given, is asked about the attributes of the very file opened (its fstat)
+  // before the descriptor is returned.
+  virtual Result<int> OpenReadFd(const std::string& path, const FileVersion& expect,
+                                 const AttrCheck& check = nullptr) {
     (void)path;
     (void)expect;
+    (void)check;
     return Status::NotSupported("this store has no file descriptors to hand out");
   }
 

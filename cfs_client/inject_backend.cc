@@ -72,12 +72,13 @@ class InjectBackend final : public Backend {
     return Serve("read " + path, Kind::kRead,
                  [&] { return base_->StatRead(path, len, buf, check); });
   }
-  Result<int> OpenReadFd(const std::string& path, const FileVersion& expect) override {
+  Result<int> OpenReadFd(const std::string& path, const FileVersion& expect,
+                         const AttrCheck& check = nullptr) override {
     // A descriptor would let the reader skip the injected latency, limits and errors.
     if (opts_.latency_us > 0 || opts_.error_rate > 0 || opts_.max_concurrency > 0 ||
         opts_.bandwidth_bytes_s > 0)
       return Status::NotSupported("fault injection is on: every byte goes through the daemon");
-    return base_->OpenReadFd(path, expect);
+    return base_->OpenReadFd(path, expect, check);
   }
 
   Result<std::string> ReadLink(const std::string& path) override {

@@ -123,9 +123,10 @@ class MeteredBackend final : public Backend {
                            const AttrCheck& check = nullptr) override {
     return Timed(kRead, [&] { return base_->StatRead(path, len, buf, check); });
   }
-  Result<int> OpenReadFd(const std::string& path, const FileVersion& expect) override {
+  Result<int> OpenReadFd(const std::string& path, const FileVersion& expect,
+                         const AttrCheck& check = nullptr) override {
     uint64_t start = clock_->NowNanos();
-    Result<int> r = base_->OpenReadFd(path, expect);
+    Result<int> r = base_->OpenReadFd(path, expect, check);
     if (r.status().code() == Status::Code::kNotSupported) return r;  // no request was made
     seconds_[kOpenRead]->Observe(static_cast<double>(clock_->NowNanos() - start) / 1e9);
     requests_[kOpenRead][OutcomeOf(r.status())]->Increment();

@@ -282,12 +282,14 @@ class PosixBackend final : public Backend {
     return r->bytes;
   }
 
-  Result<int> OpenReadFd(const std::string& path, const FileVersion& expect) override {
+  Result<int> OpenReadFd(const std::string& path, const FileVersion& expect,
+                         const AttrCheck& check = nullptr) override {
     struct stat st;
     Result<UniqueFd> fd = OpenRegular(path, "open", &st);
     if (!fd.ok()) return fd.status();
     if (FromStat(st).Version() != expect)
       return Status::Stale("open " + Show(path) + ": file changed in the store");
+    if (check) CTFS_RETURN_IF_ERROR(check(FromStat(st)));
     // The descriptor leaves the daemon: it gets ordinary blocking semantics.
     if (::fcntl(fd->get(), F_SETFL, 0) != 0) return FromErrno(errno, "fcntl " + Show(path));
     return fd->release();

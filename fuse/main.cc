@@ -236,8 +236,9 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
         return filesystem->StreamFile(path, attr, piece);
       },
       warmer.get(),
-      [&model_fetcher](const std::string& path) -> Result<prefetch::ControlServer::OpenedFile> {
-        Result<ResidentFile> r = model_fetcher.MakeResident(path);
+      [&model_fetcher](const std::string& path, const cfs_client::Backend::AttrCheck& check)
+          -> Result<prefetch::ControlServer::OpenedFile> {
+        Result<ResidentFile> r = model_fetcher.MakeResident(path, check);
         if (!r.ok()) return r.status();
         prefetch::ControlServer::OpenedFile f;
         f.fd = r->fd;

@@ -142,16 +142,19 @@ void ModelFetcher::Worker() {
   }
 }
 
-Result<ResidentFile> ModelFetcher::MakeResident(const std::string& path) {
+Result<ResidentFile> ModelFetcher::MakeResident(const std::string& path,
+                                               const cfs_client::Backend::AttrCheck& check) {
   Result<cfs_client::FileAttr> attr = backend_->Stat(path);
   if (!attr.ok()) {
     if (attr.status().IsNotFound()) return Status::NotFound(path + ": no such file");
     return attr.status();
   }
   if (!attr->IsRegular()) return Status::InvalidArgument(path + ": not a regular file");
+  if (check) CTFS_RETURN_IF_ERROR(check(attr.value()));
   const cfs_client::FileVersion version = attr->Version();
   if (disk_ == nullptr) {
-    Result<int> own = backend_->OpenReadFd(path, version);
+    Result<int> own = backend_->OpenReadFd(path, version, check);
+    if (!own.ok() && own.status().code() == Status::Code::kPermissionDenied) return own.status();
     if (own.ok()) {
       ResidentFile out;
       out.fd = *own;

@@ -68,7 +68,10 @@ class ModelFetcher {
   // Reads store file `path` into a sealed memfd. NotFound ("...: no such file"),
   // InvalidArgument (not a regular file), IOError (store failure, or the file does not fit
   // in available memory), Stale (the file changed while it was read).
-  Result<ResidentFile> MakeResident(const std::string& path);
+  // `check` (the caller's read permission), if given, is asked about the attributes read
+  // and about the very file whose descriptor is handed over: PermissionDenied then.
+  Result<ResidentFile> MakeResident(const std::string& path,
+                                    const cfs_client::Backend::AttrCheck& check = nullptr);
 
   // Chunk fetches started by OnRead so far (for tests and stats).
   uint64_t background_chunks() const;

@@ -834,7 +834,14 @@ class ServerImpl final : public ControlServer {
                                                                        : http::status::unprocessable_entity;
       return Error(code, s.message(), v);
     }
-    Result<OpenedFile> f = opener_(sp->path);
+    // The caller's read permission once more, on the file actually opened: one swapped in
+    // since the check above is refused, whatever its size and mtime.
+    const Caller who = caller;
+    Result<OpenedFile> f = opener_(sp->path, [who](const cfs_client::FileAttr& a) -> Status {
+      if (!a.IsRegular() || !MayAccess(a, who, R_OK))
+        return Status::PermissionDenied("permission denied");
+      return Status::OK();
+    });
     if (f.ok() && sp->attr.mode != 0 &&
         (f->size != sp->attr.size || f->mtime_ns != sp->attr.mtime_ns)) {
       // Not the file just checked (replaced meanwhile): hand out nothing.
@@ -848,6 +855,7 @@ class ServerImpl final : public ControlServer {
       else CTFS_LOG(kWarn) << "files/open " << sp->path << ": " << s.ToString();
       http::status code = s.IsNotFound() ? http::status::not_found
                           : s.code() == Status::Code::kInvalidArgument ? http::status::bad_request
+                          : s.code() == Status::Code::kPermissionDenied ? http::status::forbidden
                           : s.IsStale() ? http::status::conflict
                                         : http::status::service_unavailable;
       return Error(code, s.message(), v);

@@ -94,7 +94,9 @@ class ControlServer {
     uint64_t disk_bytes = 0;
     uint64_t backend_bytes = 0;
   };
-  using FileOpener = std::function<Result<OpenedFile>(const std::string& store_path)>;
+  // `check` is the caller's read permission, asked of the file actually opened.
+  using FileOpener = std::function<Result<OpenedFile>(
+      const std::string& store_path, const cfs_client::Backend::AttrCheck& check)>;
 
   // Binds the listeners and starts serving. Fails naming the socket or port it could not
   // bind. `prefetcher`, `ram` and `warmer` (null without an NVMe tier) must outlive the server.

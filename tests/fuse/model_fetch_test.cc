@@ -96,6 +96,16 @@ TEST(ModelFetchTest, PosixStoreHandsOverItsOwnFileUnlessInjecting) {
   EXPECT_EQ(a.st_ino, b.st_ino);  // the store's file itself: no copy was made
   EXPECT_EQ(::pwrite(r->fd, "x", 1, 0), -1);  // read-only
   ::close(r->fd);
+  // The caller's check runs on the file actually opened: refused, no descriptor, no copy.
+  int asked = 0;
+  Result<ResidentFile> refused = direct.MakeResident(
+      "m.safetensors", [&](const cfs_client::FileAttr& attr) -> Status {
+        if (++asked == 2 && attr.IsRegular())  // the second ask: the opened descriptor's fstat
+          return Status::PermissionDenied("not this file");
+        return Status::OK();
+      });
+  EXPECT_EQ(refused.status().code(), Status::Code::kPermissionDenied);
+  EXPECT_EQ(asked, 2);
 
   // With fault injection every byte must pass through the daemon: a memory copy.
   conf::InjectOptions inject;
