@@ -333,14 +333,12 @@ def test_forged_log_lines_are_escaped(open_cube: CubeFactory) -> None:
 
 def test_idle_connections_do_not_starve_others(open_cube: CubeFactory) -> None:
     src = make_store(open_cube.base.parent)
-    mount, sock, prof = start(open_cube, src)
+    mount, sock, prof = start(open_cube, src, control={"idle_timeout_s": 2})
     held = []
     try:
-        for _ in range(150):  # one user's idle TCP connections: capped, per user and per port
-            try:
-                held.append(socket.create_connection(("127.0.0.1", prof), timeout=2))
-            except OSError:
-                break
+        # One user's 150 idle TCP connections: 64 kept (the per-user cap), the rest refused.
+        for _ in range(150):
+            held.append(socket.create_connection(("127.0.0.1", prof), timeout=2))
         time.sleep(0.5)
         # Another user, on either listener, is still served.
         for kind in ("unix", "tcp"):
@@ -350,7 +348,18 @@ def test_idle_connections_do_not_starve_others(open_cube: CubeFactory) -> None:
         seen = as_user({"kind": "unix", "socket": sock, "method": "GET", "target": "/v1/stats"},
                        uid=OTHER)
         refused = json.loads(seen["body"])["global"]["control"]["refused"]
-        assert refused["user_full"] >= 150 - 64, refused
+        assert refused["user_full"] == 150 - 64 and refused["listener_full"] == 0, refused
+        # Idle ones are closed by the daemon after control.idle_timeout_s (2 s).
+        kept = held[:64]
+        deadline = time.monotonic() + 10
+        closed = 0
+        for s in kept:
+            s.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                closed += s.recv(1) == b""
+            except (socket.timeout, ConnectionError):
+                pass
+        assert closed == len(kept), f"{closed} of {len(kept)} idle connections closed"
     finally:
         for s in held:
             s.close()
