@@ -74,13 +74,15 @@ Result<InodeInfo> FileSystem::GetInode(uint64_t ino) {
   return *info;
 }
 
-std::optional<cfs_client::FileAttr> FileSystem::KnownAttr(const std::string& path) const {
+std::optional<cfs_client::FileAttr> FileSystem::KnownAttr(const std::string& path,
+                                                          uint64_t* fetched_ns) const {
   std::optional<uint64_t> ino = inodes_.Find(path);
   if (!ino) return std::nullopt;
   std::optional<InodeInfo> info = inodes_.Get(*ino);
   if (!info || info->removed) return std::nullopt;
   const double age_s = static_cast<double>(clock_->NowNanos() - info->attr_time_ns) / 1e9;
   if (age_s >= options_.attr_timeout_s) return std::nullopt;
+  if (fetched_ns != nullptr) *fetched_ns = info->attr_time_ns;
   return info->attr;
 }
 

@@ -185,7 +185,9 @@ class FileSystem {
   const InodeTable& inodes() const { return inodes_; }
   // The attributes the kernel was last given for `path`, while they are younger than
   // attr_timeout_s (the kernel checks permissions against them meanwhile): nothing otherwise.
-  std::optional<cfs_client::FileAttr> KnownAttr(const std::string& path) const;
+  // `fetched_ns`, if not null, receives when they were read from the store.
+  std::optional<cfs_client::FileAttr> KnownAttr(const std::string& path,
+                                                uint64_t* fetched_ns = nullptr) const;
 
   // The model-file fast path (fuse/model_fetch.h) to tell about reads; null: none. Set before
   // the first read; must outlive the FileSystem.

@@ -184,6 +184,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   pf_options.max_streams_per_uid = config.prefetch.max_streams_per_uid;
   pf_options.max_queued_paths_per_uid = config.prefetch.max_queued_paths_per_uid;
   pf_options.max_queued_paths = config.prefetch.max_queued_paths;
+  pf_options.keep_cache = config.fuse.keep_cache;
   prefetch::Prefetcher prefetcher(pf_options, backend->get(), cache.get(), SystemClock(),
                                   registry.get(), disk.get());
   FileSystem::Options fs_options;
@@ -225,6 +226,10 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
     return filesystem->KnownAttr(path);
   };
   prefetch::PathResolver resolver(resolver_options, backend->get(), SystemClock());
+  // Residency checks before prefetching ask the inode table, never the store.
+  prefetcher.SetAttrSource([filesystem](const std::string& path, uint64_t* fetched_ns) {
+    return filesystem->KnownAttr(path, fetched_ns);
+  });
   control_options.resolver = &resolver;
   std::unique_ptr<prefetch::Warmer> warmer;
   if (disk) warmer = std::make_unique<prefetch::Warmer>(backend->get(), disk.get(),

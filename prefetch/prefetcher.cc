@@ -40,6 +40,8 @@ Prefetcher::Prefetcher(const Options& options, cfs_client::Backend* backend,
     fetched_ = &files.Add({{"outcome", "fetched"}});
     evicted_unread_ = &files.Add({{"outcome", "evicted_unread"}});
     failed_ = &files.Add({{"outcome", "failed"}});
+    page_resident_ = &files.Add({{"outcome", "page_resident"}});
+    cached_ = &files.Add({{"outcome", "cached"}});
     inflight_gauge_ = &prometheus::BuildGauge()
                            .Name("cubetorchfs_prefetch_inflight")
                            .Help("Prefetches running now")
@@ -129,7 +131,8 @@ void Prefetcher::DeleteStreamLocked(std::map<std::string, Stream>::iterator it) 
   Stream& s = it->second;
   std::vector<std::string> attached;
   for (uint64_t pos = s.low; pos < s.next && pos < s.base + s.paths.size(); ++pos)
-    if (s.states[pos - s.base] == kPending) attached.push_back(s.paths[pos - s.base]);
+    if (s.states[pos - s.base] == (kPending | kAttached))
+      attached.push_back(s.paths[pos - s.base]);
   CTFS_LOG(kInfo) << "stream " << s.id << " deleted (" << s.stats.read << " of "
                   << s.stats.published << " published files read)";
   if (rr_after_ == s.id) rr_after_.clear();
@@ -181,9 +184,15 @@ Prefetcher::Op Prefetcher::PublishAs(uid_t uid, const std::string& id,
   return Op::kOk;
 }
 
+void Prefetcher::SetAttrSource(AttrSource source) {
+  std::lock_guard<std::mutex> l(mu_);
+  attr_source_ = std::make_shared<const AttrSource>(std::move(source));
+}
+
 Stats Prefetcher::GetStats(std::optional<uid_t> only) {
   std::lock_guard<std::mutex> l(mu_);
   Stats out = totals_;
+  out.resident_marks = marks_.size();
   out.inflight = inflight_;
   out.window_files = window_.size();
   out.window_bytes = window_bytes_;
@@ -218,6 +227,10 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
         window_bytes_ >= options_.window_budget_bytes)
       return std::nullopt;
   }
+  if (rescan_) {  // page-resident marks were dropped: positions passed over may want fetching
+    rescan_ = false;
+    for (auto& [id, s] : streams_) s.next = s.low;
+  }
   // Round-robin over streams so one DataLoader cannot starve another.
   auto it = streams_.upper_bound(rr_after_);
   for (size_t n = 0; n < streams_.size(); ++n, ++it) {
@@ -229,13 +242,21 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
     const uint64_t end = s.base + s.paths.size();
     while (s.next < end && s.next < limit) {
       const uint64_t pos = s.next++;
-      if (s.states[pos - s.base] != kPending) continue;
+      uint8_t& state = s.states[pos - s.base];
+      if (state != kPending) continue;  // read, skipped, or attached already
       const std::string& path = s.paths[pos - s.base];
       auto found = window_.find(path);
       if (found != window_.end()) {  // already fetched or fetching: this position shares it
         found->second.refs++;
+        state |= kAttached;
         continue;
       }
+      if (PageResidentLocked(path)) {  // the kernel serves it: nothing to fetch
+        totals_.page_resident++;
+        if (page_resident_) page_resident_->Increment();
+        continue;
+      }
+      state |= kAttached;
       Entry& e = window_[path];
       e.refs = 1;
       e.first_stream = s.id;
@@ -296,14 +317,40 @@ void Prefetcher::RunJob(const Job& job) {
       return Status::OK();
     };
   }
+  const std::shared_ptr<const AttrSource> source = attr_source_;
   l.unlock();
 
   std::shared_ptr<cache::Buffer> first;
   Result<cfs_client::Backend::Fetched> got = Status::NotFound("");
-  // With an NVMe tier, a file cached there (say, by an earlier run) costs only a metadata
-  // request to the store.
-  cache::BufferRef from_disk;
-  if (disk_ != nullptr) {
+  cache::BufferRef from_disk;  // the whole small file, from the RAM cache or the NVMe tier
+  // Fresh attributes the daemon holds: a file the RAM cache or the NVMe tier has at that
+  // version costs no store request at all, and a large one only the chunks they lack.
+  uint64_t known_ns = 0;
+  std::optional<cfs_client::FileAttr> known;
+  if (source) known = (*source)(job.path, &known_ns);
+  bool from_cache = false;
+  if (known && !known->IsRegular()) {
+    got = Status::InvalidArgument(job.path + ": not a regular file");
+  } else if (known) {
+    if (Status denied = check ? check(*known) : Status::OK(); !denied.ok()) {
+      got = denied;
+    } else if (known->size > guess) {
+      got = cfs_client::Backend::Fetched{*known, 0};  // the chunked path below
+    } else {
+      const std::string key = cache::ChunkKey(job.path, known->Version(), 0);
+      cache::BufferRef hit = ram_->Get(key);
+      if (!hit && disk_ != nullptr) {
+        if (Result<cache::BufferRef> d = disk_->Get(key); d.ok()) hit = std::move(d).value();
+      }
+      if (hit && hit->size == known->size) {
+        from_disk = std::move(hit);
+        from_cache = true;
+        got = cfs_client::Backend::Fetched{*known, from_disk->size};
+      }
+    }
+  } else if (disk_ != nullptr) {
+    // With an NVMe tier, a file cached there (say, by an earlier run) costs only a metadata
+    // request to the store.
     Result<cfs_client::FileAttr> attr = backend_->Stat(job.path);
     if (attr.ok() && check) {
       if (Status denied = check(attr.value()); !denied.ok()) attr = denied;
@@ -318,7 +365,8 @@ void Prefetcher::RunJob(const Job& job) {
       }
     }
   }
-  if (!from_disk && got.status().code() != Status::Code::kPermissionDenied) {
+  if (!from_disk && !got.ok() && got.status().code() != Status::Code::kPermissionDenied &&
+      got.status().code() != Status::Code::kInvalidArgument) {
     first = cache::Buffer::Allocate(guess);
     got = backend_->StatRead(job.path, static_cast<size_t>(guess), first->data.get(), check);
   }
@@ -334,7 +382,11 @@ void Prefetcher::RunJob(const Job& job) {
   const uint64_t size = attr.size;
   size_estimate_ = (size_estimate_ * 7 + size) / 8;
   e->attr = attr;
-  e->attr_time_ns = clock_->NowNanos();
+  e->attr_time_ns = known ? known_ns : clock_->NowNanos();
+  if (from_cache) {
+    totals_.cached++;
+    if (cached_) cached_->Increment();
+  }
   e->state = State::kFetching;
   std::vector<cache::BufferRef> chunks;
   Status failure;
@@ -513,8 +565,54 @@ bool Prefetcher::PreemptLocked(const std::unordered_map<uid_t, bool>& wanting,
   return false;
 }
 
+bool Prefetcher::PageResidentLocked(const std::string& path) {
+  auto m = marks_.find(path);
+  if (m == marks_.end()) return false;
+  // Only at the version of attributes still fresh: once they expire, the kernel asks again
+  // and drops its pages if the file changed.
+  std::optional<cfs_client::FileAttr> attr;
+  if (attr_source_) attr = (*attr_source_)(path, nullptr);
+  if (attr && attr->Version() == m->second.version) return true;
+  EraseMarkLocked(path);
+  return false;
+}
+
+void Prefetcher::EraseMarkLocked(const std::string& path) {
+  auto m = marks_.find(path);
+  if (m == marks_.end()) return;
+  marks_by_seq_.erase(m->second.seq);
+  marks_.erase(m);
+}
+
+void Prefetcher::MarkResidentLocked(const std::string& path,
+                                    const cfs_client::FileVersion& version) {
+  if (!options_.keep_cache || options_.max_resident_marks == 0) return;
+  EraseMarkLocked(path);
+  while (marks_.size() >= options_.max_resident_marks) {
+    marks_.erase(marks_by_seq_.begin()->second);
+    marks_by_seq_.erase(marks_by_seq_.begin());
+  }
+  const uint64_t seq = next_mark_seq_++;
+  marks_[path] = Mark{version, seq};
+  marks_by_seq_.emplace(seq, path);
+}
+
+void Prefetcher::NoteNotResidentLocked(const std::string& path) {
+  auto m = marks_.find(path);
+  if (m == marks_.end()) return;
+  // The kernel was served this file whole, yet asks for it: its pages were dropped. The page
+  // cache drops the oldest first, so every file marked before it is doubtful too.
+  const uint64_t seq = m->second.seq;
+  while (!marks_by_seq_.empty() && marks_by_seq_.begin()->first <= seq) {
+    marks_.erase(marks_by_seq_.begin()->second);
+    marks_by_seq_.erase(marks_by_seq_.begin());
+  }
+  rescan_ = true;
+}
+
 void Prefetcher::MarkPositionLocked(Stream& s, uint64_t pos, PosState state) {
   const std::string path = s.paths[pos - s.base];
+  const bool attached = (s.states[pos - s.base] & kAttached) != 0;
   s.states[pos - s.base] = state;
   auto p = s.pending.find(path);
   if (p != s.pending.end()) {
@@ -524,7 +622,7 @@ void Prefetcher::MarkPositionLocked(Stream& s, uint64_t pos, PosState state) {
     if (positions.empty()) s.pending.erase(p);
   }
   (state == kRead ? s.stats.read : s.stats.skipped)++;
-  if (pos < s.next) {  // the scheduler attached this position to a window entry
+  if (attached) {  // the position holds a ref of the window entry
     DropRefLocked(path);
     if (state == kSkipped) MaybeReleaseLocked(path);
   }
@@ -535,7 +633,7 @@ void Prefetcher::AdvanceLocked(Stream& s) {
   const uint64_t skip_below = s.high > slack ? s.high - slack : 0;
   const uint64_t end = s.base + s.paths.size();
   while (s.low < end) {
-    if (s.states[s.low - s.base] == kPending) {
+    if ((s.states[s.low - s.base] & kStateMask) == kPending) {
       if (s.low >= skip_below) break;
       MarkPositionLocked(s, s.low, kSkipped);
     }
@@ -557,6 +655,9 @@ void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& 
   uint64_t* counts[3] = {&totals_.reads.hit, &totals_.reads.late, &totals_.reads.miss};
   (*counts[o])++;
   const uint64_t now = clock_->NowNanos();
+  if (offset == 0) NoteNotResidentLocked(path);
+  // A read of the whole file at once (most small files): the kernel now holds its pages.
+  if (offset == 0 && bytes >= version.size) MarkResidentLocked(path, version);
   if (offset == 0) {
     // A read of the file begins: it consumes the file's earliest pending stream position.
     // Positions count per stream: the file belongs to the stream whose own cursor is
@@ -598,6 +699,7 @@ void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& 
     e.was_read = true;
     e.bytes_read = bytes > UINT64_MAX - e.bytes_read ? UINT64_MAX : e.bytes_read + bytes;
     e.last_read_ns = now;
+    if (e.bytes_read >= e.attr.size) MarkResidentLocked(path, version);
   }
   MaybeReleaseLocked(path);
 }
@@ -641,6 +743,7 @@ std::optional<cfs_client::FileAttr> Prefetcher::WarmAttr(const std::string& path
 
 void Prefetcher::Invalidate(const std::string& path) {
   std::lock_guard<std::mutex> l(mu_);
+  EraseMarkLocked(path);
   auto it = window_.find(path);
   if (it == window_.end()) return;
   it->second.invalidated = true;

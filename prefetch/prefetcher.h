@@ -15,6 +15,17 @@
 // RAM cache's LRU instead. With the kernel skipping open/release (no_open) there is no close
 // to wait for, so "all bytes read" is the signal.
 //
+// Residency: a file the next epoch can be served without the store is not fetched again.
+// With keep_cache (the kernel keeps the pages of what it was served), a file whose every byte
+// went to the kernel at a version the daemon still holds fresh attributes for (those of the
+// inode table, within attr_timeout_s) is marked page-resident; the scheduler passes over its
+// stream positions, and the readers' opens and reads never reach the daemon. The kernel drops
+// pages under memory pressure without telling: a read of a marked file proves its pages gone,
+// and since the page cache drops the oldest pages first, every mark older than it is dropped
+// too and the streams are looked at again, so what they still want is fetched. Marks are
+// bounded (max_resident_marks, the oldest go first). A file the RAM cache or the NVMe tier
+// holds at the version of those fresh attributes is taken from there with no store request.
+//
 // Read accounting: every FUSE read of a regular file is reported with OnRead() as hit (no
 // wait on the backend), late (waited on a prefetch in flight) or miss (fetched synchronously),
 // globally and for the stream the file belongs to.
@@ -27,6 +38,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -76,6 +88,9 @@ struct Stats {
   uint64_t fetched = 0, failed = 0, evicted_unread = 0;
   uint64_t preempted = 0;      // unread files given up so another user got its share
   uint64_t denied = 0;         // files the stream's owner may not read: not fetched
+  uint64_t page_resident = 0;  // positions passed over: the kernel's page cache holds the file
+  uint64_t cached = 0;         // files taken from the RAM cache or NVMe tier, no store request
+  uint64_t resident_marks = 0; // files now marked page-resident
   uint64_t inflight = 0;       // fetches running now
   uint64_t window_files = 0;   // entries in the window (fetching or ready)
   uint64_t window_bytes = 0;   // bytes reserved by them
@@ -98,7 +113,15 @@ class Prefetcher {
     uint64_t max_streams_per_uid = 64;          // streams one user may have at once
     uint64_t max_queued_paths_per_uid = 1u << 17;  // positions not yet read, all its streams
     uint64_t max_queued_paths = 1u << 18;          // positions not yet read, all streams
+    // The mount lets the kernel keep the pages of files it was served (fuse.keep_cache).
+    bool keep_cache = false;
+    uint64_t max_resident_marks = 1u << 18;  // files remembered as page-resident (~100 B each)
   };
+
+  // Fresh attributes the daemon holds for a store path (the inode table's, within
+  // attr_timeout_s), and when they were read from the store; nothing if it holds none.
+  using AttrSource = std::function<std::optional<cfs_client::FileAttr>(const std::string& path,
+                                                                       uint64_t* fetched_ns)>;
 
   // `backend`, `ram`, `clock`, `registry` (may be null) and `disk` (the NVMe tier; may be
   // null) must outlive the Prefetcher.
@@ -129,6 +152,10 @@ class Prefetcher {
   // published instead (kFull only if none fit) and *taken says how many.
   Op PublishAs(uid_t uid, const std::string& id, const std::vector<std::string>& paths,
                bool partial = false, size_t* taken = nullptr);
+  // Where residency checks find fresh attributes (no store request). Without one, every
+  // file is fetched. Set before streams are published.
+  void SetAttrSource(AttrSource source);
+
   // Counters; the streams of user `only` if given, else all.
   Stats GetStats(std::optional<uid_t> only = std::nullopt);
 
@@ -165,6 +192,10 @@ class Prefetcher {
   // kFetching: the rest of a large file is being read; kReady: all bytes are in memory.
   enum class State { kStat, kFetching, kReady };
   enum PosState : uint8_t { kPending = 0, kRead = 1, kSkipped = 2 };
+  // A position's byte: its PosState, and whether the scheduler attached it to a window entry
+  // (holding one of its refs).
+  static constexpr uint8_t kStateMask = 3;
+  static constexpr uint8_t kAttached = 4;
 
   struct Entry {
     State state = State::kStat;
@@ -211,6 +242,13 @@ class Prefetcher {
   std::optional<Job> NextJobLocked();
   void RunJob(const Job& job);
   void MarkPositionLocked(Stream& s, uint64_t pos, PosState state);
+  // Whether the kernel holds `path` whole at the version of its fresh attributes.
+  bool PageResidentLocked(const std::string& path);
+  // Records that the kernel was served all of `path` at `version`.
+  void MarkResidentLocked(const std::string& path, const cfs_client::FileVersion& version);
+  // A read of `path` reached the daemon: if it was marked, its pages (and older ones) are gone.
+  void NoteNotResidentLocked(const std::string& path);
+  void EraseMarkLocked(const std::string& path);
   void AdvanceLocked(Stream& s);
   void DropRefLocked(const std::string& path);
   void ReleaseLocked(std::unordered_map<std::string, Entry>::iterator it);
@@ -256,6 +294,16 @@ class Prefetcher {
   uint64_t size_estimate_ = 128 << 10;  // running mean of prefetched file sizes
   Stats totals_;                 // reads and outcome counters (streams filled on demand)
 
+  std::shared_ptr<const AttrSource> attr_source_;
+  struct Mark {
+    cfs_client::FileVersion version;
+    uint64_t seq = 0;
+  };
+  std::unordered_map<std::string, Mark> marks_;  // page-resident files
+  std::map<uint64_t, std::string> marks_by_seq_;  // the same, oldest first
+  uint64_t next_mark_seq_ = 0;
+  bool rescan_ = false;  // marks were dropped: look at the streams' passed positions again
+
   std::vector<std::thread> workers_;
 
   // Owned by the registry; null without one.
@@ -263,6 +311,8 @@ class Prefetcher {
   prometheus::Counter* fetched_ = nullptr;
   prometheus::Counter* evicted_unread_ = nullptr;
   prometheus::Counter* failed_ = nullptr;
+  prometheus::Counter* page_resident_ = nullptr;
+  prometheus::Counter* cached_ = nullptr;
   prometheus::Gauge* inflight_gauge_ = nullptr;
   prometheus::Gauge* window_gauge_ = nullptr;
 };

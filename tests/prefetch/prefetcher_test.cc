@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -34,8 +35,9 @@ class PrefetcherTest : public ::testing::Test {
   }
 
   void Make(uint64_t window_files = 8, uint64_t budget = 1 << 20, uint64_t slack = 4,
-            bool evict_after_read = true) {
+            bool evict_after_read = true, bool keep_cache = false) {
     Prefetcher::Options o;
+    o.keep_cache = keep_cache;
     o.start_workers = false;
     o.chunk_bytes = 64 << 10;
     o.prefetch.window_files = window_files;
@@ -45,6 +47,16 @@ class PrefetcherTest : public ::testing::Test {
     o.attr_timeout_s = 10;
     o.stream_idle_s = 60;
     pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
+  }
+
+  // Residency checks see the attributes in known_ (as the inode table would hold them).
+  void KnowAttrs() {
+    for (int i = 0; i < 64; ++i) known_[Name(i)] = store_.Stat(Name(i)).value();
+    pf_->SetAttrSource([this](const std::string& path, uint64_t* fetched_ns) {
+      auto it = known_.find(path);
+      if (fetched_ns != nullptr) *fetched_ns = clock_.NowNanos();
+      return it == known_.end() ? std::nullopt : std::optional<cfs_client::FileAttr>(it->second);
+    });
   }
 
   std::string Publish(int from, int to) {
@@ -71,7 +83,122 @@ class PrefetcherTest : public ::testing::Test {
   prometheus::Registry registry_;
   std::unique_ptr<cache::RamCache> ram_;
   std::unique_ptr<Prefetcher> pf_;
+  std::map<std::string, cfs_client::FileAttr> known_;
 };
+
+TEST_F(PrefetcherTest, FilesTheKernelHoldsWholeAreNotFetchedAgain) {
+  Make(8, 1 << 20, 4, true, /*keep_cache=*/true);
+  KnowAttrs();
+  std::string first = Publish(0, 5);
+  EXPECT_EQ(RunAll(), 5);
+  for (int i = 0; i < 5; ++i) ReadFile(i);
+  EXPECT_EQ(pf_->GetStats().resident_marks, 5u);
+  pf_->DeleteStream(first);
+  const size_t reads = store_.read_log().size();
+  const int stats = store_.stats();
+  // The next epoch: the kernel serves all five from its pages, so nothing is fetched.
+  Publish(0, 5);
+  EXPECT_EQ(RunAll(), 0);
+  EXPECT_EQ(store_.read_log().size(), reads);
+  EXPECT_EQ(store_.stats(), stats);
+  EXPECT_EQ(pf_->GetStats().page_resident, 5u);
+  EXPECT_EQ(pf_->GetStats().window_files, 0u);
+}
+
+TEST_F(PrefetcherTest, AReadOfAMarkedFileDropsItAndOlderMarksAndFetchesWhatIsStillWanted) {
+  Make(8, 1 << 20, 4, true, /*keep_cache=*/true);
+  KnowAttrs();
+  pf_->DeleteStream(Publish(0, 5));  // nothing fetched: the reads below are demand reads
+  for (int i = 0; i < 5; ++i) ReadFile(i, ReadOutcome::kMiss);  // marked in order 0..4
+  Publish(0, 5);
+  EXPECT_EQ(RunAll(), 0);
+  // The kernel asks for file 2 after all: its pages, and likely those of 0 and 1, are gone.
+  ReadFile(2, ReadOutcome::kMiss);
+  const size_t before = store_.read_log().size();
+  EXPECT_EQ(RunAll(), 2);
+  std::vector<std::string> log = store_.read_log();
+  EXPECT_EQ(std::vector<std::string>(log.begin() + before, log.end()),
+            (std::vector<std::string>{Name(0), Name(1)}));
+  // 3 and 4 are still marked; 2 was just served whole again.
+  EXPECT_EQ(pf_->GetStats().resident_marks, 3u);
+  // The refetched files are served from the window, and leave it once read.
+  EXPECT_TRUE(pf_->Get(Name(0), {kFileSize, 1}, 0).has_value());
+  ReadFile(0);
+  ReadFile(1);
+  EXPECT_EQ(pf_->GetStats().window_files, 0u);
+}
+
+TEST_F(PrefetcherTest, MarksHoldOnlyAtTheVersionOfFreshAttributes) {
+  Make(8, 1 << 20, 4, true, /*keep_cache=*/true);
+  KnowAttrs();
+  pf_->DeleteStream(Publish(0, 3));
+  for (int i = 0; i < 3; ++i) ReadFile(i);
+  known_[Name(0)].mtime_ns = 2;  // changed in the store
+  known_.erase(Name(1));         // attributes expired
+  pf_->Invalidate(Name(2));      // written through the mount
+  Publish(0, 3);
+  EXPECT_EQ(RunAll(), 3);
+  EXPECT_EQ(pf_->GetStats().page_resident, 0u);
+}
+
+TEST_F(PrefetcherTest, WithoutKeepCacheNothingIsMarked) {
+  Make();
+  KnowAttrs();
+  pf_->DeleteStream(Publish(0, 3));
+  for (int i = 0; i < 3; ++i) ReadFile(i, ReadOutcome::kMiss);
+  EXPECT_EQ(pf_->GetStats().resident_marks, 0u);
+  Publish(0, 3);
+  EXPECT_EQ(RunAll(), 3);
+}
+
+TEST_F(PrefetcherTest, MarksAreBounded) {
+  Prefetcher::Options o;
+  o.start_workers = false;
+  o.keep_cache = true;
+  o.max_resident_marks = 3;
+  pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
+  KnowAttrs();
+  for (int i = 0; i < 10; ++i) ReadFile(i, ReadOutcome::kMiss);
+  EXPECT_EQ(pf_->GetStats().resident_marks, 3u);
+  Publish(0, 10);
+  EXPECT_EQ(RunAll(), 7);  // only the newest three (7, 8, 9) are passed over
+  EXPECT_EQ(pf_->GetStats().page_resident, 3u);
+}
+
+TEST_F(PrefetcherTest, FilesTheRamCacheHoldsAtFreshAttributesCostNoStoreRequest) {
+  Make(8, 1 << 20, 4, /*evict_after_read=*/false);
+  KnowAttrs();
+  std::string first = Publish(0, 4);
+  RunAll();
+  for (int i = 0; i < 4; ++i) ReadFile(i);  // into the RAM cache's LRU
+  pf_->DeleteStream(first);
+  const size_t reads = store_.read_log().size();
+  const int stats = store_.stats();
+  Publish(0, 4);
+  EXPECT_EQ(RunAll(), 4);
+  EXPECT_EQ(store_.read_log().size(), reads);
+  EXPECT_EQ(store_.stats(), stats);
+  EXPECT_EQ(pf_->GetStats().cached, 4u);
+  std::optional<Prefetcher::WindowHit> hit = pf_->Get(Name(3), {kFileSize, 1}, 0);
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_EQ(std::string(hit->buffer->data.get(), hit->buffer->size), std::string(kFileSize, 'd'));
+}
+
+TEST_F(PrefetcherTest, KnownAttributesStillCheckTheReadersPermission) {
+  Make(8, 1 << 20, 4, /*evict_after_read=*/false);
+  KnowAttrs();
+  known_[Name(0)].mode = S_IFREG | 0600;
+  known_[Name(0)].uid = 0;
+  auto reader = std::make_shared<Caller>();
+  reader->uid = 1000;
+  reader->gid = 1000;
+  std::string id = pf_->CreateStream("user", 1, 1000, reader);
+  ASSERT_TRUE(pf_->Publish(id, {Name(0)}));
+  const size_t reads = store_.read_log().size();
+  RunAll();
+  EXPECT_EQ(store_.read_log().size(), reads);
+  EXPECT_EQ(pf_->GetStats().denied, 1u);
+}
 
 TEST_F(PrefetcherTest, FetchesInPublishedOrder) {
   Make();

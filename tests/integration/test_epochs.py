@@ -1,0 +1,131 @@
+"""Epochs after the first: a training script runs several epochs over a real mount, with and
+without `import cube_torch`, and the daemon's own metrics say what each epoch asked of the
+store. A dataset that fits in the cache must cost no store request at all from epoch 2 on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cubefs_harness import CubeFactory, CubeMount, environment_problem
+
+pytestmark = pytest.mark.skipif(environment_problem() is not None,
+                                reason=environment_problem() or "")
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT_TIMEOUT_S = 300
+FILES = 360
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("epochs") / "train"
+    rng = np.random.default_rng(7)
+    for i in range(FILES):
+        d = root / f"class_{i % 6}"
+        d.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(
+            d / f"img_{i:04d}.jpg", quality=85)
+    return root
+
+
+# Runs `epochs` epochs and prints, per epoch, the labels seen and the store requests the
+# daemon made meanwhile (from its Prometheus endpoint). With `drop` N, the kernel's pages of
+# every file are dropped before epoch N (as memory pressure would).
+EPOCHS = """
+import json, os, re, sys, urllib.request
+root, hook, epochs, persistent, port, drop = (sys.argv[1], sys.argv[2] == "hook", int(sys.argv[3]),
+                                              sys.argv[4] == "1", sys.argv[5], int(sys.argv[6]))
+if hook:
+    import cube_torch
+import torch, torchvision
+from torchvision import transforms
+
+def store_requests():
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return sum(float(v) for v in re.findall(r'^cubetorchfs_backend_requests_total\\{[^}]*\\} (\\S+)$',
+                                            text, re.M))
+
+torch.manual_seed(99)
+ds = torchvision.datasets.ImageFolder(root, transform=transforms.ToTensor())
+loader = torch.utils.data.DataLoader(ds, batch_size=16, shuffle=True, num_workers=2,
+                                     persistent_workers=persistent, timeout=120)
+out = []
+for epoch in range(epochs):
+    if epoch == drop:
+        for path, _ in ds.samples:
+            fd = os.open(path, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+    before = store_requests()
+    stats_before = cube_torch.stats() if hook else None
+    labels = []
+    for x, y in loader:
+        labels += y.tolist()
+    out.append({"labels": labels, "store_requests": store_requests() - before,
+                "before": stats_before, "after": cube_torch.stats() if hook else None})
+print(json.dumps(out))
+"""
+
+
+def run_epochs(mount: CubeMount, hook: bool, epochs: int = 3, persistent: bool = True,
+               drop: int = -1) -> list[dict[str, Any]]:
+    env = dict(mount.env(), VOL_NAME=mount.vol_name, PYTHONPATH=str(REPO / "hooks"),
+               CUBE_TORCH_LOOKAHEAD_BATCHES="8")
+    args = [str(mount.path("train")), "hook" if hook else "plain", str(epochs),
+            "1" if persistent else "0", str(mount.metrics_port), str(drop)]
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(EPOCHS), *args], env=env,
+                          capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S)
+    assert proc.returncode == 0, f"script failed:\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def mount(cube: CubeFactory, dataset: Path) -> CubeMount:
+    return cube.mount(dataset.parent, {"profile": "ai_prefetch",
+                                       "backend": {"inject": {"latency_us": 1000}}})
+
+
+def hit_ratio(epoch: dict[str, Any]) -> tuple[float, int]:
+    a, b = epoch["before"]["global"]["reads"], epoch["after"]["global"]["reads"]
+    delta = {k: b[k] - a[k] for k in ("hit", "late", "miss")}
+    total = sum(delta.values())
+    return (delta["hit"] / total if total else 1.0), total
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "fresh-workers"])
+@pytest.mark.parametrize("hook", [True, False], ids=["hook", "nohook"])
+def test_epochs_after_the_first_ask_the_store_nothing(cube: CubeFactory, dataset: Path,
+                                                      hook: bool, persistent: bool) -> None:
+    m = mount(cube, dataset)
+    epochs = run_epochs(m, hook, persistent=persistent)
+    assert all(len(e["labels"]) == FILES for e in epochs)
+    assert epochs[0]["store_requests"] >= FILES  # the first epoch came from the store
+    assert [e["store_requests"] for e in epochs[1:]] == [0, 0], (
+        [e["store_requests"] for e in epochs], m.metrics().text)
+    if hook:
+        prefetch = epochs[-1]["after"]["global"]["prefetch"]
+        # Epochs 2 and 3 published every file again; each was passed over as page-resident.
+        assert prefetch["page_resident"] >= 2 * FILES - 64, prefetch
+        assert prefetch["fetched"] <= FILES + 8, prefetch
+
+
+def test_files_whose_pages_were_dropped_are_prefetched_again(cube: CubeFactory,
+                                                             dataset: Path) -> None:
+    m = mount(cube, dataset)
+    epochs = run_epochs(m, True, epochs=2, drop=1)
+    # The kernel lost every page: the marks cannot be trusted, and the first reads that show
+    # it make the prefetcher fetch the rest of the epoch ahead of the loop again.
+    ratio, reads = hit_ratio(epochs[1])
+    assert reads >= FILES, epochs[1]["after"]
+    assert ratio >= 0.9, (ratio, epochs[1]["before"], epochs[1]["after"])
+    assert epochs[1]["store_requests"] >= FILES * 0.9
