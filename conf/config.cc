@@ -378,7 +378,7 @@ Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
   constexpr double kMaxTimeout = 86400.0 * 365;
   return ForEachKey(node, "fuse",
                     {"read_only", "entry_timeout_s", "attr_timeout_s", "negative_timeout_s",
-                     "max_read", "keep_cache"},
+                     "max_read", "keep_cache", "flush_on_close", "write_back_idle_s"},
                     [&](const std::string& k, const YAML::Node& v, const std::string& key) {
                       if (k == "read_only") {
                         CTFS_ASSIGN(o->read_only, GetBool(v, key));
@@ -405,6 +405,9 @@ Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
                         CTFS_ASSIGN(o->keep_cache, GetBool(v, key));
                         set->keep_cache = true;
                       }
+                      if (k == "flush_on_close") CTFS_ASSIGN(o->flush_on_close, GetBool(v, key));
+                      if (k == "write_back_idle_s")
+                        CTFS_ASSIGN(o->write_back_idle_s, GetDouble(v, key, 0.05, 3600));
                       return Status::OK();
                     });
 }

@@ -63,7 +63,8 @@ struct PrefetchOptions {
   uint32_t max_inflight = 64;          // parallel backend fetches. Default: 64.
   uint64_t window_files = 4096;        // files fetched ahead of a stream's cursor. Default: 4096.
   uint64_t window_bytes = 1ull << 30;  // bytes fetched ahead. Default: 1 GiB.
-  bool evict_after_read = true;        // Default: true.
+  // Drop a file from RAM once read, rather than keep it in the LRU. Default: false.
+  bool evict_after_read = false;
   // Default: /run/cubetorchfs/<volName>.sock (conf::ControlSocketPath). At most 107 bytes.
   std::string control_socket;
   uint64_t max_streams_per_uid = 64;             // streams one user may have. Default: 64.
@@ -94,6 +95,15 @@ struct FuseOptions {
   // Keep the kernel page cache across opens of a file whose version (size, mtime) did not
   // change. Default: false; true with profile ai_prefetch.
   bool keep_cache = false;
+  // Under keep_cache (the kernel then skips open and release), whether every close(2) asks
+  // the daemon to flush (FUSE FLUSH). true: a file written through the mount is in the store
+  // when close returns, and close reports the store's error; every close of a file only read
+  // costs a round trip too. false: no close ever reaches the daemon (a hot read costs no
+  // round trip at all); a written file reaches the store at fsync, at rename, or
+  // write_back_idle_s after its last write (errors are logged and kept for the next fsync).
+  // A read-only mount never flushes. Default: true.
+  bool flush_on_close = true;
+  double write_back_idle_s = 1.0;  // with flush_on_close false. Default: 1 s.
 };
 
 struct Config {

@@ -62,7 +62,7 @@ FileSystem::FileSystem(const Options& options, cfs_client::Backend* backend, cac
   bytes_backend_ = &bytes.Add({{"source", "backend"}});
 }
 
-FileSystem::~FileSystem() = default;
+FileSystem::~FileSystem() { StopWriteBack(); }
 
 std::string FileSystem::ChildPath(const std::string& parent, const std::string& name) {
   return parent.empty() ? name : parent + "/" + name;

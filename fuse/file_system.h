@@ -24,6 +24,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -32,6 +33,7 @@
 #include <optional>
 #include <unordered_map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cache/disk_cache.h"
@@ -102,6 +104,9 @@ class FileSystem {
     bool keep_cache = false;
     uint64_t chunk_bytes = 4ull << 20;
     bool read_only = false;  // every change fails with ReadOnly (EROFS)
+    // > 0: StartWriteBack() flushes and closes every write state left this long without a
+    // change (the kernel sends no close: FUSE no_open without FLUSH, fuse.flush_on_close off).
+    double write_back_idle_s = 0;
   };
 
   // `backend`, `cache`, `prefetcher`, `clock` and `registry` must outlive the FileSystem. Fails if the
@@ -181,6 +186,14 @@ class FileSystem {
   // (flush or release): fuse_ops drops the kernel's cached pages and attributes of it then.
   // Set once, before requests are served.
   void SetWrittenHook(std::function<void(uint64_t ino)> hook);
+  // Starts the write-back thread when write_back_idle_s > 0 (after the daemon forked);
+  // StopWriteBack joins it (before FlushAll at unmount). Each is called once.
+  void StartWriteBack();
+  void StopWriteBack();
+  // Write states flushed by the write-back thread, and how many of those failed (the bytes
+  // are kept and tried again).
+  uint64_t write_backs() const { return write_backs_.load(); }
+  uint64_t write_back_failures() const { return write_back_failures_.load(); }
 
   const InodeTable& inodes() const { return inodes_; }
   // The attributes the kernel was last given for `path`, while they are younger than
@@ -270,6 +283,14 @@ class FileSystem {
   uint64_t orphans_ = 0;
   std::unordered_map<std::string, uint64_t> flushed_seq_;
   std::function<void(uint64_t)> written_hook_;  // set once before serving
+
+  void WriteBackLoop();
+  std::thread write_back_;
+  std::mutex write_back_mu_;  // guards write_back_stop_
+  std::condition_variable write_back_cv_;
+  bool write_back_stop_ = false;
+  std::atomic<uint64_t> write_backs_{0};
+  std::atomic<uint64_t> write_back_failures_{0};
 
   // Owned by the registry.
   prometheus::Counter* bytes_ram_;

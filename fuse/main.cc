@@ -192,6 +192,10 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   fs_options.keep_cache = config.fuse.keep_cache;
   fs_options.chunk_bytes = config.cache.chunk_bytes;
   fs_options.read_only = config.fuse.read_only;
+  // No close reaches the daemon when the kernel skips FLUSH: written files are closed after
+  // an idle time instead.
+  if (config.fuse.keep_cache && !config.fuse.flush_on_close && !config.fuse.read_only)
+    fs_options.write_back_idle_s = config.fuse.write_back_idle_s;
   Result<std::unique_ptr<FileSystem>> fs = FileSystem::New(
       fs_options, backend->get(), cache.get(), &prefetcher, SystemClock(), *registry, disk.get());
   if (!fs.ok()) return Fail(kExitBadConfig, "backend.root: " + fs.status().message());
@@ -307,6 +311,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   ready.Ready();
   if (!cl.foreground) DetachStdio(/*keep_stderr=*/false);
 
+  filesystem->StartWriteBack();
   fuse_loop_config* loop = fuse_loop_cfg_create();
   fuse_loop_cfg_set_clone_fd(loop, 1);
   fuse_loop_cfg_set_max_threads(loop, 64);  // misses block on the backend; keep many in flight
@@ -316,6 +321,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   CTFS_LOG(kInfo) << "unmounting " << config.mount_point << " (session loop returned " << rc << ")";
   fuse_session_unmount(se.get());
   fuse_remove_signal_handlers(se.get());
+  filesystem->StopWriteBack();
   // Files still open for writing when the mount went away (SIGTERM with writers running):
   // what they wrote goes to the store before exit.
   if (Status s = filesystem->FlushAll(); !s.ok())

@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <ctime>
 
@@ -25,6 +27,8 @@ struct WriteState {
   bool closed = false;    // taken out of writes_: look the inode up again
   bool orphan = false;    // its inode was forgotten before its bytes reached the store
   uint64_t write_seq = 0;  // FileSystem::write_seq_ at its last change
+  // Clock time of its opening or last change (read by the write-back thread without mu).
+  std::atomic<uint64_t> changed_ns{0};
 };
 
 namespace {
@@ -83,6 +87,7 @@ Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool
         st = it->second;
       } else {
         st = std::make_shared<WriteState>();
+        st->changed_ns = clock_->NowNanos();
         created = true;
       }
     }
@@ -128,6 +133,48 @@ Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool
 void FileSystem::MarkChangedLocked(WriteState& st) {
   st.dirty = true;
   st.write_seq = ++write_seq_;
+  st.changed_ns = clock_->NowNanos();
+}
+
+void FileSystem::StartWriteBack() {
+  if (options_.write_back_idle_s <= 0 || write_back_.joinable()) return;
+  write_back_ = std::thread([this] { WriteBackLoop(); });
+}
+
+void FileSystem::StopWriteBack() {
+  {
+    std::lock_guard<std::mutex> l(write_back_mu_);
+    write_back_stop_ = true;
+  }
+  write_back_cv_.notify_all();
+  if (write_back_.joinable()) write_back_.join();
+}
+
+void FileSystem::WriteBackLoop() {
+  const auto idle_ns = static_cast<uint64_t>(options_.write_back_idle_s * 1e9);
+  const std::chrono::duration<double> period(std::clamp(options_.write_back_idle_s / 4, 0.01, 0.25));
+  std::unique_lock<std::mutex> l(write_back_mu_);
+  while (!write_back_cv_.wait_for(l, period, [&] { return write_back_stop_; })) {
+    l.unlock();
+    std::vector<uint64_t> idle;
+    {
+      const uint64_t now = clock_->NowNanos();
+      std::lock_guard<std::mutex> w(writes_mu_);
+      for (const auto& [ino, st] : writes_)
+        if (now - std::min(now, st->changed_ns.load()) >= idle_ns) idle.push_back(ino);
+    }
+    // As a close would: the bytes reach the store and the file is closed there (a later
+    // write opens it again). A failure keeps the bytes for the next try or fsync.
+    for (uint64_t ino : idle) {
+      write_backs_++;
+      if (Status s = Flush(ino); !s.ok()) {
+        write_back_failures_++;
+        CTFS_LOG(kError) << "write-back of a file closed " << options_.write_back_idle_s
+                         << " s ago: " << s.ToString() << " (kept, tried again)";
+      }
+    }
+    l.lock();
+  }
 }
 
 void FileSystem::MarkRemovedLocked(WriteState& st) {
@@ -210,6 +257,7 @@ Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::strin
     auto it = writes_.find(ino);
     if (it == writes_.end()) {
       st = std::make_shared<WriteState>();
+      st->changed_ns = clock_->NowNanos();
       st->file = std::move(file).value();
       st->path = *path;
       writes_.emplace(ino, st);

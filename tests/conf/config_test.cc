@@ -98,6 +98,25 @@ TEST(ConfigTest, CubeFsKeysMapOntoFuseOptions) {
   EXPECT_TRUE(c->unknown_top_level_keys.empty());
 }
 
+TEST(ConfigTest, FlushOnCloseAndWriteBackIdle) {
+  Result<Config> d = ParseConfig(R"({"volName": "v", "backend": {"root": "/d"}})");
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->fuse.flush_on_close);
+  EXPECT_DOUBLE_EQ(d->fuse.write_back_idle_s, 1.0);
+  EXPECT_FALSE(d->prefetch.evict_after_read);
+  Result<Config> c = ParseConfig(
+      R"({"volName": "v", "backend": {"root": "/d"},
+          "fuse": {"flush_on_close": false, "write_back_idle_s": 0.25}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->fuse.flush_on_close);
+  EXPECT_DOUBLE_EQ(c->fuse.write_back_idle_s, 0.25);
+  Result<Config> bad = ParseConfig(
+      R"({"volName": "v", "backend": {"root": "/d"}, "fuse": {"write_back_idle_s": 0}})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("fuse.write_back_idle_s"), std::string::npos)
+      << bad.status().ToString();
+}
+
 TEST(ConfigTest, UnknownTopLevelKeysAreCollectedNotFatal) {
   Result<Config> c =
       ParseConfig(R"({"volName": "v", "backend": {"root": "/d"}, "bogus": 1, "zzz": 2})");

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -90,9 +91,10 @@ def run_epochs(mount: CubeMount, hook: bool, epochs: int = 3, persistent: bool =
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def mount(cube: CubeFactory, dataset: Path) -> CubeMount:
+def mount(cube: CubeFactory, dataset: Path, evict_after_read: bool = False) -> CubeMount:
     return cube.mount(dataset.parent, {"profile": "ai_prefetch",
-                                       "backend": {"inject": {"latency_us": 1000}}})
+                                       "backend": {"inject": {"latency_us": 1000}},
+                                       "prefetch": {"evict_after_read": evict_after_read}})
 
 
 def hit_ratio(epoch: dict[str, Any]) -> tuple[float, int]:
@@ -119,13 +121,88 @@ def test_epochs_after_the_first_ask_the_store_nothing(cube: CubeFactory, dataset
         assert prefetch["fetched"] <= FILES + 8, prefetch
 
 
-def test_files_whose_pages_were_dropped_are_prefetched_again(cube: CubeFactory,
-                                                             dataset: Path) -> None:
-    m = mount(cube, dataset)
+@pytest.mark.parametrize("evict_after_read", [False, True], ids=["lru", "evict-after-read"])
+def test_files_whose_pages_were_dropped_are_prefetched_again(cube: CubeFactory, dataset: Path,
+                                                             evict_after_read: bool) -> None:
+    m = mount(cube, dataset, evict_after_read)
     epochs = run_epochs(m, True, epochs=2, drop=1)
     # The kernel lost every page: the marks cannot be trusted, and the first reads that show
-    # it make the prefetcher fetch the rest of the epoch ahead of the loop again.
+    # it make the prefetcher look at the rest of the epoch again.
     ratio, reads = hit_ratio(epochs[1])
     assert reads >= FILES, epochs[1]["after"]
-    assert ratio >= 0.9, (ratio, epochs[1]["before"], epochs[1]["after"])
-    assert epochs[1]["store_requests"] >= FILES * 0.9
+    if evict_after_read:
+        # Nothing kept in RAM: fetched from the store again, ahead of the loop.
+        assert ratio >= 0.9, (ratio, epochs[1]["before"], epochs[1]["after"])
+        assert epochs[1]["store_requests"] >= FILES * 0.9
+    else:
+        # The LRU kept every file read: served from RAM, nothing asked of the store.
+        assert ratio >= 0.99, (ratio, epochs[1]["before"], epochs[1]["after"])
+        assert epochs[1]["store_requests"] == 0
+
+
+def fuse_ops(m: CubeMount) -> dict[str, float]:
+    metrics = m.metrics()
+    return {labels["op"]: v for name, labels, v in metrics.samples
+            if name == "cubetorchfs_fuse_ops_total" and v}
+
+
+def read_all(paths: list[Path]) -> None:
+    for p in paths:
+        with open(p, "rb") as f:
+            f.read()
+
+
+@pytest.mark.parametrize("flush_on_close", [True, False], ids=["flush", "no-flush"])
+def test_hot_reads_reach_the_daemon_only_for_flush(cube: CubeFactory, dataset: Path,
+                                                   flush_on_close: bool) -> None:
+    m = cube.mount(dataset.parent, {"profile": "ai_prefetch",
+                                    "fuse": {"flush_on_close": flush_on_close}})
+    files = sorted(m.path("train").glob("*/*.jpg"))[:100]
+    read_all(files)  # cold
+    read_all(files)  # the kernel re-reads attributes its reads invalidated (atime)
+    before = fuse_ops(m)
+    read_all(files)  # hot: open, fstat, read and close of files the kernel holds
+    after = fuse_ops(m)
+    delta = {op: after[op] - before.get(op, 0) for op in after if after[op] != before.get(op, 0)}
+    # With flush_on_close off a hot read is not a single request to the daemon; with it on,
+    # each close is one FLUSH and nothing else.
+    assert delta == ({"flush": len(files)} if flush_on_close else {}), delta
+
+
+def test_without_flush_on_close_written_files_reach_the_store_after_an_idle_time(
+        cube: CubeFactory, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "data.bin").write_bytes(b"d" * 1000)
+    m = cube.mount(store, {"profile": "ai_prefetch",
+                           "fuse": {"flush_on_close": False, "write_back_idle_s": 0.5}})
+    # As in training: a read turns opens off (no_open; no release comes after that either).
+    assert m.path("data.bin").read_bytes() == b"d" * 1000
+
+    def store_flushes() -> float:
+        return m.metrics().value("cubetorchfs_backend_requests_total", op="flush", status="ok")
+
+    (m.path("first")).write_bytes(b"x" * 1000)  # its close turns FLUSH off in the kernel
+    time.sleep(1.5)
+    base = store_flushes()
+    data = os.urandom(300_000)
+    with open(m.path("ckpt.bin"), "wb") as f:
+        f.write(data)
+    closed = time.monotonic()
+    assert (store / "ckpt.bin").read_bytes() == data  # posix: each write is in the store's file
+    assert m.path("ckpt.bin").read_bytes() == data
+    # No close reached the daemon; the write-back thread closes the file after its idle time.
+    deadline = closed + 10
+    while store_flushes() == base and time.monotonic() < deadline:
+        time.sleep(0.05)
+    took = time.monotonic() - closed
+    assert store_flushes() == base + 1, m.metrics().text
+    assert 0.4 <= took <= 3.0, took
+    # fsync still makes it durable at once, and reports the store's answer.
+    with open(m.path("ckpt2.bin"), "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    assert m.metrics().value("cubetorchfs_backend_requests_total", op="fsync", status="ok") >= 1
+    ops = fuse_ops(m)
+    assert ops.get("flush", 0) == 1, ops  # only the very first close was sent
