@@ -584,17 +584,20 @@ void Prefetcher::EraseMarkLocked(const std::string& path) {
   marks_.erase(m);
 }
 
+void Prefetcher::DropOldestMarkLocked() {
+  auto oldest = marks_by_seq_.begin();
+  marks_.erase(marks_.find(*oldest->second));  // by iterator: the key is the node's own
+  marks_by_seq_.erase(oldest);
+}
+
 void Prefetcher::MarkResidentLocked(const std::string& path,
                                     const cfs_client::FileVersion& version) {
   if (!options_.keep_cache || options_.max_resident_marks == 0) return;
   EraseMarkLocked(path);
-  while (marks_.size() >= options_.max_resident_marks) {
-    marks_.erase(marks_by_seq_.begin()->second);
-    marks_by_seq_.erase(marks_by_seq_.begin());
-  }
+  while (marks_.size() >= options_.max_resident_marks) DropOldestMarkLocked();
   const uint64_t seq = next_mark_seq_++;
-  marks_[path] = Mark{version, seq};
-  marks_by_seq_.emplace(seq, path);
+  auto it = marks_.emplace(path, Mark{version, seq}).first;
+  marks_by_seq_.emplace(seq, &it->first);
 }
 
 void Prefetcher::NoteNotResidentLocked(const std::string& path) {
@@ -603,10 +606,7 @@ void Prefetcher::NoteNotResidentLocked(const std::string& path) {
   // The kernel was served this file whole, yet asks for it: its pages were dropped. The page
   // cache drops the oldest first, so every file marked before it is doubtful too.
   const uint64_t seq = m->second.seq;
-  while (!marks_by_seq_.empty() && marks_by_seq_.begin()->first <= seq) {
-    marks_.erase(marks_by_seq_.begin()->second);
-    marks_by_seq_.erase(marks_by_seq_.begin());
-  }
+  while (!marks_by_seq_.empty() && marks_by_seq_.begin()->first <= seq) DropOldestMarkLocked();
   rescan_ = true;
 }
 

@@ -31,7 +31,8 @@
 // globally and for the stream the file belongs to.
 //
 // Thread safety: all public methods are thread-safe. One mutex guards streams and window;
-// it is never held across a backend call. Lock order: Prefetcher::mu_ before any RamCache
+// it is never held across a backend call. The attribute source (the inode table) is asked
+// under it: Prefetcher::mu_ before the inode table's mutex. Lock order: Prefetcher::mu_ before any RamCache
 // shard lock (RamCache never calls back).
 #pragma once
 
@@ -115,7 +116,9 @@ class Prefetcher {
     uint64_t max_queued_paths = 1u << 18;          // positions not yet read, all streams
     // The mount lets the kernel keep the pages of files it was served (fuse.keep_cache).
     bool keep_cache = false;
-    uint64_t max_resident_marks = 1u << 18;  // files remembered as page-resident (~100 B each)
+    // Files remembered as page-resident: about 160 bytes plus the path each (measured: 192
+    // for 30-byte paths), so ~25 MiB at this bound.
+    uint64_t max_resident_marks = 1u << 17;
   };
 
   // Fresh attributes the daemon holds for a store path (the inode table's, within
@@ -249,6 +252,7 @@ class Prefetcher {
   // A read of `path` reached the daemon: if it was marked, its pages (and older ones) are gone.
   void NoteNotResidentLocked(const std::string& path);
   void EraseMarkLocked(const std::string& path);
+  void DropOldestMarkLocked();
   void AdvanceLocked(Stream& s);
   void DropRefLocked(const std::string& path);
   void ReleaseLocked(std::unordered_map<std::string, Entry>::iterator it);
@@ -300,7 +304,8 @@ class Prefetcher {
     uint64_t seq = 0;
   };
   std::unordered_map<std::string, Mark> marks_;  // page-resident files
-  std::map<uint64_t, std::string> marks_by_seq_;  // the same, oldest first
+  // The same, oldest first; the keys of marks_ (their nodes do not move).
+  std::map<uint64_t, const std::string*> marks_by_seq_;
   uint64_t next_mark_seq_ = 0;
   bool rescan_ = false;  // marks were dropped: look at the streams' passed positions again
 
