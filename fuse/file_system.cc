@@ -60,6 +60,14 @@ FileSystem::FileSystem(const Options& options, cfs_client::Backend* backend, cac
   bytes_ram_ = &bytes.Add({{"source", "ram"}});
   bytes_disk_ = &bytes.Add({{"source", "disk"}});
   bytes_backend_ = &bytes.Add({{"source", "backend"}});
+  auto& write_backs = prometheus::BuildCounter()
+                          .Name("cubetorchfs_write_back_total")
+                          .Help("Written files closed in the store by the write-back thread "
+                                "(fuse.flush_on_close false), by result; a failed one is kept "
+                                "and tried again")
+                          .Register(registry);
+  write_back_ok_ = &write_backs.Add({{"result", "ok"}});
+  write_back_failed_ = &write_backs.Add({{"result", "error"}});
 }
 
 FileSystem::~FileSystem() { StopWriteBack(); }

@@ -190,10 +190,6 @@ class FileSystem {
   // StopWriteBack joins it (before FlushAll at unmount). Each is called once.
   void StartWriteBack();
   void StopWriteBack();
-  // Write states flushed by the write-back thread, and how many of those failed (the bytes
-  // are kept and tried again).
-  uint64_t write_backs() const { return write_backs_.load(); }
-  uint64_t write_back_failures() const { return write_back_failures_.load(); }
 
   const InodeTable& inodes() const { return inodes_; }
   // The attributes the kernel was last given for `path`, while they are younger than
@@ -289,13 +285,13 @@ class FileSystem {
   std::mutex write_back_mu_;  // guards write_back_stop_
   std::condition_variable write_back_cv_;
   bool write_back_stop_ = false;
-  std::atomic<uint64_t> write_backs_{0};
-  std::atomic<uint64_t> write_back_failures_{0};
 
   // Owned by the registry.
   prometheus::Counter* bytes_ram_;
   prometheus::Counter* bytes_disk_;
   prometheus::Counter* bytes_backend_;
+  prometheus::Counter* write_back_ok_;
+  prometheus::Counter* write_back_failed_;
 };
 
 }  // namespace cubetorchfs::fuse

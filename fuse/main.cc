@@ -319,9 +319,9 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   fuse_loop_cfg_destroy(loop);
 
   CTFS_LOG(kInfo) << "unmounting " << config.mount_point << " (session loop returned " << rc << ")";
+  filesystem->StopWriteBack();  // it may notify the session: stop it while the session lives
   fuse_session_unmount(se.get());
   fuse_remove_signal_handlers(se.get());
-  filesystem->StopWriteBack();
   // Files still open for writing when the mount went away (SIGTERM with writers running):
   // what they wrote goes to the store before exit.
   if (Status s = filesystem->FlushAll(); !s.ok())

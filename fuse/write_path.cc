@@ -2,6 +2,7 @@
 // The contract is in file_system.h; the durability rules users see are in the README.
 
 #include <fcntl.h>
+#include <prometheus/counter.h>
 #include <linux/fs.h>  // RENAME_NOREPLACE
 #include <sys/stat.h>
 
@@ -165,12 +166,15 @@ void FileSystem::WriteBackLoop() {
     }
     // As a close would: the bytes reach the store and the file is closed there (a later
     // write opens it again). A failure keeps the bytes for the next try or fsync.
+    // A failure is tried again one idle time later, not at every pass.
     for (uint64_t ino : idle) {
-      write_backs_++;
-      if (Status s = Flush(ino); !s.ok()) {
-        write_back_failures_++;
-        CTFS_LOG(kError) << "write-back of a file closed " << options_.write_back_idle_s
-                         << " s ago: " << s.ToString() << " (kept, tried again)";
+      if (Status s = Flush(ino); s.ok()) {
+        write_back_ok_->Increment();
+      } else {
+        write_back_failed_->Increment();
+        if (std::shared_ptr<WriteState> st = FindWriteState(ino)) st->changed_ns = clock_->NowNanos();
+        CTFS_LOG(kError) << "write-back: " << s.ToString() << " (kept, tried again in "
+                         << options_.write_back_idle_s << " s)";
       }
     }
     l.lock();

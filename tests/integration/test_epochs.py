@@ -197,6 +197,7 @@ def test_without_flush_on_close_written_files_reach_the_store_after_an_idle_time
         time.sleep(0.05)
     took = time.monotonic() - closed
     assert store_flushes() == base + 1, m.metrics().text
+    assert m.metrics().value("cubetorchfs_write_back_total", result="ok") >= 1
     assert 0.4 <= took <= 3.0, took
     # fsync still makes it durable at once, and reports the store's answer.
     with open(m.path("ckpt2.bin"), "wb") as f:
