@@ -177,35 +177,4 @@ void RemoveControlFile(const std::string& path, int pid) {
   }
 }
 
-Result<std::string> ReadTrustedControlFile(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
-  if (fd.get() < 0) {
-    if (errno == ENOENT) return Status::NotFound(path + ": no control file");
-    if (errno == ELOOP)
-      return Status::PermissionDenied(path + ": a symlink, not trusted as a control file");
-    return Status::IOError(path + ": " + std::strerror(errno));
-  }
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return Status::IOError(path + ": " + std::strerror(errno));
-  const std::string owner = "owned by uid " + std::to_string(st.st_uid);
-  if (!S_ISREG(st.st_mode) || st.st_nlink != 1)
-    return Status::PermissionDenied(path + ": not a plain file (" + owner + "), not trusted");
-  if (st.st_uid != 0 && st.st_uid != ::getuid() && st.st_uid != ::geteuid())
-    return Status::PermissionDenied(path + ": " + owner + ", neither root nor us, not trusted");
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
-    return Status::PermissionDenied(path + ": writable by group or others (" + owner +
-                                    "), not trusted");
-  std::string text;
-  char buf[4096];
-  for (;;) {
-    ssize_t n = ::read(fd.get(), buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Status::IOError(path + ": " + std::strerror(errno));
-    if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
-    if (text.size() > (1u << 20)) return Status::Corruption(path + ": control file too large");
-  }
-  return text;
-}
-
 }  // namespace cubetorchfs::fuse

@@ -48,10 +48,4 @@ Status WriteControlFile(const std::string& path, const ControlInfo& info);
 // us, same device and inode, naming `pid`): never a file that replaced it, never a link.
 void RemoveControlFile(const std::string& path, int pid);
 
-// The text of the control file at `path` if a reader may trust it: not a symlink (opened with
-// O_NOFOLLOW), a regular file with one link, owned by root or by the caller (real or
-// effective uid), not group/world-writable. NotFound if absent; PermissionDenied naming the
-// path and its owner otherwise. For readers of the file running as root (warmup).
-Result<std::string> ReadTrustedControlFile(const std::string& path);
-
 }  // namespace cubetorchfs::fuse

@@ -5,6 +5,7 @@
 // it). Otherwise this process opens the tier itself. Files already cached are skipped, so an
 // interrupted warmup resumes. A progress bar on a terminal, a line every 5 s otherwise.
 
+#include "common/trusted_file.h"
 #include "fuse/warmup.h"
 
 #include <prometheus/registry.h>

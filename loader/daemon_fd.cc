@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <pwd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -19,6 +18,7 @@
 #include <sstream>
 #include <vector>
 
+#include "common/trusted_file.h"
 #include "common/unique_fd.h"
 
 namespace cubetorchfs::loader {
@@ -65,18 +65,6 @@ Status WaitFor(int fd, short events, std::chrono::steady_clock::time_point deadl
   }
 }
 
-bool TrustedOwner(uid_t uid) { return uid == 0 || uid == ::getuid() || uid == ::geteuid(); }
-
-std::string Owner(uid_t uid) {
-  std::string out = "uid " + std::to_string(uid);
-  passwd pw{};
-  passwd* found = nullptr;
-  std::vector<char> buf(4096);
-  if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr)
-    out += std::string(" (") + found->pw_name + ")";
-  return out;
-}
-
 // One line on stderr per path and process: the loader then reads through the mount.
 void WarnOnce(const std::string& path, const std::string& message) {
   static std::mutex mu;
@@ -105,13 +93,13 @@ Status CheckControlSocket(const std::string& socket_path) {
   }
   if (S_ISLNK(st.st_mode))
     return Untrusted(socket_path, "control socket " + socket_path + " is a symlink (owned by " +
-                                      Owner(st.st_uid) + ")");
+                                      OwnerName(st.st_uid) + ")");
   if (!S_ISSOCK(st.st_mode))
     return Untrusted(socket_path, "control socket " + socket_path + " is not a socket (owned by " +
-                                      Owner(st.st_uid) + ")");
+                                      OwnerName(st.st_uid) + ")");
   if (!TrustedOwner(st.st_uid))
     return Untrusted(socket_path, "control socket " + socket_path + " is owned by " +
-                                      Owner(st.st_uid) + ", neither root nor this user");
+                                      OwnerName(st.st_uid) + ", neither root nor this user");
   // Its directory: nobody else may put another socket in its place.
   const size_t slash = socket_path.rfind('/');
   const std::string dir = slash == std::string::npos ? "."
@@ -123,7 +111,7 @@ Status CheckControlSocket(const std::string& socket_path) {
   if (!TrustedOwner(d.st_uid) ||
       ((d.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (d.st_mode & S_ISVTX) == 0))
     return Untrusted(socket_path, "control socket " + socket_path + ": its directory " + dir +
-                                      " (owned by " + Owner(d.st_uid) +
+                                      " (owned by " + OwnerName(d.st_uid) +
                                       ") lets other users replace it");
   return Status::OK();
 }
@@ -170,39 +158,15 @@ std::string MountOf::StorePath(const std::string& path) const {
 Result<std::string> ControlSocketOf(const std::string& vol_name) {
   const char* dir = std::getenv("CUBE_TORCH_CONFIG_DIR");
   std::string file = std::string(dir && *dir ? dir : "/tmp") + "/cube_torch.config." + vol_name;
-  // Never through a symlink; then the descriptor's own owner and mode.
-  UniqueFd fd(::open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
-  if (fd.get() < 0) {
-    if (errno == ENOENT)
+  Result<std::string> text = ReadTrustedControlFile(file);
+  if (!text.ok()) {
+    if (text.status().IsNotFound())
       return Status::NotFound(file + ": no control file (is the daemon running?)");
-    struct stat l;
-    if (errno == ELOOP && ::lstat(file.c_str(), &l) == 0)
-      return Untrusted(file, "control file " + file + " is a symlink (owned by " +
-                                 Owner(l.st_uid) + ")");
-    return Status::IOError(file + ": " + std::strerror(errno));
+    if (text.status().code() == Status::Code::kPermissionDenied)
+      return Untrusted(file, text.status().message());
+    return text.status();
   }
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return Status::IOError(file + ": " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode) || st.st_nlink != 1)
-    return Untrusted(file, "control file " + file + " is not a plain file (owned by " +
-                               Owner(st.st_uid) + ")");
-  if (!TrustedOwner(st.st_uid))
-    return Untrusted(file, "control file " + file + " is owned by " + Owner(st.st_uid) +
-                               ", neither root nor this user");
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
-    return Untrusted(file, "control file " + file + " (owned by " + Owner(st.st_uid) +
-                               ") is writable by group or others");
-  std::string text;
-  char buf[4096];
-  for (;;) {
-    ssize_t n = ::read(fd.get(), buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Status::IOError(file + ": " + std::strerror(errno));
-    if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
-    if (text.size() > (1u << 20)) return Status::Corruption(file + ": control file too large");
-  }
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("control_socket") ||
       !j["control_socket"].is_string() || j["control_socket"].get<std::string>().empty())
     return Status::Corruption(file + ": no control_socket in the control file");
