@@ -302,7 +302,9 @@ Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, s
     out.slices.push_back({std::move(buffer), from, to - from});
   }
   const size_t total = out.size();
-  prefetcher_->OnRead(handle.path, handle.version, offset, total, outcome);
+  // ino 0: StreamFile, a read for the control API, not the kernel.
+  prefetcher_->OnRead(handle.path, handle.version, offset, total, outcome,
+                      /*to_kernel=*/opened.ino != 0);
   bytes_backend_->Increment(static_cast<double>(backend_bytes));
   bytes_disk_->Increment(static_cast<double>(disk_bytes));
   bytes_ram_->Increment(static_cast<double>(total - backend_bytes - disk_bytes));

@@ -648,16 +648,17 @@ void Prefetcher::AdvanceLocked(Stream& s) {
 }
 
 void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& version,
-                        uint64_t offset, uint64_t bytes, ReadOutcome outcome) {
+                        uint64_t offset, uint64_t bytes, ReadOutcome outcome, bool to_kernel) {
   const int o = static_cast<int>(outcome);
   if (reads_[o]) reads_[o]->Increment();
   std::lock_guard<std::mutex> l(mu_);
   uint64_t* counts[3] = {&totals_.reads.hit, &totals_.reads.late, &totals_.reads.miss};
   (*counts[o])++;
   const uint64_t now = clock_->NowNanos();
-  if (offset == 0) NoteNotResidentLocked(path);
+  // Page residency is about the kernel: a read served to the control API says nothing of it.
+  if (to_kernel && offset == 0) NoteNotResidentLocked(path);
   // A read of the whole file at once (most small files): the kernel now holds its pages.
-  if (offset == 0 && bytes >= version.size) MarkResidentLocked(path, version);
+  if (to_kernel && offset == 0 && bytes >= version.size) MarkResidentLocked(path, version);
   if (offset == 0) {
     // A read of the file begins: it consumes the file's earliest pending stream position.
     // Positions count per stream: the file belongs to the stream whose own cursor is
@@ -699,7 +700,7 @@ void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& 
     e.was_read = true;
     e.bytes_read = bytes > UINT64_MAX - e.bytes_read ? UINT64_MAX : e.bytes_read + bytes;
     e.last_read_ns = now;
-    if (e.bytes_read >= e.attr.size) MarkResidentLocked(path, version);
+    if (to_kernel && e.bytes_read >= e.attr.size) MarkResidentLocked(path, version);
   }
   MaybeReleaseLocked(path);
 }

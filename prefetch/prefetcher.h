@@ -171,9 +171,10 @@ class Prefetcher {
   // Nothing if the file is not in the window (or its fetch failed): fetch it on demand.
   std::optional<WindowHit> Get(const std::string& path, const cfs_client::FileVersion& version,
                                uint64_t chunk);
-  // Reports a FUSE read of [offset, offset + bytes) of `path`, and how it was served.
+  // Reports a read of [offset, offset + bytes) of `path`, and how it was served. `to_kernel`:
+  // a FUSE read (the kernel may keep the pages); false for reads served to the control API.
   void OnRead(const std::string& path, const cfs_client::FileVersion& version, uint64_t offset,
-              uint64_t bytes, ReadOutcome outcome);
+              uint64_t bytes, ReadOutcome outcome, bool to_kernel = true);
   // Attributes fetched with a prefetched file, while fresh: lookups then need no round trip.
   // `fetched_ns`, if not null, receives when they were read from the store.
   std::optional<cfs_client::FileAttr> WarmAttr(const std::string& path,

@@ -52,6 +52,7 @@ class FileSystemTest : public ::testing::Test {
     pf.start_workers = false;
     pf.chunk_bytes = options_.chunk_bytes;
     pf.window_budget_bytes = 1 << 20;
+    pf.keep_cache = options_.keep_cache;
     prefetcher_ = std::make_unique<prefetch::Prefetcher>(pf, &store_, cache_.get(), &clock_,
                                                          &registry_);
     fs_ = FileSystem::New(options_, &store_, cache_.get(), prefetcher_.get(), &clock_, registry_)
@@ -100,6 +101,21 @@ class FileSystemTest : public ::testing::Test {
   std::unique_ptr<prefetch::Prefetcher> prefetcher_;
   std::unique_ptr<FileSystem> fs_;
 };
+
+TEST_F(FileSystemTest, OnlyReadsServedToTheKernelMarkFilesPageResident) {
+  Result<cfs_client::FileAttr> attr = store_.Stat("d/small");
+  ASSERT_TRUE(attr.ok());
+  size_t streamed = 0;
+  ASSERT_TRUE(fs_->StreamFile("d/small", *attr, [&](const char*, size_t n) {
+                   streamed += n;
+                   return Status::OK();
+                 }).ok());
+  EXPECT_EQ(streamed, 1000u);
+  EXPECT_EQ(prefetcher_->GetStats().resident_marks, 0u);  // went to an HTTP client
+  std::unique_ptr<FileHandle> h = OpenPath("d/small");
+  ASSERT_TRUE(fs_->Read(*h, 0, 4096).ok());
+  EXPECT_EQ(prefetcher_->GetStats().resident_marks, 1u);  // the kernel holds it now
+}
 
 TEST_F(FileSystemTest, LookupCountsAndForget) {
   uint64_t ino = LookupPath("d/small");

@@ -151,6 +151,16 @@ TEST_F(PrefetcherTest, WithoutKeepCacheNothingIsMarked) {
   EXPECT_EQ(RunAll(), 3);
 }
 
+TEST_F(PrefetcherTest, ReadsForTheControlApiMarkNothing) {
+  Make(8, 1 << 20, 4, true, /*keep_cache=*/true);
+  KnowAttrs();
+  // /batchdownload streamed file 0 to an HTTP client: the kernel holds none of it.
+  pf_->OnRead(Name(0), {kFileSize, 1}, 0, kFileSize, ReadOutcome::kMiss, /*to_kernel=*/false);
+  EXPECT_EQ(pf_->GetStats().resident_marks, 0u);
+  Publish(0, 1);
+  EXPECT_EQ(RunAll(), 1);
+}
+
 TEST_F(PrefetcherTest, MarksAreBounded) {
   Prefetcher::Options o;
   o.start_workers = false;
