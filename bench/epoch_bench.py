@@ -5,8 +5,10 @@
   nohook  through a cubetorchfs mount whose posix backend adds --latency-us per request
   hook    the same mount, with `import cube_torch` in the training process
 
-Each measurement is one epoch in a fresh process, on a fresh mount (empty cache) after
-dropping the kernel's page cache: a cold epoch, the case prefetching is for. Rounds alternate
+Each measurement is --epochs epochs (default 1) in one fresh training process, on a fresh
+mount (empty cache) after dropping the kernel's page cache: a cold first epoch, the case
+prefetching is for, then warm ones; with a mount each epoch also reports the store requests
+and data reads the daemon made meanwhile and its hit ratio. Rounds alternate
 local, nohook, hook; the table shows the median and min-max of the rounds. Variants: `decode`
 (PIL decode + RandomResizedCrop + ToTensor) and `raw` (the file bytes only).
 
