@@ -141,9 +141,19 @@ def test_files_whose_pages_were_dropped_are_prefetched_again(cube: CubeFactory, 
 
 
 def fuse_ops(m: CubeMount) -> dict[str, float]:
-    metrics = m.metrics()
-    return {labels["op"]: v for name, labels, v in metrics.samples
-            if name == "cubetorchfs_fuse_ops_total" and v}
+    """FUSE requests handled so far, once the counts hold still: a request is counted after
+    its reply, so the last close may not be counted the instant close() returns."""
+    def scrape() -> dict[str, float]:
+        return {labels["op"]: v for name, labels, v in m.metrics().samples
+                if name == "cubetorchfs_fuse_ops_total" and v}
+    last = scrape()
+    for _ in range(30):
+        time.sleep(0.1)
+        now = scrape()
+        if now == last:
+            return now
+        last = now
+    return last
 
 
 def read_all(paths: list[Path]) -> None:
