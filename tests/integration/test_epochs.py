@@ -174,8 +174,12 @@ def test_hot_reads_reach_the_daemon_only_for_flush(cube: CubeFactory, dataset: P
     read_all(files)  # hot: open, fstat, read and close of files the kernel holds
     after = fuse_ops(m)
     delta = {op: after[op] - before.get(op, 0) for op in after if after[op] != before.get(op, 0)}
-    # With flush_on_close off a hot read is not a single request to the daemon; with it on,
-    # each close is one FLUSH and nothing else.
+    # The kernel now and then drops pages of a FUSE file on its own (seen: 2 of 100 files
+    # during the full suite); those reads reach the daemon whatever it does. Nothing else may:
+    # with flush_on_close off a hot open/fstat/read/close sends no request at all, with it on
+    # each close is one FLUSH.
+    reads = delta.pop("read", 0)
+    assert reads <= 5, delta
     assert delta == ({"flush": len(files)} if flush_on_close else {}), delta
 
 
