@@ -63,6 +63,8 @@ def store_counters(port: str) -> dict[str, float]:
             out["data_reads"] += float(m.group(2))
     for m in re.finditer(r'^cubetorchfs_reads_total\{result="(\w+)"\} (\S+)$', text, re.M):
         out[m.group(1)] = float(m.group(2))
+    for m in re.finditer(r'^cubetorchfs_prefetch_files_total\{outcome="(\w+)"\} (\S+)$', text, re.M):
+        out["pf_" + m.group(1)] = float(m.group(2))
     return out
 
 
@@ -160,12 +162,16 @@ class Mount:
         (work / "config.json").write_text(json.dumps(config))
         subprocess.run([binary, "-c", str(work / "config.json")], check=True, env=self.env, timeout=60)
         self.pid = json.loads((work / f"cube_torch.config.{self.vol}").read_text())["pid"]
+        self.idle_rss = self.status_mib("VmRSS")  # mounted, nothing read yet
 
-    def peak_rss_mib(self) -> float:
+    def status_mib(self, key: str) -> float:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) / 1024
         return float("nan")
+
+    def peak_rss_mib(self) -> float:
+        return self.status_mib("VmHWM")
 
     def cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -303,6 +309,7 @@ def main() -> None:
     # (variant, latency, persistent, store, system) -> rounds -> epochs
     results: dict[tuple[str, int, str, str, str], list[list[dict[str, float]]]] = {}
     rss: list[float] = []
+    idle_rss: list[float] = []
     try:
         for variant in args.variants:
             for latency in args.latency_us:
@@ -322,6 +329,7 @@ def main() -> None:
                                                       args.epochs, persistent, cgroup)
                                     extra = f", daemon CPU {m.cpu_seconds():.2f} s"
                                     rss.append(m.peak_rss_mib())
+                                    idle_rss.append(m.idle_rss)
                                 finally:
                                     m.close()
                                     shutil.rmtree(work, ignore_errors=True)
@@ -331,6 +339,12 @@ def main() -> None:
                                 f"e{i + 1} {x['rate']:.0f}/s" + (f" req {x['requests']:.0f} data {x['data_reads']:.0f}"
                                                                  if "requests" in x else "")
                                 + (f" hit {x['hit_ratio']:.3f}" if "hit_ratio" in x else "")
+                                + (f" (reads hit/late/miss {x['hit']:.0f}/{x['late']:.0f}/{x['miss']:.0f};"
+                                   f" prefetch fetched {x.get('pf_fetched', 0):.0f}"
+                                   f" page-resident {x.get('pf_page_resident', 0):.0f}"
+                                   f" cached {x.get('pf_cached', 0):.0f}"
+                                   f" evicted unread {x.get('pf_evicted_unread', 0):.0f})"
+                                   if "hit_ratio" in x else "")
                                 for i, x in enumerate(rows))
                             log(f"{variant} {latency} us persistent={persistent} round {r + 1}: {system} "
                                 f"{store} {per_epoch} (scan {rows[0]['scan']:.2f} s){extra}")
@@ -375,7 +389,8 @@ def main() -> None:
             if "hit_ratio" in x]
     print(f"hook hit ratio per epoch: min {min(hits):.3f} median {statistics.median(hits):.3f}" if hits else
           "hook hit ratio: no FUSE reads reached the daemon", end="")
-    print(f"; daemon VmHWM max {max(rss):.0f} MiB (budget {args.memory_bytes} + 64 MiB)")
+    print(f"; daemon VmHWM max {max(rss):.0f} MiB (cache.memory_bytes {args.memory_bytes}; "
+          f"RSS of an idle mount {max(idle_rss):.0f} MiB)")
     print("ratios (epoch 1 includes the scan; scan-free in brackets):\n  " + "\n  ".join(summary))
     print("targets: epoch 1 hook/local >= 0.95, hook/nohook >= 5 at 10 ms; epochs 2+ hook/nohook >= 1.0, "
           "hook/local >= 0.95, 0 store requests when the dataset fits")

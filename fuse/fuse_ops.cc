@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "common/logging.h"
+#include "fuse/page_probe.h"
 
 namespace cubetorchfs::fuse {
 
@@ -562,6 +563,13 @@ void ListXattr(fuse_req_t req, fuse_ino_t, size_t) {
   fuse_reply_err(req, ENOSYS);
 }
 
+// The kernel's answer to a page probe (FUSE_NOTIFY_RETRIEVE): only the size matters.
+void RetrieveReply(fuse_req_t req, void* cookie, fuse_ino_t, off_t, fuse_bufvec* bufv) {
+  auto* ctx = static_cast<FuseContext*>(fuse_req_userdata(req));
+  if (ctx->page_probe != nullptr) ctx->page_probe->OnReply(cookie, fuse_buf_size(bufv));
+  fuse_reply_none(req);
+}
+
 // Extended attributes are not kept: setting or removing one is not supported.
 void ReplyNoXattr(fuse_req_t req) {
   OpScope scope(req, kXattrWrite);
@@ -604,6 +612,7 @@ const fuse_lowlevel_ops& Operations() {
     o.fsync = Fsync;
     o.fsyncdir = FsyncDir;
     o.fallocate = Fallocate;
+    o.retrieve_reply = RetrieveReply;
     o.setxattr = [](fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) {
       ReplyNoXattr(req);
     };

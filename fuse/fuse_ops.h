@@ -17,6 +17,7 @@ class Registry;
 namespace cubetorchfs::fuse {
 
 struct OpMetrics;
+class PageProbe;
 
 // The FUSE session's userdata: everything the thunks need. Lives for the whole session.
 struct FuseContext {
@@ -28,6 +29,8 @@ struct FuseContext {
   fuse_session* session = nullptr;  // set once after fuse_session_new
   // The kernel may skip open/release and keep its page cache (set once in init).
   bool no_open = false;
+  // Answers the kernel's retrieve replies (set once after the session starts; may be null).
+  PageProbe* page_probe = nullptr;
   std::unique_ptr<OpMetrics> metrics;
 };
 

@@ -26,6 +26,7 @@
 #include "fuse/command_line.h"
 #include "fuse/control_file.h"
 #include "fuse/fuse_ops.h"
+#include "fuse/page_probe.h"
 #include "fuse/warmup.h"
 #include "prefetch/control_server.h"
 #include "prefetch/prefetcher.h"
@@ -277,6 +278,15 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   if (!se) return Fail(kExitBadConfig, "-o: invalid FUSE mount options (see the line above)");
   ctx.session = se.get();
   fuse_session* session = se.get();
+  // Under keep_cache the prefetcher asks the kernel which marked files it still holds.
+  PageProbe page_probe(session, config.fuse.max_read);
+  ctx.page_probe = &page_probe;
+  if (config.fuse.keep_cache) {
+    prefetcher.SetPageProbe([filesystem, &page_probe](const std::string& path, uint64_t size) {
+      std::optional<uint64_t> ino = filesystem->inodes().Find(path);
+      return ino.has_value() && page_probe.Resident(*ino, size);
+    });
+  }
   filesystem->SetWrittenHook([session](uint64_t ino) {
     // A file written through the mount was closed: the kernel drops what it cached of it
     // (other descriptors' pages, attributes), so the next reader sees what the store has.
@@ -320,6 +330,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
 
   CTFS_LOG(kInfo) << "unmounting " << config.mount_point << " (session loop returned " << rc << ")";
   filesystem->StopWriteBack();  // it may notify the session: stop it while the session lives
+  page_probe.Close();           // the same for the prefetcher's probes
   fuse_session_unmount(se.get());
   fuse_remove_signal_handlers(se.get());
   // Files still open for writing when the mount went away (SIGTERM with writers running):

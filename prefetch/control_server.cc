@@ -907,6 +907,7 @@ class ServerImpl final : public ControlServer {
                     {"preempted", s.preempted},
                     {"denied", s.denied},
                     {"page_resident", s.page_resident},
+                    {"probed_absent", s.probed_absent},
                     {"cached", s.cached},
                     {"resident_marks", s.resident_marks},
                     {"inflight", s.inflight},

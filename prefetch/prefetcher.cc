@@ -41,6 +41,7 @@ Prefetcher::Prefetcher(const Options& options, cfs_client::Backend* backend,
     evicted_unread_ = &files.Add({{"outcome", "evicted_unread"}});
     failed_ = &files.Add({{"outcome", "failed"}});
     page_resident_ = &files.Add({{"outcome", "page_resident"}});
+    probed_absent_ = &files.Add({{"outcome", "probed_absent"}});
     cached_ = &files.Add({{"outcome", "cached"}});
     inflight_gauge_ = &prometheus::BuildGauge()
                            .Name("cubetorchfs_prefetch_inflight")
@@ -189,6 +190,11 @@ void Prefetcher::SetAttrSource(AttrSource source) {
   attr_source_ = std::make_shared<const AttrSource>(std::move(source));
 }
 
+void Prefetcher::SetPageProbe(PageProbe probe) {
+  std::lock_guard<std::mutex> l(mu_);
+  page_probe_ = std::make_shared<const PageProbe>(std::move(probe));
+}
+
 Stats Prefetcher::GetStats(std::optional<uid_t> only) {
   std::lock_guard<std::mutex> l(mu_);
   Stats out = totals_;
@@ -220,16 +226,15 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
     auto u = use_.find(uid);
     return u != use_.end() && (u->second.files >= share_files || u->second.bytes >= share_bytes);
   };
+  // Probes take no room in the window.
+  for (auto& [id, s] : streams_)
+    if (std::optional<Job> job = RecheckLocked(s)) return job;
   if (window_.size() >= options_.prefetch.window_files ||
       window_bytes_ >= options_.window_budget_bytes) {
     if (users < 2 || !PreemptLocked(wanting, share_files, share_bytes)) return std::nullopt;
     if (window_.size() >= options_.prefetch.window_files ||
         window_bytes_ >= options_.window_budget_bytes)
       return std::nullopt;
-  }
-  if (rescan_) {  // page-resident marks were dropped: positions passed over may want fetching
-    rescan_ = false;
-    for (auto& [id, s] : streams_) s.next = s.low;
   }
   // Round-robin over streams so one DataLoader cannot starve another.
   auto it = streams_.upper_bound(rr_after_);
@@ -251,10 +256,15 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
         state |= kAttached;
         continue;
       }
-      if (PageResidentLocked(path)) {  // the kernel serves it: nothing to fetch
-        totals_.page_resident++;
-        if (page_resident_) page_resident_->Increment();
-        continue;
+      if (Mark* mark = page_probe_ ? FreshMarkLocked(path) : nullptr) {
+        // The kernel may hold it: pass over it unless the probe finds a page missing. Probed
+        // this near the readers, it is not probed again as they come.
+        state |= kProbed;
+        if (pos < s.high + RecheckLead()) state |= kRechecked;
+        if (mark->probing) continue;
+        mark->probing = true;
+        rr_after_ = s.id;
+        return Job{path, true, mark->version.size};
       }
       state |= kAttached;
       Entry& e = window_[path];
@@ -271,6 +281,9 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
       return Job{path};
     }
   }
+  // The scan above may have moved past files the readers are near.
+  for (auto& [id, s] : streams_)
+    if (std::optional<Job> job = RecheckLocked(s)) return job;
   return std::nullopt;
 }
 
@@ -357,7 +370,9 @@ void Prefetcher::RunJob(const Job& job) {
     }
     if (!attr.ok() && attr.status().code() == Status::Code::kPermissionDenied) {
       got = attr.status();
-    } else if (attr.ok() && attr->IsRegular() && attr->size <= guess) {
+    } else if (attr.ok() && attr->IsRegular() && attr->size > guess) {
+      got = cfs_client::Backend::Fetched{attr.value(), 0};  // the chunked path reads the tier
+    } else if (attr.ok() && attr->IsRegular()) {
       Result<cache::BufferRef> d = disk_->Get(cache::ChunkKey(job.path, attr->Version(), 0));
       if (d.ok() && (*d)->size == attr->size) {
         from_disk = std::move(d).value();
@@ -390,9 +405,11 @@ void Prefetcher::RunJob(const Job& job) {
   e->state = State::kFetching;
   std::vector<cache::BufferRef> chunks;
   Status failure;
+  bool from_disk_used = false;  // the whole file came from the NVMe tier
   if (size <= guess && got->bytes != size) {
     failure = Status::Stale(job.path + ": short read from the store");
   } else if (size <= guess) {
+    from_disk_used = static_cast<bool>(from_disk);
     if (from_disk) {
       chunks.push_back(std::move(from_disk));
     } else {
@@ -467,9 +484,12 @@ void Prefetcher::RunJob(const Job& job) {
     FailLocked(window_.find(job.path));
     return;
   }
-  if (disk_ != nullptr && !e->invalidated)  // kept for later runs and epochs
+  // Kept on the NVMe tier for later runs and epochs (a whole file taken from a cache is
+  // there or in RAM already).
+  std::vector<std::pair<std::string, cache::BufferRef>> to_disk;
+  if (disk_ != nullptr && !e->invalidated && !from_cache && !(size <= guess && from_disk_used))
     for (size_t i = 0; i < chunks.size(); ++i)
-      disk_->PutAsync(cache::ChunkKey(job.path, attr.Version(), i), chunks[i]);
+      to_disk.emplace_back(cache::ChunkKey(job.path, attr.Version(), i), chunks[i]);
   e->chunks = std::move(chunks);
   e->state = State::kReady;
   totals_.fetched++;
@@ -478,6 +498,12 @@ void Prefetcher::RunJob(const Job& job) {
   FinishFetchLocked(*e);
   MaybeReleaseLocked(job.path);
   Wake();
+  l.unlock();
+  // Written by the worker that fetched it, not queued: prefetching outruns the tier's writer
+  // queue, which would drop files; this way the tier's write speed paces prefetching.
+  for (const auto& [key, chunk] : to_disk)
+    if (Status s = disk_->Put(key, *chunk); !s.ok())
+      CTFS_LOG(kDebug) << "NVMe tier: " << key << ": " << s.ToString();
 }
 
 void Prefetcher::DropRefLocked(const std::string& path) {
@@ -565,16 +591,82 @@ bool Prefetcher::PreemptLocked(const std::unordered_map<uid_t, bool>& wanting,
   return false;
 }
 
-bool Prefetcher::PageResidentLocked(const std::string& path) {
+uint64_t Prefetcher::RecheckLead() const {
+  // Room to fetch what has gone since: twice what the workers fetch at once.
+  return 2 * std::max<uint64_t>(options_.prefetch.max_inflight, 1);
+}
+
+std::optional<Prefetcher::Job> Prefetcher::RecheckLocked(Stream& s) {
+  if (!page_probe_) return std::nullopt;
+  // Files passed over are probed again as the readers come near: the first probe may have
+  // been a whole window ahead.
+  const uint64_t end = std::min({s.high + RecheckLead(), s.next, s.base + s.paths.size()});
+  s.recheck = std::max(s.recheck, s.low);
+  while (s.recheck < end) {
+    const uint64_t pos = s.recheck++;
+    uint8_t& state = s.states[pos - s.base];
+    if ((state & kStateMask) != kPending || (state & kProbed) == 0 || (state & kRechecked) != 0)
+      continue;
+    state |= kRechecked;
+    const std::string& path = s.paths[pos - s.base];
+    Mark* mark = FreshMarkLocked(path);
+    if (mark == nullptr) {  // its attributes expired or changed meanwhile: fetch it
+      state &= static_cast<uint8_t>(~kProbed);
+      s.next = std::min(s.next, pos);
+      continue;
+    }
+    if (mark->probing) continue;
+    mark->probing = true;
+    rr_after_ = s.id;
+    return Job{path, true, mark->version.size};
+  }
+  return std::nullopt;
+}
+
+Prefetcher::Mark* Prefetcher::FreshMarkLocked(const std::string& path) {
   auto m = marks_.find(path);
-  if (m == marks_.end()) return false;
+  if (m == marks_.end()) return nullptr;
   // Only at the version of attributes still fresh: once they expire, the kernel asks again
   // and drops its pages if the file changed.
   std::optional<cfs_client::FileAttr> attr;
   if (attr_source_) attr = (*attr_source_)(path, nullptr);
-  if (attr && attr->Version() == m->second.version) return true;
+  if (attr && attr->Version() == m->second.version) return &m->second;
   EraseMarkLocked(path);
-  return false;
+  return nullptr;
+}
+
+void Prefetcher::RunProbe(const Job& job) {
+  std::shared_ptr<const PageProbe> probe;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    probe = page_probe_;
+  }
+  const bool resident = probe && (*probe)(job.path, job.size);
+  std::lock_guard<std::mutex> l(mu_);
+  auto m = marks_.find(job.path);
+  if (m != marks_.end()) m->second.probing = false;
+  if (resident && m != marks_.end()) {
+    totals_.page_resident++;
+    if (page_resident_) page_resident_->Increment();
+    return;
+  }
+  // Pages are gone (or the mark went meanwhile): the positions passed over want the file.
+  if (m != marks_.end()) {
+    EraseMarkLocked(job.path);
+    totals_.probed_absent++;
+    if (probed_absent_) probed_absent_->Increment();
+  }
+  for (auto& [id, s] : streams_) {
+    auto p = s.pending.find(job.path);
+    if (p == s.pending.end()) continue;
+    for (uint64_t pos : p->second) {
+      if (pos < s.base) continue;
+      s.states[pos - s.base] &= static_cast<uint8_t>(~(kProbed | kRechecked));
+      s.next = std::min(s.next, pos);
+      s.recheck = std::min(s.recheck, pos);
+    }
+  }
+  Wake();
 }
 
 void Prefetcher::EraseMarkLocked(const std::string& path) {
@@ -603,11 +695,29 @@ void Prefetcher::MarkResidentLocked(const std::string& path,
 void Prefetcher::NoteNotResidentLocked(const std::string& path) {
   auto m = marks_.find(path);
   if (m == marks_.end()) return;
-  // The kernel was served this file whole, yet asks for it: its pages were dropped. The page
-  // cache drops the oldest first, so every file marked before it is doubtful too.
+  // The kernel was served this file whole, yet asks for it: its pages were dropped, maybe
+  // after a probe found them. The page cache drops what it was served earliest first, so the
+  // files passed over whose marks are older still may have gone the same way since their
+  // probe: they are asked about again.
   const uint64_t seq = m->second.seq;
-  while (!marks_by_seq_.empty() && marks_by_seq_.begin()->first <= seq) DropOldestMarkLocked();
-  rescan_ = true;
+  EraseMarkLocked(path);
+  bool again = false;
+  for (auto& [id, s] : streams_) {
+    // Only the files the readers are about to reach: the rest are rechecked as they come.
+    const uint64_t end =
+        std::min<uint64_t>({s.next, s.base + s.paths.size(), s.high + RecheckLead()});
+    for (uint64_t pos = std::max(s.low, s.high); pos < end; ++pos) {
+      uint8_t& state = s.states[pos - s.base];
+      if ((state & kProbed) == 0) continue;
+      auto other = marks_.find(s.paths[pos - s.base]);
+      if (other == marks_.end() || other->second.seq > seq || other->second.probing) continue;
+      state &= static_cast<uint8_t>(~(kProbed | kRechecked));
+      s.next = std::min(s.next, pos);
+      s.recheck = std::min(s.recheck, pos);
+      again = true;
+    }
+  }
+  if (again) Wake();
 }
 
 void Prefetcher::MarkPositionLocked(Stream& s, uint64_t pos, PosState state) {
@@ -758,7 +868,10 @@ bool Prefetcher::RunOneJob() {
     job = NextJobLocked();
   }
   if (!job) return false;
-  RunJob(*job);
+  if (job->probe)
+    RunProbe(*job);
+  else
+    RunJob(*job);
   return true;
 }
 
@@ -800,7 +913,10 @@ void Prefetcher::WorkerLoop() {
     // Chain: another idle worker looks for more work (wakeups are one at a time).
     work_cv_.notify_one();
     l.unlock();
-    RunJob(*job);
+    if (job->probe)
+      RunProbe(*job);
+    else
+      RunJob(*job);
     l.lock();
   }
 }

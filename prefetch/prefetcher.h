@@ -18,13 +18,19 @@
 // Residency: a file the next epoch can be served without the store is not fetched again.
 // With keep_cache (the kernel keeps the pages of what it was served), a file whose every byte
 // went to the kernel at a version the daemon still holds fresh attributes for (those of the
-// inode table, within attr_timeout_s) is marked page-resident; the scheduler passes over its
-// stream positions, and the readers' opens and reads never reach the daemon. The kernel drops
-// pages under memory pressure without telling: a read of a marked file proves its pages gone,
-// and since the page cache drops the oldest pages first, every mark older than it is dropped
-// too and the streams are looked at again, so what they still want is fetched. Marks are
-// bounded (max_resident_marks, the oldest go first). A file the RAM cache or the NVMe tier
-// holds at the version of those fresh attributes is taken from there with no store request.
+// inode table, within attr_timeout_s) is marked page-resident. The kernel drops pages under
+// memory pressure without telling, and in no fixed order, so a mark only says the kernel may
+// hold the file: when the scheduler reaches a marked file it asks the kernel (the page probe,
+// FUSE_NOTIFY_RETRIEVE) whether every page is still there. If so it passes over the file and
+// the readers' opens and reads never reach the daemon; if not the mark is dropped and the file
+// is fetched. As the readers come within 2 x max_inflight positions of a file passed over,
+// it is probed once more (the first probe may have been a whole window earlier). A read of a
+// marked file (pages dropped after the probes) drops its mark, and the files passed over
+// within that distance ahead of the readers that were served to the kernel before it are
+// asked about again.
+// Without a probe nothing is taken as page-resident. Marks are bounded (max_resident_marks,
+// the oldest go first). A file the RAM cache or the NVMe tier holds at the version of those
+// fresh attributes is taken from there with no store request.
 //
 // Read accounting: every FUSE read of a regular file is reported with OnRead() as hit (no
 // wait on the backend), late (waited on a prefetch in flight) or miss (fetched synchronously),
@@ -89,7 +95,8 @@ struct Stats {
   uint64_t fetched = 0, failed = 0, evicted_unread = 0;
   uint64_t preempted = 0;      // unread files given up so another user got its share
   uint64_t denied = 0;         // files the stream's owner may not read: not fetched
-  uint64_t page_resident = 0;  // positions passed over: the kernel's page cache holds the file
+  uint64_t page_resident = 0;  // probes that found the file whole in the kernel's page cache
+  uint64_t probed_absent = 0;  // probes of marked files whose pages were gone: fetched
   uint64_t cached = 0;         // files taken from the RAM cache or NVMe tier, no store request
   uint64_t resident_marks = 0; // files now marked page-resident
   uint64_t inflight = 0;       // fetches running now
@@ -158,6 +165,11 @@ class Prefetcher {
   // Where residency checks find fresh attributes (no store request). Without one, every
   // file is fetched. Set before streams are published.
   void SetAttrSource(AttrSource source);
+  // Whether the kernel's page cache holds every page of `path` (`size` bytes) now. Called by
+  // a worker without locks held; may block briefly. Without one, no file is taken as
+  // page-resident.
+  using PageProbe = std::function<bool(const std::string& path, uint64_t size)>;
+  void SetPageProbe(PageProbe probe);
 
   // Counters; the streams of user `only` if given, else all.
   Stats GetStats(std::optional<uid_t> only = std::nullopt);
@@ -200,6 +212,10 @@ class Prefetcher {
   // (holding one of its refs).
   static constexpr uint8_t kStateMask = 3;
   static constexpr uint8_t kAttached = 4;
+  // Passed over: the file is marked page-resident and the probe found it whole, or is asking.
+  static constexpr uint8_t kProbed = 8;
+  // Probed again as the readers came near.
+  static constexpr uint8_t kRechecked = 16;
 
   struct Entry {
     State state = State::kStat;
@@ -234,23 +250,33 @@ class Prefetcher {
     uint64_t low = 0;   // first position neither read nor skipped
     uint64_t high = 0;  // one past the furthest position read
     uint64_t next = 0;  // the next position the scheduler looks at
+    uint64_t recheck = 0;  // the next position passed over to probe again (see RecheckLocked)
     uint64_t last_active_ns = 0;
     StreamStats stats;
   };
 
   struct Job {
     std::string path;
+    bool probe = false;  // ask the kernel whether it holds the file, size bytes
+    uint64_t size = 0;
   };
 
   // REQUIRES: mu_ held.
   std::optional<Job> NextJobLocked();
   void RunJob(const Job& job);
+  void RunProbe(const Job& job);
+  // A probe of the next file passed over that the readers are near, if any.
+  std::optional<Job> RecheckLocked(Stream& s);
+  uint64_t RecheckLead() const;  // positions ahead of the readers where rechecks happen
   void MarkPositionLocked(Stream& s, uint64_t pos, PosState state);
-  // Whether the kernel holds `path` whole at the version of its fresh attributes.
-  bool PageResidentLocked(const std::string& path);
+  // The mark of `path` if it is marked at the version of its fresh attributes (else the
+  // mark, if any, is dropped).
+  struct Mark;
+  Mark* FreshMarkLocked(const std::string& path);
   // Records that the kernel was served all of `path` at `version`.
   void MarkResidentLocked(const std::string& path, const cfs_client::FileVersion& version);
-  // A read of `path` reached the daemon: if it was marked, its pages (and older ones) are gone.
+  // A read of `path` reached the daemon: if it was marked, its pages are gone, and older
+  // marks passed over are probed again.
   void NoteNotResidentLocked(const std::string& path);
   void EraseMarkLocked(const std::string& path);
   void DropOldestMarkLocked();
@@ -300,15 +326,16 @@ class Prefetcher {
   Stats totals_;                 // reads and outcome counters (streams filled on demand)
 
   std::shared_ptr<const AttrSource> attr_source_;
+  std::shared_ptr<const PageProbe> page_probe_;
   struct Mark {
     cfs_client::FileVersion version;
     uint64_t seq = 0;
+    bool probing = false;  // a probe of it is running
   };
   std::unordered_map<std::string, Mark> marks_;  // page-resident files
   // The same, oldest first; the keys of marks_ (their nodes do not move).
   std::map<uint64_t, const std::string*> marks_by_seq_;
   uint64_t next_mark_seq_ = 0;
-  bool rescan_ = false;  // marks were dropped: look at the streams' passed positions again
 
   std::vector<std::thread> workers_;
 
@@ -318,6 +345,7 @@ class Prefetcher {
   prometheus::Counter* evicted_unread_ = nullptr;
   prometheus::Counter* failed_ = nullptr;
   prometheus::Counter* page_resident_ = nullptr;
+  prometheus::Counter* probed_absent_ = nullptr;
   prometheus::Counter* cached_ = nullptr;
   prometheus::Gauge* inflight_gauge_ = nullptr;
   prometheus::Gauge* window_gauge_ = nullptr;

@@ -89,6 +89,48 @@ def test_published_files_are_prefetched_and_read_as_hits(cube: CubeFactory, tmp_
     assert m.value("cubetorchfs_reads_total", result="miss") == 0
 
 
+def test_the_page_probe_passes_over_files_the_kernel_holds_and_fetches_those_it_dropped(
+        cube: CubeFactory, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    files = make_tree(src, 40, size=50_000)
+    mount, sock, _ = start(cube, src, latency_us=1000, evict_after_read=False)
+    paths = [str(mount.path(str(f.relative_to(src)))) for f in files]
+    for p in paths:  # read whole: the kernel keeps the pages, the daemon marks the files
+        Path(p).read_bytes()
+    for p in paths[::2]:  # half of them lose their pages, as under memory pressure
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    m = mount.metrics()
+    reads_before = m.value("cubetorchfs_backend_requests_total", op="read", status="ok")
+    fuse_reads_before = sum(m.value("cubetorchfs_reads_total", result=r)
+                            for r in ("hit", "late", "miss"))
+    misses_before = m.value("cubetorchfs_reads_total", result="miss")
+    publish(sock, paths)
+
+    def probed() -> dict[str, Any]:
+        return stats(sock)["global"]["prefetch"]
+    assert wait_until(lambda: probed()["page_resident"] + probed()["probed_absent"] == 40
+                      and probed()["inflight"] == 0, 10), probed()
+    pf = probed()
+    # The dropped half is probed absent and fetched (again: evict_after_read is off, but the
+    # LRU's copies count, not the store's); the kernel may drop a few more on its own.
+    assert pf["probed_absent"] >= 20 and pf["page_resident"] >= 10, pf
+    for f, p in zip(files, paths):
+        assert Path(p).read_bytes() == f.read_bytes()
+    m = mount.metrics()
+    fuse_reads = sum(m.value("cubetorchfs_reads_total", result=r)
+                     for r in ("hit", "late", "miss")) - fuse_reads_before
+    # Every file the kernel lacked was ready: only they reach the daemon, and none is a miss.
+    assert fuse_reads == pf["probed_absent"], (fuse_reads, pf)
+    assert m.value("cubetorchfs_reads_total", result="miss") == misses_before
+    # Files the LRU still held cost no store read.
+    assert m.value("cubetorchfs_backend_requests_total", op="read", status="ok") - reads_before \
+        <= pf["probed_absent"] - pf["cached"]
+
+
 def test_a_read_of_a_file_being_prefetched_waits_instead_of_fetching_again(
         cube: CubeFactory, tmp_path: Path) -> None:
     src = tmp_path / "src"

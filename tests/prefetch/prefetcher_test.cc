@@ -10,6 +10,7 @@
 #include <chrono>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -59,6 +60,19 @@ class PrefetcherTest : public ::testing::Test {
     });
   }
 
+  // The kernel's page cache, as the page probe reports it: it holds the files in held_.
+  void ProbeKernel() {
+    pf_->SetPageProbe([this](const std::string& path, uint64_t size) {
+      probes_++;
+      EXPECT_EQ(size, kFileSize);
+      return held_.count(path) > 0;
+    });
+  }
+  void Hold(std::initializer_list<int> files) {
+    held_.clear();
+    for (int i : files) held_.insert(Name(i));
+  }
+
   std::string Publish(int from, int to) {
     std::string id = pf_->CreateStream("test", 1);
     std::vector<std::string> paths;
@@ -84,53 +98,133 @@ class PrefetcherTest : public ::testing::Test {
   std::unique_ptr<cache::RamCache> ram_;
   std::unique_ptr<Prefetcher> pf_;
   std::map<std::string, cfs_client::FileAttr> known_;
+  std::set<std::string> held_;
+  int probes_ = 0;
 };
 
 TEST_F(PrefetcherTest, FilesTheKernelHoldsWholeAreNotFetchedAgain) {
   Make(8, 1 << 20, 4, true, /*keep_cache=*/true);
   KnowAttrs();
+  ProbeKernel();
   std::string first = Publish(0, 5);
   EXPECT_EQ(RunAll(), 5);
+  EXPECT_EQ(probes_, 0);  // nothing marked yet: nothing to ask
   for (int i = 0; i < 5; ++i) ReadFile(i);
   EXPECT_EQ(pf_->GetStats().resident_marks, 5u);
   pf_->DeleteStream(first);
   const size_t reads = store_.read_log().size();
   const int stats = store_.stats();
-  // The next epoch: the kernel serves all five from its pages, so nothing is fetched.
+  // The next epoch: the kernel still holds all five, so nothing is fetched.
+  Hold({0, 1, 2, 3, 4});
   Publish(0, 5);
-  EXPECT_EQ(RunAll(), 0);
+  RunAll();
+  EXPECT_EQ(probes_, 5);
   EXPECT_EQ(store_.read_log().size(), reads);
   EXPECT_EQ(store_.stats(), stats);
   EXPECT_EQ(pf_->GetStats().page_resident, 5u);
   EXPECT_EQ(pf_->GetStats().window_files, 0u);
 }
 
-TEST_F(PrefetcherTest, AReadOfAMarkedFileDropsItAndOlderMarksAndFetchesWhatIsStillWanted) {
+TEST_F(PrefetcherTest, MarkedFilesWhosePagesTheKernelDroppedAreFetched) {
   Make(8, 1 << 20, 4, true, /*keep_cache=*/true);
   KnowAttrs();
+  ProbeKernel();
   pf_->DeleteStream(Publish(0, 5));  // nothing fetched: the reads below are demand reads
-  for (int i = 0; i < 5; ++i) ReadFile(i, ReadOutcome::kMiss);  // marked in order 0..4
+  for (int i = 0; i < 5; ++i) ReadFile(i, ReadOutcome::kMiss);  // all five marked
+  // Memory pressure took the pages of 2 and 4, and not in the order they were served.
+  Hold({0, 1, 3});
   Publish(0, 5);
-  EXPECT_EQ(RunAll(), 0);
-  // The kernel asks for file 2 after all: its pages, and likely those of 0 and 1, are gone.
-  ReadFile(2, ReadOutcome::kMiss);
   const size_t before = store_.read_log().size();
-  EXPECT_EQ(RunAll(), 2);
+  RunAll();
   std::vector<std::string> log = store_.read_log();
   EXPECT_EQ(std::vector<std::string>(log.begin() + before, log.end()),
-            (std::vector<std::string>{Name(0), Name(1)}));
-  // 3 and 4 are still marked; 2 was just served whole again.
-  EXPECT_EQ(pf_->GetStats().resident_marks, 3u);
-  // The refetched files are served from the window, and leave it once read.
-  EXPECT_TRUE(pf_->Get(Name(0), {kFileSize, 1}, 0).has_value());
-  ReadFile(0);
-  ReadFile(1);
+            (std::vector<std::string>{Name(2), Name(4)}));
+  Stats st = pf_->GetStats();
+  EXPECT_EQ(st.page_resident, 3u);
+  EXPECT_EQ(st.probed_absent, 2u);
+  EXPECT_EQ(st.resident_marks, 3u);
+  // The fetched files are served from the window, and leave it once read.
+  EXPECT_TRUE(pf_->Get(Name(2), {kFileSize, 1}, 0).has_value());
+  ReadFile(2);
+  ReadFile(4);
   EXPECT_EQ(pf_->GetStats().window_files, 0u);
+}
+
+TEST_F(PrefetcherTest, FilesPassedOverAreProbedAgainAsTheReadersComeNear) {
+  Prefetcher::Options o;
+  o.start_workers = false;
+  o.keep_cache = true;
+  o.prefetch.window_files = 64;
+  o.prefetch.max_inflight = 2;  // rechecks 4 positions ahead of the furthest read
+  o.skip_slack = 4;
+  o.attr_timeout_s = 10;
+  pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
+  KnowAttrs();
+  ProbeKernel();
+  for (int i = 0; i < 20; ++i) ReadFile(i, ReadOutcome::kMiss);
+  Hold({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19});
+  Publish(0, 20);
+  RunAll();
+  EXPECT_EQ(probes_, 20);
+  EXPECT_TRUE(store_.read_log().empty());
+  // Long after that first probe, the kernel drops file 10's pages. The readers reach file 7
+  // (its pages had gone too): files 8 to 11 are now near, and asked about again.
+  held_.erase(Name(10));
+  held_.erase(Name(7));
+  ReadFile(7, ReadOutcome::kMiss);
+  RunAll();
+  EXPECT_EQ(store_.read_log(), std::vector<std::string>{Name(10)});
+  EXPECT_EQ(pf_->GetStats().probed_absent, 1u);
+  // Files further ahead are not asked about again yet.
+  held_.erase(Name(15));
+  RunAll();
+  EXPECT_EQ(store_.read_log(), std::vector<std::string>{Name(10)});
+}
+
+TEST_F(PrefetcherTest, AFilePublishedTwiceWhosePagesAreGoneIsProbedAndFetchedOnce) {
+  Make(8, 1 << 20, 4, true, /*keep_cache=*/true);
+  KnowAttrs();
+  ProbeKernel();
+  ReadFile(0, ReadOutcome::kMiss);
+  std::string id = pf_->CreateStream("test", 1);
+  ASSERT_TRUE(pf_->Publish(id, {Name(0), Name(1), Name(0)}));
+  // The probe finds file 0 gone: it is fetched once, for both of its positions.
+  RunAll();
+  EXPECT_EQ(probes_, 1);
+  EXPECT_EQ(store_.read_log(), (std::vector<std::string>{Name(0), Name(1)}));
+  EXPECT_EQ(pf_->GetStats().window_files, 2u);
+}
+
+TEST_F(PrefetcherTest, AReadOfAMarkedFileDropsOnlyItsMark) {
+  Make(8, 1 << 20, 4, true, /*keep_cache=*/true);
+  KnowAttrs();
+  ProbeKernel();
+  for (int i = 0; i < 3; ++i) ReadFile(i, ReadOutcome::kMiss);
+  // The kernel asks for file 1 again (and only reads part of it): its pages are gone.
+  pf_->OnRead(Name(1), {kFileSize, 1}, 0, kFileSize / 2, ReadOutcome::kMiss);
+  EXPECT_EQ(pf_->GetStats().resident_marks, 2u);
+  Hold({0, 1, 2});
+  Publish(0, 3);
+  RunAll();
+  EXPECT_EQ(probes_, 2);
+  EXPECT_EQ(store_.read_log(), std::vector<std::string>{Name(1)});
+}
+
+TEST_F(PrefetcherTest, WithoutAPageProbeMarkedFilesAreFetched) {
+  Make(8, 1 << 20, 4, true, /*keep_cache=*/true);
+  KnowAttrs();
+  for (int i = 0; i < 3; ++i) ReadFile(i, ReadOutcome::kMiss);
+  EXPECT_EQ(pf_->GetStats().resident_marks, 3u);
+  Publish(0, 3);
+  EXPECT_EQ(RunAll(), 3);
+  EXPECT_EQ(store_.read_log().size(), 3u);
 }
 
 TEST_F(PrefetcherTest, MarksHoldOnlyAtTheVersionOfFreshAttributes) {
   Make(8, 1 << 20, 4, true, /*keep_cache=*/true);
   KnowAttrs();
+  ProbeKernel();
+  Hold({0, 1, 2});
   pf_->DeleteStream(Publish(0, 3));
   for (int i = 0; i < 3; ++i) ReadFile(i);
   known_[Name(0)].mtime_ns = 2;  // changed in the store
@@ -138,12 +232,14 @@ TEST_F(PrefetcherTest, MarksHoldOnlyAtTheVersionOfFreshAttributes) {
   pf_->Invalidate(Name(2));      // written through the mount
   Publish(0, 3);
   EXPECT_EQ(RunAll(), 3);
+  EXPECT_EQ(probes_, 0);
   EXPECT_EQ(pf_->GetStats().page_resident, 0u);
 }
 
 TEST_F(PrefetcherTest, WithoutKeepCacheNothingIsMarked) {
   Make();
   KnowAttrs();
+  ProbeKernel();
   pf_->DeleteStream(Publish(0, 3));
   for (int i = 0; i < 3; ++i) ReadFile(i, ReadOutcome::kMiss);
   EXPECT_EQ(pf_->GetStats().resident_marks, 0u);
@@ -154,11 +250,13 @@ TEST_F(PrefetcherTest, WithoutKeepCacheNothingIsMarked) {
 TEST_F(PrefetcherTest, ReadsForTheControlApiMarkNothing) {
   Make(8, 1 << 20, 4, true, /*keep_cache=*/true);
   KnowAttrs();
+  ProbeKernel();
   // /batchdownload streamed file 0 to an HTTP client: the kernel holds none of it.
   pf_->OnRead(Name(0), {kFileSize, 1}, 0, kFileSize, ReadOutcome::kMiss, /*to_kernel=*/false);
   EXPECT_EQ(pf_->GetStats().resident_marks, 0u);
   Publish(0, 1);
   EXPECT_EQ(RunAll(), 1);
+  EXPECT_EQ(probes_, 0);
 }
 
 TEST_F(PrefetcherTest, MarksAreBounded) {
@@ -168,10 +266,14 @@ TEST_F(PrefetcherTest, MarksAreBounded) {
   o.max_resident_marks = 3;
   pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
   KnowAttrs();
+  ProbeKernel();
   for (int i = 0; i < 10; ++i) ReadFile(i, ReadOutcome::kMiss);
   EXPECT_EQ(pf_->GetStats().resident_marks, 3u);
+  Hold({0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
   Publish(0, 10);
-  EXPECT_EQ(RunAll(), 7);  // only the newest three (7, 8, 9) are passed over
+  RunAll();
+  EXPECT_EQ(probes_, 3);  // only the newest three (7, 8, 9) are asked about and passed over
+  EXPECT_EQ(store_.read_log().size(), 7u);
   EXPECT_EQ(pf_->GetStats().page_resident, 3u);
 }
 
