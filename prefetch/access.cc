@@ -125,6 +125,10 @@ Result<Caller> TcpPeer(int fd) {
     if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY) continue;
     const auto* d = reinterpret_cast<const inet_diag_msg*>(NLMSG_DATA(h));
     if (d->id.idiag_sport != p4.sin_port || d->id.idiag_dport != l4.sin_port) continue;
+    // A peer socket no process holds any more (closed: orphaned, or a time-wait remnant the
+    // kernel reports as uid 0) names nobody; taking its uid would make any user root.
+    if (d->idiag_inode == 0)
+      return Status::PermissionDenied("the peer closed its socket before it was identified");
     Caller c;
     c.uid = d->idiag_uid;
     c.gid = PrimaryGid(c.uid);

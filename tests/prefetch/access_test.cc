@@ -74,6 +74,17 @@ TEST(PeerTest, TcpPeerIsTheKernelsWordOrARefusal) {
   EXPECT_EQ(tcp_peer->uid, ::geteuid());
   ::close(conn);
   ::close(cli);
+  // A peer that sends and closes before the daemon asks: its socket is now a closed remnant
+  // the kernel reports with uid 0 (as root). It must be refused, not taken for root.
+  cli = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(::connect(cli, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::write(cli, "GET / HTTP/1.1\r\n\r\n", 18), 18);
+  ::close(cli);
+  conn = ::accept(srv, nullptr, nullptr);
+  ASSERT_GE(conn, 0);
+  Result<Caller> closed = TcpPeer(conn);
+  EXPECT_FALSE(closed.ok()) << "a closed peer was taken for uid " << closed->uid;
+  ::close(conn);
   ::close(srv);
 }
 
