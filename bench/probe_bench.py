@@ -17,11 +17,9 @@ prefetcher is done, per file, and probe/fetch ratios. Rounds use a fresh mount e
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -32,31 +30,18 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 from epoch_bench import Mount, StoreCap, drop_caches, generate  # noqa: E402
 
+sys.path.insert(0, str(REPO / "tests" / "integration"))
+from cubefs_harness import UnixHTTPConnection, call  # noqa: E402
+
 
 def log(msg: str) -> None:
     print(f"[probe_bench] {msg}", file=sys.stderr, flush=True)
 
 
-class UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str) -> None:
-        super().__init__("localhost", timeout=30)
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self._path)
-
-
 def request(sock: str, method: str, target: str, body: object = None) -> dict:
-    conn = UnixConnection(sock)
-    conn.request(method, target, body=None if body is None else json.dumps(body),
-                 headers={"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    data = resp.read()
-    conn.close()
-    if resp.status >= 300:
-        raise RuntimeError(f"{method} {target}: {resp.status} {data[:200]!r}")
+    status, data = call(UnixHTTPConnection(sock, timeout=30), method, target, body)
+    if status >= 300:
+        raise RuntimeError(f"{method} {target}: {status} {data[:200]!r}")
     return json.loads(data) if data else {}
 
 

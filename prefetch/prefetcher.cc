@@ -403,13 +403,13 @@ void Prefetcher::RunJob(const Job& job) {
     if (cached_) cached_->Increment();
   }
   e->state = State::kFetching;
+  // The whole file came from the RAM cache or the NVMe tier: nothing to write back.
+  const bool had_copy = from_disk != nullptr;
   std::vector<cache::BufferRef> chunks;
   Status failure;
-  bool from_disk_used = false;  // the whole file came from the NVMe tier
   if (size <= guess && got->bytes != size) {
     failure = Status::Stale(job.path + ": short read from the store");
   } else if (size <= guess) {
-    from_disk_used = static_cast<bool>(from_disk);
     if (from_disk) {
       chunks.push_back(std::move(from_disk));
     } else {
@@ -484,10 +484,9 @@ void Prefetcher::RunJob(const Job& job) {
     FailLocked(window_.find(job.path));
     return;
   }
-  // Kept on the NVMe tier for later runs and epochs (a whole file taken from a cache is
-  // there or in RAM already).
+  // Kept on the NVMe tier for later runs and epochs.
   std::vector<std::pair<std::string, cache::BufferRef>> to_disk;
-  if (disk_ != nullptr && !e->invalidated && !from_cache && !(size <= guess && from_disk_used))
+  if (disk_ != nullptr && !e->invalidated && !had_copy)
     for (size_t i = 0; i < chunks.size(); ++i)
       to_disk.emplace_back(cache::ChunkKey(job.path, attr.Version(), i), chunks[i]);
   e->chunks = std::move(chunks);
@@ -611,8 +610,7 @@ std::optional<Prefetcher::Job> Prefetcher::RecheckLocked(Stream& s) {
     const std::string& path = s.paths[pos - s.base];
     Mark* mark = FreshMarkLocked(path);
     if (mark == nullptr) {  // its attributes expired or changed meanwhile: fetch it
-      state &= static_cast<uint8_t>(~kProbed);
-      s.next = std::min(s.next, pos);
+      UnprobeLocked(s, pos);
       continue;
     }
     if (mark->probing) continue;
@@ -621,6 +619,12 @@ std::optional<Prefetcher::Job> Prefetcher::RecheckLocked(Stream& s) {
     return Job{path, true, mark->version.size};
   }
   return std::nullopt;
+}
+
+void Prefetcher::UnprobeLocked(Stream& s, uint64_t pos) {
+  s.states[pos - s.base] &= static_cast<uint8_t>(~(kProbed | kRechecked));
+  s.next = std::min(s.next, pos);
+  s.recheck = std::min(s.recheck, pos);
 }
 
 Prefetcher::Mark* Prefetcher::FreshMarkLocked(const std::string& path) {
@@ -633,6 +637,13 @@ Prefetcher::Mark* Prefetcher::FreshMarkLocked(const std::string& path) {
   if (attr && attr->Version() == m->second.version) return &m->second;
   EraseMarkLocked(path);
   return nullptr;
+}
+
+void Prefetcher::Run(const Job& job) {
+  if (job.probe)
+    RunProbe(job);
+  else
+    RunJob(job);
 }
 
 void Prefetcher::RunProbe(const Job& job) {
@@ -659,12 +670,8 @@ void Prefetcher::RunProbe(const Job& job) {
   for (auto& [id, s] : streams_) {
     auto p = s.pending.find(job.path);
     if (p == s.pending.end()) continue;
-    for (uint64_t pos : p->second) {
-      if (pos < s.base) continue;
-      s.states[pos - s.base] &= static_cast<uint8_t>(~(kProbed | kRechecked));
-      s.next = std::min(s.next, pos);
-      s.recheck = std::min(s.recheck, pos);
-    }
+    for (uint64_t pos : p->second)
+      if (pos >= s.base) UnprobeLocked(s, pos);
   }
   Wake();
 }
@@ -707,13 +714,10 @@ void Prefetcher::NoteNotResidentLocked(const std::string& path) {
     const uint64_t end =
         std::min<uint64_t>({s.next, s.base + s.paths.size(), s.high + RecheckLead()});
     for (uint64_t pos = std::max(s.low, s.high); pos < end; ++pos) {
-      uint8_t& state = s.states[pos - s.base];
-      if ((state & kProbed) == 0) continue;
+      if ((s.states[pos - s.base] & kProbed) == 0) continue;
       auto other = marks_.find(s.paths[pos - s.base]);
       if (other == marks_.end() || other->second.seq > seq || other->second.probing) continue;
-      state &= static_cast<uint8_t>(~(kProbed | kRechecked));
-      s.next = std::min(s.next, pos);
-      s.recheck = std::min(s.recheck, pos);
+      UnprobeLocked(s, pos);
       again = true;
     }
   }
@@ -868,10 +872,7 @@ bool Prefetcher::RunOneJob() {
     job = NextJobLocked();
   }
   if (!job) return false;
-  if (job->probe)
-    RunProbe(*job);
-  else
-    RunJob(*job);
+  Run(*job);
   return true;
 }
 
@@ -913,10 +914,7 @@ void Prefetcher::WorkerLoop() {
     // Chain: another idle worker looks for more work (wakeups are one at a time).
     work_cv_.notify_one();
     l.unlock();
-    if (job->probe)
-      RunProbe(*job);
-    else
-      RunJob(*job);
+    Run(*job);
     l.lock();
   }
 }

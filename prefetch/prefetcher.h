@@ -263,8 +263,11 @@ class Prefetcher {
 
   // REQUIRES: mu_ held.
   std::optional<Job> NextJobLocked();
+  void Run(const Job& job);  // RunProbe or RunJob
   void RunJob(const Job& job);
   void RunProbe(const Job& job);
+  // Position `pos` of `s` is no longer passed over: the scheduler and rechecks look again.
+  void UnprobeLocked(Stream& s, uint64_t pos);
   // A probe of the next file passed over that the readers are near, if any.
   std::optional<Job> RecheckLocked(Stream& s);
   uint64_t RecheckLead() const;  // positions ahead of the readers where rechecks happen

@@ -9,8 +9,9 @@ whole), naming the reason.
 
 Only skips caused by an environment problem of this machine become failures: each conftest
 passes `install` a function listing those problems as the exact texts the tests put in their
-skip reasons (cubefs_harness.environment_problems(), the error loading libcubetorch_io). Every
-other skip stays a skip under CI: no GPU, no CUDA, ../shared/cubefs absent, not root, a
+skip reasons (cubefs_harness.environment_problems(), the error loading libcubetorch_io, and
+for the security and trust tests `NOT_ROOT`: a CI run that is not root would otherwise pass
+with every attack untried). Every other skip stays a skip under CI: no GPU, no CUDA, a
 Prometheus or node binary missing, a test that skips itself for its own reasons.
 
 The conftests import it with tests/ appended to sys.path (last, so it shadows nothing).
@@ -22,6 +23,15 @@ import os
 from typing import Any, Callable, Dict, Generator, List, Optional
 
 import pytest
+
+
+# The skip reason of tests that need root starts with this; a problem under CI (see above).
+NOT_ROOT = "needs root"
+
+
+def not_root() -> List[str]:
+    """[NOT_ROOT] when this process is not root, else []."""
+    return [NOT_ROOT] if os.geteuid() != 0 else []
 
 
 def ci() -> bool:

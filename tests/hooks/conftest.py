@@ -28,18 +28,22 @@ def _load_ci_skips() -> Any:
     return ci_skips
 
 
+_ci_skips = _load_ci_skips()
+
+
 def _environment_problems() -> List[str]:
-    """Why libcubetorch_io cannot be loaded here (test_loader.py skips then), if it cannot."""
+    """Why libcubetorch_io cannot be loaded here (test_loader.py skips then), if it cannot;
+    and not being root (test_hook_trust.py skips then)."""
     from cube_torch import _io
     try:
         _io.lib()
     except OSError as e:
-        return [str(e)]
-    return []
+        return [str(e)] + _ci_skips.not_root()
+    return _ci_skips.not_root()
 
 
 # pytest_runtest_makereport, pytest_make_collect_report: environment skips fail under CI.
-_load_ci_skips().install(globals(), _environment_problems)
+_ci_skips.install(globals(), _environment_problems)
 
 _ENV = ("VOL_NAME", "CUBE_TORCH_DISABLE", "CUBE_TORCH_VERBOSE", "CUBE_TORCH_LOOKAHEAD_BATCHES",
         "CUBE_TORCH_REPORT_S")

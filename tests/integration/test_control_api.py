@@ -115,8 +115,8 @@ def test_the_page_probe_passes_over_files_the_kernel_holds_and_fetches_those_it_
     assert wait_until(lambda: probed()["page_resident"] + probed()["probed_absent"] == 40
                       and probed()["inflight"] == 0, 10), probed()
     pf = probed()
-    # The dropped half is probed absent and fetched (again: evict_after_read is off, but the
-    # LRU's copies count, not the store's); the kernel may drop a few more on its own.
+    # The dropped half is probed absent and fetched (from the LRU, which kept every file read:
+    # evict_after_read is off); the kernel may drop a few more pages on its own.
     assert pf["probed_absent"] >= 20 and pf["page_resident"] >= 10, pf
     for f, p in zip(files, paths):
         assert Path(p).read_bytes() == f.read_bytes()
