@@ -161,8 +161,13 @@ class Mount:
         }
         (work / "config.json").write_text(json.dumps(config))
         subprocess.run([binary, "-c", str(work / "config.json")], check=True, env=self.env, timeout=60)
-        self.pid = json.loads((work / f"cube_torch.config.{self.vol}").read_text())["pid"]
-        self.idle_rss = self.status_mib("VmRSS")  # mounted, nothing read yet
+        self.pid = 0
+        try:
+            self.pid = json.loads((work / f"cube_torch.config.{self.vol}").read_text())["pid"]
+            self.idle_rss = self.status_mib("VmRSS")  # mounted, nothing read yet
+        except BaseException:
+            self.close()  # mounted: never leave it behind
+            raise
 
     def status_mib(self, key: str) -> float:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():

@@ -81,7 +81,7 @@ def test_published_files_are_prefetched_and_read_as_hits(cube: CubeFactory, tmp_
     assert reads["miss"] == 0 and reads["hit"] >= 40, s
     stream = [x for x in s["streams"] if x["id"] == sid][0]
     assert stream["read"] == 40 and stream["reads"]["hit"] == 40 and stream["hit_ratio"] == 1.0
-    # Evict-after-read: the window is empty again, nothing was fetched twice.
+    # Every file read whole left the window (for the LRU): it is empty, nothing fetched twice.
     assert s["global"]["prefetch"]["window_files"] == 0
     m = mount.metrics()
     assert m.value("cubetorchfs_prefetch_files_total", outcome="fetched") == 40

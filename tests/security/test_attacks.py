@@ -1,4 +1,4 @@
-"""The audit's attacks, each tried against a real daemon by a hostile local user, and shown to
+"""Attacks on the daemon, each tried against a real daemon by a hostile local user, and shown to
 fail: store symlinks that lead out of the root (through every API and through the mount),
 root-only files asked for over TCP and the unix socket, other users' streams, a directory
 swapped for a symlink under an allow_other mount, memory attacks, a flooding user, forged log

@@ -1,4 +1,4 @@
-"""Finding 4: the root daemon writes its control file in a directory other users can write to
+"""The root daemon writes its control file in a directory other users can write to
 (/tmp by default). Symlinks planted at the names an attacker can predict — the old temp name
 `<dir>/cube_torch.config.<vol>.tmp.<pid>` for the pids the daemon may get, and the final name —
 must never make it write through them: the victim they point at is unchanged, and the control

@@ -1,4 +1,4 @@
-"""Finding 5: what the daemon keeps on disk of the files it serves is private to it.
+"""What the daemon keeps on disk of the files it serves is private to it.
 
 A 0600 root file read through a real mount lands in the NVMe tier (cache.disk_dir); a file
 written through an S3 mount sits in a staging file (backend.staging_dir). Both directories are
