@@ -290,6 +290,9 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   filesystem->SetWrittenHook([session](uint64_t ino) {
     // A file written through the mount was closed: the kernel drops what it cached of it
     // (other descriptors' pages, attributes), so the next reader sees what the store has.
+    // Not once the loop has stopped: the kernel may wait on a page whose read is never
+    // answered, and the write-back thread would hang the unmount.
+    if (fuse_session_exited(session)) return;
     int err = fuse_lowlevel_notify_inval_inode(session, ino, 0, 0);
     if (err != 0 && err != -ENOENT) CTFS_LOG(kWarn) << "invalidate inode " << ino << ": " << err;
   });

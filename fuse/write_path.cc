@@ -167,14 +167,18 @@ void FileSystem::WriteBackLoop() {
     // As a close would: the bytes reach the store and the file is closed there (a later
     // write opens it again). A failure keeps the bytes for the next try or fsync.
     // A failure is tried again one idle time later, not at every pass.
+    // A file that cannot be closed yet (still open for writing, or unlinked while open) is
+    // looked at again one idle time later too, and is not counted.
     for (uint64_t ino : idle) {
-      if (Status s = Flush(ino); s.ok()) {
-        write_back_ok_->Increment();
-      } else {
+      const Status s = Flush(ino);
+      std::shared_ptr<WriteState> still_open = FindWriteState(ino);
+      if (still_open) still_open->changed_ns = clock_->NowNanos();
+      if (!s.ok()) {
         write_back_failed_->Increment();
-        if (std::shared_ptr<WriteState> st = FindWriteState(ino)) st->changed_ns = clock_->NowNanos();
         CTFS_LOG(kError) << "write-back: " << s.ToString() << " (kept, tried again in "
                          << options_.write_back_idle_s << " s)";
+      } else if (!still_open) {
+        write_back_ok_->Increment();
       }
     }
     l.lock();

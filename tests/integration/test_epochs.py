@@ -221,3 +221,12 @@ def test_without_flush_on_close_written_files_reach_the_store_after_an_idle_time
     assert m.metrics().value("cubetorchfs_backend_requests_total", op="fsync", status="ok") >= 1
     ops = fuse_ops(m)
     assert ops.get("flush", 0) == 1, ops  # only the very first close was sent
+    # A file unlinked while still open cannot be closed in the store yet: the write-back
+    # leaves it alone (it neither counts it as written back nor retries it every pass).
+    done = m.metrics().value("cubetorchfs_write_back_total", result="ok")
+    with open(m.path("scratch.bin"), "wb") as f:
+        f.write(b"s" * 1000)
+        f.flush()
+        os.unlink(m.path("scratch.bin"))
+        time.sleep(1.5)  # three idle times
+        assert m.metrics().value("cubetorchfs_write_back_total", result="ok") == done
