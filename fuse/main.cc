@@ -186,6 +186,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   pf_options.max_queued_paths_per_uid = config.prefetch.max_queued_paths_per_uid;
   pf_options.max_queued_paths = config.prefetch.max_queued_paths;
   pf_options.keep_cache = config.fuse.keep_cache;
+  PageProbe page_probe;  // outlives the prefetcher, which may call it; attached below
   prefetch::Prefetcher prefetcher(pf_options, backend->get(), cache.get(), SystemClock(),
                                   registry.get(), disk.get());
   FileSystem::Options fs_options;
@@ -279,7 +280,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   ctx.session = se.get();
   fuse_session* session = se.get();
   // Under keep_cache the prefetcher asks the kernel which marked files it still holds.
-  PageProbe page_probe(session, config.fuse.max_read);
+  page_probe.Attach(session);
   ctx.page_probe = &page_probe;
   if (config.fuse.keep_cache) {
     prefetcher.SetPageProbe([filesystem, &page_probe](const std::string& path, uint64_t size) {
@@ -333,7 +334,8 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
 
   CTFS_LOG(kInfo) << "unmounting " << config.mount_point << " (session loop returned " << rc << ")";
   filesystem->StopWriteBack();  // it may notify the session: stop it while the session lives
-  page_probe.Close();           // the same for the prefetcher's probes
+  prefetcher.SetPageProbe(nullptr);  // no more probes: what is marked is simply fetched
+  page_probe.Close();                // and none still being sent
   fuse_session_unmount(se.get());
   fuse_remove_signal_handlers(se.get());
   // Files still open for writing when the mount went away (SIGTERM with writers running):

@@ -6,53 +6,57 @@
 
 namespace cubetorchfs::fuse {
 
-PageProbe::PageProbe(fuse_session* session, uint64_t max_retrieve,
-                     std::chrono::milliseconds timeout)
-    : max_retrieve_(std::max<uint64_t>(max_retrieve, 4096)), timeout_(timeout),
-      session_(session) {}
+PageProbe::PageProbe(std::chrono::milliseconds timeout)
+    : timeout_(timeout), page_(static_cast<uint64_t>(::sysconf(_SC_PAGESIZE))) {}
+
+void PageProbe::Attach(fuse_session* session) {
+  std::lock_guard<std::mutex> l(mu_);
+  session_ = session;
+}
 
 bool PageProbe::Resident(uint64_t ino, uint64_t size) {
   if (size == 0) return true;  // nothing to hold
-  if (!Retrieve(ino, 0, std::min(size, max_retrieve_))) return false;
-  if (size <= max_retrieve_) return true;
-  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t last = (size - 1) / page * page;
+  if (!Retrieve(ino, 0, std::min(size, page_))) return false;
+  if (size <= page_) return true;
+  const uint64_t last = (size - 1) / page_ * page_;
   return Retrieve(ino, last, size - last);
 }
 
 bool PageProbe::Retrieve(uint64_t ino, uint64_t offset, uint64_t len) {
+  Pending pending;
   std::unique_lock<std::mutex> l(mu_);
-  if (session_ == nullptr) return false;
+  fuse_session* const session = session_;
+  if (session == nullptr) return false;
   const uint64_t cookie = next_cookie_++;
-  pending_.emplace(cookie, std::nullopt);
-  // The kernel answers with a request our own loop serves: it cannot arrive before the
-  // cookie is registered, and the write itself does not wait for it.
-  const int rc = fuse_lowlevel_notify_retrieve(session_, ino, static_cast<size_t>(len),
+  // Registered before the notify: the answer, a request our own loop serves, finds it.
+  pending_.emplace(cookie, &pending);
+  sending_++;
+  l.unlock();
+  const int rc = fuse_lowlevel_notify_retrieve(session, ino, static_cast<size_t>(len),
                                                static_cast<off_t>(offset),
                                                reinterpret_cast<void*>(cookie));
-  if (rc != 0) {  // -ENOENT: the kernel has forgotten the inode, and its pages with it
-    pending_.erase(cookie);
-    return false;
-  }
-  cv_.wait_for(l, timeout_,
-               [&] { return session_ == nullptr || pending_.at(cookie).has_value(); });
-  const std::optional<uint64_t> got = pending_.at(cookie);
+  l.lock();
+  if (--sending_ == 0) idle_cv_.notify_all();
+  // rc -ENOENT: the kernel has forgotten the inode, and its pages with it.
+  if (rc == 0)
+    pending.cv.wait_for(l, timeout_, [&] { return session_ == nullptr || pending.bytes; });
   pending_.erase(cookie);
-  return got.has_value() && *got >= len;
+  return pending.bytes.has_value() && *pending.bytes >= len;
 }
 
 void PageProbe::OnReply(void* cookie, uint64_t bytes) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = pending_.find(reinterpret_cast<uint64_t>(cookie));
   if (it == pending_.end()) return;  // answered after its caller gave up
-  it->second = bytes;
-  cv_.notify_all();
+  it->second->bytes = bytes;
+  it->second->cv.notify_one();
 }
 
 void PageProbe::Close() {
-  std::lock_guard<std::mutex> l(mu_);
+  std::unique_lock<std::mutex> l(mu_);
   session_ = nullptr;
-  cv_.notify_all();
+  for (auto& [cookie, pending] : pending_) pending->cv.notify_one();
+  idle_cv_.wait(l, [&] { return sending_ == 0; });
 }
 
 }  // namespace cubetorchfs::fuse

@@ -1,16 +1,17 @@
-// Asks the kernel which files of the mount its page cache still holds.
+// Asks the kernel whether its page cache still holds a file of the mount.
 //
-// FUSE_NOTIFY_RETRIEVE makes the kernel send back the pages of an inode it holds, from an
-// offset up to the first page it lacks (at most max_pages of them). A whole-file answer
-// means every page is cached. For a file larger than one retrieve, the first retrieve's
-// worth and the last page are asked for: the pages of a file read whole are dropped
-// together, oldest first, so those two stand for the file.
+// FUSE_NOTIFY_RETRIEVE makes the kernel send back the pages of an inode it holds in a range,
+// up to the first page it lacks. The probe asks for the file's first page and its last page:
+// the pages of a file read whole are dropped together, oldest first, so those two stand for
+// the file, and a probe moves two pages through /dev/fuse however large the file is. A page
+// dropped from the middle of a larger file is not seen: its read reaches the daemon.
 //
 // The answer comes back as a request (retrieve_reply) on a FUSE thread; Resident() waits
 // for it, at most `timeout`. A kernel that does not know the inode, a failed notify or no
 // answer in time all mean "not resident": the caller fetches the file, which is always safe.
 //
-// Thread-safe. Close() before the session is destroyed; Resident() then answers false.
+// Thread-safe. Attach() once the session exists; Close() before it is destroyed (it waits for
+// notifies being sent). Resident() answers false before Attach() and after Close().
 #pragma once
 
 #define FUSE_USE_VERSION 314
@@ -27,11 +28,11 @@ namespace cubetorchfs::fuse {
 
 class PageProbe {
  public:
-  // `max_retrieve`: the most bytes one retrieve returns (the mount's max_write).
-  PageProbe(fuse_session* session, uint64_t max_retrieve,
-            std::chrono::milliseconds timeout = std::chrono::milliseconds(1000));
+  explicit PageProbe(std::chrono::milliseconds timeout = std::chrono::milliseconds(1000));
 
-  // Whether the kernel's page cache holds [0, size) of inode `ino` (see above).
+  void Attach(fuse_session* session);
+  // Whether the kernel's page cache holds the first and last page of inode `ino` (`size`
+  // bytes).
   bool Resident(uint64_t ino, uint64_t size);
   // The kernel's answer to the retrieve `cookie`: `bytes` bytes from its offset.
   void OnReply(void* cookie, uint64_t bytes);
@@ -39,16 +40,21 @@ class PageProbe {
   void Close();
 
  private:
+  struct Pending {
+    std::condition_variable cv;
+    std::optional<uint64_t> bytes;  // the answer
+  };
   // Whether the kernel returns all of [offset, offset + len).
   bool Retrieve(uint64_t ino, uint64_t offset, uint64_t len);
 
-  const uint64_t max_retrieve_;
   const std::chrono::milliseconds timeout_;
-  std::mutex mu_;  // guards everything below; held across the notify write (never blocks)
-  std::condition_variable cv_;
-  fuse_session* session_;  // null once closed
+  const uint64_t page_;
+  std::mutex mu_;  // guards everything below
+  std::condition_variable idle_cv_;  // sending_ dropped to 0
+  fuse_session* session_ = nullptr;  // null before Attach and once closed
+  int sending_ = 0;                  // notifies being written to the session now
   uint64_t next_cookie_ = 1;
-  std::unordered_map<uint64_t, std::optional<uint64_t>> pending_;  // cookie -> bytes answered
+  std::unordered_map<uint64_t, Pending*> pending_;  // cookie -> its waiter (on its stack)
 };
 
 }  // namespace cubetorchfs::fuse

@@ -192,7 +192,7 @@ void Prefetcher::SetAttrSource(AttrSource source) {
 
 void Prefetcher::SetPageProbe(PageProbe probe) {
   std::lock_guard<std::mutex> l(mu_);
-  page_probe_ = std::make_shared<const PageProbe>(std::move(probe));
+  page_probe_ = probe ? std::make_shared<const PageProbe>(std::move(probe)) : nullptr;
 }
 
 Stats Prefetcher::GetStats(std::optional<uid_t> only) {

@@ -167,7 +167,7 @@ class Prefetcher {
   void SetAttrSource(AttrSource source);
   // Whether the kernel's page cache holds every page of `path` (`size` bytes) now. Called by
   // a worker without locks held; may block briefly. Without one, no file is taken as
-  // page-resident.
+  // page-resident (nullptr: none from now on).
   using PageProbe = std::function<bool(const std::string& path, uint64_t size)>;
   void SetPageProbe(PageProbe probe);
 
