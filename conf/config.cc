@@ -103,11 +103,14 @@ bool HasControlChar(const std::string& s) {
   });
 }
 
-// A config value for an error message: quoted, escaped, at most 80 bytes.
+// A config value for an error message: quoted, at most 80 bytes (cut before a whole UTF-8
+// sequence). Not escaped here: every config error is escaped once, by OneLine.
 std::string Quote(const std::string& s) {
+  size_t n = std::min<size_t>(s.size(), 80);
+  while (n > 0 && n < s.size() && (static_cast<unsigned char>(s[n]) & 0xc0) == 0x80) --n;
   std::string q = "\"";
-  q += EscapeLogText(s, 80);
-  q += '"';
+  q.append(s, 0, n);
+  q += n < s.size() ? "...\"" : "\"";
   return q;
 }
 
@@ -344,24 +347,27 @@ Status ParseControl(const YAML::Node& node, ControlOptions* o) {
       node, "control",
       {"max_body_bytes", "body_memory_bytes", "max_json_elements", "max_json_depth",
        "max_connections_unix", "max_connections_tcp", "max_connections_per_uid", "idle_timeout_s"},
-      [&](const std::string& k, const YAML::Node& v, const std::string& key) {
-        if (k == "max_body_bytes") CTFS_ASSIGN(o->max_body_bytes, GetSize(v, key));
-        if (k == "body_memory_bytes") CTFS_ASSIGN(o->body_memory_bytes, GetSize(v, key));
-        if (k == "max_json_elements") CTFS_ASSIGN(o->max_json_elements, GetUint(v, key, 1ull << 26));
-        if (k == "max_json_depth") CTFS_ASSIGN(o->max_json_depth, GetUint(v, key, 1024));
-        if (k == "max_connections_unix") CTFS_ASSIGN(o->max_connections_unix, GetUint(v, key, 65536));
-        if (k == "max_connections_tcp") CTFS_ASSIGN(o->max_connections_tcp, GetUint(v, key, 65536));
+      [&](const std::string& k, const YAML::Node& v, const std::string& key) -> Status {
+        // A count or size in [min, max]; the bytes an outsider's requests may make the daemon
+        // hold are capped at 4 GiB.
+        auto get = [&](uint64_t* field, uint64_t min, uint64_t max, bool size) -> Status {
+          Result<uint64_t> n = size ? GetSize(v, key) : GetUint(v, key, max);
+          if (!n.ok()) return n.status();
+          if (*n < min) return Bad(key, "must be at least " + std::to_string(min));
+          if (*n > max) return Bad(key, "must be at most " + std::to_string(max));
+          *field = *n;
+          return Status::OK();
+        };
+        if (k == "max_body_bytes") return get(&o->max_body_bytes, 1, 4ull << 30, true);
+        if (k == "body_memory_bytes") return get(&o->body_memory_bytes, 1, 4ull << 30, true);
+        if (k == "max_json_elements") return get(&o->max_json_elements, 1, 1ull << 26, false);
+        if (k == "max_json_depth") return get(&o->max_json_depth, 1, 1024, false);
+        if (k == "max_connections_unix") return get(&o->max_connections_unix, 1, 65536, false);
+        // 0 refuses every connection on 127.0.0.1:profPort.
+        if (k == "max_connections_tcp") return get(&o->max_connections_tcp, 0, 65536, false);
         if (k == "max_connections_per_uid")
-          CTFS_ASSIGN(o->max_connections_per_uid, GetUint(v, key, 65536));
+          return get(&o->max_connections_per_uid, 1, 65536, false);
         if (k == "idle_timeout_s") CTFS_ASSIGN(o->idle_timeout_s, GetDouble(v, key, 0.1, 3600));
-        if (k != "idle_timeout_s" && k != "max_connections_tcp" && k != "max_connections_unix") {
-          const uint64_t got = k == "max_body_bytes"      ? o->max_body_bytes
-                               : k == "body_memory_bytes" ? o->body_memory_bytes
-                               : k == "max_json_elements" ? o->max_json_elements
-                               : k == "max_json_depth"    ? o->max_json_depth
-                                                          : o->max_connections_per_uid;
-          if (got == 0) return Bad(key, "must be at least 1");
-        }
         return Status::OK();
       }));
   if (o->body_memory_bytes < o->max_body_bytes)
@@ -802,7 +808,7 @@ Result<Config> LoadConfig(const std::string& path) {
   return OneLineErrors(path, [&]() -> Result<Config> {
     Result<std::string> text = ReadConfigFile(path);
     if (!text.ok()) return text.status();
-    Result<Config> c = ParseConfig(text.value(), path);
+    Result<Config> c = ParseConfigText(text.value(), path);
     if (c.ok())
       for (const std::string& w : c->warnings) CTFS_LOG(kWarn) << w;
     return c;

@@ -293,6 +293,8 @@ TEST(ConfigTest, ControlAndPerUserLimits) {
   EXPECT_EQ(d->control.body_memory_bytes, 32u << 20);
   for (const char* bad : {
            R"({"volName": "v", "backend": {"root": "/d"}, "control": {"max_body_bytes": 0}})",
+           R"({"volName": "v", "backend": {"root": "/d"}, "control": {"body_memory_bytes": "5GiB"}})",
+           R"({"volName": "v", "backend": {"root": "/d"}, "control": {"max_connections_unix": 0}})",
            R"({"volName": "v", "backend": {"root": "/d"}, "control": {"body_memory_bytes": "1MiB"}})",
            R"({"volName": "v", "backend": {"root": "/d"}, "control": {"idle_timeout_s": 0}})",
            R"({"volName": "v", "backend": {"root": "/d"}, "control": {"max_conns": 1}})",
@@ -325,6 +327,20 @@ bool StartsWith(const std::string& s, const std::string& prefix) { return s.rfin
 
 std::string WithVolName(const std::string& vol) {
   return "{\"volName\": \"" + vol + "\", \"backend\": {\"root\": \"/d\"}}";
+}
+
+TEST(ConfigHardeningTest, AValueInAnErrorIsEscapedOnce) {
+  // logDir holds a backslash and a control byte (\u0001 in JSON).
+  const std::string text =
+      R"({"volName": "v", "backend": {"root": "/d"}, "logDir": "/a\\b\u0001c"})";
+  EXPECT_NE(ErrorOf(text).find(R"("/a\\b\x01c")"), std::string::npos) << ErrorOf(text);
+  // Read from a file, the same message.
+  const std::string path = ::testing::TempDir() + "/escape_once.json";
+  std::ofstream(path) << text;
+  Result<Config> loaded = LoadConfig(path);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.status().message().find(R"("/a\\b\x01c")"), std::string::npos)
+      << loaded.status().message();
 }
 
 TEST(ConfigHardeningTest, VolNameMustBeShortAndPlain) {
