@@ -37,6 +37,19 @@ namespace {
 constexpr int kExitBadConfig = 2;
 constexpr int kExitFailure = 1;
 
+// Whether `option` is among the -o options (each may hold several, comma-separated).
+bool HasMountOption(const std::vector<std::string>& options, const std::string& option) {
+  for (const std::string& o : options) {
+    size_t start = 0;
+    while (start <= o.size()) {
+      const size_t end = std::min(o.find(',', start), o.size());
+      if (o.compare(start, end - start, option) == 0) return true;
+      start = end + 1;
+    }
+  }
+  return false;
+}
+
 int Fail(int code, const std::string& msg) {
   std::cerr << "cubetorchfs: " << msg << std::endl;
   if (!LogIsStderr()) CTFS_LOG(kError) << msg;  // one line on the terminal, not two
@@ -223,6 +236,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   control_options.max_connections_per_uid =
       static_cast<int>(config.control.max_connections_per_uid);
   control_options.idle_timeout_s = config.control.idle_timeout_s;
+  control_options.others_may_use = HasMountOption(cl.mount_options, "allow_other");
   // Paths in control requests are resolved for their caller beneath the root. An S3 store has
   // no symlinks and gives every object the same owner and mode: only lexical checks there.
   prefetch::PathResolver::Options resolver_options;

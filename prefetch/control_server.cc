@@ -331,10 +331,13 @@ class ServerImpl final : public ControlServer {
 
   const Options& options() const { return options_; }
 
-  enum Refuse { kUnknownPeer = 0, kListenerFull, kUserFull, kBusy, kTooLarge, kBadJson };
-  static constexpr int kRefuseReasons = 6;
+  enum Refuse {
+    kUnknownPeer = 0, kListenerFull, kUserFull, kBusy, kTooLarge, kBadJson, kNotAllowed
+  };
+  static constexpr int kRefuseReasons = 7;
   static constexpr const char* kRefuseNames[kRefuseReasons] = {
-      "unknown_peer", "listener_full", "user_full", "busy", "too_large", "bad_json"};
+      "unknown_peer", "listener_full", "user_full", "busy", "too_large", "bad_json",
+      "not_allow_other"};
   void CountRefused(Refuse r) {
     refused_counts_[r]++;
     if (refused_[r]) refused_[r]->Increment();
@@ -360,6 +363,8 @@ class ServerImpl final : public ControlServer {
       if (!caller.ok()) {
         refuse = kUnknownPeer;
         CTFS_LOG(kWarn) << "control connection refused: " << caller.status().ToString();
+      } else if (!options_.others_may_use && !caller->IsRoot()) {
+        refuse = kNotAllowed;  // the mount has no allow_other: the kernel refuses them too
       } else {
         std::lock_guard<std::mutex> l(conn_mu_);
         int& mine = per_uid_[caller->uid];

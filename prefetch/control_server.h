@@ -78,6 +78,9 @@ class ControlServer {
     int max_connections_tcp = 128;
     int max_connections_per_uid = 64;           // on both listeners together
     double idle_timeout_s = 30;                 // to send a request, or to take a reply's bytes
+    // The mount lets users other than root in (allow_other). Without it the kernel refuses
+    // them the mount, so the control API refuses them too.
+    bool others_may_use = true;
   };
   // Reads regular file `store_path` at the version of `attr`, handing `piece` its bytes in
   // order (for /batchdownload/path).

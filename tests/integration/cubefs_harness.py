@@ -429,10 +429,11 @@ def abort_live() -> None:
 class CubeFactory:
     """Creates, starts and always cleans up cubetorchfs instances under one directory."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, options: Optional[list[str]] = None) -> None:
         self.base = base
         self.instances: list[CubeMount] = []
         self._count = 0
+        self.options = options or []  # extra command-line arguments of every daemon (-o ...)
 
     def base_config(self, instance: CubeMount, root: os.PathLike[str] | str) -> dict[str, Any]:
         return {
@@ -489,7 +490,7 @@ class CubeFactory:
         Output goes to files, not pipes: a daemon that keeps a pipe open must not hang us.
         """
         if args is None:
-            args = ["-c", str(instance.config_path), str(instance.mountpoint)]
+            args = ["-c", str(instance.config_path), str(instance.mountpoint), *self.options]
         out_path, err_path = instance.workdir / "launch.out", instance.workdir / "launch.err"
         start = time.monotonic()
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
@@ -515,7 +516,8 @@ class CubeFactory:
         out = open(instance.workdir / "fg.out", "wb")
         err = open(instance.workdir / "fg.err", "wb")
         instance._out_files += [out, err]
-        args = [str(BINARY), "-c", str(instance.config_path), str(instance.mountpoint), "-f"]
+        args = [str(BINARY), "-c", str(instance.config_path), str(instance.mountpoint), "-f",
+                *self.options]
         instance.proc = subprocess.Popen(args + (extra or []), stdin=subprocess.DEVNULL,
                                          stdout=out, stderr=err, env=instance.env())
         instance.pid = instance.proc.pid

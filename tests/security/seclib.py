@@ -122,11 +122,12 @@ def parse_batch(body: bytes) -> list[tuple[str, bytes]]:
 
 @pytest.fixture
 def open_cube() -> Iterator[CubeFactory]:
-    """A CubeFactory under a directory every user may traverse (pytest's are root-only), so
-    unprivileged users can reach its mounts; everything is removed after the test."""
+    """A CubeFactory under a directory every user may traverse (pytest's are root-only), whose
+    daemons mount with allow_other, so unprivileged users can reach its mounts and their
+    control API; everything is removed after the test."""
     base = Path(tempfile.mkdtemp(prefix="ctfs-sec-"))
     os.chmod(base, 0o755)
-    factory = CubeFactory(base / "cube")
+    factory = CubeFactory(base / "cube", ["-o", "allow_other"])
     (base / "cube").mkdir()
     os.chmod(base / "cube", 0o755)
     try:

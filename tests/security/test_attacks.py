@@ -219,7 +219,7 @@ def test_mount_never_follows_a_directory_or_file_swapped_for_a_symlink(
     os.chmod(base / "outside" / "readable", 0o644)
     os.chown(src / "pub" / "d", NOBODY, NOBODY)  # the user may create in d as the kernel knows it
     mount = open_cube.prepare(src, {"profile": "ai_prefetch"})
-    open_cube.start_foreground(mount, ["-o", "allow_other"])
+    open_cube.start_foreground(mount)
     m = mount.mountpoint
     assert shell_as(["stat", f"{m}/pub/d", f"{m}/pub/g"])[0] == 0
     assert shell_as(["cat", f"{m}/pub/d/x"]) == (0, b"inside-x")
@@ -375,3 +375,22 @@ def test_a_request_cannot_claim_another_uid(open_cube: CubeFactory) -> None:
                        "headers": {"X-Uid": "0", "X-Forwarded-User": "root"}, "body": [[p]]})
         assert out["status"] == 200, out
         assert dict(parse_batch(out["body"]))[p] == b""
+
+
+def test_without_allow_other_only_root_may_use_the_control_api(open_cube: CubeFactory) -> None:
+    # The kernel lets no user but root into a mount without allow_other: the daemon's API,
+    # which serves the same files, must not let them in either.
+    open_cube.options = []
+    src = make_store(open_cube.base.parent)
+    mount, sock, prof = start(open_cube, src)
+    for kind in ("unix", "tcp"):
+        out = as_user({"kind": kind, "socket": sock, "port": prof, "method": "GET",
+                       "target": "/v1/stats"})
+        assert out["status"] == 0, out  # the connection is closed unanswered
+        out = as_user({"kind": kind, "socket": sock, "port": prof,
+                       "target": "/batchdownload/path",
+                       "body": {"paths": [f"{mount.mountpoint}/pub/f000"]}})
+        assert out["status"] == 0, out
+    assert mount.metrics().value("cubetorchfs_control_refused_total",
+                                 reason="not_allow_other") == 4
+    assert stats(sock)["streams"] == []  # root is served
