@@ -87,24 +87,27 @@ std::optional<cfs_client::FileAttr> FileSystem::KnownAttr(const std::string& pat
   std::optional<uint64_t> ino = inodes_.Find(path);
   if (!ino) return std::nullopt;
   std::optional<InodeInfo> info = inodes_.Get(*ino);
-  if (!info || info->removed) return std::nullopt;
-  const double age_s = static_cast<double>(clock_->NowNanos() - info->attr_time_ns) / 1e9;
-  if (age_s >= options_.attr_timeout_s) return std::nullopt;
+  if (!info || info->removed || !AttrFresh(*info, clock_->NowNanos())) return std::nullopt;
   if (fetched_ns != nullptr) *fetched_ns = info->attr_time_ns;
   return info->attr;
 }
 
+bool FileSystem::AttrFresh(const InodeInfo& inode, uint64_t now) const {
+  return static_cast<double>(now - inode.attr_time_ns) / 1e9 < options_.attr_timeout_s;
+}
+
 Result<cfs_client::FileAttr> FileSystem::FreshAttr(const InodeInfo& inode) {
   const uint64_t now = clock_->NowNanos();
-  const double age_s = static_cast<double>(now - inode.attr_time_ns) / 1e9;
-  if (age_s < options_.attr_timeout_s) return inode.attr;
-  if (std::shared_ptr<WriteState> st = FindWriteState(inode.ino)) {
-    // Being written: the bytes written so far (an object store may not have them yet).
-    if (std::optional<cfs_client::FileAttr> attr = WrittenAttr(*st)) {
-      inodes_.SetAttr(inode.ino, *attr, now);
-      return *attr;
+  // Being written: the bytes written so far (an object store may not have them yet).
+  if (open_writes_.load() > 0) {
+    if (std::shared_ptr<WriteState> st = FindWriteState(inode.ino)) {
+      if (std::optional<cfs_client::FileAttr> attr = WrittenAttr(*st)) {
+        inodes_.SetAttr(inode.ino, *attr, now);
+        return *attr;
+      }
     }
   }
+  if (AttrFresh(inode, now)) return inode.attr;
   // Unlinked or renamed over: its old path names another file now, if any.
   if (inode.removed) return inode.attr;
   Result<cfs_client::FileAttr> attr = backend_->Stat(inode.path);
@@ -155,12 +158,6 @@ Result<cfs_client::FileAttr> FileSystem::GetAttr(uint64_t ino) {
   // keep; only older ones are asked of the store.
   Result<InodeInfo> inode = GetInode(ino);
   if (!inode.ok()) return inode.status();
-  if (std::shared_ptr<WriteState> st = FindWriteState(ino)) {
-    if (std::optional<cfs_client::FileAttr> attr = WrittenAttr(*st)) {
-      inodes_.SetAttr(ino, *attr, clock_->NowNanos());
-      return *attr;
-    }
-  }
   return FreshAttr(inode.value());
 }
 

@@ -216,8 +216,10 @@ class FileSystem {
   Result<OpenTarget> RegularForOpen(uint64_t ino);
   // Stale for an inode unlinked or renamed over with no write state kept open for it.
   Status CheckNotRemoved(const InodeInfo& inode);
-  // The inode's attributes, re-read from the store when older than attr_timeout_s.
+  // The inode's attributes: those of the bytes written so far while it is being written,
+  // else those held, re-read from the store when older than attr_timeout_s.
   Result<cfs_client::FileAttr> FreshAttr(const InodeInfo& inode);
+  bool AttrFresh(const InodeInfo& inode, uint64_t now) const;  // younger than attr_timeout_s
   static std::string ChildPath(const std::string& parent, const std::string& name);
 
   // Write path helpers (write_path.cc).
