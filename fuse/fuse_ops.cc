@@ -60,7 +60,7 @@ struct OpMetrics {
   explicit OpMetrics(prometheus::Registry& registry) {
     auto& ops = prometheus::BuildCounter()
                     .Name("cubetorchfs_fuse_ops_total")
-                    .Help("FUSE requests handled, by operation")
+                    .Help("FUSE requests received, by operation")
                     .Register(registry);
     auto& secs = prometheus::BuildHistogram()
                      .Name("cubetorchfs_fuse_op_seconds")
@@ -126,13 +126,16 @@ namespace {
 
 FuseContext& Ctx(fuse_req_t req) { return *static_cast<FuseContext*>(fuse_req_userdata(req)); }
 
-// Counts and times one request.
+// Counts and times one request. The count is taken on arrival, before any reply: a
+// caller whose system call has returned must find its request already counted when it
+// scrapes the metrics.
 class OpScope {
  public:
   OpScope(fuse_req_t req, Op op)
-      : m_(*Ctx(req).metrics), op_(op), start_(SystemClock()->NowNanos()) {}
-  ~OpScope() {
+      : m_(*Ctx(req).metrics), op_(op), start_(SystemClock()->NowNanos()) {
     m_.count[op_]->Increment();
+  }
+  ~OpScope() {
     m_.seconds[op_]->Observe(static_cast<double>(SystemClock()->NowNanos() - start_) / 1e9);
   }
 
