@@ -913,6 +913,8 @@ class ServerImpl final : public ControlServer {
                     {"denied", s.denied},
                     {"page_resident", s.page_resident},
                     {"probed_absent", s.probed_absent},
+                    {"page_drops", s.page_drops},
+                    {"page_pressure", s.page_pressure},
                     {"cached", s.cached},
                     {"resident_marks", s.resident_marks},
                     {"inflight", s.inflight},

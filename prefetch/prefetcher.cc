@@ -199,6 +199,7 @@ Stats Prefetcher::GetStats(std::optional<uid_t> only) {
   std::lock_guard<std::mutex> l(mu_);
   Stats out = totals_;
   out.resident_marks = marks_.size();
+  out.page_pressure = PressureLocked(clock_->NowNanos());
   out.inflight = inflight_;
   out.window_files = window_.size();
   out.window_bytes = window_bytes_;
@@ -229,6 +230,7 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
   // Probes take no room in the window.
   for (auto& [id, s] : streams_)
     if (std::optional<Job> job = RecheckLocked(s)) return job;
+  const bool pressure = PressureLocked(clock_->NowNanos());
   if (window_.size() >= options_.prefetch.window_files ||
       window_bytes_ >= options_.window_budget_bytes) {
     if (users < 2 || !PreemptLocked(wanting, share_files, share_bytes)) return std::nullopt;
@@ -256,7 +258,7 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
         state |= kAttached;
         continue;
       }
-      if (Mark* mark = page_probe_ ? FreshMarkLocked(path) : nullptr) {
+      if (Mark* mark = page_probe_ && !pressure ? FreshMarkLocked(path) : nullptr) {
         // The kernel may hold it: pass over it unless the probe finds a page missing. Probed
         // this near the readers, it is not probed again as they come.
         state |= kProbed;
@@ -596,7 +598,7 @@ uint64_t Prefetcher::RecheckLead() const {
 }
 
 std::optional<Prefetcher::Job> Prefetcher::RecheckLocked(Stream& s) {
-  if (!page_probe_) return std::nullopt;
+  if (!page_probe_ || PressureLocked(clock_->NowNanos())) return std::nullopt;
   // Files passed over are probed again as the readers come near: the first probe may have
   // been a whole window ahead.
   const uint64_t end = std::min({s.high + RecheckLead(), s.next, s.base + s.paths.size()});
@@ -656,13 +658,15 @@ void Prefetcher::RunProbe(const Job& job) {
   std::lock_guard<std::mutex> l(mu_);
   auto m = marks_.find(job.path);
   if (m != marks_.end()) m->second.probing = false;
-  if (resident && m != marks_.end()) {
+  const bool pressure = PressureLocked(clock_->NowNanos());
+  if (resident && m != marks_.end() && !pressure) {
     totals_.page_resident++;
     if (page_resident_) page_resident_->Increment();
     return;
   }
-  // Pages are gone (or the mark went meanwhile): the positions passed over want the file.
-  if (m != marks_.end()) {
+  // Pages are gone (or the mark went meanwhile, or pressure began): the positions passed
+  // over want the file.
+  if (m != marks_.end() && !resident) {
     EraseMarkLocked(job.path);
     totals_.probed_absent++;
     if (probed_absent_) probed_absent_->Increment();
@@ -699,9 +703,30 @@ void Prefetcher::MarkResidentLocked(const std::string& path,
   marks_by_seq_.emplace(seq, &it->first);
 }
 
-void Prefetcher::NoteNotResidentLocked(const std::string& path) {
+void Prefetcher::NotePageDropLocked(uint64_t now) {
+  totals_.page_drops++;
+  drop_times_.push_back(now);
+  if (drop_times_.size() > kPressureDrops) drop_times_.pop_front();
+  if (drop_times_.size() < kPressureDrops || now - drop_times_.front() > kPressureSpanNs) return;
+  const bool entering = !PressureLocked(now);
+  pressure_until_ns_ = now + kPressureHoldNs;
+  if (!entering) return;
+  // Files are passed over only within a window of the cursor (s.next may have gone back).
+  for (auto& [id, s] : streams_) {
+    const uint64_t end =
+        std::min<uint64_t>(s.low + options_.prefetch.window_files, s.base + s.paths.size());
+    for (uint64_t pos = s.low; pos < end; ++pos) {
+      const uint8_t state = s.states[pos - s.base];
+      if ((state & kStateMask) == kPending && (state & kProbed) != 0) UnprobeLocked(s, pos);
+    }
+  }
+  Wake();
+}
+
+void Prefetcher::NoteNotResidentLocked(const std::string& path, uint64_t now) {
   auto m = marks_.find(path);
   if (m == marks_.end()) return;
+  NotePageDropLocked(now);
   // The kernel was served this file whole, yet asks for it: its pages were dropped, maybe
   // after a probe found them. The page cache drops what it was served earliest first, so the
   // files passed over whose marks are older still may have gone the same way since their
@@ -770,7 +795,7 @@ void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& 
   (*counts[o])++;
   const uint64_t now = clock_->NowNanos();
   // Page residency is about the kernel: a read served to the control API says nothing of it.
-  if (to_kernel && offset == 0) NoteNotResidentLocked(path);
+  if (to_kernel && offset == 0) NoteNotResidentLocked(path, now);
   // A read of the whole file at once (most small files): the kernel now holds its pages.
   if (to_kernel && offset == 0 && bytes >= version.size) MarkResidentLocked(path, version);
   if (offset == 0) {

@@ -28,6 +28,11 @@
 // marked file (pages dropped after the probes) drops its mark, and the files passed over
 // within that distance ahead of the readers that were served to the kernel before it are
 // asked about again.
+// Under memory pressure the kernel drops pages between the last probe and the read: when
+// kPressureDrops reads of marked files (page drops) come within kPressureSpanNs, files are
+// fetched without probing, as in a first epoch, until kPressureHoldNs pass with no new drop.
+// Fetching a file the kernel may still hold costs a store read; missing it costs the
+// reader a round trip on its critical path.
 // Without a probe nothing is taken as page-resident. Marks are bounded (max_resident_marks,
 // the oldest go first). A file the RAM cache or the NVMe tier holds at the version of those
 // fresh attributes is taken from there with no store request.
@@ -97,6 +102,8 @@ struct Stats {
   uint64_t denied = 0;         // files the stream's owner may not read: not fetched
   uint64_t page_resident = 0;  // probes that found the file whole in the kernel's page cache
   uint64_t probed_absent = 0;  // probes of marked files whose pages were gone: fetched
+  uint64_t page_drops = 0;     // reads of marked files: the kernel dropped their pages
+  bool page_pressure = false;  // drops come often: files are fetched without probing
   uint64_t cached = 0;         // files taken from the RAM cache or NVMe tier, no store request
   uint64_t resident_marks = 0; // files now marked page-resident
   uint64_t inflight = 0;       // fetches running now
@@ -280,7 +287,10 @@ class Prefetcher {
   void MarkResidentLocked(const std::string& path, const cfs_client::FileVersion& version);
   // A read of `path` reached the daemon: if it was marked, its pages are gone, and older
   // marks passed over are probed again.
-  void NoteNotResidentLocked(const std::string& path);
+  void NoteNotResidentLocked(const std::string& path, uint64_t now);
+  // Records a page drop; entering pressure, every file passed over is to be fetched.
+  void NotePageDropLocked(uint64_t now);
+  bool PressureLocked(uint64_t now) const { return now < pressure_until_ns_; }
   void EraseMarkLocked(const std::string& path);
   void DropOldestMarkLocked();
   void AdvanceLocked(Stream& s);
@@ -339,6 +349,11 @@ class Prefetcher {
   // The same, oldest first; the keys of marks_ (their nodes do not move).
   std::map<uint64_t, const std::string*> marks_by_seq_;
   uint64_t next_mark_seq_ = 0;
+  static constexpr size_t kPressureDrops = 4;
+  static constexpr uint64_t kPressureSpanNs = 10'000'000'000;
+  static constexpr uint64_t kPressureHoldNs = 60'000'000'000;
+  std::deque<uint64_t> drop_times_;  // the last kPressureDrops page drops
+  uint64_t pressure_until_ns_ = 0;
 
   std::vector<std::thread> workers_;
 

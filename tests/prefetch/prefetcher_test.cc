@@ -181,6 +181,63 @@ TEST_F(PrefetcherTest, FilesPassedOverAreProbedAgainAsTheReadersComeNear) {
   EXPECT_EQ(store_.read_log(), std::vector<std::string>{Name(10)});
 }
 
+TEST_F(PrefetcherTest, UnderSustainedPageDropsFilesAreFetchedWithoutProbing) {
+  Prefetcher::Options o;
+  o.start_workers = false;
+  o.keep_cache = true;
+  o.prefetch.window_files = 64;
+  o.prefetch.max_inflight = 2;
+  o.skip_slack = 64;
+  o.attr_timeout_s = 1000;
+  pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
+  KnowAttrs();
+  ProbeKernel();
+  for (int i = 0; i < 40; ++i) ReadFile(i, ReadOutcome::kMiss);  // all marked
+  for (int i = 0; i < 40; ++i) held_.insert(Name(i));
+  // Drops now and then are not pressure: 4 reads of marked files over more than 10 s.
+  for (int i = 0; i < 3; ++i) ReadFile(i, ReadOutcome::kMiss);
+  clock_.AdvanceSeconds(11);
+  ReadFile(3, ReadOutcome::kMiss);
+  EXPECT_EQ(pf_->GetStats().page_drops, 4u);
+  EXPECT_FALSE(pf_->GetStats().page_pressure);  // and each read marked its file again
+
+  std::string id = Publish(0, 30);
+  RunAll();
+  EXPECT_EQ(probes_, 30);
+  EXPECT_TRUE(store_.read_log().empty());
+  // The kernel drops four files between their probe and their read, within 10 s: probing
+  // cannot keep up. Every file passed over is fetched, with no probe, though the kernel
+  // still holds it.
+  for (int i = 0; i < 4; ++i) {
+    held_.erase(Name(i));
+    ReadFile(i, ReadOutcome::kMiss);
+    clock_.AdvanceSeconds(1);
+  }
+  EXPECT_TRUE(pf_->GetStats().page_pressure);
+  RunAll();
+  EXPECT_EQ(probes_, 30);
+  std::vector<std::string> want;
+  for (int i = 4; i < 30; ++i) want.push_back(Name(i));
+  EXPECT_EQ(store_.read_log(), want);
+  for (int i = 4; i < 30; ++i) ReadFile(i);
+  pf_->DeleteStream(id);
+  // Files published meanwhile are fetched too, not probed.
+  id = Publish(30, 34);
+  RunAll();
+  EXPECT_EQ(probes_, 30);
+  EXPECT_EQ(store_.read_log().size(), want.size() + 4);
+  for (int i = 30; i < 34; ++i) ReadFile(i);
+  pf_->DeleteStream(id);
+  // 60 s with no new drop end it: marked files held by the kernel are passed over again.
+  clock_.AdvanceSeconds(61);
+  EXPECT_FALSE(pf_->GetStats().page_pressure);
+  const size_t reads = store_.read_log().size();
+  Publish(4, 34);
+  RunAll();
+  EXPECT_EQ(probes_, 60);
+  EXPECT_EQ(store_.read_log().size(), reads);
+}
+
 TEST_F(PrefetcherTest, AFilePublishedTwiceWhosePagesAreGoneIsProbedAndFetchedOnce) {
   Make(8, 1 << 20, 4, true, /*keep_cache=*/true);
   KnowAttrs();
