@@ -915,6 +915,7 @@ class ServerImpl final : public ControlServer {
                     {"probed_absent", s.probed_absent},
                     {"page_drops", s.page_drops},
                     {"page_pressure", s.page_pressure},
+                    {"warmed", s.warmed},
                     {"cached", s.cached},
                     {"resident_marks", s.resident_marks},
                     {"inflight", s.inflight},

@@ -230,7 +230,6 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
   // Probes take no room in the window.
   for (auto& [id, s] : streams_)
     if (std::optional<Job> job = RecheckLocked(s)) return job;
-  const bool pressure = PressureLocked(clock_->NowNanos());
   if (window_.size() >= options_.prefetch.window_files ||
       window_bytes_ >= options_.window_budget_bytes) {
     if (users < 2 || !PreemptLocked(wanting, share_files, share_bytes)) return std::nullopt;
@@ -258,11 +257,17 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
         state |= kAttached;
         continue;
       }
-      if (Mark* mark = page_probe_ && !pressure ? FreshMarkLocked(path) : nullptr) {
+      if (Mark* mark = page_probe_ ? FreshMarkLocked(path) : nullptr) {
         // The kernel may hold it: pass over it unless the probe finds a page missing. Probed
         // this near the readers, it is not probed again as they come.
         state |= kProbed;
-        if (pos < s.high + RecheckLead()) state |= kRechecked;
+        if (pos < s.high + RecheckLead()) {
+          state |= kRechecked;
+          if (PressureLocked(clock_->NowNanos())) {
+            if (std::optional<Job> job = WarmJobLocked(s, path, *mark)) return job;
+            continue;
+          }
+        }
         if (mark->probing) continue;
         mark->probing = true;
         rr_after_ = s.id;
@@ -598,7 +603,8 @@ uint64_t Prefetcher::RecheckLead() const {
 }
 
 std::optional<Prefetcher::Job> Prefetcher::RecheckLocked(Stream& s) {
-  if (!page_probe_ || PressureLocked(clock_->NowNanos())) return std::nullopt;
+  if (!page_probe_) return std::nullopt;
+  const bool pressure = PressureLocked(clock_->NowNanos());
   // Files passed over are probed again as the readers come near: the first probe may have
   // been a whole window ahead.
   const uint64_t end = std::min({s.high + RecheckLead(), s.next, s.base + s.paths.size()});
@@ -615,12 +621,30 @@ std::optional<Prefetcher::Job> Prefetcher::RecheckLocked(Stream& s) {
       UnprobeLocked(s, pos);
       continue;
     }
+    if (pressure) {
+      if (std::optional<Job> job = WarmJobLocked(s, path, *mark)) return job;
+      continue;
+    }
     if (mark->probing) continue;
     mark->probing = true;
     rr_after_ = s.id;
     return Job{path, true, mark->version.size};
   }
   return std::nullopt;
+}
+
+std::optional<Prefetcher::Job> Prefetcher::WarmJobLocked(const Stream& s,
+                                                         const std::string& path,
+                                                         const Mark& mark) {
+  // A probe now may be stale by the read: the file goes to the LRU cache instead, where the
+  // read finds it if the kernel drops it meanwhile. Large files are left to their reads.
+  if (mark.version.size > options_.chunk_bytes) return std::nullopt;
+  rr_after_ = s.id;
+  Job job{path, false, mark.version.size};
+  job.warm = true;
+  job.version = mark.version;
+  job.reader = s.reader;
+  return job;
 }
 
 void Prefetcher::UnprobeLocked(Stream& s, uint64_t pos) {
@@ -644,8 +668,39 @@ Prefetcher::Mark* Prefetcher::FreshMarkLocked(const std::string& path) {
 void Prefetcher::Run(const Job& job) {
   if (job.probe)
     RunProbe(job);
+  else if (job.warm)
+    RunWarm(job);
   else
     RunJob(job);
+}
+
+void Prefetcher::RunWarm(const Job& job) {
+  std::shared_ptr<const AttrSource> source;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    source = attr_source_;
+  }
+  // Only at the version of fresh attributes, and only what the stream's owner may read.
+  std::optional<cfs_client::FileAttr> known;
+  if (source) known = (*source)(job.path, nullptr);
+  if (!known || known->Version() != job.version || !known->IsRegular()) return;
+  if (job.reader && !MayAccess(*known, *job.reader, R_OK)) {
+    std::lock_guard<std::mutex> l(mu_);
+    totals_.denied++;
+    return;
+  }
+  const std::string key = cache::ChunkKey(job.path, job.version, 0);
+  bool from_disk = false;
+  Result<cache::Lookup> got = ram_->GetOrFetch(key, [&] {
+    return cache::ReadChunkThroughTier(*backend_, disk_, key, job.path, job.version, 0,
+                                       static_cast<size_t>(job.version.size), &from_disk);
+  });
+  std::lock_guard<std::mutex> l(mu_);
+  if (!got.ok()) {
+    CTFS_LOG(kDebug) << "warm " << job.path << ": " << got.status().ToString();
+    return;
+  }
+  if (got->served != cache::Served::kCached) totals_.warmed++;
 }
 
 void Prefetcher::RunProbe(const Job& job) {
@@ -658,15 +713,13 @@ void Prefetcher::RunProbe(const Job& job) {
   std::lock_guard<std::mutex> l(mu_);
   auto m = marks_.find(job.path);
   if (m != marks_.end()) m->second.probing = false;
-  const bool pressure = PressureLocked(clock_->NowNanos());
-  if (resident && m != marks_.end() && !pressure) {
+  if (resident && m != marks_.end()) {
     totals_.page_resident++;
     if (page_resident_) page_resident_->Increment();
     return;
   }
-  // Pages are gone (or the mark went meanwhile, or pressure began): the positions passed
-  // over want the file.
-  if (m != marks_.end() && !resident) {
+  // Pages are gone (or the mark went meanwhile): the positions passed over want the file.
+  if (m != marks_.end()) {
     EraseMarkLocked(job.path);
     totals_.probed_absent++;
     if (probed_absent_) probed_absent_->Increment();
@@ -711,13 +764,15 @@ void Prefetcher::NotePageDropLocked(uint64_t now) {
   const bool entering = !PressureLocked(now);
   pressure_until_ns_ = now + kPressureHoldNs;
   if (!entering) return;
-  // Files are passed over only within a window of the cursor (s.next may have gone back).
+  // Files passed over and already rechecked near the readers are taken up again, to be warmed.
   for (auto& [id, s] : streams_) {
     const uint64_t end =
-        std::min<uint64_t>(s.low + options_.prefetch.window_files, s.base + s.paths.size());
-    for (uint64_t pos = s.low; pos < end; ++pos) {
-      const uint8_t state = s.states[pos - s.base];
-      if ((state & kStateMask) == kPending && (state & kProbed) != 0) UnprobeLocked(s, pos);
+        std::min<uint64_t>({s.next, s.base + s.paths.size(), s.high + RecheckLead()});
+    for (uint64_t pos = std::max(s.low, s.high); pos < end; ++pos) {
+      uint8_t& state = s.states[pos - s.base];
+      if ((state & kStateMask) != kPending || (state & kProbed) == 0) continue;
+      state &= static_cast<uint8_t>(~kRechecked);
+      s.recheck = std::min(s.recheck, pos);
     }
   }
   Wake();

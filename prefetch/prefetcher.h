@@ -29,10 +29,11 @@
 // within that distance ahead of the readers that were served to the kernel before it are
 // asked about again.
 // Under memory pressure the kernel drops pages between the last probe and the read: when
-// kPressureDrops reads of marked files (page drops) come within kPressureSpanNs, files are
-// fetched without probing, as in a first epoch, until kPressureHoldNs pass with no new drop.
-// Fetching a file the kernel may still hold costs a store read; missing it costs the
-// reader a round trip on its critical path.
+// kPressureDrops reads of marked files (page drops) come within kPressureSpanNs, the files
+// passed over are not probed again as the readers come near but put in the LRU cache (at
+// most 2 x max_inflight of them ahead of the readers, so the LRU holds them until read),
+// until kPressureHoldNs pass with no new drop. Warming a file the kernel still holds costs
+// a store read; missing one costs its reader a round trip on its critical path.
 // Without a probe nothing is taken as page-resident. Marks are bounded (max_resident_marks,
 // the oldest go first). A file the RAM cache or the NVMe tier holds at the version of those
 // fresh attributes is taken from there with no store request.
@@ -103,7 +104,8 @@ struct Stats {
   uint64_t page_resident = 0;  // probes that found the file whole in the kernel's page cache
   uint64_t probed_absent = 0;  // probes of marked files whose pages were gone: fetched
   uint64_t page_drops = 0;     // reads of marked files: the kernel dropped their pages
-  bool page_pressure = false;  // drops come often: files are fetched without probing
+  bool page_pressure = false;  // drops come often: files passed over are warmed, not probed
+  uint64_t warmed = 0;         // files passed over put in the LRU cache under page pressure
   uint64_t cached = 0;         // files taken from the RAM cache or NVMe tier, no store request
   uint64_t resident_marks = 0; // files now marked page-resident
   uint64_t inflight = 0;       // fetches running now
@@ -266,13 +268,22 @@ class Prefetcher {
     std::string path;
     bool probe = false;  // ask the kernel whether it holds the file, size bytes
     uint64_t size = 0;
+    // Under page pressure: put a file passed over in the LRU cache at `version`, if `reader`
+    // may read it.
+    bool warm = false;
+    cfs_client::FileVersion version;
+    std::shared_ptr<const Caller> reader;
   };
 
   // REQUIRES: mu_ held.
   std::optional<Job> NextJobLocked();
-  void Run(const Job& job);  // RunProbe or RunJob
+  void Run(const Job& job);  // RunProbe, RunWarm or RunJob
   void RunJob(const Job& job);
   void RunProbe(const Job& job);
+  void RunWarm(const Job& job);
+  // The job that puts a file passed over in the LRU cache, if it is small enough.
+  struct Mark;
+  std::optional<Job> WarmJobLocked(const Stream& s, const std::string& path, const Mark& mark);
   // Position `pos` of `s` is no longer passed over: the scheduler and rechecks look again.
   void UnprobeLocked(Stream& s, uint64_t pos);
   // A probe of the next file passed over that the readers are near, if any.

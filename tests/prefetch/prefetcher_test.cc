@@ -181,12 +181,12 @@ TEST_F(PrefetcherTest, FilesPassedOverAreProbedAgainAsTheReadersComeNear) {
   EXPECT_EQ(store_.read_log(), std::vector<std::string>{Name(10)});
 }
 
-TEST_F(PrefetcherTest, UnderSustainedPageDropsFilesAreFetchedWithoutProbing) {
+TEST_F(PrefetcherTest, UnderSustainedPageDropsFilesNearTheReadersAreWarmedNotProbed) {
   Prefetcher::Options o;
   o.start_workers = false;
   o.keep_cache = true;
   o.prefetch.window_files = 64;
-  o.prefetch.max_inflight = 2;
+  o.prefetch.max_inflight = 2;  // near: 4 positions ahead of the furthest read
   o.skip_slack = 64;
   o.attr_timeout_s = 1000;
   pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
@@ -201,13 +201,19 @@ TEST_F(PrefetcherTest, UnderSustainedPageDropsFilesAreFetchedWithoutProbing) {
   EXPECT_EQ(pf_->GetStats().page_drops, 4u);
   EXPECT_FALSE(pf_->GetStats().page_pressure);  // and each read marked its file again
 
-  std::string id = Publish(0, 30);
+  auto reader = std::make_shared<Caller>();
+  reader->uid = 1000;
+  reader->gid = 1000;
+  std::string id = pf_->CreateStream("user", 1, 1000, reader);
+  std::vector<std::string> paths;
+  for (int i = 0; i < 30; ++i) paths.push_back(Name(i));
+  ASSERT_TRUE(pf_->Publish(id, paths));
   RunAll();
   EXPECT_EQ(probes_, 30);
   EXPECT_TRUE(store_.read_log().empty());
-  // The kernel drops four files between their probe and their read, within 10 s: probing
-  // cannot keep up. Every file passed over is fetched, with no probe, though the kernel
-  // still holds it.
+  // The kernel drops four files between their probe and their read, within 10 s: a probe
+  // cannot keep up. The files passed over that the readers are near (4 to 7) go to the
+  // LRU cache, with no probe, though the kernel still holds them; the window stays empty.
   for (int i = 0; i < 4; ++i) {
     held_.erase(Name(i));
     ReadFile(i, ReadOutcome::kMiss);
@@ -217,25 +223,29 @@ TEST_F(PrefetcherTest, UnderSustainedPageDropsFilesAreFetchedWithoutProbing) {
   RunAll();
   EXPECT_EQ(probes_, 30);
   std::vector<std::string> want;
-  for (int i = 4; i < 30; ++i) want.push_back(Name(i));
+  for (int i = 4; i < 8; ++i) want.push_back(Name(i));
   EXPECT_EQ(store_.read_log(), want);
-  for (int i = 4; i < 30; ++i) ReadFile(i);
-  pf_->DeleteStream(id);
-  // Files published meanwhile are fetched too, not probed.
-  id = Publish(30, 34);
+  EXPECT_EQ(pf_->GetStats().warmed, 4u);
+  EXPECT_EQ(pf_->GetStats().window_files, 0u);
+  EXPECT_TRUE(ram_->Get(cache::ChunkKey(Name(5), {kFileSize, 1}, 0)));
+  // As the readers go on, the next ones are warmed; a file the reader's owner may not read
+  // is not.
+  known_[Name(9)].mode = S_IFREG | 0600;
+  known_[Name(9)].uid = 4242;
+  ReadFile(4);
+  ReadFile(5);
   RunAll();
-  EXPECT_EQ(probes_, 30);
-  EXPECT_EQ(store_.read_log().size(), want.size() + 4);
-  for (int i = 30; i < 34; ++i) ReadFile(i);
-  pf_->DeleteStream(id);
-  // 60 s with no new drop end it: marked files held by the kernel are passed over again.
+  want.push_back(Name(8));
+  EXPECT_EQ(store_.read_log(), want);
+  EXPECT_EQ(pf_->GetStats().denied, 1u);
+  // 60 s with no new drop end it: the files passed over are probed again as readers come.
   clock_.AdvanceSeconds(61);
   EXPECT_FALSE(pf_->GetStats().page_pressure);
-  const size_t reads = store_.read_log().size();
-  Publish(4, 34);
+  ReadFile(6);
+  ReadFile(7);
   RunAll();
-  EXPECT_EQ(probes_, 60);
-  EXPECT_EQ(store_.read_log().size(), reads);
+  EXPECT_EQ(store_.read_log(), want);
+  EXPECT_GT(probes_, 30);
 }
 
 TEST_F(PrefetcherTest, AFilePublishedTwiceWhosePagesAreGoneIsProbedAndFetchedOnce) {
