@@ -43,6 +43,7 @@ Prefetcher::Prefetcher(const Options& options, cfs_client::Backend* backend,
     page_resident_ = &files.Add({{"outcome", "page_resident"}});
     probed_absent_ = &files.Add({{"outcome", "probed_absent"}});
     cached_ = &files.Add({{"outcome", "cached"}});
+    warmed_ = &files.Add({{"outcome", "warmed"}});
     inflight_gauge_ = &prometheus::BuildGauge()
                            .Name("cubetorchfs_prefetch_inflight")
                            .Help("Prefetches running now")
@@ -700,7 +701,10 @@ void Prefetcher::RunWarm(const Job& job) {
     CTFS_LOG(kDebug) << "warm " << job.path << ": " << got.status().ToString();
     return;
   }
-  if (got->served != cache::Served::kCached) totals_.warmed++;
+  if (got->served != cache::Served::kCached) {
+    totals_.warmed++;
+    if (warmed_) warmed_->Increment();
+  }
 }
 
 void Prefetcher::RunProbe(const Job& job) {

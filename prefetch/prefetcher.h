@@ -376,6 +376,7 @@ class Prefetcher {
   prometheus::Counter* page_resident_ = nullptr;
   prometheus::Counter* probed_absent_ = nullptr;
   prometheus::Counter* cached_ = nullptr;
+  prometheus::Counter* warmed_ = nullptr;
   prometheus::Gauge* inflight_gauge_ = nullptr;
   prometheus::Gauge* window_gauge_ = nullptr;
 };
