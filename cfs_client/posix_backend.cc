@@ -39,34 +39,6 @@ bool FileAttr::IsSymlink() const { return S_ISLNK(mode); }
 
 namespace {
 
-Status FromErrno(int err, const std::string& what) {
-  std::string msg = what + ": " + std::strerror(err);
-  switch (err) {
-    case EEXIST:
-      return Status::Exists(msg);
-    case ENOTEMPTY:
-      return Status::NotEmpty(msg);
-    case ENOSPC:
-      return Status::NoSpace(msg);
-    case EIO:
-      return Status::IOError(msg);
-    case ENOENT:
-      return Status::NotFound(msg);
-    case EACCES:
-      return Status::PermissionDenied(msg);
-    case ENOTDIR:
-      return Status::NotDirectory(msg);
-    case EISDIR:
-      return Status::IsDirectory(msg);
-    case ENAMETOOLONG:
-      return Status::NameTooLong(msg);
-    case EINVAL:
-      return Status::InvalidArgument(msg);
-    default:  // EPERM, EXDEV, EMLINK, EDQUOT, EFBIG, ELOOP, EROFS, ...: as the store said
-      return Status::Errno(err, msg);
-  }
-}
-
 int64_t Nanos(const struct timespec& ts) {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
@@ -161,7 +133,7 @@ class PosixWritableFile final : public WritableFile {
         if (errno == EINTR) continue;
         // Bytes already written stay written (as with write(2)); report them if any.
         if (done > 0) return done;
-        return FromErrno(errno, "write " + show_);
+        return Status::FromErrno(errno, "write " + show_);
       }
       done += static_cast<size_t>(n);
     }
@@ -174,7 +146,7 @@ class PosixWritableFile final : public WritableFile {
       ssize_t n = ::pread(fd_.get(), buf + done, len - done, static_cast<off_t>(offset + done));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return FromErrno(errno, "read " + show_);
+        return Status::FromErrno(errno, "read " + show_);
       }
       if (n == 0) break;
       done += static_cast<size_t>(n);
@@ -184,13 +156,13 @@ class PosixWritableFile final : public WritableFile {
 
   Status Truncate(uint64_t size) override {
     if (::ftruncate(fd_.get(), static_cast<off_t>(size)) != 0)
-      return FromErrno(errno, "truncate " + show_);
+      return Status::FromErrno(errno, "truncate " + show_);
     return Status::OK();
   }
 
   Status Allocate(int mode, uint64_t offset, uint64_t len) override {
     if (::fallocate(fd_.get(), mode, static_cast<off_t>(offset), static_cast<off_t>(len)) != 0)
-      return FromErrno(errno, "fallocate " + show_);
+      return Status::FromErrno(errno, "fallocate " + show_);
     return Status::OK();
   }
 
@@ -199,26 +171,26 @@ class PosixWritableFile final : public WritableFile {
   // get them now, as close(2) of the writer's own descriptor would.
   Status Flush() override {
     const int d = ::dup(fd_.get());
-    if (d < 0) return FromErrno(errno, "flush " + show_);
-    if (::close(d) != 0) return FromErrno(errno, "flush (close) " + show_);
+    if (d < 0) return Status::FromErrno(errno, "flush " + show_);
+    if (::close(d) != 0) return Status::FromErrno(errno, "flush (close) " + show_);
     return Status::OK();
   }
 
   Status Sync() override {
-    if (::fsync(fd_.get()) != 0) return FromErrno(errno, "fsync " + show_);
+    if (::fsync(fd_.get()) != 0) return Status::FromErrno(errno, "fsync " + show_);
     return Status::OK();
   }
 
   Result<FileAttr> Stat() override {
     struct stat st;
-    if (::fstat(fd_.get(), &st) != 0) return FromErrno(errno, "fstat " + show_);
+    if (::fstat(fd_.get(), &st) != 0) return Status::FromErrno(errno, "fstat " + show_);
     return FromStat(st);
   }
 
   // close(2) releases the descriptor even when it fails (EINTR included): never retried.
   Status Close() override {
     if (fd_.get() < 0) return Status::OK();
-    if (::close(fd_.release()) != 0) return FromErrno(errno, "close " + show_);
+    if (::close(fd_.release()) != 0) return Status::FromErrno(errno, "close " + show_);
     return Status::OK();
   }
 
@@ -241,7 +213,7 @@ class PosixBackend final : public Backend {
     if (!at.ok()) return at.status();
     struct stat st;
     if (::fstatat(at->dir, at->name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
-      return FromErrno(errno, "stat " + Show(path));
+      return Status::FromErrno(errno, "stat " + Show(path));
     return FromStat(st);
   }
 
@@ -249,26 +221,26 @@ class PosixBackend final : public Backend {
     Result<At> at = Locate(path, "opendir");
     if (!at.ok()) return at.status();
     int fd = ::openat(at->dir, at->name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) return FromErrno(errno, "opendir " + Show(path));
+    if (fd < 0) return Status::FromErrno(errno, "opendir " + Show(path));
     std::unique_ptr<DIR, DirCloser> dir(::fdopendir(fd));
     if (!dir) {
       int err = errno;
       ::close(fd);
-      return FromErrno(err, "opendir " + Show(path));
+      return Status::FromErrno(err, "opendir " + Show(path));
     }
     std::vector<DirEntry> out;
     for (;;) {
       errno = 0;
       struct dirent* de = ::readdir(dir.get());
       if (de == nullptr) {
-        if (errno != 0) return FromErrno(errno, "readdir " + Show(path));
+        if (errno != 0) return Status::FromErrno(errno, "readdir " + Show(path));
         break;
       }
       if (std::strcmp(de->d_name, ".") == 0 || std::strcmp(de->d_name, "..") == 0) continue;
       struct stat st;
       if (::fstatat(::dirfd(dir.get()), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
         if (errno == ENOENT) continue;  // removed since readdir: not an entry any more
-        return FromErrno(errno, "stat " + Show(path) + "/" + de->d_name);
+        return Status::FromErrno(errno, "stat " + Show(path) + "/" + de->d_name);
       }
       out.push_back({de->d_name, FromStat(st)});
     }
@@ -291,7 +263,7 @@ class PosixBackend final : public Backend {
       return Status::Stale("open " + Show(path) + ": file changed in the store");
     if (check) CTFS_RETURN_IF_ERROR(check(FromStat(st)));
     // The descriptor leaves the daemon: it gets ordinary blocking semantics.
-    if (::fcntl(fd->get(), F_SETFL, 0) != 0) return FromErrno(errno, "fcntl " + Show(path));
+    if (::fcntl(fd->get(), F_SETFL, 0) != 0) return Status::FromErrno(errno, "fcntl " + Show(path));
     return fd->release();
   }
 
@@ -308,14 +280,14 @@ class PosixBackend final : public Backend {
     Result<At> at = Locate(path, "readlink");
     if (!at.ok()) return at.status();
     ssize_t n = ::readlinkat(at->dir, at->name.c_str(), target.data(), target.size());
-    if (n < 0) return FromErrno(errno, "readlink " + Show(path));
+    if (n < 0) return Status::FromErrno(errno, "readlink " + Show(path));
     target.resize(static_cast<size_t>(n));
     return target;
   }
 
   Result<FsStats> StatFs() override {
     struct statvfs sv;
-    if (::fstatvfs(root_fd_.get(), &sv) != 0) return FromErrno(errno, "statfs " + root_);
+    if (::fstatvfs(root_fd_.get(), &sv) != 0) return Status::FromErrno(errno, "statfs " + root_);
     FsStats s;
     s.block_size = sv.f_frsize ? sv.f_frsize : sv.f_bsize;
     s.blocks = sv.f_blocks;
@@ -343,14 +315,14 @@ class PosixBackend final : public Backend {
           created = true;
           break;
         }
-        if (errno != EEXIST || o.exclusive) return FromErrno(errno, "create " + Show(path));
+        if (errno != EEXIST || o.exclusive) return Status::FromErrno(errno, "create " + Show(path));
       }
       fd = UniqueFd(::openat(at->dir, at->name.c_str(), base));
-      if (fd.get() < 0 && (errno != ENOENT || !o.create)) return FromErrno(errno, "open " + Show(path));
+      if (fd.get() < 0 && (errno != ENOENT || !o.create)) return Status::FromErrno(errno, "open " + Show(path));
     }
-    if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
+    if (fd.get() < 0) return Status::FromErrno(errno, "open " + Show(path));
     struct stat st;
-    if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
+    if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "fstat " + Show(path));
     if (!S_ISREG(st.st_mode)) return Status::IsDirectory(Show(path) + ": not a regular file");
     if (created) Chown(fd.get(), "", o.uid, o.gid, st);
     return std::unique_ptr<WritableFile>(new PosixWritableFile(std::move(fd), Show(path)));
@@ -361,7 +333,7 @@ class PosixBackend final : public Backend {
     Result<At> at = Locate(path, "mkdir");
     if (!at.ok()) return at.status();
     if (::mkdirat(at->dir, at->name.c_str(), mode & 07777) != 0)
-      return FromErrno(errno, "mkdir " + Show(path));
+      return Status::FromErrno(errno, "mkdir " + Show(path));
     return StatOwnedBy(path, uid, gid);
   }
 
@@ -369,7 +341,7 @@ class PosixBackend final : public Backend {
     Result<At> at = Locate(path, "unlink");
     if (!at.ok()) return at.status();
     if (::unlinkat(at->dir, at->name.c_str(), 0) != 0)
-      return FromErrno(errno, "unlink " + Show(path));
+      return Status::FromErrno(errno, "unlink " + Show(path));
     return Status::OK();
   }
 
@@ -377,7 +349,7 @@ class PosixBackend final : public Backend {
     Result<At> at = Locate(path, "rmdir");
     if (!at.ok()) return at.status();
     if (::unlinkat(at->dir, at->name.c_str(), AT_REMOVEDIR) != 0)
-      return FromErrno(errno, "rmdir " + Show(path));
+      return Status::FromErrno(errno, "rmdir " + Show(path));
     return Status::OK();
   }
 
@@ -388,7 +360,7 @@ class PosixBackend final : public Backend {
     if (!b.ok()) return b.status();
     const int r = ::renameat2(a->dir, a->name.c_str(), b->dir, b->name.c_str(),
                               noreplace ? RENAME_NOREPLACE : 0);
-    if (r != 0) return FromErrno(errno, "rename " + Show(from) + " to " + Show(to));
+    if (r != 0) return Status::FromErrno(errno, "rename " + Show(from) + " to " + Show(to));
     return Status::OK();
   }
 
@@ -397,7 +369,7 @@ class PosixBackend final : public Backend {
     Result<At> at = Locate(path, "symlink");
     if (!at.ok()) return at.status();
     if (::symlinkat(target.c_str(), at->dir, at->name.c_str()) != 0)
-      return FromErrno(errno, "symlink " + Show(path));
+      return Status::FromErrno(errno, "symlink " + Show(path));
     return StatOwnedBy(path, uid, gid);
   }
 
@@ -407,7 +379,7 @@ class PosixBackend final : public Backend {
     Result<At> b = Locate(to, "link");
     if (!b.ok()) return b.status();
     if (::linkat(a->dir, a->name.c_str(), b->dir, b->name.c_str(), 0) != 0)
-      return FromErrno(errno, "link " + Show(from) + " to " + Show(to));
+      return Status::FromErrno(errno, "link " + Show(from) + " to " + Show(to));
     return Stat(to);
   }
 
@@ -418,11 +390,11 @@ class PosixBackend final : public Backend {
     // refuses (EOPNOTSUPP) a symlink rather than change what it points to.
     if (c.mode &&
         ::fchmodat(at->dir, at->name.c_str(), *c.mode & 07777, AT_SYMLINK_NOFOLLOW) != 0)
-      return FromErrno(errno, "chmod " + Show(path));
+      return Status::FromErrno(errno, "chmod " + Show(path));
     if ((c.uid || c.gid) &&
         ::fchownat(at->dir, at->name.c_str(), c.uid ? static_cast<uid_t>(*c.uid) : uid_t(-1),
                    c.gid ? static_cast<gid_t>(*c.gid) : gid_t(-1), AT_SYMLINK_NOFOLLOW) != 0)
-      return FromErrno(errno, "chown " + Show(path));
+      return Status::FromErrno(errno, "chown " + Show(path));
     if (c.atime_ns || c.mtime_ns) {
       auto ts = [](const std::optional<int64_t>& ns) {
         if (!ns) return timespec{0, UTIME_OMIT};
@@ -432,7 +404,7 @@ class PosixBackend final : public Backend {
       };
       const timespec times[2] = {ts(c.atime_ns), ts(c.mtime_ns)};
       if (::utimensat(at->dir, at->name.c_str(), times, AT_SYMLINK_NOFOLLOW) != 0)
-        return FromErrno(errno, "utimens " + Show(path));
+        return Status::FromErrno(errno, "utimens " + Show(path));
     }
     return Stat(path);
   }
@@ -441,8 +413,8 @@ class PosixBackend final : public Backend {
     Result<At> at = Locate(path, "open");
     if (!at.ok()) return at.status();
     UniqueFd fd(::openat(at->dir, at->name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (fd.get() < 0) return FromErrno(errno, "open " + Show(path));
-    if (::fsync(fd.get()) != 0) return FromErrno(errno, "fsync " + Show(path));
+    if (fd.get() < 0) return Status::FromErrno(errno, "open " + Show(path));
+    if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync " + Show(path));
     return Status::OK();
   }
 
@@ -480,7 +452,7 @@ class PosixBackend final : public Backend {
       size_t end = last;
       if (end - start > kPathPiece) end = path.rfind('/', start + kPathPiece);
       const int fd = OpenDirNoFollow(at.dir, path.substr(start, end - start));
-      if (fd < 0) return FromErrno(errno, std::string(what) + " " + Show(path));
+      if (fd < 0) return Status::FromErrno(errno, std::string(what) + " " + Show(path));
       at.owned = UniqueFd(fd);
       at.dir = fd;
       start = end + 1;
@@ -505,8 +477,8 @@ class PosixBackend final : public Backend {
       if (!at.ok()) return at.status();
       fd = UniqueFd(::openat(at->dir, at->name.c_str(), kFlags));
     }
-    if (fd.get() < 0) return FromErrno(errno, std::string(what) + " " + Show(path));
-    if (::fstat(fd.get(), st) != 0) return FromErrno(errno, "fstat " + Show(path));
+    if (fd.get() < 0) return Status::FromErrno(errno, std::string(what) + " " + Show(path));
+    if (::fstat(fd.get(), st) != 0) return Status::FromErrno(errno, "fstat " + Show(path));
     if (!S_ISREG(st->st_mode))
       return Status::IsDirectory(std::string(what) + " " + Show(path) + ": not a regular file");
     return fd;
@@ -524,7 +496,7 @@ class PosixBackend final : public Backend {
     if (check) CTFS_RETURN_IF_ERROR(check(out.attr));
     Result<size_t> n = PreadFull(fd.get(), path, offset, len, buf);
     if (!n.ok()) return n.status();
-    if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, "fstat " + Show(path));
+    if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "fstat " + Show(path));
     if (FromStat(st).Version() != out.attr.Version())
       return Status::Stale("read " + Show(path) + ": file changed in the store while read");
     out.bytes = n.value();
@@ -539,7 +511,7 @@ class PosixBackend final : public Backend {
       ssize_t n = ::pread(fd, buf + done, len - done, static_cast<off_t>(offset + done));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return FromErrno(errno, "read " + Show(path));
+        return Status::FromErrno(errno, "read " + Show(path));
       }
       if (n == 0) break;
       done += static_cast<size_t>(n);
@@ -584,9 +556,9 @@ Result<std::unique_ptr<Backend>> NewPosixBackend(const std::string& root) {
   if (fd.get() < 0) {
     int err = errno;
     if (err == ENOTDIR) return Status::NotDirectory(root + ": not a directory");
-    return FromErrno(err, root);
+    return Status::FromErrno(err, root);
   }
-  if (::faccessat(fd.get(), ".", R_OK | X_OK, AT_EACCESS) != 0) return FromErrno(errno, root);
+  if (::faccessat(fd.get(), ".", R_OK | X_OK, AT_EACCESS) != 0) return Status::FromErrno(errno, root);
   return std::unique_ptr<Backend>(new PosixBackend(root, std::move(fd)));
 }
 

@@ -1,12 +1,15 @@
 // Status and Result<T>: errors as values.
 //
 // A Status is either OK or an error code with a message. The codes are the small set of
-// outcomes the file system must tell apart (they become an errno in exactly one place, in
-// fuse/). Result<T> holds a T or a non-OK Status. Both are cheap to move and safe to copy;
+// outcomes the file system must tell apart. Each code has one errno (ToErrno: what FUSE
+// replies and the loader's C API returns) and one wire name (CodeName: the "code" of the
+// control API's error replies, mapped back by CodeFromName). Result<T> holds a T or a
+// non-OK Status. Both are cheap to move and safe to copy;
 // neither is thread-safe to mutate concurrently (like any value).
 #pragma once
 
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -66,10 +69,19 @@ class [[nodiscard]] Status {
   bool IsNotFound() const { return code_ == Code::kNotFound; }
   bool IsStale() const { return code_ == Code::kStale; }
 
-  // The same code with `prefix` and `suffix` around the message (to add context).
+  // The same code (and errno) with `prefix` and `suffix` around the message (to add context).
   Status Wrap(std::string_view prefix, std::string_view suffix = "") const {
-    return {code_, std::string(prefix) + msg_ + std::string(suffix)};
+    Status s(code_, std::string(prefix) + msg_ + std::string(suffix));
+    s.errno_ = errno_;
+    return s;
   }
+
+  // The status of a failed system call: `what` and strerror(err). The errno's own code where
+  // it has one (ENOENT is NotFound, ...), else an errno-carrying status. REQUIRES: err > 0.
+  static Status FromErrno(int err, std::string_view what);
+  // A status from its wire form: the code's name (CodeName), the message, and the errno of
+  // an "errno" status. An unknown name gives an IOError.
+  static Status FromWire(std::string_view code, std::string_view msg, int err);
 
   // "IOError: open a/b: No such file..." — for logs and user-facing errors.
   std::string ToString() const;
@@ -81,6 +93,14 @@ class [[nodiscard]] Status {
   int errno_ = 0;
   std::string msg_;
 };
+
+// The errno a status stands for: 0 for OK, the code's own errno (NotFound: ENOENT,
+// Corruption: EBADMSG, ...), the carried errno of an errno status.
+int ToErrno(const Status& s);
+
+// The wire name of a code ("not_found", ...), and back; nothing for an unknown name.
+std::string_view CodeName(Status::Code code);
+std::optional<Status::Code> CodeFromName(std::string_view name);
 
 // Holds a value or an error. Accessing value() of an error aborts (a broken invariant).
 template <typename T>
@@ -114,5 +134,17 @@ class [[nodiscard]] Result {
     ::cubetorchfs::Status _st = (expr); \
     if (!_st.ok()) return _st;          \
   } while (0)
+
+#define CTFS_STATUS_CONCAT_INNER(a, b) a##b
+#define CTFS_STATUS_CONCAT(a, b) CTFS_STATUS_CONCAT_INNER(a, b)
+
+// `lhs = value of expr` (a Result<T>), or returns its error from the enclosing function.
+// `lhs` may declare: CTFS_ASSIGN_OR_RETURN(auto fd, OpenFile(path));
+#define CTFS_ASSIGN_OR_RETURN(lhs, expr) \
+  CTFS_ASSIGN_OR_RETURN_IMPL(CTFS_STATUS_CONCAT(_ctfs_result_, __LINE__), lhs, expr)
+#define CTFS_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                               \
+  if (!tmp.ok()) return tmp.status();              \
+  lhs = std::move(tmp).value()
 
 }  // namespace cubetorchfs

@@ -83,45 +83,6 @@ FuseContext::FuseContext(FileSystem* filesystem, const conf::FuseOptions& opts,
     : fs(filesystem), options(opts), metrics(std::make_unique<OpMetrics>(registry)) {}
 FuseContext::~FuseContext() = default;
 
-int ToErrno(const Status& s) {
-  using Code = Status::Code;
-  switch (s.code()) {
-    case Code::kOk:
-      return 0;
-    case Code::kNotFound:
-      return ENOENT;
-    case Code::kPermissionDenied:
-      return EACCES;
-    case Code::kNotDirectory:
-      return ENOTDIR;
-    case Code::kIsDirectory:
-      return EISDIR;
-    case Code::kInvalidArgument:
-      return EINVAL;
-    case Code::kIOError:
-      return EIO;
-    case Code::kStale:
-      return ESTALE;
-    case Code::kNotSupported:
-      return ENOTSUP;
-    case Code::kReadOnly:
-      return EROFS;
-    case Code::kNameTooLong:
-      return ENAMETOOLONG;
-    case Code::kCorruption:
-      return EIO;
-    case Code::kExists:
-      return EEXIST;
-    case Code::kNotEmpty:
-      return ENOTEMPTY;
-    case Code::kNoSpace:
-      return ENOSPC;
-    case Code::kErrno:
-      return s.errno_value() > 0 ? s.errno_value() : EIO;
-  }
-  return EIO;
-}
-
 namespace {
 
 FuseContext& Ctx(fuse_req_t req) { return *static_cast<FuseContext*>(fuse_req_userdata(req)); }

@@ -34,9 +34,6 @@ struct FuseContext {
   std::unique_ptr<OpMetrics> metrics;
 };
 
-// errno for `s` (0 for OK).
-int ToErrno(const Status& s);
-
 const fuse_lowlevel_ops& Operations();
 
 }  // namespace cubetorchfs::fuse

@@ -41,27 +41,7 @@ int Fail(const Status& s, char* err, size_t err_len) {
     std::string msg = s.message().empty() ? s.ToString() : s.message();
     std::snprintf(err, err_len, "%s", msg.c_str());
   }
-  using Code = Status::Code;
-  switch (s.code()) {
-    case Code::kOk:
-      return 0;
-    case Code::kNotFound:
-      return -ENOENT;
-    case Code::kInvalidArgument:
-      return -EINVAL;
-    case Code::kCorruption:
-      return -EBADMSG;
-    case Code::kNotSupported:
-      return -ENOTSUP;
-    case Code::kPermissionDenied:
-      return -EACCES;
-    case Code::kIsDirectory:
-      return -EISDIR;
-    case Code::kErrno:
-      return s.errno_value() > 0 ? -s.errno_value() : -EIO;
-    default:
-      return -EIO;
-  }
+  return -ToErrno(s);
 }
 
 // Runs fn, turning exceptions (bad_alloc, JSON errors) into -EIO/-EINVAL with a message.

@@ -259,8 +259,12 @@ Result<DaemonFile> OpenViaDaemon(const std::string& socket_path, const std::stri
     std::string why = (j.is_object() && j.contains("error") && j["error"].is_string())
                           ? j["error"].get<std::string>()
                           : "HTTP " + std::to_string(code);
-    if (code == 404) return Status::NotFound("daemon: " + why);
-    if (code == 501 || code == 405) return Status::NotSupported("daemon: " + why);
+    // The reply's code says which status the daemon's request ended in.
+    if (j.is_object() && j.contains("code") && j["code"].is_string()) {
+      const int err = j.contains("errno") && j["errno"].is_number_integer() ? j["errno"].get<int>() : 0;
+      return Status::FromWire(j["code"].get<std::string>(), "daemon: " + why, err);
+    }
+    if (code == 501 || code == 405 || code == 404) return Status::NotSupported("daemon: " + why);
     return Status::IOError("daemon: " + why);
   }
   if (received.get() < 0) return Status::IOError("daemon: reply carried no file descriptor");

@@ -49,7 +49,8 @@ struct DaemonFile {
 };
 
 // POST /v1/files/open {"path": path} on the unix socket `socket_path`, receiving the reply and
-// the descriptor attached to it. Errors carry the daemon's {"error"} text. `timeout_ms` bounds
+// the descriptor attached to it. Errors carry the daemon's {"error"} text, with the status its
+// {"code"} names (a reply without one: NotSupported for 404/405/501). `timeout_ms` bounds
 // the whole exchange (the daemon fetches the file before it answers).
 Result<DaemonFile> OpenViaDaemon(const std::string& socket_path, const std::string& path,
                                  int timeout_ms);

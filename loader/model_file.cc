@@ -140,8 +140,7 @@ Result<std::unique_ptr<ModelFile>> ModelFile::Open(const std::string& path,
         } else if (df.ok()) {
           f->fd_ = df->fd;
           f->source_ = Source::kDaemonFd;
-        } else if (df.status().IsNotFound() &&
-                   df.status().ToString().find("no such file") != std::string::npos) {
+        } else if (df.status().IsNotFound()) {
           return Status::NotFound(path + ": no such file");
         }
       }

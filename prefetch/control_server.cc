@@ -51,8 +51,35 @@ Response JsonResponse(http::status status, const json& body, unsigned version) {
   return res;
 }
 
+// An error reply: {"error": message, "code": the status code's wire name, "errno": n}
+// (docs/errors.md). Clients map the code back to the same Status (Status::FromWire).
+Response ErrorFrom(http::status status, const Status& s, unsigned version) {
+  return JsonResponse(status,
+                      json{{"error", s.message()},
+                           {"code", std::string(CodeName(s.code()))},
+                           {"errno", ToErrno(s)}},
+                      version);
+}
+
+// An error of the request itself: the code follows the HTTP status.
 Response Error(http::status status, const std::string& msg, unsigned version) {
-  return JsonResponse(status, json{{"error", msg}}, version);
+  switch (status) {
+    case http::status::forbidden:
+      return ErrorFrom(status, Status::PermissionDenied(msg), version);
+    case http::status::not_found:
+      return ErrorFrom(status, Status::NotFound(msg), version);
+    case http::status::method_not_allowed:
+    case http::status::not_implemented:
+      return ErrorFrom(status, Status::NotSupported(msg), version);
+    case http::status::conflict:
+      return ErrorFrom(status, Status::Stale(msg), version);
+    case http::status::bad_request:
+    case http::status::payload_too_large:
+    case http::status::unprocessable_entity:
+      return ErrorFrom(status, Status::InvalidArgument(msg), version);
+    default:  // 429, 500, 503: may succeed if retried
+      return ErrorFrom(status, Status::IOError(msg), version);
+  }
 }
 
 Response Text(http::status status, const std::string& body, unsigned version) {
@@ -472,7 +499,8 @@ class ServerImpl final : public ControlServer {
       CTFS_LOG(kDebug) << target.substr(1) << ": " << body->size() << " pids from uid " << caller.uid;
       return {Text(http::status::ok, "ok\n", v)};
     }
-    return {Error(http::status::not_found, "no route " + target, v)};
+    // A route this daemon does not have: a client may fall back to another way.
+    return {ErrorFrom(http::status::not_found, Status::NotSupported("no route " + target), v)};
   }
 
   // Whose read permission a stream's fetches are checked against: none for root, or where
@@ -837,7 +865,7 @@ class ServerImpl final : public ControlServer {
                                 : s.code() == Status::Code::kPermissionDenied ? http::status::forbidden
                                 : s.code() == Status::Code::kIsDirectory ? http::status::bad_request
                                                                        : http::status::unprocessable_entity;
-      return Error(code, s.message(), v);
+      return ErrorFrom(code, s, v);
     }
     // The caller's read permission once more, on the file actually opened: one swapped in
     // since the check above is refused, whatever its size and mtime.
@@ -863,7 +891,7 @@ class ServerImpl final : public ControlServer {
                           : s.code() == Status::Code::kPermissionDenied ? http::status::forbidden
                           : s.IsStale() ? http::status::conflict
                                         : http::status::service_unavailable;
-      return Error(code, s.message(), v);
+      return ErrorFrom(code, s, v);
     }
     files_opened_++;
     files_open_bytes_ += f->size;

@@ -260,11 +260,17 @@ def _quote(stream_id: str) -> str:
 
 
 class ControlError(Exception):
-    """A control request that failed: no socket, a timeout, an error status, a bad reply."""
+    """A control request that failed: no socket, a timeout, an error status, a bad reply.
 
-    def __init__(self, message: str, status: int = 0) -> None:
+    ``status`` is the HTTP status (0 if none came); ``code`` the daemon's error code
+    ("not_found", "permission_denied", ...; "" if none came) and ``errno`` its errno (0 if
+    none)."""
+
+    def __init__(self, message: str, status: int = 0, code: str = "", err: int = 0) -> None:
         super().__init__(message)
         self.status = status
+        self.code = code
+        self.errno = err
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -355,9 +361,12 @@ class ControlClient:
             except ValueError:
                 bad_json = True
         if not 200 <= status < 300:
-            detail = parsed.get("error") if isinstance(parsed, dict) else None
+            fields = parsed if isinstance(parsed, dict) else {}
+            detail = fields.get("error")
+            code = fields.get("code") if isinstance(fields.get("code"), str) else ""
+            err = fields.get("errno") if isinstance(fields.get("errno"), int) else 0
             raise ControlError(f"{method} {url}: HTTP {status}" + (f" ({detail})" if detail else ""),
-                               status)
+                               status, code, err)
         if bad_json:
             raise ControlError(f"{method} {url}: reply is not JSON", status)
         return Reply(status, parsed)

@@ -165,7 +165,7 @@ class FakeDaemon:
                     and method == "POST":
                 s = self.streams.get(parts[2])
                 if s is None or s.deleted:
-                    return 404, {"error": "unknown stream"}
+                    return 404, {"error": "unknown stream", "code": "not_found", "errno": 2}
                 if not isinstance(body, dict) or not isinstance(body.get("paths"), list):
                     return 400, {"error": "malformed"}
                 good = [p for p in body["paths"]
@@ -177,7 +177,7 @@ class FakeDaemon:
             if len(parts) == 3 and parts[:2] == ["v1", "streams"] and method == "DELETE":
                 s = self.streams.get(parts[2])
                 if s is None or s.deleted:
-                    return 404, {"error": "unknown stream"}
+                    return 404, {"error": "unknown stream", "code": "not_found", "errno": 2}
                 s.deleted = True
                 return 204, None
             if parts == ["v1", "stats"] and method == "GET":

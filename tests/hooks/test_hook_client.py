@@ -97,6 +97,7 @@ def test_client_round_trip(mount: Path, daemon: FakeDaemon) -> None:
         with pytest.raises(_client.ControlError) as err:
             client.publish(sid, [inside])
         assert err.value.status == 404 and "unknown stream" in str(err.value)
+        assert (err.value.code, err.value.errno) == ("not_found", 2)
     finally:
         client.close()
     assert [r[0] for r in daemon.requests] == ["POST", "POST", "GET", "DELETE", "POST"]
@@ -119,7 +120,7 @@ def test_client_without_a_socket(tmp_path: Path) -> None:
     client = _client.ControlClient(str(tmp_path / "none.sock"), timeout=0.5)
     with pytest.raises(_client.ControlError) as err:
         client.stats()
-    assert err.value.status == 0
+    assert (err.value.status, err.value.code, err.value.errno) == (0, "", 0)
 
 
 def test_report_line() -> None:

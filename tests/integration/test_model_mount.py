@@ -6,6 +6,7 @@ checked over the real socket."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -142,21 +143,26 @@ def test_changed_file_is_served_fresh(cube: CubeFactory, models: Path) -> None:
 def test_files_open_errors(cube: CubeFactory, models: Path) -> None:
     mount = cube.mount(models)
     sock = mount.read_control()["control_socket"]
+    # Each error names its failure for programs: a code and its errno (docs/errors.md).
     cases = [
-        ({"path": str(mount.path("models/none.safetensors"))}, 404, "no such file"),
-        ({"path": "/etc/passwd"}, 422, ""),
-        ({"path": str(mount.path("models"))}, 400, "not a regular file"),
-        ({"nope": 1}, 400, "path"),
-        ("{not json", 400, ""),
+        ({"path": str(mount.path("models/none.safetensors"))}, 404, "no such file", "not_found",
+         errno.ENOENT),
+        ({"path": "/etc/passwd"}, 422, "outside", "invalid_argument", errno.EINVAL),
+        ({"path": str(mount.path("models"))}, 400, "not a regular file", "is_directory",
+         errno.EISDIR),
+        ({"nope": 1}, 400, "path", "invalid_argument", errno.EINVAL),
+        ("{not json", 400, "", "invalid_argument", errno.EINVAL),
     ]
-    for body, status, text in cases:
+    for body, status, text, name, err in cases:
         conn = UnixHTTPConnection(sock)
         try:
             code, reply = call(conn, "POST", "/v1/files/open", body)
         finally:
             conn.close()
         assert code == status, (body, code, reply)
-        assert text in json.loads(reply)["error"], reply
+        parsed = json.loads(reply)
+        assert text in parsed["error"], reply
+        assert (parsed["code"], parsed["errno"]) == (name, err), reply
     conn = UnixHTTPConnection(sock)
     try:
         assert call(conn, "GET", "/v1/files/open")[0] == 405
