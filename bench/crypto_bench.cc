@@ -92,7 +92,8 @@ std::string CpuFlags() {
     std::istringstream words(line.substr(line.find(':') + 1));
     std::string w, out;
     while (words >> w) {
-      for (const char* want : {"aes", "pclmulqdq", "vaes", "vpclmulqdq", "sha_ni", "avx2", "avx512f"})
+      for (const char* want :
+           {"aes", "pclmulqdq", "vaes", "vpclmulqdq", "sha_ni", "avx2", "avx512f"})
         if (w == want) out += (out.empty() ? "" : " ") + w;
     }
     return out.empty() ? "(none of aes, pclmulqdq, vaes, vpclmulqdq, sha_ni, avx2, avx512f)" : out;
@@ -131,9 +132,10 @@ int main(int argc, char** argv) {
     } else if (a == "--chunk-mib") {
       chunk_mib = ArgValue(argc, argv, &i);
     } else if (a == "-h" || a == "--help") {
-      std::printf("usage: crypto_bench [--mib 256] [--rounds 5] [--chunk-mib 4]\n"
-                  "GMAC (crypto/integrity.h chunk tags) vs HMAC-SHA256 over the same buffer, one "
-                  "thread; last line: ratio: GMAC/HMAC-SHA256\n");
+      std::printf(
+          "usage: crypto_bench [--mib 256] [--rounds 5] [--chunk-mib 4]\n"
+          "GMAC (crypto/integrity.h chunk tags) vs HMAC-SHA256 over the same buffer, one "
+          "thread; last line: ratio: GMAC/HMAC-SHA256\n");
       return 0;
     } else {
       Die("unknown argument " + a + " (try --help)");
@@ -171,10 +173,11 @@ int main(int argc, char** argv) {
                  static_cast<unsigned long long>(r + 1), gmac.back(), hmac.back());
   }
   const Summary g = Summarize(gmac), h = Summarize(hmac);
-  std::printf("crypto_bench - one thread, %llu MiB of random bytes in %llu MiB chunks, %llu rounds, "
-              "median (min-max); CPU flags: %s\n",
-              static_cast<unsigned long long>(mib), static_cast<unsigned long long>(chunk_mib),
-              static_cast<unsigned long long>(rounds), CpuFlags().c_str());
+  std::printf(
+      "crypto_bench - one thread, %llu MiB of random bytes in %llu MiB chunks, %llu rounds, "
+      "median (min-max); CPU flags: %s\n",
+      static_cast<unsigned long long>(mib), static_cast<unsigned long long>(chunk_mib),
+      static_cast<unsigned long long>(rounds), CpuFlags().c_str());
   std::printf("GMAC-AES-256 (ChunkTag)  %6.2f GB/s  (%.2f-%.2f)\n", g.median, g.lo, g.hi);
   std::printf("HMAC-SHA256 (OpenSSL)    %6.2f GB/s  (%.2f-%.2f)\n", h.median, h.lo, h.hi);
   std::fprintf(stderr, "[crypto_bench] tag byte sink %u\n", static_cast<unsigned>(sink));

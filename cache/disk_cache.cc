@@ -183,7 +183,8 @@ class NvmeCache final : public DiskCache {
       next_id_ = std::max(next_id_, v.id + 1);
       next_seq_ = std::max(next_seq_, v.seq + 1);
     }
-    if (!it->status().ok()) return Status::IOError("cache.disk_dir: index: " + it->status().ToString());
+    if (!it->status().ok())
+      return Status::IOError("cache.disk_dir: index: " + it->status().ToString());
     it.reset();
     if (narrowed > 0)
       CTFS_LOG(kInfo) << "NVMe tier " << options_.dir << ": made " << narrowed
@@ -233,7 +234,8 @@ class NvmeCache final : public DiskCache {
     }
     size_t done = 0;
     while (done < v.length) {
-      ssize_t n = ::pread(fd.get(), buf->data.get() + done, v.length - done, static_cast<off_t>(done));
+      ssize_t n =
+          ::pread(fd.get(), buf->data.get() + done, v.length - done, static_cast<off_t>(done));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;
       done += static_cast<size_t>(n);
@@ -401,19 +403,21 @@ class NvmeCache final : public DiskCache {
   // REQUIRES: mu_ held. Evicts least recently used chunks until `length` more bytes fit the
   // budget and the file system keeps its free share.
   Status MakeRoomLocked(uint64_t length) {
-    if (length > options_.capacity_bytes) return Status::InvalidArgument("chunk larger than the tier");
-    uint64_t need = bytes_ + length > options_.capacity_bytes
-                        ? bytes_ + length - options_.capacity_bytes
-                        : 0;
+    if (length > options_.capacity_bytes)
+      return Status::InvalidArgument("chunk larger than the tier");
+    uint64_t need =
+        bytes_ + length > options_.capacity_bytes ? bytes_ + length - options_.capacity_bytes : 0;
     struct statvfs sv;
     if (::statvfs(options_.dir.c_str(), &sv) == 0 && sv.f_blocks > 0) {
       const double total = static_cast<double>(sv.f_blocks) * sv.f_frsize;
       const double floor = total * options_.min_free_ratio;
-      const double avail = static_cast<double>(sv.f_bavail) * sv.f_frsize - static_cast<double>(length);
+      const double avail =
+          static_cast<double>(sv.f_bavail) * sv.f_frsize - static_cast<double>(length);
       if (avail < floor) {
         const auto short_by = static_cast<uint64_t>(floor - avail);
         // Space someone else uses is not ours to win back: never empty the tier for it.
-        if (short_by > bytes_) return Status::IOError("NVMe tier: file system below its free-space floor");
+        if (short_by > bytes_)
+          return Status::IOError("NVMe tier: file system below its free-space floor");
         need = std::max(need, short_by);
       }
     }
@@ -488,7 +492,7 @@ class NvmeCache final : public DiskCache {
 
   mutable std::mutex mu_;  // guards the members below, up to queue_mu_
   std::unordered_map<std::string, Entry> index_;
-  std::list<std::string> lru_;  // front: most recently used
+  std::list<std::string> lru_;               // front: most recently used
   std::unordered_set<std::string> pending_;  // keys being written
   uint64_t bytes_ = 0;
   uint64_t next_id_ = 1;

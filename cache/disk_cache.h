@@ -36,9 +36,9 @@ namespace cubetorchfs::cache {
 class DiskCache {
  public:
   struct Options {
-    std::string dir;              // required
-    uint64_t capacity_bytes = 0;  // required
-    double min_free_ratio = 0.05;  // keep this share of the file system free
+    std::string dir;                     // required
+    uint64_t capacity_bytes = 0;         // required
+    double min_free_ratio = 0.05;        // keep this share of the file system free
     uint64_t queue_bytes = 32ull << 20;  // PutAsync buffers waiting for the writer
     // For crash tests: stop Put after this step, as if the process died there.
     enum class CrashPoint { kNone, kAfterTempWrite, kAfterRename };

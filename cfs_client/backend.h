@@ -188,8 +188,8 @@ class Backend {
   virtual Status Rmdir(const std::string& path) = 0;
   // rename(2); `noreplace`: fail with Exists if `to` exists (RENAME_NOREPLACE).
   virtual Status Rename(const std::string& from, const std::string& to, bool noreplace) = 0;
-  virtual Result<FileAttr> Symlink(const std::string& target, const std::string& path,
-                                   int64_t uid, int64_t gid) = 0;
+  virtual Result<FileAttr> Symlink(const std::string& target, const std::string& path, int64_t uid,
+                                   int64_t gid) = 0;
   virtual Result<FileAttr> Link(const std::string& from, const std::string& to) = 0;
   // Changes mode, owner or times of `path` (a size change goes through a WritableFile).
   virtual Result<FileAttr> SetAttr(const std::string& path, const AttrChange& change) = 0;
@@ -214,8 +214,8 @@ Status CheckS3Backend(const conf::S3Options& opts);
 
 // Counters of the fault-injection wrapper, for tests and benchmarks.
 struct InjectCounters {
-  uint64_t requests = 0;       // every call that reached the wrapper
-  uint64_t read_requests = 0;  // Read calls
+  uint64_t requests = 0;        // every call that reached the wrapper
+  uint64_t read_requests = 0;   // Read calls
   uint64_t write_requests = 0;  // calls that change the store (writes, flushes, renames, ...)
   uint64_t injected_errors = 0;
   uint64_t peak_in_flight = 0;  // most requests served at once (at most opts.max_concurrency)

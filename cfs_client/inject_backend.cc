@@ -33,7 +33,9 @@ class InjectWritableFile final : public WritableFile {
   Status Flush() override;
   Status Sync() override;
   Result<FileAttr> Stat() override { return base_->Stat(); }
-  void Moved(const std::string& path) override { base_->Moved(path); }  // local state, not a request
+  void Moved(const std::string& path) override {
+    base_->Moved(path);
+  }  // local state, not a request
   Status Close() override { return base_->Close(); }
   void Discard() override { base_->Discard(); }
 
@@ -93,11 +95,9 @@ class InjectBackend final : public Backend {
     Result<std::unique_ptr<WritableFile>> f =
         Serve("open " + path, Kind::kWrite, [&] { return base_->OpenWrite(path, options); });
     if (!f.ok()) return f.status();
-    return std::unique_ptr<WritableFile>(
-        new InjectWritableFile(std::move(f).value(), this, path));
+    return std::unique_ptr<WritableFile>(new InjectWritableFile(std::move(f).value(), this, path));
   }
-  Result<FileAttr> Mkdir(const std::string& path, mode_t mode, int64_t uid,
-                         int64_t gid) override {
+  Result<FileAttr> Mkdir(const std::string& path, mode_t mode, int64_t uid, int64_t gid) override {
     return Serve("mkdir " + path, Kind::kWrite, [&] { return base_->Mkdir(path, mode, uid, gid); });
   }
   Status Unlink(const std::string& path) override {
@@ -206,13 +206,12 @@ class InjectBackend final : public Backend {
   const std::unique_ptr<Backend> base_;
   const conf::InjectOptions opts_;
   Clock* const clock_;
-  std::mutex mu_;                     // guards everything below
+  std::mutex mu_;                      // guards everything below
   std::condition_variable slot_free_;  // in_flight_ went down
-  InjectCounters* const counters_;    // GUARDED_BY(mu_)
-  std::mt19937_64 rng_;               // GUARDED_BY(mu_)
-  uint64_t in_flight_ = 0;            // GUARDED_BY(mu_): requests holding a slot
-  uint64_t link_free_ns_ = 0;         // GUARDED_BY(mu_): when the reserved transfers end
-
+  InjectCounters* const counters_;     // GUARDED_BY(mu_)
+  std::mt19937_64 rng_;                // GUARDED_BY(mu_)
+  uint64_t in_flight_ = 0;             // GUARDED_BY(mu_): requests holding a slot
+  uint64_t link_free_ns_ = 0;          // GUARDED_BY(mu_): when the reserved transfers end
 };
 
 Result<size_t> InjectWritableFile::Write(uint64_t offset, const char* data, size_t len) {

@@ -34,9 +34,9 @@ enum Op {
   kNumOps
 };
 constexpr std::array<const char*, kNumOps> kOpNames = {
-    "stat",  "list",  "read",  "readlink", "statfs",  "open_write", "write",   "truncate", "flush",
-    "fsync", "mkdir", "unlink", "rmdir",   "rename", "symlink",    "link",    "setattr",  "fsyncdir",
-    "open_read"};
+    "stat",     "list",  "read",    "readlink", "statfs",   "open_write", "write",
+    "truncate", "flush", "fsync",   "mkdir",    "unlink",   "rmdir",      "rename",
+    "symlink",  "link",  "setattr", "fsyncdir", "open_read"};
 enum Outcome { kOk, kNotFound, kStaleOutcome, kError, kNumOutcomes };
 constexpr std::array<const char*, kNumOutcomes> kOutcomeNames = {"ok", "not_found", "stale",
                                                                  "error"};
@@ -146,8 +146,7 @@ class MeteredBackend final : public Backend {
     if (!f.ok()) return f.status();
     return std::unique_ptr<WritableFile>(new MeteredWritableFile(std::move(f).value(), this));
   }
-  Result<FileAttr> Mkdir(const std::string& path, mode_t mode, int64_t uid,
-                         int64_t gid) override {
+  Result<FileAttr> Mkdir(const std::string& path, mode_t mode, int64_t uid, int64_t gid) override {
     return Timed(kMkdir, [&] { return base_->Mkdir(path, mode, uid, gid); });
   }
   Status Unlink(const std::string& path) override {

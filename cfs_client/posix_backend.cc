@@ -17,9 +17,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
-#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -56,7 +56,6 @@ FileAttr FromStat(const struct stat& st) {
   a.blocks = static_cast<uint64_t>(st.st_blocks);
   return a;
 }
-
 
 // openat2 is used while the kernel has it; once it is missing (ENOSYS) or filtered (EPERM
 // from a seccomp profile), the component walk is used.
@@ -318,7 +317,8 @@ class PosixBackend final : public Backend {
         if (errno != EEXIST || o.exclusive) return Status::FromErrno(errno, "create " + Show(path));
       }
       fd = UniqueFd(::openat(at->dir, at->name.c_str(), base));
-      if (fd.get() < 0 && (errno != ENOENT || !o.create)) return Status::FromErrno(errno, "open " + Show(path));
+      if (fd.get() < 0 && (errno != ENOENT || !o.create))
+        return Status::FromErrno(errno, "open " + Show(path));
     }
     if (fd.get() < 0) return Status::FromErrno(errno, "open " + Show(path));
     struct stat st;
@@ -328,8 +328,7 @@ class PosixBackend final : public Backend {
     return std::unique_ptr<WritableFile>(new PosixWritableFile(std::move(fd), Show(path)));
   }
 
-  Result<FileAttr> Mkdir(const std::string& path, mode_t mode, int64_t uid,
-                         int64_t gid) override {
+  Result<FileAttr> Mkdir(const std::string& path, mode_t mode, int64_t uid, int64_t gid) override {
     Result<At> at = Locate(path, "mkdir");
     if (!at.ok()) return at.status();
     if (::mkdirat(at->dir, at->name.c_str(), mode & 07777) != 0)
@@ -388,8 +387,7 @@ class PosixBackend final : public Backend {
     if (!at.ok()) return at.status();
     // AT_SYMLINK_NOFOLLOW: glibc changes the file itself through an O_PATH descriptor, and
     // refuses (EOPNOTSUPP) a symlink rather than change what it points to.
-    if (c.mode &&
-        ::fchmodat(at->dir, at->name.c_str(), *c.mode & 07777, AT_SYMLINK_NOFOLLOW) != 0)
+    if (c.mode && ::fchmodat(at->dir, at->name.c_str(), *c.mode & 07777, AT_SYMLINK_NOFOLLOW) != 0)
       return Status::FromErrno(errno, "chmod " + Show(path));
     if ((c.uid || c.gid) &&
         ::fchownat(at->dir, at->name.c_str(), c.uid ? static_cast<uid_t>(*c.uid) : uid_t(-1),
@@ -412,7 +410,8 @@ class PosixBackend final : public Backend {
   Status SyncDir(const std::string& path) override {
     Result<At> at = Locate(path, "open");
     if (!at.ok()) return at.status();
-    UniqueFd fd(::openat(at->dir, at->name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    UniqueFd fd(
+        ::openat(at->dir, at->name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (fd.get() < 0) return Status::FromErrno(errno, "open " + Show(path));
     if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync " + Show(path));
     return Status::OK();
@@ -558,7 +557,8 @@ Result<std::unique_ptr<Backend>> NewPosixBackend(const std::string& root) {
     if (err == ENOTDIR) return Status::NotDirectory(root + ": not a directory");
     return Status::FromErrno(err, root);
   }
-  if (::faccessat(fd.get(), ".", R_OK | X_OK, AT_EACCESS) != 0) return Status::FromErrno(errno, root);
+  if (::faccessat(fd.get(), ".", R_OK | X_OK, AT_EACCESS) != 0)
+    return Status::FromErrno(errno, root);
   return std::unique_ptr<Backend>(new PosixBackend(root, std::move(fd)));
 }
 

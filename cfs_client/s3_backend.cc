@@ -179,9 +179,9 @@ class HandlePool {
 
 // One HTTP request and where its reply goes.
 struct Request {
-  const char* op = "GET";  // for messages: HEAD, GET, LIST, PUT, POST, DELETE, COPY
+  const char* op = "GET";        // for messages: HEAD, GET, LIST, PUT, POST, DELETE, COPY
   const char* method = nullptr;  // PUT, POST, DELETE; null: GET (or HEAD with `head`)
-  std::string key;         // for messages; "" for the bucket
+  std::string key;               // for messages; "" for the bucket
   std::string url;
   bool head = false;
   std::string range;  // "FIRST-LAST" or ""
@@ -211,7 +211,8 @@ size_t OnUpload(char* out, size_t size, size_t n, void* userdata) {
   if (want == 0) return 0;
   ssize_t got;
   do {
-    got = ::pread(u->req->upload_fd, out, want, static_cast<off_t>(u->req->upload_offset + u->sent));
+    got =
+        ::pread(u->req->upload_fd, out, want, static_cast<off_t>(u->req->upload_offset + u->sent));
   } while (got < 0 && errno == EINTR);
   if (got <= 0) {  // the staging file shrank or failed under us
     u->failed = true;
@@ -600,7 +601,8 @@ class S3Backend final : public Backend {
         if (::fstat(fd_, &st) != 0) return LocalError("fstat");
         a.size = static_cast<uint64_t>(st.st_size);
         a.blocks = (a.size + 511) / 512;
-        if (dirty_) a.mtime_ns = a.ctime_ns = st.st_mtim.tv_sec * 1'000'000'000 + st.st_mtim.tv_nsec;
+        if (dirty_)
+          a.mtime_ns = a.ctime_ns = st.st_mtim.tv_sec * 1'000'000'000 + st.st_mtim.tv_nsec;
       }
       return a;
     }
@@ -653,8 +655,8 @@ class S3Backend final : public Backend {
     const FileAttr attr_;  // the object's attributes when opened
     const std::string staging_;
     const int fd_;
-    bool materialized_;  // the staging file holds the object's bytes
-    bool dirty_;         // changed since the last successful upload
+    bool materialized_;       // the staging file holds the object's bytes
+    bool dirty_;              // changed since the last successful upload
     bool discarded_ = false;  // unlinked or renamed over: never uploaded again
   };
 
@@ -702,7 +704,8 @@ class S3Backend final : public Backend {
   Status Rmdir(const std::string& path) override {
     Result<FileAttr> now = Stat(path);
     if (!now.ok()) return now.status();
-    if (!now->IsDir()) return Status::NotDirectory("rmdir " + Show(Key(path)) + ": not a directory");
+    if (!now->IsDir())
+      return Status::NotDirectory("rmdir " + Show(Key(path)) + ": not a directory");
     const std::string marker = Key(path) + "/";
     Result<s3::ListPage> page = FetchListPage(marker, "", 2);
     if (!page.ok()) return page.status();
@@ -736,8 +739,7 @@ class S3Backend final : public Backend {
     return Delete(Key(from));
   }
 
-  Result<FileAttr> Symlink(const std::string&, const std::string& path, int64_t,
-                           int64_t) override {
+  Result<FileAttr> Symlink(const std::string&, const std::string& path, int64_t, int64_t) override {
     return Status::Errno(EPERM, "symlink " + Show(Key(path)) + ": an object store has none");
   }
   Result<FileAttr> Link(const std::string& from, const std::string&) override {
@@ -923,7 +925,6 @@ class S3Backend final : public Backend {
     (void)ignored;
     return failure;
   }
-
 
   Request NewRequest(const char* op, const std::string& key) const {
     Request req;

@@ -170,14 +170,15 @@ Status InitLogging(const std::string& path, LogLevel level) {
   // names files of every user, so it is readable by the daemon's user only.
   // O_NONBLOCK: a FIFO planted there must not block the start; it is refused below, as is a
   // hard link to another file (more than one link) and a file of another owner.
-  int fd = ::open(path.c_str(),
-                  O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                  0600);
   if (fd < 0) return Status::IOError(path + ": " + std::strerror(errno));
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1 ||
       st.st_uid != ::geteuid()) {
     ::close(fd);
-    return Status::PermissionDenied(path + ": not a regular file of ours with one link; "
+    return Status::PermissionDenied(path +
+                                    ": not a regular file of ours with one link; "
                                     "refusing to log into it");
   }
   if ((st.st_mode & 077) != 0) ::fchmod(fd, st.st_mode & 0700);  // an older log, made private

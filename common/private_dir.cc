@@ -29,14 +29,14 @@ bool AncestorsAreSafe(const std::string& dir, std::string* bad) {
   char resolved[PATH_MAX];
   if (::realpath(dir.c_str(), resolved) == nullptr) return true;  // reported by the caller
   std::filesystem::path p(resolved);
-  for (p = p.parent_path(); ; p = p.parent_path()) {
+  for (p = p.parent_path();; p = p.parent_path()) {
     struct stat st;
     if (::lstat(p.c_str(), &st) != 0) return true;
     const bool owner_ok = st.st_uid == 0 || st.st_uid == ::geteuid();
     const bool others_write = (st.st_mode & 022) != 0 && (st.st_mode & S_ISVTX) == 0;
     if (!owner_ok || others_write) {
-      *bad = p.string() + " (uid " + std::to_string(st.st_uid) + ", mode " +
-             Octal(st.st_mode) + ")";
+      *bad =
+          p.string() + " (uid " + std::to_string(st.st_uid) + ", mode " + Octal(st.st_mode) + ")";
       return false;
     }
     if (p == p.root_path()) return true;
@@ -60,7 +60,8 @@ Status EnsurePrivateDir(const std::string& dir, std::string_view key, std::strin
     const int err = errno;
     struct stat l;
     if (::lstat(dir.c_str(), &l) == 0 && S_ISLNK(l.st_mode))
-      return Status::PermissionDenied(what + " is a symlink; refusing it (name the real directory)");
+      return Status::PermissionDenied(what +
+                                      " is a symlink; refusing it (name the real directory)");
     if (err == ENOENT && create == CreateDir::kNo) return Status::OK();
     return Status::IOError(what + ": " + std::strerror(err));
   }
@@ -72,7 +73,8 @@ Status EnsurePrivateDir(const std::string& dir, std::string_view key, std::strin
                                     std::string(holds) + ")");
   std::string bad;
   if (!AncestorsAreSafe(dir, &bad))
-    return Status::PermissionDenied(what + ": " + bad + " above it lets another user replace it; "
+    return Status::PermissionDenied(what + ": " + bad +
+                                    " above it lets another user replace it; "
                                     "refusing it (put it in a directory only root can change)");
   if ((st.st_mode & 07777) != 0700) {
     if (::fchmod(fd.get(), 0700) != 0)

@@ -84,7 +84,7 @@ const std::set<std::string> kCubeFsClientKeys = {
 // Our own top-level keys.
 const std::set<std::string> kTopLevelKeys = {
     "volName", "mountPoint", "logDir", "logLevel", "exporterPort", "profPort",
-    "profile", "backend",    "cache",  "prefetch", "control", "fuse",
+    "profile", "backend",    "cache",  "prefetch", "control",      "fuse",
 };
 
 // Longest unix socket path: sockaddr_un.sun_path with its terminating NUL.
@@ -221,10 +221,9 @@ Status ParseInject(const YAML::Node& node, InjectOptions* o) {
 }
 
 // Keys of the s3 backend; set_s3_keys collects those present (an error with type posix).
-const std::set<std::string> kS3Keys = {"endpoint",   "bucket",         "region",     "prefix",
-                                       "path_style", "access_key",     "secret_key", "timeout_ms",
-                                       "retries",    "max_connections", "staging_dir",
-                                       "multipart_bytes"};
+const std::set<std::string> kS3Keys = {
+    "endpoint",   "bucket",     "region",  "prefix",          "path_style",  "access_key",
+    "secret_key", "timeout_ms", "retries", "max_connections", "staging_dir", "multipart_bytes"};
 
 Status ParseBackend(const YAML::Node& node, BackendOptions* o, std::vector<std::string>* s3_set) {
   std::set<std::string> known = {"type", "root", "inject"};
@@ -312,34 +311,32 @@ Status ParseCache(const YAML::Node& node, CacheOptions* o) {
 }
 
 Status ParsePrefetch(const YAML::Node& node, PrefetchOptions* o) {
-  return ForEachKey(node, "prefetch",
-                    {"enabled", "max_inflight", "window_files", "window_bytes", "evict_after_read",
-                     "control_socket", "max_streams_per_uid", "max_queued_paths_per_uid",
-                     "max_queued_paths"},
-                    [&](const std::string& k, const YAML::Node& v, const std::string& key) {
-                      if (k == "enabled") CTFS_ASSIGN(o->enabled, GetBool(v, key));
-                      if (k == "max_inflight") {
-                        uint64_t n = 0;
-                        CTFS_ASSIGN(n, GetUint(v, key, 4096));
-                        if (n == 0) return Bad(key, "must be at least 1");
-                        o->max_inflight = static_cast<uint32_t>(n);
-                      }
-                      if (k == "window_files")
-                        CTFS_ASSIGN(o->window_files, GetUint(v, key, UINT64_MAX));
-                      if (k == "window_bytes") CTFS_ASSIGN(o->window_bytes, GetSize(v, key));
-                      if (k == "evict_after_read")
-                        CTFS_ASSIGN(o->evict_after_read, GetBool(v, key));
-                      if (k == "control_socket") CTFS_ASSIGN(o->control_socket, GetString(v, key));
-                      uint64_t* limit = k == "max_streams_per_uid"        ? &o->max_streams_per_uid
-                                        : k == "max_queued_paths_per_uid" ? &o->max_queued_paths_per_uid
-                                        : k == "max_queued_paths"         ? &o->max_queued_paths
-                                                                          : nullptr;
-                      if (limit != nullptr) {
-                        CTFS_ASSIGN(*limit, GetUint(v, key, 1ull << 26));
-                        if (*limit == 0) return Bad(key, "must be at least 1");
-                      }
-                      return Status::OK();
-                    });
+  return ForEachKey(
+      node, "prefetch",
+      {"enabled", "max_inflight", "window_files", "window_bytes", "evict_after_read",
+       "control_socket", "max_streams_per_uid", "max_queued_paths_per_uid", "max_queued_paths"},
+      [&](const std::string& k, const YAML::Node& v, const std::string& key) {
+        if (k == "enabled") CTFS_ASSIGN(o->enabled, GetBool(v, key));
+        if (k == "max_inflight") {
+          uint64_t n = 0;
+          CTFS_ASSIGN(n, GetUint(v, key, 4096));
+          if (n == 0) return Bad(key, "must be at least 1");
+          o->max_inflight = static_cast<uint32_t>(n);
+        }
+        if (k == "window_files") CTFS_ASSIGN(o->window_files, GetUint(v, key, UINT64_MAX));
+        if (k == "window_bytes") CTFS_ASSIGN(o->window_bytes, GetSize(v, key));
+        if (k == "evict_after_read") CTFS_ASSIGN(o->evict_after_read, GetBool(v, key));
+        if (k == "control_socket") CTFS_ASSIGN(o->control_socket, GetString(v, key));
+        uint64_t* limit = k == "max_streams_per_uid"        ? &o->max_streams_per_uid
+                          : k == "max_queued_paths_per_uid" ? &o->max_queued_paths_per_uid
+                          : k == "max_queued_paths"         ? &o->max_queued_paths
+                                                            : nullptr;
+        if (limit != nullptr) {
+          CTFS_ASSIGN(*limit, GetUint(v, key, 1ull << 26));
+          if (*limit == 0) return Bad(key, "must be at least 1");
+        }
+        return Status::OK();
+      });
 }
 
 Status ParseControl(const YAML::Node& node, ControlOptions* o) {
@@ -432,8 +429,7 @@ Status Validate(const Config& c, const std::vector<std::string>& s3_set) {
                               "the control file and the control socket), got " +
                               Quote(c.vol_name) + " (" + std::to_string(c.vol_name.size()) +
                               " bytes)");
-  if (c.vol_name == "." || c.vol_name == "..")
-    return Bad("volName", "must not be \".\" or \"..\"");
+  if (c.vol_name == "." || c.vol_name == "..") return Bad("volName", "must not be \".\" or \"..\"");
   if (const std::string sock = ControlSocketPath(c); sock.size() > kMaxSocketPathBytes)
     return Bad("prefetch.control_socket",
                (c.prefetch.control_socket.empty() ? "the default path " : "") + Quote(sock) +
@@ -555,8 +551,7 @@ class KeyScanner : public YAML::EventHandler {
   }
   void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override {
     CheckExtra(mark);
-    if (InKeyPosition())
-      throw Error{Where() + "a key must be a string, not an alias" + Line(mark)};
+    if (InKeyPosition()) throw Error{Where() + "a key must be a string, not an alias" + Line(mark)};
     ValueDone();
   }
   void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
@@ -737,9 +732,8 @@ uint64_t PhysicalMemoryBytes() {
 }
 
 std::string ControlSocketPath(const Config& config) {
-  return config.prefetch.control_socket.empty()
-             ? "/run/cubetorchfs/" + config.vol_name + ".sock"
-             : config.prefetch.control_socket;
+  return config.prefetch.control_socket.empty() ? "/run/cubetorchfs/" + config.vol_name + ".sock"
+                                                : config.prefetch.control_socket;
 }
 
 Result<uint64_t> ParseSize(std::string_view text) {

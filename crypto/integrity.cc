@@ -163,7 +163,8 @@ Result<ChunkTagValue> ChunkMac::Finish() {
   uint8_t none[16];
   ChunkTagValue t;
   if (EVP_EncryptFinal_ex(ctx_->gcm, none, &outl) != 1 ||
-      EVP_CIPHER_CTX_ctrl(ctx_->gcm, EVP_CTRL_GCM_GET_TAG, static_cast<int>(t.size()), t.data()) != 1)
+      EVP_CIPHER_CTX_ctrl(ctx_->gcm, EVP_CTRL_GCM_GET_TAG, static_cast<int>(t.size()), t.data()) !=
+          1)
     return Status::IOError("integrity: GMAC final failed");
   return t;
 }

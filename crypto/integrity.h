@@ -13,8 +13,8 @@
 //                              chunk_tag[0] | chunk_tag[1] | ...)               (32 bytes)
 // The MAC key is per file (the IV is fresh for every file written), so GMAC nonces, which are
 // the chunk indexes, never repeat under one key. GMAC runs on the AES and carry-less multiply
-// instructions (several times the speed of HMAC-SHA256 with SHA-NI: bench/crypto_bench), and chunk tags
-// are independent, so verification runs in parallel chunks, in the thread that read each
+// instructions (several times the speed of HMAC-SHA256 with SHA-NI: bench/crypto_bench), and chunk
+// tags are independent, so verification runs in parallel chunks, in the thread that read each
 // chunk, while the chunk is still in its cache (ChunkMac takes it in pieces).
 // Stored in the header as
 //   "cubetorchfs_integrity": {"alg": "GMAC-AES256-chunked-v2", "chunk_size": N, "tag": b64}

@@ -127,7 +127,7 @@ Status WriteControlFile(const std::string& path, const ControlInfo& info) {
   UniqueFd fd(::mkostemp(tmp.data(), O_CLOEXEC));
   if (fd.get() < 0) return Status::IOError(tmp + ": " + std::strerror(errno));
   const std::string body = ControlFileJson(info);
-  struct stat st{};
+  struct stat st {};
   // 0644 whatever the umask: the hook reading it runs as other users.
   bool ok = ::fchmod(fd.get(), 0644) == 0 && WriteAll(fd.get(), body) && ::fsync(fd.get()) == 0 &&
             ::fstat(fd.get(), &st) == 0;

@@ -1,9 +1,9 @@
 #include "fuse/file_system.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <prometheus/counter.h>
 #include <prometheus/registry.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -62,9 +62,10 @@ FileSystem::FileSystem(const Options& options, cfs_client::Backend* backend, cac
   bytes_backend_ = &bytes.Add({{"source", "backend"}});
   auto& write_backs = prometheus::BuildCounter()
                           .Name("cubetorchfs_write_back_total")
-                          .Help("Written files closed in the store by the write-back thread "
-                                "(fuse.flush_on_close false), by result; a failed one is kept "
-                                "and tried again")
+                          .Help(
+                              "Written files closed in the store by the write-back thread "
+                              "(fuse.flush_on_close false), by result; a failed one is kept "
+                              "and tried again")
                           .Register(registry);
   write_back_ok_ = &write_backs.Add({{"result", "ok"}});
   write_back_failed_ = &write_backs.Add({{"result", "error"}});
@@ -282,11 +283,10 @@ Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, s
     } else {
       const std::string key = cache::ChunkKey(handle.path, handle.version, chunk);
       bool from_disk = false;
-      Result<cache::Lookup> got = cache_->GetOrFetch(
-          key, [&] {
-            return cache::ReadChunkThroughTier(*backend_, disk_, key, handle.path,
-                                               handle.version, chunk_begin, chunk_len, &from_disk);
-          });
+      Result<cache::Lookup> got = cache_->GetOrFetch(key, [&] {
+        return cache::ReadChunkThroughTier(*backend_, disk_, key, handle.path, handle.version,
+                                           chunk_begin, chunk_len, &from_disk);
+      });
       if (!got.ok()) return got.status();
       if (from_disk) {  // no wait on the backend: still a hit
         disk_bytes += to - from;

@@ -5,8 +5,8 @@
 // chunk_bytes) or chunks of chunk_bytes. A read is a hit if no byte waited on the backend,
 // late if it waited on a prefetch in flight, a miss if it fetched (or waited on another
 // reader's fetch); every read is reported to the prefetcher, which keeps the accounting and
-// moves the streams' cursors. Attributes come from the inode table while younger than attr_timeout_s, so
-// opening a file whose metadata is fresh costs no backend request.
+// moves the streams' cursors. Attributes come from the inode table while younger than
+// attr_timeout_s, so opening a file whose metadata is fresh costs no backend request.
 //
 // Writes (write_path.cc): a file being written has one write state per inode, shared by every
 // handle that writes it, holding the backend's WritableFile. It is opened by the first write
@@ -31,9 +31,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "cache/disk_cache.h"
@@ -109,8 +109,8 @@ class FileSystem {
     double write_back_idle_s = 0;
   };
 
-  // `backend`, `cache`, `prefetcher`, `clock` and `registry` must outlive the FileSystem. Fails if the
-  // store's root cannot be read.
+  // `backend`, `cache`, `prefetcher`, `clock` and `registry` must outlive the FileSystem. Fails if
+  // the store's root cannot be read.
   static Result<std::unique_ptr<FileSystem>> New(const Options& options,
                                                  cfs_client::Backend* backend,
                                                  cache::RamCache* cache,
@@ -267,7 +267,7 @@ class FileSystem {
   InodeTable inodes_;
   ModelFetcher* model_fetcher_ = nullptr;
 
-  std::mutex writes_mu_;  // guards writes_
+  std::mutex writes_mu_;                                              // guards writes_
   std::unordered_map<uint64_t, std::shared_ptr<WriteState>> writes_;  // GUARDED_BY(writes_mu_)
   // Write states open now, and whether any change was ever made through the mount: reads
   // skip the write-path checks entirely while both are zero.

@@ -49,11 +49,11 @@ enum Op {
   kNumOps
 };
 constexpr std::array<const char*, kNumOps> kOpNames = {
-    "lookup",  "forget",   "getattr", "readlink", "opendir",  "readdir",   "readdirplus",
-    "releasedir", "open",  "read",    "release",  "statfs",   "access",    "getxattr",
-    "listxattr", "write",  "create",  "mknod",    "mkdir",    "unlink",    "rmdir",
-    "rename",  "symlink",  "link",    "setattr",  "flush",    "fsync",     "fsyncdir",
-    "fallocate", "setxattr"};
+    "lookup",      "forget",     "getattr",   "readlink", "opendir",   "readdir",
+    "readdirplus", "releasedir", "open",      "read",     "release",   "statfs",
+    "access",      "getxattr",   "listxattr", "write",    "create",    "mknod",
+    "mkdir",       "unlink",     "rmdir",     "rename",   "symlink",   "link",
+    "setattr",     "flush",      "fsync",     "fsyncdir", "fallocate", "setxattr"};
 
 // cubetorchfs_fuse_ops_total{op} and cubetorchfs_fuse_op_seconds{op}; owned by the registry.
 struct OpMetrics {
@@ -350,8 +350,7 @@ void ReplyEntry(fuse_req_t req, const Result<Entry>& e, const char* op) {
   fuse_reply_entry(req, &param);
 }
 
-void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
-            fuse_file_info* fi) {
+void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
   OpScope scope(req, kCreate);
   FuseContext& ctx = Ctx(req);
   // Under no_open the kernel may or may not send a release for this handle (it stops once it

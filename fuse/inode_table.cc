@@ -39,7 +39,8 @@ void InodeTable::Forget(uint64_t ino, uint64_t n) {
   node.nlookup = n >= node.nlookup ? 0 : node.nlookup - n;
   if (node.nlookup == 0) {
     auto p = by_path_.find(node.info.path);
-    if (p != by_path_.end() && p->second == ino) by_path_.erase(p);  // not a removed inode's old path
+    if (p != by_path_.end() && p->second == ino)
+      by_path_.erase(p);  // not a removed inode's old path
     nodes_.erase(it);
   }
 }

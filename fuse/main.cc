@@ -166,10 +166,9 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
     return Fail(kExitBadConfig, (config.backend.type == "posix" ? "backend.root: " : "") +
                                     backend.status().message());
   // The prefetch window is carved out of the RAM budget; the LRU gets the rest.
-  const uint64_t window_budget =
-      config.prefetch.enabled
-          ? std::min(config.prefetch.window_bytes, config.cache.memory_bytes / 2)
-          : 0;
+  const uint64_t window_budget = config.prefetch.enabled ? std::min(config.prefetch.window_bytes,
+                                                                    config.cache.memory_bytes / 2)
+                                                         : 0;
   std::unique_ptr<cache::DiskCache> disk;
   if (!config.cache.disk_dir.empty()) {
     cache::DiskCache::Options disk_options;
@@ -217,7 +216,8 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   // *.safetensors: parallel ranged fetches on first read and for /v1/files/open.
   ModelFetcher::Options model_options;
   model_options.chunk_bytes = config.cache.chunk_bytes;
-  model_options.threads = static_cast<int>(std::clamp<uint64_t>(config.prefetch.max_inflight, 1, 8));
+  model_options.threads =
+      static_cast<int>(std::clamp<uint64_t>(config.prefetch.max_inflight, 1, 8));
   model_options.background_max_bytes = config.cache.memory_bytes / 2;
   ModelFetcher model_fetcher(model_options, backend->get(), cache.get(), disk.get());
   (*fs)->set_model_fetcher(&model_fetcher);
@@ -252,8 +252,9 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   });
   control_options.resolver = &resolver;
   std::unique_ptr<prefetch::Warmer> warmer;
-  if (disk) warmer = std::make_unique<prefetch::Warmer>(backend->get(), disk.get(),
-                                                        config.cache.chunk_bytes);
+  if (disk)
+    warmer =
+        std::make_unique<prefetch::Warmer>(backend->get(), disk.get(), config.cache.chunk_bytes);
   Result<std::unique_ptr<prefetch::ControlServer>> control = prefetch::ControlServer::Start(
       control_options, &prefetcher, cache.get(),
       [filesystem](const std::string& path, const cfs_client::FileAttr& attr,
@@ -333,9 +334,8 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   const std::string store = config.backend.type == "posix"
                                 ? config.backend.root
                                 : config.backend.s3.endpoint + "/" + config.backend.s3.bucket;
-  CTFS_LOG(kInfo) << "mounted " << store << " at " << config.mount_point
-                  << " (volume " << config.vol_name << ", cache " << config.cache.memory_bytes
-                  << " bytes)";
+  CTFS_LOG(kInfo) << "mounted " << store << " at " << config.mount_point << " (volume "
+                  << config.vol_name << ", cache " << config.cache.memory_bytes << " bytes)";
   ready.Ready();
   if (!cl.foreground) DetachStdio(/*keep_stderr=*/false);
 
@@ -347,7 +347,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   fuse_loop_cfg_destroy(loop);
 
   CTFS_LOG(kInfo) << "unmounting " << config.mount_point << " (session loop returned " << rc << ")";
-  filesystem->StopWriteBack();  // it may notify the session: stop it while the session lives
+  filesystem->StopWriteBack();       // it may notify the session: stop it while the session lives
   prefetcher.SetPageProbe(nullptr);  // no more probes: what is marked is simply fetched
   page_probe.Close();                // and none still being sent
   fuse_session_unmount(se.get());
@@ -356,7 +356,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   // what they wrote goes to the store before exit.
   if (Status s = filesystem->FlushAll(); !s.ok())
     CTFS_LOG(kError) << "some written bytes did not reach the store: " << s.ToString();
-  control->reset();  // closes the listeners and removes the socket file
+  control->reset();         // closes the listeners and removes the socket file
   if (disk) disk->Flush();  // chunks already queued reach the NVMe tier (at most 32 MiB)
   RemoveControlFile(control_path, info.pid);
   CTFS_LOG(kInfo) << "exiting";

@@ -69,7 +69,8 @@ ModelFetcher::ModelFetcher(const Options& options, cfs_client::Backend* backend,
                            cache::RamCache* ram, cache::DiskCache* disk)
     : options_(options), backend_(backend), ram_(ram), disk_(disk) {
   if (options_.background_max_bytes > 0)
-    for (int i = 0; i < std::max(1, options_.threads); ++i) workers_.emplace_back([this] { Worker(); });
+    for (int i = 0; i < std::max(1, options_.threads); ++i)
+      workers_.emplace_back([this] { Worker(); });
 }
 
 ModelFetcher::~ModelFetcher() {
@@ -106,7 +107,8 @@ void ModelFetcher::OnRead(const std::string& path, const cfs_client::FileVersion
       started_order_.pop_front();
     }
     const uint64_t chunks = (version.size + options_.chunk_bytes - 1) / options_.chunk_bytes;
-    const uint64_t limit = std::max<uint64_t>(1, options_.background_max_bytes / options_.chunk_bytes);
+    const uint64_t limit =
+        std::max<uint64_t>(1, options_.background_max_bytes / options_.chunk_bytes);
     const uint64_t first = offset / options_.chunk_bytes;
     for (uint64_t c = first; c < chunks && c - first < limit; ++c) {
       jobs_.push_back({path, version, c});
@@ -128,14 +130,13 @@ void ModelFetcher::Worker() {
     }
     const std::string key = cache::ChunkKey(job.path, job.version, job.chunk);
     bool from_disk = false;
-    Result<cache::Lookup> got = ram_->GetOrFetch(
-        key, [&] {
-          const uint64_t begin = job.chunk * options_.chunk_bytes;
-          return cache::ReadChunkThroughTier(*backend_, disk_, key, job.path, job.version, begin,
-                                             static_cast<size_t>(std::min(options_.chunk_bytes,
-                                                                          job.version.size - begin)),
-                                             &from_disk);
-        });
+    Result<cache::Lookup> got = ram_->GetOrFetch(key, [&] {
+      const uint64_t begin = job.chunk * options_.chunk_bytes;
+      return cache::ReadChunkThroughTier(
+          *backend_, disk_, key, job.path, job.version, begin,
+          static_cast<size_t>(std::min(options_.chunk_bytes, job.version.size - begin)),
+          &from_disk);
+    });
     if (!got.ok())
       CTFS_LOG(kDebug) << "model prefetch " << job.path << " chunk " << job.chunk << ": "
                        << got.status().ToString();
@@ -143,7 +144,7 @@ void ModelFetcher::Worker() {
 }
 
 Result<ResidentFile> ModelFetcher::MakeResident(const std::string& path,
-                                               const cfs_client::Backend::AttrCheck& check) {
+                                                const cfs_client::Backend::AttrCheck& check) {
   Result<cfs_client::FileAttr> attr = backend_->Stat(path);
   if (!attr.ok()) {
     if (attr.status().IsNotFound()) return Status::NotFound(path + ": no such file");
@@ -180,7 +181,8 @@ Result<ResidentFile> ModelFetcher::MakeResident(const std::string& path,
       shared = it->second;
     } else {
       const uint64_t avail = AvailableMemory();
-      const uint64_t usable = avail > resident_inflight_bytes_ ? avail - resident_inflight_bytes_ : 0;
+      const uint64_t usable =
+          avail > resident_inflight_bytes_ ? avail - resident_inflight_bytes_ : 0;
       if (avail != 0 && version.size > usable / 10 * 9)
         return Status::IOError(path + ": " + std::to_string(version.size) +
                                " bytes do not fit in available memory (" + std::to_string(usable) +
@@ -219,8 +221,10 @@ ModelFetcher::Inflight::~Inflight() {
 
 Result<ResidentFile> ModelFetcher::BuildResident(const std::string& path,
                                                  const cfs_client::FileVersion& version) {
-  std::string name = "cubetorchfs:" + path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
-  UniqueFd mfd(static_cast<int>(::memfd_create(name.substr(0, 200).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING)));
+  std::string name =
+      "cubetorchfs:" + path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
+  UniqueFd mfd(static_cast<int>(
+      ::memfd_create(name.substr(0, 200).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING)));
   if (mfd.get() < 0) return Status::IOError(std::string("memfd_create: ") + std::strerror(errno));
   if (::ftruncate(mfd.get(), static_cast<off_t>(version.size)) != 0)
     return Status::IOError(path + ": cannot size memory file: " + std::strerror(errno));
@@ -270,21 +274,25 @@ Result<ResidentFile> ModelFetcher::BuildResident(const std::string& path,
       while (done < len) {
         ssize_t n = ::pwrite(mfd.get(), src + done, len - done, static_cast<off_t>(off + done));
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return fail(Status::IOError(path + ": filling the memory file: " + std::strerror(errno)));
+        if (n < 0)
+          return fail(Status::IOError(path + ": filling the memory file: " + std::strerror(errno)));
         done += static_cast<size_t>(n);
       }
       *counter += len;
     }
   };
-  const int threads = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(std::max(1, options_.threads)), chunks));
+  const int threads = static_cast<int>(
+      std::min<uint64_t>(static_cast<uint64_t>(std::max(1, options_.threads)), chunks));
   RunOnThreads(threads, worker);
   if (!first_error.ok()) return first_error;
 
-  if (::fcntl(mfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0)
+  if (::fcntl(mfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) !=
+      0)
     return Status::IOError(std::string("sealing the memory file: ") + std::strerror(errno));
   // A read-only open file description of the same memory for the caller.
   UniqueFd ro(::open(("/proc/self/fd/" + std::to_string(mfd.get())).c_str(), O_RDONLY | O_CLOEXEC));
-  if (ro.get() < 0) return Status::IOError(std::string("reopening the memory file: ") + std::strerror(errno));
+  if (ro.get() < 0)
+    return Status::IOError(std::string("reopening the memory file: ") + std::strerror(errno));
   ResidentFile out;
   out.fd = ro.release();
   out.size = version.size;

@@ -51,7 +51,7 @@ class ModelFetcher {
  public:
   struct Options {
     uint64_t chunk_bytes = 4ull << 20;
-    int threads = 8;                            // parallel ranged reads
+    int threads = 8;                             // parallel ranged reads
     uint64_t background_max_bytes = 1ull << 30;  // per file, for FUSE reads (0: off)
   };
   // `backend`, `ram` and `disk` (null without an NVMe tier) must outlive this.
@@ -87,7 +87,8 @@ class ModelFetcher {
     bool done = false;
     Result<ResidentFile> result = Status::IOError("not built yet");
   };
-  Result<ResidentFile> BuildResident(const std::string& path, const cfs_client::FileVersion& version);
+  Result<ResidentFile> BuildResident(const std::string& path,
+                                     const cfs_client::FileVersion& version);
 
   struct Job {
     std::string path;
@@ -108,7 +109,7 @@ class ModelFetcher {
   std::deque<std::string> started_order_;
   uint64_t background_chunks_ = 0;
   std::map<std::string, std::shared_ptr<Inflight>> inflight_;  // by path + version
-  uint64_t resident_inflight_bytes_ = 0;  // sizes of the files being built
+  uint64_t resident_inflight_bytes_ = 0;                       // sizes of the files being built
   bool stop_ = false;
   std::vector<std::thread> workers_;
 };

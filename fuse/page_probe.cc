@@ -32,9 +32,9 @@ bool PageProbe::Retrieve(uint64_t ino, uint64_t offset, uint64_t len) {
   pending_.emplace(cookie, &pending);
   sending_++;
   l.unlock();
-  const int rc = fuse_lowlevel_notify_retrieve(session, ino, static_cast<size_t>(len),
-                                               static_cast<off_t>(offset),
-                                               reinterpret_cast<void*>(cookie));
+  const int rc =
+      fuse_lowlevel_notify_retrieve(session, ino, static_cast<size_t>(len),
+                                    static_cast<off_t>(offset), reinterpret_cast<void*>(cookie));
   l.lock();
   if (--sending_ == 0) idle_cv_.notify_all();
   // rc -ENOENT: the kernel has forgotten the inode, and its pages with it.

@@ -49,7 +49,7 @@ class PageProbe {
 
   const std::chrono::milliseconds timeout_;
   const uint64_t page_;
-  std::mutex mu_;  // guards everything below
+  std::mutex mu_;                    // guards everything below
   std::condition_variable idle_cv_;  // sending_ dropped to 0
   fuse_session* session_ = nullptr;  // null before Attach and once closed
   int sending_ = 0;                  // notifies being written to the session now

@@ -5,8 +5,8 @@
 // it). Otherwise this process opens the tier itself. Files already cached are skipped, so an
 // interrupted warmup resumes. A progress bar on a terminal, a line every 5 s otherwise.
 
-#include "common/trusted_file.h"
 #include "fuse/warmup.h"
+#include "common/trusted_file.h"
 
 #include <prometheus/registry.h>
 #include <signal.h>
@@ -54,7 +54,7 @@ options:
 )";
 
 struct Item {
-  std::string path;  // store-relative
+  std::string path;   // store-relative
   uint64_t size = 0;  // 0 when not known (from --list)
 };
 
@@ -105,8 +105,10 @@ Status Walk(cfs_client::Backend& backend, const std::string& dir, std::vector<It
     if (!entries.ok()) return entries.status();
     for (const auto& e : *entries) {
       std::string p = d.empty() ? e.name : d + "/" + e.name;
-      if (e.attr.IsDir()) stack.push_back(std::move(p));
-      else if (e.attr.IsRegular()) out->push_back({std::move(p), e.attr.size});
+      if (e.attr.IsDir())
+        stack.push_back(std::move(p));
+      else if (e.attr.IsRegular())
+        out->push_back({std::move(p), e.attr.size});
     }
   }
   return Status::OK();
@@ -179,9 +181,12 @@ int RunWarmup(const std::vector<std::string>& args) {
         std::cerr << "cubetorchfs warmup: " << a << " needs a value (see --help)\n";
         return kExitBadUsage;
       }
-      if (a == "--list") list_path = *v;
-      else if (a == "-j" || a == "--jobs") jobs = std::max(1, std::atoi(v->c_str()));
-      else config_path = *v;
+      if (a == "--list")
+        list_path = *v;
+      else if (a == "-j" || a == "--jobs")
+        jobs = std::max(1, std::atoi(v->c_str()));
+      else
+        config_path = *v;
     } else if (!a.empty() && a[0] == '-') {
       std::cerr << "cubetorchfs warmup: unknown option " << a << " (see --help)\n";
       return kExitBadUsage;
@@ -266,8 +271,8 @@ int RunWarmup(const std::vector<std::string>& args) {
       return kExitBadUsage;
     }
     disk = std::move(opened).value();
-    warmer = std::make_unique<prefetch::Warmer>(backend->get(), disk.get(),
-                                                config->cache.chunk_bytes);
+    warmer =
+        std::make_unique<prefetch::Warmer>(backend->get(), disk.get(), config->cache.chunk_bytes);
   }
   std::cerr << "warmup: " << items.size() << " files"
             << (total_bytes ? " (" + Human(static_cast<double>(total_bytes)) + ")" : "")
@@ -301,7 +306,8 @@ int RunWarmup(const std::vector<std::string>& args) {
       }
       json paths = json::array();
       for (size_t i = begin; i < end; ++i) paths.push_back(items[i].path);
-      Result<prefetch::HttpReply> r = client->Call("POST", "/v1/warmup", json{{"paths", paths}}.dump());
+      Result<prefetch::HttpReply> r =
+          client->Call("POST", "/v1/warmup", json{{"paths", paths}}.dump());
       json reply = r.ok() ? json::parse(r->body, nullptr, false) : json();
       if (!r.ok() || r->status != 200 || !reply.is_object()) {
         progress.failed += end - begin;
@@ -347,8 +353,8 @@ int RunWarmup(const std::vector<std::string>& args) {
   for (const auto& e : progress.errors) std::cerr << "warmup: failed: " << e << "\n";
   std::cerr << "warmup: " << items.size() << " files: " << progress.fetched.load() << " fetched ("
             << Human(static_cast<double>(progress.bytes.load())) << "), " << progress.skipped.load()
-            << " already cached, " << progress.failed.load() << " failed, in "
-            << Clock(elapsed()) << "\n";
+            << " already cached, " << progress.failed.load() << " failed, in " << Clock(elapsed())
+            << "\n";
   return progress.failed.load() == 0 ? 0 : 1;
 }
 

@@ -2,8 +2,8 @@
 // The contract is in file_system.h; the durability rules users see are in the README.
 
 #include <fcntl.h>
-#include <prometheus/counter.h>
 #include <linux/fs.h>  // RENAME_NOREPLACE
+#include <prometheus/counter.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -21,12 +21,12 @@ namespace cubetorchfs::fuse {
 struct WriteState {
   std::mutex mu;  // serializes the backend calls on `file`; guards everything below
   std::unique_ptr<cfs_client::WritableFile> file;
-  std::string path;       // where the file is in the store (renames follow it)
-  uint32_t writers = 0;   // tracked handles open for writing
-  bool dirty = false;     // written since the last successful Flush
-  bool removed = false;   // unlinked or renamed over: its bytes go nowhere
-  bool closed = false;    // taken out of writes_: look the inode up again
-  bool orphan = false;    // its inode was forgotten before its bytes reached the store
+  std::string path;        // where the file is in the store (renames follow it)
+  uint32_t writers = 0;    // tracked handles open for writing
+  bool dirty = false;      // written since the last successful Flush
+  bool removed = false;    // unlinked or renamed over: its bytes go nowhere
+  bool closed = false;     // taken out of writes_: look the inode up again
+  bool orphan = false;     // its inode was forgotten before its bytes reached the store
   uint64_t write_seq = 0;  // FileSystem::write_seq_ at its last change
   // Clock time of its opening or last change (read by the write-back thread without mu).
   std::atomic<uint64_t> changed_ns{0};
@@ -153,7 +153,8 @@ void FileSystem::StopWriteBack() {
 
 void FileSystem::WriteBackLoop() {
   const auto idle_ns = static_cast<uint64_t>(options_.write_back_idle_s * 1e9);
-  const std::chrono::duration<double> period(std::clamp(options_.write_back_idle_s / 4, 0.01, 0.25));
+  const std::chrono::duration<double> period(
+      std::clamp(options_.write_back_idle_s / 4, 0.01, 0.25));
   std::unique_lock<std::mutex> l(write_back_mu_);
   while (!write_back_cv_.wait_for(l, period, [&] { return write_back_stop_; })) {
     l.unlock();
@@ -444,7 +445,8 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
     std::unique_lock<std::mutex> sl, dl;
     if (dst_state == src_state) dst_state.reset();  // renaming a file onto itself
     if (src_state && dst_state) {
-      std::mutex* first = std::less<std::mutex*>()(&src_state->mu, &dst_state->mu) ? &src_state->mu : &dst_state->mu;
+      std::mutex* first = std::less<std::mutex*>()(&src_state->mu, &dst_state->mu) ? &src_state->mu
+                                                                                   : &dst_state->mu;
       std::mutex* second = first == &src_state->mu ? &dst_state->mu : &src_state->mu;
       std::unique_lock<std::mutex> a(*first), b(*second);
       sl = std::unique_lock<std::mutex>(src_state->mu, std::adopt_lock);
@@ -457,8 +459,7 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
       dl = std::unique_lock<std::mutex>(dst_state->mu);
     }
     if (src_state) renamed = FlushLocked(*src_state);
-    if (renamed.ok())
-      renamed = backend_->Rename(*from, *to, (flags & RENAME_NOREPLACE) != 0);
+    if (renamed.ok()) renamed = backend_->Rename(*from, *to, (flags & RENAME_NOREPLACE) != 0);
     if (renamed.ok()) {
       // Both names hold something new now: an orphan of either (or below either, for a
       // directory) is older and must not be uploaded over it at unmount.
@@ -751,7 +752,8 @@ Status FileSystem::FlushAll() {
   }
   // Newest changes first: an orphan (see CloseForgotten) older than bytes since flushed at
   // its path must not overwrite them.
-  std::sort(states.begin(), states.end(), [](const Item& a, const Item& b) { return a.seq > b.seq; });
+  std::sort(states.begin(), states.end(),
+            [](const Item& a, const Item& b) { return a.seq > b.seq; });
   Status first;
   for (Item& i : states) {
     WriteState& st = *i.st;

@@ -87,7 +87,7 @@ int ctio_open(const char* path, int cipher, int flags, ctio_file** out, char* er
     if (path == nullptr || out == nullptr)
       return Fail(Status::InvalidArgument("ctio_open: null argument"), err, err_len);
     loader::OpenOptions o;
-    o.cipher = cipher < 0 ? loader::CipherChoice::kAuto
+    o.cipher = cipher < 0    ? loader::CipherChoice::kAuto
                : cipher == 0 ? loader::CipherChoice::kOff
                              : loader::CipherChoice::kOn;
     o.use_daemon = (flags & CTIO_NO_DAEMON) == 0;
@@ -141,9 +141,9 @@ int ctio_read_cuda(ctio_file* f, void* device_dst, uint64_t len, int device, int
     loader::DeviceLoadOptions o;
     o.threads = threads;
     o.gpu_decrypt = gpu_decrypt != 0 && cuda::AesCtrGpuBuilt();
-    return Fail(loader::LoadToDevice(*f->file, **copier, helper->slots, helper->slot_bytes,
-                                     device_dst, o),
-                err, err_len);
+    return Fail(
+        loader::LoadToDevice(*f->file, **copier, helper->slots, helper->slot_bytes, device_dst, o),
+        err, err_len);
   });
 }
 
@@ -151,7 +151,8 @@ void ctio_close(ctio_file* f) { delete f; }
 
 int ctio_helper_new(uint64_t slot_bytes, int slots, ctio_helper** out, char* err, size_t err_len) {
   return Guard(err, err_len, [&] {
-    if (out == nullptr) return Fail(Status::InvalidArgument("ctio_helper_new: null argument"), err, err_len);
+    if (out == nullptr)
+      return Fail(Status::InvalidArgument("ctio_helper_new: null argument"), err, err_len);
     if (slot_bytes == 0) slot_bytes = 16ull << 20;
     if (slots <= 0) slots = 8;
     if (slots < 2 || slots > 1024 || slot_bytes < (1u << 20) || slot_bytes > (1ull << 32))
@@ -180,12 +181,15 @@ int ctio_save(const char* path, const ctio_tensor* tensors, int count, const cha
     ts.reserve(static_cast<size_t>(count));
     for (int i = 0; i < count; ++i) {
       const ctio_tensor& c = tensors[i];
-      if (c.name == nullptr || c.dtype == nullptr || (c.ndim > 0 && c.shape == nullptr) || c.ndim < 0)
-        return Fail(Status::InvalidArgument("ctio_save: tensor " + std::to_string(i) + ": null field"),
-                    err, err_len);
+      if (c.name == nullptr || c.dtype == nullptr || (c.ndim > 0 && c.shape == nullptr) ||
+          c.ndim < 0)
+        return Fail(
+            Status::InvalidArgument("ctio_save: tensor " + std::to_string(i) + ": null field"), err,
+            err_len);
       Result<loader::Dtype> d = loader::ParseDtype(c.dtype);
       if (!d.ok())
-        return Fail(Status::InvalidArgument(std::string("tensor '") + c.name + "': unknown dtype " + c.dtype),
+        return Fail(Status::InvalidArgument(std::string("tensor '") + c.name + "': unknown dtype " +
+                                            c.dtype),
                     err, err_len);
       loader::SaveTensor t;
       t.name = c.name;
@@ -199,10 +203,12 @@ int ctio_save(const char* path, const ctio_tensor* tensors, int count, const cha
     if (metadata_json != nullptr && *metadata_json != '\0') {
       nlohmann::json m = nlohmann::json::parse(metadata_json, nullptr, false);
       if (m.is_discarded() || !m.is_object())
-        return Fail(Status::InvalidArgument("metadata must be a JSON object of strings"), err, err_len);
+        return Fail(Status::InvalidArgument("metadata must be a JSON object of strings"), err,
+                    err_len);
       for (auto& [k, v] : m.items()) {
         if (!v.is_string())
-          return Fail(Status::InvalidArgument("metadata '" + k + "' is not a string"), err, err_len);
+          return Fail(Status::InvalidArgument("metadata '" + k + "' is not a string"), err,
+                      err_len);
         metadata[k] = v.get<std::string>();
       }
     }

@@ -22,8 +22,8 @@ extern "C" {
 #define CTIO_ABI_VERSION 1
 
 /* ctio_open flags */
-#define CTIO_NO_DAEMON 1 /* do not ask a cubetorchfs daemon for a descriptor */
-#define CTIO_DIRECT_IO 2 /* read with O_DIRECT where the file system allows it */
+#define CTIO_NO_DAEMON 1         /* do not ask a cubetorchfs daemon for a descriptor */
+#define CTIO_DIRECT_IO 2         /* read with O_DIRECT where the file system allows it */
 #define CTIO_REQUIRE_INTEGRITY 4 /* refuse files without our integrity tag */
 
 typedef struct ctio_file ctio_file;
@@ -38,9 +38,10 @@ int ctio_cuda_built(void);
 int ctio_open(const char* path, int cipher, int flags, ctio_file** out, char* err, size_t err_len);
 
 /* The validated header as JSON, valid until ctio_close:
- * {"data_size": n, "encrypted": bool, "integrity_tag": bool (carries our tag, checked when the data is read), "source": "direct|daemon-fd|mount",
- *  "metadata": {str: str}, "tensors": [{"name", "dtype", "shape", "begin", "end"}, ...]}
- * with tensors in file order and begin/end relative to the data section. */
+ * {"data_size": n, "encrypted": bool, "integrity_tag": bool (carries our tag, checked when the data
+ * is read), "source": "direct|daemon-fd|mount", "metadata": {str: str}, "tensors": [{"name",
+ * "dtype", "shape", "begin", "end"}, ...]} with tensors in file order and begin/end relative to the
+ * data section. */
 const char* ctio_info_json(ctio_file* f);
 uint64_t ctio_data_size(ctio_file* f);
 

@@ -29,9 +29,10 @@ namespace {
 std::string Unescape(const std::string& s) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 3 < s.size() && s[i + 1] >= '0' && s[i + 1] <= '7' && s[i + 2] >= '0' && s[i + 2] <= '7' &&
-        s[i + 3] >= '0' && s[i + 3] <= '7') {
-      out.push_back(static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0')));
+    if (s[i] == '\\' && i + 3 < s.size() && s[i + 1] >= '0' && s[i + 1] <= '7' && s[i + 2] >= '0' &&
+        s[i + 2] <= '7' && s[i + 3] >= '0' && s[i + 3] <= '7') {
+      out.push_back(
+          static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0')));
       i += 3;
     } else {
       out.push_back(s[i]);
@@ -61,7 +62,8 @@ Status WaitFor(int fd, short events, std::chrono::steady_clock::time_point deadl
     if (ms == 0) return Status::IOError("control socket: timed out " + what);
     int n = ::poll(&p, 1, ms);
     if (n > 0) return Status::OK();
-    if (n < 0 && errno != EINTR) return Status::IOError("control socket: poll: " + std::string(std::strerror(errno)));
+    if (n < 0 && errno != EINTR)
+      return Status::IOError("control socket: poll: " + std::string(std::strerror(errno)));
   }
 }
 
@@ -189,11 +191,13 @@ Result<DaemonFile> OpenViaDaemon(const std::string& socket_path, const std::stri
       errno != EINPROGRESS && errno != EAGAIN)
     return Status::IOError("control socket " + socket_path + ": " + std::strerror(errno));
 
-  const std::string body = nlohmann::json{{"path", path}}.dump(-1, ' ', false,
-                                                               nlohmann::json::error_handler_t::replace);
-  std::string request = "POST /v1/files/open HTTP/1.1\r\nHost: cubetorchfs\r\n"
-                        "Content-Type: application/json\r\nConnection: close\r\n"
-                        "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string body =
+      nlohmann::json{{"path", path}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string request =
+      "POST /v1/files/open HTTP/1.1\r\nHost: cubetorchfs\r\n"
+      "Content-Type: application/json\r\nConnection: close\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   size_t sent = 0;
   while (sent < request.size()) {
     CTFS_RETURN_IF_ERROR(WaitFor(sock.get(), POLLOUT, deadline, "sending the request"));
@@ -232,8 +236,10 @@ Result<DaemonFile> OpenViaDaemon(const std::string& socket_path, const std::stri
       for (size_t i = 0; i < count; ++i) {
         int fd;
         std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        if (received.get() < 0) received.reset(fd);
-        else ::close(fd);  // only one is expected
+        if (received.get() < 0)
+          received.reset(fd);
+        else
+          ::close(fd);  // only one is expected
       }
     }
     if (n == 0) break;
@@ -245,7 +251,8 @@ Result<DaemonFile> OpenViaDaemon(const std::string& socket_path, const std::stri
         std::string head = reply.substr(0, p);
         for (char& ch : head) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
         size_t cl = head.find("content-length:");
-        if (cl != std::string::npos) content_length = std::strtoull(head.c_str() + cl + 15, nullptr, 10);
+        if (cl != std::string::npos)
+          content_length = std::strtoull(head.c_str() + cl + 15, nullptr, 10);
       }
     }
     if (reply.size() > (1u << 20)) return Status::Corruption("control socket: reply too large");
@@ -261,7 +268,8 @@ Result<DaemonFile> OpenViaDaemon(const std::string& socket_path, const std::stri
                           : "HTTP " + std::to_string(code);
     // The reply's code says which status the daemon's request ended in.
     if (j.is_object() && j.contains("code") && j["code"].is_string()) {
-      const int err = j.contains("errno") && j["errno"].is_number_integer() ? j["errno"].get<int>() : 0;
+      const int err =
+          j.contains("errno") && j["errno"].is_number_integer() ? j["errno"].get<int>() : 0;
       return Status::FromWire(j["code"].get<std::string>(), "daemon: " + why, err);
     }
     if (code == 501 || code == 405 || code == 404) return Status::NotSupported("daemon: " + why);

@@ -8,7 +8,8 @@ namespace cubetorchfs::loader {
 
 Status LoadToDevice(ModelFile& file, cuda::Copier& copier, const std::vector<uint8_t*>& slots,
                     uint64_t slot_bytes, void* device_dst, const DeviceLoadOptions& options) {
-  if (slots.size() < 2) return Status::InvalidArgument("device load: need at least 2 staging slots");
+  if (slots.size() < 2)
+    return Status::InvalidArgument("device load: need at least 2 staging slots");
   ReadOptions ro;
   ro.threads = options.threads;
   ro.chunk_bytes = slot_bytes;
@@ -51,7 +52,8 @@ Status LoadToDevice(ModelFile& file, cuda::Copier& copier, const std::vector<uin
   auto sink = [&](uint64_t offset, uint64_t len, uint8_t* ptr) -> Status {
     const int slot = slot_of(ptr);
     if (slot < 0) return Status::IOError("device load: unknown staging slot (internal error)");
-    CTFS_RETURN_IF_ERROR(copier.CopyAsync(static_cast<uint8_t*>(device_dst) + offset, ptr, len, slot));
+    CTFS_RETURN_IF_ERROR(
+        copier.CopyAsync(static_cast<uint8_t*>(device_dst) + offset, ptr, len, slot));
     std::lock_guard<std::mutex> lock(mu);
     in_flight.push_back(slot);
     return Status::OK();

@@ -24,7 +24,8 @@ using cubetorchfs::loader::ModelFile;
 void LoadFromMemory(const std::string& bytes) {
   int fd = static_cast<int>(::memfd_create("fuzz", MFD_CLOEXEC));
   if (fd < 0) std::abort();
-  if (!bytes.empty() && ::write(fd, bytes.data(), bytes.size()) != static_cast<ssize_t>(bytes.size()))
+  if (!bytes.empty() &&
+      ::write(fd, bytes.data(), bytes.size()) != static_cast<ssize_t>(bytes.size()))
     std::abort();
   cubetorchfs::loader::OpenOptions o;
   o.use_daemon = false;
@@ -60,7 +61,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         reinterpret_cast<const uint8_t*>(file.data()), file.size());
     if (h.ok()) (void)cubetorchfs::crypto::GetIntegrityField(*h);
     if (end != nullptr) {
-      file.append(reinterpret_cast<const char*>(end + 1), size - static_cast<size_t>(end + 1 - data));
+      file.append(reinterpret_cast<const char*>(end + 1),
+                  size - static_cast<size_t>(end + 1 - data));
       LoadFromMemory(file);
     }
     return 0;

@@ -89,7 +89,8 @@ Status ModelFile::PreadFull(uint8_t* dst, uint64_t len, uint64_t file_offset,
     const uint64_t cover = end - begin;
     if (bounce->size() < cover + kDirectAlign) bounce->resize(cover + kDirectAlign);
     uint8_t* aligned = reinterpret_cast<uint8_t*>(
-        (reinterpret_cast<uintptr_t>(bounce->data()) + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
+        (reinterpret_cast<uintptr_t>(bounce->data()) + kDirectAlign - 1) / kDirectAlign *
+        kDirectAlign);
     uint64_t got = 0;
     while (got < cover) {
       ssize_t n = ::pread(fd_, aligned + got, cover - got, static_cast<off_t>(begin + got));
@@ -99,7 +100,8 @@ Status ModelFile::PreadFull(uint8_t* dst, uint64_t len, uint64_t file_offset,
       got += static_cast<uint64_t>(n);
     }
     if (got < file_offset - begin + len)
-      return Status::Corruption(path_ + ": file is shorter than its header says (changed while loading?)");
+      return Status::Corruption(path_ +
+                                ": file is shorter than its header says (changed while loading?)");
     std::memcpy(dst, aligned + (file_offset - begin), len);
     return Status::OK();
   }
@@ -110,7 +112,8 @@ Status ModelFile::PreadFull(uint8_t* dst, uint64_t len, uint64_t file_offset,
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Status::IOError(Errno(path_ + ": read"));
     if (n == 0)
-      return Status::Corruption(path_ + ": file is shorter than its header says (changed while loading?)");
+      return Status::Corruption(path_ +
+                                ": file is shorter than its header says (changed while loading?)");
     done += static_cast<uint64_t>(n);
   }
   return Status::OK();
@@ -162,12 +165,13 @@ Result<std::unique_ptr<ModelFile>> ModelFile::Open(const std::string& path,
 
   std::vector<uint8_t> bounce;
   uint8_t magic[16] = {};
-  const bool has_magic =
-      f->file_size_ >= sizeof(magic) && f->PreadFull(magic, sizeof(magic), 0, &bounce).ok() &&
-      crypto::HasEncryptedHeaderMagic(magic, sizeof(magic));
+  const bool has_magic = f->file_size_ >= sizeof(magic) &&
+                         f->PreadFull(magic, sizeof(magic), 0, &bounce).ok() &&
+                         crypto::HasEncryptedHeaderMagic(magic, sizeof(magic));
   if (has_magic) {
     if (options.cipher == CipherChoice::kOff)
-      return Status::InvalidArgument(path + ": the file has the encrypted-model header; load it "
+      return Status::InvalidArgument(path +
+                                     ": the file has the encrypted-model header; load it "
                                      "with use_cipher=True (or None)");
     if (f->file_size_ < crypto::kEncryptedHeaderSize)
       return Status::Corruption(path + ": encrypted header truncated (file of " +
@@ -182,8 +186,9 @@ Result<std::unique_ptr<ModelFile>> ModelFile::Open(const std::string& path,
     if (!integrity.ok()) return Status::Corruption(path + ": " + integrity.status().message());
     // The header is not authenticated: bound what it may ask of the reader (the writer
     // uses 4 MiB; tiny chunks would cost a MAC setup and 16 bytes of tag per chunk).
-    if (*integrity && ((*integrity)->chunk_size < (64u << 10) || (*integrity)->chunk_size > (1ull << 30) ||
-                       (*integrity)->chunk_size % crypto::kAesBlockSize != 0))
+    if (*integrity &&
+        ((*integrity)->chunk_size < (64u << 10) || (*integrity)->chunk_size > (1ull << 30) ||
+         (*integrity)->chunk_size % crypto::kAesBlockSize != 0))
       return Status::Corruption(path + ": integrity chunk_size " +
                                 std::to_string((*integrity)->chunk_size) +
                                 " is out of range (64 KiB to 1 GiB, a multiple of 16)");
@@ -198,7 +203,8 @@ Result<std::unique_ptr<ModelFile>> ModelFile::Open(const std::string& path,
     f->encrypted_ = true;
   }
   if (options.require_integrity && !f->integrity_)
-    return Status::Corruption(path + ": the file carries no integrity tag and one is required "
+    return Status::Corruption(path +
+                              ": the file carries no integrity tag and one is required "
                               "(require_integrity / CUBE_TORCH_REQUIRE_INTEGRITY)");
   f->payload_size_ = f->file_size_ - f->payload_base_;
 
@@ -218,10 +224,10 @@ Result<std::unique_ptr<ModelFile>> ModelFile::Open(const std::string& path,
     f->header_ciphertext_.insert(f->header_ciphertext_.end(), json.begin(), json.end());
   }
   if (f->encrypted_)
-    CTFS_RETURN_IF_ERROR(crypto::CtrXorAt(f->cipher_->key, f->cipher_->iv, 8, json.data(), json.size()));
+    CTFS_RETURN_IF_ERROR(
+        crypto::CtrXorAt(f->cipher_->key, f->cipher_->iv, 8, json.data(), json.size()));
   Result<Header> header = ParseHeaderJson(json.data(), json.size(), f->payload_size_);
-  if (!header.ok())
-    return header.status().Wrap(path + ": ", hint);
+  if (!header.ok()) return header.status().Wrap(path + ": ", hint);
   f->header_ = std::move(header.value());
   return f;
 }
@@ -230,8 +236,9 @@ Status ModelFile::ReadData(uint8_t* dst, uint64_t len, const ReadOptions& option
   if (len != data_size())
     return Status::InvalidArgument(path_ + ": destination of " + std::to_string(len) +
                                    " bytes for a data section of " + std::to_string(data_size()));
-  return ReadPlan(options, [dst](uint64_t off, uint64_t) -> Result<uint8_t*> { return dst + off; },
-                  nullptr, false);
+  return ReadPlan(
+      options, [dst](uint64_t off, uint64_t) -> Result<uint8_t*> { return dst + off; }, nullptr,
+      false);
 }
 
 Status ModelFile::ReadDataStaged(const StageFn& stage, const SinkFn& sink, bool leave_encrypted,
@@ -313,7 +320,8 @@ Status ModelFile::ReadPlan(const ReadOptions& options, const StageFn& stage, con
           Status s = mac.Begin(*mac_key, params, i);
           // Any part of the chunk before the data section is header bytes kept at open.
           if (s.ok() && p_begin < data_off)
-            s = mac.Update(header_ciphertext_.data() + p_begin, std::min(p_end, data_off) - p_begin);
+            s = mac.Update(header_ciphertext_.data() + p_begin,
+                           std::min(p_end, data_off) - p_begin);
           if (!s.ok()) return fail(s);
         }
         for (uint64_t at = 0; at < len; at += kCipherBlock) {
@@ -345,8 +353,9 @@ Status ModelFile::ReadPlan(const ReadOptions& options, const StageFn& stage, con
     Result<crypto::Tag> root = crypto::CombineChunkTags(*mac_key, params, tags);
     if (!root.ok()) return root.status();
     Status s = crypto::CheckIntegrityTag(*root, integrity_->tag);
-    if (!s.ok()) return Status::Corruption(path_ + ": " + s.message() +
-                                           " — the file was modified or damaged; not loading it");
+    if (!s.ok())
+      return Status::Corruption(path_ + ": " + s.message() +
+                                " — the file was modified or damaged; not loading it");
   }
   return Status::OK();
 }

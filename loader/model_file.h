@@ -60,7 +60,8 @@ struct ReadOptions {
 
 class ModelFile {
  public:
-  static Result<std::unique_ptr<ModelFile>> Open(const std::string& path, const OpenOptions& options);
+  static Result<std::unique_ptr<ModelFile>> Open(const std::string& path,
+                                                 const OpenOptions& options);
   ~ModelFile();
   ModelFile(const ModelFile&) = delete;
   ModelFile& operator=(const ModelFile&) = delete;

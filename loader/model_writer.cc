@@ -27,7 +27,8 @@ namespace {
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
-Status PwriteFull(int fd, const uint8_t* data, uint64_t len, uint64_t offset, const std::string& path) {
+Status PwriteFull(int fd, const uint8_t* data, uint64_t len, uint64_t offset,
+                  const std::string& path) {
   uint64_t done = 0;
   while (done < len) {
     size_t want = static_cast<size_t>(std::min<uint64_t>(len - done, 1ull << 30));
@@ -90,8 +91,9 @@ Status ParallelFor(uint64_t count, int threads, const std::function<Status(uint6
       }
     }
   };
-  RunOnThreads(static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(std::max(threads, 1)), count)),
-               worker);
+  RunOnThreads(
+      static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(std::max(threads, 1)), count)),
+      worker);
   return first;
 }
 
@@ -123,13 +125,14 @@ Status SaveSafetensors(const std::string& path, const std::vector<SaveTensor>& t
   const uint64_t data_size = offset;
   const uint64_t payload_size = 8 + json.size() + data_size;
   // Let the parser judge the header we made: every rule it enforces on load holds on save.
-  Result<Header> check = ParseHeaderJson(reinterpret_cast<const uint8_t*>(json.data()),
-                                         json.size(), payload_size);
+  Result<Header> check =
+      ParseHeaderJson(reinterpret_cast<const uint8_t*>(json.data()), json.size(), payload_size);
   if (!check.ok()) return check.status().Wrap("save " + path + ": ");
 
   std::string prefix(8, '\0');
   uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) prefix[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i)
+    prefix[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
   prefix += json;
   Payload payload;
   payload.Add(reinterpret_cast<const uint8_t*>(prefix.data()), prefix.size());
@@ -145,7 +148,8 @@ Status SaveSafetensors(const std::string& path, const std::vector<SaveTensor>& t
         return Status::InvalidArgument("save " + path + " encrypted: " + km.status().message());
       return km.status().Wrap("save " + path + " encrypted: ");
     }
-    const auto mode = km->key.size() == 32 ? crypto::CipherMode::kCtr256 : crypto::CipherMode::kCtr128;
+    const auto mode =
+        km->key.size() == 32 ? crypto::CipherMode::kCtr256 : crypto::CipherMode::kCtr128;
     Result<crypto::EncryptedHeader> h = crypto::NewEncryptedHeader(mode, std::time(nullptr));
     if (!h.ok()) return h.status();
     enc = *h;
@@ -177,11 +181,12 @@ Status SaveSafetensors(const std::string& path, const std::vector<SaveTensor>& t
     const uint64_t unit = 8ull << 20;
     s = ParallelFor((payload_size + unit - 1) / unit, threads, [&](uint64_t i) {
       uint64_t pos = i * unit;
-      return payload.ForEach(pos, std::min(unit, payload_size - pos), [&](const uint8_t* p, uint64_t len) {
-        Status w = PwriteFull(fd, p, len, pos, tmp);
-        pos += len;
-        return w;
-      });
+      return payload.ForEach(pos, std::min(unit, payload_size - pos),
+                             [&](const uint8_t* p, uint64_t len) {
+                               Status w = PwriteFull(fd, p, len, pos, tmp);
+                               pos += len;
+                               return w;
+                             });
     });
   } else {
     crypto::IntegrityParams params;

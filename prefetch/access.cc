@@ -90,8 +90,11 @@ Result<Caller> TcpPeer(int fd) {
   const auto& p4 = reinterpret_cast<const sockaddr_in&>(peer);
 
   UniqueFd nl(::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG));
-  if (nl.get() < 0) return Status::IOError(std::string("NETLINK_SOCK_DIAG: ") + std::strerror(errno));
-  struct timeval tv {1, 0};
+  if (nl.get() < 0)
+    return Status::IOError(std::string("NETLINK_SOCK_DIAG: ") + std::strerror(errno));
+  struct timeval tv {
+    1, 0
+  };
   ::setsockopt(nl.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   struct {
     nlmsghdr nlh;
@@ -145,22 +148,33 @@ bool MayAccess(const cfs_client::FileAttr& a, const Caller& c, int want) {
     return true;
   }
   mode_t bits;
-  if (a.uid == c.uid) bits = (a.mode >> 6) & 7;
-  else if (c.InGroup(a.gid)) bits = (a.mode >> 3) & 7;
-  else bits = a.mode & 7;
+  if (a.uid == c.uid)
+    bits = (a.mode >> 6) & 7;
+  else if (c.InGroup(a.gid))
+    bits = (a.mode >> 3) & 7;
+  else
+    bits = a.mode & 7;
   return (bits & static_cast<mode_t>(want)) == static_cast<mode_t>(want);
 }
 
 const char* RejectName(Reject r) {
   switch (r) {
-    case Reject::kNone: return "none";
-    case Reject::kOutside: return "outside";
-    case Reject::kSymlink: return "symlink";
-    case Reject::kPermission: return "permission";
-    case Reject::kNotFound: return "not_found";
-    case Reject::kNotFile: return "not_file";
-    case Reject::kLoop: return "loop";
-    case Reject::kStore: return "store";
+    case Reject::kNone:
+      return "none";
+    case Reject::kOutside:
+      return "outside";
+    case Reject::kSymlink:
+      return "symlink";
+    case Reject::kPermission:
+      return "permission";
+    case Reject::kNotFound:
+      return "not_found";
+    case Reject::kNotFile:
+      return "not_file";
+    case Reject::kLoop:
+      return "loop";
+    case Reject::kStore:
+      return "store";
   }
   return "unknown";
 }
@@ -251,7 +265,8 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
     // Directories as the mount sees them; the file (and whether it is a link) as of now.
     Result<cfs_client::FileAttr> a = StatCached(cur, fresh && last);
     if (!a.ok()) {
-      const bool missing = a.status().IsNotFound() || a.status().code() == Status::Code::kNotDirectory;
+      const bool missing =
+          a.status().IsNotFound() || a.status().code() == Status::Code::kNotDirectory;
       return fail(missing ? Reject::kNotFound : Reject::kStore, a.status());
     }
     if (a->IsSymlink()) {
@@ -267,7 +282,8 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
     }
     if (!last) {
       if (!a->IsDir())
-        return fail(Reject::kNotFound, Status::NotDirectory(path + ": " + cur + " is not a directory"));
+        return fail(Reject::kNotFound,
+                    Status::NotDirectory(path + ": " + cur + " is not a directory"));
       if (!MayAccess(*a, caller, X_OK))
         return fail(Reject::kPermission, Status::PermissionDenied(path + ": permission denied"));
       done = cur;

@@ -32,8 +32,8 @@ namespace cubetorchfs::prefetch {
 struct Caller {
   uid_t uid = 0;
   gid_t gid = 0;
-  pid_t pid = 0;                // 0 when the kernel does not say (TCP)
-  std::vector<gid_t> groups;    // supplementary groups; the primary gid counts as well
+  pid_t pid = 0;              // 0 when the kernel does not say (TCP)
+  std::vector<gid_t> groups;  // supplementary groups; the primary gid counts as well
   bool IsRoot() const { return uid == 0; }
   bool InGroup(gid_t g) const;
 };
@@ -81,7 +81,7 @@ class PathResolver {
   PathResolver(const Options& options, cfs_client::Backend* backend, Clock* clock);
 
   struct Resolved {
-    std::string path;  // store-relative, without symlinks
+    std::string path;           // store-relative, without symlinks
     cfs_client::FileAttr attr;  // of the file (unset when the store is not checked)
   };
   // What Resolve checks. kFile: every directory and the file (a regular file the caller may
@@ -92,8 +92,8 @@ class PathResolver {
   // Directories are checked as the mount sees them (known_attr, else attributes at most ttl_s
   // old: the kernel too checks permissions on attributes it caches); `fresh`: the file's
   // attributes come from the store now. On failure, *why says why.
-  Result<Resolved> Resolve(const std::string& path, const Caller& caller, bool fresh,
-                           Reject* why, Depth depth = Depth::kFile);
+  Result<Resolved> Resolve(const std::string& path, const Caller& caller, bool fresh, Reject* why,
+                           Depth depth = Depth::kFile);
   bool checks_store() const { return options_.check_store; }
 
  private:

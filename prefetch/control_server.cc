@@ -10,11 +10,11 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
-#include <cstring>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -54,11 +54,11 @@ Response JsonResponse(http::status status, const json& body, unsigned version) {
 // An error reply: {"error": message, "code": the status code's wire name, "errno": n}
 // (docs/errors.md). Clients map the code back to the same Status (Status::FromWire).
 Response ErrorFrom(http::status status, const Status& s, unsigned version) {
-  return JsonResponse(status,
-                      json{{"error", s.message()},
-                           {"code", std::string(CodeName(s.code()))},
-                           {"errno", ToErrno(s)}},
-                      version);
+  return JsonResponse(
+      status,
+      json{
+          {"error", s.message()}, {"code", std::string(CodeName(s.code()))}, {"errno", ToErrno(s)}},
+      version);
 }
 
 // An error of the request itself: the code follows the HTTP status.
@@ -100,7 +100,8 @@ json RatioJson(const ReadCounts& c) {
 }
 
 void PutU64(std::string& out, uint64_t v) {
-  for (int shift = 56; shift >= 0; shift -= 8) out.push_back(static_cast<char>((v >> shift) & 0xff));
+  for (int shift = 56; shift >= 0; shift -= 8)
+    out.push_back(static_cast<char>((v >> shift) & 0xff));
 }
 
 }  // namespace
@@ -112,8 +113,10 @@ Status CheckJsonShape(std::string_view body, int max_depth, uint64_t max_element
   for (size_t i = 0; i < body.size(); ++i) {
     const char c = body[i];
     if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
     switch (c) {
@@ -174,9 +177,9 @@ class ServerImpl;
 // What a handler gives back: a response to send, or word that it sent the reply itself.
 struct Reply {
   Response res;
-  int fd = -1;          // a descriptor to attach (SCM_RIGHTS), or -1
-  bool sent = false;    // the handler wrote the whole reply on the socket itself
-  bool reuse = false;   // with `sent`: the connection may carry another request
+  int fd = -1;         // a descriptor to attach (SCM_RIGHTS), or -1
+  bool sent = false;   // the handler wrote the whole reply on the socket itself
+  bool reuse = false;  // with `sent`: the connection may carry another request
 };
 using Done = std::function<void(Reply)>;
 
@@ -186,7 +189,9 @@ class Session : public std::enable_shared_from_this<Session<Protocol>> {
  public:
   using Stream = beast::basic_stream<Protocol>;
   Session(typename Protocol::socket socket, ServerImpl* server, Caller caller, int* listener_count)
-      : stream_(std::move(socket)), server_(server), caller_(std::move(caller)),
+      : stream_(std::move(socket)),
+        server_(server),
+        caller_(std::move(caller)),
         listener_count_(listener_count) {}
   ~Session();
 
@@ -272,7 +277,9 @@ class ServerImpl final : public ControlServer {
       unix_acceptor_.open(ep.protocol(), ec);
       if (!ec) unix_acceptor_.bind(ep, ec);
       if (!ec) unix_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-      if (ec) return Status::IOError("prefetch.control_socket: cannot listen on " + path + ": " + ec.message());
+      if (ec)
+        return Status::IOError("prefetch.control_socket: cannot listen on " + path + ": " +
+                               ec.message());
       bound_unix_ = true;
       // Any local user may connect: each request is checked with that user's own rights.
       // Not through a symlink planted at the name meanwhile (glibc refuses one here).
@@ -359,12 +366,18 @@ class ServerImpl final : public ControlServer {
   const Options& options() const { return options_; }
 
   enum Refuse {
-    kUnknownPeer = 0, kListenerFull, kUserFull, kBusy, kTooLarge, kBadJson, kNotAllowed
+    kUnknownPeer = 0,
+    kListenerFull,
+    kUserFull,
+    kBusy,
+    kTooLarge,
+    kBadJson,
+    kNotAllowed
   };
   static constexpr int kRefuseReasons = 7;
   static constexpr const char* kRefuseNames[kRefuseReasons] = {
-      "unknown_peer", "listener_full", "user_full", "busy", "too_large", "bad_json",
-      "not_allow_other"};
+      "unknown_peer", "listener_full", "user_full",      "busy",
+      "too_large",    "bad_json",      "not_allow_other"};
   void CountRefused(Refuse r) {
     refused_counts_[r]++;
     if (refused_[r]) refused_[r]->Increment();
@@ -384,8 +397,8 @@ class ServerImpl final : public ControlServer {
       }
       using Protocol = typename std::decay_t<decltype(socket)>::protocol_type;
       constexpr bool kUnix = std::is_same_v<Protocol, asio::local::stream_protocol>;
-      Result<Caller> caller = kUnix ? UnixPeer(socket.native_handle())
-                                    : TcpPeer(socket.native_handle());
+      Result<Caller> caller =
+          kUnix ? UnixPeer(socket.native_handle()) : TcpPeer(socket.native_handle());
       std::optional<Refuse> refuse;
       if (!caller.ok()) {
         refuse = kUnknownPeer;
@@ -395,8 +408,10 @@ class ServerImpl final : public ControlServer {
       } else {
         std::lock_guard<std::mutex> l(conn_mu_);
         int& mine = per_uid_[caller->uid];
-        if (*count >= max) refuse = kListenerFull;
-        else if (mine >= options_.max_connections_per_uid) refuse = kUserFull;
+        if (*count >= max)
+          refuse = kListenerFull;
+        else if (mine >= options_.max_connections_per_uid)
+          refuse = kUserFull;
         if (!refuse) {
           ++*count;
           ++mine;
@@ -407,8 +422,8 @@ class ServerImpl final : public ControlServer {
       if (refuse) {
         CountRefused(*refuse);
         if (*refuse != kUnknownPeer)
-          CTFS_LOG(kWarn) << "control connection of uid " << caller->uid << " refused: "
-                          << kRefuseNames[*refuse];
+          CTFS_LOG(kWarn) << "control connection of uid " << caller->uid
+                          << " refused: " << kRefuseNames[*refuse];
         beast::error_code ignored;
         socket.close(ignored);
       } else {
@@ -446,17 +461,20 @@ class ServerImpl final : public ControlServer {
     const auto method = req.method();
     const std::string streams = "/v1/streams";
     if (target == "/v1/files/open") {
-      if (method != http::verb::post) return {Error(http::status::method_not_allowed, "use POST", v)};
+      if (method != http::verb::post)
+        return {Error(http::status::method_not_allowed, "use POST", v)};
       if (!can_pass_fd)
         return {Error(http::status::bad_request,
                       "/v1/files/open passes a file descriptor: use the unix control socket", v)};
-      if (!opener_) return {Error(http::status::not_implemented, "this daemon cannot open files", v)};
+      if (!opener_)
+        return {Error(http::status::not_implemented, "this daemon cannot open files", v)};
       Reply r;
       r.res = OpenFile(req, caller, &r.fd);
       return r;
     }
     if (target == "/batchdownload/path" || target == "/v1/warmup") {
-      if (method != http::verb::post) return {Error(http::status::method_not_allowed, "use POST", v)};
+      if (method != http::verb::post)
+        return {Error(http::status::method_not_allowed, "use POST", v)};
       if (target == "/v1/warmup") return {Warmup(req, caller)};
       return BatchDownload(req, caller, sock);
     }
@@ -465,18 +483,22 @@ class ServerImpl final : public ControlServer {
       return {JsonResponse(http::status::ok, StatsJson(caller), v)};
     }
     if (target == streams) {
-      if (method != http::verb::post) return {Error(http::status::method_not_allowed, "use POST", v)};
+      if (method != http::verb::post)
+        return {Error(http::status::method_not_allowed, "use POST", v)};
       return {CreateStream(req, caller)};
     }
     if (target.rfind(streams + "/", 0) == 0) {
       std::string rest = target.substr(streams.size() + 1);
       const std::string suffix = "/paths";
-      if (rest.size() > suffix.size() && rest.compare(rest.size() - suffix.size(), suffix.size(), suffix) == 0) {
-        if (method != http::verb::post) return {Error(http::status::method_not_allowed, "use POST", v)};
+      if (rest.size() > suffix.size() &&
+          rest.compare(rest.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        if (method != http::verb::post)
+          return {Error(http::status::method_not_allowed, "use POST", v)};
         return {PublishPaths(req, caller, rest.substr(0, rest.size() - suffix.size()))};
       }
       if (rest.find('/') == std::string::npos && !rest.empty()) {
-        if (method != http::verb::delete_) return {Error(http::status::method_not_allowed, "use DELETE", v)};
+        if (method != http::verb::delete_)
+          return {Error(http::status::method_not_allowed, "use DELETE", v)};
         const Prefetcher::Op op = prefetcher_->DeleteStreamAs(caller.uid, rest);
         if (op != Prefetcher::Op::kOk) return {StreamError(op, rest, v)};
         Response res{http::status::no_content, v};
@@ -485,18 +507,23 @@ class ServerImpl final : public ControlServer {
       }
     }
     if (target == "/prefetch/read/path") {
-      if (method != http::verb::post) return {Error(http::status::method_not_allowed, "use POST", v)};
+      if (method != http::verb::post)
+        return {Error(http::status::method_not_allowed, "use POST", v)};
       return {LegacyPrefetch(req, caller)};
     }
     if (target == "/register/pid" || target == "/unregister/pid") {
-      if (method != http::verb::post) return {Error(http::status::method_not_allowed, "use POST", v)};
+      if (method != http::verb::post)
+        return {Error(http::status::method_not_allowed, "use POST", v)};
       std::string why;
       std::optional<json> body = ParseBody(req, &why);
       if (!body) return {Error(http::status::bad_request, why, v)};
-      if (!body->is_array()) return {Error(http::status::bad_request, "body must be a JSON array of pids", v)};
+      if (!body->is_array())
+        return {Error(http::status::bad_request, "body must be a JSON array of pids", v)};
       for (const auto& pid : *body)
-        if (!pid.is_number_integer()) return {Error(http::status::bad_request, "pids must be integers", v)};
-      CTFS_LOG(kDebug) << target.substr(1) << ": " << body->size() << " pids from uid " << caller.uid;
+        if (!pid.is_number_integer())
+          return {Error(http::status::bad_request, "pids must be integers", v)};
+      CTFS_LOG(kDebug) << target.substr(1) << ": " << body->size() << " pids from uid "
+                       << caller.uid;
       return {Text(http::status::ok, "ok\n", v)};
     }
     // A route this daemon does not have: a client may fall back to another way.
@@ -533,12 +560,14 @@ class ServerImpl final : public ControlServer {
     std::string name = "stream";
     int pid = 0;
     if (body.contains("name")) {
-      if (!body["name"].is_string()) return Error(http::status::bad_request, "\"name\" must be a string", v);
+      if (!body["name"].is_string())
+        return Error(http::status::bad_request, "\"name\" must be a string", v);
       name = body["name"].get<std::string>();
       if (name.size() > 256) name.resize(256);
     }
     if (body.contains("pid")) {
-      if (!body["pid"].is_number_integer()) return Error(http::status::bad_request, "\"pid\" must be an integer", v);
+      if (!body["pid"].is_number_integer())
+        return Error(http::status::bad_request, "\"pid\" must be an integer", v);
       pid = body["pid"].get<int>();
     }
     const std::string id = prefetcher_->CreateStream(name, pid, caller.uid, ReaderFor(caller));
@@ -557,8 +586,9 @@ class ServerImpl final : public ControlServer {
   // an error, counted, otherwise. `fresh`: the request hands out bytes, so nothing cached.
   Result<PathResolver::Resolved> Check(const std::string& p, const Caller& caller, bool fresh,
                                        PathResolver::Depth depth = PathResolver::Depth::kFile) {
-    Result<std::string> sp = p.size() > 4096 ? Result<std::string>(Status::NameTooLong("path over 4096 bytes"))
-                                             : ToStorePath(options_.mount_point, p);
+    Result<std::string> sp = p.size() > 4096
+                                 ? Result<std::string>(Status::NameTooLong("path over 4096 bytes"))
+                                 : ToStorePath(options_.mount_point, p);
     if (!sp.ok()) {
       CountRejected(Reject::kOutside);
       return sp.status();
@@ -585,11 +615,9 @@ class ServerImpl final : public ControlServer {
 
   // Converts `paths` (a JSON array) to store paths beneath directories the caller may search;
   // counts rejected ones. The files themselves are checked when fetched (the stream's reader).
-  std::optional<std::vector<std::string>> StorePaths(const json& paths, const Caller& caller,
-                                                     uint64_t* rejected, std::string* why,
-                                                     PathResolver::Depth depth =
-                                                         PathResolver::Depth::kDirectories,
-                                                     bool fresh = false) {
+  std::optional<std::vector<std::string>> StorePaths(
+      const json& paths, const Caller& caller, uint64_t* rejected, std::string* why,
+      PathResolver::Depth depth = PathResolver::Depth::kDirectories, bool fresh = false) {
     if (!paths.is_array()) {
       *why = "paths must be an array of strings";
       return std::nullopt;
@@ -601,7 +629,8 @@ class ServerImpl final : public ControlServer {
         *why = "paths must be an array of strings";
         return std::nullopt;
       }
-      Result<PathResolver::Resolved> r = Check(p.get_ref<const std::string&>(), caller, fresh, depth);
+      Result<PathResolver::Resolved> r =
+          Check(p.get_ref<const std::string&>(), caller, fresh, depth);
       if (r.ok()) {
         out.push_back(std::move(r->path));
       } else {
@@ -636,7 +665,8 @@ class ServerImpl final : public ControlServer {
     if (paths->empty() && rejected > 0) return Error(http::status::unprocessable_entity, why, v);
     const Prefetcher::Op op = prefetcher_->PublishAs(caller.uid, id, *paths);
     if (op != Prefetcher::Op::kOk) return StreamError(op, id, v);
-    return JsonResponse(http::status::accepted, json{{"accepted", paths->size()}, {"rejected", rejected}}, v);
+    return JsonResponse(http::status::accepted,
+                        json{{"accepted", paths->size()}, {"rejected", rejected}}, v);
   }
 
   Response LegacyPrefetch(const Request& req, const Caller& caller) {
@@ -644,7 +674,8 @@ class ServerImpl final : public ControlServer {
     std::string why;
     std::optional<json> body = ParseBody(req, &why);
     if (!body) return Error(http::status::bad_request, why, v);
-    if (!body->is_array()) return Error(http::status::bad_request, "body must be [[path, ...], ...]", v);
+    if (!body->is_array())
+      return Error(http::status::bad_request, "body must be [[path, ...], ...]", v);
     std::vector<std::string> all;
     for (const auto& group : *body) {
       uint64_t rejected = 0;
@@ -671,8 +702,8 @@ class ServerImpl final : public ControlServer {
       }
       if (op == Prefetcher::Op::kFull || taken < all.size()) {
         if (dropped_warnings_++ < 3 || dropped_warnings_ % 1000 == 0)
-          CTFS_LOG(kWarn) << "legacy prefetch of uid " << caller.uid << ": "
-                          << all.size() - taken << " paths over the queued-path limits dropped";
+          CTFS_LOG(kWarn) << "legacy prefetch of uid " << caller.uid << ": " << all.size() - taken
+                          << " paths over the queued-path limits dropped";
       } else if (op != Prefetcher::Op::kOk) {
         return StreamError(op, id, v);
       }
@@ -687,10 +718,12 @@ class ServerImpl final : public ControlServer {
     std::string why;
     std::optional<json> body = ParseBody(req, &why);
     if (!body) return {Error(http::status::bad_request, why, v)};
-    if (!body->is_array()) return {Error(http::status::bad_request, "body must be [[path, ...]]", v)};
+    if (!body->is_array())
+      return {Error(http::status::bad_request, "body must be [[path, ...]]", v)};
     std::vector<std::string> paths;
     for (const auto& group : *body) {
-      if (!group.is_array()) return {Error(http::status::bad_request, "body must be [[path, ...]]", v)};
+      if (!group.is_array())
+        return {Error(http::status::bad_request, "body must be [[path, ...]]", v)};
       for (const auto& p : group) {
         if (!p.is_string()) return {Error(http::status::bad_request, "paths must be strings", v)};
         paths.push_back(p.get<std::string>());
@@ -843,8 +876,11 @@ class ServerImpl final : public ControlServer {
       }
     }
     return JsonResponse(http::status::ok,
-                        json{{"fetched", fetched}, {"skipped", skipped}, {"failed", failed},
-                             {"bytes", bytes}, {"errors", errors}},
+                        json{{"fetched", fetched},
+                             {"skipped", skipped},
+                             {"failed", failed},
+                             {"bytes", bytes},
+                             {"errors", errors}},
                         v);
   }
 
@@ -861,10 +897,11 @@ class ServerImpl final : public ControlServer {
     if (!sp.ok()) {
       files_open_failed_++;
       const Status& s = sp.status();
-      const http::status code = s.IsNotFound() ? http::status::not_found
-                                : s.code() == Status::Code::kPermissionDenied ? http::status::forbidden
-                                : s.code() == Status::Code::kIsDirectory ? http::status::bad_request
-                                                                       : http::status::unprocessable_entity;
+      const http::status code =
+          s.IsNotFound()                                ? http::status::not_found
+          : s.code() == Status::Code::kPermissionDenied ? http::status::forbidden
+          : s.code() == Status::Code::kIsDirectory      ? http::status::bad_request
+                                                        : http::status::unprocessable_entity;
       return ErrorFrom(code, s, v);
     }
     // The caller's read permission once more, on the file actually opened: one swapped in
@@ -884,12 +921,14 @@ class ServerImpl final : public ControlServer {
     if (!f.ok()) {
       files_open_failed_++;
       const Status& s = f.status();
-      if (s.IsNotFound()) CTFS_LOG(kDebug) << "files/open " << sp->path << ": " << s.ToString();
-      else CTFS_LOG(kWarn) << "files/open " << sp->path << ": " << s.ToString();
-      http::status code = s.IsNotFound() ? http::status::not_found
-                          : s.code() == Status::Code::kInvalidArgument ? http::status::bad_request
+      if (s.IsNotFound())
+        CTFS_LOG(kDebug) << "files/open " << sp->path << ": " << s.ToString();
+      else
+        CTFS_LOG(kWarn) << "files/open " << sp->path << ": " << s.ToString();
+      http::status code = s.IsNotFound()                                ? http::status::not_found
+                          : s.code() == Status::Code::kInvalidArgument  ? http::status::bad_request
                           : s.code() == Status::Code::kPermissionDenied ? http::status::forbidden
-                          : s.IsStale() ? http::status::conflict
+                          : s.IsStale()                                 ? http::status::conflict
                                         : http::status::service_unavailable;
       return ErrorFrom(code, s, v);
     }
@@ -897,13 +936,14 @@ class ServerImpl final : public ControlServer {
     files_open_bytes_ += f->size;
     if (f->store_file) files_open_store_++;
     *fd = f->fd;
-    return JsonResponse(http::status::ok,
-                        json{{"size", f->size},
-                             {"mtime_ns", f->mtime_ns},
-                             {"kind", f->store_file ? "store" : "memory"},
-                             {"bytes", {{"ram", f->ram_bytes}, {"disk", f->disk_bytes},
-                                        {"backend", f->backend_bytes}}}},
-                        v);
+    return JsonResponse(
+        http::status::ok,
+        json{{"size", f->size},
+             {"mtime_ns", f->mtime_ns},
+             {"kind", f->store_file ? "store" : "memory"},
+             {"bytes",
+              {{"ram", f->ram_bytes}, {"disk", f->disk_bytes}, {"backend", f->backend_bytes}}}},
+        v);
   }
 
   // Counters; a user other than root sees only its own streams.
@@ -987,8 +1027,8 @@ class ServerImpl final : public ControlServer {
   asio::local::stream_protocol::acceptor unix_acceptor_;
   asio::ip::tcp::acceptor tcp_acceptor_;
   std::thread thread_;
-  bool bound_unix_ = false;     // the socket file is ours to remove
-  std::mutex legacy_mu_;        // guards legacy_streams_
+  bool bound_unix_ = false;                                // the socket file is ours to remove
+  std::mutex legacy_mu_;                                   // guards legacy_streams_
   std::unordered_map<uid_t, std::string> legacy_streams_;  // per user, for the legacy endpoint
 };
 
@@ -1017,12 +1057,11 @@ void Session<Protocol>::Read() {
   parser_->body_limit(server_->options().max_body_bytes);
   parser_->header_limit(64 * 1024);
   // The whole request, header and body, must come within the idle timeout.
-  stream_.expires_after(std::chrono::milliseconds(
-      static_cast<int64_t>(server_->options().idle_timeout_s * 1000)));
-  http::async_read_header(stream_, buffer_, *parser_,
-                          [self = this->shared_from_this()](beast::error_code ec, size_t) {
-                            self->OnHeader(ec);
-                          });
+  stream_.expires_after(
+      std::chrono::milliseconds(static_cast<int64_t>(server_->options().idle_timeout_s * 1000)));
+  http::async_read_header(
+      stream_, buffer_, *parser_,
+      [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
 }
 
 template <typename Protocol>
@@ -1035,19 +1074,20 @@ void Session<Protocol>::OnHeader(beast::error_code ec) {
   const uint64_t want = len ? *len : (parser_->chunked() ? max : 0);
   if (want > max) {
     server_->CountRefused(ServerImpl::kTooLarge);
-    return Write(Error(http::status::payload_too_large,
-                       "body over " + std::to_string(max) + " bytes", 11), false);
+    return Write(
+        Error(http::status::payload_too_large, "body over " + std::to_string(max) + " bytes", 11),
+        false);
   }
   if (want > 0 && !server_->ReserveBody(caller_.uid, want)) {
     server_->CountRefused(ServerImpl::kBusy);
     return Write(Error(http::status::service_unavailable,
-                       "busy: the server's request memory is in use; retry", 11), false);
+                       "busy: the server's request memory is in use; retry", 11),
+                 false);
   }
   body_reserved_ = want;
-  http::async_read(stream_, buffer_, *parser_,
-                   [self = this->shared_from_this()](beast::error_code ec2, size_t) {
-                     self->OnRead(ec2);
-                   });
+  http::async_read(
+      stream_, buffer_, *parser_,
+      [self = this->shared_from_this()](beast::error_code ec2, size_t) { self->OnRead(ec2); });
 }
 
 template <typename Protocol>
@@ -1058,8 +1098,8 @@ void Session<Protocol>::OnRead(beast::error_code ec) {
     return;
   }
   if (ec == http::error::end_of_stream || ec == http::error::partial_message ||
-      ec == beast::error::timeout || ec == asio::error::eof || ec == asio::error::connection_reset ||
-      ec == asio::error::operation_aborted) {
+      ec == beast::error::timeout || ec == asio::error::eof ||
+      ec == asio::error::connection_reset || ec == asio::error::operation_aborted) {
     Close();
     return;
   }
@@ -1135,22 +1175,22 @@ template <typename Protocol>
 void Session<Protocol>::Write(Response res, bool keep_alive) {
   res.keep_alive(keep_alive);
   auto sp = std::make_shared<Response>(std::move(res));
-  stream_.expires_after(std::chrono::milliseconds(
-      static_cast<int64_t>(server_->options().idle_timeout_s * 1000)));
-  http::async_write(stream_, *sp,
-                    [self = this->shared_from_this(), sp, keep_alive](beast::error_code ec, size_t) {
-                      if (ec || !keep_alive) return self->Close();
-                      self->Read();
-                    });
+  stream_.expires_after(
+      std::chrono::milliseconds(static_cast<int64_t>(server_->options().idle_timeout_s * 1000)));
+  http::async_write(
+      stream_, *sp,
+      [self = this->shared_from_this(), sp, keep_alive](beast::error_code ec, size_t) {
+        if (ec || !keep_alive) return self->Close();
+        self->Read();
+      });
 }
 
 }  // namespace
 
 Result<std::unique_ptr<ControlServer>> ControlServer::Start(const Options& options,
                                                             Prefetcher* prefetcher,
-                                                            cache::RamCache* ram,
-                                                            FileReader reader, Warmer* warmer,
-                                                            FileOpener opener) {
+                                                            cache::RamCache* ram, FileReader reader,
+                                                            Warmer* warmer, FileOpener opener) {
   auto server = std::make_unique<ServerImpl>(options, prefetcher, ram, std::move(reader), warmer,
                                              std::move(opener));
   Status s = server->Listen();

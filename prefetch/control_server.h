@@ -2,15 +2,14 @@
 // uses) and on 127.0.0.1:profPort (the original cube_torch package's endpoints).
 //
 //   POST   /v1/streams              {"name": str, "pid": int}   -> 201 {"id": str}
-//   POST   /v1/streams/{id}/paths   {"paths": [str, ...]}       -> 202 {"accepted": n, "rejected": m}
-//   DELETE /v1/streams/{id}                                     -> 204
-//   GET    /v1/stats                                            -> 200 counters, global and per stream
-//   POST   /prefetch/read/path      [[abs_path, ...], ...]      -> 200 "prefetching.\n"
-//   POST   /register/pid, /unregister/pid   [pid, ...]          -> 200
-//   POST   /batchdownload/path      [[path, ...]]               -> 200 framed file contents
-//   POST   /v1/files/open           {"path": str}  (unix socket only) -> 200 {"size", "mtime_ns",
-//                                     "kind", "bytes": {"ram", "disk", "backend"}} and a read-only file
-//                                     descriptor of the file's bytes attached with SCM_RIGHTS
+//   POST   /v1/streams/{id}/paths   {"paths": [str, ...]}       -> 202 {"accepted": n, "rejected":
+//   m} DELETE /v1/streams/{id}                                     -> 204 GET    /v1/stats -> 200
+//   counters, global and per stream POST   /prefetch/read/path      [[abs_path, ...], ...]      ->
+//   200 "prefetching.\n" POST   /register/pid, /unregister/pid   [pid, ...]          -> 200 POST
+//   /batchdownload/path      [[path, ...]]               -> 200 framed file contents POST
+//   /v1/files/open           {"path": str}  (unix socket only) -> 200 {"size", "mtime_ns",
+//                                     "kind", "bytes": {"ram", "disk", "backend"}} and a read-only
+//                                     file descriptor of the file's bytes attached with SCM_RIGHTS
 //                                     (docs/fd_exchange.md)
 //   POST   /v1/warmup               {"paths": [str, ...]}       -> 200 {"fetched", "skipped",
 //                                     "failed", "bytes", "errors"}: fills the NVMe tier
@@ -70,26 +69,26 @@ class ControlServer {
     // (for tests of a store without owners).
     PathResolver* resolver = nullptr;
     prometheus::Registry* registry = nullptr;  // counters of refusals; may be null
-    uint64_t max_body_bytes = 16ull << 20;      // one request's body
-    uint64_t body_memory_bytes = 32ull << 20;   // all bodies being read or handled at once
-    uint64_t max_json_elements = 1u << 17;      // values in one body
-    int max_json_depth = 16;                    // nesting of one body
+    uint64_t max_body_bytes = 16ull << 20;     // one request's body
+    uint64_t body_memory_bytes = 32ull << 20;  // all bodies being read or handled at once
+    uint64_t max_json_elements = 1u << 17;     // values in one body
+    int max_json_depth = 16;                   // nesting of one body
     int max_connections_unix = 256;
     int max_connections_tcp = 128;
-    int max_connections_per_uid = 64;           // on both listeners together
-    double idle_timeout_s = 30;                 // to send a request, or to take a reply's bytes
+    int max_connections_per_uid = 64;  // on both listeners together
+    double idle_timeout_s = 30;        // to send a request, or to take a reply's bytes
     // The mount lets users other than root in (allow_other). Without it the kernel refuses
     // them the mount, so the control API refuses them too.
     bool others_may_use = true;
   };
   // Reads regular file `store_path` at the version of `attr`, handing `piece` its bytes in
   // order (for /batchdownload/path).
-  using FileReader = std::function<Status(
-      const std::string& store_path, const cfs_client::FileAttr& attr,
-      const std::function<Status(const char* data, size_t len)>& piece)>;
+  using FileReader =
+      std::function<Status(const std::string& store_path, const cfs_client::FileAttr& attr,
+                           const std::function<Status(const char* data, size_t len)>& piece)>;
   // Makes a whole file resident and returns a descriptor of it (for /v1/files/open).
   struct OpenedFile {
-    int fd = -1;  // ownership passes to the server, which closes it after sending
+    int fd = -1;              // ownership passes to the server, which closes it after sending
     bool store_file = false;  // the store's own file rather than a memory copy
     uint64_t size = 0;
     int64_t mtime_ns = 0;
@@ -98,16 +97,15 @@ class ControlServer {
     uint64_t backend_bytes = 0;
   };
   // `check` is the caller's read permission, asked of the file actually opened.
-  using FileOpener = std::function<Result<OpenedFile>(
-      const std::string& store_path, const cfs_client::Backend::AttrCheck& check)>;
+  using FileOpener = std::function<Result<OpenedFile>(const std::string& store_path,
+                                                      const cfs_client::Backend::AttrCheck& check)>;
 
   // Binds the listeners and starts serving. Fails naming the socket or port it could not
   // bind. `prefetcher`, `ram` and `warmer` (null without an NVMe tier) must outlive the server.
   // Without an `opener`, /v1/files/open answers 501.
   static Result<std::unique_ptr<ControlServer>> Start(const Options& options,
-                                                      Prefetcher* prefetcher,
-                                                      cache::RamCache* ram, FileReader reader,
-                                                      Warmer* warmer = nullptr,
+                                                      Prefetcher* prefetcher, cache::RamCache* ram,
+                                                      FileReader reader, Warmer* warmer = nullptr,
                                                       FileOpener opener = nullptr);
   virtual ~ControlServer() = default;  // stops serving and removes the socket file
 };

@@ -20,15 +20,15 @@ constexpr uint64_t kPartialReadIdleNs = 30 * kSecond;
 
 }  // namespace
 
-Prefetcher::Prefetcher(const Options& options, cfs_client::Backend* backend,
-                       cache::RamCache* ram, Clock* clock, prometheus::Registry* registry,
-                       cache::DiskCache* disk)
+Prefetcher::Prefetcher(const Options& options, cfs_client::Backend* backend, cache::RamCache* ram,
+                       Clock* clock, prometheus::Registry* registry, cache::DiskCache* disk)
     : options_(options), backend_(backend), ram_(ram), disk_(disk), clock_(clock) {
   if (registry != nullptr) {
     auto& reads = prometheus::BuildCounter()
                       .Name("cubetorchfs_reads_total")
-                      .Help("FUSE reads of regular files. hit: no wait on the backend; late: "
-                            "waited on a prefetch in flight; miss: fetched synchronously")
+                      .Help(
+                          "FUSE reads of regular files. hit: no wait on the backend; late: "
+                          "waited on a prefetch in flight; miss: fetched synchronously")
                       .Register(*registry);
     reads_[0] = &reads.Add({{"result", "hit"}});
     reads_[1] = &reads.Add({{"result", "late"}});
@@ -100,8 +100,8 @@ std::string Prefetcher::CreateStream(const std::string& name, int pid, uid_t uid
   s.stats.name = name;
   s.stats.pid = pid;
   s.stats.uid = uid;
-  CTFS_LOG(kInfo) << "stream " << id << " created: " << name << " (pid " << pid << ", uid "
-                  << uid << ")";
+  CTFS_LOG(kInfo) << "stream " << id << " created: " << name << " (pid " << pid << ", uid " << uid
+                  << ")";
   return id;
 }
 
@@ -133,8 +133,7 @@ void Prefetcher::DeleteStreamLocked(std::map<std::string, Stream>::iterator it) 
   Stream& s = it->second;
   std::vector<std::string> attached;
   for (uint64_t pos = s.low; pos < s.next && pos < s.base + s.paths.size(); ++pos)
-    if (s.states[pos - s.base] == (kPending | kAttached))
-      attached.push_back(s.paths[pos - s.base]);
+    if (s.states[pos - s.base] == (kPending | kAttached)) attached.push_back(s.paths[pos - s.base]);
   CTFS_LOG(kInfo) << "stream " << s.id << " deleted (" << s.stats.read << " of "
                   << s.stats.published << " published files read)";
   if (rr_after_ == s.id) rr_after_.clear();
@@ -325,9 +324,9 @@ void Prefetcher::RunJob(const Job& job) {
   // Most files are small: one request brings attributes and data. Reserve a guess at the
   // size first (the budget holds even while the data is in flight); a bigger file falls back
   // to reserving its real size and reading it in chunks.
-  const uint64_t guess = std::min({options_.chunk_bytes,
-                                   options_.window_budget_bytes - window_bytes_,
-                                   (size_estimate_ + size_estimate_ / 4 + 4095) / 4096 * 4096});
+  const uint64_t guess =
+      std::min({options_.chunk_bytes, options_.window_budget_bytes - window_bytes_,
+                (size_estimate_ + size_estimate_ / 4 + 4095) / 4096 * 4096});
   reserve(guess);
   // The owner's read permission is checked on the attributes before any byte is fetched.
   cfs_client::Backend::AttrCheck check;
@@ -474,8 +473,10 @@ void Prefetcher::RunJob(const Job& job) {
           }
         }
         Result<cache::BufferRef> r = cache::ReadChunk(*backend_, job.path, version, off, len);
-        if (r.ok()) chunks[c] = std::move(r).value();
-        else errors[c] = r.status();
+        if (r.ok())
+          chunks[c] = std::move(r).value();
+        else
+          errors[c] = r.status();
       }
     };
     const size_t helpers = std::min<size_t>(kParallelChunks, n_chunks) - 1;
@@ -566,8 +567,8 @@ void Prefetcher::EraseLocked(std::unordered_map<std::string, Entry>::iterator it
   window_.erase(it);
 }
 
-bool Prefetcher::PreemptLocked(const std::unordered_map<uid_t, bool>& wanting,
-                               uint64_t share_files, uint64_t share_bytes) {
+bool Prefetcher::PreemptLocked(const std::unordered_map<uid_t, bool>& wanting, uint64_t share_files,
+                               uint64_t share_bytes) {
   // Only for a user under its share who has files to fetch.
   bool someone_under = false;
   for (const auto& [uid, w] : wanting) {
@@ -580,8 +581,9 @@ bool Prefetcher::PreemptLocked(const std::unordered_map<uid_t, bool>& wanting,
   uid_t victim = 0;
   uint64_t worst = 0;
   for (const auto& [uid, u] : use_) {
-    const uint64_t over = std::max(u.files > share_files ? (u.files - share_files) * share_bytes : 0,
-                                   u.bytes > share_bytes ? (u.bytes - share_bytes) * share_files : 0);
+    const uint64_t over =
+        std::max(u.files > share_files ? (u.files - share_files) * share_bytes : 0,
+                 u.bytes > share_bytes ? (u.bytes - share_bytes) * share_files : 0);
     if (over > worst) {
       worst = over;
       victim = uid;
@@ -634,8 +636,7 @@ std::optional<Prefetcher::Job> Prefetcher::RecheckLocked(Stream& s) {
   return std::nullopt;
 }
 
-std::optional<Prefetcher::Job> Prefetcher::WarmJobLocked(const Stream& s,
-                                                         const std::string& path,
+std::optional<Prefetcher::Job> Prefetcher::WarmJobLocked(const Stream& s, const std::string& path,
                                                          const Mark& mark) {
   // A probe now may be stale by the read: the file goes to the LRU cache instead, where the
   // read finds it if the kernel drops it meanwhile. Large files are left to their reads.
@@ -904,14 +905,13 @@ void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& 
 }
 
 std::optional<Prefetcher::WindowHit> Prefetcher::Get(const std::string& path,
-                                                      const cfs_client::FileVersion& version,
-                                                      uint64_t chunk) {
+                                                     const cfs_client::FileVersion& version,
+                                                     uint64_t chunk) {
   std::unique_lock<std::mutex> l(mu_);
   auto it = window_.find(path);
   if (it == window_.end() || it->second.waiting_for_room || it->second.invalidated)
     return std::nullopt;
-  if (it->second.state != State::kStat && it->second.attr.Version() != version)
-    return std::nullopt;
+  if (it->second.state != State::kStat && it->second.attr.Version() != version) return std::nullopt;
   bool waited = false;
   if (it->second.state != State::kReady) {  // the fetch is running: wait for it
     std::shared_future<void> done = it->second.done;
@@ -972,8 +972,8 @@ void Prefetcher::SweepLocked() {
   for (auto it = streams_.begin(); it != streams_.end();) {
     auto next = std::next(it);
     if (now - it->second.last_active_ns > idle_ns) {
-      CTFS_LOG(kInfo) << "stream " << it->first << " expired after "
-                      << options_.stream_idle_s << " s idle";
+      CTFS_LOG(kInfo) << "stream " << it->first << " expired after " << options_.stream_idle_s
+                      << " s idle";
       DeleteStreamLocked(it);
     }
     it = next;

@@ -44,8 +44,8 @@
 //
 // Thread safety: all public methods are thread-safe. One mutex guards streams and window;
 // it is never held across a backend call. The attribute source (the inode table) is asked
-// under it: Prefetcher::mu_ before the inode table's mutex. Lock order: Prefetcher::mu_ before any RamCache
-// shard lock (RamCache never calls back).
+// under it: Prefetcher::mu_ before the inode table's mutex. Lock order: Prefetcher::mu_ before any
+// RamCache shard lock (RamCache never calls back).
 #pragma once
 
 #include <condition_variable>
@@ -87,7 +87,7 @@ struct ReadCounts {
 struct StreamStats {
   std::string id, name;
   int pid = 0;
-  uid_t uid = 0;  // the stream's owner: the user who created it
+  uid_t uid = 0;           // the stream's owner: the user who created it
   uint64_t published = 0;  // positions appended
   uint64_t read = 0;       // positions consumed by a read
   uint64_t skipped = 0;    // positions passed over by the readers
@@ -99,18 +99,18 @@ struct StreamStats {
 struct Stats {
   ReadCounts reads;  // every FUSE read of a regular file
   uint64_t fetched = 0, failed = 0, evicted_unread = 0;
-  uint64_t preempted = 0;      // unread files given up so another user got its share
-  uint64_t denied = 0;         // files the stream's owner may not read: not fetched
-  uint64_t page_resident = 0;  // probes that found the file whole in the kernel's page cache
-  uint64_t probed_absent = 0;  // probes of marked files whose pages were gone: fetched
-  uint64_t page_drops = 0;     // reads of marked files: the kernel dropped their pages
-  bool page_pressure = false;  // drops come often: files passed over are warmed, not probed
-  uint64_t warmed = 0;         // files passed over put in the LRU cache under page pressure
-  uint64_t cached = 0;         // files taken from the RAM cache or NVMe tier, no store request
-  uint64_t resident_marks = 0; // files now marked page-resident
-  uint64_t inflight = 0;       // fetches running now
-  uint64_t window_files = 0;   // entries in the window (fetching or ready)
-  uint64_t window_bytes = 0;   // bytes reserved by them
+  uint64_t preempted = 0;       // unread files given up so another user got its share
+  uint64_t denied = 0;          // files the stream's owner may not read: not fetched
+  uint64_t page_resident = 0;   // probes that found the file whole in the kernel's page cache
+  uint64_t probed_absent = 0;   // probes of marked files whose pages were gone: fetched
+  uint64_t page_drops = 0;      // reads of marked files: the kernel dropped their pages
+  bool page_pressure = false;   // drops come often: files passed over are warmed, not probed
+  uint64_t warmed = 0;          // files passed over put in the LRU cache under page pressure
+  uint64_t cached = 0;          // files taken from the RAM cache or NVMe tier, no store request
+  uint64_t resident_marks = 0;  // files now marked page-resident
+  uint64_t inflight = 0;        // fetches running now
+  uint64_t window_files = 0;    // entries in the window (fetching or ready)
+  uint64_t window_bytes = 0;    // bytes reserved by them
   uint64_t window_budget_bytes = 0;
   std::vector<StreamStats> streams;
 };
@@ -126,8 +126,8 @@ class Prefetcher {
     // Positions this far behind the furthest read are skipped; 0 = window_files / 4, clamped
     // to [64, 1024] (DataLoader workers read a few batches out of order).
     uint64_t skip_slack = 0;
-    bool start_workers = true;                  // false: tests run jobs with RunOneJob()
-    uint64_t max_streams_per_uid = 64;          // streams one user may have at once
+    bool start_workers = true;                     // false: tests run jobs with RunOneJob()
+    uint64_t max_streams_per_uid = 64;             // streams one user may have at once
     uint64_t max_queued_paths_per_uid = 1u << 17;  // positions not yet read, all its streams
     uint64_t max_queued_paths = 1u << 18;          // positions not yet read, all streams
     // The mount lets the kernel keep the pages of files it was served (fuse.keep_cache).
@@ -232,16 +232,16 @@ class Prefetcher {
     uint64_t attr_time_ns = 0;
     uint64_t reserved = 0;  // bytes counted against the window budget
     std::vector<cache::BufferRef> chunks;
-    uint32_t refs = 0;         // pending stream positions that want this file
-    uint64_t bytes_read = 0;   // since its latest read at offset 0
+    uint32_t refs = 0;        // pending stream positions that want this file
+    uint64_t bytes_read = 0;  // since its latest read at offset 0
     uint64_t last_read_ns = 0;
     bool was_read = false;
     bool waiting_for_room = false;  // a large file waiting for window room before its fetch
-    bool invalidated = false;  // written through the mount since fetched: never served
-    std::string first_stream;  // the stream whose position created it (for its counters)
-    uid_t owner = 0;           // that stream's owner, whose share of the window it uses
+    bool invalidated = false;       // written through the mount since fetched: never served
+    std::string first_stream;       // the stream whose position created it (for its counters)
+    uid_t owner = 0;                // that stream's owner, whose share of the window it uses
     std::shared_ptr<const Caller> reader;  // whose read permission the fetch checks
-    std::shared_future<void> done;  // ready when the fetch ends, either way
+    std::shared_future<void> done;         // ready when the fetch ends, either way
     std::shared_ptr<std::promise<void>> promise;
   };
 
@@ -256,9 +256,9 @@ class Prefetcher {
     // path -> positions, ascending (a vector: most paths have one, and a deque's first block
     // alone would cost 512 bytes a path)
     std::unordered_map<std::string, std::vector<uint64_t>> pending;
-    uint64_t low = 0;   // first position neither read nor skipped
-    uint64_t high = 0;  // one past the furthest position read
-    uint64_t next = 0;  // the next position the scheduler looks at
+    uint64_t low = 0;      // first position neither read nor skipped
+    uint64_t high = 0;     // one past the furthest position read
+    uint64_t next = 0;     // the next position the scheduler looks at
     uint64_t recheck = 0;  // the next position passed over to probe again (see RecheckLocked)
     uint64_t last_active_ns = 0;
     StreamStats stats;
@@ -331,13 +331,13 @@ class Prefetcher {
   cache::DiskCache* const disk_;
   Clock* const clock_;
 
-  std::mutex mu_;                // guards everything below
+  std::mutex mu_;                    // guards everything below
   std::condition_variable work_cv_;  // idle workers: new paths or window room
   std::condition_variable room_cv_;  // fetches waiting for window room
   bool stop_ = false;
   uint64_t next_stream_id_ = 1;
   std::map<std::string, Stream> streams_;
-  std::string rr_after_;         // round-robin: the stream served last
+  std::string rr_after_;  // round-robin: the stream served last
   std::unordered_map<std::string, Entry> window_;
   uint64_t window_bytes_ = 0;
   struct Use {
@@ -347,7 +347,7 @@ class Prefetcher {
   uint64_t inflight_ = 0;
   uint64_t last_sweep_ns_ = 0;
   uint64_t size_estimate_ = 128 << 10;  // running mean of prefetched file sizes
-  Stats totals_;                 // reads and outcome counters (streams filled on demand)
+  Stats totals_;                        // reads and outcome counters (streams filled on demand)
 
   std::shared_ptr<const AttrSource> attr_source_;
   std::shared_ptr<const PageProbe> page_probe_;

@@ -5,11 +5,11 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <vector>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "cfs_client/backend.h"
 #include "common/clock.h"
@@ -200,9 +200,7 @@ class MemBackend final : public cfs_client::Backend {
       b_->TouchLocked(*node_);
       return Status::OK();
     }
-    Status Allocate(int, uint64_t, uint64_t) override {
-      return Status::NotSupported("fallocate");
-    }
+    Status Allocate(int, uint64_t, uint64_t) override { return Status::NotSupported("fallocate"); }
     Status Flush() override {
       b_->flushes_++;
       std::lock_guard<std::mutex> l(b_->mu_);
@@ -276,8 +274,7 @@ class MemBackend final : public cfs_client::Backend {
     }
     return std::unique_ptr<cfs_client::WritableFile>(new MemFile(this, path, std::move(node)));
   }
-  Result<cfs_client::FileAttr> Mkdir(const std::string& path, mode_t, int64_t,
-                                     int64_t) override {
+  Result<cfs_client::FileAttr> Mkdir(const std::string& path, mode_t, int64_t, int64_t) override {
     std::lock_guard<std::mutex> l(mu_);
     CTFS_RETURN_IF_ERROR(MaybeFailLocked());
     if (nodes_.count(path)) return Status::Exists(path);

@@ -8,11 +8,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <future>
-#include <thread>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <string>
+#include <thread>
 
 #include "cache/crc32c.h"
 
@@ -38,8 +38,9 @@ size_t FilesIn(const fs::path& dir) {
 class DiskCacheTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("ctfs_disk_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("ctfs_disk_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
   }
   void TearDown() override {
@@ -92,8 +93,7 @@ TEST(Crc32cTest, KnownValues) {
   for (int i = 0; i < 32; ++i) buf[i] = static_cast<unsigned char>(31 - i);
   EXPECT_EQ(Crc32c(buf, 32), 0x113FDB5Cu) << "32 decrementing bytes";
   // The reference agrees with the vectors, so it can judge the cases below.
-  EXPECT_EQ(ReferenceCrc32c(reinterpret_cast<const unsigned char*>("123456789"), 9),
-            0xE3069283u);
+  EXPECT_EQ(ReferenceCrc32c(reinterpret_cast<const unsigned char*>("123456789"), 9), 0xE3069283u);
   EXPECT_EQ(ReferenceCrc32c(buf, 32), 0x113FDB5Cu);
 }
 
@@ -260,7 +260,6 @@ TEST_F(DiskCacheTest, SecondOpenOfTheSameDirectoryFailsClearly) {
   ASSERT_FALSE(second.ok());
   EXPECT_NE(second.status().message().find("cache.disk_dir"), std::string::npos);
 }
-
 
 // Every directory of the tier 0700 and every file 0600, RocksDB's own included, whatever the
 // umask: the tier holds copies of files other users may not read.

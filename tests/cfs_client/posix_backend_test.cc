@@ -1,8 +1,8 @@
 #include <gtest/gtest.h>
 
-#include <cerrno>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <cerrno>
 
 #include <filesystem>
 #include <fstream>
@@ -151,7 +151,6 @@ TEST_F(PosixBackendTest, FlushAndCloseReportSuccessOnALocalFile) {
   EXPECT_TRUE((*f)->Close().ok());  // once closed, nothing more to report
   EXPECT_EQ(backend_->Stat("dir/closed")->size, 4u);
 }
-
 
 // A store with a symlink to a directory outside the root, and one inside it: no operation
 // may act through either (the kernel follows the links users see, with their rights).

@@ -123,8 +123,7 @@ TEST(LoggingTest, RepeatedWarningsFromOneSiteAreRateLimited) {
   WarnFromOneSite(kCalls);
   std::vector<std::string> lines = capture.Lines();
   ASSERT_EQ(lines.size(), written + 1);
-  const std::string want =
-      " (" + std::to_string(kCalls - written) + " similar lines suppressed)";
+  const std::string want = " (" + std::to_string(kCalls - written) + " similar lines suppressed)";
   EXPECT_NE(lines.back().find(want), std::string::npos) << lines.back();
   EXPECT_NE(lines.back().find("request 10000 failed"), std::string::npos) << lines.back();
 }

@@ -291,14 +291,14 @@ TEST(ConfigTest, ControlAndPerUserLimits) {
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->control.max_connections_per_uid, 64u);
   EXPECT_EQ(d->control.body_memory_bytes, 32u << 20);
-  for (const char* bad : {
-           R"({"volName": "v", "backend": {"root": "/d"}, "control": {"max_body_bytes": 0}})",
-           R"({"volName": "v", "backend": {"root": "/d"}, "control": {"body_memory_bytes": "5GiB"}})",
-           R"({"volName": "v", "backend": {"root": "/d"}, "control": {"max_connections_unix": 0}})",
-           R"({"volName": "v", "backend": {"root": "/d"}, "control": {"body_memory_bytes": "1MiB"}})",
-           R"({"volName": "v", "backend": {"root": "/d"}, "control": {"idle_timeout_s": 0}})",
-           R"({"volName": "v", "backend": {"root": "/d"}, "control": {"max_conns": 1}})",
-           R"({"volName": "v", "backend": {"root": "/d"}, "prefetch": {"max_queued_paths": 0}})"}) {
+  for (const char* bad :
+       {R"({"volName": "v", "backend": {"root": "/d"}, "control": {"max_body_bytes": 0}})",
+        R"({"volName": "v", "backend": {"root": "/d"}, "control": {"body_memory_bytes": "5GiB"}})",
+        R"({"volName": "v", "backend": {"root": "/d"}, "control": {"max_connections_unix": 0}})",
+        R"({"volName": "v", "backend": {"root": "/d"}, "control": {"body_memory_bytes": "1MiB"}})",
+        R"({"volName": "v", "backend": {"root": "/d"}, "control": {"idle_timeout_s": 0}})",
+        R"({"volName": "v", "backend": {"root": "/d"}, "control": {"max_conns": 1}})",
+        R"({"volName": "v", "backend": {"root": "/d"}, "prefetch": {"max_queued_paths": 0}})"}) {
     Result<Config> e = ParseConfig(bad);
     EXPECT_FALSE(e.ok()) << bad;
     if (!e.ok()) {
@@ -354,8 +354,8 @@ TEST(ConfigHardeningTest, VolNameMustBeShortAndPlain) {
   }
   EXPECT_NE(ErrorOf(WithVolName("a,ro,allow_other")).find("A-Z a-z 0-9 . _ -"), std::string::npos);
   EXPECT_NE(ErrorOf(WithVolName(std::string(200, 'v'))).find("200 bytes"), std::string::npos);
-  for (const std::string& good : {std::string(64, 'v'), std::string("ltp-test_1.2"),
-                                  std::string("A9")}) {
+  for (const std::string& good :
+       {std::string(64, 'v'), std::string("ltp-test_1.2"), std::string("A9")}) {
     Result<Config> c = ParseConfig(WithVolName(good));
     ASSERT_TRUE(c.ok()) << good << ": " << c.status().ToString();
     EXPECT_EQ(c->vol_name, good);
@@ -580,7 +580,8 @@ TEST_F(ConfigFileTest, FollowsASymlinkToARegularFile) {
 }
 
 TEST_F(ConfigFileTest, LoadedErrorsAreOneLineToo) {
-  const std::string path = Write("dup.yaml", "volName: v\nbackend: {root: /d}\nvolName: \"x\\ny\"\n");
+  const std::string path =
+      Write("dup.yaml", "volName: v\nbackend: {root: /d}\nvolName: \"x\\ny\"\n");
   Result<Config> c = LoadConfig(path);
   ASSERT_FALSE(c.ok());
   EXPECT_TRUE(StartsWith(c.status().message(), "volName: duplicate key")) << c.status().message();
@@ -616,9 +617,10 @@ TEST(ConfigTest, BadInjectStoreLimitsNameTheKey) {
     EXPECT_EQ(c.status().message().rfind("backend.inject.max_concurrency", 0), 0u)
         << c.status().message();
   }
-  for (const char* inject : {R"({"bandwidth_bytes_s": -5})", R"({"bandwidth_bytes_s": "fast"})",
-                             R"({"bandwidth_bytes_s": "1XB"})", R"({"bandwidth_bytes_s": "2048TiB"})",
-                             R"({"bandwidth_bytes_s": "1e9"})"}) {
+  for (const char* inject :
+       {R"({"bandwidth_bytes_s": -5})", R"({"bandwidth_bytes_s": "fast"})",
+        R"({"bandwidth_bytes_s": "1XB"})", R"({"bandwidth_bytes_s": "2048TiB"})",
+        R"({"bandwidth_bytes_s": "1e9"})"}) {
     Result<Config> c = ParseConfig(std::string(R"({"volName": "v", "backend": {"root": "/d", )") +
                                    R"("inject": )" + inject + "}}");
     ASSERT_FALSE(c.ok()) << inject;

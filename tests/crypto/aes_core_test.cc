@@ -128,8 +128,8 @@ TEST(AesCoreTest, GpuKernelMatchesOpensslOrSaysWhyNot) {
   for (uint64_t off : {uint64_t{0}, uint64_t{7}, uint64_t{32}, uint64_t{4101}}) {
     auto gpu = plain;
     Status s = CtrXorViaDevice(key.data(), key.size(), iv.data(), off, gpu.data(), gpu.size());
-    ASSERT_TRUE(s.ok()) << "a device is present, so this is a failure, not a skip: "
-                        << s.ToString() << " (offset " << off << ")";
+    ASSERT_TRUE(s.ok()) << "a device is present, so this is a failure, not a skip: " << s.ToString()
+                        << " (offset " << off << ")";
     auto cpu = plain;
     ASSERT_TRUE(crypto::CtrXorAt(key, iv, off, cpu.data(), cpu.size()).ok());
     EXPECT_EQ(cpu, gpu) << "offset " << off;

@@ -2,8 +2,8 @@
 // followed, the file is a regular 0644 file whatever the umask, removal unlinks only our own
 // file, unsafe directories are refused; and the readers' side (ReadTrustedControlFile, the
 // loader's ControlSocketOf) trusts only what a root daemon or the user's own would leave.
-#include "common/trusted_file.h"
 #include "fuse/control_file.h"
+#include "common/trusted_file.h"
 
 #include <gtest/gtest.h>
 #include <sys/socket.h>

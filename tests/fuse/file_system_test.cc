@@ -1,8 +1,8 @@
 #include "fuse/file_system.h"
 
 #include <fcntl.h>
-#include <linux/fs.h>
 #include <gtest/gtest.h>
+#include <linux/fs.h>
 #include <prometheus/registry.h>
 
 #include <atomic>
@@ -53,8 +53,8 @@ class FileSystemTest : public ::testing::Test {
     pf.chunk_bytes = options_.chunk_bytes;
     pf.window_budget_bytes = 1 << 20;
     pf.keep_cache = options_.keep_cache;
-    prefetcher_ = std::make_unique<prefetch::Prefetcher>(pf, &store_, cache_.get(), &clock_,
-                                                         &registry_);
+    prefetcher_ =
+        std::make_unique<prefetch::Prefetcher>(pf, &store_, cache_.get(), &clock_, &registry_);
     fs_ = FileSystem::New(options_, &store_, cache_.get(), prefetcher_.get(), &clock_, registry_)
               .value();
   }
@@ -106,10 +106,12 @@ TEST_F(FileSystemTest, OnlyReadsServedToTheKernelMarkFilesPageResident) {
   Result<cfs_client::FileAttr> attr = store_.Stat("d/small");
   ASSERT_TRUE(attr.ok());
   size_t streamed = 0;
-  ASSERT_TRUE(fs_->StreamFile("d/small", *attr, [&](const char*, size_t n) {
-                   streamed += n;
-                   return Status::OK();
-                 }).ok());
+  ASSERT_TRUE(fs_->StreamFile("d/small", *attr,
+                              [&](const char*, size_t n) {
+                                streamed += n;
+                                return Status::OK();
+                              })
+                  .ok());
   EXPECT_EQ(streamed, 1000u);
   EXPECT_EQ(prefetcher_->GetStats().resident_marks, 0u);  // went to an HTTP client
   std::unique_ptr<FileHandle> h = OpenPath("d/small");
@@ -366,7 +368,7 @@ TEST_F(FileSystemTest, RemovedInodeWithoutStateNeverResolvesItsPath) {
   ASSERT_TRUE(fs_->Unlink(LookupPath("d"), "small").ok());
   EXPECT_FALSE(store_.Exists("d/small"));
   store_.PutFile("d/small", "another file", 5);  // made by another client of the store
-  clock_.AdvanceSeconds(11);                      // the inode's attributes expired
+  clock_.AdvanceSeconds(11);                     // the inode's attributes expired
   const auto kStale = Status::Code::kStale;
   EXPECT_EQ(fs_->Write(old_ino, 0, "X", 1).status().code(), kStale);
   EXPECT_EQ(fs_->HandleFor(old_ino).status().code(), kStale);

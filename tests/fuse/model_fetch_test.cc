@@ -7,9 +7,9 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <cstring>
 #include <thread>
 
 #include "tests/test_util.h"
@@ -93,13 +93,13 @@ TEST(ModelFetchTest, PosixStoreHandsOverItsOwnFileUnlessInjecting) {
   struct stat a, b;
   ASSERT_EQ(::fstat(r->fd, &a), 0);
   ASSERT_EQ(::stat((root + "/m.safetensors").c_str(), &b), 0);
-  EXPECT_EQ(a.st_ino, b.st_ino);  // the store's file itself: no copy was made
+  EXPECT_EQ(a.st_ino, b.st_ino);              // the store's file itself: no copy was made
   EXPECT_EQ(::pwrite(r->fd, "x", 1, 0), -1);  // read-only
   ::close(r->fd);
   // The caller's check runs on the file actually opened: refused, no descriptor, no copy.
   int asked = 0;
-  Result<ResidentFile> refused = direct.MakeResident(
-      "m.safetensors", [&](const cfs_client::FileAttr& attr) -> Status {
+  Result<ResidentFile> refused =
+      direct.MakeResident("m.safetensors", [&](const cfs_client::FileAttr& attr) -> Status {
         if (++asked == 2 && attr.IsRegular())  // the second ask: the opened descriptor's fstat
           return Status::PermissionDenied("not this file");
         return Status::OK();
@@ -176,7 +176,8 @@ TEST(ModelFetchTest, FirstReadOfAModelFileFetchesItsChunksInParallel) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   auto cached = [&] {
     int n = 0;
-    for (uint64_t c = 0; c < 6; ++c) n += ram->Get(cache::ChunkKey("m.safetensors", v, c)) != nullptr;
+    for (uint64_t c = 0; c < 6; ++c)
+      n += ram->Get(cache::ChunkKey("m.safetensors", v, c)) != nullptr;
     return n;
   };
   while (cached() < 4 && std::chrono::steady_clock::now() < deadline)

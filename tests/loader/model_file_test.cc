@@ -92,7 +92,8 @@ std::vector<uint8_t> LoadAll(const std::string& path, int threads, const OpenOpt
 
 TEST_F(ModelFileTest, PlainRoundTripManyTensorsAnyThreadCount) {
   std::vector<uint64_t> sizes;
-  for (int i = 0; i < 500; ++i) sizes.push_back(static_cast<uint64_t>((i * 7919) % 20000) + (i % 3));
+  for (int i = 0; i < 500; ++i)
+    sizes.push_back(static_cast<uint64_t>((i * 7919) % 20000) + (i % 3));
   sizes[3] = 3 << 20;  // one tensor spanning several read units
   sizes[10] = 0;       // an empty one
   auto ts = MakeTensors(sizes);
@@ -167,7 +168,8 @@ TEST_F(ModelFileTest, EncryptedRoundTripVerifiesAndDetectsTampering) {
   ::setenv("VETURBOIO_KEY", "ZmVkY2JhOTg3NjU0MzIxMGZlZGNiYTk4NzY1NDMyMTA=", 1);
   auto wrong = ModelFile::Open(path, {});
   ASSERT_FALSE(wrong.ok());
-  EXPECT_NE(wrong.status().message().find("wrong key"), std::string::npos) << wrong.status().ToString();
+  EXPECT_NE(wrong.status().message().find("wrong key"), std::string::npos)
+      << wrong.status().ToString();
 }
 
 // A copier whose "device" is host memory: the pipeline's logic without a GPU.
@@ -283,8 +285,8 @@ TEST_F(ModelFileTest, HeaderlessEncryptedNeedsUseCipher) {
   crypto::Iv iv;
   for (size_t i = 0; i < iv.size(); ++i) iv[i] = static_cast<uint8_t>(0xf0 + i);  // carries soon
   ASSERT_TRUE(crypto::CtrXorAt(*key, iv, 0, bytes.data(), bytes.size()).ok());
-  std::ofstream(Path("enc.bin"), std::ios::binary).write(reinterpret_cast<char*>(bytes.data()),
-                                                         static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(Path("enc.bin"), std::ios::binary)
+      .write(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   ::setenv("VETURBOIO_KEY", "MDEyMzQ1Njc4OWFiY2RlZg==", 1);
   ::setenv("VETURBOIO_IV", "8PHy8/T19vf4+fr7/P3+/w==", 1);
   EXPECT_EQ(ModelFile::Open(Path("enc.bin"), {}).status().code(), Status::Code::kCorruption);
@@ -313,9 +315,11 @@ TEST(DaemonFdTest, FindsTheInnermostCubetorchfsMount) {
   EXPECT_FALSE(FindCubetorchfsMount("/fake/m", mountinfo).has_value());
   // Paths go to the daemon relative to the volume's root, also for a bind mount of a
   // subdirectory (mountinfo's root field) at another place.
-  EXPECT_EQ(FindCubetorchfsMount("/cfs/a/b.safetensors", mountinfo)->StorePath("/cfs/a/b.safetensors"),
-            "a/b.safetensors");
-  const std::string bind = "50 22 0:40 /team-a /models rw - fuse.cubetorchfs cubetorchfs:outer rw\n";
+  EXPECT_EQ(
+      FindCubetorchfsMount("/cfs/a/b.safetensors", mountinfo)->StorePath("/cfs/a/b.safetensors"),
+      "a/b.safetensors");
+  const std::string bind =
+      "50 22 0:40 /team-a /models rw - fuse.cubetorchfs cubetorchfs:outer rw\n";
   m = FindCubetorchfsMount("/models/m.safetensors", bind);
   ASSERT_TRUE(m.has_value());
   EXPECT_EQ(m->root, "/team-a");

@@ -1,7 +1,7 @@
 #include "prefetch/access.h"
 
-#include <gtest/gtest.h>
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -107,7 +107,7 @@ class PathResolverTest : public ::testing::Test {
     fs::create_directories(base_ / "outside");
     std::ofstream(root_ / "data" / "cls" / "img") << "x";
     std::ofstream(base_ / "outside" / "secret") << "s";
-    fs::create_symlink("cls", root_ / "data" / "alias");            // inside: followed
+    fs::create_symlink("cls", root_ / "data" / "alias");             // inside: followed
     fs::create_symlink("../../outside", root_ / "data" / "escape");  // climbs out
     fs::create_symlink(base_ / "outside", root_ / "data" / "abs");   // absolute
     fs::create_symlink("loop", root_ / "data" / "loop");

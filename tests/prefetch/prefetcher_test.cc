@@ -31,7 +31,8 @@ class PrefetcherTest : public ::testing::Test {
  protected:
   void SetUp() override {
     store_.AddDir("d");
-    for (int i = 0; i < 64; ++i) store_.PutFile(Name(i), std::string(kFileSize, static_cast<char>('a' + i % 26)));
+    for (int i = 0; i < 64; ++i)
+      store_.PutFile(Name(i), std::string(kFileSize, static_cast<char>('a' + i % 26)));
     ram_ = cache::RamCache::New({1 << 20, 64 << 10}, nullptr);
   }
 
@@ -383,7 +384,8 @@ TEST_F(PrefetcherTest, FetchesInPublishedOrder) {
   Make();
   Publish(0, 5);
   EXPECT_EQ(RunAll(), 5);
-  EXPECT_EQ(store_.read_log(), (std::vector<std::string>{Name(0), Name(1), Name(2), Name(3), Name(4)}));
+  EXPECT_EQ(store_.read_log(),
+            (std::vector<std::string>{Name(0), Name(1), Name(2), Name(3), Name(4)}));
   auto hit = pf_->Get(Name(2), {kFileSize, 1}, 0);
   ASSERT_TRUE(hit.has_value());
   EXPECT_FALSE(hit->waited);
@@ -658,7 +660,8 @@ TEST_F(PrefetcherTest, ExportsPrometheusCounters) {
   for (const auto& f : registry_.Collect()) {
     for (const auto& m : f.metric) {
       for (const auto& l : m.label) {
-        if (f.name == "cubetorchfs_prefetch_files_total" && l.value == "fetched") fetched = m.counter.value;
+        if (f.name == "cubetorchfs_prefetch_files_total" && l.value == "fetched")
+          fetched = m.counter.value;
         if (f.name == "cubetorchfs_reads_total" && l.value == "hit") hits = m.counter.value;
       }
     }
@@ -677,7 +680,6 @@ TEST(ToStorePathTest, MapsMountPathsAndRejectsOthers) {
   EXPECT_FALSE(ToStorePath("/mnt/x", "/mnt/x").ok());
   EXPECT_FALSE(ToStorePath("/mnt/x", "").ok());
 }
-
 
 TEST_F(PrefetcherTest, StreamsBelongToTheirCreator) {
   Make();
@@ -721,8 +723,7 @@ TEST_F(PrefetcherTest, OneUserFloodingTheWindowDoesNotStarveAnother) {
   ASSERT_EQ(pf_->PublishAs(1001, fair, {Name(50), Name(51), Name(52), Name(53)}),
             Prefetcher::Op::kOk);
   RunAll();
-  for (int i = 50; i < 54; ++i)
-    EXPECT_TRUE(pf_->Get(Name(i), {kFileSize, 1}, 0).has_value()) << i;
+  for (int i = 50; i < 54; ++i) EXPECT_TRUE(pf_->Get(Name(i), {kFileSize, 1}, 0).has_value()) << i;
   const Stats st = pf_->GetStats();
   EXPECT_LE(st.window_files, 8u);
   EXPECT_GE(st.preempted, 4u);
