@@ -124,7 +124,10 @@ def test_the_page_probe_passes_over_files_the_kernel_holds_and_fetches_those_it_
     fuse_reads = sum(m.value("cubetorchfs_reads_total", result=r)
                      for r in ("hit", "late", "miss")) - fuse_reads_before
     # Every file the kernel lacked was ready: only they reach the daemon, and none is a miss.
-    assert fuse_reads == pf["probed_absent"], (fuse_reads, pf)
+    # The kernel may drop pages on its own between a probe and the read: such a read is a
+    # page drop (served from the LRU, which kept every file).
+    drops = probed()["page_drops"]
+    assert fuse_reads == pf["probed_absent"] + drops, (fuse_reads, probed())
     assert m.value("cubetorchfs_reads_total", result="miss") == misses_before
     # Files the LRU still held cost no store read.
     assert m.value("cubetorchfs_backend_requests_total", op="read", status="ok") - reads_before \
