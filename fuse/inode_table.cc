@@ -1,5 +1,7 @@
 #include "fuse/inode_table.h"
 
+#include "common/logging.h"
+
 #include <vector>
 
 namespace cubetorchfs::fuse {
@@ -32,17 +34,29 @@ uint64_t InodeTable::Acquire(const std::string& path, const cfs_client::FileAttr
 
 void InodeTable::Forget(uint64_t ino, uint64_t n) {
   if (ino == kRootIno) return;
-  std::lock_guard<std::mutex> l(mu_);
-  auto it = nodes_.find(ino);
-  if (it == nodes_.end()) return;
-  Node& node = it->second;
-  node.nlookup = n >= node.nlookup ? 0 : node.nlookup - n;
-  if (node.nlookup == 0) {
-    auto p = by_path_.find(node.info.path);
-    if (p != by_path_.end() && p->second == ino)
-      by_path_.erase(p);  // not a removed inode's old path
-    nodes_.erase(it);
+  uint64_t had = 0;
+  bool bad = false;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = nodes_.find(ino);
+    bad = it == nodes_.end() || n > it->second.nlookup;
+    if (it != nodes_.end()) {
+      Node& node = it->second;
+      had = node.nlookup;
+      node.nlookup = n >= node.nlookup ? 0 : node.nlookup - n;
+      if (node.nlookup == 0) {
+        auto p = by_path_.find(node.info.path);
+        if (p != by_path_.end() && p->second == ino)
+          by_path_.erase(p);  // not a removed inode's old path
+        nodes_.erase(it);
+      }
+    }
   }
+  if (!bad) return;
+  const uint64_t count = ++bad_forgets_;
+  if (count <= 10 || (count & (count - 1)) == 0)  // the first ten, then at powers of two
+    CTFS_LOG(kError) << "FUSE forget of " << n << " lookups of inode " << ino << ", which had "
+                     << had << " (" << count << " such forgets so far)";
 }
 
 std::optional<InodeInfo> InodeTable::Get(uint64_t ino) const {

@@ -12,6 +12,7 @@
 // while calling out).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -45,9 +46,13 @@ class InodeTable {
   // Returns the inode of `path` (creating it), adds one lookup, and records `attr`.
   uint64_t Acquire(const std::string& path, const cfs_client::FileAttr& attr, uint64_t now_ns);
 
-  // Drops `n` lookups of `ino`; the inode is removed when none remain. Unknown inodes and the
-  // root are ignored.
+  // Drops `n` lookups of `ino`; the inode is removed when none remain. The root is ignored.
+  // A forget of more lookups than the inode has, or of an unknown inode, breaks the FUSE
+  // contract: it is logged and counted (bad_forgets) and the inode removed, but the daemon
+  // goes on. libfuse's passthrough_hp aborts here; a shared daemon that aborts takes every
+  // user's mount down for one bookkeeping error.
   void Forget(uint64_t ino, uint64_t n);
+  uint64_t bad_forgets() const { return bad_forgets_.load(); }
 
   // A copy of the inode's state, or nothing if the kernel has forgotten it.
   std::optional<InodeInfo> Get(uint64_t ino) const;
@@ -84,6 +89,7 @@ class InodeTable {
   // REQUIRES: mu_ held.
   void RemoveLocked(const std::string& path);
 
+  std::atomic<uint64_t> bad_forgets_{0};
   mutable std::mutex mu_;                              // guards the members below
   uint64_t next_ino_ = kRootIno + 1;                   // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, Node> nodes_;           // GUARDED_BY(mu_)

@@ -36,12 +36,18 @@ TEST(InodeTableTest, RootIsPermanent) {
   EXPECT_EQ(t.Get(kRootIno)->path, "");
 }
 
-TEST(InodeTableTest, OverForgetAndUnknownInodesAreHarmless) {
+TEST(InodeTableTest, OverForgetAndUnknownInodesAreCountedAndSurvived) {
   InodeTable t(cfs_client::FileAttr{S_IFDIR | 0755}, 0);
   uint64_t a = t.Acquire("a", Attr(1), 0);
+  uint64_t b = t.Acquire("b", Attr(1), 0);
+  t.Acquire("b", Attr(1), 0);
+  t.Forget(b, 2);  // exactly what it has: fine
+  EXPECT_EQ(t.bad_forgets(), 0u);
   t.Forget(a, 5);
   EXPECT_FALSE(t.Get(a).has_value());
+  EXPECT_EQ(t.bad_forgets(), 1u);
   t.Forget(12345, 1);
+  EXPECT_EQ(t.bad_forgets(), 2u);
   EXPECT_EQ(t.size(), 1u);
 }
 
