@@ -2,14 +2,17 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <future>
+#include <ostream>
 #include <string>
 
 namespace cubetorchfs::conf {
@@ -180,6 +183,15 @@ struct BadCase {
   const char* text;
   const char* key;
 };
+// gtest prints a failing case by its key, not as bytes.
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.key << ": " << c.text; }
+// Test names: the key, then the case's index (a key may fail in more than one way).
+std::string CaseName(const ::testing::TestParamInfo<BadCase>& info) {
+  std::string name;
+  for (const char* p = info.param.key; *p != '\0'; ++p)
+    name += std::isalnum(static_cast<unsigned char>(*p)) ? *p : '_';
+  return name + "_" + std::to_string(info.index);
+}
 
 class BadConfigTest : public ::testing::TestWithParam<BadCase> {};
 
@@ -265,7 +277,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "backend.max_connections"},
         BadCase{R"({"volName": "v", "backend": {"type": "s3", "endpoint": "http://h",
                     "endpont": "x"}})",
-                "backend.endpont"}));
+                "backend.endpont"}),
+    CaseName);
 
 TEST(ConfigTest, ControlAndPerUserLimits) {
   Result<Config> c = ParseConfig(R"({"volName": "v", "backend": {"type": "posix", "root": "/d"},
