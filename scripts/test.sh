@@ -1,10 +1,69 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test: the gtest units (ctest) and the
 # integration tests that really mount (pytest). Exits non-zero if anything fails.
+#
+#   scripts/test.sh                      # everything, Release build, warnings as errors
+#   scripts/test.sh --sanitize address   # units + integration, daemon under ASan + UBSan
+#   scripts/test.sh --sanitize thread    # the concurrency-heavy units under TSan
+#
+# A sanitizer run builds into build-asan/ or build-tsan/ and fails on any report, whether
+# it made a test fail or not (reports are collected from every process, the daemons included).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+SANITIZE=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sanitize) SANITIZE="${2:-}"; shift 2 || { echo "test.sh: --sanitize needs address or thread" >&2; exit 2; } ;;
+    --sanitize=*) SANITIZE="${1#*=}"; shift ;;
+    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "test.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+case "$SANITIZE" in
+  ""|address|thread) ;;
+  *) echo "test.sh: --sanitize takes address or thread, not '$SANITIZE'" >&2; exit 2 ;;
+esac
+
 scripts/install_deps.sh
-scripts/build.sh
+scripts/build.sh -DCUBETORCHFS_WERROR=ON
+
+if [ -n "$SANITIZE" ]; then
+  dir="build-${SANITIZE:0:1}san"   # build-asan, build-tsan
+  echo "== $SANITIZE sanitizer build ($dir)"
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUBETORCHFS_SANITIZE="$SANITIZE" \
+    -DCUBETORCHFS_WERROR=ON -DCUBETORCH_CUDA=OFF >/dev/null
+  cmake --build "$dir" -j"$(nproc)"
+  reports="$(mktemp -d /tmp/cubetorchfs-sanitize.XXXXXX)"
+  trap 'rm -rf "$reports"' EXIT
+  export ASAN_OPTIONS="log_path=$reports/asan:detect_leaks=1:halt_on_error=1"
+  export UBSAN_OPTIONS="log_path=$reports/ubsan:print_stacktrace=1:halt_on_error=1"
+  export TSAN_OPTIONS="log_path=$reports/tsan:halt_on_error=0:second_deadlock_stack=1"
+  status=0
+  if [ "$SANITIZE" = address ]; then
+    echo "== unit tests under ASan + UBSan"
+    (cd "$dir" && ctest --output-on-failure --timeout 600 -j2) || status=1
+    echo "== integration tests, the daemon under ASan + UBSan"
+    # The Python side loads build/'s uninstrumented loader library; only the daemon swaps.
+    CUBETORCHFS_BIN="$PWD/$dir/bin/cubetorchfs" PYTHONPATH="$PWD/hooks" \
+      timeout 1500 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/integration || status=1
+  else
+    echo "== concurrency-heavy unit tests under TSan"
+    # The prefetcher, the caches, the file system and write path, the model fetcher.
+    filter='Prefetcher*:RamCache*:DiskCache*:FileSystem*:WritePath*:ModelFetch*:InodeTable*:Parallel*'
+    "$dir/bin/unit_tests" --gtest_filter="$filter" --gtest_brief=1 || status=1
+  fi
+  if compgen -G "$reports/*" >/dev/null; then
+    echo "== sanitizer reports:"
+    for f in "$reports"/*; do echo "--- $f"; head -60 "$f"; done
+    status=1
+  fi
+  [ "$status" -eq 0 ] && echo "== no sanitizer reports"
+  exit "$status"
+fi
+
+echo "== format check (clang-format)"
+scripts/format.sh --check
 
 echo "== unit tests (ctest)"
 (cd build && ctest --output-on-failure --timeout 300 -j2)
