@@ -1,4 +1,4 @@
-// AES-CTR for veTurboIO-compatible encrypted model files (INTERFACES.md, "Encrypted model
+// AES-CTR for veTurboIO-compatible encrypted model files (docs/formats.md, "Encrypted model
 // files"): AES-128 or AES-256 in counter mode where the counter for payload byte offset `o` is
 // the 16-byte IV plus `o / 16`, read as one 128-bit big-endian integer with carry (wrapping at
 // 2^128). Any byte range at any offset therefore encrypts/decrypts independently; CTR is its own

@@ -1,4 +1,4 @@
-// The veTurboIO encrypted-file header (INTERFACES.md, "Encrypted model files"): 262,144 bytes,
+// The veTurboIO encrypted-file header (docs/formats.md, "Encrypted model files"): 262,144 bytes,
 // the 16-byte magic "Byte3ncryptM0del", then UTF-8 JSON zero-padded to the end, with `mode`
 // ("CTR-128"/"CTR-256"), `iv` (base64 of 16 bytes), `meta_data_key` (optional, KMS ciphertext
 // of the data key) and `file_timestamp` (int). Unknown fields are kept as raw JSON in `extra`

@@ -1,5 +1,5 @@
 // Where the data key (and, for headerless files, the IV) of an encrypted model file comes from
-// (INTERFACES.md, "Encrypted model files"). Sources, in the documented order:
+// (docs/formats.md, "Encrypted model files"). Sources, in the documented order:
 //   1. the header's `meta_data_key` through a KMS — no KMS is available here, so a header that
 //      carries one gets a clear NotSupported error naming it;
 //   2. the unix socket named by DATAPIPE_SOCKET_PATH (when the variable is set and the socket

@@ -5,7 +5,7 @@
 // maps tensor names to {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to
 // the data section, which starts at byte 8 + N) and may hold "__metadata__" (string → string).
 //
-// Every rule of docs/INTERFACES.md ("safetensors rules the parser enforces") is checked; a
+// Every rule of docs/formats.md ("safetensors: the rules the parser enforces") is checked; a
 // violation is a Status::Corruption whose message reads
 //   "safetensors: rule <rule-id>: [tensor '<name>': ]<detail>"
 // with the rule ids listed below (kRule*), so callers and tests can tell the rules apart.
