@@ -24,6 +24,9 @@ bool CudaRuntimeBuilt();
 Result<void*> AllocPinned(size_t bytes);
 void FreePinned(void* p);
 
+// Thread safety: CopyAsync and WaitSlot are called from many read threads at once (each for
+// a slot it holds); an implementation must allow that. Sync and DecryptOnDevice are called
+// by one thread, after the copies.
 class Copier {
  public:
   virtual ~Copier() = default;
