@@ -258,24 +258,38 @@ class NvmeCache final : public DiskCache {
 
   Status Put(const std::string& key, const Buffer& data) override {
     const uint64_t length = data.size;
+    // File-system calls stay outside mu_ (readers take it): the free space is read first, and
+    // the evicted chunks' files and index rows are removed after.
+    struct statvfs sv;
+    const bool have_sv = ::statvfs(options_.dir.c_str(), &sv) == 0 && sv.f_blocks > 0;
     uint64_t id = 0, seq = 0;
+    std::vector<Victim> victims;
+    Status room;
     {
       std::lock_guard<std::mutex> l(mu_);
       if (index_.count(key) || pending_.count(key)) return Status::OK();
-      CTFS_RETURN_IF_ERROR(MakeRoomLocked(length));
-      bytes_ += length;  // reserved now, so concurrent puts cannot overshoot
-      id = next_id_++;
-      seq = next_seq_++;
-      pending_.insert(key);
+      room = MakeRoomLocked(length, have_sv ? &sv : nullptr, &victims);
+      if (room.ok()) {
+        bytes_ += length;  // reserved now, so concurrent puts cannot overshoot
+        id = next_id_++;
+        seq = next_seq_++;
+        pending_.insert(key);
+      }
     }
+    RemoveVictims(victims);
+    CTFS_RETURN_IF_ERROR(room);
     Status s = WriteChunk(id, data);
     const uint32_t crc = s.ok() ? Crc32c(data.data.get(), length) : 0;
-    std::lock_guard<std::mutex> l(mu_);
-    pending_.erase(key);
     if (s.ok() && options_.crash_point == Options::CrashPoint::kNone) {
       IndexValue v{id, length, crc, seq};
-      rocksdb::Status rs = db_->Put(rocksdb::WriteOptions(), key, v.Encode());
+      rocksdb::Status rs;
+      {
+        std::lock_guard<std::mutex> db(db_mu_);
+        rs = db_->Put(rocksdb::WriteOptions(), key, v.Encode());
+      }
       if (rs.ok()) {
+        std::lock_guard<std::mutex> l(mu_);
+        pending_.erase(key);
         lru_.push_front(key);
         index_[key] = Entry{v, lru_.begin()};
         if (bytes_gauge_) bytes_gauge_->Set(static_cast<double>(bytes_));
@@ -284,6 +298,8 @@ class NvmeCache final : public DiskCache {
       ::unlink(DataPath(id).c_str());
       s = Status::IOError("NVMe tier index: " + rs.ToString());
     }
+    std::lock_guard<std::mutex> l(mu_);
+    pending_.erase(key);
     bytes_ -= length;
     return s.ok() ? Status::IOError("simulated crash") : s;
   }
@@ -334,12 +350,16 @@ class NvmeCache final : public DiskCache {
         queue_cv_.wait(l, [&] { return done_seq_ >= seq; });
       }
     }
-    std::lock_guard<std::mutex> l(mu_);
-    for (auto it = lru_.begin(); it != lru_.end();) {
-      auto next = std::next(it);
-      if (IsKeyOfFile(*it, path)) DropLocked(it);
-      it = next;
+    std::vector<Victim> victims;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (auto it = lru_.begin(); it != lru_.end();) {
+        auto next = std::next(it);
+        if (IsKeyOfFile(*it, path)) victims.push_back(DetachLocked(it));
+        it = next;
+      }
     }
+    RemoveVictims(victims);
   }
 
   uint64_t bytes() const override {
@@ -400,19 +420,26 @@ class NvmeCache final : public DiskCache {
     return Status::OK();
   }
 
-  // REQUIRES: mu_ held. Evicts least recently used chunks until `length` more bytes fit the
-  // budget and the file system keeps its free share.
-  Status MakeRoomLocked(uint64_t length) {
+  // A chunk taken out of the in-memory index, whose data file and index row are still to be
+  // removed (RemoveVictims, without mu_).
+  struct Victim {
+    std::string key;
+    uint64_t id = 0;
+  };
+
+  // REQUIRES: mu_ held. Evicts least recently used chunks (into *victims) until `length` more
+  // bytes fit the budget and the file system, as `sv` (null: unknown) saw it, keeps its free
+  // share.
+  Status MakeRoomLocked(uint64_t length, const struct statvfs* sv, std::vector<Victim>* victims) {
     if (length > options_.capacity_bytes)
       return Status::InvalidArgument("chunk larger than the tier");
     uint64_t need =
         bytes_ + length > options_.capacity_bytes ? bytes_ + length - options_.capacity_bytes : 0;
-    struct statvfs sv;
-    if (::statvfs(options_.dir.c_str(), &sv) == 0 && sv.f_blocks > 0) {
-      const double total = static_cast<double>(sv.f_blocks) * sv.f_frsize;
+    if (sv != nullptr) {
+      const double total = static_cast<double>(sv->f_blocks) * sv->f_frsize;
       const double floor = total * options_.min_free_ratio;
       const double avail =
-          static_cast<double>(sv.f_bavail) * sv.f_frsize - static_cast<double>(length);
+          static_cast<double>(sv->f_bavail) * sv->f_frsize - static_cast<double>(length);
       if (avail < floor) {
         const auto short_by = static_cast<uint64_t>(floor - avail);
         // Space someone else uses is not ours to win back: never empty the tier for it.
@@ -425,41 +452,54 @@ class NvmeCache final : public DiskCache {
     while (freed < need && !lru_.empty()) {
       auto victim = std::prev(lru_.end());
       freed += index_.at(*victim).value.length;
-      EvictLocked(victim);
+      victims->push_back(DetachLocked(victim));
+      if (evictions_) evictions_->Increment();
     }
     if (bytes_ + length > options_.capacity_bytes)  // the rest is writes still in flight
       return Status::IOError("NVMe tier: full of writes in progress");
     return Status::OK();
   }
 
+  // Takes the chunk at `it` out of the index and use order; its bytes no longer count.
   // REQUIRES: mu_ held.
-  void EvictLocked(std::list<std::string>::iterator it) {
-    DropLocked(it);
-    if (evictions_) evictions_->Increment();
-  }
-
-  // Removes the chunk at `it` from the tier: data file, index and use order.
-  // REQUIRES: mu_ held.
-  void DropLocked(std::list<std::string>::iterator it) {
+  Victim DetachLocked(std::list<std::string>::iterator it) {
     auto e = index_.find(*it);
-    ::unlink(DataPath(e->second.value.id).c_str());
-    db_->Delete(rocksdb::WriteOptions(), *it);
+    Victim v{*it, e->second.value.id};
     bytes_ -= e->second.value.length;
     index_.erase(e);
     lru_.erase(it);
     if (bytes_gauge_) bytes_gauge_->Set(static_cast<double>(bytes_));
+    return v;
+  }
+
+  // Removes the data files and index rows of detached chunks. REQUIRES: mu_ not held. A Get
+  // that read a victim's entry before it was detached finds its file gone: NotFound, and the
+  // caller refetches. A Put of the same key meanwhile keeps its row: the row is deleted only
+  // if the key is neither indexed nor being written, checked under db_mu_, which that Put's
+  // index write also takes.
+  void RemoveVictims(const std::vector<Victim>& victims) {
+    if (victims.empty()) return;
+    if (options_.before_remove) options_.before_remove();
+    for (const Victim& v : victims) ::unlink(DataPath(v.id).c_str());
+    std::lock_guard<std::mutex> db(db_mu_);
+    rocksdb::WriteBatch batch;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (const Victim& v : victims)
+        if (!index_.count(v.key) && !pending_.count(v.key)) batch.Delete(v.key);
+    }
+    if (batch.Count() > 0) db_->Write(rocksdb::WriteOptions(), &batch);
   }
 
   void DropIfSame(const std::string& key, uint64_t id) {
-    std::lock_guard<std::mutex> l(mu_);
-    auto it = index_.find(key);
-    if (it == index_.end() || it->second.value.id != id) return;
-    ::unlink(DataPath(id).c_str());
-    db_->Delete(rocksdb::WriteOptions(), key);
-    bytes_ -= it->second.value.length;
-    lru_.erase(it->second.lru);
-    index_.erase(it);
-    if (bytes_gauge_) bytes_gauge_->Set(static_cast<double>(bytes_));
+    std::vector<Victim> victims;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = index_.find(key);
+      if (it == index_.end() || it->second.value.id != id) return;
+      victims.push_back(DetachLocked(it->second.lru));
+    }
+    RemoveVictims(victims);
   }
 
   void WriterLoop() {
@@ -490,7 +530,10 @@ class NvmeCache final : public DiskCache {
   std::unique_ptr<rocksdb::Env> env_;  // RocksDB's, with PrivateFileSystem; outlives db_
   std::unique_ptr<rocksdb::DB> db_;
 
-  mutable std::mutex mu_;  // guards the members below, up to queue_mu_
+  // Serialises index writes (db_->Put, deletes of victims' rows) so that a row deleted and
+  // written again land in that order. Lock order: db_mu_, then mu_; never held by readers.
+  std::mutex db_mu_;
+  mutable std::mutex mu_;  // guards the members below, up to queue_mu_; held for no I/O
   std::unordered_map<std::string, Entry> index_;
   std::list<std::string> lru_;               // front: most recently used
   std::unordered_set<std::string> pending_;  // keys being written

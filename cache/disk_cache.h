@@ -16,11 +16,15 @@
 // from insertion order) under `capacity_bytes` and a minimum free-space ratio of the file
 // system holding `dir`.
 //
-// Thread safety: all methods are thread-safe. One mutex guards the in-memory index; file I/O
-// runs outside it. PutAsync hands the write to one writer thread through a bounded queue.
+// Thread safety: all methods are thread-safe. One mutex guards the in-memory index and is
+// held for no I/O: statvfs, chunk writes and reads, evictions' unlinks and every RocksDB write
+// run outside it, so a Get or Contains never waits on the disk. RocksDB writes are serialised
+// by a second mutex (taken before the first). PutAsync hands the write to one writer thread
+// through a bounded queue.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -43,6 +47,8 @@ class DiskCache {
     // For crash tests: stop Put after this step, as if the process died there.
     enum class CrashPoint { kNone, kAfterTempWrite, kAfterRename };
     CrashPoint crash_point = CrashPoint::kNone;
+    // For tests: called before evicted chunks' files are removed (a slow disk).
+    std::function<void()> before_remove;
   };
 
   // Opens (creating if needed) and recovers the tier. Fails naming the directory.

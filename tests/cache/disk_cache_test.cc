@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <string>
 #include <thread>
@@ -49,9 +50,10 @@ class DiskCacheTest : public ::testing::Test {
   }
   void Open(uint64_t capacity = 1 << 20,
             DiskCache::Options::CrashPoint crash = DiskCache::Options::CrashPoint::kNone,
-            uint64_t queue_bytes = 32ull << 20) {
+            uint64_t queue_bytes = 32ull << 20, std::function<void()> before_remove = nullptr) {
     cache_.reset();
     DiskCache::Options o;
+    o.before_remove = std::move(before_remove);
     o.dir = dir_;
     o.capacity_bytes = capacity;
     o.min_free_ratio = 0;
@@ -360,6 +362,44 @@ TEST_F(DiskCacheTest, ATierOfAnotherUserIsRefused) {
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("uid 65534"), std::string::npos) << c.status().ToString();
   EXPECT_TRUE(fs::is_empty(dir_));  // nothing was written into it
+}
+
+// A slow disk: an eviction's unlinks and index deletes block. Readers of other chunks do
+// not wait for them: the index lock is not held across that I/O.
+TEST_F(DiskCacheTest, ReadersDoNotWaitForAnEvictionOnASlowDisk) {
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> first{true};
+  Open(2 * 100, DiskCache::Options::CrashPoint::kNone, 32ull << 20, [&] {
+    if (!first.exchange(false)) return;
+    entered.set_value();
+    released.wait();
+  });
+  ASSERT_TRUE(cache_->Put(Key(1), *Bytes(100, 'a')).ok());
+  ASSERT_TRUE(cache_->Put(Key(2), *Bytes(100, 'b')).ok());
+  // Key(1) is the least recently used: putting Key(3) evicts it, and blocks removing it.
+  auto writer =
+      std::async(std::launch::async, [&] { return cache_->Put(Key(3), *Bytes(100, 'c')); });
+  ASSERT_EQ(entered.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  auto reader = std::async(std::launch::async, [&] {
+    bool has = cache_->Contains(Key(2));
+    Result<BufferRef> got = cache_->Get(Key(2));
+    return has && got.ok() &&
+           std::memcmp((*got)->data.get(), Bytes(100, 'b')->data.get(), 100) == 0;
+  });
+  const bool in_time = reader.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
+  EXPECT_FALSE(cache_->Contains(Key(1)));  // out of the index before its file goes
+  release.set_value();
+  EXPECT_TRUE(in_time) << "a reader waited for the eviction's disk I/O";
+  EXPECT_TRUE(reader.get());
+  EXPECT_TRUE(writer.get().ok());
+  EXPECT_TRUE(cache_->Contains(Key(3)));
+  EXPECT_EQ(cache_->bytes(), 200u);
+  // The evicted chunk's file and row are gone: after a restart it is not found.
+  Open(2 * 100);
+  EXPECT_FALSE(cache_->Contains(Key(1)));
+  EXPECT_TRUE(cache_->Contains(Key(2)));
+  EXPECT_TRUE(cache_->Contains(Key(3)));
 }
 
 }  // namespace
