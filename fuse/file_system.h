@@ -235,6 +235,9 @@ class FileSystem {
   Status FlushLocked(WriteState& state);
   // Records a change (dirty, with a new write sequence). REQUIRES: state->mu held.
   void MarkChangedLocked(WriteState& state);
+  // Records the attributes of the bytes written so far for WrittenAttr (none once closed).
+  // REQUIRES: state.mu held.
+  void RefreshWrittenAttrLocked(WriteState& state);
   // The file was unlinked or renamed over: its bytes go nowhere. REQUIRES: state->mu held.
   void MarkRemovedLocked(WriteState& state);
   // Notes that the state's bytes up to its write sequence reached the store at its path
@@ -245,7 +248,8 @@ class FileSystem {
   void InvalidateCaches(const std::string& path);
   // Records attributes after a change made through the mount.
   void Changed(uint64_t ino, const cfs_client::FileAttr& attr);
-  // Attributes of a file being written, as written so far; nothing if it was closed.
+  // Attributes of a file being written, as of its last change, open or flush (never waits
+  // for an upload in flight); nothing if it was closed.
   std::optional<cfs_client::FileAttr> WrittenAttr(WriteState& state);
   // Closes the write state of an inode the kernel forgot, flushing what is left.
   Status CloseForgotten(uint64_t ino, WriteState& state);

@@ -30,6 +30,11 @@ struct WriteState {
   uint64_t write_seq = 0;  // FileSystem::write_seq_ at its last change
   // Clock time of its opening or last change (read by the write-back thread without mu).
   std::atomic<uint64_t> changed_ns{0};
+  // The attributes of the bytes written so far, as of the last change, open or flush: what a
+  // stat answers without taking mu, which an upload holds for its whole length. Nothing once
+  // closed.
+  std::mutex attr_mu;  // a leaf lock: guards written_attr alone
+  std::optional<cfs_client::FileAttr> written_attr;
 };
 
 namespace {
@@ -123,6 +128,7 @@ Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool
     st->file = std::move(file).value();
     st->path = inode->path;
     if (add_writer) st->writers++;
+    RefreshWrittenAttrLocked(*st);
     sl.unlock();
     // Reads are served through the state from now on; the cached copies go (not under the
     // state's lock: the NVMe tier may wait for a chunk being written).
@@ -135,6 +141,17 @@ void FileSystem::MarkChangedLocked(WriteState& st) {
   st.dirty = true;
   st.write_seq = ++write_seq_;
   st.changed_ns = clock_->NowNanos();
+  RefreshWrittenAttrLocked(st);
+}
+
+void FileSystem::RefreshWrittenAttrLocked(WriteState& st) {
+  std::optional<cfs_client::FileAttr> attr;
+  if (!st.closed && st.file) {
+    Result<cfs_client::FileAttr> a = st.file->Stat();
+    if (a.ok()) attr = a.value();
+  }
+  std::lock_guard<std::mutex> al(st.attr_mu);
+  st.written_attr = attr;
 }
 
 void FileSystem::StartWriteBack() {
@@ -197,6 +214,7 @@ Status FileSystem::FlushLocked(WriteState& st) {
   CTFS_RETURN_IF_ERROR(st.file->Flush());
   st.dirty = false;
   RecordFlushed(st);
+  RefreshWrittenAttrLocked(st);
   return Status::OK();
 }
 
@@ -225,6 +243,7 @@ Status FileSystem::MaybeCloseLocked(uint64_t ino, WriteState& st, bool forgotten
   Status closed = st.file->Close();
   st.file.reset();
   st.closed = true;
+  RefreshWrittenAttrLocked(st);
   {
     std::lock_guard<std::mutex> l(writes_mu_);
     auto it = writes_.find(ino);
@@ -670,6 +689,7 @@ Result<cfs_client::FileAttr> FileSystem::SetAttr(uint64_t ino, const AttrChange&
   if (std::shared_ptr<WriteState> st = FindWriteState(ino)) {
     std::lock_guard<std::mutex> sl(st->mu);
     if (!st->closed) {
+      RefreshWrittenAttrLocked(*st);  // its mode, owner or times changed too
       Result<cfs_client::FileAttr> a = st->file->Stat();
       if (a.ok()) inodes_.SetAttr(ino, *a, clock_->NowNanos());
       return a;
@@ -697,11 +717,9 @@ Status FileSystem::Fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t l
 }
 
 std::optional<cfs_client::FileAttr> FileSystem::WrittenAttr(WriteState& st) {
-  std::lock_guard<std::mutex> sl(st.mu);
-  if (st.closed) return std::nullopt;
-  Result<cfs_client::FileAttr> a = st.file->Stat();
-  if (!a.ok()) return std::nullopt;
-  return a.value();
+  // Not under st.mu: an upload in flight holds it, and a stat must not wait for it.
+  std::lock_guard<std::mutex> al(st.attr_mu);
+  return st.written_attr;
 }
 
 Status FileSystem::CloseForgotten(uint64_t ino, WriteState& st) {
@@ -780,6 +798,7 @@ Status FileSystem::FlushAll() {
     }
     st.file.reset();
     st.closed = true;
+    RefreshWrittenAttrLocked(st);
     std::lock_guard<std::mutex> l(writes_mu_);
     auto it = writes_.find(i.ino);
     if (it != writes_.end() && it->second == i.st) {

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -151,6 +152,9 @@ class MemBackend final : public cfs_client::Backend {
     fail_writes_ = n;
     fail_status_ = std::move(s);
   }
+  // Called by every WritableFile::Flush before it publishes (e.g. to block it, as a slow
+  // upload would). Set before the files are used.
+  void SetFlushGate(std::function<void()> gate) { flush_gate_ = std::move(gate); }
   // The next `n` WritableFile closes fail with `s` (the file is closed all the same).
   void FailCloses(int n, Status s) {
     std::lock_guard<std::mutex> l(mu_);
@@ -203,6 +207,7 @@ class MemBackend final : public cfs_client::Backend {
     Status Allocate(int, uint64_t, uint64_t) override { return Status::NotSupported("fallocate"); }
     Status Flush() override {
       b_->flushes_++;
+      if (b_->flush_gate_) b_->flush_gate_();  // a slow upload, outside the store's lock
       std::lock_guard<std::mutex> l(b_->mu_);
       CTFS_RETURN_IF_ERROR(b_->MaybeFailLocked());
       return PublishLocked();
@@ -355,6 +360,7 @@ class MemBackend final : public cfs_client::Backend {
   int64_t mtime_ = 1000;
   std::atomic<int> syncs_{0};
   std::atomic<int> flushes_{0};
+  std::function<void()> flush_gate_;
   std::atomic<int> closes_{0};
   std::atomic<int> discards_{0};
   std::atomic<int> open_files_{0};

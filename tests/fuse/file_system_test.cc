@@ -571,5 +571,36 @@ TEST_F(FileSystemTest, ConcurrentReadersGetExactBytesWithOneFetchPerChunk) {
   EXPECT_EQ(store_.reads(), 5);
 }
 
+// A stat of a file being written answers while its upload is in flight: an upload holds the
+// file's write lock for its whole length, and a stat does not take it.
+TEST_F(FileSystemTest, StatDoesNotWaitForAnUploadInFlight) {
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> first{true};
+  store_.SetFlushGate([&] {
+    if (!first.exchange(false)) return;
+    entered.set_value();
+    released.wait();
+  });
+  Result<FileSystem::Created> c = fs_->Create(kRootIno, "up", 0644, 0, {}, false);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const uint64_t ino = c->entry.ino;
+  const std::string data = Pattern(5000, 3);
+  ASSERT_TRUE(fs_->Write(ino, 0, data.data(), data.size()).ok());
+  auto upload = std::async(std::launch::async, [&] { return fs_->Flush(ino); });
+  ASSERT_EQ(entered.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  auto stat = std::async(std::launch::async, [&] {
+    Result<cfs_client::FileAttr> a = fs_->GetAttr(ino);
+    Result<Entry> e = fs_->Lookup(kRootIno, "up");
+    return a.ok() && a->size == data.size() && e.ok() && e->attr.size == data.size();
+  });
+  const bool in_time = stat.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
+  release.set_value();
+  EXPECT_TRUE(in_time) << "stat waited for the upload";
+  EXPECT_TRUE(stat.get());
+  EXPECT_TRUE(upload.get().ok());
+  EXPECT_EQ(store_.Data("up"), data);
+}
+
 }  // namespace
 }  // namespace cubetorchfs::fuse
