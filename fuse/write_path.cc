@@ -1,5 +1,5 @@
 // FileSystem's write path: creates, writes, flush/fsync, truncation, and namespace changes.
-// The contract is in file_system.h; the durability rules users see are in the README.
+// The contract is in file_system.h; the durability rules users see are in docs/writing.md.
 
 #include <fcntl.h>
 #include <linux/fs.h>  // RENAME_NOREPLACE
