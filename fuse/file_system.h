@@ -19,8 +19,9 @@
 //
 // Thread safety: all methods may be called concurrently from the FUSE worker threads. No lock
 // is held across a backend call, except a write state's own mutex, which serializes the
-// backend calls on that one file. Lock order: WriteState::mu, then writes_mu_ or the inode
-// table's mutex (never the other way).
+// backend calls on that one file; stat and lookup never take it (WrittenAttr reads a copy
+// under the state's leaf attr_mu). Lock order: WriteState::mu, then writes_mu_ or the inode
+// table's mutex (never the other way), then WriteState::attr_mu.
 #pragma once
 
 #include <atomic>
