@@ -42,9 +42,8 @@ void Buffer::Shrink(size_t n) {
 Result<BufferRef> ReadChunk(cfs_client::Backend& backend, const std::string& path,
                             const cfs_client::FileVersion& version, uint64_t offset, size_t len) {
   std::shared_ptr<Buffer> buf = Buffer::Allocate(len);
-  Result<size_t> n = backend.Read(path, version, offset, len, buf->data.get());
-  if (!n.ok()) return n.status();
-  if (n.value() != len) return Status::Stale(path + ": file shorter than its size in the store");
+  CTFS_ASSIGN_OR_RETURN(size_t n, backend.Read(path, version, offset, len, buf->data.get()));
+  if (n != len) return Status::Stale(path + ": file shorter than its size in the store");
   return BufferRef(std::move(buf));
 }
 

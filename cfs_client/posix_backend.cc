@@ -208,18 +208,16 @@ class PosixBackend final : public Backend {
       : root_(std::move(root)), root_fd_(std::move(root_fd)) {}
 
   Result<FileAttr> Stat(const std::string& path) override {
-    Result<At> at = Locate(path, "stat");
-    if (!at.ok()) return at.status();
+    CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "stat"));
     struct stat st;
-    if (::fstatat(at->dir, at->name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
+    if (::fstatat(at.dir, at.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
       return Status::FromErrno(errno, "stat " + Show(path));
     return FromStat(st);
   }
 
   Result<std::vector<DirEntry>> List(const std::string& path) override {
-    Result<At> at = Locate(path, "opendir");
-    if (!at.ok()) return at.status();
-    int fd = ::openat(at->dir, at->name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "opendir"));
+    int fd = ::openat(at.dir, at.name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return Status::FromErrno(errno, "opendir " + Show(path));
     std::unique_ptr<DIR, DirCloser> dir(::fdopendir(fd));
     if (!dir) {
@@ -248,22 +246,20 @@ class PosixBackend final : public Backend {
 
   Result<size_t> Read(const std::string& path, const FileVersion& expect, uint64_t offset,
                       size_t len, char* buf) override {
-    Result<Fetched> r = ReadAt(path, &expect, offset, len, buf);
-    if (!r.ok()) return r.status();
-    return r->bytes;
+    CTFS_ASSIGN_OR_RETURN(Fetched r, ReadAt(path, &expect, offset, len, buf));
+    return r.bytes;
   }
 
   Result<int> OpenReadFd(const std::string& path, const FileVersion& expect,
                          const AttrCheck& check = nullptr) override {
     struct stat st;
-    Result<UniqueFd> fd = OpenRegular(path, "open", &st);
-    if (!fd.ok()) return fd.status();
+    CTFS_ASSIGN_OR_RETURN(UniqueFd fd, OpenRegular(path, "open", &st));
     if (FromStat(st).Version() != expect)
       return Status::Stale("open " + Show(path) + ": file changed in the store");
     if (check) CTFS_RETURN_IF_ERROR(check(FromStat(st)));
     // The descriptor leaves the daemon: it gets ordinary blocking semantics.
-    if (::fcntl(fd->get(), F_SETFL, 0) != 0) return Status::FromErrno(errno, "fcntl " + Show(path));
-    return fd->release();
+    if (::fcntl(fd.get(), F_SETFL, 0) != 0) return Status::FromErrno(errno, "fcntl " + Show(path));
+    return fd.release();
   }
 
   Result<Fetched> StatRead(const std::string& path, size_t len, char* buf,
@@ -276,9 +272,8 @@ class PosixBackend final : public Backend {
 
   Result<std::string> ReadLink(const std::string& path) override {
     std::string target(4096, '\0');
-    Result<At> at = Locate(path, "readlink");
-    if (!at.ok()) return at.status();
-    ssize_t n = ::readlinkat(at->dir, at->name.c_str(), target.data(), target.size());
+    CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "readlink"));
+    ssize_t n = ::readlinkat(at.dir, at.name.c_str(), target.data(), target.size());
     if (n < 0) return Status::FromErrno(errno, "readlink " + Show(path));
     target.resize(static_cast<size_t>(n));
     return target;
@@ -303,20 +298,19 @@ class PosixBackend final : public Backend {
     const int base = O_RDWR | O_NOFOLLOW | O_CLOEXEC | (o.truncate ? O_TRUNC : 0);
     // Create with O_EXCL first, so we know whether this call made the file (only then is it
     // given to the caller); if it exists and that is allowed, open it as it is.
-    Result<At> at = Locate(path, "open");
-    if (!at.ok()) return at.status();
+    CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "open"));
     bool created = false;
     UniqueFd fd;
     for (int attempt = 0; attempt < 8 && fd.get() < 0; ++attempt) {
       if (o.create) {
-        fd = UniqueFd(::openat(at->dir, at->name.c_str(), base | O_CREAT | O_EXCL, o.mode & 07777));
+        fd = UniqueFd(::openat(at.dir, at.name.c_str(), base | O_CREAT | O_EXCL, o.mode & 07777));
         if (fd.get() >= 0) {
           created = true;
           break;
         }
         if (errno != EEXIST || o.exclusive) return Status::FromErrno(errno, "create " + Show(path));
       }
-      fd = UniqueFd(::openat(at->dir, at->name.c_str(), base));
+      fd = UniqueFd(::openat(at.dir, at.name.c_str(), base));
       if (fd.get() < 0 && (errno != ENOENT || !o.create))
         return Status::FromErrno(errno, "open " + Show(path));
     }
@@ -329,68 +323,59 @@ class PosixBackend final : public Backend {
   }
 
   Result<FileAttr> Mkdir(const std::string& path, mode_t mode, int64_t uid, int64_t gid) override {
-    Result<At> at = Locate(path, "mkdir");
-    if (!at.ok()) return at.status();
-    if (::mkdirat(at->dir, at->name.c_str(), mode & 07777) != 0)
+    CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "mkdir"));
+    if (::mkdirat(at.dir, at.name.c_str(), mode & 07777) != 0)
       return Status::FromErrno(errno, "mkdir " + Show(path));
     return StatOwnedBy(path, uid, gid);
   }
 
   Status Unlink(const std::string& path) override {
-    Result<At> at = Locate(path, "unlink");
-    if (!at.ok()) return at.status();
-    if (::unlinkat(at->dir, at->name.c_str(), 0) != 0)
+    CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "unlink"));
+    if (::unlinkat(at.dir, at.name.c_str(), 0) != 0)
       return Status::FromErrno(errno, "unlink " + Show(path));
     return Status::OK();
   }
 
   Status Rmdir(const std::string& path) override {
-    Result<At> at = Locate(path, "rmdir");
-    if (!at.ok()) return at.status();
-    if (::unlinkat(at->dir, at->name.c_str(), AT_REMOVEDIR) != 0)
+    CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "rmdir"));
+    if (::unlinkat(at.dir, at.name.c_str(), AT_REMOVEDIR) != 0)
       return Status::FromErrno(errno, "rmdir " + Show(path));
     return Status::OK();
   }
 
   Status Rename(const std::string& from, const std::string& to, bool noreplace) override {
-    Result<At> a = Locate(from, "rename");
-    if (!a.ok()) return a.status();
-    Result<At> b = Locate(to, "rename");
-    if (!b.ok()) return b.status();
-    const int r = ::renameat2(a->dir, a->name.c_str(), b->dir, b->name.c_str(),
-                              noreplace ? RENAME_NOREPLACE : 0);
+    CTFS_ASSIGN_OR_RETURN(At a, Locate(from, "rename"));
+    CTFS_ASSIGN_OR_RETURN(At b, Locate(to, "rename"));
+    const int r =
+        ::renameat2(a.dir, a.name.c_str(), b.dir, b.name.c_str(), noreplace ? RENAME_NOREPLACE : 0);
     if (r != 0) return Status::FromErrno(errno, "rename " + Show(from) + " to " + Show(to));
     return Status::OK();
   }
 
   Result<FileAttr> Symlink(const std::string& target, const std::string& path, int64_t uid,
                            int64_t gid) override {
-    Result<At> at = Locate(path, "symlink");
-    if (!at.ok()) return at.status();
-    if (::symlinkat(target.c_str(), at->dir, at->name.c_str()) != 0)
+    CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "symlink"));
+    if (::symlinkat(target.c_str(), at.dir, at.name.c_str()) != 0)
       return Status::FromErrno(errno, "symlink " + Show(path));
     return StatOwnedBy(path, uid, gid);
   }
 
   Result<FileAttr> Link(const std::string& from, const std::string& to) override {
-    Result<At> a = Locate(from, "link");
-    if (!a.ok()) return a.status();
-    Result<At> b = Locate(to, "link");
-    if (!b.ok()) return b.status();
-    if (::linkat(a->dir, a->name.c_str(), b->dir, b->name.c_str(), 0) != 0)
+    CTFS_ASSIGN_OR_RETURN(At a, Locate(from, "link"));
+    CTFS_ASSIGN_OR_RETURN(At b, Locate(to, "link"));
+    if (::linkat(a.dir, a.name.c_str(), b.dir, b.name.c_str(), 0) != 0)
       return Status::FromErrno(errno, "link " + Show(from) + " to " + Show(to));
     return Stat(to);
   }
 
   Result<FileAttr> SetAttr(const std::string& path, const AttrChange& c) override {
-    Result<At> at = Locate(path, "setattr");
-    if (!at.ok()) return at.status();
+    CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "setattr"));
     // AT_SYMLINK_NOFOLLOW: glibc changes the file itself through an O_PATH descriptor, and
     // refuses (EOPNOTSUPP) a symlink rather than change what it points to.
-    if (c.mode && ::fchmodat(at->dir, at->name.c_str(), *c.mode & 07777, AT_SYMLINK_NOFOLLOW) != 0)
+    if (c.mode && ::fchmodat(at.dir, at.name.c_str(), *c.mode & 07777, AT_SYMLINK_NOFOLLOW) != 0)
       return Status::FromErrno(errno, "chmod " + Show(path));
     if ((c.uid || c.gid) &&
-        ::fchownat(at->dir, at->name.c_str(), c.uid ? static_cast<uid_t>(*c.uid) : uid_t(-1),
+        ::fchownat(at.dir, at.name.c_str(), c.uid ? static_cast<uid_t>(*c.uid) : uid_t(-1),
                    c.gid ? static_cast<gid_t>(*c.gid) : gid_t(-1), AT_SYMLINK_NOFOLLOW) != 0)
       return Status::FromErrno(errno, "chown " + Show(path));
     if (c.atime_ns || c.mtime_ns) {
@@ -401,17 +386,15 @@ class PosixBackend final : public Backend {
                         static_cast<long>(*ns % 1'000'000'000)};
       };
       const timespec times[2] = {ts(c.atime_ns), ts(c.mtime_ns)};
-      if (::utimensat(at->dir, at->name.c_str(), times, AT_SYMLINK_NOFOLLOW) != 0)
+      if (::utimensat(at.dir, at.name.c_str(), times, AT_SYMLINK_NOFOLLOW) != 0)
         return Status::FromErrno(errno, "utimens " + Show(path));
     }
     return Stat(path);
   }
 
   Status SyncDir(const std::string& path) override {
-    Result<At> at = Locate(path, "open");
-    if (!at.ok()) return at.status();
-    UniqueFd fd(
-        ::openat(at->dir, at->name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "open"));
+    UniqueFd fd(::openat(at.dir, at.name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (fd.get() < 0) return Status::FromErrno(errno, "open " + Show(path));
     if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync " + Show(path));
     return Status::OK();
@@ -472,9 +455,8 @@ class PosixBackend final : public Backend {
                     ? (errno = ENOSYS, -1)
                     : OpenBeneath(root_fd_.get(), path, kFlags));
     if (fd.get() < 0 && errno == ENOSYS) {  // long path or no openat2: parent, then the name
-      Result<At> at = Locate(path, what);
-      if (!at.ok()) return at.status();
-      fd = UniqueFd(::openat(at->dir, at->name.c_str(), kFlags));
+      CTFS_ASSIGN_OR_RETURN(At at, Locate(path, what));
+      fd = UniqueFd(::openat(at.dir, at.name.c_str(), kFlags));
     }
     if (fd.get() < 0) return Status::FromErrno(errno, std::string(what) + " " + Show(path));
     if (::fstat(fd.get(), st) != 0) return Status::FromErrno(errno, "fstat " + Show(path));
@@ -486,19 +468,17 @@ class PosixBackend final : public Backend {
   Result<Fetched> ReadAt(const std::string& path, const FileVersion* expect, uint64_t offset,
                          size_t len, char* buf, const AttrCheck& check = nullptr) const {
     struct stat st;
-    Result<UniqueFd> opened = OpenRegular(path, "read", &st);
-    if (!opened.ok()) return opened.status();
-    const UniqueFd& fd = opened.value();
+    CTFS_ASSIGN_OR_RETURN(UniqueFd opened, OpenRegular(path, "read", &st));
+    const UniqueFd& fd = opened;
     Fetched out{FromStat(st), 0};
     if (expect != nullptr && out.attr.Version() != *expect)
       return Status::Stale("read " + Show(path) + ": file changed in the store");
     if (check) CTFS_RETURN_IF_ERROR(check(out.attr));
-    Result<size_t> n = PreadFull(fd.get(), path, offset, len, buf);
-    if (!n.ok()) return n.status();
+    CTFS_ASSIGN_OR_RETURN(size_t n, PreadFull(fd.get(), path, offset, len, buf));
     if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "fstat " + Show(path));
     if (FromStat(st).Version() != out.attr.Version())
       return Status::Stale("read " + Show(path) + ": file changed in the store while read");
-    out.bytes = n.value();
+    out.bytes = n;
     return out;
   }
 

@@ -367,20 +367,18 @@ class S3Backend final : public Backend {
 
   Result<FileAttr> Stat(const std::string& path) override {
     if (path.empty()) {
-      Result<s3::ListPage> page = FetchListPage(s3::DirKeyPrefix(opts_.prefix, ""), "", 1);
-      if (!page.ok()) return page.status();
+      CTFS_RETURN_IF_ERROR(FetchListPage(s3::DirKeyPrefix(opts_.prefix, ""), "", 1).status());
       return DirAttr();
     }
     const std::string key = s3::ObjectKey(opts_.prefix, path);
     Request req = NewRequest("HEAD", key);
     req.head = true;
-    Result<Reply> reply = Execute(req);
-    if (!reply.ok()) return reply.status();
-    if (reply->status == 404) return StatMissingObject(key, reply.value());
-    if (reply->status != 200) return Error(req, reply.value());
-    const std::string* length = reply->Header("content-length");
+    CTFS_ASSIGN_OR_RETURN(Reply reply, Execute(req));
+    if (reply.status == 404) return StatMissingObject(key, reply);
+    if (reply.status != 200) return Error(req, reply);
+    const std::string* length = reply.Header("content-length");
     if (!length) return Status::IOError("s3 HEAD " + Show(key) + ": no Content-Length");
-    return FileAttrOf(reply.value(), std::strtoull(length->c_str(), nullptr, 10));
+    return FileAttrOf(reply, std::strtoull(length->c_str(), nullptr, 10));
   }
 
   Result<std::vector<DirEntry>> List(const std::string& path) override {
@@ -391,9 +389,8 @@ class S3Backend final : public Backend {
     bool exists = path.empty();
     std::string token;
     for (;;) {
-      Result<s3::ListPage> page = FetchListPage(dir, token, kListPageKeys);
-      if (!page.ok()) return page.status();
-      for (s3::ListedObject& o : page->objects) {
+      CTFS_ASSIGN_OR_RETURN(s3::ListPage page, FetchListPage(dir, token, kListPageKeys));
+      for (s3::ListedObject& o : page.objects) {
         exists = true;  // even the directory's own marker object "dir/"
         std::string name = s3::EntryName(dir, o.key);
         if (name.empty() || name.size() > 255) continue;
@@ -401,15 +398,15 @@ class S3Backend final : public Backend {
         files.insert(name);
         out.push_back({std::move(name), a});
       }
-      for (const std::string& p : page->common_prefixes) {
+      for (const std::string& p : page.common_prefixes) {
         exists = true;
         std::string name = s3::EntryName(dir, p);
         if (!name.empty() && name.size() <= 255) dirs.push_back(std::move(name));
       }
-      if (!page->truncated) break;
-      if (page->next_token == token)
+      if (!page.truncated) break;
+      if (page.next_token == token)
         return Status::IOError("s3 LIST " + Show(dir) + ": the continuation token repeats");
-      token = page->next_token;
+      token = page.next_token;
     }
     if (!exists) return Status::NotFound("s3 LIST " + Show(dir) + ": no such directory");
     for (std::string& d : dirs)
@@ -426,23 +423,20 @@ class S3Backend final : public Backend {
     req.range_first = offset;
     req.buf = buf;
     req.cap = len;
-    Result<Reply> reply = Execute(req);
-    if (!reply.ok()) return reply.status();
-    if (reply->status == 416 || reply->empty_object) {  // nothing at `offset`: past the end
-      Result<FileAttr> now = Stat(path);
-      if (!now.ok()) return now.status();
-      if (now->Version() != expect) return StaleError(key);
-      if (offset < now->size) return Status::IOError("s3 GET " + Show(key) + ": HTTP 416");
+    CTFS_ASSIGN_OR_RETURN(Reply reply, Execute(req));
+    if (reply.status == 416 || reply.empty_object) {  // nothing at `offset`: past the end
+      CTFS_ASSIGN_OR_RETURN(FileAttr now, Stat(path));
+      if (now.Version() != expect) return StaleError(key);
+      if (offset < now.size) return Status::IOError("s3 GET " + Show(key) + ": HTTP 416");
       return static_cast<size_t>(0);
     }
-    if (reply->status != 200 && reply->status != 206) return Error(req, reply.value());
-    Result<uint64_t> size = ObjectSize(req, reply.value());
-    if (!size.ok()) return size.status();
-    if (FileAttrOf(reply.value(), size.value()).Version() != expect) return StaleError(key);
-    const size_t want = static_cast<size_t>(
-        std::min<uint64_t>(len, size.value() > offset ? size.value() - offset : 0));
-    if (reply->bytes != want)
-      return Status::IOError("s3 GET " + Show(key) + ": got " + std::to_string(reply->bytes) +
+    if (reply.status != 200 && reply.status != 206) return Error(req, reply);
+    CTFS_ASSIGN_OR_RETURN(uint64_t size, ObjectSize(req, reply));
+    if (FileAttrOf(reply, size).Version() != expect) return StaleError(key);
+    const size_t want =
+        static_cast<size_t>(std::min<uint64_t>(len, size > offset ? size - offset : 0));
+    if (reply.bytes != want)
+      return Status::IOError("s3 GET " + Show(key) + ": got " + std::to_string(reply.bytes) +
                              " bytes of " + std::to_string(want));
     return want;
   }
@@ -458,35 +452,30 @@ class S3Backend final : public Backend {
   Result<Fetched> GetHead(const std::string& path, size_t len, char* buf) {
     const std::string key = s3::ObjectKey(opts_.prefix, path);
     if (len == 0) {
-      Result<FileAttr> attr = Stat(path);
-      if (!attr.ok()) return attr.status();
-      if (!attr->IsRegular()) return Status::IsDirectory("read " + Show(key) + ": a directory");
-      return Fetched{attr.value(), 0};
+      CTFS_ASSIGN_OR_RETURN(FileAttr attr, Stat(path));
+      if (!attr.IsRegular()) return Status::IsDirectory("read " + Show(key) + ": a directory");
+      return Fetched{attr, 0};
     }
     Request req = NewRequest("GET", key);
     req.range = "0-" + std::to_string(len - 1);
     req.buf = buf;
     req.cap = len;
-    Result<Reply> reply = Execute(req);
-    if (!reply.ok()) return reply.status();
-    if (reply->status == 404) {
-      Result<FileAttr> missing = StatMissingObject(key, reply.value());
-      if (!missing.ok()) return missing.status();
+    CTFS_ASSIGN_OR_RETURN(Reply reply, Execute(req));
+    if (reply.status == 404) {
+      CTFS_RETURN_IF_ERROR(StatMissingObject(key, reply).status());
       return Status::IsDirectory("read " + Show(key) + ": a directory");
     }
-    if (reply->status == 416 || reply->empty_object) {  // S3 says so of an empty object
-      Result<FileAttr> attr = Stat(path);
-      if (!attr.ok()) return attr.status();
-      if (attr->size != 0) return StaleError(key);
-      return Fetched{attr.value(), 0};
+    if (reply.status == 416 || reply.empty_object) {  // S3 says so of an empty object
+      CTFS_ASSIGN_OR_RETURN(FileAttr attr, Stat(path));
+      if (attr.size != 0) return StaleError(key);
+      return Fetched{attr, 0};
     }
-    if (reply->status != 200 && reply->status != 206) return Error(req, reply.value());
-    Result<uint64_t> size = ObjectSize(req, reply.value());
-    if (!size.ok()) return size.status();
-    Fetched out{FileAttrOf(reply.value(), size.value()), 0};
-    const size_t want = static_cast<size_t>(std::min<uint64_t>(len, size.value()));
-    if (reply->bytes != want)
-      return Status::IOError("s3 GET " + Show(key) + ": got " + std::to_string(reply->bytes) +
+    if (reply.status != 200 && reply.status != 206) return Error(req, reply);
+    CTFS_ASSIGN_OR_RETURN(uint64_t size, ObjectSize(req, reply));
+    Fetched out{FileAttrOf(reply, size), 0};
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(len, size));
+    if (reply.bytes != want)
+      return Status::IOError("s3 GET " + Show(key) + ": got " + std::to_string(reply.bytes) +
                              " bytes of " + std::to_string(want));
     out.bytes = want;
     return out;
@@ -639,9 +628,8 @@ class S3Backend final : public Backend {
       std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(size, kPiece)));
       for (uint64_t off = 0; off < size; off += kPiece) {
         const size_t len = static_cast<size_t>(std::min<uint64_t>(kPiece, size - off));
-        Result<size_t> n = b_->Read(path_, attr_.Version(), off, len, buf.data());
-        if (!n.ok()) return n.status();
-        if (*n != len) return Status::Stale("s3 GET " + path_ + ": the object changed");
+        CTFS_ASSIGN_OR_RETURN(size_t n, b_->Read(path_, attr_.Version(), off, len, buf.data()));
+        if (n != len) return Status::Stale("s3 GET " + path_ + ": the object changed");
         if (::pwrite(fd_, buf.data(), len, static_cast<off_t>(off)) != static_cast<ssize_t>(len))
           return LocalError("write");
       }
@@ -695,31 +683,26 @@ class S3Backend final : public Backend {
   }
 
   Status Unlink(const std::string& path) override {
-    Result<FileAttr> now = Stat(path);
-    if (!now.ok()) return now.status();
-    if (now->IsDir()) return Status::IsDirectory("unlink " + Show(Key(path)) + ": a directory");
+    CTFS_ASSIGN_OR_RETURN(FileAttr now, Stat(path));
+    if (now.IsDir()) return Status::IsDirectory("unlink " + Show(Key(path)) + ": a directory");
     return Delete(Key(path));
   }
 
   Status Rmdir(const std::string& path) override {
-    Result<FileAttr> now = Stat(path);
-    if (!now.ok()) return now.status();
-    if (!now->IsDir())
-      return Status::NotDirectory("rmdir " + Show(Key(path)) + ": not a directory");
+    CTFS_ASSIGN_OR_RETURN(FileAttr now, Stat(path));
+    if (!now.IsDir()) return Status::NotDirectory("rmdir " + Show(Key(path)) + ": not a directory");
     const std::string marker = Key(path) + "/";
-    Result<s3::ListPage> page = FetchListPage(marker, "", 2);
-    if (!page.ok()) return page.status();
-    for (const s3::ListedObject& obj : page->objects)
+    CTFS_ASSIGN_OR_RETURN(s3::ListPage page, FetchListPage(marker, "", 2));
+    for (const s3::ListedObject& obj : page.objects)
       if (obj.key != marker) return Status::NotEmpty("rmdir " + Show(Key(path)) + ": not empty");
-    if (!page->common_prefixes.empty())
+    if (!page.common_prefixes.empty())
       return Status::NotEmpty("rmdir " + Show(Key(path)) + ": not empty");
     return Delete(marker);
   }
 
   Status Rename(const std::string& from, const std::string& to, bool noreplace) override {
-    Result<FileAttr> src = Stat(from);
-    if (!src.ok()) return src.status();
-    if (src->IsDir())
+    CTFS_ASSIGN_OR_RETURN(FileAttr src, Stat(from));
+    if (src.IsDir())
       return Status::Errno(EXDEV, "rename " + Show(Key(from)) +
                                       ": an object store cannot rename a directory in one step");
     Result<FileAttr> dst = Stat(to);
@@ -808,17 +791,15 @@ class S3Backend final : public Backend {
   Status CheckParentDir(const std::string& path) {
     const size_t slash = path.rfind('/');
     if (slash == std::string::npos) return Status::OK();
-    Result<FileAttr> parent = Stat(path.substr(0, slash));
-    if (!parent.ok()) return parent.status();
-    if (!parent->IsDir()) return Status::NotDirectory(Show(Key(path.substr(0, slash))));
+    CTFS_ASSIGN_OR_RETURN(FileAttr parent, Stat(path.substr(0, slash)));
+    if (!parent.IsDir()) return Status::NotDirectory(Show(Key(path.substr(0, slash))));
     return Status::OK();
   }
 
   // Runs a request that must answer 2xx.
   Result<Reply> Expect2xx(const Request& req) {
-    Result<Reply> reply = Execute(req);
-    if (!reply.ok()) return reply.status();
-    if (reply->status < 200 || reply->status >= 300) return Error(req, reply.value());
+    CTFS_ASSIGN_OR_RETURN(Reply reply, Execute(req));
+    if (reply.status < 200 || reply.status >= 300) return Error(req, reply);
     return reply;
   }
 
@@ -861,9 +842,8 @@ class S3Backend final : public Backend {
     Request init = NewRequest("POST", key);
     init.method = "POST";
     init.url += "?uploads=";
-    Result<Reply> started = Expect2xx(init);
-    if (!started.ok()) return started.status();
-    Result<std::string> upload_id = s3::XmlUnescape(XmlField(started->text, "UploadId"));
+    CTFS_ASSIGN_OR_RETURN(Reply started, Expect2xx(init));
+    Result<std::string> upload_id = s3::XmlUnescape(XmlField(started.text, "UploadId"));
     if (!upload_id.ok() || upload_id->empty())
       return Status::IOError("s3 POST " + Show(key) + "?uploads: no UploadId in the reply");
     // S3 allows 10,000 parts; grow the part size for files beyond that.
@@ -990,9 +970,8 @@ class S3Backend final : public Backend {
 
   // No object at `key`: a directory if some key starts with "key/", else NotFound.
   Result<FileAttr> StatMissingObject(const std::string& key, const Reply& reply) {
-    Result<s3::ListPage> page = FetchListPage(key + "/", "", 1);
-    if (!page.ok()) return page.status();
-    if (!page->objects.empty() || !page->common_prefixes.empty()) return DirAttr();
+    CTFS_ASSIGN_OR_RETURN(s3::ListPage page, FetchListPage(key + "/", "", 1));
+    if (!page.objects.empty() || !page.common_prefixes.empty()) return DirAttr();
     return Status::NotFound("s3 HEAD " + Show(key) + ": HTTP " + std::to_string(reply.status) +
                             " (no such object or prefix)");
   }
@@ -1001,10 +980,9 @@ class S3Backend final : public Backend {
                                      int max_keys) {
     Request req = NewRequest("LIST", prefix);
     req.url = BucketUrl() + "?" + s3::ListQuery(prefix, token, max_keys);
-    Result<Reply> reply = Execute(req);
-    if (!reply.ok()) return reply.status();
-    if (reply->status != 200) return Error(req, reply.value());
-    Result<s3::ListPage> page = s3::ParseListObjectsV2(reply->text);
+    CTFS_ASSIGN_OR_RETURN(Reply reply, Execute(req));
+    if (reply.status != 200) return Error(req, reply);
+    Result<s3::ListPage> page = s3::ParseListObjectsV2(reply.text);
     if (!page.ok())
       return Status::IOError("s3 LIST " + Show(prefix) + ": " + page.status().message());
     return page;
@@ -1021,11 +999,10 @@ class S3Backend final : public Backend {
                          << " in " << ms << " ms after " << last.message();
         std::this_thread::sleep_for(std::chrono::milliseconds(ms));
       }
-      Result<HandlePool::Lease> lease = pool_.Acquire();
-      if (!lease.ok()) return lease.status();
+      CTFS_ASSIGN_OR_RETURN(HandlePool::Lease lease, pool_.Acquire());
       Reply reply;
       char errbuf[CURL_ERROR_SIZE] = {};
-      CURLcode rc = Perform(lease->get(), req, &reply, errbuf);
+      CURLcode rc = Perform(lease.get(), req, &reply, errbuf);
       if (rc == CURLE_WRITE_ERROR && reply.empty_object) rc = CURLE_OK;
       if (rc != CURLE_OK) {
         std::string why = errbuf[0] ? errbuf : curl_easy_strerror(rc);
@@ -1149,18 +1126,16 @@ Result<std::unique_ptr<S3Backend>> MakeS3Backend(const conf::S3Options& opts) {
 }  // namespace
 
 Result<std::unique_ptr<Backend>> NewS3Backend(const conf::S3Options& opts) {
-  Result<std::unique_ptr<S3Backend>> b = MakeS3Backend(opts);
-  if (!b.ok()) return b.status();
-  return std::unique_ptr<Backend>(std::move(b).value());
+  CTFS_ASSIGN_OR_RETURN(std::unique_ptr<S3Backend> b, MakeS3Backend(opts));
+  return std::unique_ptr<Backend>(std::move(b));
 }
 
 Status CheckS3Backend(const conf::S3Options& opts) {
   conf::S3Options quick = opts;  // an unreachable endpoint must not hold up the start for long
   quick.retries = std::min<uint32_t>(opts.retries, 1);
   quick.timeout_ms = std::min<uint64_t>(opts.timeout_ms, 10000);
-  Result<std::unique_ptr<S3Backend>> b = MakeS3Backend(quick);
-  if (!b.ok()) return b.status();
-  return b.value()->Probe();
+  CTFS_ASSIGN_OR_RETURN(std::unique_ptr<S3Backend> b, MakeS3Backend(quick));
+  return b->Probe();
 }
 
 }  // namespace cubetorchfs::cfs_client

@@ -60,9 +60,8 @@ Status WalkXml(std::string_view xml, Fn&& on_close) {
         if (raw.find_first_not_of(" \t\r\n") != std::string_view::npos)
           return BadXml("text outside the root element");
       } else {
-        Result<std::string> text = XmlUnescape(raw);
-        if (!text.ok()) return text.status();
-        texts.back() += text.value();
+        CTFS_ASSIGN_OR_RETURN(std::string text, XmlUnescape(raw));
+        texts.back() += text;
       }
       i = end;
       continue;

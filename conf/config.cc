@@ -800,9 +800,8 @@ Result<Config> ParseConfig(const std::string& text, const std::string& source) {
 
 Result<Config> LoadConfig(const std::string& path) {
   return OneLineErrors(path, [&]() -> Result<Config> {
-    Result<std::string> text = ReadConfigFile(path);
-    if (!text.ok()) return text.status();
-    Result<Config> c = ParseConfigText(text.value(), path);
+    CTFS_ASSIGN_OR_RETURN(std::string text, ReadConfigFile(path));
+    Result<Config> c = ParseConfigText(text, path);
     if (c.ok())
       for (const std::string& w : c->warnings) CTFS_LOG(kWarn) << w;
     return c;

@@ -22,15 +22,13 @@ Result<CommandLine> ParseCommandLine(const std::vector<std::string>& args) {
     } else if (a == "-d" || a == "--debug") {
       cl.debug = true;
     } else if (a == "-c" || a == "--config") {
-      Result<std::string> v = value(a);
-      if (!v.ok()) return v.status();
-      cl.config_path = v.value();
+      CTFS_ASSIGN_OR_RETURN(std::string v, value(a));
+      cl.config_path = v;
     } else if (a == "-o" || a.rfind("-o", 0) == 0) {
       std::string opts;
       if (a == "-o") {
-        Result<std::string> v = value(a);
-        if (!v.ok()) return v.status();
-        opts = v.value();
+        CTFS_ASSIGN_OR_RETURN(std::string v, value(a));
+        opts = v;
       } else {
         opts = a.substr(2);
       }

@@ -117,12 +117,11 @@ Result<cfs_client::FileAttr> FileSystem::FreshAttr(const InodeInfo& inode) {
 }
 
 Result<Entry> FileSystem::Lookup(uint64_t parent, const std::string& name) {
-  Result<InodeInfo> dir = GetInode(parent);
-  if (!dir.ok()) return dir.status();
-  if (!dir->attr.IsDir()) return Status::NotDirectory(dir->path);
-  if (dir->removed) return Status::NotFound(dir->path + ": removed from the store");
+  CTFS_ASSIGN_OR_RETURN(InodeInfo dir, GetInode(parent));
+  if (!dir.attr.IsDir()) return Status::NotDirectory(dir.path);
+  if (dir.removed) return Status::NotFound(dir.path + ": removed from the store");
   if (name.size() > 255) return Status::NameTooLong(name.substr(0, 32) + "...");
-  std::string path = ChildPath(dir->path, name);
+  std::string path = ChildPath(dir.path, name);
   if (open_writes_.load() > 0) {
     // A file being written: its attributes are those of the bytes written so far (an
     // object store may not have it yet).
@@ -136,9 +135,8 @@ Result<Entry> FileSystem::Lookup(uint64_t parent, const std::string& name) {
   uint64_t fetched_ns = 0;
   if (std::optional<cfs_client::FileAttr> warm = prefetcher_->WarmAttr(path, &fetched_ns))
     return Entry{inodes_.Acquire(path, *warm, fetched_ns), *warm};
-  Result<cfs_client::FileAttr> attr = backend_->Stat(path);
-  if (!attr.ok()) return attr.status();
-  return Entry{inodes_.Acquire(path, attr.value(), clock_->NowNanos()), attr.value()};
+  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, backend_->Stat(path));
+  return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
 }
 
 void FileSystem::Forget(uint64_t ino, uint64_t nlookup) {
@@ -157,32 +155,29 @@ Result<cfs_client::FileAttr> FileSystem::GetAttr(uint64_t ino) {
   // invalidates the file's atime, and the next fstat (Python's open() does one) comes here.
   // Within attr_timeout_s the attributes the daemon holds answer, under the contract lookups
   // keep; only older ones are asked of the store.
-  Result<InodeInfo> inode = GetInode(ino);
-  if (!inode.ok()) return inode.status();
-  return FreshAttr(inode.value());
+  CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
+  return FreshAttr(inode);
 }
 
 Result<std::string> FileSystem::ReadLink(uint64_t ino) {
-  Result<InodeInfo> inode = GetInode(ino);
-  if (!inode.ok()) return inode.status();
-  if (inode->removed) return Status::Stale(inode->path + ": removed from the store");
-  return backend_->ReadLink(inode->path);
+  CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
+  if (inode.removed) return Status::Stale(inode.path + ": removed from the store");
+  return backend_->ReadLink(inode.path);
 }
 
 Result<std::unique_ptr<DirHandle>> FileSystem::OpenDir(uint64_t ino) {
-  Result<InodeInfo> inode = GetInode(ino);
-  if (!inode.ok()) return inode.status();
-  if (inode->removed) {  // removed: no entries (its old path may name another directory)
+  CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
+  if (inode.removed) {  // removed: no entries (its old path may name another directory)
     auto handle = std::make_unique<DirHandle>();
     handle->ino = ino;
-    handle->path = inode->path;
+    handle->path = inode.path;
     return handle;
   }
-  Result<std::vector<cfs_client::DirEntry>> entries = backend_->List(inode->path);
+  Result<std::vector<cfs_client::DirEntry>> entries = backend_->List(inode.path);
   if (!entries.ok()) return entries.status();
   auto handle = std::make_unique<DirHandle>();
   handle->ino = ino;
-  handle->path = inode->path;
+  handle->path = inode.path;
   handle->entries = std::move(entries).value();
   return handle;
 }
@@ -200,23 +195,20 @@ Status FileSystem::CheckNotRemoved(const InodeInfo& inode) {
 }
 
 Result<FileSystem::OpenTarget> FileSystem::RegularForOpen(uint64_t ino) {
-  Result<InodeInfo> inode = GetInode(ino);
-  if (!inode.ok()) return inode.status();
-  CTFS_RETURN_IF_ERROR(CheckNotRemoved(*inode));
-  Result<cfs_client::FileAttr> attr = FreshAttr(inode.value());
-  if (!attr.ok()) return attr.status();
-  if (attr->IsDir()) return Status::IsDirectory(inode->path);
-  if (!attr->IsRegular()) return Status::InvalidArgument(inode->path + ": not a regular file");
-  return OpenTarget{std::move(inode).value(), attr.value()};
+  CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
+  CTFS_RETURN_IF_ERROR(CheckNotRemoved(inode));
+  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, FreshAttr(inode));
+  if (attr.IsDir()) return Status::IsDirectory(inode.path);
+  if (!attr.IsRegular()) return Status::InvalidArgument(inode.path + ": not a regular file");
+  return OpenTarget{std::move(inode), attr};
 }
 
 Result<OpenResult> FileSystem::Open(uint64_t ino, int flags, bool track_handle) {
   if ((flags & O_ACCMODE) != O_RDONLY) return OpenForWrite(ino, flags, track_handle);
   if ((flags & O_TRUNC) != 0) CTFS_RETURN_IF_ERROR(CheckWritable());
-  Result<OpenTarget> target = RegularForOpen(ino);
-  if (!target.ok()) return target.status();
-  const InodeInfo* inode = &target->inode;
-  const cfs_client::FileAttr* attr = &target->attr;
+  CTFS_ASSIGN_OR_RETURN(OpenTarget target, RegularForOpen(ino));
+  const InodeInfo* inode = &target.inode;
+  const cfs_client::FileAttr* attr = &target.attr;
 
   OpenResult r;
   r.handle = std::make_unique<FileHandle>(
@@ -229,13 +221,11 @@ Result<OpenResult> FileSystem::Open(uint64_t ino, int flags, bool track_handle) 
 }
 
 Result<FileHandle> FileSystem::HandleFor(uint64_t ino) {
-  Result<InodeInfo> inode = GetInode(ino);
-  if (!inode.ok()) return inode.status();
-  CTFS_RETURN_IF_ERROR(CheckNotRemoved(*inode));
-  Result<cfs_client::FileAttr> attr = FreshAttr(inode.value());
-  if (!attr.ok()) return attr.status();
-  if (!attr->IsRegular()) return Status::InvalidArgument(inode->path + ": not a regular file");
-  return FileHandle{ino, inode->path, attr->Version(), inode->write_gen, false};
+  CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
+  CTFS_RETURN_IF_ERROR(CheckNotRemoved(inode));
+  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, FreshAttr(inode));
+  if (!attr.IsRegular()) return Status::InvalidArgument(inode.path + ": not a regular file");
+  return FileHandle{ino, inode.path, attr.Version(), inode.write_gen, false};
 }
 
 Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, size_t size) {
@@ -252,9 +242,8 @@ Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, s
       return Status::Stale(inode->path + ": removed from the store");
     }
     if (inode && inode->write_gen != opened.write_gen) {
-      Result<FileHandle> h = HandleFor(opened.ino);
-      if (!h.ok()) return h.status();
-      refreshed = std::move(h).value();
+      CTFS_ASSIGN_OR_RETURN(FileHandle h, HandleFor(opened.ino));
+      refreshed = std::move(h);
       current = &refreshed;
     }
   }
@@ -315,13 +304,12 @@ Status FileSystem::StreamFile(const std::string& path, const cfs_client::FileAtt
   constexpr size_t kPiece = 1 << 20;
   for (uint64_t off = 0; off < attr.size;) {
     const size_t want = static_cast<size_t>(std::min<uint64_t>(kPiece, attr.size - off));
-    Result<ReadResult> r = Read(handle, off, want);
-    if (!r.ok()) return r.status();
-    if (r->size() == 0 || r->size() > want)
+    CTFS_ASSIGN_OR_RETURN(ReadResult r, Read(handle, off, want));
+    if (r.size() == 0 || r.size() > want)
       return Status::Stale(path + ": file changed in the store while read");
-    for (const auto& s : r->slices)
+    for (const auto& s : r.slices)
       CTFS_RETURN_IF_ERROR(piece(s.buffer->data.get() + s.offset, s.length));
-    off += r->size();
+    off += r.size();
   }
   return Status::OK();
 }
@@ -329,8 +317,7 @@ Status FileSystem::StreamFile(const std::string& path, const cfs_client::FileAtt
 Result<cfs_client::FsStats> FileSystem::StatFs() { return backend_->StatFs(); }
 
 Status FileSystem::Access(uint64_t ino, int mask) {
-  Result<InodeInfo> inode = GetInode(ino);
-  if (!inode.ok()) return inode.status();
+  CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
   if (mask & W_OK) return CheckWritable();
   return Status::OK();
 }

@@ -317,9 +317,8 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
     if (fi->fh != 0)
       return ctx.fs->Read(*reinterpret_cast<FileHandle*>(fi->fh), static_cast<uint64_t>(off), size);
     // Opened without an open request (no_open): read the inode's current version.
-    Result<FileHandle> h = ctx.fs->HandleFor(ino);
-    if (!h.ok()) return h.status();
-    return ctx.fs->Read(h.value(), static_cast<uint64_t>(off), size);
+    CTFS_ASSIGN_OR_RETURN(FileHandle h, ctx.fs->HandleFor(ino));
+    return ctx.fs->Read(h, static_cast<uint64_t>(off), size);
   }();
   if (!r.ok()) return ReplyError(req, r.status(), "read");
   // Reply straight from the cached buffers; the slices keep them alive until the reply is sent.

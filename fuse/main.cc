@@ -264,16 +264,15 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
       warmer.get(),
       [&model_fetcher](const std::string& path, const cfs_client::Backend::AttrCheck& check)
           -> Result<prefetch::ControlServer::OpenedFile> {
-        Result<ResidentFile> r = model_fetcher.MakeResident(path, check);
-        if (!r.ok()) return r.status();
+        CTFS_ASSIGN_OR_RETURN(ResidentFile r, model_fetcher.MakeResident(path, check));
         prefetch::ControlServer::OpenedFile f;
-        f.fd = r->fd;
-        f.store_file = r->store_file;
-        f.size = r->size;
-        f.mtime_ns = r->mtime_ns;
-        f.ram_bytes = r->ram_bytes;
-        f.disk_bytes = r->disk_bytes;
-        f.backend_bytes = r->backend_bytes;
+        f.fd = r.fd;
+        f.store_file = r.store_file;
+        f.size = r.size;
+        f.mtime_ns = r.mtime_ns;
+        f.ram_bytes = r.ram_bytes;
+        f.disk_bytes = r.disk_bytes;
+        f.backend_bytes = r.backend_bytes;
         return f;
       });
   if (!control.ok()) return Fail(kExitBadConfig, control.status().message());

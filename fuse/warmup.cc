@@ -91,19 +91,17 @@ std::string Clock(double seconds) {
 
 // Every regular file under store path `dir`, depth first.
 Status Walk(cfs_client::Backend& backend, const std::string& dir, std::vector<Item>* out) {
-  Result<cfs_client::FileAttr> attr = backend.Stat(dir);
-  if (!attr.ok()) return attr.status();
-  if (attr->IsRegular()) {
-    out->push_back({dir, attr->size});
+  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, backend.Stat(dir));
+  if (attr.IsRegular()) {
+    out->push_back({dir, attr.size});
     return Status::OK();
   }
   std::vector<std::string> stack = {dir};
   while (!stack.empty()) {
     std::string d = std::move(stack.back());
     stack.pop_back();
-    Result<std::vector<cfs_client::DirEntry>> entries = backend.List(d);
-    if (!entries.ok()) return entries.status();
-    for (const auto& e : *entries) {
+    CTFS_ASSIGN_OR_RETURN(std::vector<cfs_client::DirEntry> entries, backend.List(d));
+    for (const auto& e : entries) {
       std::string p = d.empty() ? e.name : d + "/" + e.name;
       if (e.attr.IsDir())
         stack.push_back(std::move(p));

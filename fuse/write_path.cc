@@ -54,13 +54,12 @@ Status FileSystem::CheckWritable() const {
 }
 
 Result<std::string> FileSystem::ChildOf(uint64_t parent, const std::string& name) {
-  Result<InodeInfo> dir = GetInode(parent);
-  if (!dir.ok()) return dir.status();
-  if (!dir->attr.IsDir()) return Status::NotDirectory(dir->path);
+  CTFS_ASSIGN_OR_RETURN(InodeInfo dir, GetInode(parent));
+  if (!dir.attr.IsDir()) return Status::NotDirectory(dir.path);
   // A removed directory has no entries (its old path names another one, if any).
-  if (dir->removed) return Status::NotFound(dir->path + ": removed from the store");
+  if (dir.removed) return Status::NotFound(dir.path + ": removed from the store");
   if (name.size() > 255) return Status::NameTooLong(name.substr(0, 32) + "...");
-  return ChildPath(dir->path, name);
+  return ChildPath(dir.path, name);
 }
 
 void FileSystem::InvalidateCaches(const std::string& path) {
@@ -276,9 +275,8 @@ Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::strin
   o.gid = caller.gid;
   Result<std::unique_ptr<cfs_client::WritableFile>> file = backend_->OpenWrite(*path, o);
   if (!file.ok()) return file.status();
-  Result<cfs_client::FileAttr> attr = (*file)->Stat();
-  if (!attr.ok()) return attr.status();
-  const uint64_t ino = inodes_.Acquire(*path, *attr, clock_->NowNanos());
+  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, (*file)->Stat());
+  const uint64_t ino = inodes_.Acquire(*path, attr, clock_->NowNanos());
   std::shared_ptr<WriteState> st;
   {
     std::lock_guard<std::mutex> l(writes_mu_);
@@ -300,13 +298,13 @@ Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::strin
     MarkChangedLocked(*st);  // an object store must receive even an empty new file
   }
   InvalidateCaches(*path);
-  Changed(ino, *attr);
+  Changed(ino, attr);
   Created out;
-  out.entry = Entry{ino, *attr};
+  out.entry = Entry{ino, attr};
   out.handle = std::make_unique<FileHandle>();
   out.handle->ino = ino;
   out.handle->path = *path;
-  out.handle->version = attr->Version();
+  out.handle->version = attr.Version();
   out.handle->write_gen = inodes_.Get(ino) ? inodes_.Get(ino)->write_gen : 0;
   out.handle->writable = track_handle;
   return out;
@@ -316,57 +314,51 @@ Result<Entry> FileSystem::Mknod(uint64_t parent, const std::string& name, mode_t
                                 const Caller& caller) {
   CTFS_RETURN_IF_ERROR(CheckWritable());
   if (!S_ISREG(mode)) return Status::Errno(EPERM, name + ": only regular files can be made");
-  Result<Created> c = Create(parent, name, mode, O_EXCL, caller, /*track_handle=*/false);
-  if (!c.ok()) return c.status();
-  Status s = Flush(c->entry.ino);
+  CTFS_ASSIGN_OR_RETURN(Created c,
+                        Create(parent, name, mode, O_EXCL, caller, /*track_handle=*/false));
+  Status s = Flush(c.entry.ino);
   if (!s.ok()) return s;
-  return c->entry;
+  return c.entry;
 }
 
 Result<Entry> FileSystem::Mkdir(uint64_t parent, const std::string& name, mode_t mode,
                                 const Caller& caller) {
   CTFS_RETURN_IF_ERROR(CheckWritable());
-  Result<std::string> path = ChildOf(parent, name);
-  if (!path.ok()) return path.status();
-  Result<cfs_client::FileAttr> attr = backend_->Mkdir(*path, mode & 07777, caller.uid, caller.gid);
-  if (!attr.ok()) return attr.status();
-  prefetcher_->Invalidate(*path);
-  return Entry{inodes_.Acquire(*path, *attr, clock_->NowNanos()), *attr};
+  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
+  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
+                        backend_->Mkdir(path, mode & 07777, caller.uid, caller.gid));
+  prefetcher_->Invalidate(path);
+  return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
 }
 
 Result<Entry> FileSystem::Symlink(const std::string& target, uint64_t parent,
                                   const std::string& name, const Caller& caller) {
   CTFS_RETURN_IF_ERROR(CheckWritable());
-  Result<std::string> path = ChildOf(parent, name);
-  if (!path.ok()) return path.status();
-  Result<cfs_client::FileAttr> attr = backend_->Symlink(target, *path, caller.uid, caller.gid);
-  if (!attr.ok()) return attr.status();
-  prefetcher_->Invalidate(*path);
-  return Entry{inodes_.Acquire(*path, *attr, clock_->NowNanos()), *attr};
+  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
+  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
+                        backend_->Symlink(target, path, caller.uid, caller.gid));
+  prefetcher_->Invalidate(path);
+  return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
 }
 
 Result<Entry> FileSystem::Link(uint64_t ino, uint64_t new_parent, const std::string& new_name) {
   CTFS_RETURN_IF_ERROR(CheckWritable());
-  Result<InodeInfo> inode = GetInode(ino);
-  if (!inode.ok()) return inode.status();
+  CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
   // As link(2) of an unlinked file; its old path names another file now, if any.
-  if (inode->removed) return Status::NotFound(inode->path + ": removed from the store");
-  Result<std::string> path = ChildOf(new_parent, new_name);
-  if (!path.ok()) return path.status();
-  Result<cfs_client::FileAttr> attr = backend_->Link(inode->path, *path);
-  if (!attr.ok()) return attr.status();
+  if (inode.removed) return Status::NotFound(inode.path + ": removed from the store");
+  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(new_parent, new_name));
+  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, backend_->Link(inode.path, path));
   // Each name is its own inode here (inodes are per path): a write through one name shows
   // through the other once its attributes expire.
-  Changed(ino, *attr);
-  return Entry{inodes_.Acquire(*path, *attr, clock_->NowNanos()), *attr};
+  Changed(ino, attr);
+  return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
 }
 
 Status FileSystem::Unlink(uint64_t parent, const std::string& name) {
   CTFS_RETURN_IF_ERROR(CheckWritable());
-  Result<std::string> path = ChildOf(parent, name);
-  if (!path.ok()) return path.status();
+  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
   ever_written_.store(true);
-  std::optional<uint64_t> ino = inodes_.Find(*path);
+  std::optional<uint64_t> ino = inodes_.Find(path);
   std::shared_ptr<WriteState> st = ino ? FindWriteState(*ino) : nullptr;
   if (ino && !st) {
     // The kernel may hold the file open (under no_open we cannot tell): keep the store's file
@@ -384,7 +376,7 @@ Status FileSystem::Unlink(uint64_t parent, const std::string& name) {
     std::lock_guard<std::mutex> sl(st->mu);
     unflushed = st->dirty && !st->closed;
   }
-  Status s = backend_->Unlink(*path);
+  Status s = backend_->Unlink(path);
   // A file created through the mount may not be in an object store yet: removing it is
   // then only forgetting its bytes.
   if (!s.ok() && !(unflushed && s.IsNotFound())) {
@@ -403,24 +395,23 @@ Status FileSystem::Unlink(uint64_t parent, const std::string& name) {
     // An orphan of this path (bytes of a forgotten file that failed to reach the store) must
     // not bring the file back at unmount.
     std::lock_guard<std::mutex> l(writes_mu_);
-    MarkPathsReplacedLocked({&*path});
+    MarkPathsReplacedLocked({&path});
   }
-  inodes_.Remove(*path);
-  InvalidateCaches(*path);
+  inodes_.Remove(path);
+  InvalidateCaches(path);
   return Status::OK();
 }
 
 Status FileSystem::Rmdir(uint64_t parent, const std::string& name) {
   CTFS_RETURN_IF_ERROR(CheckWritable());
-  Result<std::string> path = ChildOf(parent, name);
-  if (!path.ok()) return path.status();
-  CTFS_RETURN_IF_ERROR(backend_->Rmdir(*path));
+  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
+  CTFS_RETURN_IF_ERROR(backend_->Rmdir(path));
   {
     std::lock_guard<std::mutex> l(writes_mu_);
-    MarkPathsReplacedLocked({&*path});
+    MarkPathsReplacedLocked({&path});
   }
-  inodes_.Remove(*path);
-  prefetcher_->Invalidate(*path);
+  inodes_.Remove(path);
+  prefetcher_->Invalidate(path);
   return Status::OK();
 }
 
@@ -431,13 +422,11 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
     return Status::NotSupported("rename: RENAME_EXCHANGE is not supported");
   if ((flags & ~static_cast<unsigned>(RENAME_NOREPLACE)) != 0)
     return Status::InvalidArgument("rename: unknown flags " + std::to_string(flags));
-  Result<std::string> from = ChildOf(parent, name);
-  if (!from.ok()) return from.status();
-  Result<std::string> to = ChildOf(new_parent, new_name);
-  if (!to.ok()) return to.status();
-  if (*from == *to) return Status::OK();
-  std::optional<uint64_t> src = inodes_.Find(*from);
-  std::optional<uint64_t> dst = inodes_.Find(*to);
+  CTFS_ASSIGN_OR_RETURN(std::string from, ChildOf(parent, name));
+  CTFS_ASSIGN_OR_RETURN(std::string to, ChildOf(new_parent, new_name));
+  if (from == to) return Status::OK();
+  std::optional<uint64_t> src = inodes_.Find(from);
+  std::optional<uint64_t> dst = inodes_.Find(to);
   ever_written_.store(true);
   std::shared_ptr<WriteState> src_state = src ? FindWriteState(*src) : nullptr;
   std::shared_ptr<WriteState> dst_state = dst ? FindWriteState(*dst) : nullptr;
@@ -478,16 +467,16 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
       dl = std::unique_lock<std::mutex>(dst_state->mu);
     }
     if (src_state) renamed = FlushLocked(*src_state);
-    if (renamed.ok()) renamed = backend_->Rename(*from, *to, (flags & RENAME_NOREPLACE) != 0);
+    if (renamed.ok()) renamed = backend_->Rename(from, to, (flags & RENAME_NOREPLACE) != 0);
     if (renamed.ok()) {
       // Both names hold something new now: an orphan of either (or below either, for a
       // directory) is older and must not be uploaded over it at unmount.
       std::lock_guard<std::mutex> l(writes_mu_);
-      MarkPathsReplacedLocked({&*from, &*to});
+      MarkPathsReplacedLocked({&from, &to});
     }
     if (renamed.ok() && src_state && !src_state->closed) {
-      src_state->path = *to;
-      src_state->file->Moved(*to);
+      src_state->path = to;
+      src_state->file->Moved(to);
       src_state->write_seq = ++write_seq_;  // newer than the marks just made
     }
     if (!renamed.ok()) {
@@ -501,7 +490,7 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
   }
   {
     // Files being written under a renamed directory follow it.
-    const std::string prefix = *from + "/";
+    const std::string prefix = from + "/";
     std::lock_guard<std::mutex> l(writes_mu_);
     for (auto& [i, st] : writes_) {
       (void)i;
@@ -510,17 +499,17 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
       // A state busy in a backend call is not under this directory in any case that can
       // race with this rename (the kernel locks both directories), so skipping it is safe.
       if (sl.owns_lock() && !st->closed && st->path.compare(0, prefix.size(), prefix) == 0) {
-        st->path = *to + st->path.substr(from->size());
+        st->path = to + st->path.substr(from.size());
         st->file->Moved(st->path);
         st->write_seq = ++write_seq_;  // newer than the marks of this rename
       }
     }
   }
-  inodes_.Rename(*from, *to);
-  InvalidateCaches(*from);
-  InvalidateCaches(*to);
+  inodes_.Rename(from, to);
+  InvalidateCaches(from);
+  InvalidateCaches(to);
   if (src) {
-    Result<cfs_client::FileAttr> attr = backend_->Stat(*to);
+    Result<cfs_client::FileAttr> attr = backend_->Stat(to);
     if (attr.ok()) Changed(*src, *attr);
   }
   return Status::OK();
@@ -529,10 +518,9 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
 Result<OpenResult> FileSystem::OpenForWrite(uint64_t ino, int flags, bool track_handle) {
   (void)flags;  // O_TRUNC arrives as a setattr (atomic_o_trunc is off), O_APPEND as offsets
   CTFS_RETURN_IF_ERROR(CheckWritable());
-  Result<OpenTarget> target = RegularForOpen(ino);
-  if (!target.ok()) return target.status();
-  const InodeInfo* inode = &target->inode;
-  const cfs_client::FileAttr* attr = &target->attr;
+  CTFS_ASSIGN_OR_RETURN(OpenTarget target, RegularForOpen(ino));
+  const InodeInfo* inode = &target.inode;
+  const cfs_client::FileAttr* attr = &target.attr;
   OpenResult r;
   r.handle = std::make_unique<FileHandle>();
   r.handle->ino = ino;
@@ -541,8 +529,7 @@ Result<OpenResult> FileSystem::OpenForWrite(uint64_t ino, int flags, bool track_
   r.handle->write_gen = inode->write_gen;
   r.handle->writable = track_handle;
   if (track_handle) {
-    Result<std::shared_ptr<WriteState>> st = GetWriteState(ino, /*add_writer=*/true);
-    if (!st.ok()) return st.status();
+    CTFS_ASSIGN_OR_RETURN(std::shared_ptr<WriteState> st, GetWriteState(ino, /*add_writer=*/true));
   }
   return r;
 }
@@ -552,19 +539,17 @@ Result<size_t> FileSystem::Write(uint64_t ino, uint64_t offset, const char* data
   std::shared_ptr<WriteState> st;
   std::unique_lock<std::mutex> sl;
   for (;;) {
-    Result<std::shared_ptr<WriteState>> got = GetWriteState(ino, false);
-    if (!got.ok()) return got.status();
-    st = std::move(got).value();
+    CTFS_ASSIGN_OR_RETURN(std::shared_ptr<WriteState> got, GetWriteState(ino, false));
+    st = std::move(got);
     sl = std::unique_lock<std::mutex>(st->mu);
     if (!st->closed) break;
     sl.unlock();  // closed meanwhile (a flush of another descriptor): open it again
   }
-  Result<size_t> n = st->file->Write(offset, data, len);
-  if (!n.ok()) return n.status();
+  CTFS_ASSIGN_OR_RETURN(size_t n, st->file->Write(offset, data, len));
   MarkChangedLocked(*st);
   if (std::optional<InodeInfo> inode = inodes_.Get(ino)) {
     cfs_client::FileAttr a = inode->attr;
-    a.size = std::max<uint64_t>(a.size, offset + *n);
+    a.size = std::max<uint64_t>(a.size, offset + n);
     a.mtime_ns = a.ctime_ns = WallNowNs();
     a.blocks = (a.size + 511) / 512;
     inodes_.SetAttr(ino, a, clock_->NowNanos());
@@ -597,10 +582,9 @@ void FileSystem::NotifyWritten(uint64_t ino) {
 
 Status FileSystem::Fsync(uint64_t ino) {
   if (options_.read_only) return Status::OK();
-  Result<InodeInfo> inode = GetInode(ino);
-  if (!inode.ok()) return inode.status();
+  CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
   std::shared_ptr<WriteState> existing = FindWriteState(ino);
-  if (!existing && (!inode->attr.IsRegular() || inode->removed)) return Status::OK();
+  if (!existing && (!inode.attr.IsRegular() || inode.removed)) return Status::OK();
   // Without a write state the file may still hold bytes written (and flushed) earlier that
   // were never made durable: open it to sync them. A state closed meanwhile (by a flush of
   // another descriptor) made the bytes visible, not durable: open it again and sync.
@@ -626,9 +610,8 @@ Status FileSystem::Fsync(uint64_t ino) {
 
 Status FileSystem::FsyncDir(uint64_t ino) {
   if (options_.read_only) return Status::OK();
-  Result<InodeInfo> inode = GetInode(ino);
-  if (!inode.ok()) return inode.status();
-  return backend_->SyncDir(inode->path);
+  CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
+  return backend_->SyncDir(inode.path);
 }
 
 Status FileSystem::Release(uint64_t ino, const FileHandle* handle) {
@@ -651,28 +634,26 @@ Status FileSystem::Release(uint64_t ino, const FileHandle* handle) {
 
 Result<cfs_client::FileAttr> FileSystem::SetAttr(uint64_t ino, const AttrChange& change) {
   CTFS_RETURN_IF_ERROR(CheckWritable());
-  Result<InodeInfo> inode = GetInode(ino);
-  if (!inode.ok()) return inode.status();
+  CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
   if (change.size) {
-    if (inode->attr.IsDir()) return Status::IsDirectory(inode->path);
+    if (inode.attr.IsDir()) return Status::IsDirectory(inode.path);
     for (;;) {
-      Result<std::shared_ptr<WriteState>> st = GetWriteState(ino, false);
-      if (!st.ok()) return st.status();
-      std::lock_guard<std::mutex> sl((*st)->mu);
-      if ((*st)->closed) continue;  // closed meanwhile: open it again
-      CTFS_RETURN_IF_ERROR((*st)->file->Truncate(*change.size));
-      MarkChangedLocked(**st);
-      Result<cfs_client::FileAttr> a = (*st)->file->Stat();
+      CTFS_ASSIGN_OR_RETURN(std::shared_ptr<WriteState> st, GetWriteState(ino, false));
+      std::lock_guard<std::mutex> sl((st)->mu);
+      if ((st)->closed) continue;  // closed meanwhile: open it again
+      CTFS_RETURN_IF_ERROR((st)->file->Truncate(*change.size));
+      MarkChangedLocked(*st);
+      Result<cfs_client::FileAttr> a = (st)->file->Stat();
       if (a.ok()) Changed(ino, *a);
-      CTFS_RETURN_IF_ERROR(MaybeCloseLocked(ino, **st));
+      CTFS_RETURN_IF_ERROR(MaybeCloseLocked(ino, *st));
       break;
     }
   }
   const cfs_client::AttrChange& m = change.meta;
   if (m.mode || m.uid || m.gid || m.atime_ns || m.mtime_ns) {
     // Its old path names another file now, if any.
-    if (inode->removed) return Status::Stale(inode->path + ": removed from the store");
-    Result<cfs_client::FileAttr> a = backend_->SetAttr(inode->path, m);
+    if (inode.removed) return Status::Stale(inode.path + ": removed from the store");
+    Result<cfs_client::FileAttr> a = backend_->SetAttr(inode.path, m);
     if (!a.ok()) {
       // A file created through the mount may not be in an object store yet (touch of a new
       // file): there is nothing there to change then.
@@ -695,8 +676,8 @@ Result<cfs_client::FileAttr> FileSystem::SetAttr(uint64_t ino, const AttrChange&
       return a;
     }
   }
-  if (inode->removed) return inode->attr;
-  Result<cfs_client::FileAttr> a = backend_->Stat(inode->path);
+  if (inode.removed) return inode.attr;
+  Result<cfs_client::FileAttr> a = backend_->Stat(inode.path);
   if (a.ok()) Changed(ino, *a);
   return a;
 }
@@ -704,15 +685,14 @@ Result<cfs_client::FileAttr> FileSystem::SetAttr(uint64_t ino, const AttrChange&
 Status FileSystem::Fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t len) {
   CTFS_RETURN_IF_ERROR(CheckWritable());
   for (;;) {
-    Result<std::shared_ptr<WriteState>> st = GetWriteState(ino, false);
-    if (!st.ok()) return st.status();
-    std::lock_guard<std::mutex> sl((*st)->mu);
-    if ((*st)->closed) continue;  // closed meanwhile: open it again
-    CTFS_RETURN_IF_ERROR((*st)->file->Allocate(mode, offset, len));
-    MarkChangedLocked(**st);
-    Result<cfs_client::FileAttr> a = (*st)->file->Stat();
+    CTFS_ASSIGN_OR_RETURN(std::shared_ptr<WriteState> st, GetWriteState(ino, false));
+    std::lock_guard<std::mutex> sl((st)->mu);
+    if ((st)->closed) continue;  // closed meanwhile: open it again
+    CTFS_RETURN_IF_ERROR((st)->file->Allocate(mode, offset, len));
+    MarkChangedLocked(*st);
+    Result<cfs_client::FileAttr> a = (st)->file->Stat();
     if (a.ok()) inodes_.SetAttr(ino, *a, clock_->NowNanos());
-    return MaybeCloseLocked(ino, **st);
+    return MaybeCloseLocked(ino, *st);
   }
 }
 

@@ -265,9 +265,9 @@ Status ModelFile::ReadPlan(const ReadOptions& options, const StageFn& stage, con
   std::optional<crypto::IntegrityKey> mac_key;
   crypto::IntegrityParams params;
   if (integrity_) {
-    Result<crypto::IntegrityKey> k = crypto::IntegrityKey::Derive(cipher_->key, cipher_->iv);
-    if (!k.ok()) return k.status();
-    mac_key = *k;
+    CTFS_ASSIGN_OR_RETURN(crypto::IntegrityKey k,
+                          crypto::IntegrityKey::Derive(cipher_->key, cipher_->iv));
+    mac_key = k;
     params.iv = cipher_->iv;
     params.payload_size = payload_size_;
     params.chunk_size = unit;
@@ -350,9 +350,8 @@ Status ModelFile::ReadPlan(const ReadOptions& options, const StageFn& stage, con
   RunOnThreads(threads, worker);
   if (!first_error.ok()) return first_error;
   if (integrity_) {
-    Result<crypto::Tag> root = crypto::CombineChunkTags(*mac_key, params, tags);
-    if (!root.ok()) return root.status();
-    Status s = crypto::CheckIntegrityTag(*root, integrity_->tag);
+    CTFS_ASSIGN_OR_RETURN(crypto::Tag root, crypto::CombineChunkTags(*mac_key, params, tags));
+    Status s = crypto::CheckIntegrityTag(root, integrity_->tag);
     if (!s.ok())
       return Status::Corruption(path_ + ": " + s.message() +
                                 " — the file was modified or damaged; not loading it");

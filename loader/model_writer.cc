@@ -150,9 +150,9 @@ Status SaveSafetensors(const std::string& path, const std::vector<SaveTensor>& t
     }
     const auto mode =
         km->key.size() == 32 ? crypto::CipherMode::kCtr256 : crypto::CipherMode::kCtr128;
-    Result<crypto::EncryptedHeader> h = crypto::NewEncryptedHeader(mode, std::time(nullptr));
-    if (!h.ok()) return h.status();
-    enc = *h;
+    CTFS_ASSIGN_OR_RETURN(crypto::EncryptedHeader h,
+                          crypto::NewEncryptedHeader(mode, std::time(nullptr)));
+    enc = h;
     key = km->key;
   }
   const uint64_t base = enc ? crypto::kEncryptedHeaderSize : 0;
@@ -216,9 +216,8 @@ Status SaveSafetensors(const std::string& path, const std::vector<SaveTensor>& t
         CTFS_RETURN_IF_ERROR(crypto::CtrXorAt(*key, enc->iv, pos + off, buf.data() + off, piece));
         CTFS_RETURN_IF_ERROR(chunk_mac.Update(buf.data() + off, piece));
       }
-      Result<crypto::ChunkTagValue> t = chunk_mac.Finish();
-      if (!t.ok()) return t.status();
-      tags[i] = *t;
+      CTFS_ASSIGN_OR_RETURN(crypto::ChunkTagValue t, chunk_mac.Finish());
+      tags[i] = t;
       return PwriteFull(fd, buf.data(), len, base + pos, tmp);
     });
     if (s.ok()) {

@@ -382,14 +382,13 @@ Result<Header> ParseHeaderJson(const uint8_t* header, size_t header_len, uint64_
 
 Result<Header> ParseSafetensorsHeader(const uint8_t* prefix, size_t prefix_len,
                                       uint64_t file_size) {
-  Result<uint64_t> n = HeaderLength(prefix, prefix_len, file_size);
-  if (!n.ok()) return n.status();
-  const uint64_t need = 8 + *n;
+  CTFS_ASSIGN_OR_RETURN(uint64_t n, HeaderLength(prefix, prefix_len, file_size));
+  const uint64_t need = 8 + n;
   if (prefix_len < need) {
     return Status::InvalidArgument("safetensors: need " + std::to_string(need) +
                                    " bytes of the file, got " + std::to_string(prefix_len));
   }
-  return ParseHeaderJson(prefix + 8, *n, file_size);
+  return ParseHeaderJson(prefix + 8, n, file_size);
 }
 
 }  // namespace cubetorchfs::loader
