@@ -264,16 +264,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
       warmer.get(),
       [&model_fetcher](const std::string& path, const cfs_client::Backend::AttrCheck& check)
           -> Result<prefetch::ControlServer::OpenedFile> {
-        CTFS_ASSIGN_OR_RETURN(ResidentFile r, model_fetcher.MakeResident(path, check));
-        prefetch::ControlServer::OpenedFile f;
-        f.fd = r.fd;
-        f.store_file = r.store_file;
-        f.size = r.size;
-        f.mtime_ns = r.mtime_ns;
-        f.ram_bytes = r.ram_bytes;
-        f.disk_bytes = r.disk_bytes;
-        f.backend_bytes = r.backend_bytes;
-        return f;
+        return model_fetcher.MakeResident(path, check);
       });
   if (!control.ok()) return Fail(kExitBadConfig, control.status().message());
 
