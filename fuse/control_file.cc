@@ -10,44 +10,12 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "common/unique_fd.h"
 
 namespace cubetorchfs::fuse {
-namespace {
-
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
-
-}  // namespace
-
 std::string ControlFilePath(const std::string& vol_name) {
   const char* dir = std::getenv("CUBE_TORCH_CONFIG_DIR");
   std::string d = dir && *dir ? dir : "/tmp";
@@ -55,13 +23,16 @@ std::string ControlFilePath(const std::string& vol_name) {
 }
 
 std::string ControlFileJson(const ControlInfo& info) {
-  std::ostringstream os;
-  os << "{\"vol_name\": " << JsonString(info.vol_name)
-     << ", \"mount_point\": " << JsonString(info.mount_point) << ", \"prof\": " << info.prof_port
-     << ", \"local_ip\": \"127.0.0.1\", \"control_socket\": " << JsonString(info.control_socket)
-     << ", \"metrics_port\": " << info.metrics_port << ", \"pid\": " << info.pid
-     << ", \"version\": " << JsonString(info.version) << "}\n";
-  return os.str();
+  const nlohmann::json j = {{"vol_name", info.vol_name},
+                            {"mount_point", info.mount_point},
+                            {"prof", info.prof_port},
+                            {"local_ip", "127.0.0.1"},
+                            {"control_socket", info.control_socket},
+                            {"metrics_port", info.metrics_port},
+                            {"pid", info.pid},
+                            {"version", info.version}};
+  // Names are bytes, not always UTF-8: invalid sequences are written as U+FFFD.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 Status CheckControlDir(const std::string& dir) {
@@ -165,8 +136,11 @@ void RemoveControlFile(const std::string& path, int pid) {
   char buf[4096];
   ssize_t n = ::pread(fd.get(), buf, sizeof buf, 0);
   if (n <= 0) return;
-  const std::string text(buf, static_cast<size_t>(n));
-  if (text.find("\"pid\": " + std::to_string(pid) + ",") == std::string::npos) return;
+  const nlohmann::json j =
+      nlohmann::json::parse(std::string(buf, static_cast<size_t>(n)), nullptr, false);
+  if (!j.is_object() || !j.contains("pid") || !j["pid"].is_number_integer() ||
+      j["pid"].get<int64_t>() != pid)
+    return;
   // Still the file we wrote. The directory passed CheckControlDir (sticky or writable by
   // root/us only), so no other user can have swapped the name since the check.
   struct stat now;

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <cstring>
@@ -91,6 +92,16 @@ TEST_F(ControlFileTest, PlantedSymlinksAreNeverFollowed) {
     ++files;
   }
   EXPECT_EQ(files, 3u);  // victim, the planted .tmp.<pid> link, the control file
+}
+
+TEST_F(ControlFileTest, OddNamesRoundTripThroughAJsonParser) {
+  info_.mount_point = "/cfs/m\"nt\\x\n\x01";
+  info_.vol_name = "v\"ol";
+  const nlohmann::json j = nlohmann::json::parse(ControlFileJson(info_));
+  EXPECT_EQ(j["mount_point"], info_.mount_point);
+  EXPECT_EQ(j["vol_name"], info_.vol_name);
+  EXPECT_EQ(j["pid"], info_.pid);
+  EXPECT_EQ(j["local_ip"], "127.0.0.1");
 }
 
 TEST_F(ControlFileTest, RemovalUnlinksOnlyOurOwnFile) {
