@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """pwrite into a memory file (memfd), as the daemon fills a model file for the loader.
 
-The pattern of fuse/model_fetch.cc: memfd_create, ftruncate to the size, then --threads
+The pattern of prefetch/model_fetch.cc: memfd_create, ftruncate to the size, then --threads
 threads each take the next --chunk-mib chunk and pwrite it from a buffer of random bytes.
 Two ways, alternating each round, for every thread count:
 

@@ -43,7 +43,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "fuse/inode_table.h"
-#include "fuse/model_fetch.h"
+#include "prefetch/model_fetch.h"
 #include "prefetch/prefetcher.h"
 
 namespace prometheus {
@@ -199,9 +199,9 @@ class FileSystem {
   std::optional<cfs_client::FileAttr> KnownAttr(const std::string& path,
                                                 uint64_t* fetched_ns = nullptr) const;
 
-  // The model-file fast path (fuse/model_fetch.h) to tell about reads; null: none. Set before
+  // The model-file fast path (prefetch/model_fetch.h) to tell about reads; null: none. Set before
   // the first read; must outlive the FileSystem.
-  void set_model_fetcher(ModelFetcher* fetcher) { model_fetcher_ = fetcher; }
+  void set_model_fetcher(prefetch::ModelFetcher* fetcher) { model_fetcher_ = fetcher; }
 
  private:
   FileSystem(const Options& options, cfs_client::Backend* backend, cache::RamCache* cache,
@@ -270,7 +270,7 @@ class FileSystem {
   cache::DiskCache* const disk_;  // the NVMe tier, or null
   Clock* const clock_;
   InodeTable inodes_;
-  ModelFetcher* model_fetcher_ = nullptr;
+  prefetch::ModelFetcher* model_fetcher_ = nullptr;
 
   std::mutex writes_mu_;                                              // guards writes_
   std::unordered_map<uint64_t, std::shared_ptr<WriteState>> writes_;  // GUARDED_BY(writes_mu_)

@@ -214,12 +214,12 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
       fs_options, backend->get(), cache.get(), &prefetcher, SystemClock(), *registry, disk.get());
   if (!fs.ok()) return Fail(kExitBadConfig, "backend.root: " + fs.status().message());
   // *.safetensors: parallel ranged fetches on first read and for /v1/files/open.
-  ModelFetcher::Options model_options;
+  prefetch::ModelFetcher::Options model_options;
   model_options.chunk_bytes = config.cache.chunk_bytes;
   model_options.threads =
       static_cast<int>(std::clamp<uint64_t>(config.prefetch.max_inflight, 1, 8));
   model_options.background_max_bytes = config.cache.memory_bytes / 2;
-  ModelFetcher model_fetcher(model_options, backend->get(), cache.get(), disk.get());
+  prefetch::ModelFetcher model_fetcher(model_options, backend->get(), cache.get(), disk.get());
   (*fs)->set_model_fetcher(&model_fetcher);
 
   prefetch::ControlServer::Options control_options;

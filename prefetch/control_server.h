@@ -42,6 +42,7 @@
 #include "cfs_client/backend.h"
 #include "common/status.h"
 #include "prefetch/access.h"
+#include "prefetch/model_fetch.h"
 #include "prefetch/prefetcher.h"
 #include "prefetch/warmer.h"
 
@@ -87,15 +88,8 @@ class ControlServer {
       std::function<Status(const std::string& store_path, const cfs_client::FileAttr& attr,
                            const std::function<Status(const char* data, size_t len)>& piece)>;
   // Makes a whole file resident and returns a descriptor of it (for /v1/files/open).
-  struct OpenedFile {
-    int fd = -1;              // ownership passes to the server, which closes it after sending
-    bool store_file = false;  // the store's own file rather than a memory copy
-    uint64_t size = 0;
-    int64_t mtime_ns = 0;
-    uint64_t ram_bytes = 0;
-    uint64_t disk_bytes = 0;
-    uint64_t backend_bytes = 0;
-  };
+  // A file made resident for /v1/files/open; the server closes its fd after sending it.
+  using OpenedFile = ResidentFile;
   // `check` is the caller's read permission, asked of the file actually opened.
   using FileOpener = std::function<Result<OpenedFile>(const std::string& store_path,
                                                       const cfs_client::Backend::AttrCheck& check)>;

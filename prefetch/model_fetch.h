@@ -34,14 +34,20 @@
 #include "cache/ram_cache.h"
 #include "cfs_client/backend.h"
 #include "common/status.h"
-#include "prefetch/control_server.h"
 
-namespace cubetorchfs::fuse {
+namespace cubetorchfs::prefetch {
 
-// A model file made resident, handed to the control server's /v1/files/open: its
-// descriptor (a sealed memfd, or the store's own file; read-only) and where its bytes came
-// from. The control server's own type, so nothing is copied field by field.
-using ResidentFile = prefetch::ControlServer::OpenedFile;
+// A model file made resident, as /v1/files/open hands it out: its descriptor and where its
+// bytes came from.
+struct ResidentFile {
+  int fd = -1;  // read-only: a sealed memfd, or the store's own file; owned by the caller
+  bool store_file = false;  // fd is the store's file (posix), not a memory copy
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  uint64_t ram_bytes = 0;  // where the bytes came from
+  uint64_t disk_bytes = 0;
+  uint64_t backend_bytes = 0;
+};
 
 class ModelFetcher {
  public:
@@ -110,4 +116,4 @@ class ModelFetcher {
   std::vector<std::thread> workers_;
 };
 
-}  // namespace cubetorchfs::fuse
+}  // namespace cubetorchfs::prefetch

@@ -1,4 +1,4 @@
-#include "fuse/model_fetch.h"
+#include "prefetch/model_fetch.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -14,7 +14,7 @@
 
 #include "tests/test_util.h"
 
-namespace cubetorchfs::fuse {
+namespace cubetorchfs::prefetch {
 namespace {
 
 using testing::MemBackend;
@@ -188,4 +188,4 @@ TEST(ModelFetchTest, FirstReadOfAModelFileFetchesItsChunksInParallel) {
 }
 
 }  // namespace
-}  // namespace cubetorchfs::fuse
+}  // namespace cubetorchfs::prefetch

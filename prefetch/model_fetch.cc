@@ -1,4 +1,4 @@
-#include "fuse/model_fetch.h"
+#include "prefetch/model_fetch.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -14,7 +14,7 @@
 #include "common/parallel.h"
 #include "common/unique_fd.h"
 
-namespace cubetorchfs::fuse {
+namespace cubetorchfs::prefetch {
 
 namespace {
 
@@ -303,4 +303,4 @@ Result<ResidentFile> ModelFetcher::BuildResident(const std::string& path,
   return out;
 }
 
-}  // namespace cubetorchfs::fuse
+}  // namespace cubetorchfs::prefetch
