@@ -23,12 +23,12 @@
 #include "common/logging.h"
 #include "common/version.h"
 #include "conf/config.h"
+#include "control/control_file.h"
+#include "control/control_server.h"
 #include "fuse/command_line.h"
-#include "fuse/control_file.h"
 #include "fuse/fuse_ops.h"
 #include "fuse/page_probe.h"
 #include "fuse/warmup.h"
-#include "prefetch/control_server.h"
 #include "prefetch/prefetcher.h"
 
 namespace cubetorchfs::fuse {
@@ -222,7 +222,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   prefetch::ModelFetcher model_fetcher(model_options, backend->get(), cache.get(), disk.get());
   (*fs)->set_model_fetcher(&model_fetcher);
 
-  prefetch::ControlServer::Options control_options;
+  control::ControlServer::Options control_options;
   control_options.socket_path = conf::ControlSocketPath(config);
   control_options.prof_port = config.prof_port;
   control_options.mount_point = config.mount_point;
@@ -255,7 +255,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   if (disk)
     warmer =
         std::make_unique<prefetch::Warmer>(backend->get(), disk.get(), config.cache.chunk_bytes);
-  Result<std::unique_ptr<prefetch::ControlServer>> control = prefetch::ControlServer::Start(
+  Result<std::unique_ptr<control::ControlServer>> control = control::ControlServer::Start(
       control_options, &prefetcher, cache.get(),
       [filesystem](const std::string& path, const cfs_client::FileAttr& attr,
                    const std::function<Status(const char*, size_t)>& piece) {
@@ -263,7 +263,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
       },
       warmer.get(),
       [&model_fetcher](const std::string& path, const cfs_client::Backend::AttrCheck& check)
-          -> Result<prefetch::ControlServer::OpenedFile> {
+          -> Result<control::ControlServer::OpenedFile> {
         return model_fetcher.MakeResident(path, check);
       });
   if (!control.ok()) return Fail(kExitBadConfig, control.status().message());
@@ -309,8 +309,8 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
     return Fail(kExitFailure, config.mount_point + ": mount failed (see the line above)");
   }
 
-  const std::string control_path = ControlFilePath(config.vol_name);
-  ControlInfo info;
+  const std::string control_path = control::ControlFilePath(config.vol_name);
+  control::ControlInfo info;
   info.vol_name = config.vol_name;
   info.mount_point = config.mount_point;
   info.prof_port = config.prof_port;
@@ -318,7 +318,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   info.metrics_port = config.exporter_port;
   info.pid = static_cast<int>(::getpid());
   info.version = CUBETORCHFS_VERSION;
-  if (Status s = WriteControlFile(control_path, info); !s.ok())
+  if (Status s = control::WriteControlFile(control_path, info); !s.ok())
     CTFS_LOG(kWarn) << "control file not written, the Python hook will not find this mount: "
                     << s.ToString();
   const std::string store = config.backend.type == "posix"
@@ -348,7 +348,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
     CTFS_LOG(kError) << "some written bytes did not reach the store: " << s.ToString();
   control->reset();         // closes the listeners and removes the socket file
   if (disk) disk->Flush();  // chunks already queued reach the NVMe tier (at most 32 MiB)
-  RemoveControlFile(control_path, info.pid);
+  control::RemoveControlFile(control_path, info.pid);
   CTFS_LOG(kInfo) << "exiting";
   // Skip the destructors: the metrics listener's shutdown waits up to 2 s for its poll loop,
   // and everything else is memory the kernel reclaims at once. Nothing is left unwritten.

@@ -27,9 +27,9 @@
 #include "cfs_client/backend.h"
 #include "common/logging.h"
 #include "conf/config.h"
-#include "fuse/control_file.h"
-#include "prefetch/control_client.h"
-#include "prefetch/control_server.h"
+#include "control/control_client.h"
+#include "control/control_file.h"
+#include "control/control_server.h"
 #include "prefetch/warmer.h"
 
 namespace cubetorchfs::fuse {
@@ -116,7 +116,7 @@ Status Walk(cfs_client::Backend& backend, const std::string& dir, std::vector<It
 // Only a control file and socket owned by root or the caller are used (warmup often runs as
 // root: a file another user planted must not steer it).
 std::string LiveDaemonSocket(const std::string& vol_name) {
-  Result<std::string> text = ReadTrustedControlFile(ControlFilePath(vol_name));
+  Result<std::string> text = ReadTrustedControlFile(control::ControlFilePath(vol_name));
   if (!text.ok()) {
     if (!text.status().IsNotFound()) std::cerr << "warmup: " << text.status().message() << "\n";
     return "";
@@ -133,8 +133,8 @@ std::string LiveDaemonSocket(const std::string& vol_name) {
               << ": not a socket owned by root or you\n";
     return "";
   }
-  prefetch::ControlClient probe(sock);
-  Result<prefetch::HttpReply> r = probe.Call("GET", "/v1/stats", "");
+  control::ControlClient probe(sock);
+  Result<control::HttpReply> r = probe.Call("GET", "/v1/stats", "");
   return r.ok() && r->status == 200 ? sock : "";
 }
 
@@ -222,7 +222,7 @@ int RunWarmup(const std::vector<std::string>& args) {
   const std::string mount = config->mount_point;
   auto store_path = [&](const std::string& p) -> Result<std::string> {
     if (p == "/" || p == "." || (!mount.empty() && p == mount)) return std::string();
-    return prefetch::ToStorePath(mount.empty() ? "/" : mount, p);
+    return control::ToStorePath(mount.empty() ? "/" : mount, p);
   };
   if (!list_path.empty()) {
     std::ifstream in(list_path);
@@ -282,8 +282,8 @@ int RunWarmup(const std::vector<std::string>& args) {
   std::atomic<size_t> next{0};
   const size_t batch = sock.empty() ? 1 : 16;
   auto worker = [&] {
-    std::unique_ptr<prefetch::ControlClient> client;
-    if (!sock.empty()) client = std::make_unique<prefetch::ControlClient>(sock);
+    std::unique_ptr<control::ControlClient> client;
+    if (!sock.empty()) client = std::make_unique<control::ControlClient>(sock);
     for (;;) {
       const size_t begin = next.fetch_add(batch);
       if (begin >= items.size()) return;
@@ -304,7 +304,7 @@ int RunWarmup(const std::vector<std::string>& args) {
       }
       json paths = json::array();
       for (size_t i = begin; i < end; ++i) paths.push_back(items[i].path);
-      Result<prefetch::HttpReply> r =
+      Result<control::HttpReply> r =
           client->Call("POST", "/v1/warmup", json{{"paths", paths}}.dump());
       json reply = r.ok() ? json::parse(r->body, nullptr, false) : json();
       if (!r.ok() || r->status != 200 || !reply.is_object()) {

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "prefetch/control_server.h"
+#include "control/control_server.h"
 #include "tests/test_util.h"
 
 namespace cubetorchfs::prefetch {
@@ -89,11 +89,11 @@ TEST(PeerTest, TcpPeerIsTheKernelsWordOrARefusal) {
 }
 
 TEST(CheckJsonShapeTest, DepthAndElementsWithoutParsing) {
-  EXPECT_TRUE(CheckJsonShape(R"({"paths": ["a", "b"]})", 4, 10).ok());
-  EXPECT_FALSE(CheckJsonShape(std::string(100, '['), 16, 1000).ok());
-  EXPECT_FALSE(CheckJsonShape("[0,0,0,0,0,0]", 4, 5).ok());
+  EXPECT_TRUE(control::CheckJsonShape(R"({"paths": ["a", "b"]})", 4, 10).ok());
+  EXPECT_FALSE(control::CheckJsonShape(std::string(100, '['), 16, 1000).ok());
+  EXPECT_FALSE(control::CheckJsonShape("[0,0,0,0,0,0]", 4, 5).ok());
   // Brackets and commas inside strings (escaped quotes too) are not structure.
-  EXPECT_TRUE(CheckJsonShape(R"(["[[[[[,,,,,\"[[[[,,,,"])", 2, 2).ok());
+  EXPECT_TRUE(control::CheckJsonShape(R"(["[[[[[,,,,,\"[[[[,,,,"])", 2, 2).ok());
 }
 
 // A store with a symlinked class folder, links out of it, and private parts.

@@ -14,7 +14,7 @@
 #include <string>
 #include <thread>
 
-#include "prefetch/control_server.h"
+#include "control/control_server.h"
 #include "tests/test_util.h"
 
 namespace cubetorchfs::prefetch {
@@ -671,14 +671,14 @@ TEST_F(PrefetcherTest, ExportsPrometheusCounters) {
 }
 
 TEST(ToStorePathTest, MapsMountPathsAndRejectsOthers) {
-  EXPECT_EQ(ToStorePath("/mnt/x", "/mnt/x/a/b.jpg").value(), "a/b.jpg");
-  EXPECT_EQ(ToStorePath("/mnt/x", "a//./b.jpg").value(), "a/b.jpg");
-  EXPECT_EQ(ToStorePath("/", "/a").value(), "a");
-  EXPECT_FALSE(ToStorePath("/mnt/x", "/mnt/xy/a").ok());
-  EXPECT_FALSE(ToStorePath("/mnt/x", "/etc/passwd").ok());
-  EXPECT_FALSE(ToStorePath("/mnt/x", "/mnt/x/../etc/passwd").ok());
-  EXPECT_FALSE(ToStorePath("/mnt/x", "/mnt/x").ok());
-  EXPECT_FALSE(ToStorePath("/mnt/x", "").ok());
+  EXPECT_EQ(control::ToStorePath("/mnt/x", "/mnt/x/a/b.jpg").value(), "a/b.jpg");
+  EXPECT_EQ(control::ToStorePath("/mnt/x", "a//./b.jpg").value(), "a/b.jpg");
+  EXPECT_EQ(control::ToStorePath("/", "/a").value(), "a");
+  EXPECT_FALSE(control::ToStorePath("/mnt/x", "/mnt/xy/a").ok());
+  EXPECT_FALSE(control::ToStorePath("/mnt/x", "/etc/passwd").ok());
+  EXPECT_FALSE(control::ToStorePath("/mnt/x", "/mnt/x/../etc/passwd").ok());
+  EXPECT_FALSE(control::ToStorePath("/mnt/x", "/mnt/x").ok());
+  EXPECT_FALSE(control::ToStorePath("/mnt/x", "").ok());
 }
 
 TEST_F(PrefetcherTest, StreamsBelongToTheirCreator) {

@@ -1,4 +1,4 @@
-#include "fuse/control_file.h"
+#include "control/control_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -15,7 +15,7 @@
 
 #include "common/unique_fd.h"
 
-namespace cubetorchfs::fuse {
+namespace cubetorchfs::control {
 std::string ControlFilePath(const std::string& vol_name) {
   const char* dir = std::getenv("CUBE_TORCH_CONFIG_DIR");
   std::string d = dir && *dir ? dir : "/tmp";
@@ -151,4 +151,4 @@ void RemoveControlFile(const std::string& path, int pid) {
   }
 }
 
-}  // namespace cubetorchfs::fuse
+}  // namespace cubetorchfs::control

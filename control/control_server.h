@@ -50,7 +50,14 @@ namespace prometheus {
 class Registry;
 }
 
-namespace cubetorchfs::prefetch {
+namespace cubetorchfs::control {
+
+// The prefetcher's types the control server takes requests for.
+using prefetch::Caller;
+using prefetch::PathResolver;
+using prefetch::Prefetcher;
+using prefetch::ResidentFile;
+using prefetch::Warmer;
 
 // Whether `body` is JSON of at most `max_depth` nesting and `max_elements` values (counted
 // without parsing it, so an oversized body costs no memory). The error says which.
@@ -104,4 +111,4 @@ class ControlServer {
   virtual ~ControlServer() = default;  // stops serving and removes the socket file
 };
 
-}  // namespace cubetorchfs::prefetch
+}  // namespace cubetorchfs::control

@@ -1,11 +1,11 @@
-#include "prefetch/control_client.h"
+#include "control/control_client.h"
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <optional>
 
-namespace cubetorchfs::prefetch {
+namespace cubetorchfs::control {
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -60,4 +60,4 @@ Result<HttpReply> ControlClient::Call(const std::string& method, const std::stri
   return Status::IOError(impl_->path + ": no reply");
 }
 
-}  // namespace cubetorchfs::prefetch
+}  // namespace cubetorchfs::control

@@ -1,4 +1,4 @@
-#include "prefetch/control_server.h"
+#include "control/control_server.h"
 
 #include <fcntl.h>
 #include <malloc.h>
@@ -24,7 +24,17 @@
 
 #include "common/logging.h"
 
-namespace cubetorchfs::prefetch {
+namespace cubetorchfs::control {
+
+using prefetch::kRejectReasons;
+using prefetch::MayAccess;
+using prefetch::ReadCounts;
+using prefetch::Reject;
+using prefetch::Stats;
+using prefetch::StreamStats;
+using prefetch::TcpPeer;
+using prefetch::UnixPeer;
+using prefetch::WarmResult;
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -1198,4 +1208,4 @@ Result<std::unique_ptr<ControlServer>> ControlServer::Start(const Options& optio
   return std::unique_ptr<ControlServer>(std::move(server));
 }
 
-}  // namespace cubetorchfs::prefetch
+}  // namespace cubetorchfs::control

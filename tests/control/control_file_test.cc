@@ -2,7 +2,7 @@
 // followed, the file is a regular 0644 file whatever the umask, removal unlinks only our own
 // file, unsafe directories are refused; and the readers' side (ReadTrustedControlFile, the
 // loader's ControlSocketOf) trusts only what a root daemon or the user's own would leave.
-#include "fuse/control_file.h"
+#include "control/control_file.h"
 #include "common/trusted_file.h"
 
 #include <gtest/gtest.h>
@@ -21,7 +21,7 @@
 #include "common/unique_fd.h"
 #include "loader/daemon_fd.h"
 
-namespace cubetorchfs::fuse {
+namespace cubetorchfs::control {
 namespace {
 
 namespace fs = std::filesystem;
@@ -242,4 +242,4 @@ TEST_F(ControlFileTest, LoaderTrustsOnlyRootOrItsOwnControlFileAndSocket) {
 }
 
 }  // namespace
-}  // namespace cubetorchfs::fuse
+}  // namespace cubetorchfs::control

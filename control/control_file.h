@@ -18,7 +18,7 @@
 
 #include "common/status.h"
 
-namespace cubetorchfs::fuse {
+namespace cubetorchfs::control {
 
 struct ControlInfo {
   std::string vol_name;
@@ -48,4 +48,4 @@ Status WriteControlFile(const std::string& path, const ControlInfo& info);
 // us, same device and inode, naming `pid`): never a file that replaced it, never a link.
 void RemoveControlFile(const std::string& path, int pid);
 
-}  // namespace cubetorchfs::fuse
+}  // namespace cubetorchfs::control

@@ -9,7 +9,7 @@
 
 #include "common/status.h"
 
-namespace cubetorchfs::prefetch {
+namespace cubetorchfs::control {
 
 struct HttpReply {
   int status = 0;
@@ -29,4 +29,4 @@ class ControlClient {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace cubetorchfs::prefetch
+}  // namespace cubetorchfs::control
