@@ -8,13 +8,23 @@
 
 #include <memory>
 
-#include "fuse/file_system.h"
+#include "fs/file_system.h"
 
 namespace prometheus {
 class Registry;
 }
 
 namespace cubetorchfs::fuse {
+
+// The file system these operations serve (fs/).
+using fs::Caller;
+using fs::DirHandle;
+using fs::Entry;
+using fs::FileHandle;
+using fs::FileSystem;
+using fs::kRootIno;
+using fs::OpenResult;
+using fs::ReadResult;
 
 struct OpMetrics;
 class PageProbe;

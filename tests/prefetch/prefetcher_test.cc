@@ -534,7 +534,7 @@ TEST_F(PrefetcherTest, ReaderWaitsOnAFetchInFlightAndIsLate) {
   ASSERT_EQ(got->buffer->size, kFileSize);
   EXPECT_EQ(std::string(got->buffer->data.get(), kFileSize), std::string(kFileSize, 'a'));
   EXPECT_EQ(store_.reads(), 1) << "the file was fetched a second time";
-  // FUSE reports the read as late because it waited (fuse/file_system.cc); it is counted so.
+  // FUSE reports the read as late because it waited (fs/file_system.cc); it is counted so.
   const double late_before = ReadsCounter(registry_, "late");
   pf_->OnRead(Name(0), {kFileSize, 1}, 0, kFileSize,
               got->waited ? ReadOutcome::kLate : ReadOutcome::kHit);

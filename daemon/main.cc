@@ -25,14 +25,19 @@
 #include "conf/config.h"
 #include "control/control_file.h"
 #include "control/control_server.h"
-#include "fuse/command_line.h"
+#include "daemon/command_line.h"
+#include "daemon/warmup.h"
 #include "fuse/fuse_ops.h"
 #include "fuse/page_probe.h"
-#include "fuse/warmup.h"
 #include "prefetch/prefetcher.h"
 
-namespace cubetorchfs::fuse {
+namespace cubetorchfs::daemon {
 namespace {
+
+using fs::FileSystem;
+using fuse::FuseContext;
+using fuse::Operations;
+using fuse::PageProbe;
 
 constexpr int kExitBadConfig = 2;
 constexpr int kExitFailure = 1;
@@ -419,6 +424,6 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace cubetorchfs::fuse
+}  // namespace cubetorchfs::daemon
 
-int main(int argc, char** argv) { return cubetorchfs::fuse::Main(argc, argv); }
+int main(int argc, char** argv) { return cubetorchfs::daemon::Main(argc, argv); }

@@ -21,7 +21,7 @@
 
 #include "cfs_client/backend.h"
 
-namespace cubetorchfs::fuse {
+namespace cubetorchfs::fs {
 
 constexpr uint64_t kRootIno = 1;
 
@@ -96,4 +96,4 @@ class InodeTable {
   std::unordered_map<std::string, uint64_t> by_path_;  // GUARDED_BY(mu_)
 };
 
-}  // namespace cubetorchfs::fuse
+}  // namespace cubetorchfs::fs

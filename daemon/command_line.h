@@ -9,7 +9,7 @@
 
 #include "common/status.h"
 
-namespace cubetorchfs::fuse {
+namespace cubetorchfs::daemon {
 
 struct CommandLine {
   bool help = false;
@@ -26,4 +26,4 @@ Result<CommandLine> ParseCommandLine(const std::vector<std::string>& args);
 // The --help text.
 std::string UsageText();
 
-}  // namespace cubetorchfs::fuse
+}  // namespace cubetorchfs::daemon

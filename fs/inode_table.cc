@@ -1,10 +1,10 @@
-#include "fuse/inode_table.h"
+#include "fs/inode_table.h"
 
 #include "common/logging.h"
 
 #include <vector>
 
-namespace cubetorchfs::fuse {
+namespace cubetorchfs::fs {
 
 InodeTable::InodeTable(const cfs_client::FileAttr& root_attr, uint64_t now_ns) {
   Node root;
@@ -145,4 +145,4 @@ uint64_t InodeTable::lookups(uint64_t ino) const {
   return it == nodes_.end() ? 0 : it->second.nlookup;
 }
 
-}  // namespace cubetorchfs::fuse
+}  // namespace cubetorchfs::fs

@@ -1,8 +1,8 @@
-#include "fuse/command_line.h"
+#include "daemon/command_line.h"
 
 #include <sstream>
 
-namespace cubetorchfs::fuse {
+namespace cubetorchfs::daemon {
 
 Result<CommandLine> ParseCommandLine(const std::vector<std::string>& args) {
   CommandLine cl;
@@ -76,4 +76,4 @@ root exits with status 2 and one line naming the key.
 )";
 }
 
-}  // namespace cubetorchfs::fuse
+}  // namespace cubetorchfs::daemon

@@ -13,9 +13,9 @@
 #include <ctime>
 
 #include "common/logging.h"
-#include "fuse/file_system.h"
+#include "fs/file_system.h"
 
-namespace cubetorchfs::fuse {
+namespace cubetorchfs::fs {
 
 // The one open backend file of an inode being written, shared by all its writing handles.
 struct WriteState {
@@ -804,4 +804,4 @@ std::optional<Result<ReadResult>> FileSystem::ReadWritten(uint64_t ino, uint64_t
   return Result<ReadResult>(std::move(out));
 }
 
-}  // namespace cubetorchfs::fuse
+}  // namespace cubetorchfs::fs

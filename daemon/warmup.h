@@ -4,9 +4,9 @@
 #include <string>
 #include <vector>
 
-namespace cubetorchfs::fuse {
+namespace cubetorchfs::daemon {
 
 // Runs the subcommand with the arguments after "warmup"; returns the exit status.
 int RunWarmup(const std::vector<std::string>& args);
 
-}  // namespace cubetorchfs::fuse
+}  // namespace cubetorchfs::daemon

@@ -1,9 +1,9 @@
-#include "fuse/inode_table.h"
+#include "fs/inode_table.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
-namespace cubetorchfs::fuse {
+namespace cubetorchfs::fs {
 namespace {
 
 cfs_client::FileAttr Attr(uint64_t size) {
@@ -59,4 +59,4 @@ TEST(InodeTableTest, OpenedVersionIsRemembered) {
 }
 
 }  // namespace
-}  // namespace cubetorchfs::fuse
+}  // namespace cubetorchfs::fs

@@ -1,8 +1,8 @@
-#include "fuse/command_line.h"
+#include "daemon/command_line.h"
 
 #include <gtest/gtest.h>
 
-namespace cubetorchfs::fuse {
+namespace cubetorchfs::daemon {
 namespace {
 
 TEST(CommandLineTest, ConfigFlagForm) {
@@ -40,4 +40,4 @@ TEST(CommandLineTest, Errors) {
 }
 
 }  // namespace
-}  // namespace cubetorchfs::fuse
+}  // namespace cubetorchfs::daemon

@@ -42,7 +42,7 @@
 #include "cfs_client/backend.h"
 #include "common/clock.h"
 #include "common/status.h"
-#include "fuse/inode_table.h"
+#include "fs/inode_table.h"
 #include "prefetch/model_fetch.h"
 #include "prefetch/prefetcher.h"
 
@@ -51,7 +51,7 @@ class Registry;
 class Counter;
 }  // namespace prometheus
 
-namespace cubetorchfs::fuse {
+namespace cubetorchfs::fs {
 
 struct Entry {
   uint64_t ino = 0;
@@ -301,4 +301,4 @@ class FileSystem {
   prometheus::Counter* write_back_failed_;
 };
 
-}  // namespace cubetorchfs::fuse
+}  // namespace cubetorchfs::fs

@@ -5,7 +5,7 @@
 // it). Otherwise this process opens the tier itself. Files already cached are skipped, so an
 // interrupted warmup resumes. A progress bar on a terminal, a line every 5 s otherwise.
 
-#include "fuse/warmup.h"
+#include "daemon/warmup.h"
 #include "common/trusted_file.h"
 
 #include <prometheus/registry.h>
@@ -32,7 +32,7 @@
 #include "control/control_server.h"
 #include "prefetch/warmer.h"
 
-namespace cubetorchfs::fuse {
+namespace cubetorchfs::daemon {
 namespace {
 
 using json = nlohmann::json;
@@ -356,4 +356,4 @@ int RunWarmup(const std::vector<std::string>& args) {
   return progress.failed.load() == 0 ? 0 : 1;
 }
 
-}  // namespace cubetorchfs::fuse
+}  // namespace cubetorchfs::daemon

@@ -1,4 +1,4 @@
-#include "fuse/file_system.h"
+#include "fs/file_system.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 
 #include "tests/test_util.h"
 
-namespace cubetorchfs::fuse {
+namespace cubetorchfs::fs {
 namespace {
 
 using testing::FakeClock;
@@ -603,4 +603,4 @@ TEST_F(FileSystemTest, StatDoesNotWaitForAnUploadInFlight) {
 }
 
 }  // namespace
-}  // namespace cubetorchfs::fuse
+}  // namespace cubetorchfs::fs

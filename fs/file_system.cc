@@ -1,4 +1,4 @@
-#include "fuse/file_system.h"
+#include "fs/file_system.h"
 
 #include <fcntl.h>
 #include <prometheus/counter.h>
@@ -10,7 +10,7 @@
 
 #include "common/logging.h"
 
-namespace cubetorchfs::fuse {
+namespace cubetorchfs::fs {
 
 size_t ReadResult::size() const {
   size_t n = 0;
@@ -322,4 +322,4 @@ Status FileSystem::Access(uint64_t ino, int mask) {
   return Status::OK();
 }
 
-}  // namespace cubetorchfs::fuse
+}  // namespace cubetorchfs::fs
