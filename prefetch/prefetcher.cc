@@ -261,17 +261,10 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
         // The kernel may hold it: pass over it unless the probe finds a page missing. Probed
         // this near the readers, it is not probed again as they come.
         state |= kProbed;
-        if (pos < s.high + RecheckLead()) {
-          state |= kRechecked;
-          if (PressureLocked(clock_->NowNanos())) {
-            if (std::optional<Job> job = WarmJobLocked(s, path, *mark)) return job;
-            continue;
-          }
-        }
-        if (mark->probing) continue;
-        mark->probing = true;
-        rr_after_ = s.id;
-        return Job{path, true, mark->version.size};
+        const bool near = pos < s.high + RecheckLead();
+        if (near) state |= kRechecked;
+        if (std::optional<Job> job = PassOverJobLocked(s, path, *mark, near)) return job;
+        continue;
       }
       state |= kAttached;
       Entry& e = window_[path];
@@ -607,7 +600,6 @@ uint64_t Prefetcher::RecheckLead() const {
 
 std::optional<Prefetcher::Job> Prefetcher::RecheckLocked(Stream& s) {
   if (!page_probe_) return std::nullopt;
-  const bool pressure = PressureLocked(clock_->NowNanos());
   // Files passed over are probed again as the readers come near: the first probe may have
   // been a whole window ahead.
   const uint64_t end = std::min({s.high + RecheckLead(), s.next, s.base + s.paths.size()});
@@ -624,16 +616,19 @@ std::optional<Prefetcher::Job> Prefetcher::RecheckLocked(Stream& s) {
       UnprobeLocked(s, pos);
       continue;
     }
-    if (pressure) {
-      if (std::optional<Job> job = WarmJobLocked(s, path, *mark)) return job;
-      continue;
-    }
-    if (mark->probing) continue;
-    mark->probing = true;
-    rr_after_ = s.id;
-    return Job{path, true, mark->version.size};
+    if (std::optional<Job> job = PassOverJobLocked(s, path, *mark, /*near=*/true)) return job;
   }
   return std::nullopt;
+}
+
+std::optional<Prefetcher::Job> Prefetcher::PassOverJobLocked(const Stream& s,
+                                                             const std::string& path, Mark& mark,
+                                                             bool near) {
+  if (near && PressureLocked(clock_->NowNanos())) return WarmJobLocked(s, path, mark);
+  if (mark.probing) return std::nullopt;  // a probe of it runs: its answer serves this position
+  mark.probing = true;
+  rr_after_ = s.id;
+  return Job{path, true, mark.version.size};
 }
 
 std::optional<Prefetcher::Job> Prefetcher::WarmJobLocked(const Stream& s, const std::string& path,

@@ -281,8 +281,12 @@ class Prefetcher {
   void RunJob(const Job& job);
   void RunProbe(const Job& job);
   void RunWarm(const Job& job);
-  // The job that puts a file passed over in the LRU cache, if it is small enough.
   struct Mark;
+  // The job for a file passed over as page-resident: warm it under page pressure when the
+  // readers are `near`, else probe it (none if a probe of it runs).
+  std::optional<Job> PassOverJobLocked(const Stream& s, const std::string& path, Mark& mark,
+                                       bool near);
+  // The job that puts a file passed over in the LRU cache, if it is small enough.
   std::optional<Job> WarmJobLocked(const Stream& s, const std::string& path, const Mark& mark);
   // Position `pos` of `s` is no longer passed over: the scheduler and rechecks look again.
   void UnprobeLocked(Stream& s, uint64_t pos);
