@@ -70,10 +70,11 @@ std::optional<Status::Code> CodeFromName(std::string_view name) {
   return std::nullopt;
 }
 
-Status Status::FromWire(std::string_view code, std::string_view msg, int err) {
+Status Status::FromWire(std::string_view code, std::string_view msg, int64_t err) {
   std::optional<Code> c = CodeFromName(code);
   if (!c || *c == Code::kOk) return IOError(msg);
-  if (*c == Code::kErrno) return err > 0 ? Errno(err, msg) : IOError(msg);
+  if (*c == Code::kErrno)
+    return err > 0 && err < 4096 ? Errno(static_cast<int>(err), msg) : IOError(msg);
   return Status(*c, msg);
 }
 

@@ -8,6 +8,7 @@
 // neither is thread-safe to mutate concurrently (like any value).
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -80,8 +81,9 @@ class [[nodiscard]] Status {
   // it has one (ENOENT is NotFound, ...), else an errno-carrying status. REQUIRES: err > 0.
   static Status FromErrno(int err, std::string_view what);
   // A status from its wire form: the code's name (CodeName), the message, and the errno of
-  // an "errno" status. An unknown name gives an IOError.
-  static Status FromWire(std::string_view code, std::string_view msg, int err);
+  // an "errno" status. An unknown name, or an "errno" status whose errno is not in 1..4095,
+  // gives an IOError.
+  static Status FromWire(std::string_view code, std::string_view msg, int64_t err);
 
   // "IOError: open a/b: No such file..." — for logs and user-facing errors.
   std::string ToString() const;

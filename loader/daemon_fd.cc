@@ -268,8 +268,8 @@ Result<DaemonFile> OpenViaDaemon(const std::string& socket_path, const std::stri
                           : "HTTP " + std::to_string(code);
     // The reply's code says which status the daemon's request ended in.
     if (j.is_object() && j.contains("code") && j["code"].is_string()) {
-      const int err =
-          j.contains("errno") && j["errno"].is_number_integer() ? j["errno"].get<int>() : 0;
+      const int64_t err =
+          j.contains("errno") && j["errno"].is_number_integer() ? j["errno"].get<int64_t>() : 0;
       return Status::FromWire(j["code"].get<std::string>(), "daemon: " + why, err);
     }
     if (code == 501 || code == 405 || code == 404) return Status::NotSupported("daemon: " + why);

@@ -45,6 +45,8 @@ TEST(StatusTest, EachCodeHasOneErrnoAndAWireNameThatMapsBack) {
   EXPECT_EQ(Status::FromWire("no_such_code", "y", 0).code(), Status::Code::kIOError);
   EXPECT_EQ(Status::FromWire("ok", "y", 0).code(), Status::Code::kIOError);
   EXPECT_EQ(Status::FromWire("errno", "y", 0).code(), Status::Code::kIOError);
+  EXPECT_EQ(Status::FromWire("errno", "y", 1ll << 40).code(), Status::Code::kIOError);
+  EXPECT_EQ(Status::FromWire("errno", "y", -5).code(), Status::Code::kIOError);
 }
 
 TEST(StatusTest, WrapKeepsTheCodeAndTheErrno) {
