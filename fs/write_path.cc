@@ -237,7 +237,15 @@ Status FileSystem::MaybeCloseLocked(uint64_t ino, WriteState& st, bool forgotten
     InvalidateCaches(st.path);
     Result<cfs_client::FileAttr> stored = backend_->Stat(st.path);
     if (!stored.ok()) stored = st.file->Stat();
-    if (stored.ok()) Changed(ino, stored.value());
+    if (stored.ok()) {
+      // A stat answered from here on shows the store's version, before the write generation
+      // moves: an open that sees the new generation must not pair it with the staged version.
+      {
+        std::lock_guard<std::mutex> al(st.attr_mu);
+        st.written_attr = stored.value();
+      }
+      Changed(ino, stored.value());
+    }
   }
   Status closed = st.file->Close();
   st.file.reset();
