@@ -1,0 +1,578 @@
+// The control server's request handling (server_impl.h declares what both files share):
+// ServerImpl::Handle, which routes a request, and each route's handler, on the worker threads.
+// Every path a request names is checked here for its caller (ServerImpl::Check) before
+// anything is fetched, warmed, sent or opened. Also the checks control_server.h declares
+// (CheckJsonShape, ToStorePath).
+#include <prometheus/counter.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <boost/beast/http.hpp>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/logging.h"
+#include "control/control_server.h"
+#include "control/server_impl.h"
+
+namespace cubetorchfs::control {
+
+Status CheckJsonShape(std::string_view body, int max_depth, uint64_t max_elements) {
+  int depth = 0;
+  uint64_t elements = 1;
+  bool in_string = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+      continue;
+    }
+    switch (c) {
+      case '"':
+        in_string = true;
+        break;
+      case '[':
+      case '{':
+        if (++depth > max_depth)
+          return Status::InvalidArgument("JSON nested deeper than " + std::to_string(max_depth));
+        break;
+      case ']':
+      case '}':
+        --depth;
+        break;
+      case ',':
+      case ':':
+        if (++elements > max_elements)
+          return Status::InvalidArgument("JSON of more than " + std::to_string(max_elements) +
+                                         " values");
+        break;
+      default:
+        break;
+    }
+  }
+  return Status::OK();
+}
+
+Result<std::string> ToStorePath(const std::string& mount_point, const std::string& path) {
+  std::string rel;
+  if (!path.empty() && path[0] == '/') {
+    const std::string prefix = mount_point == "/" ? "/" : mount_point + "/";
+    if (path.compare(0, prefix.size(), prefix) != 0)
+      return Status::InvalidArgument(path + " is outside the mount " + mount_point);
+    rel = path.substr(prefix.size());
+  } else {
+    rel = path;
+  }
+  std::string out;
+  size_t start = 0;
+  while (start <= rel.size()) {
+    size_t slash = rel.find('/', start);
+    if (slash == std::string::npos) slash = rel.size();
+    std::string part = rel.substr(start, slash - start);
+    if (part == "..") return Status::InvalidArgument(path + ": \"..\" is not allowed");
+    if (!part.empty() && part != ".") out += (out.empty() ? "" : "/") + part;
+    start = slash + 1;
+  }
+  if (out.empty()) return Status::InvalidArgument("\"" + path + "\" names no file");
+  if (out.find('\0') != std::string::npos) return Status::InvalidArgument("path contains NUL");
+  return out;
+}
+
+namespace detail {
+
+namespace {
+
+json CountsJson(const ReadCounts& c) {
+  return json{{"hit", c.hit}, {"late", c.late}, {"miss", c.miss}};
+}
+
+json RatioJson(const ReadCounts& c) {
+  if (c.total() == 0) return nullptr;
+  return static_cast<double>(c.hit) / static_cast<double>(c.total());
+}
+
+void PutU64(std::string& out, uint64_t v) {
+  for (int shift = 56; shift >= 0; shift -= 8)
+    out.push_back(static_cast<char>((v >> shift) & 0xff));
+}
+
+}  // namespace
+
+std::optional<json> ServerImpl::ParseBody(const Request& req, std::string* why) {
+  Status shape = CheckJsonShape(req.body(), options_.max_json_depth, options_.max_json_elements);
+  if (!shape.ok()) {
+    CountRefused(kBadJson);
+    *why = "body refused: " + shape.message();
+    return std::nullopt;
+  }
+  return json::parse(req.body(), nullptr, false);
+}
+
+Reply ServerImpl::Handle(Request& req, const Caller& caller, bool can_pass_fd, int sock) {
+  const unsigned v = req.version();
+  const std::string target(req.target());
+  const auto method = req.method();
+  const std::string streams = "/v1/streams";
+  if (target == "/v1/files/open") {
+    if (method != http::verb::post) return {Error(http::status::method_not_allowed, "use POST", v)};
+    if (!can_pass_fd)
+      return {Error(http::status::bad_request,
+                    "/v1/files/open passes a file descriptor: use the unix control socket", v)};
+    if (!opener_) return {Error(http::status::not_implemented, "this daemon cannot open files", v)};
+    Reply r;
+    r.res = OpenFile(req, caller, &r.fd);
+    return r;
+  }
+  if (target == "/batchdownload/path" || target == "/v1/warmup") {
+    if (method != http::verb::post) return {Error(http::status::method_not_allowed, "use POST", v)};
+    if (target == "/v1/warmup") return {Warmup(req, caller)};
+    return BatchDownload(req, caller, sock);
+  }
+  if (target == "/v1/stats") {
+    if (method != http::verb::get) return {Error(http::status::method_not_allowed, "use GET", v)};
+    return {JsonResponse(http::status::ok, StatsJson(caller), v)};
+  }
+  if (target == streams) {
+    if (method != http::verb::post) return {Error(http::status::method_not_allowed, "use POST", v)};
+    return {CreateStream(req, caller)};
+  }
+  if (target.rfind(streams + "/", 0) == 0) {
+    std::string rest = target.substr(streams.size() + 1);
+    const std::string suffix = "/paths";
+    if (rest.size() > suffix.size() &&
+        rest.compare(rest.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      if (method != http::verb::post)
+        return {Error(http::status::method_not_allowed, "use POST", v)};
+      return {PublishPaths(req, caller, rest.substr(0, rest.size() - suffix.size()))};
+    }
+    if (rest.find('/') == std::string::npos && !rest.empty()) {
+      if (method != http::verb::delete_)
+        return {Error(http::status::method_not_allowed, "use DELETE", v)};
+      const Prefetcher::Op op = prefetcher_->DeleteStreamAs(caller.uid, rest);
+      if (op != Prefetcher::Op::kOk) return {StreamError(op, rest, v)};
+      Response res{http::status::no_content, v};
+      res.prepare_payload();
+      return {res};
+    }
+  }
+  if (target == "/prefetch/read/path") {
+    if (method != http::verb::post) return {Error(http::status::method_not_allowed, "use POST", v)};
+    return {LegacyPrefetch(req, caller)};
+  }
+  if (target == "/register/pid" || target == "/unregister/pid") {
+    if (method != http::verb::post) return {Error(http::status::method_not_allowed, "use POST", v)};
+    std::string why;
+    std::optional<json> body = ParseBody(req, &why);
+    if (!body) return {Error(http::status::bad_request, why, v)};
+    if (!body->is_array())
+      return {Error(http::status::bad_request, "body must be a JSON array of pids", v)};
+    for (const auto& pid : *body)
+      if (!pid.is_number_integer())
+        return {Error(http::status::bad_request, "pids must be integers", v)};
+    CTFS_LOG(kDebug) << target.substr(1) << ": " << body->size() << " pids from uid " << caller.uid;
+    return {Text(http::status::ok, "ok\n", v)};
+  }
+  // A route this daemon does not have: a client may fall back to another way.
+  return {ErrorFrom(http::status::not_found, Status::NotSupported("no route " + target), v)};
+}
+
+std::shared_ptr<const Caller> ServerImpl::ReaderFor(const Caller& caller) const {
+  if (caller.IsRoot() || options_.resolver == nullptr || !options_.resolver->checks_store())
+    return nullptr;
+  return std::make_shared<const Caller>(caller);
+}
+
+Response ServerImpl::StreamError(Prefetcher::Op op, const std::string& id, unsigned v) {
+  switch (op) {
+    case Prefetcher::Op::kForbidden:
+      return Error(http::status::forbidden, "stream " + id + " belongs to another user", v);
+    case Prefetcher::Op::kFull:
+      return Error(http::status::too_many_requests,
+                   "too many queued paths for this user (prefetch.max_queued_paths_per_uid)", v);
+    default:
+      return Error(http::status::not_found, "unknown stream " + id, v);
+  }
+}
+
+Response ServerImpl::CreateStream(const Request& req, const Caller& caller) {
+  const unsigned v = req.version();
+  std::string why;
+  std::optional<json> parsed = ParseBody(req, &why);
+  if (!parsed) return Error(http::status::bad_request, why, v);
+  json& body = *parsed;
+  if (!body.is_object()) return Error(http::status::bad_request, "body must be a JSON object", v);
+  std::string name = "stream";
+  int pid = 0;
+  if (body.contains("name")) {
+    if (!body["name"].is_string())
+      return Error(http::status::bad_request, "\"name\" must be a string", v);
+    name = body["name"].get<std::string>();
+    if (name.size() > 256) name.resize(256);
+  }
+  if (body.contains("pid")) {
+    if (!body["pid"].is_number_integer())
+      return Error(http::status::bad_request, "\"pid\" must be an integer", v);
+    pid = body["pid"].get<int>();
+  }
+  const std::string id = prefetcher_->CreateStream(name, pid, caller.uid, ReaderFor(caller));
+  if (id.empty())
+    return Error(http::status::too_many_requests,
+                 "too many streams for this user (prefetch.max_streams_per_uid)", v);
+  return JsonResponse(http::status::created, json{{"id", id}}, v);
+}
+
+void ServerImpl::CountRejected(Reject r) {
+  rejected_counts_[static_cast<int>(r)]++;
+  if (rejected_[static_cast<int>(r)]) rejected_[static_cast<int>(r)]->Increment();
+}
+
+Result<PathResolver::Resolved> ServerImpl::Check(const std::string& p, const Caller& caller,
+                                                 bool fresh, PathResolver::Depth depth) {
+  Result<std::string> sp = p.size() > 4096
+                               ? Result<std::string>(Status::NameTooLong("path over 4096 bytes"))
+                               : ToStorePath(options_.mount_point, p);
+  if (!sp.ok()) {
+    CountRejected(Reject::kOutside);
+    return sp.status();
+  }
+  if (options_.resolver == nullptr) return PathResolver::Resolved{sp.value(), {}};
+  Reject why = Reject::kNone;
+  Result<PathResolver::Resolved> r = options_.resolver->Resolve(*sp, caller, fresh, &why, depth);
+  if (!r.ok()) {
+    CountRejected(why);
+    // Say what a user may know: the path asked for, not where the store keeps it.
+    const Status& s = r.status();
+    if (why == Reject::kNotFound) return Status::NotFound(p + ": no such file");
+    if (why == Reject::kPermission) return Status::PermissionDenied(p + ": permission denied");
+    if (why == Reject::kNotFile) return Status::IsDirectory(p + ": not a regular file");
+    if (why == Reject::kSymlink || why == Reject::kLoop) {
+      const size_t colon = s.message().find(": ");
+      return Status::PermissionDenied(
+          p + ": " + (colon == std::string::npos ? s.message() : s.message().substr(colon + 2)));
+    }
+    return Status::IOError(p + ": the store failed");
+  }
+  return r;
+}
+
+std::optional<std::vector<std::string>> ServerImpl::StorePaths(const json& paths,
+                                                               const Caller& caller,
+                                                               uint64_t* rejected, std::string* why,
+                                                               PathResolver::Depth depth,
+                                                               bool fresh) {
+  if (!paths.is_array()) {
+    *why = "paths must be an array of strings";
+    return std::nullopt;
+  }
+  std::vector<std::string> out;
+  out.reserve(paths.size());
+  for (const auto& p : paths) {
+    if (!p.is_string()) {
+      *why = "paths must be an array of strings";
+      return std::nullopt;
+    }
+    Result<PathResolver::Resolved> r = Check(p.get_ref<const std::string&>(), caller, fresh, depth);
+    if (r.ok()) {
+      out.push_back(std::move(r->path));
+    } else {
+      ++*rejected;
+      *why = r.status().message();
+    }
+  }
+  return out;
+}
+
+std::optional<std::vector<std::string>> ServerImpl::PathsBody(const Request& req,
+                                                              const Caller& caller,
+                                                              uint64_t* rejected, std::string* why,
+                                                              PathResolver::Depth depth,
+                                                              bool fresh) {
+  std::optional<json> body = ParseBody(req, why);
+  if (!body) return std::nullopt;
+  if (!body->is_object() || !body->contains("paths")) {
+    *why = "body must be {\"paths\": [...]}";
+    return std::nullopt;
+  }
+  return StorePaths((*body)["paths"], caller, rejected, why, depth, fresh);
+}
+
+Response ServerImpl::PublishPaths(const Request& req, const Caller& caller, const std::string& id) {
+  const unsigned v = req.version();
+  if (Prefetcher::Op op = prefetcher_->CheckStream(caller.uid, id); op != Prefetcher::Op::kOk)
+    return StreamError(op, id, v);
+  uint64_t rejected = 0;
+  std::string why;
+  std::optional<std::vector<std::string>> paths = PathsBody(req, caller, &rejected, &why);
+  if (!paths) return Error(http::status::bad_request, why, v);
+  if (paths->empty() && rejected > 0) return Error(http::status::unprocessable_entity, why, v);
+  const Prefetcher::Op op = prefetcher_->PublishAs(caller.uid, id, *paths);
+  if (op != Prefetcher::Op::kOk) return StreamError(op, id, v);
+  return JsonResponse(http::status::accepted,
+                      json{{"accepted", paths->size()}, {"rejected", rejected}}, v);
+}
+
+Response ServerImpl::LegacyPrefetch(const Request& req, const Caller& caller) {
+  const unsigned v = req.version();
+  std::string why;
+  std::optional<json> body = ParseBody(req, &why);
+  if (!body) return Error(http::status::bad_request, why, v);
+  if (!body->is_array())
+    return Error(http::status::bad_request, "body must be [[path, ...], ...]", v);
+  std::vector<std::string> all;
+  for (const auto& group : *body) {
+    uint64_t rejected = 0;
+    std::optional<std::vector<std::string>> paths = StorePaths(group, caller, &rejected, &why);
+    if (!paths) return Error(http::status::bad_request, why, v);
+    all.insert(all.end(), paths->begin(), paths->end());
+  }
+  {
+    // One legacy stream per user: users never share a stream.
+    std::lock_guard<std::mutex> l(legacy_mu_);
+    std::string& id = legacy_streams_[caller.uid];
+    // The original package expects "prefetching." whatever happens: past the per-user
+    // limits, as many paths as fit are published (prefetching is best effort).
+    size_t taken = 0;
+    Prefetcher::Op op = id.empty() ? Prefetcher::Op::kNotFound
+                                   : prefetcher_->PublishAs(caller.uid, id, all, true, &taken);
+    if (op == Prefetcher::Op::kNotFound) {
+      id = prefetcher_->CreateStream("cube_torch legacy", 0, caller.uid, ReaderFor(caller));
+      if (id.empty()) {
+        legacy_streams_.erase(caller.uid);
+        return StreamError(Prefetcher::Op::kFull, "legacy", v);
+      }
+      op = prefetcher_->PublishAs(caller.uid, id, all, true, &taken);
+    }
+    if (op == Prefetcher::Op::kFull || taken < all.size()) {
+      if (dropped_warnings_++ < 3 || dropped_warnings_ % 1000 == 0)
+        CTFS_LOG(kWarn) << "legacy prefetch of uid " << caller.uid << ": " << all.size() - taken
+                        << " paths over the queued-path limits dropped";
+    } else if (op != Prefetcher::Op::kOk) {
+      return StreamError(op, id, v);
+    }
+  }
+  return Text(http::status::ok, "prefetching.\n", v);
+}
+
+Reply ServerImpl::BatchDownload(Request& req, const Caller& caller, int sock) {
+  const unsigned v = req.version();
+  std::string why;
+  std::optional<json> body = ParseBody(req, &why);
+  if (!body) return {Error(http::status::bad_request, why, v)};
+  if (!body->is_array()) return {Error(http::status::bad_request, "body must be [[path, ...]]", v)};
+  std::vector<std::string> paths;
+  for (const auto& group : *body) {
+    if (!group.is_array())
+      return {Error(http::status::bad_request, "body must be [[path, ...]]", v)};
+    for (const auto& p : group) {
+      if (!p.is_string()) return {Error(http::status::bad_request, "paths must be strings", v)};
+      paths.push_back(p.get<std::string>());
+    }
+  }
+  body.reset();
+  // The reply may take long: the request's body is not kept while it is sent.
+  req.body().clear();
+  req.body().shrink_to_fit();
+  const bool keep_alive = req.keep_alive() && v == 11;
+  ChunkedWriter out(sock, options_.idle_timeout_s, v == 11);
+  std::string head = std::string(v == 11 ? "HTTP/1.1" : "HTTP/1.0") +
+                     " 200 OK\r\nContent-Type: application/octet-stream\r\n";
+  head += v == 11 ? "Transfer-Encoding: chunked\r\n" : "";
+  head += keep_alive ? "" : "Connection: close\r\n";
+  head += "\r\n";
+  if (!out.Raw(head)) return Reply{{}, -1, true, false};
+  // Framing: u64 version=0, u64 count, then per file u64 path_len | path | u64 data_len |
+  // data, all big-endian. A file that cannot be read is sent with no data.
+  std::string frame;
+  PutU64(frame, 0);
+  PutU64(frame, paths.size());
+  if (!out.Write(frame.data(), frame.size())) return Reply{{}, -1, true, false};
+  uint64_t warned = 0;
+  for (const auto& p : paths) {
+    Result<PathResolver::Resolved> r = Check(p, caller, /*fresh=*/true);
+    auto entry_head = [&](uint64_t len) {
+      frame.clear();
+      PutU64(frame, p.size());
+      frame += p;
+      PutU64(frame, len);
+      return out.Write(frame.data(), frame.size());
+    };
+    bool started = false;
+    Status s = r.status();
+    if (r.ok()) {
+      s = reader_(r->path, r->attr, [&](const char* data, size_t len) -> Status {
+        if (!started) {
+          if (!entry_head(r->attr.size)) return Status::IOError("client stopped reading");
+          started = true;
+        }
+        if (!out.Write(data, len)) return Status::IOError("client stopped reading");
+        return Status::OK();
+      });
+    }
+    if (started && !s.ok()) {  // the length is out: the reply cannot go on
+      CTFS_LOG(kWarn) << "batchdownload aborted in " << p << ": " << s.ToString();
+      return Reply{{}, -1, true, false};
+    }
+    if (!s.ok() && warned++ < 3) CTFS_LOG(kWarn) << "batchdownload " << p << ": " << s.ToString();
+    if (!started && !entry_head(0)) return Reply{{}, -1, true, false};
+  }
+  if (!out.Finish()) return Reply{{}, -1, true, false};
+  return Reply{{}, -1, true, keep_alive};
+}
+
+Response ServerImpl::Warmup(const Request& req, const Caller& caller) {
+  const unsigned v = req.version();
+  if (warmer_ == nullptr)
+    return Error(http::status::unprocessable_entity,
+                 "no NVMe tier configured (cache.disk_dir): nothing to warm", v);
+  uint64_t rejected = 0;
+  std::string why;
+  // Warming writes the files to the NVMe tier: each is checked whole, as of now.
+  std::optional<std::vector<std::string>> paths =
+      PathsBody(req, caller, &rejected, &why, PathResolver::Depth::kFile, /*fresh=*/true);
+  if (!paths) return Error(http::status::bad_request, why, v);
+  uint64_t fetched = 0, skipped = 0, failed = rejected, bytes = 0;
+  json errors = json::array();
+  if (rejected > 0) errors.push_back(why);
+  for (const auto& p : *paths) {
+    Result<WarmResult> r = warmer_->WarmFile(p);
+    if (!r.ok()) {
+      ++failed;
+      if (errors.size() < 10) errors.push_back(r.status().message());
+    } else if (r->fetched) {
+      ++fetched;
+      bytes += r->bytes;
+    } else {
+      ++skipped;
+    }
+  }
+  return JsonResponse(http::status::ok,
+                      json{{"fetched", fetched},
+                           {"skipped", skipped},
+                           {"failed", failed},
+                           {"bytes", bytes},
+                           {"errors", errors}},
+                      v);
+}
+
+Response ServerImpl::OpenFile(const Request& req, const Caller& caller, int* fd) {
+  const unsigned v = req.version();
+  std::string why;
+  std::optional<json> parsed = ParseBody(req, &why);
+  if (!parsed) return Error(http::status::bad_request, why, v);
+  json& body = *parsed;
+  if (!body.is_object() || !body.contains("path") || !body["path"].is_string())
+    return Error(http::status::bad_request, "body must be {\"path\": str}", v);
+  Result<PathResolver::Resolved> sp = Check(body["path"].get<std::string>(), caller, true);
+  if (!sp.ok()) {
+    files_open_failed_++;
+    const Status& s = sp.status();
+    const http::status code =
+        s.IsNotFound()                                ? http::status::not_found
+        : s.code() == Status::Code::kPermissionDenied ? http::status::forbidden
+        : s.code() == Status::Code::kIsDirectory      ? http::status::bad_request
+                                                      : http::status::unprocessable_entity;
+    return ErrorFrom(code, s, v);
+  }
+  // The caller's read permission once more, on the file actually opened: one swapped in
+  // since the check above is refused, whatever its size and mtime.
+  const Caller who = caller;
+  Result<OpenedFile> f = opener_(sp->path, [who](const cfs_client::FileAttr& a) -> Status {
+    if (!a.IsRegular() || !MayAccess(a, who, R_OK))
+      return Status::PermissionDenied("permission denied");
+    return Status::OK();
+  });
+  if (f.ok() && sp->attr.mode != 0 &&
+      (f->size != sp->attr.size || f->mtime_ns != sp->attr.mtime_ns)) {
+    // Not the file just checked (replaced meanwhile): hand out nothing.
+    ::close(f->fd);
+    f = Status::Stale(sp->path + ": file changed while it was opened; retry");
+  }
+  if (!f.ok()) {
+    files_open_failed_++;
+    const Status& s = f.status();
+    if (s.IsNotFound())
+      CTFS_LOG(kDebug) << "files/open " << sp->path << ": " << s.ToString();
+    else
+      CTFS_LOG(kWarn) << "files/open " << sp->path << ": " << s.ToString();
+    http::status code = s.IsNotFound()                                ? http::status::not_found
+                        : s.code() == Status::Code::kInvalidArgument  ? http::status::bad_request
+                        : s.code() == Status::Code::kPermissionDenied ? http::status::forbidden
+                        : s.IsStale()                                 ? http::status::conflict
+                                      : http::status::service_unavailable;
+    return ErrorFrom(code, s, v);
+  }
+  files_opened_++;
+  files_open_bytes_ += f->size;
+  if (f->store_file) files_open_store_++;
+  *fd = f->fd;
+  return JsonResponse(
+      http::status::ok,
+      json{{"size", f->size},
+           {"mtime_ns", f->mtime_ns},
+           {"kind", f->store_file ? "store" : "memory"},
+           {"bytes",
+            {{"ram", f->ram_bytes}, {"disk", f->disk_bytes}, {"backend", f->backend_bytes}}}},
+      v);
+}
+
+json ServerImpl::StatsJson(const Caller& caller) {
+  Stats s = caller.IsRoot() ? prefetcher_->GetStats() : prefetcher_->GetStats(caller.uid);
+  json streams = json::array();
+  for (const auto& st : s.streams) {
+    streams.push_back({{"id", st.id},
+                       {"name", st.name},
+                       {"pid", st.pid},
+                       {"uid", st.uid},
+                       {"published", st.published},
+                       {"read", st.read},
+                       {"skipped", st.skipped},
+                       {"queued", st.queued},
+                       {"fetched", st.fetched},
+                       {"failed", st.failed},
+                       {"evicted_unread", st.evicted_unread},
+                       {"reads", CountsJson(st.reads)},
+                       {"hit_ratio", RatioJson(st.reads)}});
+  }
+  json rejected = json::object();
+  for (int r = 1; r < kRejectReasons; ++r)
+    rejected[RejectName(static_cast<Reject>(r))] = rejected_counts_[r].load();
+  json refused = json::object();
+  for (int r = 0; r < kRefuseReasons; ++r) refused[kRefuseNames[r]] = refused_counts_[r].load();
+  return json{{"global",
+               {{"reads", CountsJson(s.reads)},
+                {"hit_ratio", RatioJson(s.reads)},
+                {"prefetch",
+                 {{"fetched", s.fetched},
+                  {"failed", s.failed},
+                  {"evicted_unread", s.evicted_unread},
+                  {"preempted", s.preempted},
+                  {"denied", s.denied},
+                  {"page_resident", s.page_resident},
+                  {"probed_absent", s.probed_absent},
+                  {"page_drops", s.page_drops},
+                  {"page_pressure", s.page_pressure},
+                  {"warmed", s.warmed},
+                  {"cached", s.cached},
+                  {"resident_marks", s.resident_marks},
+                  {"inflight", s.inflight},
+                  {"window_files", s.window_files},
+                  {"window_bytes", s.window_bytes},
+                  {"window_budget_bytes", s.window_budget_bytes}}},
+                {"cache", {{"ram_bytes", ram_->bytes() + s.window_bytes}}},
+                {"files_open",
+                 {{"opened", files_opened_.load()},
+                  {"failed", files_open_failed_.load()},
+                  {"store_files", files_open_store_.load()},
+                  {"bytes", files_open_bytes_.load()}}},
+                {"control", {{"rejected_paths", rejected}, {"refused", refused}}}}},
+              {"streams", streams}};
+}
+
+}  // namespace detail
+}  // namespace cubetorchfs::control
