@@ -47,6 +47,7 @@
 #include "cfs_client/s3_protocol.h"
 #include "cfs_client/s3_transport.h"
 #include "common/logging.h"
+#include "common/parallel.h"
 #include "common/private_dir.h"
 
 namespace cubetorchfs::cfs_client {
@@ -583,11 +584,7 @@ class S3Backend final : public Backend {
         }
       }
     };
-    const size_t threads = std::min<size_t>({parts, 8, opts_.max_connections});
-    std::vector<std::thread> pool;
-    for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
-    worker();
-    for (auto& t : pool) t.join();
+    RunOnThreads(static_cast<int>(std::min<size_t>({parts, 8, opts_.max_connections})), worker);
     Status failure;
     for (const Status& e : errors)
       if (!e.ok() && failure.ok()) failure = e;

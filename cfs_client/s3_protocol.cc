@@ -43,6 +43,22 @@ void AppendUtf8(uint32_t cp, std::string* out) {
 
 Status BadXml(const std::string& why) { return Status::IOError("malformed XML reply: " + why); }
 
+// The position of the '>' ending the start tag at `i` of `xml` (attribute values are quoted
+// and may hold '>'), or xml.size() if it is not terminated.
+size_t StartTagEnd(std::string_view xml, size_t i) {
+  char quote = 0;
+  for (size_t j = i + 1; j < xml.size(); ++j) {
+    if (quote) {
+      if (xml[j] == quote) quote = 0;
+    } else if (xml[j] == '"' || xml[j] == '\'') {
+      quote = xml[j];
+    } else if (xml[j] == '>') {
+      return j;
+    }
+  }
+  return xml.size();
+}
+
 // Walks `xml` and calls on_close(path, text) as each element closes: `path` holds the element
 // names from the root down to it, `text` its own character data, unescaped. Skips the XML
 // declaration, comments and DOCTYPE; keeps CDATA as text. Attributes are ignored.
@@ -96,18 +112,7 @@ Status WalkXml(std::string_view xml, Fn&& on_close) {
       texts.pop_back();
       i = end + 1;
     } else {
-      // A start tag; attribute values are quoted and may hold '>'.
-      size_t j = i + 1;
-      char quote = 0;
-      for (; j < xml.size(); ++j) {
-        if (quote) {
-          if (xml[j] == quote) quote = 0;
-        } else if (xml[j] == '"' || xml[j] == '\'') {
-          quote = xml[j];
-        } else if (xml[j] == '>') {
-          break;
-        }
-      }
+      const size_t j = StartTagEnd(xml, i);
       if (j >= xml.size()) return BadXml("unterminated start tag");
       std::string_view tag = xml.substr(i + 1, j - i - 1);
       const bool self_closing = !tag.empty() && tag.back() == '/';

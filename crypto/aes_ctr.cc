@@ -4,11 +4,15 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
+
+#include "common/parallel.h"
 
 namespace cubetorchfs::crypto {
 
@@ -106,26 +110,23 @@ Status CtrXorParallel(const Key& key, const Iv& iv, uint64_t offset, uint8_t* da
   // (not required for correctness, but it avoids the partial-block skip in every chunk).
   size_t chunk = (len + threads - 1) / threads;
   chunk = (chunk + kAesBlockSize - 1) / kAesBlockSize * kAesBlockSize;
-  std::vector<Status> results(threads);
-  std::vector<std::thread> workers;
-  workers.reserve(threads);
-  size_t begin = 0;
   // The first chunk absorbs the misalignment so the others start block-aligned.
   const size_t head = (kAesBlockSize - offset % kAesBlockSize) % kAesBlockSize;
-  for (int t = 0; t < threads && begin < len; ++t) {
-    size_t end = t == 0 ? std::min(len, chunk + head) : std::min(len, begin + chunk);
-    if (t == threads - 1) end = len;
-    auto work = [&, t, begin, end] {
-      results[t] = CtrXorAt(key, iv, offset + begin, data + begin, end - begin);
-    };
-    try {
-      workers.emplace_back(work);
-    } catch (const std::system_error&) {
-      work();  // no thread to be had: do this chunk here (the result is the same)
-    }
+  std::vector<std::pair<size_t, size_t>> ranges;  // [begin, end) of each chunk
+  for (size_t begin = 0; begin < len && ranges.size() < static_cast<size_t>(threads);) {
+    size_t end = ranges.empty() ? std::min(len, chunk + head) : std::min(len, begin + chunk);
+    if (ranges.size() + 1 == static_cast<size_t>(threads)) end = len;
+    ranges.emplace_back(begin, end);
     begin = end;
   }
-  for (auto& w : workers) w.join();
+  std::vector<Status> results(ranges.size());
+  std::atomic<size_t> next{0};
+  RunOnThreads(static_cast<int>(ranges.size()), [&] {
+    for (size_t t = next++; t < ranges.size(); t = next++) {
+      const auto [begin, end] = ranges[t];
+      results[t] = CtrXorAt(key, iv, offset + begin, data + begin, end - begin);
+    }
+  });
   for (auto& s : results) {
     if (!s.ok()) return s;
   }

@@ -6,12 +6,15 @@
 #include <openssl/params.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <system_error>
 #include <thread>
 
+#include "common/parallel.h"
 #include "crypto/base64.h"
 
 namespace cubetorchfs::crypto {
@@ -206,36 +209,24 @@ Result<Tag> ComputeIntegrityTag(const Key& data_key, const IntegrityParams& para
   if (!key.ok()) return key.status();
   const uint64_t n = IntegrityChunkCount(params);
   std::vector<ChunkTagValue> tags(n);
-  std::vector<Status> results(std::max(threads, 1));
-  auto work = [&](int worker, uint64_t first, uint64_t last) {
-    for (uint64_t i = first; i < last; ++i) {
+  std::atomic<uint64_t> next{0};
+  std::mutex error_mu;
+  Status error;  // the first failure; the others stop taking chunks
+  auto work = [&] {
+    for (uint64_t i = next++; i < n; i = next++) {
       const uint64_t begin = i * params.chunk_size;
       auto t = ChunkTag(*key, params, i, ciphertext + begin, ChunkLength(params, i));
       if (!t.ok()) {
-        results[worker] = t.status();
+        std::lock_guard<std::mutex> l(error_mu);
+        if (error.ok()) error = t.status();
+        next = n;
         return;
       }
       tags[i] = *t;
     }
   };
-  const uint64_t workers = std::min<uint64_t>(results.size(), n);
-  std::vector<std::thread> pool;
-  for (uint64_t w = 0; w < workers; ++w) {
-    const uint64_t first = n * w / workers, last = n * (w + 1) / workers;
-    if (w + 1 == workers) {
-      work(static_cast<int>(w), first, last);  // the calling thread takes the last share
-      break;
-    }
-    try {
-      pool.emplace_back(work, static_cast<int>(w), first, last);
-    } catch (const std::system_error&) {
-      work(static_cast<int>(w), first, last);
-    }
-  }
-  for (auto& t : pool) t.join();
-  for (const Status& s : results) {
-    if (!s.ok()) return s;
-  }
+  RunOnThreads(static_cast<int>(std::min<uint64_t>(std::max(threads, 1), n)), work);
+  CTFS_RETURN_IF_ERROR(error);
   return CombineChunkTags(*key, params, tags);
 }
 

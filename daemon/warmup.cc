@@ -17,15 +17,19 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+#include <variant>
+#include <vector>
 
 #include "cache/disk_cache.h"
 #include "cfs_client/backend.h"
 #include "common/logging.h"
+#include "common/parallel.h"
 #include "conf/config.h"
 #include "control/control_client.h"
 #include "control/control_file.h"
@@ -163,10 +167,16 @@ void Draw(const Progress& p, size_t total, uint64_t total_bytes, double elapsed,
 
 }  // namespace
 
-int RunWarmup(const std::vector<std::string>& args) {
-  SetLogLevel(LogLevel::kWarn);  // progress and summary go to stderr; logs only for trouble
+namespace {
+
+struct WarmupArgs {
   std::string config_path, list_path, dir;
   int jobs = 16;
+};
+
+// The command line; an exit code when there is nothing more to do (--help, a bad argument).
+std::variant<WarmupArgs, int> ParseArgs(const std::vector<std::string>& args) {
+  WarmupArgs out;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto next = [&]() -> const std::string* { return i + 1 < args.size() ? &args[++i] : nullptr; };
@@ -180,33 +190,147 @@ int RunWarmup(const std::vector<std::string>& args) {
         return kExitBadUsage;
       }
       if (a == "--list")
-        list_path = *v;
+        out.list_path = *v;
       else if (a == "-j" || a == "--jobs")
-        jobs = std::max(1, std::atoi(v->c_str()));
+        out.jobs = std::max(1, std::atoi(v->c_str()));
       else
-        config_path = *v;
+        out.config_path = *v;
     } else if (!a.empty() && a[0] == '-') {
       std::cerr << "cubetorchfs warmup: unknown option " << a << " (see --help)\n";
       return kExitBadUsage;
-    } else if (dir.empty()) {
-      dir = a;
+    } else if (out.dir.empty()) {
+      out.dir = a;
     } else {
       std::cerr << "cubetorchfs warmup: unexpected argument " << a << "\n";
       return kExitBadUsage;
     }
   }
-  if (config_path.empty() || dir.empty() == list_path.empty()) {
+  if (out.config_path.empty() || out.dir.empty() == out.list_path.empty()) {
     std::cerr << "cubetorchfs warmup: needs -c CONFIG and either DIR or --list FILE (see --help)\n";
     return kExitBadUsage;
   }
-  Result<conf::Config> config = conf::LoadConfig(config_path);
+  return out;
+}
+
+// What to warm: the files of --list, or every file under DIR. Prints the error and returns
+// false if it cannot say.
+bool CollectItems(const WarmupArgs& args, const conf::Config& config, cfs_client::Backend& backend,
+                  std::vector<Item>* items) {
+  const std::string mount = config.mount_point;
+  auto store_path = [&](const std::string& p) -> Result<std::string> {
+    if (p == "/" || p == "." || (!mount.empty() && p == mount)) return std::string();
+    return control::ToStorePath(mount.empty() ? "/" : mount, p);
+  };
+  if (!args.list_path.empty()) {
+    std::ifstream in(args.list_path);
+    if (!in) {
+      std::cerr << "cubetorchfs warmup: --list " << args.list_path << ": cannot read\n";
+      return false;
+    }
+    for (std::string line; std::getline(in, line);) {
+      while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+      if (line.empty()) continue;
+      Result<std::string> p = store_path(line);
+      if (!p.ok()) {
+        std::cerr << "cubetorchfs warmup: --list: " << p.status().message() << "\n";
+        return false;
+      }
+      items->push_back({p.value(), 0});
+    }
+    return true;
+  }
+  Result<std::string> root = store_path(args.dir);
+  if (!root.ok()) {
+    std::cerr << "cubetorchfs warmup: " << root.status().message() << "\n";
+    return false;
+  }
+  if (Status s = Walk(backend, root.value(), items); !s.ok()) {
+    std::cerr << "cubetorchfs warmup: " << args.dir << ": " << s.message() << "\n";
+    return false;
+  }
+  return true;
+}
+
+// Warms one file into the tier opened here.
+void WarmHere(prefetch::Warmer& warmer, const Item& item, Progress& progress) {
+  Result<prefetch::WarmResult> r = warmer.WarmFile(item.path);
+  if (!r.ok()) {
+    progress.failed++;
+    progress.Error(r.status().message());
+  } else if (r->fetched) {
+    progress.fetched++;
+    progress.bytes += r->bytes;
+  } else {
+    progress.skipped++;
+  }
+  progress.done++;
+}
+
+// Asks the running daemon to warm `items[begin, end)`.
+void WarmThroughDaemon(control::ControlClient& client, const std::vector<Item>& items, size_t begin,
+                       size_t end, Progress& progress) {
+  json paths = json::array();
+  for (size_t i = begin; i < end; ++i) paths.push_back(items[i].path);
+  Result<control::HttpReply> r = client.Call("POST", "/v1/warmup", json{{"paths", paths}}.dump());
+  json reply = r.ok() ? json::parse(r->body, nullptr, false) : json();
+  if (!r.ok() || r->status != 200 || !reply.is_object()) {
+    progress.failed += end - begin;
+    progress.Error(r.ok() ? "daemon replied " + std::to_string(r->status) + ": " + r->body
+                          : r.status().message());
+  } else {
+    progress.fetched += reply.value("fetched", 0ull);
+    progress.skipped += reply.value("skipped", 0ull);
+    progress.failed += reply.value("failed", 0ull);
+    progress.bytes += reply.value("bytes", 0ull);
+    if (reply.contains("errors") && reply["errors"].is_array())
+      for (const auto& e : reply["errors"])
+        if (e.is_string()) progress.Error(e.get<std::string>());
+  }
+  progress.done += end - begin;
+}
+
+// Runs `work` on `jobs` threads while a progress line is drawn; returns the seconds taken.
+double WithProgress(int jobs, const std::function<void()>& work, const Progress& progress,
+                    size_t files, uint64_t total_bytes) {
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  const bool tty = ::isatty(STDERR_FILENO);
+  std::atomic<bool> finished{false};
+  std::thread reporter([&] {
+    const auto period = tty ? std::chrono::milliseconds(200) : std::chrono::milliseconds(5000);
+    auto last = std::chrono::steady_clock::now();
+    while (!finished.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (std::chrono::steady_clock::now() - last >= period) {
+        Draw(progress, files, total_bytes, elapsed(), tty, false);
+        last = std::chrono::steady_clock::now();
+      }
+    }
+  });
+  RunOnThreads(jobs, work);
+  finished = true;
+  reporter.join();
+  if (tty) Draw(progress, files, total_bytes, elapsed(), tty, true);
+  return elapsed();
+}
+
+}  // namespace
+
+int RunWarmup(const std::vector<std::string>& argv) {
+  SetLogLevel(LogLevel::kWarn);  // progress and summary go to stderr; logs only for trouble
+  std::variant<WarmupArgs, int> parsed = ParseArgs(argv);
+  if (const int* code = std::get_if<int>(&parsed)) return *code;
+  const WarmupArgs& args = std::get<WarmupArgs>(parsed);
+  Result<conf::Config> config = conf::LoadConfig(args.config_path);
   if (!config.ok()) {
     std::cerr << "cubetorchfs warmup: " << config.status().message() << "\n";
     return kExitBadUsage;
   }
   if (config->cache.disk_dir.empty()) {
-    std::cerr << "cubetorchfs warmup: no NVMe tier configured (cache.disk_dir in " << config_path
-              << "): nothing to fill\n";
+    std::cerr << "cubetorchfs warmup: no NVMe tier configured (cache.disk_dir in "
+              << args.config_path << "): nothing to fill\n";
     return kExitBadUsage;
   }
   prometheus::Registry registry;
@@ -216,41 +340,8 @@ int RunWarmup(const std::vector<std::string>& args) {
     std::cerr << "cubetorchfs warmup: backend: " << backend.status().message() << "\n";
     return kExitBadUsage;
   }
-
-  // What to warm.
   std::vector<Item> items;
-  const std::string mount = config->mount_point;
-  auto store_path = [&](const std::string& p) -> Result<std::string> {
-    if (p == "/" || p == "." || (!mount.empty() && p == mount)) return std::string();
-    return control::ToStorePath(mount.empty() ? "/" : mount, p);
-  };
-  if (!list_path.empty()) {
-    std::ifstream in(list_path);
-    if (!in) {
-      std::cerr << "cubetorchfs warmup: --list " << list_path << ": cannot read\n";
-      return kExitBadUsage;
-    }
-    for (std::string line; std::getline(in, line);) {
-      while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
-      if (line.empty()) continue;
-      Result<std::string> p = store_path(line);
-      if (!p.ok()) {
-        std::cerr << "cubetorchfs warmup: --list: " << p.status().message() << "\n";
-        return kExitBadUsage;
-      }
-      items.push_back({p.value(), 0});
-    }
-  } else {
-    Result<std::string> root = store_path(dir);
-    if (!root.ok()) {
-      std::cerr << "cubetorchfs warmup: " << root.status().message() << "\n";
-      return kExitBadUsage;
-    }
-    if (Status s = Walk(**backend, root.value(), &items); !s.ok()) {
-      std::cerr << "cubetorchfs warmup: " << dir << ": " << s.message() << "\n";
-      return kExitBadUsage;
-    }
-  }
+  if (!CollectItems(args, *config, **backend, &items)) return kExitBadUsage;
   uint64_t total_bytes = 0;
   for (const auto& it : items) total_bytes += it.size;
 
@@ -259,10 +350,8 @@ int RunWarmup(const std::vector<std::string>& args) {
   std::unique_ptr<cache::DiskCache> disk;
   std::unique_ptr<prefetch::Warmer> warmer;
   if (sock.empty()) {
-    cache::DiskCache::Options o;
-    o.dir = config->cache.disk_dir;
-    o.capacity_bytes = config->cache.disk_bytes;
-    Result<std::unique_ptr<cache::DiskCache>> opened = cache::DiskCache::Open(o, nullptr);
+    Result<std::unique_ptr<cache::DiskCache>> opened =
+        cache::DiskCache::Open({config->cache.disk_dir, config->cache.disk_bytes}, nullptr);
     if (!opened.ok()) {
       std::cerr << "cubetorchfs warmup: " << opened.status().message()
                 << " (is a daemon using it without its control socket?)\n";
@@ -276,7 +365,7 @@ int RunWarmup(const std::vector<std::string>& args) {
             << (total_bytes ? " (" + Human(static_cast<double>(total_bytes)) + ")" : "")
             << (sock.empty() ? " into " + config->cache.disk_dir
                              : " through the running daemon (" + sock + ")")
-            << ", " << jobs << " in parallel\n";
+            << ", " << args.jobs << " in parallel\n";
 
   Progress progress;
   std::atomic<size_t> next{0};
@@ -284,74 +373,21 @@ int RunWarmup(const std::vector<std::string>& args) {
   auto worker = [&] {
     std::unique_ptr<control::ControlClient> client;
     if (!sock.empty()) client = std::make_unique<control::ControlClient>(sock);
-    for (;;) {
-      const size_t begin = next.fetch_add(batch);
-      if (begin >= items.size()) return;
-      const size_t end = std::min(items.size(), begin + batch);
-      if (!client) {
-        Result<prefetch::WarmResult> r = warmer->WarmFile(items[begin].path);
-        if (!r.ok()) {
-          progress.failed++;
-          progress.Error(r.status().message());
-        } else if (r->fetched) {
-          progress.fetched++;
-          progress.bytes += r->bytes;
-        } else {
-          progress.skipped++;
-        }
-        progress.done++;
-        continue;
-      }
-      json paths = json::array();
-      for (size_t i = begin; i < end; ++i) paths.push_back(items[i].path);
-      Result<control::HttpReply> r =
-          client->Call("POST", "/v1/warmup", json{{"paths", paths}}.dump());
-      json reply = r.ok() ? json::parse(r->body, nullptr, false) : json();
-      if (!r.ok() || r->status != 200 || !reply.is_object()) {
-        progress.failed += end - begin;
-        progress.Error(r.ok() ? "daemon replied " + std::to_string(r->status) + ": " + r->body
-                              : r.status().message());
-      } else {
-        progress.fetched += reply.value("fetched", 0ull);
-        progress.skipped += reply.value("skipped", 0ull);
-        progress.failed += reply.value("failed", 0ull);
-        progress.bytes += reply.value("bytes", 0ull);
-        if (reply.contains("errors") && reply["errors"].is_array())
-          for (const auto& e : reply["errors"])
-            if (e.is_string()) progress.Error(e.get<std::string>());
-      }
-      progress.done += end - begin;
+    for (size_t begin = next.fetch_add(batch); begin < items.size();
+         begin = next.fetch_add(batch)) {
+      if (client)
+        WarmThroughDaemon(*client, items, begin, std::min(items.size(), begin + batch), progress);
+      else
+        WarmHere(*warmer, items[begin], progress);
     }
   };
-  const auto start = std::chrono::steady_clock::now();
-  auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
-  const bool tty = ::isatty(STDERR_FILENO);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < jobs; ++i) threads.emplace_back(worker);
-  std::atomic<bool> finished{false};
-  std::thread reporter([&] {
-    const auto period = tty ? std::chrono::milliseconds(200) : std::chrono::milliseconds(5000);
-    auto last = std::chrono::steady_clock::now();
-    while (!finished.load()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      if (std::chrono::steady_clock::now() - last >= period) {
-        Draw(progress, items.size(), total_bytes, elapsed(), tty, false);
-        last = std::chrono::steady_clock::now();
-      }
-    }
-  });
-  for (auto& t : threads) t.join();
-  finished = true;
-  reporter.join();
-  if (tty) Draw(progress, items.size(), total_bytes, elapsed(), tty, true);
+  const double seconds = WithProgress(args.jobs, worker, progress, items.size(), total_bytes);
   if (disk) disk->Flush();
 
   for (const auto& e : progress.errors) std::cerr << "warmup: failed: " << e << "\n";
   std::cerr << "warmup: " << items.size() << " files: " << progress.fetched.load() << " fetched ("
             << Human(static_cast<double>(progress.bytes.load())) << "), " << progress.skipped.load()
-            << " already cached, " << progress.failed.load() << " failed, in " << Clock(elapsed())
+            << " already cached, " << progress.failed.load() << " failed, in " << Clock(seconds)
             << "\n";
   return progress.failed.load() == 0 ? 0 : 1;
 }
