@@ -146,6 +146,100 @@ class FuseArgs {
   fuse_args args_ = FUSE_ARGS_INIT(0, nullptr);
 };
 
+prefetch::Prefetcher::Options PrefetcherOptions(const conf::Config& config,
+                                                uint64_t window_budget) {
+  prefetch::Prefetcher::Options o;
+  o.prefetch = config.prefetch;
+  o.chunk_bytes = config.cache.chunk_bytes;
+  o.window_budget_bytes = window_budget;
+  o.attr_timeout_s = config.fuse.attr_timeout_s;
+  o.max_streams_per_uid = config.prefetch.max_streams_per_uid;
+  o.max_queued_paths_per_uid = config.prefetch.max_queued_paths_per_uid;
+  o.max_queued_paths = config.prefetch.max_queued_paths;
+  o.keep_cache = config.fuse.keep_cache;
+  return o;
+}
+
+FileSystem::Options FileSystemOptions(const conf::Config& config) {
+  FileSystem::Options o;
+  o.attr_timeout_s = config.fuse.attr_timeout_s;
+  o.keep_cache = config.fuse.keep_cache;
+  o.chunk_bytes = config.cache.chunk_bytes;
+  o.read_only = config.fuse.read_only;
+  // No close reaches the daemon when the kernel skips FLUSH: written files are closed after
+  // an idle time instead.
+  if (config.fuse.keep_cache && !config.fuse.flush_on_close && !config.fuse.read_only)
+    o.write_back_idle_s = config.fuse.write_back_idle_s;
+  return o;
+}
+
+// *.safetensors: parallel ranged fetches on first read and for /v1/files/open.
+prefetch::ModelFetcher::Options ModelFetcherOptions(const conf::Config& config) {
+  prefetch::ModelFetcher::Options o;
+  o.chunk_bytes = config.cache.chunk_bytes;
+  o.threads = static_cast<int>(std::clamp<uint64_t>(config.prefetch.max_inflight, 1, 8));
+  o.background_max_bytes = config.cache.memory_bytes / 2;
+  return o;
+}
+
+control::ControlServer::Options ControlOptions(const conf::Config& config, const CommandLine& cl,
+                                               prometheus::Registry* registry) {
+  control::ControlServer::Options o;
+  o.socket_path = conf::ControlSocketPath(config);
+  o.prof_port = config.prof_port;
+  o.mount_point = config.mount_point;
+  o.registry = registry;
+  o.max_body_bytes = config.control.max_body_bytes;
+  o.body_memory_bytes = config.control.body_memory_bytes;
+  o.max_json_elements = config.control.max_json_elements;
+  o.max_json_depth = static_cast<int>(config.control.max_json_depth);
+  o.max_connections_unix = static_cast<int>(config.control.max_connections_unix);
+  o.max_connections_tcp = static_cast<int>(config.control.max_connections_tcp);
+  o.max_connections_per_uid = static_cast<int>(config.control.max_connections_per_uid);
+  o.idle_timeout_s = config.control.idle_timeout_s;
+  o.others_may_use = HasMountOption(cl.mount_options, "allow_other");
+  return o;
+}
+
+std::vector<std::string> FuseArgv(const conf::Config& config, const CommandLine& cl) {
+  std::string opts =
+      "fsname=cubetorchfs:" + config.vol_name +
+      ",subtype=cubetorchfs,default_permissions,max_read=" + std::to_string(config.fuse.max_read);
+  if (config.fuse.read_only) opts += ",ro";
+  std::vector<std::string> argv = {"cubetorchfs", "-o", opts};
+  for (const auto& o : cl.mount_options) {
+    argv.push_back("-o");
+    argv.push_back(o);
+  }
+  return argv;
+}
+
+// Writes the control file the Python hook finds this mount by, and logs the mount; returns
+// the pid recorded in it.
+int WriteMountInfo(const conf::Config& config, const std::string& control_path,
+                   const std::string& socket_path) {
+  control::ControlInfo info;
+  info.vol_name = config.vol_name;
+  info.mount_point = config.mount_point;
+  info.prof_port = config.prof_port;
+  info.control_socket = socket_path;
+  info.metrics_port = config.exporter_port;
+  info.pid = static_cast<int>(::getpid());
+  info.version = CUBETORCHFS_VERSION;
+  if (Status s = control::WriteControlFile(control_path, info); !s.ok())
+    CTFS_LOG(kWarn) << "control file not written, the Python hook will not find this mount: "
+                    << s.ToString();
+  const std::string store = config.backend.type == "posix"
+                                ? config.backend.root
+                                : config.backend.s3.endpoint + "/" + config.backend.s3.bucket;
+  CTFS_LOG(kInfo) << "mounted " << store << " at " << config.mount_point << " (volume "
+                  << config.vol_name << ", cache " << config.cache.memory_bytes << " bytes)";
+  return info.pid;
+}
+
+// The composition root, one function on purpose (~150 lines): every component lives in this
+// frame, built in dependency order and destroyed in reverse, and the shutdown below runs in
+// the one order that loses nothing. The option structs are built by the helpers above.
 int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   // Cached files are mostly 10 KB-1 MB buffers allocated and freed at a high rate by many
   // threads. From mmap (glibc's default above 128 KiB) each costs page faults and an munmap;
@@ -176,11 +270,8 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
                                                          : 0;
   std::unique_ptr<cache::DiskCache> disk;
   if (!config.cache.disk_dir.empty()) {
-    cache::DiskCache::Options disk_options;
-    disk_options.dir = config.cache.disk_dir;
-    disk_options.capacity_bytes = config.cache.disk_bytes;
     Result<std::unique_ptr<cache::DiskCache>> opened =
-        cache::DiskCache::Open(disk_options, registry.get());
+        cache::DiskCache::Open({config.cache.disk_dir, config.cache.disk_bytes}, registry.get());
     if (!opened.ok()) return Fail(kExitBadConfig, opened.status().message());
     disk = std::move(opened).value();
   }
@@ -194,54 +285,18 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
     };
   }
   std::unique_ptr<cache::RamCache> cache = cache::RamCache::New(ram_options, registry.get());
-  prefetch::Prefetcher::Options pf_options;
-  pf_options.prefetch = config.prefetch;
-  pf_options.chunk_bytes = config.cache.chunk_bytes;
-  pf_options.window_budget_bytes = window_budget;
-  pf_options.attr_timeout_s = config.fuse.attr_timeout_s;
-  pf_options.max_streams_per_uid = config.prefetch.max_streams_per_uid;
-  pf_options.max_queued_paths_per_uid = config.prefetch.max_queued_paths_per_uid;
-  pf_options.max_queued_paths = config.prefetch.max_queued_paths;
-  pf_options.keep_cache = config.fuse.keep_cache;
   PageProbe page_probe;  // outlives the prefetcher, which may call it; attached below
-  prefetch::Prefetcher prefetcher(pf_options, backend->get(), cache.get(), SystemClock(),
-                                  registry.get(), disk.get());
-  FileSystem::Options fs_options;
-  fs_options.attr_timeout_s = config.fuse.attr_timeout_s;
-  fs_options.keep_cache = config.fuse.keep_cache;
-  fs_options.chunk_bytes = config.cache.chunk_bytes;
-  fs_options.read_only = config.fuse.read_only;
-  // No close reaches the daemon when the kernel skips FLUSH: written files are closed after
-  // an idle time instead.
-  if (config.fuse.keep_cache && !config.fuse.flush_on_close && !config.fuse.read_only)
-    fs_options.write_back_idle_s = config.fuse.write_back_idle_s;
-  Result<std::unique_ptr<FileSystem>> fs = FileSystem::New(
-      fs_options, backend->get(), cache.get(), &prefetcher, SystemClock(), *registry, disk.get());
+  prefetch::Prefetcher prefetcher(PrefetcherOptions(config, window_budget), backend->get(),
+                                  cache.get(), SystemClock(), registry.get(), disk.get());
+  Result<std::unique_ptr<FileSystem>> fs =
+      FileSystem::New(FileSystemOptions(config), backend->get(), cache.get(), &prefetcher,
+                      SystemClock(), *registry, disk.get());
   if (!fs.ok()) return Fail(kExitBadConfig, "backend.root: " + fs.status().message());
-  // *.safetensors: parallel ranged fetches on first read and for /v1/files/open.
-  prefetch::ModelFetcher::Options model_options;
-  model_options.chunk_bytes = config.cache.chunk_bytes;
-  model_options.threads =
-      static_cast<int>(std::clamp<uint64_t>(config.prefetch.max_inflight, 1, 8));
-  model_options.background_max_bytes = config.cache.memory_bytes / 2;
-  prefetch::ModelFetcher model_fetcher(model_options, backend->get(), cache.get(), disk.get());
+  prefetch::ModelFetcher model_fetcher(ModelFetcherOptions(config), backend->get(), cache.get(),
+                                       disk.get());
   (*fs)->set_model_fetcher(&model_fetcher);
 
-  control::ControlServer::Options control_options;
-  control_options.socket_path = conf::ControlSocketPath(config);
-  control_options.prof_port = config.prof_port;
-  control_options.mount_point = config.mount_point;
-  control_options.registry = registry.get();
-  control_options.max_body_bytes = config.control.max_body_bytes;
-  control_options.body_memory_bytes = config.control.body_memory_bytes;
-  control_options.max_json_elements = config.control.max_json_elements;
-  control_options.max_json_depth = static_cast<int>(config.control.max_json_depth);
-  control_options.max_connections_unix = static_cast<int>(config.control.max_connections_unix);
-  control_options.max_connections_tcp = static_cast<int>(config.control.max_connections_tcp);
-  control_options.max_connections_per_uid =
-      static_cast<int>(config.control.max_connections_per_uid);
-  control_options.idle_timeout_s = config.control.idle_timeout_s;
-  control_options.others_may_use = HasMountOption(cl.mount_options, "allow_other");
+  control::ControlServer::Options control_options = ControlOptions(config, cl, registry.get());
   // Paths in control requests are resolved for their caller beneath the root. An S3 store has
   // no symlinks and gives every object the same owner and mode: only lexical checks there.
   prefetch::PathResolver::Options resolver_options;
@@ -274,16 +329,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   if (!control.ok()) return Fail(kExitBadConfig, control.status().message());
 
   FuseContext ctx(fs->get(), config.fuse, *registry);
-  std::string opts =
-      "fsname=cubetorchfs:" + config.vol_name +
-      ",subtype=cubetorchfs,default_permissions,max_read=" + std::to_string(config.fuse.max_read);
-  if (config.fuse.read_only) opts += ",ro";
-  std::vector<std::string> argv = {"cubetorchfs", "-o", opts};
-  for (const auto& o : cl.mount_options) {
-    argv.push_back("-o");
-    argv.push_back(o);
-  }
-  FuseArgs args(argv);
+  FuseArgs args(FuseArgv(config, cl));
   std::unique_ptr<fuse_session, SessionDeleter> se(
       fuse_session_new(args.get(), &Operations(), sizeof(fuse_lowlevel_ops), &ctx));
   if (!se) return Fail(kExitBadConfig, "-o: invalid FUSE mount options (see the line above)");
@@ -315,22 +361,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   }
 
   const std::string control_path = control::ControlFilePath(config.vol_name);
-  control::ControlInfo info;
-  info.vol_name = config.vol_name;
-  info.mount_point = config.mount_point;
-  info.prof_port = config.prof_port;
-  info.control_socket = control_options.socket_path;
-  info.metrics_port = config.exporter_port;
-  info.pid = static_cast<int>(::getpid());
-  info.version = CUBETORCHFS_VERSION;
-  if (Status s = control::WriteControlFile(control_path, info); !s.ok())
-    CTFS_LOG(kWarn) << "control file not written, the Python hook will not find this mount: "
-                    << s.ToString();
-  const std::string store = config.backend.type == "posix"
-                                ? config.backend.root
-                                : config.backend.s3.endpoint + "/" + config.backend.s3.bucket;
-  CTFS_LOG(kInfo) << "mounted " << store << " at " << config.mount_point << " (volume "
-                  << config.vol_name << ", cache " << config.cache.memory_bytes << " bytes)";
+  const int pid = WriteMountInfo(config, control_path, control_options.socket_path);
   ready.Ready();
   if (!cl.foreground) DetachStdio(/*keep_stderr=*/false);
 
@@ -353,7 +384,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
     CTFS_LOG(kError) << "some written bytes did not reach the store: " << s.ToString();
   control->reset();         // closes the listeners and removes the socket file
   if (disk) disk->Flush();  // chunks already queued reach the NVMe tier (at most 32 MiB)
-  control::RemoveControlFile(control_path, info.pid);
+  control::RemoveControlFile(control_path, pid);
   CTFS_LOG(kInfo) << "exiting";
   // Skip the destructors: the metrics listener's shutdown waits up to 2 s for its poll loop,
   // and everything else is memory the kernel reclaims at once. Nothing is left unwritten.
