@@ -202,27 +202,15 @@ Result<cfs_client::FileAttr> PathResolver::StatCached(const std::string& path, b
   return a;
 }
 
-Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, const Caller& caller,
-                                                     bool fresh, Reject* why, Depth depth) {
-  *why = Reject::kNone;
-  auto fail = [why](Reject r, Status s) {
-    *why = r;
-    return s;
-  };
-  if (!options_.check_store) {
-    if (!fresh) return Resolved{path, {}};
-    Result<cfs_client::FileAttr> a = backend_->Stat(path);
-    if (!a.ok())
-      return fail(a.status().IsNotFound() ? Reject::kNotFound : Reject::kStore, a.status());
-    if (!a->IsRegular())
-      return fail(Reject::kNotFile, Status::IsDirectory(path + ": not a regular file"));
-    return Resolved{path, a.value()};
-  }
-  // The components still to resolve, and how many of them name something (not "" or "."):
-  // the count says in O(1) whether a component is the last.
-  std::deque<std::string> todo;
-  size_t named = 0;
-  auto push_front = [&](const std::string& p) {
+namespace {
+
+// The components of a path still to resolve, and how many of them name something (not "" or
+// "."): the count says in O(1) whether a component is the last.
+class Components {
+ public:
+  explicit Components(const std::string& path) { PushFront(path); }
+  // A symlink's target takes the place of the link.
+  void PushFront(const std::string& p) {
     std::vector<std::string> parts;
     for (size_t start = 0; start <= p.size();) {
       size_t slash = p.find('/', start);
@@ -230,10 +218,53 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
       parts.push_back(p.substr(start, slash - start));
       start = slash + 1;
     }
-    for (const auto& part : parts) named += !part.empty() && part != ".";
-    todo.insert(todo.begin(), parts.begin(), parts.end());
+    for (const auto& part : parts) named_ += !part.empty() && part != ".";
+    todo_.insert(todo_.begin(), parts.begin(), parts.end());
+  }
+  // The next component that names something, if any.
+  std::optional<std::string> Next() {
+    while (!todo_.empty()) {
+      std::string part = std::move(todo_.front());
+      todo_.pop_front();
+      if (part.empty() || part == ".") continue;
+      --named_;
+      return part;
+    }
+    return std::nullopt;
+  }
+  bool Last() const { return named_ == 0; }  // the component Next gave was the last
+
+ private:
+  std::deque<std::string> todo_;
+  size_t named_ = 0;
+};
+
+}  // namespace
+
+Result<PathResolver::Resolved> PathResolver::ResolveLexical(const std::string& path, bool fresh,
+                                                            Reject* why) {
+  if (!fresh) return Resolved{path, {}};
+  Result<cfs_client::FileAttr> a = backend_->Stat(path);
+  if (!a.ok()) {
+    *why = a.status().IsNotFound() ? Reject::kNotFound : Reject::kStore;
+    return a.status();
+  }
+  if (!a->IsRegular()) {
+    *why = Reject::kNotFile;
+    return Status::IsDirectory(path + ": not a regular file");
+  }
+  return Resolved{path, a.value()};
+}
+
+Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, const Caller& caller,
+                                                     bool fresh, Reject* why, Depth depth) {
+  *why = Reject::kNone;
+  auto fail = [why](Reject r, Status s) {
+    *why = r;
+    return s;
   };
-  push_front(path);
+  if (!options_.check_store) return ResolveLexical(path, fresh, why);
+  Components todo(path);
   // Bounded work whatever the store's links: 40 links, and at most this many steps.
   constexpr int kMaxSteps = 4096;
   int steps = 0;
@@ -244,11 +275,8 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
     return fail(Reject::kPermission, Status::PermissionDenied(path + ": permission denied"));
   std::string done;  // resolved so far: real directories only
   int links = 0;
-  while (!todo.empty()) {
-    std::string part = std::move(todo.front());
-    todo.pop_front();
-    if (part.empty() || part == ".") continue;
-    --named;
+  while (std::optional<std::string> next = todo.Next()) {
+    const std::string& part = *next;
     if (++steps > kMaxSteps)
       return fail(Reject::kLoop, Status::Errno(ELOOP, path + ": too many components to resolve"));
     if (part == "..") {
@@ -260,7 +288,7 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
     }
     const std::string cur = done.empty() ? part : done + "/" + part;
     // The last component is the file once nothing is left to resolve.
-    const bool last = named == 0;
+    const bool last = todo.Last();
     if (last && depth == Depth::kDirectories) return Resolved{cur, {}};
     // Directories as the mount sees them; the file (and whether it is a link) as of now.
     Result<cfs_client::FileAttr> a = StatCached(cur, fresh && last);
@@ -277,7 +305,7 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
       if (target->empty() || (*target)[0] == '/')
         return fail(Reject::kSymlink,
                     Status::PermissionDenied(path + ": " + cur + " is an absolute symlink"));
-      push_front(target.value());
+      todo.PushFront(target.value());
       continue;
     }
     if (!last) {

@@ -98,6 +98,9 @@ class PathResolver {
 
  private:
   Result<cfs_client::FileAttr> StatCached(const std::string& path, bool fresh);
+  // Resolve without check_store: the path is taken as it is (an S3 store has no symlinks or
+  // per-object rights); `fresh`: its attributes from the store, a regular file's only.
+  Result<Resolved> ResolveLexical(const std::string& path, bool fresh, Reject* why);
 
   const Options options_;
   cfs_client::Backend* const backend_;
