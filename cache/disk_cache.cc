@@ -29,6 +29,7 @@
 #include "cache/crc32c.h"
 #include "common/logging.h"
 #include "common/private_dir.h"
+#include "common/thread_annotations.h"
 #include "common/unique_fd.h"
 
 namespace cubetorchfs::cache {
@@ -151,7 +152,8 @@ class NvmeCache final : public DiskCache {
     if (writer_.joinable()) writer_.join();
   }
 
-  Status Recover() {
+  // Runs in Open, before the cache is shared with any other thread: unlocked, unchecked.
+  Status Recover() NO_THREAD_SAFETY_ANALYSIS {
     namespace fs = std::filesystem;
     std::error_code ec;
     fs::remove_all(TmpDir(), ec);  // a symlink there is removed, never followed
@@ -218,7 +220,7 @@ class NvmeCache final : public DiskCache {
   Result<BufferRef> Get(const std::string& key) override {
     IndexValue v;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       auto it = index_.find(key);
       if (it == index_.end()) return Status::NotFound("not in the NVMe tier");
       v = it->second.value;
@@ -252,7 +254,7 @@ class NvmeCache final : public DiskCache {
   }
 
   bool Contains(const std::string& key) override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     return index_.count(key) > 0;
   }
 
@@ -266,7 +268,7 @@ class NvmeCache final : public DiskCache {
     std::vector<Victim> victims;
     Status room;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       if (index_.count(key) || pending_.count(key)) return Status::OK();
       room = MakeRoomLocked(length, have_sv ? &sv : nullptr, &victims);
       if (room.ok()) {
@@ -284,11 +286,11 @@ class NvmeCache final : public DiskCache {
       IndexValue v{id, length, crc, seq};
       rocksdb::Status rs;
       {
-        std::lock_guard<std::mutex> db(db_mu_);
+        MutexLock db(db_mu_);
         rs = db_->Put(rocksdb::WriteOptions(), key, v.Encode());
       }
       if (rs.ok()) {
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(mu_);
         pending_.erase(key);
         lru_.push_front(key);
         index_[key] = Entry{v, lru_.begin()};
@@ -298,7 +300,7 @@ class NvmeCache final : public DiskCache {
       ::unlink(DataPath(id).c_str());
       s = Status::IOError("NVMe tier index: " + rs.ToString());
     }
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     pending_.erase(key);
     bytes_ -= length;
     return s.ok() ? Status::IOError("simulated crash") : s;
@@ -352,7 +354,7 @@ class NvmeCache final : public DiskCache {
     }
     std::vector<Victim> victims;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       for (auto it = lru_.begin(); it != lru_.end();) {
         auto next = std::next(it);
         if (IsKeyOfFile(*it, path)) victims.push_back(DetachLocked(it));
@@ -363,17 +365,17 @@ class NvmeCache final : public DiskCache {
   }
 
   uint64_t bytes() const override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     return bytes_;
   }
   uint64_t entries() const override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     return index_.size();
   }
   uint64_t corruptions() const override { return corruptions_.load(); }
 
   std::string DataFileOf(const std::string& key) override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     auto it = index_.find(key);
     return it == index_.end() ? "" : DataPath(it->second.value.id);
   }
@@ -430,7 +432,8 @@ class NvmeCache final : public DiskCache {
   // REQUIRES: mu_ held. Evicts least recently used chunks (into *victims) until `length` more
   // bytes fit the budget and the file system, as `sv` (null: unknown) saw it, keeps its free
   // share.
-  Status MakeRoomLocked(uint64_t length, const struct statvfs* sv, std::vector<Victim>* victims) {
+  Status MakeRoomLocked(uint64_t length, const struct statvfs* sv, std::vector<Victim>* victims)
+      REQUIRES(mu_) {
     if (length > options_.capacity_bytes)
       return Status::InvalidArgument("chunk larger than the tier");
     uint64_t need =
@@ -462,7 +465,7 @@ class NvmeCache final : public DiskCache {
 
   // Takes the chunk at `it` out of the index and use order; its bytes no longer count.
   // REQUIRES: mu_ held.
-  Victim DetachLocked(std::list<std::string>::iterator it) {
+  Victim DetachLocked(std::list<std::string>::iterator it) REQUIRES(mu_) {
     auto e = index_.find(*it);
     Victim v{*it, e->second.value.id};
     bytes_ -= e->second.value.length;
@@ -477,14 +480,14 @@ class NvmeCache final : public DiskCache {
   // caller refetches. A Put of the same key meanwhile keeps its row: the row is deleted only
   // if the key is neither indexed nor being written, checked under db_mu_, which that Put's
   // index write also takes.
-  void RemoveVictims(const std::vector<Victim>& victims) {
+  void RemoveVictims(const std::vector<Victim>& victims) EXCLUDES(mu_, db_mu_) {
     if (victims.empty()) return;
     if (options_.before_remove) options_.before_remove();
     for (const Victim& v : victims) ::unlink(DataPath(v.id).c_str());
-    std::lock_guard<std::mutex> db(db_mu_);
+    MutexLock db(db_mu_);
     rocksdb::WriteBatch batch;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       for (const Victim& v : victims)
         if (!index_.count(v.key) && !pending_.count(v.key)) batch.Delete(v.key);
     }
@@ -494,7 +497,7 @@ class NvmeCache final : public DiskCache {
   void DropIfSame(const std::string& key, uint64_t id) {
     std::vector<Victim> victims;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       auto it = index_.find(key);
       if (it == index_.end() || it->second.value.id != id) return;
       victims.push_back(DetachLocked(it->second.lru));
@@ -532,14 +535,14 @@ class NvmeCache final : public DiskCache {
 
   // Serialises index writes (db_->Put, deletes of victims' rows) so that a row deleted and
   // written again land in that order. Lock order: db_mu_, then mu_; never held by readers.
-  std::mutex db_mu_;
-  mutable std::mutex mu_;  // guards the members below, up to queue_mu_; held for no I/O
-  std::unordered_map<std::string, Entry> index_;
-  std::list<std::string> lru_;               // front: most recently used
-  std::unordered_set<std::string> pending_;  // keys being written
-  uint64_t bytes_ = 0;
-  uint64_t next_id_ = 1;
-  uint64_t next_seq_ = 1;
+  Mutex db_mu_ ACQUIRED_BEFORE(mu_);
+  mutable Mutex mu_;  // guards the members below, up to queue_mu_; held for no I/O
+  std::unordered_map<std::string, Entry> index_ GUARDED_BY(mu_);
+  std::list<std::string> lru_ GUARDED_BY(mu_);               // front: most recently used
+  std::unordered_set<std::string> pending_ GUARDED_BY(mu_);  // keys being written
+  uint64_t bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;
+  uint64_t next_seq_ GUARDED_BY(mu_) = 1;
 
   std::mutex queue_mu_;  // guards the queue; never held with mu_ by the same thread
   std::condition_variable queue_cv_;
@@ -581,23 +584,6 @@ Result<std::unique_ptr<DiskCache>> DiskCache::Open(const Options& options,
   auto cache = std::make_unique<NvmeCache>(options, std::move(env), db, registry);
   CTFS_RETURN_IF_ERROR(cache->Recover());
   return std::unique_ptr<DiskCache>(std::move(cache));
-}
-
-Result<BufferRef> ReadChunkThroughTier(cfs_client::Backend& backend, DiskCache* disk,
-                                       const std::string& key, const std::string& path,
-                                       const cfs_client::FileVersion& version, uint64_t offset,
-                                       size_t len, bool* from_disk) {
-  *from_disk = false;
-  if (disk != nullptr) {
-    Result<BufferRef> d = disk->Get(key);
-    if (d.ok() && (*d)->size == len) {
-      *from_disk = true;
-      return d;
-    }
-  }
-  Result<BufferRef> r = ReadChunk(backend, path, version, offset, len);
-  if (r.ok() && disk != nullptr) disk->PutAsync(key, r.value());
-  return r;
 }
 
 }  // namespace cubetorchfs::cache

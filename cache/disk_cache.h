@@ -77,12 +77,4 @@ class DiskCache {
   virtual std::string DataFileOf(const std::string& key) = 0;
 };
 
-// Chunk `len` bytes at `offset` of `path` at `version` (key `key`): from `disk` (the NVMe
-// tier; null for none) when it holds the whole chunk, else from the store through ReadChunk,
-// then queued for the tier so a later run finds it there. *from_disk says which.
-Result<BufferRef> ReadChunkThroughTier(cfs_client::Backend& backend, DiskCache* disk,
-                                       const std::string& key, const std::string& path,
-                                       const cfs_client::FileVersion& version, uint64_t offset,
-                                       size_t len, bool* from_disk);
-
 }  // namespace cubetorchfs::cache

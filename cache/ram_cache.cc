@@ -14,6 +14,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/thread_annotations.h"
+
 namespace cubetorchfs::cache {
 
 void Buffer::Free::operator()(char* p) const { std::free(p); }
@@ -96,22 +98,24 @@ class ShardedLruCache final : public RamCache {
   Result<Lookup> GetOrFetch(const std::string& key, const FetchFn& fetch) override {
     Shard& s = ShardOf(key);
     std::promise<Result<BufferRef>> promise;
+    SharedResult pending;  // another caller's fetch of the key, to wait for
     {
-      std::unique_lock<std::mutex> l(s.mu);
+      MutexLock l(s.mu);
       if (BufferRef b = GetLocked(s, key)) return Lookup{std::move(b), Served::kCached};
       auto it = s.inflight.find(key);
-      if (it != s.inflight.end()) {
-        SharedResult pending = it->second;
-        l.unlock();
-        const Result<BufferRef>& r = pending.get();
-        if (!r.ok()) return r.status();
-        return Lookup{r.value(), Served::kWaited};
-      }
-      s.inflight.emplace(key, promise.get_future().share());
+      if (it != s.inflight.end())
+        pending = it->second;
+      else
+        s.inflight.emplace(key, promise.get_future().share());
+    }
+    if (pending.valid()) {
+      const Result<BufferRef>& r = pending.get();
+      if (!r.ok()) return r.status();
+      return Lookup{r.value(), Served::kWaited};
     }
     Result<BufferRef> r = fetch();
     {
-      std::lock_guard<std::mutex> l(s.mu);
+      MutexLock l(s.mu);
       s.inflight.erase(key);
       if (r.ok()) InsertLocked(s, key, r.value());
     }
@@ -122,19 +126,19 @@ class ShardedLruCache final : public RamCache {
 
   BufferRef Get(const std::string& key) override {
     Shard& s = ShardOf(key);
-    std::lock_guard<std::mutex> l(s.mu);
+    MutexLock l(s.mu);
     return GetLocked(s, key);
   }
 
   void Insert(const std::string& key, BufferRef buffer) override {
     Shard& s = ShardOf(key);
-    std::lock_guard<std::mutex> l(s.mu);
+    MutexLock l(s.mu);
     InsertLocked(s, key, std::move(buffer));
   }
 
   void EraseFile(std::string_view path) override {
     for (Shard& s : shards_) {
-      std::lock_guard<std::mutex> l(s.mu);
+      MutexLock l(s.mu);
       for (auto it = s.lru.begin(); it != s.lru.end();) {
         auto next = std::next(it);
         if (IsKeyOfFile(it->key, path)) RemoveLocked(s, it);
@@ -154,28 +158,26 @@ class ShardedLruCache final : public RamCache {
   using LruList = std::list<Entry>;  // front: most recently used
 
   struct Shard {
-    std::mutex mu;                                             // guards everything below
-    uint64_t capacity = 0;                                     // set once at construction
-    uint64_t bytes = 0;                                        // GUARDED_BY(mu)
-    LruList lru;                                               // GUARDED_BY(mu)
-    std::unordered_map<std::string, LruList::iterator> index;  // GUARDED_BY(mu)
-    std::unordered_map<std::string, SharedResult> inflight;    // GUARDED_BY(mu)
+    Mutex mu;               // guards everything below
+    uint64_t capacity = 0;  // set once at construction
+    uint64_t bytes GUARDED_BY(mu) = 0;
+    LruList lru GUARDED_BY(mu);
+    std::unordered_map<std::string, LruList::iterator> index GUARDED_BY(mu);
+    std::unordered_map<std::string, SharedResult> inflight GUARDED_BY(mu);
   };
 
   Shard& ShardOf(const std::string& key) {
     return shards_[std::hash<std::string>{}(key) % shards_.size()];
   }
 
-  // REQUIRES: s.mu held.
-  BufferRef GetLocked(Shard& s, const std::string& key) {
+  BufferRef GetLocked(Shard& s, const std::string& key) REQUIRES(s.mu) {
     auto it = s.index.find(key);
     if (it == s.index.end()) return nullptr;
     s.lru.splice(s.lru.begin(), s.lru, it->second);
     return it->second->buffer;
   }
 
-  // REQUIRES: s.mu held.
-  void InsertLocked(Shard& s, const std::string& key, BufferRef buffer) {
+  void InsertLocked(Shard& s, const std::string& key, BufferRef buffer) REQUIRES(s.mu) {
     auto it = s.index.find(key);
     if (it != s.index.end()) RemoveLocked(s, it->second);
     const uint64_t size = buffer->size;
@@ -193,8 +195,7 @@ class ShardedLruCache final : public RamCache {
     AddBytes(static_cast<int64_t>(size));
   }
 
-  // REQUIRES: s.mu held.
-  void RemoveLocked(Shard& s, LruList::iterator it) {
+  void RemoveLocked(Shard& s, LruList::iterator it) REQUIRES(s.mu) {
     const uint64_t size = it->buffer->size;
     s.index.erase(it->key);
     s.lru.erase(it);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "cache/tiers.h"
 #include "common/logging.h"
 
 namespace cubetorchfs::fs {
@@ -143,11 +144,14 @@ void FileSystem::Forget(uint64_t ino, uint64_t nlookup) {
   inodes_.Forget(ino, nlookup);
   if (open_writes_.load() == 0 || inodes_.Get(ino)) return;
   // The kernel holds no reference any more, so no descriptor is open: whatever is still
-  // being written (under no_open, a file never flushed) goes to the store now.
-  if (std::shared_ptr<WriteState> st = FindWriteState(ino)) {
-    if (Status s = CloseForgotten(ino, *st); !s.ok())
-      CTFS_LOG(kError) << "forget: bytes written could not reach the store: " << s.ToString();
-  }
+  // being written (under no_open, a file never flushed) goes to the store now, on the
+  // background thread: a forget has no reply, but the FUSE thread it came on must not spend
+  // an upload's length on it.
+  std::shared_ptr<WriteState> st = MarkOrphan(ino);
+  if (!st || QueueForgotten(ino)) return;
+  // No background thread (before StartWriteBack or after StopWriteBack): here, then.
+  if (Status s = CloseForgotten(ino, *st); !s.ok())
+    CTFS_LOG(kError) << "forget: bytes written could not reach the store: " << s.ToString();
 }
 
 Result<cfs_client::FileAttr> FileSystem::GetAttr(uint64_t ino) {
@@ -271,13 +275,13 @@ Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, s
       if (w->waited) outcome = std::max(outcome, prefetch::ReadOutcome::kLate);
     } else {
       const std::string key = cache::ChunkKey(handle.path, handle.version, chunk);
-      bool from_disk = false;
+      cache::Tier tier = cache::Tier::kRam;
       Result<cache::Lookup> got = cache_->GetOrFetch(key, [&] {
-        return cache::ReadChunkThroughTier(*backend_, disk_, key, handle.path, handle.version,
-                                           chunk_begin, chunk_len, &from_disk);
+        return cache::Tiers{cache_, disk_}.ReadThroughDisk(
+            *backend_, key, handle.path, handle.version, chunk_begin, chunk_len, &tier);
       });
       if (!got.ok()) return got.status();
-      if (from_disk) {  // no wait on the backend: still a hit
+      if (tier == cache::Tier::kDisk) {  // no wait on the backend: still a hit
         disk_bytes += to - from;
       } else if (got->served != cache::Served::kCached) {
         outcome = prefetch::ReadOutcome::kMiss;

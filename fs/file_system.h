@@ -21,12 +21,16 @@
 // is held across a backend call, except a write state's own mutex, which serializes the
 // backend calls on that one file; stat and lookup never take it (WrittenAttr reads a copy
 // under the state's leaf attr_mu). Lock order: WriteState::mu, then writes_mu_ or the inode
-// table's mutex (never the other way), then WriteState::attr_mu.
+// table's mutex (never the other way), then WriteState::attr_mu. Two exceptions that cannot
+// deadlock: Rename takes two states' mu together with std::lock, and its walk of writes_
+// for files under a renamed directory takes a state's mu under writes_mu_ by try_lock only.
+// write_back_mu_ is a leaf.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -42,6 +46,7 @@
 #include "cfs_client/backend.h"
 #include "common/clock.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "fs/inode_table.h"
 #include "prefetch/model_fetch.h"
 #include "prefetch/prefetcher.h"
@@ -187,8 +192,10 @@ class FileSystem {
   // (flush or release): fuse_ops drops the kernel's cached pages and attributes of it then.
   // Set once, before requests are served.
   void SetWrittenHook(std::function<void(uint64_t ino)> hook);
-  // Starts the write-back thread when write_back_idle_s > 0 (after the daemon forked);
-  // StopWriteBack joins it (before FlushAll at unmount). Each is called once.
+  // Starts the background thread (after the daemon forked): it closes the write states of
+  // forgotten inodes (their last upload) and, when write_back_idle_s > 0, writes back idle
+  // ones. StopWriteBack joins it (before FlushAll at unmount, which takes what it left).
+  // Without it, Forget uploads on the calling thread.
   void StartWriteBack();
   void StopWriteBack();
 
@@ -256,10 +263,11 @@ class FileSystem {
   Status CloseForgotten(uint64_t ino, WriteState& state);
   // While orphans exist: records that `paths` now hold something newer than any orphan's
   // bytes for them (or below them). REQUIRES: writes_mu_ held.
-  void MarkPathsReplacedLocked(std::initializer_list<const std::string*> paths);
+  void MarkPathsReplacedLocked(std::initializer_list<const std::string*> paths)
+      REQUIRES(writes_mu_);
   // An orphan's bytes at `path` are older than what the store has there now (or above it).
   // REQUIRES: writes_mu_ held.
-  bool SupersededLocked(const std::string& path, uint64_t write_seq) const;
+  bool SupersededLocked(const std::string& path, uint64_t write_seq) const REQUIRES(writes_mu_);
   // Reads through the write state of `handle.ino`, if it has one.
   std::optional<Result<ReadResult>> ReadWritten(uint64_t ino, uint64_t offset, size_t size);
 
@@ -272,8 +280,8 @@ class FileSystem {
   InodeTable inodes_;
   prefetch::ModelFetcher* model_fetcher_ = nullptr;
 
-  std::mutex writes_mu_;                                              // guards writes_
-  std::unordered_map<uint64_t, std::shared_ptr<WriteState>> writes_;  // GUARDED_BY(writes_mu_)
+  Mutex writes_mu_;  // guards writes_, orphans_, flushed_seq_ and WriteState::orphan
+  std::unordered_map<uint64_t, std::shared_ptr<WriteState>> writes_ GUARDED_BY(writes_mu_);
   // Write states open now, and whether any change was ever made through the mount: reads
   // skip the write-path checks entirely while both are zero.
   std::atomic<uint64_t> open_writes_{0};
@@ -282,16 +290,26 @@ class FileSystem {
   std::atomic<uint64_t> write_seq_{0};
   // Write states whose inode was forgotten with bytes not in the store (kept for FlushAll),
   // and while there are any, the newest write sequence flushed at each path: an orphan older
-  // than that is not flushed over it. GUARDED_BY(writes_mu_)
-  uint64_t orphans_ = 0;
-  std::unordered_map<std::string, uint64_t> flushed_seq_;
+  // than that is not flushed over it.
+  uint64_t orphans_ GUARDED_BY(writes_mu_) = 0;
+  std::unordered_map<std::string, uint64_t> flushed_seq_ GUARDED_BY(writes_mu_);
   std::function<void(uint64_t)> written_hook_;  // set once before serving
 
   void WriteBackLoop();
+  void WriteBackIdle(uint64_t idle_ns);
+  // Marks the write state of forgotten `ino` an orphan (counted once); null if there is none.
+  std::shared_ptr<WriteState> MarkOrphan(uint64_t ino);
+  // Hands `ino` to the background thread; false if it is not running.
+  bool QueueForgotten(uint64_t ino);
+  void CloseForgottenQueued(std::vector<uint64_t> inos);
+  // After a rename of directory `from` to `to`: the write states of files under it (but
+  // `skip`) follow it.
+  void MoveWritesUnder(const std::string& from, const std::string& to, const WriteState* skip);
   std::thread write_back_;
-  std::mutex write_back_mu_;  // guards write_back_stop_
+  std::mutex write_back_mu_;  // a leaf lock: guards write_back_stop_, forgotten_
   std::condition_variable write_back_cv_;
   bool write_back_stop_ = false;
+  std::deque<uint64_t> forgotten_;
 
   // Owned by the registry.
   prometheus::Counter* bytes_ram_;

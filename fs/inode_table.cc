@@ -1,6 +1,7 @@
 #include "fs/inode_table.h"
 
 #include "common/logging.h"
+#include "common/thread_annotations.h"
 
 #include <vector>
 
@@ -18,7 +19,7 @@ InodeTable::InodeTable(const cfs_client::FileAttr& root_attr, uint64_t now_ns) {
 
 uint64_t InodeTable::Acquire(const std::string& path, const cfs_client::FileAttr& attr,
                              uint64_t now_ns) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto [it, inserted] = by_path_.try_emplace(path, 0);
   if (inserted) it->second = next_ino_++;
   Node& n = nodes_[it->second];
@@ -37,7 +38,7 @@ void InodeTable::Forget(uint64_t ino, uint64_t n) {
   uint64_t had = 0;
   bool bad = false;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     auto it = nodes_.find(ino);
     bad = it == nodes_.end() || n > it->second.nlookup;
     if (it != nodes_.end()) {
@@ -60,14 +61,14 @@ void InodeTable::Forget(uint64_t ino, uint64_t n) {
 }
 
 std::optional<InodeInfo> InodeTable::Get(uint64_t ino) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = nodes_.find(ino);
   if (it == nodes_.end()) return std::nullopt;
   return it->second.info;
 }
 
 void InodeTable::SetAttr(uint64_t ino, const cfs_client::FileAttr& attr, uint64_t now_ns) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = nodes_.find(ino);
   if (it == nodes_.end()) return;
   it->second.info.attr = attr;
@@ -76,7 +77,7 @@ void InodeTable::SetAttr(uint64_t ino, const cfs_client::FileAttr& attr, uint64_
 
 std::optional<cfs_client::FileVersion> InodeTable::SetOpenedVersion(
     uint64_t ino, const cfs_client::FileVersion& version) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = nodes_.find(ino);
   if (it == nodes_.end()) return std::nullopt;
   std::optional<cfs_client::FileVersion> previous = it->second.info.opened_version;
@@ -85,7 +86,7 @@ std::optional<cfs_client::FileVersion> InodeTable::SetOpenedVersion(
 }
 
 std::optional<uint64_t> InodeTable::Find(const std::string& path) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = by_path_.find(path);
   if (it == by_path_.end()) return std::nullopt;
   return it->second;
@@ -93,7 +94,7 @@ std::optional<uint64_t> InodeTable::Find(const std::string& path) const {
 
 void InodeTable::Remove(const std::string& path) {
   if (path.empty()) return;
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   RemoveLocked(path);
 }
 
@@ -109,7 +110,7 @@ void InodeTable::RemoveLocked(const std::string& path) {
 }
 
 void InodeTable::Rename(const std::string& from, const std::string& to) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   RemoveLocked(to);
   // The entry itself, then everything under it (a directory).
   const std::string prefix = from + "/";
@@ -128,19 +129,19 @@ void InodeTable::Rename(const std::string& from, const std::string& to) {
 }
 
 uint64_t InodeTable::BumpWriteGen(uint64_t ino) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = nodes_.find(ino);
   if (it == nodes_.end()) return 0;
   return ++it->second.info.write_gen;
 }
 
 size_t InodeTable::size() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return nodes_.size();
 }
 
 uint64_t InodeTable::lookups(uint64_t ino) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = nodes_.find(ino);
   return it == nodes_.end() ? 0 : it->second.nlookup;
 }

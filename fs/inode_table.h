@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "cfs_client/backend.h"
+#include "common/thread_annotations.h"
 
 namespace cubetorchfs::fs {
 
@@ -86,14 +87,13 @@ class InodeTable {
     uint64_t nlookup = 0;
   };
 
-  // REQUIRES: mu_ held.
-  void RemoveLocked(const std::string& path);
+  void RemoveLocked(const std::string& path) REQUIRES(mu_);
 
   std::atomic<uint64_t> bad_forgets_{0};
-  mutable std::mutex mu_;                              // guards the members below
-  uint64_t next_ino_ = kRootIno + 1;                   // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, Node> nodes_;           // GUARDED_BY(mu_)
-  std::unordered_map<std::string, uint64_t> by_path_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;  // guards the members below
+  uint64_t next_ino_ GUARDED_BY(mu_) = kRootIno + 1;
+  std::unordered_map<uint64_t, Node> nodes_ GUARDED_BY(mu_);
+  std::unordered_map<std::string, uint64_t> by_path_ GUARDED_BY(mu_);
 };
 
 }  // namespace cubetorchfs::fs

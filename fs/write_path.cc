@@ -1,4 +1,4 @@
-// FileSystem's write path: creates, writes, flush/fsync, truncation, and namespace changes.
+// FileSystem's write path: writes, flush/fsync, truncation, and the write states behind them.
 // The contract is in file_system.h; the durability rules users see are in docs/writing.md.
 
 #include <fcntl.h>
@@ -13,29 +13,11 @@
 #include <ctime>
 
 #include "common/logging.h"
+#include "common/thread_annotations.h"
 #include "fs/file_system.h"
+#include "fs/write_state.h"
 
 namespace cubetorchfs::fs {
-
-// The one open backend file of an inode being written, shared by all its writing handles.
-struct WriteState {
-  std::mutex mu;  // serializes the backend calls on `file`; guards everything below
-  std::unique_ptr<cfs_client::WritableFile> file;
-  std::string path;        // where the file is in the store (renames follow it)
-  uint32_t writers = 0;    // tracked handles open for writing
-  bool dirty = false;      // written since the last successful Flush
-  bool removed = false;    // unlinked or renamed over: its bytes go nowhere
-  bool closed = false;     // taken out of writes_: look the inode up again
-  bool orphan = false;     // its inode was forgotten before its bytes reached the store
-  uint64_t write_seq = 0;  // FileSystem::write_seq_ at its last change
-  // Clock time of its opening or last change (read by the write-back thread without mu).
-  std::atomic<uint64_t> changed_ns{0};
-  // The attributes of the bytes written so far, as of the last change, open or flush: what a
-  // stat answers without taking mu, which an upload holds for its whole length. Nothing once
-  // closed.
-  std::mutex attr_mu;  // a leaf lock: guards written_attr alone
-  std::optional<cfs_client::FileAttr> written_attr;
-};
 
 namespace {
 
@@ -76,7 +58,7 @@ void FileSystem::Changed(uint64_t ino, const cfs_client::FileAttr& attr) {
 
 std::shared_ptr<WriteState> FileSystem::FindWriteState(uint64_t ino) {
   if (open_writes_.load() == 0) return nullptr;
-  std::lock_guard<std::mutex> l(writes_mu_);
+  MutexLock l(writes_mu_);
   auto it = writes_.find(ino);
   return it == writes_.end() ? nullptr : it->second;
 }
@@ -86,7 +68,7 @@ Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool
     std::shared_ptr<WriteState> st;
     bool created = false;
     {
-      std::lock_guard<std::mutex> l(writes_mu_);
+      MutexLock l(writes_mu_);
       auto it = writes_.find(ino);
       if (it != writes_.end()) {
         st = it->second;
@@ -105,7 +87,7 @@ Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool
     // Open the file with the new state locked, so other callers wait for the outcome.
     std::unique_lock<std::mutex> sl(st->mu);
     {
-      std::lock_guard<std::mutex> l(writes_mu_);
+      MutexLock l(writes_mu_);
       if (writes_.count(ino)) continue;  // another caller got there first
       writes_.emplace(ino, st);
       open_writes_++;
@@ -119,7 +101,7 @@ Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool
                          : backend_->OpenWrite(inode->path, {});
     if (!file.ok()) {
       st->closed = true;
-      std::lock_guard<std::mutex> l(writes_mu_);
+      MutexLock l(writes_mu_);
       writes_.erase(ino);
       open_writes_--;
       return file.status();
@@ -154,7 +136,8 @@ void FileSystem::RefreshWrittenAttrLocked(WriteState& st) {
 }
 
 void FileSystem::StartWriteBack() {
-  if (options_.write_back_idle_s <= 0 || write_back_.joinable()) return;
+  std::lock_guard<std::mutex> l(write_back_mu_);
+  if (write_back_.joinable() || write_back_stop_) return;
   write_back_ = std::thread([this] { WriteBackLoop(); });
 }
 
@@ -167,36 +150,93 @@ void FileSystem::StopWriteBack() {
   if (write_back_.joinable()) write_back_.join();
 }
 
+std::shared_ptr<WriteState> FileSystem::MarkOrphan(uint64_t ino) {
+  // Found and marked in one hold of writes_mu_: a close erases the state and uncounts its
+  // orphan mark in one hold too, so every mark is uncounted exactly once.
+  MutexLock l(writes_mu_);
+  auto it = writes_.find(ino);
+  if (it == writes_.end()) return nullptr;
+  // Counted as an orphan before its last flush is tried: a flush of the same path by a new
+  // inode while that upload runs is then recorded (see RecordFlushed). If the flush
+  // succeeds, closing the state uncounts it.
+  if (!it->second->orphan) {
+    it->second->orphan = true;
+    orphans_++;
+  }
+  return it->second;
+}
+
+bool FileSystem::QueueForgotten(uint64_t ino) {
+  {
+    std::lock_guard<std::mutex> l(write_back_mu_);
+    if (!write_back_.joinable() || write_back_stop_) return false;
+    // At most one entry per write state, and write states are bounded by the open files.
+    if (std::find(forgotten_.begin(), forgotten_.end(), ino) == forgotten_.end())
+      forgotten_.push_back(ino);
+  }
+  write_back_cv_.notify_all();
+  return true;
+}
+
+void FileSystem::CloseForgottenQueued(std::vector<uint64_t> inos) {
+  for (uint64_t ino : inos) {
+    std::shared_ptr<WriteState> st = FindWriteState(ino);
+    if (!st) continue;  // closed meanwhile
+    if (Status s = CloseForgotten(ino, *st); !s.ok()) {
+      // Kept: the idle write-back (if on) tries again, FlushAll at unmount in any case.
+      CTFS_LOG(kError) << "forget: bytes written could not reach the store: " << s.ToString();
+    }
+  }
+}
+
+void FileSystem::WriteBackIdle(uint64_t idle_ns) {
+  std::vector<uint64_t> idle;
+  {
+    const uint64_t now = clock_->NowNanos();
+    MutexLock w(writes_mu_);
+    for (const auto& [ino, st] : writes_)
+      if (now - std::min(now, st->changed_ns.load()) >= idle_ns) idle.push_back(ino);
+  }
+  // As a close would: the bytes reach the store and the file is closed there (a later
+  // write opens it again). A failure keeps the bytes for the next try or fsync.
+  // A failure is tried again one idle time later, not at every pass.
+  // A file that cannot be closed yet (still open for writing, or unlinked while open) is
+  // looked at again one idle time later too, and is not counted.
+  for (uint64_t ino : idle) {
+    const Status s = Flush(ino);
+    std::shared_ptr<WriteState> still_open = FindWriteState(ino);
+    if (still_open) still_open->changed_ns = clock_->NowNanos();
+    if (!s.ok()) {
+      write_back_failed_->Increment();
+      CTFS_LOG(kError) << "write-back: " << s.ToString() << " (kept, tried again in "
+                       << options_.write_back_idle_s << " s)";
+    } else if (!still_open) {
+      write_back_ok_->Increment();
+    }
+  }
+}
+
 void FileSystem::WriteBackLoop() {
+  const bool idle_on = options_.write_back_idle_s > 0;
   const auto idle_ns = static_cast<uint64_t>(options_.write_back_idle_s * 1e9);
   const std::chrono::duration<double> period(
-      std::clamp(options_.write_back_idle_s / 4, 0.01, 0.25));
+      idle_on ? std::clamp(options_.write_back_idle_s / 4, 0.01, 0.25) : 3600.0);
+  auto next_scan = std::chrono::steady_clock::now() + period;
   std::unique_lock<std::mutex> l(write_back_mu_);
-  while (!write_back_cv_.wait_for(l, period, [&] { return write_back_stop_; })) {
+  for (;;) {
+    write_back_cv_.wait_until(l, next_scan,
+                              [&] { return write_back_stop_ || !forgotten_.empty(); });
+    // Forgotten files left at a stop are flushed by FlushAll at unmount.
+    if (write_back_stop_) return;
+    std::vector<uint64_t> forgotten(forgotten_.begin(), forgotten_.end());
+    forgotten_.clear();
     l.unlock();
-    std::vector<uint64_t> idle;
-    {
-      const uint64_t now = clock_->NowNanos();
-      std::lock_guard<std::mutex> w(writes_mu_);
-      for (const auto& [ino, st] : writes_)
-        if (now - std::min(now, st->changed_ns.load()) >= idle_ns) idle.push_back(ino);
-    }
-    // As a close would: the bytes reach the store and the file is closed there (a later
-    // write opens it again). A failure keeps the bytes for the next try or fsync.
-    // A failure is tried again one idle time later, not at every pass.
-    // A file that cannot be closed yet (still open for writing, or unlinked while open) is
-    // looked at again one idle time later too, and is not counted.
-    for (uint64_t ino : idle) {
-      const Status s = Flush(ino);
-      std::shared_ptr<WriteState> still_open = FindWriteState(ino);
-      if (still_open) still_open->changed_ns = clock_->NowNanos();
-      if (!s.ok()) {
-        write_back_failed_->Increment();
-        CTFS_LOG(kError) << "write-back: " << s.ToString() << " (kept, tried again in "
-                         << options_.write_back_idle_s << " s)";
-      } else if (!still_open) {
-        write_back_ok_->Increment();
-      }
+    CloseForgottenQueued(std::move(forgotten));
+    if (idle_on && std::chrono::steady_clock::now() >= next_scan) {
+      WriteBackIdle(idle_ns);
+      next_scan = std::chrono::steady_clock::now() + period;
+    } else if (!idle_on) {
+      next_scan = std::chrono::steady_clock::now() + period;
     }
     l.lock();
   }
@@ -218,7 +258,7 @@ Status FileSystem::FlushLocked(WriteState& st) {
 }
 
 void FileSystem::RecordFlushed(const WriteState& st) {
-  std::lock_guard<std::mutex> l(writes_mu_);
+  MutexLock l(writes_mu_);
   if (orphans_ == 0) return;  // only an orphan could be older than these bytes
   uint64_t& seq = flushed_seq_[st.path];
   seq = std::max(seq, st.write_seq);
@@ -252,7 +292,7 @@ Status FileSystem::MaybeCloseLocked(uint64_t ino, WriteState& st, bool forgotten
   st.closed = true;
   RefreshWrittenAttrLocked(st);
   {
-    std::lock_guard<std::mutex> l(writes_mu_);
+    MutexLock l(writes_mu_);
     auto it = writes_.find(ino);
     if (it != writes_.end() && it->second.get() == &st) {
       writes_.erase(it);
@@ -264,261 +304,6 @@ Status FileSystem::MaybeCloseLocked(uint64_t ino, WriteState& st, bool forgotten
     // The store may report a failed write-back only now (NFS): the bytes may not be there.
     CTFS_LOG(kError) << "close " << st.path << ": " << closed.ToString();
     if (!st.removed) return closed;
-  }
-  return Status::OK();
-}
-
-Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::string& name,
-                                               mode_t mode, int flags, const Caller& caller,
-                                               bool track_handle) {
-  CTFS_RETURN_IF_ERROR(CheckWritable());
-  Result<std::string> path = ChildOf(parent, name);
-  if (!path.ok()) return path.status();
-  cfs_client::OpenWriteOptions o;
-  o.create = true;
-  o.exclusive = (flags & O_EXCL) != 0;
-  o.truncate = (flags & O_TRUNC) != 0;
-  o.mode = mode & 07777;
-  o.uid = caller.uid;
-  o.gid = caller.gid;
-  Result<std::unique_ptr<cfs_client::WritableFile>> file = backend_->OpenWrite(*path, o);
-  if (!file.ok()) return file.status();
-  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, (*file)->Stat());
-  const uint64_t ino = inodes_.Acquire(*path, attr, clock_->NowNanos());
-  std::shared_ptr<WriteState> st;
-  {
-    std::lock_guard<std::mutex> l(writes_mu_);
-    auto it = writes_.find(ino);
-    if (it == writes_.end()) {
-      st = std::make_shared<WriteState>();
-      st->changed_ns = clock_->NowNanos();
-      st->file = std::move(file).value();
-      st->path = *path;
-      writes_.emplace(ino, st);
-      open_writes_++;
-    } else {
-      st = it->second;  // already being written: share that state (the new handle is dropped)
-    }
-  }
-  {
-    std::lock_guard<std::mutex> sl(st->mu);
-    if (track_handle) st->writers++;
-    MarkChangedLocked(*st);  // an object store must receive even an empty new file
-  }
-  InvalidateCaches(*path);
-  Changed(ino, attr);
-  Created out;
-  out.entry = Entry{ino, attr};
-  out.handle = std::make_unique<FileHandle>();
-  out.handle->ino = ino;
-  out.handle->path = *path;
-  out.handle->version = attr.Version();
-  out.handle->write_gen = inodes_.Get(ino) ? inodes_.Get(ino)->write_gen : 0;
-  out.handle->writable = track_handle;
-  return out;
-}
-
-Result<Entry> FileSystem::Mknod(uint64_t parent, const std::string& name, mode_t mode,
-                                const Caller& caller) {
-  CTFS_RETURN_IF_ERROR(CheckWritable());
-  if (!S_ISREG(mode)) return Status::Errno(EPERM, name + ": only regular files can be made");
-  CTFS_ASSIGN_OR_RETURN(Created c,
-                        Create(parent, name, mode, O_EXCL, caller, /*track_handle=*/false));
-  Status s = Flush(c.entry.ino);
-  if (!s.ok()) return s;
-  return c.entry;
-}
-
-Result<Entry> FileSystem::Mkdir(uint64_t parent, const std::string& name, mode_t mode,
-                                const Caller& caller) {
-  CTFS_RETURN_IF_ERROR(CheckWritable());
-  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
-  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
-                        backend_->Mkdir(path, mode & 07777, caller.uid, caller.gid));
-  prefetcher_->Invalidate(path);
-  return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
-}
-
-Result<Entry> FileSystem::Symlink(const std::string& target, uint64_t parent,
-                                  const std::string& name, const Caller& caller) {
-  CTFS_RETURN_IF_ERROR(CheckWritable());
-  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
-  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
-                        backend_->Symlink(target, path, caller.uid, caller.gid));
-  prefetcher_->Invalidate(path);
-  return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
-}
-
-Result<Entry> FileSystem::Link(uint64_t ino, uint64_t new_parent, const std::string& new_name) {
-  CTFS_RETURN_IF_ERROR(CheckWritable());
-  CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
-  // As link(2) of an unlinked file; its old path names another file now, if any.
-  if (inode.removed) return Status::NotFound(inode.path + ": removed from the store");
-  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(new_parent, new_name));
-  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, backend_->Link(inode.path, path));
-  // Each name is its own inode here (inodes are per path): a write through one name shows
-  // through the other once its attributes expire.
-  Changed(ino, attr);
-  return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
-}
-
-Status FileSystem::Unlink(uint64_t parent, const std::string& name) {
-  CTFS_RETURN_IF_ERROR(CheckWritable());
-  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
-  ever_written_.store(true);
-  std::optional<uint64_t> ino = inodes_.Find(path);
-  std::shared_ptr<WriteState> st = ino ? FindWriteState(*ino) : nullptr;
-  if (ino && !st) {
-    // The kernel may hold the file open (under no_open we cannot tell): keep the store's file
-    // open so its descriptors go on working after the name is gone, as POSIX says. The state
-    // lives until the kernel forgets the inode. A regular file only; failures just mean no
-    // such descriptor can exist.
-    std::optional<InodeInfo> inode = inodes_.Get(*ino);
-    if (inode && inode->attr.IsRegular()) {
-      Result<std::shared_ptr<WriteState>> opened = GetWriteState(*ino, false);
-      if (opened.ok()) st = opened.value();
-    }
-  }
-  bool unflushed = false;
-  if (st) {
-    std::lock_guard<std::mutex> sl(st->mu);
-    unflushed = st->dirty && !st->closed;
-  }
-  Status s = backend_->Unlink(path);
-  // A file created through the mount may not be in an object store yet: removing it is
-  // then only forgetting its bytes.
-  if (!s.ok() && !(unflushed && s.IsNotFound())) {
-    if (st) {
-      std::lock_guard<std::mutex> sl(st->mu);
-      Status ignored = MaybeCloseLocked(*ino, *st);
-      (void)ignored;
-    }
-    return s;
-  }
-  if (st) {
-    std::lock_guard<std::mutex> sl(st->mu);
-    MarkRemovedLocked(*st);
-  }
-  {
-    // An orphan of this path (bytes of a forgotten file that failed to reach the store) must
-    // not bring the file back at unmount.
-    std::lock_guard<std::mutex> l(writes_mu_);
-    MarkPathsReplacedLocked({&path});
-  }
-  inodes_.Remove(path);
-  InvalidateCaches(path);
-  return Status::OK();
-}
-
-Status FileSystem::Rmdir(uint64_t parent, const std::string& name) {
-  CTFS_RETURN_IF_ERROR(CheckWritable());
-  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
-  CTFS_RETURN_IF_ERROR(backend_->Rmdir(path));
-  {
-    std::lock_guard<std::mutex> l(writes_mu_);
-    MarkPathsReplacedLocked({&path});
-  }
-  inodes_.Remove(path);
-  prefetcher_->Invalidate(path);
-  return Status::OK();
-}
-
-Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new_parent,
-                          const std::string& new_name, unsigned flags) {
-  CTFS_RETURN_IF_ERROR(CheckWritable());
-  if ((flags & RENAME_EXCHANGE) != 0)
-    return Status::NotSupported("rename: RENAME_EXCHANGE is not supported");
-  if ((flags & ~static_cast<unsigned>(RENAME_NOREPLACE)) != 0)
-    return Status::InvalidArgument("rename: unknown flags " + std::to_string(flags));
-  CTFS_ASSIGN_OR_RETURN(std::string from, ChildOf(parent, name));
-  CTFS_ASSIGN_OR_RETURN(std::string to, ChildOf(new_parent, new_name));
-  if (from == to) return Status::OK();
-  std::optional<uint64_t> src = inodes_.Find(from);
-  std::optional<uint64_t> dst = inodes_.Find(to);
-  ever_written_.store(true);
-  std::shared_ptr<WriteState> src_state = src ? FindWriteState(*src) : nullptr;
-  std::shared_ptr<WriteState> dst_state = dst ? FindWriteState(*dst) : nullptr;
-  bool dst_opened = false;
-  if (dst && !dst_state && (flags & RENAME_NOREPLACE) == 0) {
-    // As Unlink does: the replaced file may be held open by the kernel (under no_open we
-    // cannot tell), so keep the store's file open for its descriptors; after the rename its
-    // path names the renamed file. A regular file only; failures just mean no such
-    // descriptor can exist.
-    std::optional<InodeInfo> inode = inodes_.Get(*dst);
-    if (inode && inode->attr.IsRegular() && !inode->removed) {
-      Result<std::shared_ptr<WriteState>> opened = GetWriteState(*dst, false);
-      if (opened.ok()) {
-        dst_state = opened.value();
-        dst_opened = true;
-      }
-    }
-  }
-  Status renamed;
-  {
-    // The store renames what it has: bytes still on their way there go first. The replaced
-    // file's state is held too, so no upload of it can land after the rename (the kernel
-    // runs no other rename of these names meanwhile; the address order is for safety).
-    std::unique_lock<std::mutex> sl, dl;
-    if (dst_state == src_state) dst_state.reset();  // renaming a file onto itself
-    if (src_state && dst_state) {
-      std::mutex* first = std::less<std::mutex*>()(&src_state->mu, &dst_state->mu) ? &src_state->mu
-                                                                                   : &dst_state->mu;
-      std::mutex* second = first == &src_state->mu ? &dst_state->mu : &src_state->mu;
-      std::unique_lock<std::mutex> a(*first), b(*second);
-      sl = std::unique_lock<std::mutex>(src_state->mu, std::adopt_lock);
-      dl = std::unique_lock<std::mutex>(dst_state->mu, std::adopt_lock);
-      a.release();
-      b.release();
-    } else if (src_state) {
-      sl = std::unique_lock<std::mutex>(src_state->mu);
-    } else if (dst_state) {
-      dl = std::unique_lock<std::mutex>(dst_state->mu);
-    }
-    if (src_state) renamed = FlushLocked(*src_state);
-    if (renamed.ok()) renamed = backend_->Rename(from, to, (flags & RENAME_NOREPLACE) != 0);
-    if (renamed.ok()) {
-      // Both names hold something new now: an orphan of either (or below either, for a
-      // directory) is older and must not be uploaded over it at unmount.
-      std::lock_guard<std::mutex> l(writes_mu_);
-      MarkPathsReplacedLocked({&from, &to});
-    }
-    if (renamed.ok() && src_state && !src_state->closed) {
-      src_state->path = to;
-      src_state->file->Moved(to);
-      src_state->write_seq = ++write_seq_;  // newer than the marks just made
-    }
-    if (!renamed.ok()) {
-      if (dst_opened) {  // the keep-alive is not needed after all
-        Status ignored = MaybeCloseLocked(*dst, *dst_state);
-        (void)ignored;
-      }
-      return renamed;
-    }
-    if (dst_state) MarkRemovedLocked(*dst_state);
-  }
-  {
-    // Files being written under a renamed directory follow it.
-    const std::string prefix = from + "/";
-    std::lock_guard<std::mutex> l(writes_mu_);
-    for (auto& [i, st] : writes_) {
-      (void)i;
-      if (st == src_state) continue;
-      std::unique_lock<std::mutex> sl(st->mu, std::try_to_lock);
-      // A state busy in a backend call is not under this directory in any case that can
-      // race with this rename (the kernel locks both directories), so skipping it is safe.
-      if (sl.owns_lock() && !st->closed && st->path.compare(0, prefix.size(), prefix) == 0) {
-        st->path = to + st->path.substr(from.size());
-        st->file->Moved(st->path);
-        st->write_seq = ++write_seq_;  // newer than the marks of this rename
-      }
-    }
-  }
-  inodes_.Rename(from, to);
-  InvalidateCaches(from);
-  InvalidateCaches(to);
-  if (src) {
-    Result<cfs_client::FileAttr> attr = backend_->Stat(to);
-    if (attr.ok()) Changed(*src, *attr);
   }
   return Status::OK();
 }
@@ -713,14 +498,6 @@ std::optional<cfs_client::FileAttr> FileSystem::WrittenAttr(WriteState& st) {
 Status FileSystem::CloseForgotten(uint64_t ino, WriteState& st) {
   std::lock_guard<std::mutex> sl(st.mu);
   st.writers = 0;
-  if (!st.closed && !st.orphan) {
-    // Counted as an orphan before its last flush is tried: a flush of the same path by a new
-    // inode while that upload runs is then recorded (see RecordFlushed). If the flush
-    // succeeds, closing the state uncounts it.
-    st.orphan = true;
-    std::lock_guard<std::mutex> l(writes_mu_);
-    orphans_++;
-  }
   return MaybeCloseLocked(ino, st, /*forgotten=*/true);
 }
 
@@ -749,7 +526,7 @@ Status FileSystem::FlushAll() {
   };
   std::vector<Item> states;
   {
-    std::lock_guard<std::mutex> l(writes_mu_);
+    MutexLock l(writes_mu_);
     for (const auto& [ino, st] : writes_) states.push_back({ino, 0, st});
   }
   for (Item& i : states) {
@@ -768,7 +545,7 @@ Status FileSystem::FlushAll() {
     if (st.dirty && !st.removed) {
       bool superseded = false;
       {
-        std::lock_guard<std::mutex> l(writes_mu_);
+        MutexLock l(writes_mu_);
         superseded = SupersededLocked(st.path, st.write_seq);
       }
       if (superseded) {
@@ -787,7 +564,7 @@ Status FileSystem::FlushAll() {
     st.file.reset();
     st.closed = true;
     RefreshWrittenAttrLocked(st);
-    std::lock_guard<std::mutex> l(writes_mu_);
+    MutexLock l(writes_mu_);
     auto it = writes_.find(i.ino);
     if (it != writes_.end() && it->second == i.st) {
       writes_.erase(it);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "cache/tiers.h"
 #include "common/logging.h"
 #include "common/parallel.h"
 #include "common/unique_fd.h"
@@ -129,13 +130,12 @@ void ModelFetcher::Worker() {
       jobs_.pop_front();
     }
     const std::string key = cache::ChunkKey(job.path, job.version, job.chunk);
-    bool from_disk = false;
     Result<cache::Lookup> got = ram_->GetOrFetch(key, [&] {
       const uint64_t begin = job.chunk * options_.chunk_bytes;
-      return cache::ReadChunkThroughTier(
-          *backend_, disk_, key, job.path, job.version, begin,
-          static_cast<size_t>(std::min(options_.chunk_bytes, job.version.size - begin)),
-          &from_disk);
+      cache::Tier from;
+      return cache::Tiers{ram_, disk_}.ReadThroughDisk(
+          *backend_, key, job.path, job.version, begin,
+          static_cast<size_t>(std::min(options_.chunk_bytes, job.version.size - begin)), &from);
     });
     if (!got.ok())
       CTFS_LOG(kDebug) << "model prefetch " << job.path << " chunk " << job.chunk << ": "
@@ -219,6 +219,41 @@ ModelFetcher::Inflight::~Inflight() {
   if (result.ok() && result->fd >= 0) ::close(result->fd);
 }
 
+Status ModelFetcher::FillChunk(int fd, const std::string& path,
+                               const cfs_client::FileVersion& version, uint64_t c,
+                               std::vector<char>& scratch, FillCounts& counts) {
+  const std::string key = cache::ChunkKey(path, version, c);
+  const uint64_t off = c * options_.chunk_bytes;
+  const size_t len = static_cast<size_t>(std::min(options_.chunk_bytes, version.size - off));
+  const cache::Tiers tiers{ram_, disk_};
+  cache::Tier from = cache::Tier::kStore;
+  cache::BufferRef buf = tiers.Find(key, len, &from);
+  if (!buf && disk_ != nullptr) {
+    // With an NVMe tier, what the store gives is kept there too.
+    CTFS_ASSIGN_OR_RETURN(buf,
+                          tiers.ReadThroughDisk(*backend_, key, path, version, off, len, &from));
+  }
+  const char* src = buf ? buf->data.get() : nullptr;
+  if (!buf) {
+    // From the store into this thread's buffer (allocated once: no fresh pages per chunk),
+    // then into the memory file.
+    if (scratch.size() < len) scratch.resize(len);
+    CTFS_ASSIGN_OR_RETURN(size_t n, backend_->Read(path, version, off, len, scratch.data()));
+    if (n != len) return Status::Stale(path + ": changed while it was read");
+    src = scratch.data();
+  }
+  for (size_t done = 0; done < len;) {
+    ssize_t n = ::pwrite(fd, src + done, len - done, static_cast<off_t>(off + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::IOError(path + ": filling the memory file: " + std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+  (from == cache::Tier::kRam    ? counts.ram
+   : from == cache::Tier::kDisk ? counts.disk
+                                : counts.backend) += len;
+  return Status::OK();
+}
+
 Result<ResidentFile> ModelFetcher::BuildResident(const std::string& path,
                                                  const cfs_client::FileVersion& version) {
   std::string name =
@@ -230,55 +265,19 @@ Result<ResidentFile> ModelFetcher::BuildResident(const std::string& path,
     return Status::IOError(path + ": cannot size memory file: " + std::strerror(errno));
 
   const uint64_t chunks = (version.size + options_.chunk_bytes - 1) / options_.chunk_bytes;
-  std::atomic<uint64_t> next{0}, ram_bytes{0}, disk_bytes{0}, backend_bytes{0};
+  std::atomic<uint64_t> next{0};
   std::atomic<bool> failed{false};
   std::mutex err_mu;
   Status first_error;
+  FillCounts counts;
   auto worker = [&] {
     std::vector<char> scratch;
-    for (;;) {
-      if (failed) return;
-      const uint64_t c = next.fetch_add(1);
-      if (c >= chunks) return;
-      const std::string key = cache::ChunkKey(path, version, c);
-      const uint64_t off = c * options_.chunk_bytes;
-      const size_t len = static_cast<size_t>(std::min(options_.chunk_bytes, version.size - off));
-      auto fail = [&](Status s) {
+    for (uint64_t c = next++; c < chunks && !failed; c = next++) {
+      if (Status s = FillChunk(mfd.get(), path, version, c, scratch, counts); !s.ok()) {
         std::lock_guard<std::mutex> lock(err_mu);
         if (first_error.ok()) first_error = std::move(s);
         failed = true;
-      };
-      cache::BufferRef buf = ram_->Get(key);
-      if (buf && buf->size != len) buf.reset();
-      std::atomic<uint64_t>* counter = &ram_bytes;
-      if (!buf && disk_ != nullptr) {
-        bool from_disk = false;
-        Result<cache::BufferRef> r =
-            cache::ReadChunkThroughTier(*backend_, disk_, key, path, version, off, len, &from_disk);
-        if (!r.ok()) return fail(r.status());
-        buf = std::move(r.value());
-        counter = from_disk ? &disk_bytes : &backend_bytes;
       }
-      const char* src = buf ? buf->data.get() : nullptr;
-      if (!buf) {
-        // From the store into this thread's buffer (allocated once: no fresh pages per
-        // chunk), then into the memory file.
-        if (scratch.size() < len) scratch.resize(len);
-        Result<size_t> n = backend_->Read(path, version, off, len, scratch.data());
-        if (!n.ok()) return fail(n.status());
-        if (*n != len) return fail(Status::Stale(path + ": changed while it was read"));
-        src = scratch.data();
-        counter = &backend_bytes;
-      }
-      size_t done = 0;
-      while (done < len) {
-        ssize_t n = ::pwrite(mfd.get(), src + done, len - done, static_cast<off_t>(off + done));
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0)
-          return fail(Status::IOError(path + ": filling the memory file: " + std::strerror(errno)));
-        done += static_cast<size_t>(n);
-      }
-      *counter += len;
     }
   };
   const int threads = static_cast<int>(
@@ -297,9 +296,9 @@ Result<ResidentFile> ModelFetcher::BuildResident(const std::string& path,
   out.fd = ro.release();
   out.size = version.size;
   out.mtime_ns = version.mtime_ns;
-  out.ram_bytes = ram_bytes;
-  out.disk_bytes = disk_bytes;
-  out.backend_bytes = backend_bytes;
+  out.ram_bytes = counts.ram;
+  out.disk_bytes = counts.disk;
+  out.backend_bytes = counts.backend;
   return out;
 }
 

@@ -19,6 +19,7 @@
 // Thread safety: all methods may be called concurrently.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -91,6 +92,14 @@ class ModelFetcher {
   };
   Result<ResidentFile> BuildResident(const std::string& path,
                                      const cfs_client::FileVersion& version);
+  // Bytes a resident file took from each tier.
+  struct FillCounts {
+    std::atomic<uint64_t> ram{0}, disk{0}, backend{0};
+  };
+  // Writes chunk `c` of `path` at `version` into memory file `fd`, from the RAM cache, the
+  // NVMe tier or the store (through `scratch` when there is no NVMe tier to keep it).
+  Status FillChunk(int fd, const std::string& path, const cfs_client::FileVersion& version,
+                   uint64_t c, std::vector<char>& scratch, FillCounts& counts);
 
   struct Job {
     std::string path;

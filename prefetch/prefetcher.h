@@ -279,6 +279,24 @@ class Prefetcher {
   std::optional<Job> NextJobLocked();
   void Run(const Job& job);  // RunProbe, RunWarm or RunJob
   void RunJob(const Job& job);
+  // What the first look at a file to prefetch found (no lock held): its attributes with the
+  // whole file, or only the attributes of one too large for `guess` bytes; or an error.
+  struct FirstLook {
+    Result<cfs_client::Backend::Fetched> got = Status::NotFound("");
+    std::shared_ptr<cache::Buffer> first;  // the store's reply, when it was asked
+    cache::BufferRef cached;               // the whole file, from the RAM cache or NVMe tier
+    bool known = false;                    // the attributes were the daemon's own
+    uint64_t known_ns = 0;                 // and were fetched then
+    bool from_cache = false;               // known attributes and a cached copy: no request
+  };
+  FirstLook LookFirst(const std::string& path, uint64_t guess,
+                      const cfs_client::Backend::AttrCheck& check, const AttrSource* source);
+  // Until the window has room for `size` bytes of `e`, which are then charged; false if it
+  // never will (too large, stopping, or no stream wants it any more). REQUIRES: mu_ held.
+  bool WaitForRoomLocked(std::unique_lock<std::mutex>& l, Entry& e, uint64_t size);
+  // The chunks of `path` at `version`, from the tiers or the store, on parallel threads.
+  Status FetchChunks(const std::string& path, const cfs_client::FileVersion& version,
+                     std::vector<cache::BufferRef>* chunks);
   void RunProbe(const Job& job);
   void RunWarm(const Job& job);
   struct Mark;

@@ -8,8 +8,8 @@ PACKAGES=(
   cmake g++ make pkg-config
   fuse3 libfuse3-dev libboost-dev librocksdb-dev libcurl4-openssl-dev libyaml-cpp-dev
   prometheus-cpp-dev libssl-dev libgtest-dev libgmock-dev nlohmann-json3-dev
-  # checks: the format check of scripts/test.sh
-  clang-format
+  # checks of scripts/test.sh: the format check, the lock annotations (-Wthread-safety)
+  clang-format clang
   # tests, demo and benchmarks
   python3 python3-torch python3-torchvision python3-pytest python3-numpy python3-pil
   python3-venv python3-pip

@@ -68,6 +68,8 @@ fi
 
 echo "== format check (clang-format)"
 scripts/format.sh --check
+echo "== lock annotations (clang -Wthread-safety)"
+scripts/thread_safety.sh build
 
 echo "== unit tests (ctest)"
 (cd build && ctest --output-on-failure --timeout 300 -j2)

@@ -602,5 +602,38 @@ TEST_F(FileSystemTest, StatDoesNotWaitForAnUploadInFlight) {
   EXPECT_EQ(store_.Data("up"), data);
 }
 
+// A forget of a file whose bytes are not in the store yet returns at once: the upload runs
+// on the background thread, not on the FUSE thread the forget came on.
+TEST_F(FileSystemTest, ForgetDoesNotWaitForTheUpload) {
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> first{true};
+  store_.SetFlushGate([&] {
+    if (!first.exchange(false)) return;
+    entered.set_value();
+    released.wait();
+  });
+  fs_->StartWriteBack();
+  Result<FileSystem::Created> c = fs_->Create(kRootIno, "forgotten", 0644, 0, {}, false);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const std::string data = Pattern(3000, 5);
+  ASSERT_TRUE(fs_->Write(c->entry.ino, 0, data.data(), data.size()).ok());
+  auto forget = std::async(std::launch::async, [&] { fs_->Forget(c->entry.ino, 1); });
+  const bool in_time = forget.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
+  // The upload did start, elsewhere.
+  const bool started =
+      entered.get_future().wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  release.set_value();
+  forget.get();
+  EXPECT_TRUE(in_time) << "forget waited for the upload";
+  EXPECT_TRUE(started);
+  for (int i = 0; i < 1000 && store_.Data("forgotten") != data; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(store_.Data("forgotten"), data);
+  fs_->StopWriteBack();
+  EXPECT_TRUE(fs_->FlushAll().ok());
+  EXPECT_EQ(store_.open_files(), 0);
+}
+
 }  // namespace
 }  // namespace cubetorchfs::fs

@@ -1,0 +1,268 @@
+// FileSystem's namespace changes: create, mknod, mkdir, symlink, link, unlink, rmdir and
+// rename, with what they do to files being written (write_path.cc) and to the caches.
+// The contract is in file_system.h.
+
+#include <fcntl.h>
+#include <linux/fs.h>  // RENAME_NOREPLACE
+#include <sys/stat.h>
+
+#include "common/logging.h"
+#include "common/thread_annotations.h"
+#include "fs/file_system.h"
+#include "fs/write_state.h"
+
+namespace cubetorchfs::fs {
+
+Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::string& name,
+                                               mode_t mode, int flags, const Caller& caller,
+                                               bool track_handle) {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  Result<std::string> path = ChildOf(parent, name);
+  if (!path.ok()) return path.status();
+  cfs_client::OpenWriteOptions o;
+  o.create = true;
+  o.exclusive = (flags & O_EXCL) != 0;
+  o.truncate = (flags & O_TRUNC) != 0;
+  o.mode = mode & 07777;
+  o.uid = caller.uid;
+  o.gid = caller.gid;
+  Result<std::unique_ptr<cfs_client::WritableFile>> file = backend_->OpenWrite(*path, o);
+  if (!file.ok()) return file.status();
+  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, (*file)->Stat());
+  const uint64_t ino = inodes_.Acquire(*path, attr, clock_->NowNanos());
+  std::shared_ptr<WriteState> st;
+  {
+    MutexLock l(writes_mu_);
+    auto it = writes_.find(ino);
+    if (it == writes_.end()) {
+      st = std::make_shared<WriteState>();
+      st->changed_ns = clock_->NowNanos();
+      st->file = std::move(file).value();
+      st->path = *path;
+      writes_.emplace(ino, st);
+      open_writes_++;
+    } else {
+      st = it->second;  // already being written: share that state (the new handle is dropped)
+    }
+  }
+  {
+    std::lock_guard<std::mutex> sl(st->mu);
+    if (track_handle) st->writers++;
+    MarkChangedLocked(*st);  // an object store must receive even an empty new file
+  }
+  InvalidateCaches(*path);
+  Changed(ino, attr);
+  Created out;
+  out.entry = Entry{ino, attr};
+  out.handle = std::make_unique<FileHandle>();
+  out.handle->ino = ino;
+  out.handle->path = *path;
+  out.handle->version = attr.Version();
+  out.handle->write_gen = inodes_.Get(ino) ? inodes_.Get(ino)->write_gen : 0;
+  out.handle->writable = track_handle;
+  return out;
+}
+
+Result<Entry> FileSystem::Mknod(uint64_t parent, const std::string& name, mode_t mode,
+                                const Caller& caller) {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  if (!S_ISREG(mode)) return Status::Errno(EPERM, name + ": only regular files can be made");
+  CTFS_ASSIGN_OR_RETURN(Created c,
+                        Create(parent, name, mode, O_EXCL, caller, /*track_handle=*/false));
+  Status s = Flush(c.entry.ino);
+  if (!s.ok()) return s;
+  return c.entry;
+}
+
+Result<Entry> FileSystem::Mkdir(uint64_t parent, const std::string& name, mode_t mode,
+                                const Caller& caller) {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
+  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
+                        backend_->Mkdir(path, mode & 07777, caller.uid, caller.gid));
+  prefetcher_->Invalidate(path);
+  return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
+}
+
+Result<Entry> FileSystem::Symlink(const std::string& target, uint64_t parent,
+                                  const std::string& name, const Caller& caller) {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
+  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
+                        backend_->Symlink(target, path, caller.uid, caller.gid));
+  prefetcher_->Invalidate(path);
+  return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
+}
+
+Result<Entry> FileSystem::Link(uint64_t ino, uint64_t new_parent, const std::string& new_name) {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
+  // As link(2) of an unlinked file; its old path names another file now, if any.
+  if (inode.removed) return Status::NotFound(inode.path + ": removed from the store");
+  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(new_parent, new_name));
+  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, backend_->Link(inode.path, path));
+  // Each name is its own inode here (inodes are per path): a write through one name shows
+  // through the other once its attributes expire.
+  Changed(ino, attr);
+  return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
+}
+
+Status FileSystem::Unlink(uint64_t parent, const std::string& name) {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
+  ever_written_.store(true);
+  std::optional<uint64_t> ino = inodes_.Find(path);
+  std::shared_ptr<WriteState> st = ino ? FindWriteState(*ino) : nullptr;
+  if (ino && !st) {
+    // The kernel may hold the file open (under no_open we cannot tell): keep the store's file
+    // open so its descriptors go on working after the name is gone, as POSIX says. The state
+    // lives until the kernel forgets the inode. A regular file only; failures just mean no
+    // such descriptor can exist.
+    std::optional<InodeInfo> inode = inodes_.Get(*ino);
+    if (inode && inode->attr.IsRegular()) {
+      Result<std::shared_ptr<WriteState>> opened = GetWriteState(*ino, false);
+      if (opened.ok()) st = opened.value();
+    }
+  }
+  bool unflushed = false;
+  if (st) {
+    std::lock_guard<std::mutex> sl(st->mu);
+    unflushed = st->dirty && !st->closed;
+  }
+  Status s = backend_->Unlink(path);
+  // A file created through the mount may not be in an object store yet: removing it is
+  // then only forgetting its bytes.
+  if (!s.ok() && !(unflushed && s.IsNotFound())) {
+    if (st) {
+      std::lock_guard<std::mutex> sl(st->mu);
+      Status ignored = MaybeCloseLocked(*ino, *st);
+      (void)ignored;
+    }
+    return s;
+  }
+  if (st) {
+    std::lock_guard<std::mutex> sl(st->mu);
+    MarkRemovedLocked(*st);
+  }
+  {
+    // An orphan of this path (bytes of a forgotten file that failed to reach the store) must
+    // not bring the file back at unmount.
+    MutexLock l(writes_mu_);
+    MarkPathsReplacedLocked({&path});
+  }
+  inodes_.Remove(path);
+  InvalidateCaches(path);
+  return Status::OK();
+}
+
+Status FileSystem::Rmdir(uint64_t parent, const std::string& name) {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
+  CTFS_RETURN_IF_ERROR(backend_->Rmdir(path));
+  {
+    MutexLock l(writes_mu_);
+    MarkPathsReplacedLocked({&path});
+  }
+  inodes_.Remove(path);
+  prefetcher_->Invalidate(path);
+  return Status::OK();
+}
+
+Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new_parent,
+                          const std::string& new_name, unsigned flags) {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  if ((flags & RENAME_EXCHANGE) != 0)
+    return Status::NotSupported("rename: RENAME_EXCHANGE is not supported");
+  if ((flags & ~static_cast<unsigned>(RENAME_NOREPLACE)) != 0)
+    return Status::InvalidArgument("rename: unknown flags " + std::to_string(flags));
+  CTFS_ASSIGN_OR_RETURN(std::string from, ChildOf(parent, name));
+  CTFS_ASSIGN_OR_RETURN(std::string to, ChildOf(new_parent, new_name));
+  if (from == to) return Status::OK();
+  std::optional<uint64_t> src = inodes_.Find(from);
+  std::optional<uint64_t> dst = inodes_.Find(to);
+  ever_written_.store(true);
+  std::shared_ptr<WriteState> src_state = src ? FindWriteState(*src) : nullptr;
+  std::shared_ptr<WriteState> dst_state = dst ? FindWriteState(*dst) : nullptr;
+  bool dst_opened = false;
+  if (dst && !dst_state && (flags & RENAME_NOREPLACE) == 0) {
+    // As Unlink does: the replaced file may be held open by the kernel (under no_open we
+    // cannot tell), so keep the store's file open for its descriptors; after the rename its
+    // path names the renamed file. A regular file only; failures just mean no such
+    // descriptor can exist.
+    std::optional<InodeInfo> inode = inodes_.Get(*dst);
+    if (inode && inode->attr.IsRegular() && !inode->removed) {
+      Result<std::shared_ptr<WriteState>> opened = GetWriteState(*dst, false);
+      if (opened.ok()) {
+        dst_state = opened.value();
+        dst_opened = true;
+      }
+    }
+  }
+  Status renamed;
+  {
+    // The store renames what it has: bytes still on their way there go first. The replaced
+    // file's state is held too, so no upload of it can land after the rename (the kernel
+    // runs no other rename of these names meanwhile; std::lock is for safety all the same).
+    if (dst_state == src_state) dst_state.reset();  // renaming a file onto itself
+    std::unique_lock<std::mutex> sl, dl;
+    if (src_state) sl = std::unique_lock<std::mutex>(src_state->mu, std::defer_lock);
+    if (dst_state) dl = std::unique_lock<std::mutex>(dst_state->mu, std::defer_lock);
+    if (src_state && dst_state)
+      std::lock(sl, dl);
+    else if (src_state)
+      sl.lock();
+    else if (dst_state)
+      dl.lock();
+    if (src_state) renamed = FlushLocked(*src_state);
+    if (renamed.ok()) renamed = backend_->Rename(from, to, (flags & RENAME_NOREPLACE) != 0);
+    if (renamed.ok()) {
+      // Both names hold something new now: an orphan of either (or below either, for a
+      // directory) is older and must not be uploaded over it at unmount.
+      MutexLock l(writes_mu_);
+      MarkPathsReplacedLocked({&from, &to});
+    }
+    if (renamed.ok() && src_state && !src_state->closed) {
+      src_state->path = to;
+      src_state->file->Moved(to);
+      src_state->write_seq = ++write_seq_;  // newer than the marks just made
+    }
+    if (!renamed.ok()) {
+      if (dst_opened) {  // the keep-alive is not needed after all
+        Status ignored = MaybeCloseLocked(*dst, *dst_state);
+        (void)ignored;
+      }
+      return renamed;
+    }
+    if (dst_state) MarkRemovedLocked(*dst_state);
+  }
+  MoveWritesUnder(from, to, src_state.get());
+  inodes_.Rename(from, to);
+  InvalidateCaches(from);
+  InvalidateCaches(to);
+  if (src) {
+    Result<cfs_client::FileAttr> attr = backend_->Stat(to);
+    if (attr.ok()) Changed(*src, *attr);
+  }
+  return Status::OK();
+}
+
+void FileSystem::MoveWritesUnder(const std::string& from, const std::string& to,
+                                 const WriteState* skip) {
+  // Files being written under a renamed directory follow it.
+  const std::string prefix = from + "/";
+  MutexLock l(writes_mu_);
+  for (auto& [i, st] : writes_) {
+    (void)i;
+    if (st.get() == skip) continue;
+    std::unique_lock<std::mutex> sl(st->mu, std::try_to_lock);
+    // A state busy in a backend call is not under this directory in any case that can
+    // race with this rename (the kernel locks both directories), so skipping it is safe.
+    if (sl.owns_lock() && !st->closed && st->path.compare(0, prefix.size(), prefix) == 0) {
+      st->path = to + st->path.substr(from.size());
+      st->file->Moved(st->path);
+      st->write_seq = ++write_seq_;  // newer than the marks of this rename
+    }
+  }
+}
+
+}  // namespace cubetorchfs::fs

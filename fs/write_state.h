@@ -1,0 +1,38 @@
+// Internal to fs/: the write state of an inode being written, shared by write_path.cc and
+// namespace_ops.cc. See file_system.h for the write path's contract and lock order.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "cfs_client/backend.h"
+
+namespace cubetorchfs::fs {
+
+// The one open backend file of an inode being written, shared by all its writing handles.
+struct WriteState {
+  std::mutex mu;  // serializes the backend calls on `file`; guards everything below
+  std::unique_ptr<cfs_client::WritableFile> file;
+  std::string path;      // where the file is in the store (renames follow it)
+  uint32_t writers = 0;  // tracked handles open for writing
+  bool dirty = false;    // written since the last successful Flush
+  bool removed = false;  // unlinked or renamed over: its bytes go nowhere
+  bool closed = false;   // taken out of writes_: look the inode up again
+  // Its inode was forgotten before its bytes reached the store. Guarded by
+  // FileSystem::writes_mu_ (not mu: a forget marks it without waiting for an upload).
+  bool orphan = false;
+  uint64_t write_seq = 0;  // FileSystem::write_seq_ at its last change
+  // Clock time of its opening or last change (read by the write-back thread without mu).
+  std::atomic<uint64_t> changed_ns{0};
+  // The attributes of the bytes written so far, as of the last change, open or flush: what a
+  // stat answers without taking mu, which an upload holds for its whole length. Nothing once
+  // closed.
+  std::mutex attr_mu;  // a leaf lock: guards written_attr alone
+  std::optional<cfs_client::FileAttr> written_attr;
+};
+
+}  // namespace cubetorchfs::fs

@@ -1,0 +1,361 @@
+// Prefetcher, part 2: running the jobs the scheduler hands out (fetching a file into the
+// window, warming one into the LRU cache, probing whether the kernel holds one) and the
+// window's accounting (charges, release, eviction). The scheduling and the streams are in
+// prefetcher.cc, the page-residency marks in residency.cc.
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "cache/tiers.h"
+#include "common/logging.h"
+#include "common/parallel.h"
+#include "prefetch/prefetcher.h"
+
+namespace cubetorchfs::prefetch {
+namespace {
+
+// Parallel ranged reads per large file being prefetched.
+constexpr size_t kParallelChunks = 8;
+
+}  // namespace
+
+void Prefetcher::FinishFetchLocked(Entry& e) {
+  inflight_--;
+  if (inflight_gauge_) inflight_gauge_->Decrement();
+  e.promise->set_value();
+  e.promise.reset();
+}
+
+void Prefetcher::FailLocked(std::unordered_map<std::string, Entry>::iterator it) {
+  Entry& e = it->second;
+  totals_.failed++;
+  if (failed_) failed_->Increment();
+  if (Stream* s = StreamById(e.first_stream)) s->stats.failed++;
+  FinishFetchLocked(e);
+  EraseLocked(it);
+  Wake();
+}
+
+void Prefetcher::RunJob(const Job& job) {
+  std::unique_lock<std::mutex> l(mu_);
+  // Entries that are not ready are erased only here, so the element stays put.
+  Entry* e = &window_.at(job.path);
+  auto abandon = [&] {
+    FinishFetchLocked(*e);
+    EraseLocked(window_.find(job.path));
+    Wake();
+  };
+  // Most files are small: one request brings attributes and data. Reserve a guess at the
+  // size first (the budget holds even while the data is in flight); a bigger file falls back
+  // to reserving its real size and reading it in chunks.
+  const uint64_t guess =
+      std::min({options_.chunk_bytes, options_.window_budget_bytes - window_bytes_,
+                (size_estimate_ + size_estimate_ / 4 + 4095) / 4096 * 4096});
+  ChargeLocked(*e, static_cast<int64_t>(guess));
+  // The owner's read permission is checked on the attributes before any byte is fetched.
+  cfs_client::Backend::AttrCheck check;
+  if (e->reader) {
+    check = [reader = e->reader, &job](const cfs_client::FileAttr& a) -> Status {
+      if (!MayAccess(a, *reader, R_OK))
+        return Status::PermissionDenied(job.path + ": the stream's owner may not read it");
+      return Status::OK();
+    };
+  }
+  const std::shared_ptr<const AttrSource> source = attr_source_;
+  l.unlock();
+  FirstLook look = LookFirst(job.path, guess, check, source.get());
+
+  l.lock();
+  if (!look.got.ok() && look.got.status().code() == Status::Code::kPermissionDenied)
+    totals_.denied++;
+  if (!look.got.ok()) {
+    CTFS_LOG(kDebug) << "prefetch " << job.path << ": " << look.got.status().ToString();
+    FailLocked(window_.find(job.path));
+    return;
+  }
+  const cfs_client::FileAttr attr = look.got->attr;
+  const uint64_t size = attr.size;
+  size_estimate_ = (size_estimate_ * 7 + size) / 8;
+  e->attr = attr;
+  e->attr_time_ns = look.known ? look.known_ns : clock_->NowNanos();
+  if (look.from_cache) {
+    totals_.cached++;
+    if (cached_) cached_->Increment();
+  }
+  e->state = State::kFetching;
+  // The whole file came from the RAM cache or the NVMe tier: nothing to write back.
+  const bool had_copy = look.cached != nullptr;
+  std::vector<cache::BufferRef> chunks;
+  Status failure;
+  if (size <= guess && look.got->bytes != size) {
+    failure = Status::Stale(job.path + ": short read from the store");
+  } else if (size <= guess) {
+    if (look.cached) {
+      chunks.push_back(std::move(look.cached));
+    } else {
+      look.first->Shrink(size);
+      chunks.push_back(std::move(look.first));
+    }
+    ChargeLocked(*e, static_cast<int64_t>(size) - static_cast<int64_t>(e->reserved));
+  } else {
+    look.first.reset();
+    if (!WaitForRoomLocked(l, *e, size)) {
+      abandon();
+      return;
+    }
+    l.unlock();
+    failure = FetchChunks(job.path, attr.Version(), &chunks);
+    l.lock();
+  }
+  if (!failure.ok()) {
+    CTFS_LOG(kDebug) << "prefetch " << job.path << ": " << failure.ToString();
+    FailLocked(window_.find(job.path));
+    return;
+  }
+  // Kept on the NVMe tier for later runs and epochs.
+  std::vector<std::pair<std::string, cache::BufferRef>> to_disk;
+  if (disk_ != nullptr && !e->invalidated && !had_copy)
+    for (size_t i = 0; i < chunks.size(); ++i)
+      to_disk.emplace_back(cache::ChunkKey(job.path, attr.Version(), i), chunks[i]);
+  e->chunks = std::move(chunks);
+  e->state = State::kReady;
+  totals_.fetched++;
+  if (fetched_) fetched_->Increment();
+  if (Stream* s = StreamById(e->first_stream)) s->stats.fetched++;
+  FinishFetchLocked(*e);
+  MaybeReleaseLocked(job.path);
+  Wake();
+  l.unlock();
+  // Written by the worker that fetched it, not queued: prefetching outruns the tier's writer
+  // queue, which would drop files; this way the tier's write speed paces prefetching.
+  for (const auto& [key, chunk] : to_disk)
+    if (Status s = disk_->Put(key, *chunk); !s.ok())
+      CTFS_LOG(kDebug) << "NVMe tier: " << key << ": " << s.ToString();
+}
+
+Prefetcher::FirstLook Prefetcher::LookFirst(const std::string& path, uint64_t guess,
+                                            const cfs_client::Backend::AttrCheck& check,
+                                            const AttrSource* source) {
+  FirstLook out;
+  // Fresh attributes the daemon holds: a file the RAM cache or the NVMe tier has at that
+  // version costs no store request at all, and a large one only the chunks they lack.
+  std::optional<cfs_client::FileAttr> known;
+  if (source) known = (*source)(path, &out.known_ns);
+  out.known = known.has_value();
+  const cache::Tiers tiers{ram_, disk_};
+  if (known && !known->IsRegular()) {
+    out.got = Status::InvalidArgument(path + ": not a regular file");
+  } else if (known) {
+    if (Status denied = check ? check(*known) : Status::OK(); !denied.ok()) {
+      out.got = denied;
+    } else if (known->size > guess) {
+      out.got = cfs_client::Backend::Fetched{*known, 0};  // the chunked path
+    } else if ((out.cached = tiers.Find(cache::ChunkKey(path, known->Version(), 0),
+                                        static_cast<size_t>(known->size)))) {
+      out.from_cache = true;
+      out.got = cfs_client::Backend::Fetched{*known, out.cached->size};
+    }
+  } else if (disk_ != nullptr) {
+    // With an NVMe tier, a file cached there (say, by an earlier run) costs only a metadata
+    // request to the store.
+    Result<cfs_client::FileAttr> attr = backend_->Stat(path);
+    if (attr.ok() && check) {
+      if (Status denied = check(attr.value()); !denied.ok()) attr = denied;
+    }
+    if (!attr.ok() && attr.status().code() == Status::Code::kPermissionDenied) {
+      out.got = attr.status();
+    } else if (attr.ok() && attr->IsRegular() && attr->size > guess) {
+      out.got = cfs_client::Backend::Fetched{attr.value(), 0};  // the chunked path reads the tier
+    } else if (attr.ok() && attr->IsRegular()) {
+      out.cached =
+          tiers.Find(cache::ChunkKey(path, attr->Version(), 0), static_cast<size_t>(attr->size));
+      if (out.cached) out.got = cfs_client::Backend::Fetched{attr.value(), out.cached->size};
+    }
+  }
+  if (!out.cached && !out.got.ok() && out.got.status().code() != Status::Code::kPermissionDenied &&
+      out.got.status().code() != Status::Code::kInvalidArgument) {
+    out.first = cache::Buffer::Allocate(guess);
+    out.got = backend_->StatRead(path, static_cast<size_t>(guess), out.first->data.get(), check);
+  }
+  return out;
+}
+
+bool Prefetcher::WaitForRoomLocked(std::unique_lock<std::mutex>& l, Entry& e, uint64_t size) {
+  if (size > options_.window_budget_bytes) return false;  // never fits: left to demand reads
+  // Wait for room: the window never pushes out a file that has not been read.
+  ChargeLocked(e, -static_cast<int64_t>(e.reserved));
+  e.waiting_for_room = true;  // readers fetch it themselves rather than wait on this
+  // Release readers already waiting on the first request: room may only come from their
+  // own reads of other files, so they must not wait here.
+  e.promise->set_value();
+  e.promise = std::make_shared<std::promise<void>>();
+  e.done = e.promise->get_future().share();
+  room_cv_.wait(l, [&] {
+    return stop_ || e.refs == 0 || window_bytes_ + size <= options_.window_budget_bytes;
+  });
+  e.waiting_for_room = false;
+  if (stop_ || e.refs == 0) return false;
+  ChargeLocked(e, static_cast<int64_t>(size));
+  return true;
+}
+
+Status Prefetcher::FetchChunks(const std::string& path, const cfs_client::FileVersion& version,
+                               std::vector<cache::BufferRef>* chunks) {
+  const uint64_t size = version.size;
+  const uint64_t chunk_bytes = options_.chunk_bytes;
+  const size_t n_chunks = static_cast<size_t>((size + chunk_bytes - 1) / chunk_bytes);
+  chunks->assign(n_chunks, nullptr);
+  std::vector<Status> errors(n_chunks);
+  // A large file's chunks are fetched in parallel ranged reads: a store's bandwidth per
+  // request is limited, its bandwidth in all is not.
+  std::atomic<size_t> next_chunk{0};
+  const cache::Tiers tiers{ram_, disk_};
+  auto fetch_chunks = [&] {
+    for (size_t c = next_chunk++; c < n_chunks; c = next_chunk++) {
+      const uint64_t off = c * chunk_bytes;
+      const size_t len = static_cast<size_t>(std::min(chunk_bytes, size - off));
+      // A demand read may have fetched this chunk already, or an NVMe tier hold it.
+      if (cache::BufferRef cached = tiers.Find(cache::ChunkKey(path, version, c), len)) {
+        (*chunks)[c] = std::move(cached);
+        continue;
+      }
+      Result<cache::BufferRef> r = cache::ReadChunk(*backend_, path, version, off, len);
+      if (r.ok())
+        (*chunks)[c] = std::move(r).value();
+      else
+        errors[c] = r.status();
+    }
+  };
+  RunOnThreads(static_cast<int>(std::min<size_t>(kParallelChunks, n_chunks)), fetch_chunks);
+  for (const Status& err : errors)
+    if (!err.ok()) return err;
+  return Status::OK();
+}
+
+void Prefetcher::DropRefLocked(const std::string& path) {
+  auto it = window_.find(path);
+  if (it != window_.end() && it->second.refs > 0) it->second.refs--;
+}
+
+void Prefetcher::MaybeReleaseLocked(const std::string& path) {
+  auto it = window_.find(path);
+  if (it == window_.end()) return;
+  const Entry& e = it->second;
+  if (e.refs > 0 || e.state != State::kReady) return;
+  // Wanted by no stream: keep it only while a read of it is under way.
+  if (e.was_read && e.bytes_read < e.attr.size) return;
+  ReleaseLocked(it);
+}
+
+void Prefetcher::ReleaseLocked(std::unordered_map<std::string, Entry>::iterator it) {
+  Entry& e = it->second;
+  if (!e.was_read) {
+    totals_.evicted_unread++;
+    if (evicted_unread_) evicted_unread_->Increment();
+    if (Stream* s = StreamById(e.first_stream)) s->stats.evicted_unread++;
+  } else if (e.invalidated) {
+    // Bytes of a version written over through the mount: kept nowhere.
+  } else if (!options_.prefetch.evict_after_read) {
+    // Keep it for later readers in the RAM cache's LRU (which demotes to NVMe in turn).
+    for (size_t i = 0; i < e.chunks.size(); ++i)
+      ram_->Insert(cache::ChunkKey(it->first, e.attr.Version(), i), e.chunks[i]);
+  } else if (disk_ != nullptr) {
+    // Evicted after its read: the NVMe tier keeps it for the next epoch.
+    for (size_t i = 0; i < e.chunks.size(); ++i) {
+      const std::string key = cache::ChunkKey(it->first, e.attr.Version(), i);
+      disk_->PutAsync(key, e.chunks[i]);
+    }
+  }
+  EraseLocked(it);
+  Wake();
+}
+
+void Prefetcher::ChargeLocked(Entry& e, int64_t bytes) {
+  e.reserved = static_cast<uint64_t>(static_cast<int64_t>(e.reserved) + bytes);
+  window_bytes_ = static_cast<uint64_t>(static_cast<int64_t>(window_bytes_) + bytes);
+  Use& u = use_[e.owner];
+  u.bytes = static_cast<uint64_t>(static_cast<int64_t>(u.bytes) + bytes);
+  if (window_gauge_) window_gauge_->Increment(static_cast<double>(bytes));
+}
+
+void Prefetcher::EraseLocked(std::unordered_map<std::string, Entry>::iterator it) {
+  ChargeLocked(it->second, -static_cast<int64_t>(it->second.reserved));
+  auto u = use_.find(it->second.owner);
+  if (u != use_.end() && --u->second.files == 0 && u->second.bytes == 0) use_.erase(u);
+  window_.erase(it);
+}
+
+void Prefetcher::Run(const Job& job) {
+  if (job.probe)
+    RunProbe(job);
+  else if (job.warm)
+    RunWarm(job);
+  else
+    RunJob(job);
+}
+
+void Prefetcher::RunWarm(const Job& job) {
+  std::shared_ptr<const AttrSource> source;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    source = attr_source_;
+  }
+  // Only at the version of fresh attributes, and only what the stream's owner may read.
+  std::optional<cfs_client::FileAttr> known;
+  if (source) known = (*source)(job.path, nullptr);
+  if (!known || known->Version() != job.version || !known->IsRegular()) return;
+  if (job.reader && !MayAccess(*known, *job.reader, R_OK)) {
+    std::lock_guard<std::mutex> l(mu_);
+    totals_.denied++;
+    return;
+  }
+  const std::string key = cache::ChunkKey(job.path, job.version, 0);
+  Result<cache::Lookup> got = ram_->GetOrFetch(key, [&] {
+    cache::Tier from;
+    return cache::Tiers{ram_, disk_}.ReadThroughDisk(*backend_, key, job.path, job.version, 0,
+                                                     static_cast<size_t>(job.version.size), &from);
+  });
+  std::lock_guard<std::mutex> l(mu_);
+  if (!got.ok()) {
+    CTFS_LOG(kDebug) << "warm " << job.path << ": " << got.status().ToString();
+    return;
+  }
+  if (got->served != cache::Served::kCached) {
+    totals_.warmed++;
+    if (warmed_) warmed_->Increment();
+  }
+}
+
+void Prefetcher::RunProbe(const Job& job) {
+  std::shared_ptr<const PageProbe> probe;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    probe = page_probe_;
+  }
+  const bool resident = probe && (*probe)(job.path, job.size);
+  std::lock_guard<std::mutex> l(mu_);
+  auto m = marks_.find(job.path);
+  if (m != marks_.end()) m->second.probing = false;
+  if (resident && m != marks_.end()) {
+    totals_.page_resident++;
+    if (page_resident_) page_resident_->Increment();
+    return;
+  }
+  // Pages are gone (or the mark went meanwhile): the positions passed over want the file.
+  if (m != marks_.end()) {
+    EraseMarkLocked(job.path);
+    totals_.probed_absent++;
+    if (probed_absent_) probed_absent_->Increment();
+  }
+  for (auto& [id, s] : streams_) {
+    auto p = s.pending.find(job.path);
+    if (p == s.pending.end()) continue;
+    for (uint64_t pos : p->second)
+      if (pos >= s.base) UnprobeLocked(s, pos);
+  }
+  Wake();
+}
+
+}  // namespace cubetorchfs::prefetch

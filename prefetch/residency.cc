@@ -1,0 +1,151 @@
+// Prefetcher, part 3: what the daemon knows of the kernel's page cache. Files the kernel
+// holds are passed over (marked resident), probed again as the readers near them, and warmed
+// into the LRU cache under page pressure. See docs/prefetch.md.
+#include <algorithm>
+
+#include "common/logging.h"
+#include "prefetch/prefetcher.h"
+
+namespace cubetorchfs::prefetch {
+
+uint64_t Prefetcher::RecheckLead() const {
+  // Room to fetch what has gone since: twice what the workers fetch at once.
+  return 2 * std::max<uint64_t>(options_.prefetch.max_inflight, 1);
+}
+
+std::optional<Prefetcher::Job> Prefetcher::RecheckLocked(Stream& s) {
+  if (!page_probe_) return std::nullopt;
+  // Files passed over are probed again as the readers come near: the first probe may have
+  // been a whole window ahead.
+  const uint64_t end = std::min({s.high + RecheckLead(), s.next, s.base + s.paths.size()});
+  s.recheck = std::max(s.recheck, s.low);
+  while (s.recheck < end) {
+    const uint64_t pos = s.recheck++;
+    uint8_t& state = s.states[pos - s.base];
+    if ((state & kStateMask) != kPending || (state & kProbed) == 0 || (state & kRechecked) != 0)
+      continue;
+    state |= kRechecked;
+    const std::string& path = s.paths[pos - s.base];
+    Mark* mark = FreshMarkLocked(path);
+    if (mark == nullptr) {  // its attributes expired or changed meanwhile: fetch it
+      UnprobeLocked(s, pos);
+      continue;
+    }
+    if (std::optional<Job> job = PassOverJobLocked(s, path, *mark, /*near=*/true)) return job;
+  }
+  return std::nullopt;
+}
+
+std::optional<Prefetcher::Job> Prefetcher::PassOverJobLocked(const Stream& s,
+                                                             const std::string& path, Mark& mark,
+                                                             bool near) {
+  if (near && PressureLocked(clock_->NowNanos())) return WarmJobLocked(s, path, mark);
+  if (mark.probing) return std::nullopt;  // a probe of it runs: its answer serves this position
+  mark.probing = true;
+  rr_after_ = s.id;
+  return Job{path, true, mark.version.size};
+}
+
+std::optional<Prefetcher::Job> Prefetcher::WarmJobLocked(const Stream& s, const std::string& path,
+                                                         const Mark& mark) {
+  // A probe now may be stale by the read: the file goes to the LRU cache instead, where the
+  // read finds it if the kernel drops it meanwhile. Large files are left to their reads.
+  if (mark.version.size > options_.chunk_bytes) return std::nullopt;
+  rr_after_ = s.id;
+  Job job{path, false, mark.version.size};
+  job.warm = true;
+  job.version = mark.version;
+  job.reader = s.reader;
+  return job;
+}
+
+void Prefetcher::UnprobeLocked(Stream& s, uint64_t pos) {
+  s.states[pos - s.base] &= static_cast<uint8_t>(~(kProbed | kRechecked));
+  s.next = std::min(s.next, pos);
+  s.recheck = std::min(s.recheck, pos);
+}
+
+Prefetcher::Mark* Prefetcher::FreshMarkLocked(const std::string& path) {
+  auto m = marks_.find(path);
+  if (m == marks_.end()) return nullptr;
+  // Only at the version of attributes still fresh: once they expire, the kernel asks again
+  // and drops its pages if the file changed.
+  std::optional<cfs_client::FileAttr> attr;
+  if (attr_source_) attr = (*attr_source_)(path, nullptr);
+  if (attr && attr->Version() == m->second.version) return &m->second;
+  EraseMarkLocked(path);
+  return nullptr;
+}
+
+void Prefetcher::EraseMarkLocked(const std::string& path) {
+  auto m = marks_.find(path);
+  if (m == marks_.end()) return;
+  marks_by_seq_.erase(m->second.seq);
+  marks_.erase(m);
+}
+
+void Prefetcher::DropOldestMarkLocked() {
+  auto oldest = marks_by_seq_.begin();
+  marks_.erase(marks_.find(*oldest->second));  // by iterator: the key is the node's own
+  marks_by_seq_.erase(oldest);
+}
+
+void Prefetcher::MarkResidentLocked(const std::string& path,
+                                    const cfs_client::FileVersion& version) {
+  if (!options_.keep_cache || options_.max_resident_marks == 0) return;
+  EraseMarkLocked(path);
+  while (marks_.size() >= options_.max_resident_marks) DropOldestMarkLocked();
+  const uint64_t seq = next_mark_seq_++;
+  auto it = marks_.emplace(path, Mark{version, seq}).first;
+  marks_by_seq_.emplace(seq, &it->first);
+}
+
+void Prefetcher::NotePageDropLocked(uint64_t now) {
+  totals_.page_drops++;
+  drop_times_.push_back(now);
+  if (drop_times_.size() > kPressureDrops) drop_times_.pop_front();
+  if (drop_times_.size() < kPressureDrops || now - drop_times_.front() > kPressureSpanNs) return;
+  const bool entering = !PressureLocked(now);
+  pressure_until_ns_ = now + kPressureHoldNs;
+  if (!entering) return;
+  // Files passed over and already rechecked near the readers are taken up again, to be warmed.
+  for (auto& [id, s] : streams_) {
+    const uint64_t end =
+        std::min<uint64_t>({s.next, s.base + s.paths.size(), s.high + RecheckLead()});
+    for (uint64_t pos = std::max(s.low, s.high); pos < end; ++pos) {
+      uint8_t& state = s.states[pos - s.base];
+      if ((state & kStateMask) != kPending || (state & kProbed) == 0) continue;
+      state &= static_cast<uint8_t>(~kRechecked);
+      s.recheck = std::min(s.recheck, pos);
+    }
+  }
+  Wake();
+}
+
+void Prefetcher::NoteNotResidentLocked(const std::string& path, uint64_t now) {
+  auto m = marks_.find(path);
+  if (m == marks_.end()) return;
+  NotePageDropLocked(now);
+  // The kernel was served this file whole, yet asks for it: its pages were dropped, maybe
+  // after a probe found them. The page cache drops what it was served earliest first, so the
+  // files passed over whose marks are older still may have gone the same way since their
+  // probe: they are asked about again.
+  const uint64_t seq = m->second.seq;
+  EraseMarkLocked(path);
+  bool again = false;
+  for (auto& [id, s] : streams_) {
+    // Only the files the readers are about to reach: the rest are rechecked as they come.
+    const uint64_t end =
+        std::min<uint64_t>({s.next, s.base + s.paths.size(), s.high + RecheckLead()});
+    for (uint64_t pos = std::max(s.low, s.high); pos < end; ++pos) {
+      if ((s.states[pos - s.base] & kProbed) == 0) continue;
+      auto other = marks_.find(s.paths[pos - s.base]);
+      if (other == marks_.end() || other->second.seq > seq || other->second.probing) continue;
+      UnprobeLocked(s, pos);
+      again = true;
+    }
+  }
+  if (again) Wake();
+}
+
+}  // namespace cubetorchfs::prefetch
