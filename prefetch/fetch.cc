@@ -114,18 +114,24 @@ void Prefetcher::RunJob(const Job& job) {
     FailLocked(window_.find(job.path));
     return;
   }
+  CompleteFetchLocked(l, job.path, *e, std::move(chunks), /*write_back=*/!had_copy);
+}
+
+void Prefetcher::CompleteFetchLocked(std::unique_lock<std::mutex>& l, const std::string& path,
+                                     Entry& e, std::vector<cache::BufferRef> chunks,
+                                     bool write_back) {
   // Kept on the NVMe tier for later runs and epochs.
   std::vector<std::pair<std::string, cache::BufferRef>> to_disk;
-  if (disk_ != nullptr && !e->invalidated && !had_copy)
+  if (disk_ != nullptr && !e.invalidated && write_back)
     for (size_t i = 0; i < chunks.size(); ++i)
-      to_disk.emplace_back(cache::ChunkKey(job.path, attr.Version(), i), chunks[i]);
-  e->chunks = std::move(chunks);
-  e->state = State::kReady;
+      to_disk.emplace_back(cache::ChunkKey(path, e.attr.Version(), i), chunks[i]);
+  e.chunks = std::move(chunks);
+  e.state = State::kReady;
   totals_.fetched++;
   if (fetched_) fetched_->Increment();
-  if (Stream* s = StreamById(e->first_stream)) s->stats.fetched++;
-  FinishFetchLocked(*e);
-  MaybeReleaseLocked(job.path);
+  if (Stream* s = StreamById(e.first_stream)) s->stats.fetched++;
+  FinishFetchLocked(e);
+  MaybeReleaseLocked(path);  // may erase e
   Wake();
   l.unlock();
   // Written by the worker that fetched it, not queued: prefetching outruns the tier's writer

@@ -294,6 +294,10 @@ class Prefetcher {
   // Until the window has room for `size` bytes of `e`, which are then charged; false if it
   // never will (too large, stopping, or no stream wants it any more). REQUIRES: mu_ held.
   bool WaitForRoomLocked(std::unique_lock<std::mutex>& l, Entry& e, uint64_t size);
+  // `e` (of `path`) is ready with `chunks`, queued for the NVMe tier if `write_back`; unlocks
+  // `l` before writing them there. REQUIRES: mu_ held (through `l`).
+  void CompleteFetchLocked(std::unique_lock<std::mutex>& l, const std::string& path, Entry& e,
+                           std::vector<cache::BufferRef> chunks, bool write_back);
   // The chunks of `path` at `version`, from the tiers or the store, on parallel threads.
   Status FetchChunks(const std::string& path, const cfs_client::FileVersion& version,
                      std::vector<cache::BufferRef>* chunks);
