@@ -236,6 +236,13 @@ class FileSystem {
   std::shared_ptr<WriteState> FindWriteState(uint64_t ino);
   // The write state of `ino`, opening the file in the store if it has none.
   Result<std::shared_ptr<WriteState>> GetWriteState(uint64_t ino, bool add_writer);
+  // The write state of `ino` (opened if need be, and again if a flush of another descriptor
+  // closed it meanwhile), locked.
+  struct LockedWriteState {
+    std::shared_ptr<WriteState> state;
+    std::unique_lock<std::mutex> lock;  // of state->mu
+  };
+  Result<LockedWriteState> LockOpenWriteState(uint64_t ino);
   // Flushes and closes `state` if nothing writes it any more (an unlinked file: once the
   // kernel forgot it). REQUIRES: state->mu held.
   Status MaybeCloseLocked(uint64_t ino, WriteState& state, bool forgotten = false);

@@ -118,6 +118,15 @@ Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool
   }
 }
 
+Result<FileSystem::LockedWriteState> FileSystem::LockOpenWriteState(uint64_t ino) {
+  for (;;) {
+    CTFS_ASSIGN_OR_RETURN(std::shared_ptr<WriteState> st, GetWriteState(ino, false));
+    std::unique_lock<std::mutex> l(st->mu);
+    // Closed meanwhile (a flush of another descriptor): open it again.
+    if (!st->closed) return LockedWriteState{std::move(st), std::move(l)};
+  }
+}
+
 void FileSystem::MarkChangedLocked(WriteState& st) {
   st.dirty = true;
   st.write_seq = ++write_seq_;
@@ -329,15 +338,8 @@ Result<OpenResult> FileSystem::OpenForWrite(uint64_t ino, int flags, bool track_
 
 Result<size_t> FileSystem::Write(uint64_t ino, uint64_t offset, const char* data, size_t len) {
   CTFS_RETURN_IF_ERROR(CheckWritable());
-  std::shared_ptr<WriteState> st;
-  std::unique_lock<std::mutex> sl;
-  for (;;) {
-    CTFS_ASSIGN_OR_RETURN(std::shared_ptr<WriteState> got, GetWriteState(ino, false));
-    st = std::move(got);
-    sl = std::unique_lock<std::mutex>(st->mu);
-    if (!st->closed) break;
-    sl.unlock();  // closed meanwhile (a flush of another descriptor): open it again
-  }
+  CTFS_ASSIGN_OR_RETURN(LockedWriteState locked, LockOpenWriteState(ino));
+  WriteState* st = locked.state.get();
   CTFS_ASSIGN_OR_RETURN(size_t n, st->file->Write(offset, data, len));
   MarkChangedLocked(*st);
   if (std::optional<InodeInfo> inode = inodes_.Get(ino)) {
@@ -381,24 +383,21 @@ Status FileSystem::Fsync(uint64_t ino) {
   // Without a write state the file may still hold bytes written (and flushed) earlier that
   // were never made durable: open it to sync them. A state closed meanwhile (by a flush of
   // another descriptor) made the bytes visible, not durable: open it again and sync.
-  for (;;) {
-    Result<std::shared_ptr<WriteState>> st = GetWriteState(ino, false);
-    if (!st.ok()) {
-      if (st.status().IsNotFound() || st.status().code() == Status::Code::kStale)
-        return Status::OK();  // gone from the store: nothing left to make durable
-      return st.status();
-    }
-    std::lock_guard<std::mutex> sl((*st)->mu);
-    if ((*st)->closed) continue;
-    if (!(*st)->removed) {
-      CTFS_RETURN_IF_ERROR((*st)->file->Sync());
-      if ((*st)->dirty) {
-        (*st)->dirty = false;
-        RecordFlushed(**st);
-      }
-    }
-    return MaybeCloseLocked(ino, **st);
+  Result<LockedWriteState> locked = LockOpenWriteState(ino);
+  if (!locked.ok()) {
+    if (locked.status().IsNotFound() || locked.status().code() == Status::Code::kStale)
+      return Status::OK();  // gone from the store: nothing left to make durable
+    return locked.status();
   }
+  WriteState& st = *locked->state;
+  if (!st.removed) {
+    CTFS_RETURN_IF_ERROR(st.file->Sync());
+    if (st.dirty) {
+      st.dirty = false;
+      RecordFlushed(st);
+    }
+  }
+  return MaybeCloseLocked(ino, st);
 }
 
 Status FileSystem::FsyncDir(uint64_t ino) {
@@ -430,17 +429,13 @@ Result<cfs_client::FileAttr> FileSystem::SetAttr(uint64_t ino, const AttrChange&
   CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
   if (change.size) {
     if (inode.attr.IsDir()) return Status::IsDirectory(inode.path);
-    for (;;) {
-      CTFS_ASSIGN_OR_RETURN(std::shared_ptr<WriteState> st, GetWriteState(ino, false));
-      std::lock_guard<std::mutex> sl((st)->mu);
-      if ((st)->closed) continue;  // closed meanwhile: open it again
-      CTFS_RETURN_IF_ERROR((st)->file->Truncate(*change.size));
-      MarkChangedLocked(*st);
-      Result<cfs_client::FileAttr> a = (st)->file->Stat();
-      if (a.ok()) Changed(ino, *a);
-      CTFS_RETURN_IF_ERROR(MaybeCloseLocked(ino, *st));
-      break;
-    }
+    CTFS_ASSIGN_OR_RETURN(LockedWriteState locked, LockOpenWriteState(ino));
+    WriteState& st = *locked.state;
+    CTFS_RETURN_IF_ERROR(st.file->Truncate(*change.size));
+    MarkChangedLocked(st);
+    Result<cfs_client::FileAttr> a = st.file->Stat();
+    if (a.ok()) Changed(ino, *a);
+    CTFS_RETURN_IF_ERROR(MaybeCloseLocked(ino, st));
   }
   const cfs_client::AttrChange& m = change.meta;
   if (m.mode || m.uid || m.gid || m.atime_ns || m.mtime_ns) {
@@ -477,16 +472,13 @@ Result<cfs_client::FileAttr> FileSystem::SetAttr(uint64_t ino, const AttrChange&
 
 Status FileSystem::Fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t len) {
   CTFS_RETURN_IF_ERROR(CheckWritable());
-  for (;;) {
-    CTFS_ASSIGN_OR_RETURN(std::shared_ptr<WriteState> st, GetWriteState(ino, false));
-    std::lock_guard<std::mutex> sl((st)->mu);
-    if ((st)->closed) continue;  // closed meanwhile: open it again
-    CTFS_RETURN_IF_ERROR((st)->file->Allocate(mode, offset, len));
-    MarkChangedLocked(*st);
-    Result<cfs_client::FileAttr> a = (st)->file->Stat();
-    if (a.ok()) inodes_.SetAttr(ino, *a, clock_->NowNanos());
-    return MaybeCloseLocked(ino, *st);
-  }
+  CTFS_ASSIGN_OR_RETURN(LockedWriteState locked, LockOpenWriteState(ino));
+  WriteState& st = *locked.state;
+  CTFS_RETURN_IF_ERROR(st.file->Allocate(mode, offset, len));
+  MarkChangedLocked(st);
+  Result<cfs_client::FileAttr> a = st.file->Stat();
+  if (a.ok()) inodes_.SetAttr(ino, *a, clock_->NowNanos());
+  return MaybeCloseLocked(ino, st);
 }
 
 std::optional<cfs_client::FileAttr> FileSystem::WrittenAttr(WriteState& st) {
