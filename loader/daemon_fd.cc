@@ -84,6 +84,138 @@ Status Untrusted(const std::string& path, const std::string& why) {
   return Status::PermissionDenied(why);
 }
 
+// A reply read from the control socket: its bytes and the descriptor that came with them.
+struct Reply {
+  std::string bytes;
+  UniqueFd fd{-1};
+  size_t header_end = std::string::npos;  // end of the HTTP head (npos until it is in)
+  size_t content_length = 0;
+};
+
+// Returns a non-blocking socket connecting (or connected) to the control socket.
+Result<UniqueFd> ConnectControlSocket(const std::string& socket_path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.size() >= sizeof(addr.sun_path))
+    return Status::InvalidArgument("control socket path too long: " + socket_path);
+  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  UniqueFd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (sock.get() < 0) return Status::IOError(std::string("socket: ") + std::strerror(errno));
+  if (::connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 &&
+      errno != EINPROGRESS && errno != EAGAIN)
+    return Status::IOError("control socket " + socket_path + ": " + std::strerror(errno));
+  return sock;
+}
+
+// Sends the HTTP request that asks the daemon to open `path`.
+Status SendOpenRequest(int sock, const std::string& socket_path, const std::string& path,
+                       std::chrono::steady_clock::time_point deadline) {
+  const std::string body =
+      nlohmann::json{{"path", path}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string request =
+      "POST /v1/files/open HTTP/1.1\r\nHost: cubetorchfs\r\n"
+      "Content-Type: application/json\r\nConnection: close\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  size_t sent = 0;
+  while (sent < request.size()) {
+    CTFS_RETURN_IF_ERROR(WaitFor(sock, POLLOUT, deadline, "sending the request"));
+    ssize_t n = ::send(sock, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return Status::IOError("control socket " + socket_path + ": send: " + std::strerror(errno));
+    }
+    sent += static_cast<size_t>(n);
+  }
+  return Status::OK();
+}
+
+// Takes the descriptors passed in `msg`: keeps the first in *received, closes the rest.
+void TakeDescriptors(msghdr* msg, UniqueFd* received) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(msg); c != nullptr; c = CMSG_NXTHDR(msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (received->get() < 0)
+        received->reset(fd);
+      else
+        ::close(fd);  // only one is expected
+    }
+  }
+}
+
+// Notes where the reply's HTTP head ends, and its Content-Length, once the head is in.
+void ParseHead(Reply* reply) {
+  size_t p = reply->bytes.find("\r\n\r\n");
+  if (p != std::string::npos) {
+    reply->header_end = p + 4;
+    std::string head = reply->bytes.substr(0, p);
+    for (char& ch : head) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    size_t cl = head.find("content-length:");
+    if (cl != std::string::npos)
+      reply->content_length = std::strtoull(head.c_str() + cl + 15, nullptr, 10);
+  }
+}
+
+// Reads the reply until its body is in or the daemon closes the connection.
+Status ReadReply(int sock, std::chrono::steady_clock::time_point deadline, Reply* reply) {
+  for (;;) {
+    if (reply->header_end != std::string::npos &&
+        reply->bytes.size() >= reply->header_end + reply->content_length)
+      break;
+    CTFS_RETURN_IF_ERROR(WaitFor(sock, POLLIN, deadline, "waiting for the daemon's reply"));
+    char buf[4096];
+    iovec iov{buf, sizeof(buf)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return Status::IOError("control socket: recvmsg: " + std::string(std::strerror(errno)));
+    }
+    TakeDescriptors(&msg, &reply->fd);
+    if (n == 0) break;
+    reply->bytes.append(buf, static_cast<size_t>(n));
+    if (reply->header_end == std::string::npos) ParseHead(reply);
+    if (reply->bytes.size() > (1u << 20))
+      return Status::Corruption("control socket: reply too large");
+  }
+  return Status::OK();
+}
+
+// Returns the daemon's descriptor and file size from a complete reply, or the daemon's error.
+Result<DaemonFile> ParseReply(Reply* reply) {
+  if (reply->header_end == std::string::npos)
+    return Status::IOError("control socket: the daemon closed the connection without a reply");
+  const std::string& bytes = reply->bytes;
+  int code = 0;
+  if (bytes.rfind("HTTP/1.", 0) == 0 && bytes.size() > 12) code = std::atoi(bytes.c_str() + 9);
+  nlohmann::json j = nlohmann::json::parse(bytes.substr(reply->header_end), nullptr, false);
+  if (code != 200) {
+    std::string why = (j.is_object() && j.contains("error") && j["error"].is_string())
+                          ? j["error"].get<std::string>()
+                          : "HTTP " + std::to_string(code);
+    // The reply's code says which status the daemon's request ended in.
+    if (j.is_object() && j.contains("code") && j["code"].is_string()) {
+      const int64_t err =
+          j.contains("errno") && j["errno"].is_number_integer() ? j["errno"].get<int64_t>() : 0;
+      return Status::FromWire(j["code"].get<std::string>(), "daemon: " + why, err);
+    }
+    if (code == 501 || code == 405 || code == 404) return Status::NotSupported("daemon: " + why);
+    return Status::IOError("daemon: " + why);
+  }
+  if (reply->fd.get() < 0) return Status::IOError("daemon: reply carried no file descriptor");
+  if (!j.is_object() || !j.contains("size") || !j["size"].is_number_unsigned())
+    return Status::Corruption("daemon: reply without a size");
+  return DaemonFile{reply->fd.release(), j["size"].get<uint64_t>()};
+}
+
 }  // namespace
 
 Status CheckControlSocket(const std::string& socket_path) {
@@ -180,105 +312,13 @@ Result<std::string> ControlSocketOf(const std::string& vol_name) {
 Result<DaemonFile> OpenViaDaemon(const std::string& socket_path, const std::string& path,
                                  int timeout_ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (socket_path.size() >= sizeof(addr.sun_path))
-    return Status::InvalidArgument("control socket path too long: " + socket_path);
-  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
-  UniqueFd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (sock.get() < 0) return Status::IOError(std::string("socket: ") + std::strerror(errno));
-  if (::connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 &&
-      errno != EINPROGRESS && errno != EAGAIN)
-    return Status::IOError("control socket " + socket_path + ": " + std::strerror(errno));
-
-  const std::string body =
-      nlohmann::json{{"path", path}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  std::string request =
-      "POST /v1/files/open HTTP/1.1\r\nHost: cubetorchfs\r\n"
-      "Content-Type: application/json\r\nConnection: close\r\n"
-      "Content-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body;
-  size_t sent = 0;
-  while (sent < request.size()) {
-    CTFS_RETURN_IF_ERROR(WaitFor(sock.get(), POLLOUT, deadline, "sending the request"));
-    ssize_t n = ::send(sock.get(), request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) continue;
-      return Status::IOError("control socket " + socket_path + ": send: " + std::strerror(errno));
-    }
-    sent += static_cast<size_t>(n);
-  }
+  CTFS_ASSIGN_OR_RETURN(UniqueFd sock, ConnectControlSocket(socket_path));
+  CTFS_RETURN_IF_ERROR(SendOpenRequest(sock.get(), socket_path, path, deadline));
 
   // Read the reply; the descriptor arrives with its first bytes.
-  std::string reply;
-  UniqueFd received(-1);
-  size_t header_end = std::string::npos;
-  size_t content_length = 0;
-  for (;;) {
-    if (header_end != std::string::npos && reply.size() >= header_end + content_length) break;
-    CTFS_RETURN_IF_ERROR(WaitFor(sock.get(), POLLIN, deadline, "waiting for the daemon's reply"));
-    char buf[4096];
-    iovec iov{buf, sizeof(buf)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    ssize_t n = ::recvmsg(sock.get(), &msg, MSG_CMSG_CLOEXEC);
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) continue;
-      return Status::IOError("control socket: recvmsg: " + std::string(std::strerror(errno)));
-    }
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        if (received.get() < 0)
-          received.reset(fd);
-        else
-          ::close(fd);  // only one is expected
-      }
-    }
-    if (n == 0) break;
-    reply.append(buf, static_cast<size_t>(n));
-    if (header_end == std::string::npos) {
-      size_t p = reply.find("\r\n\r\n");
-      if (p != std::string::npos) {
-        header_end = p + 4;
-        std::string head = reply.substr(0, p);
-        for (char& ch : head) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-        size_t cl = head.find("content-length:");
-        if (cl != std::string::npos)
-          content_length = std::strtoull(head.c_str() + cl + 15, nullptr, 10);
-      }
-    }
-    if (reply.size() > (1u << 20)) return Status::Corruption("control socket: reply too large");
-  }
-  if (header_end == std::string::npos)
-    return Status::IOError("control socket: the daemon closed the connection without a reply");
-  int code = 0;
-  if (reply.rfind("HTTP/1.", 0) == 0 && reply.size() > 12) code = std::atoi(reply.c_str() + 9);
-  nlohmann::json j = nlohmann::json::parse(reply.substr(header_end), nullptr, false);
-  if (code != 200) {
-    std::string why = (j.is_object() && j.contains("error") && j["error"].is_string())
-                          ? j["error"].get<std::string>()
-                          : "HTTP " + std::to_string(code);
-    // The reply's code says which status the daemon's request ended in.
-    if (j.is_object() && j.contains("code") && j["code"].is_string()) {
-      const int64_t err =
-          j.contains("errno") && j["errno"].is_number_integer() ? j["errno"].get<int64_t>() : 0;
-      return Status::FromWire(j["code"].get<std::string>(), "daemon: " + why, err);
-    }
-    if (code == 501 || code == 405 || code == 404) return Status::NotSupported("daemon: " + why);
-    return Status::IOError("daemon: " + why);
-  }
-  if (received.get() < 0) return Status::IOError("daemon: reply carried no file descriptor");
-  if (!j.is_object() || !j.contains("size") || !j["size"].is_number_unsigned())
-    return Status::Corruption("daemon: reply without a size");
-  return DaemonFile{received.release(), j["size"].get<uint64_t>()};
+  Reply reply;
+  CTFS_RETURN_IF_ERROR(ReadReply(sock.get(), deadline, &reply));
+  return ParseReply(&reply);
 }
 
 }  // namespace cubetorchfs::loader

@@ -129,107 +129,132 @@ Result<std::unique_ptr<ModelFile>> ModelFile::Open(const std::string& path,
   }
   f->path_ = resolved;
 
-  std::string daemon_problem;
-  if (options.use_daemon) {
-    if (std::optional<MountOf> mount = FindCubetorchfsMount(f->path_)) {
-      f->source_ = Source::kMount;
-      Result<std::string> sock = ControlSocketOf(mount->vol_name);
-      if (sock.ok()) {
-        Result<DaemonFile> df = OpenViaDaemon(*sock, mount->StorePath(f->path_), OpenTimeoutMs());
-        struct stat through_mount;
-        if (df.ok() && ::stat(f->path_.c_str(), &through_mount) == 0 &&
-            static_cast<uint64_t>(through_mount.st_size) != df->size) {
-          ::close(df->fd);  // not the file the mount shows (changed meanwhile?): read that one
-        } else if (df.ok()) {
-          f->fd_ = df->fd;
-          f->source_ = Source::kDaemonFd;
-        } else if (df.status().IsNotFound()) {
-          return Status::NotFound(path + ": no such file");
-        }
-      }
-    }
-  }
-  if (f->fd_ < 0) {
-    int flags = O_RDONLY | O_CLOEXEC;
-    if (options.direct_io) {
-      f->fd_ = ::open(f->path_.c_str(), flags | O_DIRECT);
-      f->direct_ = f->fd_ >= 0;  // file systems without O_DIRECT (tmpfs) read buffered
-    }
-    if (f->fd_ < 0) f->fd_ = ::open(f->path_.c_str(), flags);
-    if (f->fd_ < 0) return Status::IOError(Errno(path));
-  }
+  if (options.use_daemon) CTFS_RETURN_IF_ERROR(f->TryDaemon(path));
+  if (f->fd_ < 0) CTFS_RETURN_IF_ERROR(f->OpenLocal(path, options.direct_io));
   struct stat st;
   if (::fstat(f->fd_, &st) != 0) return Status::IOError(Errno(path + ": stat"));
   if (!S_ISREG(st.st_mode)) return Status::InvalidArgument(path + ": not a regular file");
   f->file_size_ = static_cast<uint64_t>(st.st_size);
 
   std::vector<uint8_t> bounce;
-  uint8_t magic[16] = {};
-  const bool has_magic = f->file_size_ >= sizeof(magic) &&
-                         f->PreadFull(magic, sizeof(magic), 0, &bounce).ok() &&
-                         crypto::HasEncryptedHeaderMagic(magic, sizeof(magic));
-  if (has_magic) {
-    if (options.cipher == CipherChoice::kOff)
-      return Status::InvalidArgument(path +
-                                     ": the file has the encrypted-model header; load it "
-                                     "with use_cipher=True (or None)");
-    if (f->file_size_ < crypto::kEncryptedHeaderSize)
-      return Status::Corruption(path + ": encrypted header truncated (file of " +
-                                std::to_string(f->file_size_) + " bytes)");
-    std::vector<uint8_t> raw(crypto::kEncryptedHeaderSize);
-    CTFS_RETURN_IF_ERROR(f->PreadFull(raw.data(), raw.size(), 0, &bounce));
-    Result<crypto::EncryptedHeader> h = crypto::ParseEncryptedHeader(raw.data(), raw.size());
-    if (!h.ok()) return Status::Corruption(path + ": " + h.status().message());
-    Result<crypto::CipherParams> params = crypto::ResolveCipherParams(&h.value());
-    if (!params.ok()) return KeyError(path, params.status());
-    Result<std::optional<crypto::IntegrityField>> integrity = crypto::GetIntegrityField(*h);
-    if (!integrity.ok()) return Status::Corruption(path + ": " + integrity.status().message());
-    // The header is not authenticated: bound what it may ask of the reader (the writer
-    // uses 4 MiB; tiny chunks would cost a MAC setup and 16 bytes of tag per chunk).
-    if (*integrity &&
-        ((*integrity)->chunk_size < (64u << 10) || (*integrity)->chunk_size > (1ull << 30) ||
-         (*integrity)->chunk_size % crypto::kAesBlockSize != 0))
-      return Status::Corruption(path + ": integrity chunk_size " +
-                                std::to_string((*integrity)->chunk_size) +
-                                " is out of range (64 KiB to 1 GiB, a multiple of 16)");
-    f->integrity_ = *integrity;
-    f->cipher_ = std::move(params.value());
-    f->encrypted_ = true;
-    f->payload_base_ = crypto::kEncryptedHeaderSize;
-  } else if (options.cipher == CipherChoice::kOn) {
-    Result<crypto::CipherParams> params = crypto::ResolveCipherParams(nullptr);
-    if (!params.ok()) return KeyError(path, params.status());
-    f->cipher_ = std::move(params.value());
-    f->encrypted_ = true;
-  }
+  CTFS_RETURN_IF_ERROR(f->SetUpCipher(path, options.cipher, &bounce));
   if (options.require_integrity && !f->integrity_)
     return Status::Corruption(path +
                               ": the file carries no integrity tag and one is required "
                               "(require_integrity / CUBE_TORCH_REQUIRE_INTEGRITY)");
   f->payload_size_ = f->file_size_ - f->payload_base_;
+  CTFS_RETURN_IF_ERROR(f->ReadHeader(path, &bounce));
+  return f;
+}
 
-  const std::string hint = f->encrypted_ ? " (encrypted file: wrong key or IV?)" : "";
+// Takes fd_ from the daemon when path_ is under a cubetorchfs mount; fails only on NotFound.
+Status ModelFile::TryDaemon(const std::string& path) {
+  if (std::optional<MountOf> mount = FindCubetorchfsMount(path_)) {
+    source_ = Source::kMount;
+    Result<std::string> sock = ControlSocketOf(mount->vol_name);
+    if (sock.ok()) {
+      Result<DaemonFile> df = OpenViaDaemon(*sock, mount->StorePath(path_), OpenTimeoutMs());
+      struct stat through_mount;
+      if (df.ok() && ::stat(path_.c_str(), &through_mount) == 0 &&
+          static_cast<uint64_t>(through_mount.st_size) != df->size) {
+        ::close(df->fd);  // not the file the mount shows (changed meanwhile?): read that one
+      } else if (df.ok()) {
+        fd_ = df->fd;
+        source_ = Source::kDaemonFd;
+      } else if (df.status().IsNotFound()) {
+        return Status::NotFound(path + ": no such file");
+      }
+    }
+  }
+  return Status::OK();
+}
+
+// Opens path_ read-only (with O_DIRECT when asked and the file system allows it) into fd_.
+Status ModelFile::OpenLocal(const std::string& path, bool direct_io) {
+  int flags = O_RDONLY | O_CLOEXEC;
+  if (direct_io) {
+    fd_ = ::open(path_.c_str(), flags | O_DIRECT);
+    direct_ = fd_ >= 0;  // file systems without O_DIRECT (tmpfs) read buffered
+  }
+  if (fd_ < 0) fd_ = ::open(path_.c_str(), flags);
+  if (fd_ < 0) return Status::IOError(Errno(path));
+  return Status::OK();
+}
+
+// Sets up decryption from the encrypted header if any, else headerless when `choice` is kOn.
+Status ModelFile::SetUpCipher(const std::string& path, CipherChoice choice,
+                              std::vector<uint8_t>* bounce) {
+  uint8_t magic[16] = {};
+  const bool has_magic = file_size_ >= sizeof(magic) &&
+                         PreadFull(magic, sizeof(magic), 0, bounce).ok() &&
+                         crypto::HasEncryptedHeaderMagic(magic, sizeof(magic));
+  if (has_magic) {
+    if (choice == CipherChoice::kOff)
+      return Status::InvalidArgument(path +
+                                     ": the file has the encrypted-model header; load it "
+                                     "with use_cipher=True (or None)");
+    return ReadEncryptedHeader(path, bounce);
+  }
+  if (choice == CipherChoice::kOn) {
+    Result<crypto::CipherParams> params = crypto::ResolveCipherParams(nullptr);
+    if (!params.ok()) return KeyError(path, params.status());
+    cipher_ = std::move(params.value());
+    encrypted_ = true;
+  }
+  return Status::OK();
+}
+
+// Reads and checks the encrypted header: sets cipher_, integrity_ and payload_base_.
+Status ModelFile::ReadEncryptedHeader(const std::string& path, std::vector<uint8_t>* bounce) {
+  if (file_size_ < crypto::kEncryptedHeaderSize)
+    return Status::Corruption(path + ": encrypted header truncated (file of " +
+                              std::to_string(file_size_) + " bytes)");
+  std::vector<uint8_t> raw(crypto::kEncryptedHeaderSize);
+  CTFS_RETURN_IF_ERROR(PreadFull(raw.data(), raw.size(), 0, bounce));
+  Result<crypto::EncryptedHeader> h = crypto::ParseEncryptedHeader(raw.data(), raw.size());
+  if (!h.ok()) return Status::Corruption(path + ": " + h.status().message());
+  Result<crypto::CipherParams> params = crypto::ResolveCipherParams(&h.value());
+  if (!params.ok()) return KeyError(path, params.status());
+  Result<std::optional<crypto::IntegrityField>> integrity = crypto::GetIntegrityField(*h);
+  if (!integrity.ok()) return Status::Corruption(path + ": " + integrity.status().message());
+  // The header is not authenticated: bound what it may ask of the reader (the writer
+  // uses 4 MiB; tiny chunks would cost a MAC setup and 16 bytes of tag per chunk).
+  if (*integrity &&
+      ((*integrity)->chunk_size < (64u << 10) || (*integrity)->chunk_size > (1ull << 30) ||
+       (*integrity)->chunk_size % crypto::kAesBlockSize != 0))
+    return Status::Corruption(path + ": integrity chunk_size " +
+                              std::to_string((*integrity)->chunk_size) +
+                              " is out of range (64 KiB to 1 GiB, a multiple of 16)");
+  integrity_ = *integrity;
+  cipher_ = std::move(params.value());
+  encrypted_ = true;
+  payload_base_ = crypto::kEncryptedHeaderSize;
+  return Status::OK();
+}
+
+// Reads, decrypts and parses the safetensors header into header_ (and header_ciphertext_).
+Status ModelFile::ReadHeader(const std::string& path, std::vector<uint8_t>* bounce) {
+  const std::string hint = encrypted_ ? " (encrypted file: wrong key or IV?)" : "";
   uint8_t first8[8] = {};
-  const size_t have8 = static_cast<size_t>(std::min<uint64_t>(8, f->payload_size_));
-  CTFS_RETURN_IF_ERROR(f->PreadFull(first8, have8, f->payload_base_, &bounce));
+  const size_t have8 = static_cast<size_t>(std::min<uint64_t>(8, payload_size_));
+  CTFS_RETURN_IF_ERROR(PreadFull(first8, have8, payload_base_, bounce));
   std::vector<uint8_t> first8_cipher(first8, first8 + have8);
-  if (f->encrypted_)
-    CTFS_RETURN_IF_ERROR(crypto::CtrXorAt(f->cipher_->key, f->cipher_->iv, 0, first8, have8));
-  Result<uint64_t> n = HeaderLength(first8, have8, f->payload_size_);
+  if (encrypted_)
+    CTFS_RETURN_IF_ERROR(crypto::CtrXorAt(cipher_->key, cipher_->iv, 0, first8, have8));
+  Result<uint64_t> n = HeaderLength(first8, have8, payload_size_);
   if (!n.ok()) return n.status().Wrap(path + ": ", hint);
   std::vector<uint8_t> json(static_cast<size_t>(*n));
-  CTFS_RETURN_IF_ERROR(f->PreadFull(json.data(), json.size(), f->payload_base_ + 8, &bounce));
-  if (f->integrity_) {
-    f->header_ciphertext_ = first8_cipher;
-    f->header_ciphertext_.insert(f->header_ciphertext_.end(), json.begin(), json.end());
+  CTFS_RETURN_IF_ERROR(PreadFull(json.data(), json.size(), payload_base_ + 8, bounce));
+  if (integrity_) {
+    header_ciphertext_ = first8_cipher;
+    header_ciphertext_.insert(header_ciphertext_.end(), json.begin(), json.end());
   }
-  if (f->encrypted_)
-    CTFS_RETURN_IF_ERROR(
-        crypto::CtrXorAt(f->cipher_->key, f->cipher_->iv, 8, json.data(), json.size()));
-  Result<Header> header = ParseHeaderJson(json.data(), json.size(), f->payload_size_);
+  if (encrypted_)
+    CTFS_RETURN_IF_ERROR(crypto::CtrXorAt(cipher_->key, cipher_->iv, 8, json.data(), json.size()));
+  Result<Header> header = ParseHeaderJson(json.data(), json.size(), payload_size_);
   if (!header.ok()) return header.status().Wrap(path + ": ", hint);
-  f->header_ = std::move(header.value());
-  return f;
+  header_ = std::move(header.value());
+  return Status::OK();
 }
 
 Status ModelFile::ReadData(uint8_t* dst, uint64_t len, const ReadOptions& options) {
@@ -251,37 +276,40 @@ uint64_t ModelFile::ItemBytes(const ReadOptions& options) const {
   return std::max<uint64_t>(options.chunk_bytes, 1 << 20);
 }
 
+// One ReadPlan call's inputs, shared read-only by its threads.
+struct ModelFile::Plan {
+  const StageFn& stage;
+  const SinkFn& sink;
+  bool leave_encrypted;
+  uint64_t unit;                                // bytes per work item
+  std::optional<crypto::IntegrityKey> mac_key;  // only with an integrity tag
+  crypto::IntegrityParams params;               // likewise
+};
+
 Status ModelFile::ReadPlan(const ReadOptions& options, const StageFn& stage, const SinkFn& sink,
                            bool leave_encrypted) {
-  const uint64_t data_off = header_.data_offset;
   const uint64_t total = data_size();
   // Work items. With an integrity tag an item is one tag chunk (payload coordinates), so each
   // thread can compute its chunk's tag from the ciphertext it read; otherwise items are
   // chunk_bytes of the data section.
-  const uint64_t unit = ItemBytes(options);
+  Plan plan{stage, sink, leave_encrypted, ItemBytes(options), std::nullopt, {}};
+  const uint64_t unit = plan.unit;
   const uint64_t first = 0;
   const uint64_t count = integrity_ ? (payload_size_ + unit - 1) / unit : (total + unit - 1) / unit;
   std::vector<crypto::ChunkTagValue> tags(integrity_ ? count : 0);
-  std::optional<crypto::IntegrityKey> mac_key;
-  crypto::IntegrityParams params;
   if (integrity_) {
     CTFS_ASSIGN_OR_RETURN(crypto::IntegrityKey k,
                           crypto::IntegrityKey::Derive(cipher_->key, cipher_->iv));
-    mac_key = k;
-    params.iv = cipher_->iv;
-    params.payload_size = payload_size_;
-    params.chunk_size = unit;
+    plan.mac_key = k;
+    plan.params.iv = cipher_->iv;
+    plan.params.payload_size = payload_size_;
+    plan.params.chunk_size = unit;
   }
 
   std::atomic<uint64_t> next{first};
   std::atomic<bool> failed{false};
   std::mutex mu;
   Status first_error;
-  auto fail = [&](Status s) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (first_error.ok()) first_error = std::move(s);
-    failed = true;
-  };
   auto worker = [&]() {
     std::vector<uint8_t> bounce;
     crypto::ChunkMac mac;
@@ -289,59 +317,12 @@ Status ModelFile::ReadPlan(const ReadOptions& options, const StageFn& stage, con
       if (failed.load()) return;
       const uint64_t i = next.fetch_add(1);
       if (i >= count) return;
-      // The item's data-section range [d_begin, d_end).
-      uint64_t d_begin, d_end, p_begin = 0, p_end = 0;
-      if (integrity_) {
-        p_begin = i * unit;
-        p_end = std::min(payload_size_, p_begin + unit);
-        d_begin = std::max(p_begin, data_off) - data_off;
-        d_end = std::max(p_end, data_off) - data_off;
-      } else {
-        d_begin = i * unit;
-        d_end = std::min(total, d_begin + unit);
-      }
-      const uint64_t len = d_end - d_begin;
-      uint8_t* ptr = nullptr;
-      if (len > 0) {
-        Result<uint8_t*> where = stage(d_begin, len);
-        if (!where.ok()) return fail(where.status());
-        ptr = *where;
-      }
-      const uint64_t file_off = payload_base_ + data_off + d_begin;
-      if (!encrypted_) {
-        if (len > 0) {
-          Status s = PreadFull(ptr, len, file_off, &bounce);
-          if (!s.ok()) return fail(s);
-        }
-      } else {
-        // Encrypted: in sub-blocks small enough to stay in the core's cache between the
-        // read, the chunk MAC (over the ciphertext) and the decryption.
-        if (integrity_) {
-          Status s = mac.Begin(*mac_key, params, i);
-          // Any part of the chunk before the data section is header bytes kept at open.
-          if (s.ok() && p_begin < data_off)
-            s = mac.Update(header_ciphertext_.data() + p_begin,
-                           std::min(p_end, data_off) - p_begin);
-          if (!s.ok()) return fail(s);
-        }
-        for (uint64_t at = 0; at < len; at += kCipherBlock) {
-          const uint64_t n = std::min(kCipherBlock, len - at);
-          Status s = PreadFull(ptr + at, n, file_off + at, &bounce);
-          if (s.ok() && integrity_) s = mac.Update(ptr + at, n);
-          if (s.ok() && !leave_encrypted)
-            s = crypto::CtrXorAt(cipher_->key, cipher_->iv, data_off + d_begin + at, ptr + at, n);
-          if (!s.ok()) return fail(s);
-        }
-        if (integrity_) {
-          Result<crypto::ChunkTagValue> t = mac.Finish();
-          if (!t.ok()) return fail(t.status());
-          tags[i] = *t;
-        }
-      }
-      if (len == 0) continue;
-      if (sink) {
-        Status s = sink(d_begin, len, ptr);
-        if (!s.ok()) return fail(s);
+      Status s = ReadItem(plan, i, &mac, &bounce, integrity_ ? &tags[i] : nullptr);
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (first_error.ok()) first_error = std::move(s);
+        failed = true;
+        return;
       }
     }
   };
@@ -350,12 +331,64 @@ Status ModelFile::ReadPlan(const ReadOptions& options, const StageFn& stage, con
   RunOnThreads(threads, worker);
   if (!first_error.ok()) return first_error;
   if (integrity_) {
-    CTFS_ASSIGN_OR_RETURN(crypto::Tag root, crypto::CombineChunkTags(*mac_key, params, tags));
+    CTFS_ASSIGN_OR_RETURN(crypto::Tag root,
+                          crypto::CombineChunkTags(*plan.mac_key, plan.params, tags));
     Status s = crypto::CheckIntegrityTag(root, integrity_->tag);
     if (!s.ok())
       return Status::Corruption(path_ + ": " + s.message() +
                                 " — the file was modified or damaged; not loading it");
   }
+  return Status::OK();
+}
+
+// Reads work item i into `stage`'s memory and hands it to `sink`; sets *tag if integrity_.
+Status ModelFile::ReadItem(const Plan& plan, uint64_t i, crypto::ChunkMac* mac,
+                           std::vector<uint8_t>* bounce, crypto::ChunkTagValue* tag) {
+  const uint64_t data_off = header_.data_offset;
+  const uint64_t unit = plan.unit;
+  // The item's data-section range [d_begin, d_end).
+  uint64_t d_begin, d_end, p_begin = 0, p_end = 0;
+  if (integrity_) {
+    p_begin = i * unit;
+    p_end = std::min(payload_size_, p_begin + unit);
+    d_begin = std::max(p_begin, data_off) - data_off;
+    d_end = std::max(p_end, data_off) - data_off;
+  } else {
+    d_begin = i * unit;
+    d_end = std::min(data_size(), d_begin + unit);
+  }
+  const uint64_t len = d_end - d_begin;
+  uint8_t* ptr = nullptr;
+  if (len > 0) {
+    CTFS_ASSIGN_OR_RETURN(ptr, plan.stage(d_begin, len));
+  }
+  const uint64_t file_off = payload_base_ + data_off + d_begin;
+  if (!encrypted_) {
+    if (len > 0) CTFS_RETURN_IF_ERROR(PreadFull(ptr, len, file_off, bounce));
+  } else {
+    // Encrypted: in sub-blocks small enough to stay in the core's cache between the
+    // read, the chunk MAC (over the ciphertext) and the decryption.
+    if (integrity_) {
+      CTFS_RETURN_IF_ERROR(mac->Begin(*plan.mac_key, plan.params, i));
+      // Any part of the chunk before the data section is header bytes kept at open.
+      if (p_begin < data_off)
+        CTFS_RETURN_IF_ERROR(
+            mac->Update(header_ciphertext_.data() + p_begin, std::min(p_end, data_off) - p_begin));
+    }
+    for (uint64_t at = 0; at < len; at += kCipherBlock) {
+      const uint64_t n = std::min(kCipherBlock, len - at);
+      CTFS_RETURN_IF_ERROR(PreadFull(ptr + at, n, file_off + at, bounce));
+      if (integrity_) CTFS_RETURN_IF_ERROR(mac->Update(ptr + at, n));
+      if (!plan.leave_encrypted)
+        CTFS_RETURN_IF_ERROR(
+            crypto::CtrXorAt(cipher_->key, cipher_->iv, data_off + d_begin + at, ptr + at, n));
+    }
+    if (integrity_) {
+      CTFS_ASSIGN_OR_RETURN(*tag, mac->Finish());
+    }
+  }
+  if (len == 0) return Status::OK();
+  if (plan.sink) CTFS_RETURN_IF_ERROR(plan.sink(d_begin, len, ptr));
   return Status::OK();
 }
 

@@ -97,9 +97,20 @@ class ModelFile {
   uint64_t data_payload_offset() const { return header_.data_offset; }
 
  private:
+  struct Plan;  // one ReadPlan call's fixed inputs (model_file.cc)
+
   ModelFile() = default;
+  // Open's steps; `path` is the name the caller gave (for messages).
+  Status TryDaemon(const std::string& path);
+  Status OpenLocal(const std::string& path, bool direct_io);
+  Status SetUpCipher(const std::string& path, CipherChoice choice, std::vector<uint8_t>* bounce);
+  Status ReadEncryptedHeader(const std::string& path, std::vector<uint8_t>* bounce);
+  Status ReadHeader(const std::string& path, std::vector<uint8_t>* bounce);
+
   Status ReadPlan(const ReadOptions& options, const StageFn& stage, const SinkFn& sink,
                   bool leave_encrypted);
+  Status ReadItem(const Plan& plan, uint64_t i, crypto::ChunkMac* mac, std::vector<uint8_t>* bounce,
+                  crypto::ChunkTagValue* tag);
   Status PreadFull(uint8_t* dst, uint64_t len, uint64_t file_offset, std::vector<uint8_t>* bounce);
 
   std::string path_;

@@ -97,11 +97,10 @@ Status ParallelFor(uint64_t count, int threads, const std::function<Status(uint6
   return first;
 }
 
-}  // namespace
-
-Status SaveSafetensors(const std::string& path, const std::vector<SaveTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata,
-                       const SaveOptions& options) {
+// Returns the safetensors JSON header for `tensors` (padded); sets *data_size to the data size.
+Result<std::string> HeaderJson(const std::vector<SaveTensor>& tensors,
+                               const std::map<std::string, std::string>& metadata,
+                               uint64_t* data_size) {
   // The header, with offsets in the order given.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -122,113 +121,157 @@ Status SaveSafetensors(const std::string& path, const std::vector<SaveTensor>& t
   std::string json = header.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::strict);
   // Pad with spaces so the data section starts 8-byte aligned, as the reference writer does.
   while ((8 + json.size()) % 8 != 0) json.push_back(' ');
-  const uint64_t data_size = offset;
+  *data_size = offset;
+  return json;
+}
+
+// Returns `json` behind its 8-byte little-endian length: the payload's first bytes.
+std::string LengthPrefixed(const std::string& json) {
+  std::string prefix(8, '\0');
+  uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i)
+    prefix[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  prefix += json;
+  return prefix;
+}
+
+// Resolves the key and makes a fresh encrypted header for an encrypted save of `path`.
+Status NewSaveCipher(const std::string& path, std::optional<crypto::EncryptedHeader>* enc,
+                     std::optional<crypto::Key>* key) {
+  Result<crypto::KeyMaterial> km = crypto::ResolveKey(nullptr);
+  if (!km.ok()) {
+    // No key source is a usage error here, not a missing file.
+    if (km.status().IsNotFound())
+      return Status::InvalidArgument("save " + path + " encrypted: " + km.status().message());
+    return km.status().Wrap("save " + path + " encrypted: ");
+  }
+  const auto mode =
+      km->key.size() == 32 ? crypto::CipherMode::kCtr256 : crypto::CipherMode::kCtr128;
+  CTFS_ASSIGN_OR_RETURN(crypto::EncryptedHeader h,
+                        crypto::NewEncryptedHeader(mode, std::time(nullptr)));
+  *enc = h;
+  *key = km->key;
+  return Status::OK();
+}
+
+// Creates a temp file beside `path`; returns its fd, its name (or the last tried) in *tmp.
+Result<int> CreateTempFile(const std::string& path, std::string* tmp) {
+  // A new temp file of unpredictable name (O_EXCL, O_NOFOLLOW): in a shared directory a file
+  // or symlink planted at a guessable name is never written through.
+  int fd = -1;
+  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
+    std::random_device rd;
+    char suffix[24];
+    std::snprintf(suffix, sizeof(suffix), ".%08x%08x", rd(), rd());
+    *tmp = path + ".tmp." + std::to_string(::getpid()) + suffix;
+    fd = ::open(tmp->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) return Status::IOError(Errno("save " + *tmp));
+  return fd;
+}
+
+// Writes the plain payload to fd at offset 0, in 8 MiB pieces on `threads` threads.
+Status WritePlain(int fd, const std::string& tmp, const Payload& payload, uint64_t payload_size,
+                  int threads) {
+  const uint64_t unit = 8ull << 20;
+  return ParallelFor((payload_size + unit - 1) / unit, threads, [&](uint64_t i) {
+    uint64_t pos = i * unit;
+    return payload.ForEach(pos, std::min(unit, payload_size - pos),
+                           [&](const uint8_t* p, uint64_t len) {
+                             Status w = PwriteFull(fd, p, len, pos, tmp);
+                             pos += len;
+                             return w;
+                           });
+  });
+}
+
+// Writes the payload encrypted, chunk by chunk, then *enc with its integrity tag at offset 0.
+Status WriteEncrypted(int fd, const std::string& tmp, const Payload& payload, uint64_t payload_size,
+                      int threads, const crypto::Key& key, crypto::EncryptedHeader* enc) {
+  const uint64_t base = crypto::kEncryptedHeaderSize;
+  crypto::IntegrityParams params;
+  params.iv = enc->iv;
+  params.payload_size = payload_size;
+  const uint64_t unit = params.chunk_size;
+  CTFS_ASSIGN_OR_RETURN(crypto::IntegrityKey mac, crypto::IntegrityKey::Derive(key, enc->iv));
+  std::vector<crypto::ChunkTagValue> tags(crypto::IntegrityChunkCount(params));
+  // Encrypts, MACs and writes chunk i, setting tags[i].
+  auto write_chunk = [&](uint64_t i) -> Status {
+    thread_local std::vector<uint8_t> buf;
+    const uint64_t pos = i * unit;
+    const uint64_t len = std::min(unit, payload_size - pos);
+    buf.resize(len);
+    uint64_t at = 0;
+    CTFS_RETURN_IF_ERROR(payload.ForEach(pos, len, [&](const uint8_t* p, uint64_t l) {
+      std::memcpy(buf.data() + at, p, l);
+      at += l;
+      return Status::OK();
+    }));
+    // Encrypt, then MAC the ciphertext, a cache-sized piece at a time.
+    crypto::ChunkMac chunk_mac;
+    CTFS_RETURN_IF_ERROR(chunk_mac.Begin(mac, params, i));
+    constexpr uint64_t kPiece = 512 << 10;
+    for (uint64_t off = 0; off < len; off += kPiece) {
+      const uint64_t piece = std::min(kPiece, len - off);
+      CTFS_RETURN_IF_ERROR(crypto::CtrXorAt(key, enc->iv, pos + off, buf.data() + off, piece));
+      CTFS_RETURN_IF_ERROR(chunk_mac.Update(buf.data() + off, piece));
+    }
+    CTFS_ASSIGN_OR_RETURN(crypto::ChunkTagValue t, chunk_mac.Finish());
+    tags[i] = t;
+    return PwriteFull(fd, buf.data(), len, base + pos, tmp);
+  };
+  CTFS_RETURN_IF_ERROR(ParallelFor(tags.size(), threads, write_chunk));
+  CTFS_ASSIGN_OR_RETURN(crypto::Tag root, crypto::CombineChunkTags(mac, params, tags));
+  crypto::SetIntegrityField(enc, crypto::IntegrityField{unit, root});
+  CTFS_ASSIGN_OR_RETURN(std::string bytes, crypto::SerializeEncryptedHeader(*enc));
+  return PwriteFull(fd, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), 0, tmp);
+}
+
+// Fsyncs the directory holding `path`, best effort.
+void SyncParentDir(const std::string& path) {
+  std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
+  if (dir.empty()) dir = "/";
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);  // best effort: some file systems refuse fsync on directories
+    ::close(dfd);
+  }
+}
+
+}  // namespace
+
+Status SaveSafetensors(const std::string& path, const std::vector<SaveTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata,
+                       const SaveOptions& options) {
+  uint64_t data_size = 0;
+  CTFS_ASSIGN_OR_RETURN(const std::string json, HeaderJson(tensors, metadata, &data_size));
   const uint64_t payload_size = 8 + json.size() + data_size;
   // Let the parser judge the header we made: every rule it enforces on load holds on save.
   Result<Header> check =
       ParseHeaderJson(reinterpret_cast<const uint8_t*>(json.data()), json.size(), payload_size);
   if (!check.ok()) return check.status().Wrap("save " + path + ": ");
 
-  std::string prefix(8, '\0');
-  uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i)
-    prefix[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
-  prefix += json;
+  const std::string prefix = LengthPrefixed(json);
   Payload payload;
   payload.Add(reinterpret_cast<const uint8_t*>(prefix.data()), prefix.size());
   for (const SaveTensor& t : tensors) payload.Add(t.data, t.len);
 
   std::optional<crypto::EncryptedHeader> enc;
   std::optional<crypto::Key> key;
-  if (options.encrypt) {
-    Result<crypto::KeyMaterial> km = crypto::ResolveKey(nullptr);
-    if (!km.ok()) {
-      // No key source is a usage error here, not a missing file.
-      if (km.status().IsNotFound())
-        return Status::InvalidArgument("save " + path + " encrypted: " + km.status().message());
-      return km.status().Wrap("save " + path + " encrypted: ");
-    }
-    const auto mode =
-        km->key.size() == 32 ? crypto::CipherMode::kCtr256 : crypto::CipherMode::kCtr128;
-    CTFS_ASSIGN_OR_RETURN(crypto::EncryptedHeader h,
-                          crypto::NewEncryptedHeader(mode, std::time(nullptr)));
-    enc = h;
-    key = km->key;
-  }
+  if (options.encrypt) CTFS_RETURN_IF_ERROR(NewSaveCipher(path, &enc, &key));
   const uint64_t base = enc ? crypto::kEncryptedHeaderSize : 0;
 
-  // A new temp file of unpredictable name (O_EXCL, O_NOFOLLOW): in a shared directory a file
-  // or symlink planted at a guessable name is never written through.
   std::string tmp;
-  int fd = -1;
-  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
-    std::random_device rd;
-    char suffix[24];
-    std::snprintf(suffix, sizeof(suffix), ".%08x%08x", rd(), rd());
-    tmp = path + ".tmp." + std::to_string(::getpid()) + suffix;
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0 && errno != EEXIST) break;
-  }
-  if (fd < 0) return Status::IOError(Errno("save " + tmp));
+  CTFS_ASSIGN_OR_RETURN(const int fd, CreateTempFile(path, &tmp));
   auto cleanup = [&](Status s) {
     ::close(fd);
     ::unlink(tmp.c_str());
     return s;
   };
   const int threads = options.threads > 0 ? options.threads : DefaultIoThreads();
-  Status s;
-  if (!enc) {
-    const uint64_t unit = 8ull << 20;
-    s = ParallelFor((payload_size + unit - 1) / unit, threads, [&](uint64_t i) {
-      uint64_t pos = i * unit;
-      return payload.ForEach(pos, std::min(unit, payload_size - pos),
-                             [&](const uint8_t* p, uint64_t len) {
-                               Status w = PwriteFull(fd, p, len, pos, tmp);
-                               pos += len;
-                               return w;
-                             });
-    });
-  } else {
-    crypto::IntegrityParams params;
-    params.iv = enc->iv;
-    params.payload_size = payload_size;
-    const uint64_t unit = params.chunk_size;
-    Result<crypto::IntegrityKey> mac = crypto::IntegrityKey::Derive(*key, enc->iv);
-    if (!mac.ok()) return cleanup(mac.status());
-    std::vector<crypto::ChunkTagValue> tags(crypto::IntegrityChunkCount(params));
-    s = ParallelFor(tags.size(), threads, [&](uint64_t i) -> Status {
-      thread_local std::vector<uint8_t> buf;
-      const uint64_t pos = i * unit;
-      const uint64_t len = std::min(unit, payload_size - pos);
-      buf.resize(len);
-      uint64_t at = 0;
-      CTFS_RETURN_IF_ERROR(payload.ForEach(pos, len, [&](const uint8_t* p, uint64_t l) {
-        std::memcpy(buf.data() + at, p, l);
-        at += l;
-        return Status::OK();
-      }));
-      // Encrypt, then MAC the ciphertext, a cache-sized piece at a time.
-      crypto::ChunkMac chunk_mac;
-      CTFS_RETURN_IF_ERROR(chunk_mac.Begin(*mac, params, i));
-      constexpr uint64_t kPiece = 512 << 10;
-      for (uint64_t off = 0; off < len; off += kPiece) {
-        const uint64_t piece = std::min(kPiece, len - off);
-        CTFS_RETURN_IF_ERROR(crypto::CtrXorAt(*key, enc->iv, pos + off, buf.data() + off, piece));
-        CTFS_RETURN_IF_ERROR(chunk_mac.Update(buf.data() + off, piece));
-      }
-      CTFS_ASSIGN_OR_RETURN(crypto::ChunkTagValue t, chunk_mac.Finish());
-      tags[i] = t;
-      return PwriteFull(fd, buf.data(), len, base + pos, tmp);
-    });
-    if (s.ok()) {
-      Result<crypto::Tag> root = crypto::CombineChunkTags(*mac, params, tags);
-      if (!root.ok()) return cleanup(root.status());
-      crypto::SetIntegrityField(&*enc, crypto::IntegrityField{unit, *root});
-      Result<std::string> bytes = crypto::SerializeEncryptedHeader(*enc);
-      if (!bytes.ok()) return cleanup(bytes.status());
-      s = PwriteFull(fd, reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size(), 0, tmp);
-    }
-  }
+  Status s = enc ? WriteEncrypted(fd, tmp, payload, payload_size, threads, *key, &*enc)
+                 : WritePlain(fd, tmp, payload, payload_size, threads);
   if (!s.ok()) return cleanup(s);
   if (::ftruncate(fd, static_cast<off_t>(base + payload_size)) != 0)
     return cleanup(Status::IOError(Errno("save " + tmp + ": truncate")));
@@ -243,13 +286,7 @@ Status SaveSafetensors(const std::string& path, const std::vector<SaveTensor>& t
     return e;
   }
   // Make the rename durable.
-  std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
-  if (dir.empty()) dir = "/";
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);  // best effort: some file systems refuse fsync on directories
-    ::close(dfd);
-  }
+  SyncParentDir(path);
   return Status::OK();
 }
 
