@@ -158,6 +158,16 @@ class Backend {
   using AttrCheck = std::function<Status(const FileAttr&)>;
   virtual Result<Fetched> StatRead(const std::string& path, size_t len, char* buf,
                                    const AttrCheck& check = nullptr) = 0;
+  // A lookup: the attributes of `path`, whatever it is, and for a regular file its first
+  // bytes (up to `len`, into `buf`, counted in Fetched::bytes) when the store gives them in the
+  // same request: an object store's GET costs what its HEAD does, and a cold read then needs
+  // no second request. The default is Stat, with no bytes.
+  virtual Result<Fetched> LookupRead(const std::string& path, size_t len, char* buf) {
+    (void)len;
+    (void)buf;
+    CTFS_ASSIGN_OR_RETURN(FileAttr attr, Stat(path));
+    return Fetched{attr, 0};
+  }
 
   virtual Result<std::string> ReadLink(const std::string& path) = 0;
 

@@ -74,6 +74,9 @@ class InjectBackend final : public Backend {
     return Serve("read " + path, Kind::kRead,
                  [&] { return base_->StatRead(path, len, buf, check); });
   }
+  Result<Fetched> LookupRead(const std::string& path, size_t len, char* buf) override {
+    return Serve("stat " + path, Kind::kOther, [&] { return base_->LookupRead(path, len, buf); });
+  }
   Result<int> OpenReadFd(const std::string& path, const FileVersion& expect,
                          const AttrCheck& check = nullptr) override {
     // A descriptor would let the reader skip the injected latency, limits and errors.

@@ -123,6 +123,9 @@ class MeteredBackend final : public Backend {
                            const AttrCheck& check = nullptr) override {
     return Timed(kRead, [&] { return base_->StatRead(path, len, buf, check); });
   }
+  Result<Fetched> LookupRead(const std::string& path, size_t len, char* buf) override {
+    return Timed(kStat, [&] { return base_->LookupRead(path, len, buf); });
+  }
   Result<int> OpenReadFd(const std::string& path, const FileVersion& expect,
                          const AttrCheck& check = nullptr) override {
     uint64_t start = clock_->NowNanos();

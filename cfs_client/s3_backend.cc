@@ -20,6 +20,19 @@
 // no single request, so renaming one fails with EXDEV (mv then copies). Payloads are sent
 // with x-amz-content-sha256: UNSIGNED-PAYLOAD (the signature covers the headers, not the body).
 //
+// Dialects: the rules above hold on AWS S3, MinIO and s3rver; a CubeFS ObjectNode differs in
+// four ways, each handled so that the other stores see no change. (1) A listing of "dir/"
+// leaves out the marker "dir/" itself: a name that is neither an object nor a listed prefix
+// is looked for as a marker (one more HEAD, for names that do not exist). (2) Deleting a
+// directory's last object removes the directory (on S3, a directory with no marker goes too):
+// after a delete, an emptied parent gets its marker back. (3) encoding-type=url listings come
+// back encoded byte by byte with no <EncodingType>: a listing that does not say it is encoded
+// switches the backend to plain listings. (4) Objects written through its file interface have
+// no ETag until a listing computes one: the first object without one switches versions to
+// Last-Modified and size alone (an overwrite of the same size within the same second then
+// goes unseen). A HEAD of a key under a file answers 500 there: it is not retried when a
+// component above is a file (ENOTDIR).
+//
 // Threads: any number of callers; the transport runs at most max_connections requests at
 // once and retries failed attempts (s3_transport.h).
 
@@ -38,6 +51,7 @@
 #include <cstring>
 #include <ctime>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <unordered_set>
@@ -85,7 +99,14 @@ class S3Backend final : public Backend, public S3FileHost {
     const std::string key = s3::ObjectKey(opts_.prefix, path);
     Request req = NewRequest("HEAD", key);
     req.head = true;
+    req.retry_server_errors = false;
     CTFS_ASSIGN_OR_RETURN(Reply reply, transport_->Execute(req));
+    if (reply.status >= 500) {
+      // A CubeFS ObjectNode answers 500 to a HEAD of "file/child": no retry can help that.
+      if (std::optional<Status> not_dir = UnderAFile(path)) return *not_dir;
+      req.retry_server_errors = true;
+      CTFS_ASSIGN_OR_RETURN(reply, transport_->Execute(req));
+    }
     if (reply.status == 404) return StatMissingObject(key, reply);
     if (reply.status != 200) return Error(req, reply);
     const std::string* length = reply.Header("content-length");
@@ -120,7 +141,11 @@ class S3Backend final : public Backend, public S3FileHost {
         return Status::IOError("s3 LIST " + Show(dir) + ": the continuation token repeats");
       token = page.next_token;
     }
-    if (!exists) return Status::NotFound("s3 LIST " + Show(dir) + ": no such directory");
+    if (!exists) {
+      // An empty directory whose marker the listing left out (see Dialects).
+      CTFS_ASSIGN_OR_RETURN(bool marker, MarkerExists(Key(path)));
+      if (!marker) return Status::NotFound("s3 LIST " + Show(dir) + ": no such directory");
+    }
     for (std::string& d : dirs)
       if (!files.count(d)) out.push_back({std::move(d), DirAttr()});
     return out;
@@ -161,6 +186,15 @@ class S3Backend final : public Backend, public S3FileHost {
     return r;
   }
 
+  // A GET of the first `len` bytes: a regular file's attributes and bytes in one request; a
+  // directory costs what Stat does.
+  Result<Fetched> LookupRead(const std::string& path, size_t len, char* buf) override {
+    if (path.empty() || len == 0) return Backend::LookupRead(path, len, buf);
+    Result<Fetched> r = GetHead(path, len, buf);
+    if (r.status().code() == Status::Code::kIsDirectory) return Fetched{DirAttr(), 0};
+    return r;
+  }
+
   Result<Fetched> GetHead(const std::string& path, size_t len, char* buf) {
     const std::string key = s3::ObjectKey(opts_.prefix, path);
     if (len == 0) {
@@ -172,7 +206,13 @@ class S3Backend final : public Backend, public S3FileHost {
     req.range = "0-" + std::to_string(len - 1);
     req.buf = buf;
     req.cap = len;
+    req.retry_server_errors = false;
     CTFS_ASSIGN_OR_RETURN(Reply reply, transport_->Execute(req));
+    if (reply.status >= 500) {  // as in Stat
+      if (std::optional<Status> not_dir = UnderAFile(path)) return *not_dir;
+      req.retry_server_errors = true;
+      CTFS_ASSIGN_OR_RETURN(reply, transport_->Execute(req));
+    }
     if (reply.status == 404) {
       CTFS_RETURN_IF_ERROR(StatMissingObject(key, reply).status());
       return Status::IsDirectory("read " + Show(key) + ": a directory");
@@ -244,7 +284,9 @@ class S3Backend final : public Backend, public S3FileHost {
   Status Unlink(const std::string& path) override {
     CTFS_ASSIGN_OR_RETURN(FileAttr now, Stat(path));
     if (now.IsDir()) return Status::IsDirectory("unlink " + Show(Key(path)) + ": a directory");
-    return Delete(Key(path));
+    CTFS_RETURN_IF_ERROR(Delete(Key(path)));
+    KeepDir(Parent(path));
+    return Status::OK();
   }
 
   Status Rmdir(const std::string& path) override {
@@ -256,7 +298,9 @@ class S3Backend final : public Backend, public S3FileHost {
       if (obj.key != marker) return Status::NotEmpty("rmdir " + Show(Key(path)) + ": not empty");
     if (!page.common_prefixes.empty())
       return Status::NotEmpty("rmdir " + Show(Key(path)) + ": not empty");
-    return Delete(marker);
+    CTFS_RETURN_IF_ERROR(Delete(marker));
+    KeepDir(Parent(path));
+    return Status::OK();
   }
 
   Status Rename(const std::string& from, const std::string& to, bool noreplace) override {
@@ -278,7 +322,9 @@ class S3Backend final : public Backend, public S3FileHost {
     req.extra_headers.push_back("x-amz-copy-source: " +
                                 s3::UriEncode("/" + opts_.bucket + "/" + Key(from), true));
     CTFS_RETURN_IF_ERROR(Expect2xx(req).status());
-    return Delete(Key(from));
+    CTFS_RETURN_IF_ERROR(Delete(Key(from)));
+    KeepDir(Parent(from));
+    return Status::OK();
   }
 
   Result<FileAttr> Symlink(const std::string&, const std::string& path, int64_t, int64_t) override {
@@ -288,13 +334,19 @@ class S3Backend final : public Backend, public S3FileHost {
     return Status::Errno(EPERM, "link " + Show(Key(from)) + ": an object store has no hard links");
   }
 
-  // Objects have no mode or owner to change; times are the store's (Last-Modified), so a
-  // request to set them is accepted and has no effect (touch, cp -p keep working).
+  // Objects have no mode or owner to change: a request to set the ones they show (as cp -p
+  // and mv across file systems make) succeeds and changes nothing; any other fails. Times are
+  // the store's (Last-Modified), so a request to set them is accepted and has no effect
+  // (touch, cp -p keep working).
   Result<FileAttr> SetAttr(const std::string& path, const AttrChange& c) override {
-    if (c.mode || c.uid || c.gid)
+    CTFS_ASSIGN_OR_RETURN(FileAttr now, Stat(path));
+    const bool same_mode = !c.mode || (*c.mode & 07777) == (now.mode & 07777);
+    const bool same_owner = (!c.uid || *c.uid == static_cast<int64_t>(uid_)) &&
+                            (!c.gid || *c.gid == static_cast<int64_t>(gid_));
+    if (!same_mode || !same_owner)
       return Status::NotSupported("chmod/chown " + Show(Key(path)) +
                                   ": objects have no mode or owner");
-    return Stat(path);
+    return now;
   }
 
   // Every upload, copy and delete is durable in the store when it returns.
@@ -501,7 +553,12 @@ class S3Backend final : public Backend, public S3FileHost {
     a.nlink = 1;
     a.uid = uid_;
     a.gid = gid_;
-    a.atime_ns = a.mtime_ns = a.ctime_ns = s3::ObjectMtimeNs(last_modified_s, etag);
+    if (etag.empty() && !etagless_.exchange(true))
+      CTFS_LOG(kInfo) << "s3: " << opts_.endpoint << " gave an object without an ETag (a CubeFS "
+                      << "ObjectNode does for files written through its file interface): "
+                      << "versions come from Last-Modified and the size alone from now on";
+    a.atime_ns = a.mtime_ns = a.ctime_ns =
+        s3::ObjectMtimeNs(last_modified_s, etagless_.load() ? std::string_view() : etag);
     a.blocks = (size + 511) / 512;
     return a;
   }
@@ -535,19 +592,87 @@ class S3Backend final : public Backend, public S3FileHost {
   Result<FileAttr> StatMissingObject(const std::string& key, const Reply& reply) {
     CTFS_ASSIGN_OR_RETURN(s3::ListPage page, FetchListPage(key + "/", "", 1));
     if (!page.objects.empty() || !page.common_prefixes.empty()) return DirAttr();
+    // A store may leave a directory's own marker out of the listing of its prefix (a CubeFS
+    // ObjectNode does): an empty directory is then found by a HEAD of the marker.
+    CTFS_ASSIGN_OR_RETURN(bool marker, MarkerExists(key));
+    if (marker) return DirAttr();
     return Status::NotFound("s3 HEAD " + Show(key) + ": HTTP " + std::to_string(reply.status) +
                             " (no such object or prefix)");
   }
 
+  static std::string Parent(const std::string& path) {
+    const size_t slash = path.rfind('/');
+    return slash == std::string::npos ? std::string() : path.substr(0, slash);
+  }
+
+  // Whether the marker object "key/" of a directory exists.
+  Result<bool> MarkerExists(const std::string& key) {
+    Request req = NewRequest("HEAD", key + "/");
+    req.head = true;
+    req.retry_server_errors = false;  // "file/child/": see UnderAFile
+    CTFS_ASSIGN_OR_RETURN(Reply reply, transport_->Execute(req));
+    if (reply.status == 200) return true;
+    if (reply.status == 404 || reply.status >= 500) return false;
+    return Error(req, reply);
+  }
+
+  // NotDirectory if a component above `path` is a file (a HEAD of a key under a file may
+  // answer 500), else nothing.
+  std::optional<Status> UnderAFile(const std::string& path) {
+    for (std::string up = Parent(path); !up.empty(); up = Parent(up)) {
+      Request req = NewRequest("HEAD", Key(up));
+      req.head = true;
+      req.retry_server_errors = false;
+      Result<Reply> r = transport_->Execute(req);
+      if (r.ok() && r->status == 200)
+        return Status::NotDirectory("s3 HEAD " + Show(Key(path)) + ": " + Show(Key(up)) +
+                                    " is a file");
+    }
+    return std::nullopt;
+  }
+
+  // Deleting a directory's last object may take the directory with it: on S3 a directory with
+  // no marker object is only the prefix of its objects, and a CubeFS ObjectNode removes an
+  // emptied directory itself. A file system keeps it, so its marker is put back then. A
+  // failure is logged, not returned: the change asked for was made.
+  void KeepDir(const std::string& dir) {
+    if (dir.empty()) return;
+    const std::string marker = Key(dir) + "/";
+    Result<s3::ListPage> page = FetchListPage(marker, "", 1);
+    if (page.ok() && (!page->objects.empty() || !page->common_prefixes.empty())) return;
+    Result<bool> exists = MarkerExists(Key(dir));
+    if (exists.ok() && *exists) return;
+    Status put = !page.ok() ? page.status() : !exists.ok() ? exists.status() : Status::OK();
+    if (put.ok()) {
+      Request req = NewRequest("PUT", marker);
+      req.method = "PUT";
+      put = Expect2xx(req).status();
+    }
+    if (!put.ok())
+      CTFS_LOG(kWarn) << "s3: directory " << Show(marker)
+                      << " emptied and may be gone: " << put.ToString();
+  }
+
   Result<s3::ListPage> FetchListPage(const std::string& prefix, const std::string& token,
                                      int max_keys) {
+    const bool encode = !plain_listing_.load();
     Request req = NewRequest("LIST", prefix);
-    req.url = BucketUrl() + "?" + s3::ListQuery(prefix, token, max_keys);
+    req.url = BucketUrl() + "?" + s3::ListQuery(prefix, token, max_keys, encode);
     CTFS_ASSIGN_OR_RETURN(Reply reply, transport_->Execute(req));
     if (reply.status != 200) return Error(req, reply);
     Result<s3::ListPage> page = s3::ParseListObjectsV2(reply.text);
     if (!page.ok())
       return Status::IOError("s3 LIST " + Show(prefix) + ": " + page.status().message());
+    if (encode && !page->url_encoded &&
+        (!page->objects.empty() || !page->common_prefixes.empty())) {
+      // Asked for url-encoded keys, the store did not say it encoded them: it ignores the
+      // request, or (a CubeFS ObjectNode) encodes some names without saying so. Either way
+      // only plain listings can be read right: ask for those from now on.
+      if (!plain_listing_.exchange(true))
+        CTFS_LOG(kInfo) << "s3: " << opts_.endpoint << " does not answer encoding-type=url "
+                        << "listings as S3 does; listing keys unencoded from now on";
+      return FetchListPage(prefix, token, max_keys);
+    }
     return page;
   }
 
@@ -559,6 +684,9 @@ class S3Backend final : public Backend, public S3FileHost {
   const uid_t uid_;
   const gid_t gid_;
   const int64_t start_ns_;  // directories show this time: S3 has none for them
+  // What the store turned out to be; each is set once and never unset (see the top).
+  mutable std::atomic<bool> etagless_{false};  // an object came without an ETag
+  std::atomic<bool> plain_listing_{false};     // url-encoded listings are not to be trusted
 };
 
 Result<std::unique_ptr<S3Backend>> MakeS3Backend(const conf::S3Options& opts) {

@@ -238,14 +238,15 @@ std::string ObjectUrl(const Endpoint& e, std::string_view bucket, bool path_styl
   return url;
 }
 
-std::string ListQuery(std::string_view prefix, std::string_view continuation_token, int max_keys) {
+std::string ListQuery(std::string_view prefix, std::string_view continuation_token, int max_keys,
+                      bool url_encoding) {
   // Sorted by parameter name: continuation-token < delimiter < encoding-type < list-type <
   // max-keys < prefix.
   std::string q;
   if (!continuation_token.empty())
     q += "continuation-token=" + UriEncode(continuation_token, false) + "&";
-  q += "delimiter=%2F&encoding-type=url&list-type=2&max-keys=" + std::to_string(max_keys) +
-       "&prefix=" + UriEncode(prefix, false);
+  q += url_encoding ? "delimiter=%2F&encoding-type=url&" : "delimiter=%2F&";
+  q += "list-type=2&max-keys=" + std::to_string(max_keys) + "&prefix=" + UriEncode(prefix, false);
   return q;
 }
 
@@ -329,6 +330,7 @@ Result<ListPage> ParseListObjectsV2(std::string_view xml) {
       });
   if (!walk.ok()) return walk;
   if (!root_ok) return BadXml("not a ListBucketResult");
+  page.url_encoded = url_encoded;
   if (url_encoded) {  // <EncodingType> comes after the keys: decode at the end
     for (auto& o : page.objects) o.key = UrlDecode(o.key);
     for (auto& p : page.common_prefixes) p = UrlDecode(p);

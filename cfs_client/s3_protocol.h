@@ -55,7 +55,10 @@ std::string ObjectUrl(const Endpoint& e, std::string_view bucket, bool path_styl
 // Query string of a ListObjectsV2 request (delimiter "/", url-encoded keys in the reply):
 // parameters sorted by name and values URI-encoded, the canonical form SigV4 signs, so it
 // needs no rewriting by libcurl (7.88 signs the query exactly as given).
-std::string ListQuery(std::string_view prefix, std::string_view continuation_token, int max_keys);
+// `url_encoding`: ask for encoding-type=url (keys any byte string may be, carried safely in
+// XML); without it the keys come as they are, XML-escaped.
+std::string ListQuery(std::string_view prefix, std::string_view continuation_token, int max_keys,
+                      bool url_encoding = true);
 
 // ---------------------------------------------------------------------------- XML replies
 
@@ -74,7 +77,8 @@ struct ListPage {
   std::vector<ListedObject> objects;
   std::vector<std::string> common_prefixes;  // decoded, ending in the delimiter
   bool truncated = false;
-  std::string next_token;  // NextContinuationToken; never url-encoded
+  std::string next_token;    // NextContinuationToken; never url-encoded
+  bool url_encoded = false;  // the reply said <EncodingType>url</EncodingType>
 };
 
 // Parses a ListBucketResult (ListObjectsV2). Keys and prefixes are url-decoded when the reply

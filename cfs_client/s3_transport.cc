@@ -307,6 +307,7 @@ struct Transport::Impl {
         if (!RetryableCurl(rc)) return last;
         continue;
       }
+      if (!req.retry_server_errors && reply.status >= 500) return reply;
       if (s3::RetryableHttp(reply.status, s3::ErrorCode(reply.text))) {
         last = Error(req, reply);
         continue;

@@ -40,6 +40,8 @@ struct Request {
   uint64_t upload_len = 0;
   std::string body;
   std::vector<std::string> extra_headers;  // "Name: value"
+  // false: a 5xx reply is returned at once, not retried (the caller has a better guess).
+  bool retry_server_errors = true;
 };
 
 struct Reply {

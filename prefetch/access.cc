@@ -246,7 +246,9 @@ Result<PathResolver::Resolved> PathResolver::ResolveLexical(const std::string& p
   if (!fresh) return Resolved{path, {}};
   Result<cfs_client::FileAttr> a = backend_->Stat(path);
   if (!a.ok()) {
-    *why = a.status().IsNotFound() ? Reject::kNotFound : Reject::kStore;
+    const bool missing =
+        a.status().IsNotFound() || a.status().code() == Status::Code::kNotDirectory;
+    *why = missing ? Reject::kNotFound : Reject::kStore;
     return a.status();
   }
   if (!a->IsRegular()) {

@@ -69,6 +69,9 @@ TEST(S3UrlTest, ListQueryIsInCanonicalOrderAndEncoding) {
   EXPECT_EQ(ListQuery("a b/", "tok+/=", 1),
             "continuation-token=tok%2B%2F%3D&delimiter=%2F&encoding-type=url&list-type=2&"
             "max-keys=1&prefix=a%20b%2F");
+  // Plain listings (a store whose url-encoded ones cannot be trusted) ask for no encoding.
+  EXPECT_EQ(ListQuery("d/", "", 2, /*url_encoding=*/false),
+            "delimiter=%2F&list-type=2&max-keys=2&prefix=d%2F");
 }
 
 TEST(S3XmlTest, UnescapesEntitiesAndCharacterReferences) {
@@ -119,10 +122,12 @@ TEST(S3XmlTest, DecodesUrlEncodedKeysOnlyWhenTheReplySaysSo) {
   ASSERT_TRUE(page.ok()) << page.status().ToString();
   EXPECT_EQ(page->objects.at(0).key, "a b/€ +.txt");
   EXPECT_EQ(page->common_prefixes.at(0), "a b/sub/");
+  EXPECT_TRUE(page->url_encoded);
   // s3rver ignores encoding-type and sends keys plain: they stay as they are.
   const char* plain = R"(<ListBucketResult><Contents><Key>a+b%2F c</Key><Size>1</Size>
     </Contents><IsTruncated>false</IsTruncated></ListBucketResult>)";
   EXPECT_EQ(ParseListObjectsV2(plain)->objects.at(0).key, "a+b%2F c");
+  EXPECT_FALSE(ParseListObjectsV2(plain)->url_encoded);  // the backend then lists plainly
 }
 
 TEST(S3XmlTest, EmptySelfClosingAndCdataElements) {
