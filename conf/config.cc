@@ -216,8 +216,9 @@ Status ParseInject(const YAML::Node& node, InjectOptions* o) {
 
 // Keys of the s3 backend; set_s3_keys collects those present (an error with type posix).
 const std::set<std::string> kS3Keys = {
-    "endpoint",   "bucket",     "region",  "prefix",          "path_style",  "access_key",
-    "secret_key", "timeout_ms", "retries", "max_connections", "staging_dir", "multipart_bytes"};
+    "endpoint",    "bucket",          "region",           "prefix",  "path_style",
+    "access_key",  "secret_key",      "timeout_ms",       "retries", "max_connections",
+    "staging_dir", "multipart_bytes", "lookup_read_bytes"};
 
 Status ParseBackend(const YAML::Node& node, BackendOptions* o, std::vector<std::string>* s3_set) {
   std::set<std::string> known = {"type", "root", "inject"};
@@ -250,6 +251,11 @@ Status ParseBackend(const YAML::Node& node, BackendOptions* o, std::vector<std::
                         CTFS_ASSIGN(s3->multipart_bytes, GetSize(v, key));
                         if (s3->multipart_bytes < (5u << 20))
                           return Bad(key, "must be at least 5MiB (S3's smallest part)");
+                      }
+                      if (k == "lookup_read_bytes") {
+                        CTFS_ASSIGN(s3->lookup_read_bytes, GetSize(v, key));
+                        if (s3->lookup_read_bytes > (64u << 20))
+                          return Bad(key, "must be at most 64MiB");
                       }
                       if (k == "max_connections") {
                         uint64_t n = 0;

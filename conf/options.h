@@ -42,6 +42,11 @@ struct S3Options {
   std::string staging_dir = "/tmp/cubetorchfs-staging";
   // Files larger than this are uploaded in parts of this size, in parallel. Default: 16 MiB.
   uint64_t multipart_bytes = 16ull << 20;
+  // A lookup of a name the daemon does not know is a GET of this many first bytes rather than
+  // a HEAD: a small file comes whole with its attributes, and its cold read costs no second
+  // request. 0: HEAD. Not used with an NVMe tier (its copies make the bytes moot). Default:
+  // 256 KiB (at most cache.chunk_bytes).
+  uint64_t lookup_read_bytes = 256ull << 10;
 };
 
 struct BackendOptions {

@@ -170,6 +170,9 @@ FileSystem::Options FileSystemOptions(const conf::Config& config) {
   // an idle time instead.
   if (config.fuse.keep_cache && !config.fuse.flush_on_close && !config.fuse.read_only)
     o.write_back_idle_s = config.fuse.write_back_idle_s;
+  if (config.backend.type == "s3" && config.cache.disk_dir.empty())
+    o.lookup_read_bytes = static_cast<size_t>(
+        std::min<uint64_t>(config.backend.s3.lookup_read_bytes, config.cache.chunk_bytes));
   return o;
 }
 

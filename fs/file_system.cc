@@ -136,7 +136,25 @@ Result<Entry> FileSystem::Lookup(uint64_t parent, const std::string& name) {
   uint64_t fetched_ns = 0;
   if (std::optional<cfs_client::FileAttr> warm = prefetcher_->WarmAttr(path, &fetched_ns))
     return Entry{inodes_.Acquire(path, *warm, fetched_ns), *warm};
+  // Attributes the daemon holds and may still answer with (a listing's, say: readdirplus).
+  if (std::optional<cfs_client::FileAttr> known = KnownAttr(path, &fetched_ns))
+    return Entry{inodes_.Acquire(path, *known, fetched_ns), *known};
+  if (options_.lookup_read_bytes > 0) return LookupRead(path);
   CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, backend_->Stat(path));
+  return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
+}
+
+Result<Entry> FileSystem::LookupRead(const std::string& path) {
+  std::shared_ptr<cache::Buffer> buf = cache::Buffer::Allocate(options_.lookup_read_bytes);
+  CTFS_ASSIGN_OR_RETURN(cfs_client::Backend::Fetched got,
+                        backend_->LookupRead(path, options_.lookup_read_bytes, buf->data.get()));
+  const cfs_client::FileAttr& attr = got.attr;
+  // A whole small file: what its first read would fetch (the same key and version).
+  if (attr.IsRegular() && attr.size > 0 && got.bytes == attr.size &&
+      attr.size <= options_.chunk_bytes) {
+    buf->Shrink(got.bytes);
+    cache_->Insert(cache::ChunkKey(path, attr.Version(), 0), std::move(buf));
+  }
   return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
 }
 

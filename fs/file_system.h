@@ -113,6 +113,10 @@ class FileSystem {
     // > 0: StartWriteBack() flushes and closes every write state left this long without a
     // change (the kernel sends no close: FUSE no_open without FLUSH, fuse.flush_on_close off).
     double write_back_idle_s = 0;
+    // > 0: a lookup the daemon cannot answer asks the store with Backend::LookupRead for this
+    // many first bytes, and a small file that fits is put in the RAM cache (an object store:
+    // a cold read is then one request, not a HEAD and a GET).
+    size_t lookup_read_bytes = 0;
   };
 
   // `backend`, `cache`, `prefetcher`, `clock` and `registry` must outlive the FileSystem. Fails if
@@ -229,6 +233,9 @@ class FileSystem {
   Result<cfs_client::FileAttr> FreshAttr(const InodeInfo& inode);
   bool AttrFresh(const InodeInfo& inode, uint64_t now) const;  // younger than attr_timeout_s
   static std::string ChildPath(const std::string& parent, const std::string& name);
+
+  // Lookup of `path` through Backend::LookupRead (options_.lookup_read_bytes).
+  Result<Entry> LookupRead(const std::string& path);
 
   // Write path helpers (write_path.cc).
   Status CheckWritable() const;

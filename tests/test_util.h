@@ -131,6 +131,18 @@ class MemBackend final : public cfs_client::Backend {
     if (!n.ok()) return n.status();
     return Fetched{attr.value(), n.value()};
   }
+  // As an object store's GET: a regular file's attributes and first bytes, one request.
+  Result<Fetched> LookupRead(const std::string& path, size_t len, char* buf) override {
+    Result<cfs_client::FileAttr> attr = Stat(path);
+    if (!attr.ok() || !attr->IsRegular()) {
+      if (!attr.ok()) return attr.status();
+      return Fetched{attr.value(), 0};
+    }
+    stats_--;  // one request, counted as a read
+    Result<size_t> n = Read(path, attr->Version(), 0, len, buf);
+    if (!n.ok()) return n.status();
+    return Fetched{attr.value(), n.value()};
+  }
   Result<std::string> ReadLink(const std::string& path) override {
     return Status::InvalidArgument(path + ": not a symlink");
   }

@@ -635,5 +635,29 @@ TEST_F(FileSystemTest, ForgetDoesNotWaitForTheUpload) {
   EXPECT_EQ(store_.open_files(), 0);
 }
 
+// With lookup_read_bytes, a lookup of a small file is the one request of its cold read: the
+// bytes come with the attributes and the read is served from the RAM cache.
+TEST_F(FileSystemTest, ALookupThatReadsMakesTheColdReadOneRequest) {
+  FileSystem::Options o = options_;
+  o.lookup_read_bytes = 16 << 10;
+  std::unique_ptr<FileSystem> fs =
+      FileSystem::New(o, &store_, cache_.get(), prefetcher_.get(), &clock_, registry_).value();
+  Result<Entry> d = fs->Lookup(kRootIno, "d");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  const int reads = store_.reads(), stats = store_.stats();
+  Result<Entry> e = fs->Lookup(d->ino, "small");
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(store_.reads(), reads + 1);  // one request: the GET
+  EXPECT_EQ(store_.stats(), stats);
+  Result<OpenResult> o2 = fs->Open(e->ino, O_RDONLY);
+  ASSERT_TRUE(o2.ok()) << o2.status().ToString();
+  EXPECT_EQ(Bytes(fs->Read(*o2->handle, 0, 4096).value()), Pattern(1000, 1));
+  EXPECT_EQ(store_.reads(), reads + 1);  // served from the RAM cache
+  // A file larger than the bytes asked for: its attributes only; its read fetches it.
+  Result<Entry> big = fs->Lookup(kRootIno, "big");
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(big->attr.size, 300u << 10);
+}
+
 }  // namespace
 }  // namespace cubetorchfs::fs
