@@ -84,3 +84,5 @@ timeout 600 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/hooks
 timeout 1200 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/integration
 echo "== security tests (pytest: attacks by an unprivileged user against a real daemon)"
 timeout 900 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/security
+echo "== CubeFS tests (a live loopback cluster; each test skips without ../shared/cubefs)"
+timeout 1200 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/cubefs

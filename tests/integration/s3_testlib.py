@@ -77,27 +77,34 @@ def signature(method: str, raw_path: str, raw_query: str, headers: dict[str, str
 class S3Client:
     """Just enough of an S3 client to create buckets and put objects, with SigV4."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY,
+                 region: str = REGION) -> None:
         self.port = port
+        self.access_key, self.secret_key, self.region = access_key, secret_key, region
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
 
     def close(self) -> None:
         self.conn.close()
 
-    def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+    def request(self, method: str, path: str, body: bytes = b"", query: str = "",
+                extra: Optional[dict[str, str]] = None) -> tuple[int, bytes]:
+        """One signed request; `query` raw (already encoded), `extra` more headers (signed)."""
         raw_path = uri_encode(path, True)
         amz_date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         headers = {"host": f"127.0.0.1:{self.port}", "x-amz-date": amz_date,
                    "x-amz-content-sha256": hashlib.sha256(body).hexdigest()}
+        headers.update({k.lower(): v for k, v in (extra or {}).items()})
         signed = sorted(headers)
-        sig = signature(method, raw_path, "", headers, signed, amz_date)
+        sig = signature(method, raw_path, query, headers, signed, amz_date, self.secret_key,
+                        self.region)
         headers["authorization"] = (
-            f"AWS4-HMAC-SHA256 Credential={ACCESS_KEY}/{amz_date[:8]}/{REGION}/s3/aws4_request, "
-            f"SignedHeaders={';'.join(signed)}, Signature={sig}")
+            f"AWS4-HMAC-SHA256 Credential={self.access_key}/{amz_date[:8]}/{self.region}/s3/"
+            f"aws4_request, SignedHeaders={';'.join(signed)}, Signature={sig}")
         headers["content-length"] = str(len(body))
         for attempt in range(2):  # the server may have closed an idle keep-alive connection
             try:
-                self.conn.request(method, raw_path, body=body, headers=headers)
+                target = raw_path + ("?" + query if query else "")
+                self.conn.request(method, target, body=body, headers=headers)
                 reply = self.conn.getresponse()
                 return reply.status, reply.read()
             except (ConnectionError, http.client.HTTPException):
