@@ -10,6 +10,8 @@ PACKAGES=(
   prometheus-cpp-dev libssl-dev libgtest-dev libgmock-dev nlohmann-json3-dev
   # checks of scripts/test.sh: the format check, the lock annotations (-Wthread-safety)
   clang-format clang
+  # scripts/posix_conformance.sh builds pjdfstest
+  autoconf automake
   # tests, demo and benchmarks
   python3 python3-torch python3-torchvision python3-pytest python3-numpy python3-pil
   python3-venv python3-pip
