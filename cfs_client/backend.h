@@ -50,6 +50,7 @@ struct FileAttr {
   int64_t mtime_ns = 0;
   int64_t ctime_ns = 0;
   uint64_t blocks = 0;  // 512-byte blocks, as in st_blocks
+  uint64_t rdev = 0;    // a character or block device's number, as in st_rdev
 
   bool IsDir() const;
   bool IsRegular() const;
@@ -201,6 +202,16 @@ class Backend {
   virtual Result<FileAttr> Symlink(const std::string& target, const std::string& path, int64_t uid,
                                    int64_t gid) = 0;
   virtual Result<FileAttr> Link(const std::string& from, const std::string& to) = 0;
+  // A special file at `path` (mknod(2)): a FIFO, a socket, or a character or block device
+  // numbered `rdev`, owned by `uid`/`gid`. The default: EPERM (an object store has none).
+  virtual Result<FileAttr> Mknod(const std::string& path, mode_t mode, uint64_t rdev, int64_t uid,
+                                 int64_t gid) {
+    (void)mode;
+    (void)rdev;
+    (void)uid;
+    (void)gid;
+    return Status::Errno(EPERM, "mknod " + path + ": the store has no special files");
+  }
   // Changes mode, owner or times of `path` (a size change goes through a WritableFile).
   virtual Result<FileAttr> SetAttr(const std::string& path, const AttrChange& change) = 0;
   // Makes the entries of directory `path` (creates, renames, unlinks in it) durable.

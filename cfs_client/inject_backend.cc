@@ -103,6 +103,11 @@ class InjectBackend final : public Backend {
   Result<FileAttr> Mkdir(const std::string& path, mode_t mode, int64_t uid, int64_t gid) override {
     return Serve("mkdir " + path, Kind::kWrite, [&] { return base_->Mkdir(path, mode, uid, gid); });
   }
+  Result<FileAttr> Mknod(const std::string& path, mode_t mode, uint64_t rdev, int64_t uid,
+                         int64_t gid) override {
+    return Serve("mknod " + path, Kind::kWrite,
+                 [&] { return base_->Mknod(path, mode, rdev, uid, gid); });
+  }
   Status Unlink(const std::string& path) override {
     return Serve("unlink " + path, Kind::kWrite, [&] { return base_->Unlink(path); });
   }

@@ -31,12 +31,13 @@ enum Op {
   kSetAttr,
   kSyncDir,
   kOpenRead,
+  kMknod,
   kNumOps
 };
 constexpr std::array<const char*, kNumOps> kOpNames = {
-    "stat",     "list",  "read",    "readlink", "statfs",   "open_write", "write",
-    "truncate", "flush", "fsync",   "mkdir",    "unlink",   "rmdir",      "rename",
-    "symlink",  "link",  "setattr", "fsyncdir", "open_read"};
+    "stat",     "list",  "read",    "readlink", "statfs",    "open_write", "write",
+    "truncate", "flush", "fsync",   "mkdir",    "unlink",    "rmdir",      "rename",
+    "symlink",  "link",  "setattr", "fsyncdir", "open_read", "mknod"};
 enum Outcome { kOk, kNotFound, kStaleOutcome, kError, kNumOutcomes };
 constexpr std::array<const char*, kNumOutcomes> kOutcomeNames = {"ok", "not_found", "stale",
                                                                  "error"};
@@ -151,6 +152,10 @@ class MeteredBackend final : public Backend {
   }
   Result<FileAttr> Mkdir(const std::string& path, mode_t mode, int64_t uid, int64_t gid) override {
     return Timed(kMkdir, [&] { return base_->Mkdir(path, mode, uid, gid); });
+  }
+  Result<FileAttr> Mknod(const std::string& path, mode_t mode, uint64_t rdev, int64_t uid,
+                         int64_t gid) override {
+    return Timed(kMknod, [&] { return base_->Mknod(path, mode, rdev, uid, gid); });
   }
   Status Unlink(const std::string& path) override {
     return Timed(kUnlink, [&] { return base_->Unlink(path); });

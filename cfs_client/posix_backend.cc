@@ -54,6 +54,7 @@ FileAttr FromStat(const struct stat& st) {
   a.mtime_ns = Nanos(st.st_mtim);
   a.ctime_ns = Nanos(st.st_ctim);
   a.blocks = static_cast<uint64_t>(st.st_blocks);
+  a.rdev = static_cast<uint64_t>(st.st_rdev);
   return a;
 }
 
@@ -326,6 +327,14 @@ class PosixBackend final : public Backend {
     CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "mkdir"));
     if (::mkdirat(at.dir, at.name.c_str(), mode & 07777) != 0)
       return Status::FromErrno(errno, "mkdir " + Show(path));
+    return StatOwnedBy(path, uid, gid);
+  }
+
+  Result<FileAttr> Mknod(const std::string& path, mode_t mode, uint64_t rdev, int64_t uid,
+                         int64_t gid) override {
+    CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "mknod"));
+    if (::mknodat(at.dir, at.name.c_str(), mode & (S_IFMT | 07777), static_cast<dev_t>(rdev)) != 0)
+      return Status::FromErrno(errno, "mknod " + Show(path));
     return StatOwnedBy(path, uid, gid);
   }
 

@@ -161,7 +161,10 @@ class FileSystem {
   };
   Result<Created> Create(uint64_t parent, const std::string& name, mode_t mode, int flags,
                          const Caller& caller, bool track_handle);
-  Result<Entry> Mknod(uint64_t parent, const std::string& name, mode_t mode, const Caller& caller);
+  // A regular file (as Create, closed at once), or a special file made in the store: a FIFO,
+  // a socket, or a device numbered `rdev` (the kernel lets only CAP_MKNOD callers ask).
+  Result<Entry> Mknod(uint64_t parent, const std::string& name, mode_t mode, uint64_t rdev,
+                      const Caller& caller);
   Result<Entry> Mkdir(uint64_t parent, const std::string& name, mode_t mode, const Caller& caller);
   Result<Entry> Symlink(const std::string& target, uint64_t parent, const std::string& name,
                         const Caller& caller);

@@ -64,9 +64,17 @@ Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::strin
 }
 
 Result<Entry> FileSystem::Mknod(uint64_t parent, const std::string& name, mode_t mode,
-                                const Caller& caller) {
+                                uint64_t rdev, const Caller& caller) {
   CTFS_RETURN_IF_ERROR(CheckWritable());
-  if (!S_ISREG(mode)) return Status::Errno(EPERM, name + ": only regular files can be made");
+  if (!S_ISREG(mode)) {
+    if (!S_ISFIFO(mode) && !S_ISSOCK(mode) && !S_ISCHR(mode) && !S_ISBLK(mode))
+      return Status::InvalidArgument(name + ": not a file type mknod makes");
+    CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
+    CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
+                          backend_->Mknod(path, mode, rdev, caller.uid, caller.gid));
+    prefetcher_->Invalidate(path);
+    return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
+  }
   CTFS_ASSIGN_OR_RETURN(Created c,
                         Create(parent, name, mode, O_EXCL, caller, /*track_handle=*/false));
   Status s = Flush(c.entry.ino);

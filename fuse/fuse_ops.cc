@@ -121,6 +121,7 @@ struct stat ToStat(uint64_t ino, const cfs_client::FileAttr& a) {
   st.st_ino = ino;
   st.st_mode = a.mode;
   st.st_nlink = a.nlink;
+  st.st_rdev = static_cast<dev_t>(a.rdev);
   st.st_uid = a.uid;
   st.st_gid = a.gid;
   st.st_size = static_cast<off_t>(a.size);
@@ -376,9 +377,9 @@ void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fu
   }
 }
 
-void Mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t) {
+void Mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
   OpScope scope(req, kMknod);
-  ReplyEntry(req, Ctx(req).fs->Mknod(parent, name, mode, CallerOf(req)), "mknod");
+  ReplyEntry(req, Ctx(req).fs->Mknod(parent, name, mode, rdev, CallerOf(req)), "mknod");
 }
 
 void Mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
