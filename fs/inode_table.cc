@@ -75,6 +75,12 @@ void InodeTable::SetAttr(uint64_t ino, const cfs_client::FileAttr& attr, uint64_
   it->second.info.attr_time_ns = now_ns;
 }
 
+void InodeTable::ExpireAttr(uint64_t ino) {
+  MutexLock l(mu_);
+  auto it = nodes_.find(ino);
+  if (it != nodes_.end()) it->second.info.attr_time_ns = 0;
+}
+
 std::optional<cfs_client::FileVersion> InodeTable::SetOpenedVersion(
     uint64_t ino, const cfs_client::FileVersion& version) {
   MutexLock l(mu_);

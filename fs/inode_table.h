@@ -59,6 +59,8 @@ class InodeTable {
   std::optional<InodeInfo> Get(uint64_t ino) const;
 
   void SetAttr(uint64_t ino, const cfs_client::FileAttr& attr, uint64_t now_ns);
+  // The attributes of `ino` are asked of the store again at the next GetAttr.
+  void ExpireAttr(uint64_t ino);
 
   // Records that `ino` was opened at `version`; returns the version of the previous open.
   std::optional<cfs_client::FileVersion> SetOpenedVersion(uint64_t ino,

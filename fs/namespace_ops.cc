@@ -1,6 +1,8 @@
 // FileSystem's namespace changes: create, mknod, mkdir, symlink, link, unlink, rmdir and
 // rename, with what they do to files being written (write_path.cc) and to the caches.
-// The contract is in file_system.h.
+// The contract is in file_system.h. Each change that adds or removes a name expires the
+// directory's attributes in the inode table: the store moved its mtime and ctime, and the
+// kernel, which drops its own copy then, must not be answered with the old ones.
 
 #include <fcntl.h>
 #include <linux/fs.h>  // RENAME_NOREPLACE
@@ -27,6 +29,7 @@ Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::strin
   o.uid = caller.uid;
   o.gid = caller.gid;
   Result<std::unique_ptr<cfs_client::WritableFile>> file = backend_->OpenWrite(*path, o);
+  if (file.ok()) inodes_.ExpireAttr(parent);  // its mtime and ctime moved (if it was made)
   if (!file.ok()) return file.status();
   CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, (*file)->Stat());
   const uint64_t ino = inodes_.Acquire(*path, attr, clock_->NowNanos());
@@ -72,6 +75,7 @@ Result<Entry> FileSystem::Mknod(uint64_t parent, const std::string& name, mode_t
     CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
     CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
                           backend_->Mknod(path, mode, rdev, caller.uid, caller.gid));
+    inodes_.ExpireAttr(parent);
     prefetcher_->Invalidate(path);
     return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
   }
@@ -88,6 +92,7 @@ Result<Entry> FileSystem::Mkdir(uint64_t parent, const std::string& name, mode_t
   CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
   CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
                         backend_->Mkdir(path, mode & 07777, caller.uid, caller.gid));
+  inodes_.ExpireAttr(parent);
   prefetcher_->Invalidate(path);
   return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
 }
@@ -98,6 +103,7 @@ Result<Entry> FileSystem::Symlink(const std::string& target, uint64_t parent,
   CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
   CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
                         backend_->Symlink(target, path, caller.uid, caller.gid));
+  inodes_.ExpireAttr(parent);
   prefetcher_->Invalidate(path);
   return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
 }
@@ -109,6 +115,7 @@ Result<Entry> FileSystem::Link(uint64_t ino, uint64_t new_parent, const std::str
   if (inode.removed) return Status::NotFound(inode.path + ": removed from the store");
   CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(new_parent, new_name));
   CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, backend_->Link(inode.path, path));
+  inodes_.ExpireAttr(new_parent);
   // Each name is its own inode here (inodes are per path): a write through one name shows
   // through the other once its attributes expire.
   Changed(ino, attr);
@@ -138,6 +145,7 @@ Status FileSystem::Unlink(uint64_t parent, const std::string& name) {
     unflushed = st->dirty && !st->closed;
   }
   Status s = backend_->Unlink(path);
+  if (s.ok()) inodes_.ExpireAttr(parent);
   // A file created through the mount may not be in an object store yet: removing it is
   // then only forgetting its bytes.
   if (!s.ok() && !(unflushed && s.IsNotFound())) {
@@ -167,6 +175,7 @@ Status FileSystem::Rmdir(uint64_t parent, const std::string& name) {
   CTFS_RETURN_IF_ERROR(CheckWritable());
   CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
   CTFS_RETURN_IF_ERROR(backend_->Rmdir(path));
+  inodes_.ExpireAttr(parent);
   {
     MutexLock l(writes_mu_);
     MarkPathsReplacedLocked({&path});
@@ -223,6 +232,10 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
       dl.lock();
     if (src_state) renamed = FlushLocked(*src_state);
     if (renamed.ok()) renamed = backend_->Rename(from, to, (flags & RENAME_NOREPLACE) != 0);
+    if (renamed.ok()) {
+      inodes_.ExpireAttr(parent);
+      inodes_.ExpireAttr(new_parent);
+    }
     if (renamed.ok()) {
       // Both names hold something new now: an orphan of either (or below either, for a
       // directory) is older and must not be uploaded over it at unmount.
