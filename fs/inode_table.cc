@@ -111,6 +111,9 @@ void InodeTable::RemoveLocked(const std::string& path) {
   if (n != nodes_.end()) {
     n->second.info.removed = true;
     n->second.info.write_gen++;
+    // What an fstat of a descriptor still open shows: one link fewer (none for a directory).
+    cfs_client::FileAttr& a = n->second.info.attr;
+    a.nlink = a.IsDir() || a.nlink == 0 ? 0 : a.nlink - 1;
   }
   by_path_.erase(it);
 }

@@ -255,6 +255,7 @@ void FileSystem::MarkRemovedLocked(WriteState& st) {
   st.removed = true;
   st.dirty = false;
   if (!st.closed && st.file) st.file->Discard();
+  RefreshWrittenAttrLocked(st);  // an fstat of a descriptor still open shows the lost link
 }
 
 Status FileSystem::FlushLocked(WriteState& st) {
