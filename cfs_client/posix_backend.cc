@@ -319,7 +319,12 @@ class PosixBackend final : public Backend {
     struct stat st;
     if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "fstat " + Show(path));
     if (!S_ISREG(st.st_mode)) return Status::IsDirectory(Show(path) + ": not a regular file");
-    if (created) Chown(fd.get(), "", o.uid, o.gid, st);
+    if (created) {
+      Chown(fd.get(), "", o.uid, o.gid, st);
+      // The mode asked for, not narrowed by the daemon's umask (the kernel applied the
+      // caller's); after the chown, which would clear set-id bits.
+      ::fchmod(fd.get(), o.mode & 07777);
+    }
     return std::unique_ptr<WritableFile>(new PosixWritableFile(std::move(fd), Show(path)));
   }
 
@@ -327,7 +332,7 @@ class PosixBackend final : public Backend {
     CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "mkdir"));
     if (::mkdirat(at.dir, at.name.c_str(), mode & 07777) != 0)
       return Status::FromErrno(errno, "mkdir " + Show(path));
-    return StatOwnedBy(path, uid, gid);
+    return OwnedWithMode(at, path, mode, uid, gid);
   }
 
   Result<FileAttr> Mknod(const std::string& path, mode_t mode, uint64_t rdev, int64_t uid,
@@ -335,7 +340,7 @@ class PosixBackend final : public Backend {
     CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "mknod"));
     if (::mknodat(at.dir, at.name.c_str(), mode & (S_IFMT | 07777), static_cast<dev_t>(rdev)) != 0)
       return Status::FromErrno(errno, "mknod " + Show(path));
-    return StatOwnedBy(path, uid, gid);
+    return OwnedWithMode(at, path, mode, uid, gid);
   }
 
   Status Unlink(const std::string& path) override {
@@ -509,6 +514,17 @@ class PosixBackend final : public Backend {
   std::string Show(const std::string& path) const { return root_ + "/" + path; }
 
   // Attributes of the new entry `path`, given to uid/gid first where asked and possible.
+  // A new entry `at` (of `path`) given to uid/gid, then the exact `mode` asked for: the
+  // daemon's umask must not narrow a mode the kernel already masked with the caller's, and a
+  // chown after it would clear set-id bits. fchmodat with AT_SYMLINK_NOFOLLOW never follows
+  // a symlink planted at the name meanwhile (glibc refuses one).
+  Result<FileAttr> OwnedWithMode(const At& at, const std::string& path, mode_t mode, int64_t uid,
+                                 int64_t gid) {
+    CTFS_RETURN_IF_ERROR(StatOwnedBy(path, uid, gid).status());
+    ::fchmodat(at.dir, at.name.c_str(), mode & 07777, AT_SYMLINK_NOFOLLOW);
+    return Stat(path);
+  }
+
   Result<FileAttr> StatOwnedBy(const std::string& path, int64_t uid, int64_t gid) {
     Result<FileAttr> a = Stat(path);
     if (!a.ok()) return a;

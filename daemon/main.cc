@@ -395,10 +395,6 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
 }
 
 int Main(int argc, char** argv) {
-  // The kernel has applied the caller's umask to every mode a FUSE request carries; the
-  // daemon's own must not narrow it again (a 0620 create stayed 0600). The daemon's own files
-  // are created with explicit modes (0600, 0700, 0644), which a umask of 0 leaves as they are.
-  ::umask(0);
   if (argc > 1 && std::string(argv[1]) == "warmup")
     return RunWarmup(std::vector<std::string>(argv + 2, argv + argc));
   Result<CommandLine> cl = ParseCommandLine(std::vector<std::string>(argv + 1, argv + argc));
