@@ -7,7 +7,6 @@ line; under CI a broken environment (no FUSE, no daemon binary) fails as in test
 from __future__ import annotations
 
 import sys
-import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -19,8 +18,7 @@ for extra in (HERE.parent / "integration", HERE.parent):
         sys.path.append(str(extra))
 
 from cluster import Cluster, cubefs_problem  # noqa: E402
-from cubefs_harness import (TEST_WATCHDOG_S, CubeFactory, abort_live,  # noqa: E402
-                            environment_problems)
+from cubefs_harness import environment_problems  # noqa: E402
 
 
 def _load_ci_skips() -> Any:
@@ -53,31 +51,4 @@ def cfs_mount(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return cluster.mount_cfs_client(tmp_path_factory.mktemp("cfs") / "mnt")
 
 
-@pytest.fixture(scope="module")
-def module_cube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CubeFactory]:
-    factory = CubeFactory(tmp_path_factory.mktemp("module_cube"))
-    try:
-        yield factory
-    finally:
-        factory.cleanup_all()
-
-
-@pytest.fixture
-def cube(tmp_path: Path) -> Iterator[CubeFactory]:
-    factory = CubeFactory(tmp_path / "cube")
-    try:
-        yield factory
-    finally:
-        factory.cleanup_all()
-
-
-@pytest.fixture(autouse=True)
-def _watchdog() -> Iterator[None]:
-    """Kills every live daemon of a test that runs past TEST_WATCHDOG_S."""
-    timer = threading.Timer(TEST_WATCHDOG_S, abort_live)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
+from daemon_fixtures import _watchdog, cube, module_cube  # noqa: E402,F401

@@ -234,16 +234,6 @@ def write_checkpoint(directory: Path, shards: int, shard_bytes: int, seed: int
     return pattern(directory, shards, shard_bytes, seed)
 
 
-FSYNC_WRITER = r"""
-import os, sys
-path, size = sys.argv[1], int(sys.argv[2])
-data = bytes((i * 7 + 3) % 251 for i in range(256)) * (size // 256)
-fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-os.write(fd, data)
-os.fsync(fd)
-print("fsynced", flush=True)
-sys.stdin.read()  # holds the file open until killed
-"""
 
 
 def test_checkpoint_pattern_and_kill_9(cube: CubeFactory, cluster: Cluster, cfs_mount: Path,
@@ -260,6 +250,7 @@ def test_checkpoint_pattern_and_kill_9(cube: CubeFactory, cluster: Cluster, cfs_
     size = 6 * MIB
     data = bytes((i * 7 + 3) % 251 for i in range(256)) * (size // 256)
     script = tmp_path / "w.py"
+    from test_write import FSYNC_WRITER  # the writer of the posix durability test
     script.write_text(FSYNC_WRITER)
     writer = subprocess.Popen([sys.executable, str(script), str(mount.path(f"ckpt-{kind}/k.bin")),
                                str(size)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

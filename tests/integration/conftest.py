@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from cubefs_harness import (TEST_WATCHDOG_S, CubeFactory, abort_live, environment_problems,
-                            proc_mounts, run_command)
+from cubefs_harness import environment_problems, proc_mounts, run_command
 
 
 def _load_ci_skips() -> Any:
@@ -32,38 +30,8 @@ def _load_ci_skips() -> Any:
 _load_ci_skips().install(globals(), environment_problems)
 
 
-@pytest.fixture
-def cube(tmp_path: Path) -> Iterator[CubeFactory]:
-    """Per-test factory; every instance it made is stopped after the test, pass or fail."""
-    factory = CubeFactory(tmp_path / "cube")
-    try:
-        yield factory
-    finally:
-        factory.cleanup_all()
-
-
-@pytest.fixture(scope="module")
-def module_cube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CubeFactory]:
-    """Like `cube`, but its instances live for the whole test module."""
-    factory = CubeFactory(tmp_path_factory.mktemp("module_cube"))
-    try:
-        yield factory
-    finally:
-        factory.cleanup_all()
-
-
-@pytest.fixture(autouse=True)
-def _watchdog() -> Iterator[None]:
-    """Kills every live daemon if a test runs past TEST_WATCHDOG_S (hung FUSE requests then
-    fail with ENOTCONN instead of blocking the suite forever)."""
-
-    timer = threading.Timer(TEST_WATCHDOG_S, abort_live)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
+# The daemon factories and the per-test watchdog, shared with tests/cubefs.
+from daemon_fixtures import _watchdog, cube, module_cube  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session", autouse=True)
