@@ -51,6 +51,10 @@ struct FileAttr {
   int64_t ctime_ns = 0;
   uint64_t blocks = 0;  // 512-byte blocks, as in st_blocks
   uint64_t rdev = 0;    // a character or block device's number, as in st_rdev
+  // The store's own identity of the file where it has one (posix: st_dev and st_ino), else
+  // 0: names with the same identity are hard links of one file and share one inode.
+  uint64_t store_dev = 0;
+  uint64_t store_ino = 0;
 
   bool IsDir() const;
   bool IsRegular() const;

@@ -55,6 +55,8 @@ FileAttr FromStat(const struct stat& st) {
   a.ctime_ns = Nanos(st.st_ctim);
   a.blocks = static_cast<uint64_t>(st.st_blocks);
   a.rdev = static_cast<uint64_t>(st.st_rdev);
+  a.store_dev = static_cast<uint64_t>(st.st_dev);
+  a.store_ino = static_cast<uint64_t>(st.st_ino);
   return a;
 }
 

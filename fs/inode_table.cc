@@ -17,10 +17,33 @@ InodeTable::InodeTable(const cfs_client::FileAttr& root_attr, uint64_t now_ns) {
   by_path_.emplace("", kRootIno);
 }
 
+std::optional<InodeTable::StoreId> InodeTable::IdOf(const cfs_client::FileAttr& attr) {
+  if (attr.store_ino == 0 || attr.IsDir()) return std::nullopt;
+  return StoreId{attr.store_dev, attr.store_ino};
+}
+
 uint64_t InodeTable::Acquire(const std::string& path, const cfs_client::FileAttr& attr,
                              uint64_t now_ns) {
   MutexLock l(mu_);
   auto [it, inserted] = by_path_.try_emplace(path, 0);
+  const std::optional<StoreId> id = IdOf(attr);
+  if (inserted && id && attr.nlink > 1) {
+    // Another link of a file the table knows: the same inode. (A file of one link is never
+    // joined, so a store that reuses the identity of a file deleted behind the mount's back
+    // cannot make a new file an old inode's name.)
+    auto known = by_store_id_.find(*id);
+    if (known != by_store_id_.end()) {
+      Node& n = nodes_.at(known->second);
+      if (!n.info.removed) {
+        it->second = known->second;
+        n.other_paths.push_back(path);
+        n.nlookup++;
+        n.info.attr = attr;
+        n.info.attr_time_ns = now_ns;
+        return it->second;
+      }
+    }
+  }
   if (inserted) it->second = next_ino_++;
   Node& n = nodes_[it->second];
   if (inserted) {
@@ -30,6 +53,7 @@ uint64_t InodeTable::Acquire(const std::string& path, const cfs_client::FileAttr
   n.nlookup++;
   n.info.attr = attr;
   n.info.attr_time_ns = now_ns;
+  if (id) by_store_id_[*id] = it->second;
   return it->second;
 }
 
@@ -46,9 +70,16 @@ void InodeTable::Forget(uint64_t ino, uint64_t n) {
       had = node.nlookup;
       node.nlookup = n >= node.nlookup ? 0 : node.nlookup - n;
       if (node.nlookup == 0) {
-        auto p = by_path_.find(node.info.path);
-        if (p != by_path_.end() && p->second == ino)
-          by_path_.erase(p);  // not a removed inode's old path
+        node.other_paths.push_back(node.info.path);
+        for (const std::string& path : node.other_paths) {
+          auto p = by_path_.find(path);
+          if (p != by_path_.end() && p->second == ino)
+            by_path_.erase(p);  // not a removed inode's old path
+        }
+        if (std::optional<StoreId> id = IdOf(node.info.attr)) {
+          auto s = by_store_id_.find(*id);
+          if (s != by_store_id_.end() && s->second == ino) by_store_id_.erase(s);
+        }
         nodes_.erase(it);
       }
     }
@@ -98,24 +129,61 @@ std::optional<uint64_t> InodeTable::Find(const std::string& path) const {
   return it->second;
 }
 
-void InodeTable::Remove(const std::string& path) {
-  if (path.empty()) return;
+std::optional<std::string> InodeTable::Remove(const std::string& path) {
+  if (path.empty()) return std::nullopt;
   MutexLock l(mu_);
-  RemoveLocked(path);
+  return RemoveLocked(path);
 }
 
-void InodeTable::RemoveLocked(const std::string& path) {
+std::optional<std::string> InodeTable::OtherName(uint64_t ino, const std::string& path) const {
+  MutexLock l(mu_);
+  auto n = nodes_.find(ino);
+  if (n == nodes_.end() || n->second.info.removed) return std::nullopt;
+  if (n->second.info.path != path) return n->second.info.path;
+  if (n->second.other_paths.empty()) return std::nullopt;
+  return n->second.other_paths.front();
+}
+
+std::optional<std::string> InodeTable::RemoveLocked(const std::string& path) {
   auto it = by_path_.find(path);
-  if (it == by_path_.end()) return;
-  auto n = nodes_.find(it->second);
-  if (n != nodes_.end()) {
-    n->second.info.removed = true;
-    n->second.info.write_gen++;
-    // What an fstat of a descriptor still open shows: one link fewer (none for a directory).
-    cfs_client::FileAttr& a = n->second.info.attr;
-    a.nlink = a.IsDir() || a.nlink == 0 ? 0 : a.nlink - 1;
-  }
+  if (it == by_path_.end()) return std::nullopt;
+  const uint64_t ino = it->second;
   by_path_.erase(it);
+  auto n = nodes_.find(ino);
+  if (n == nodes_.end()) return std::nullopt;
+  Node& node = n->second;
+  node.info.write_gen++;
+  // What an fstat of a descriptor still open shows: one link fewer (none for a directory).
+  cfs_client::FileAttr& a = node.info.attr;
+  a.nlink = a.IsDir() || a.nlink == 0 ? 0 : a.nlink - 1;
+  std::vector<std::string>& others = node.other_paths;
+  if (node.info.path == path) {
+    if (others.empty()) {
+      node.info.removed = true;
+      if (std::optional<StoreId> id = IdOf(a)) {
+        auto s = by_store_id_.find(*id);
+        if (s != by_store_id_.end() && s->second == ino) by_store_id_.erase(s);
+      }
+      return std::nullopt;
+    }
+    node.info.path = std::move(others.front());
+    others.erase(others.begin());
+  } else {
+    std::erase(others, path);
+  }
+  node.info.attr_time_ns = 0;  // its ctime moved
+  return node.info.path;
+}
+
+void InodeTable::RenameNameLocked(uint64_t ino, const std::string& from, std::string to) {
+  auto n = nodes_.find(ino);
+  if (n == nodes_.end()) return;
+  if (n->second.info.path == from) {
+    n->second.info.path = std::move(to);
+    return;
+  }
+  for (std::string& other : n->second.other_paths)
+    if (other == from) other = to;
 }
 
 void InodeTable::Rename(const std::string& from, const std::string& to) {
@@ -132,8 +200,7 @@ void InodeTable::Rename(const std::string& from, const std::string& to) {
     auto stale = by_path_.find(new_path);  // an entry under the replaced directory
     if (stale != by_path_.end()) RemoveLocked(new_path);
     by_path_[new_path] = ino;
-    auto n = nodes_.find(ino);
-    if (n != nodes_.end()) n->second.info.path = std::move(new_path);
+    RenameNameLocked(ino, path, std::move(new_path));
   }
 }
 

@@ -1,5 +1,10 @@
 // Inode numbers for the paths the kernel knows about, with their lookup counts.
 //
+// Hard links share one inode: a name whose attributes carry the store's identity of a file
+// (FileAttr::store_ino) with more than one link joins the live inode of that identity, if
+// the table has one. Such an inode has several names; the first is the one its I/O uses, and
+// when that name goes, the next takes its place.
+//
 // The kernel holds a reference (nlookup) for every successful lookup, create or readdirplus
 // entry, and drops them with forget. An inode lives while its count is above zero; the root
 // (inode 1) lives forever. Inode numbers are never reused, so a stale number the kernel might
@@ -18,6 +23,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "cfs_client/backend.h"
 #include "common/thread_annotations.h"
@@ -69,9 +75,13 @@ class InodeTable {
   // The live inode of `path`, if the kernel knows one.
   std::optional<uint64_t> Find(const std::string& path) const;
 
-  // `path` was removed from the store: its inode (if any) stays for the kernel's references
-  // but no longer answers to the path.
-  void Remove(const std::string& path);
+  // `path` was removed from the store: its inode (if any) no longer answers to the path. If
+  // the inode has another name, that name is returned (and the inode's path is it now);
+  // otherwise the inode is marked removed and stays only for the kernel's references.
+  std::optional<std::string> Remove(const std::string& path);
+
+  // A name of `ino` other than `path`, if the table knows one.
+  std::optional<std::string> OtherName(uint64_t ino, const std::string& path) const;
 
   // `from` was renamed to `to`: the inode of `from` (and of everything under it, for a
   // directory) now answers to the new path; an inode of `to` is removed.
@@ -87,15 +97,30 @@ class InodeTable {
   struct Node {
     InodeInfo info;
     uint64_t nlookup = 0;
+    std::vector<std::string> other_paths;  // its other hard links' names
   };
+  struct StoreId {
+    uint64_t dev = 0;
+    uint64_t ino = 0;
+    bool operator==(const StoreId&) const = default;
+  };
+  struct StoreIdHash {
+    size_t operator()(const StoreId& id) const {
+      return std::hash<uint64_t>()(id.ino * 0x9E3779B97F4A7C15ull ^ id.dev);
+    }
+  };
+  static std::optional<StoreId> IdOf(const cfs_client::FileAttr& attr);
 
-  void RemoveLocked(const std::string& path) REQUIRES(mu_);
+  std::optional<std::string> RemoveLocked(const std::string& path) REQUIRES(mu_);
+  // Points the name `from` of node `ino` to `to`.
+  void RenameNameLocked(uint64_t ino, const std::string& from, std::string to) REQUIRES(mu_);
 
   std::atomic<uint64_t> bad_forgets_{0};
   mutable Mutex mu_;  // guards the members below
   uint64_t next_ino_ GUARDED_BY(mu_) = kRootIno + 1;
   std::unordered_map<uint64_t, Node> nodes_ GUARDED_BY(mu_);
   std::unordered_map<std::string, uint64_t> by_path_ GUARDED_BY(mu_);
+  std::unordered_map<StoreId, uint64_t, StoreIdHash> by_store_id_ GUARDED_BY(mu_);
 };
 
 }  // namespace cubetorchfs::fs

@@ -116,8 +116,9 @@ Result<Entry> FileSystem::Link(uint64_t ino, uint64_t new_parent, const std::str
   CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(new_parent, new_name));
   CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, backend_->Link(inode.path, path));
   inodes_.ExpireAttr(new_parent);
-  // Each name is its own inode here (inodes are per path): a write through one name shows
-  // through the other once its attributes expire.
+  // Where the store gives its files an identity, the new name joins the inode (Acquire);
+  // elsewhere each name is its own inode, and a write through one shows through the other
+  // once its attributes expire.
   Changed(ino, attr);
   return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
 }
@@ -128,7 +129,9 @@ Status FileSystem::Unlink(uint64_t parent, const std::string& name) {
   ever_written_.store(true);
   std::optional<uint64_t> ino = inodes_.Find(path);
   std::shared_ptr<WriteState> st = ino ? FindWriteState(*ino) : nullptr;
-  if (ino && !st) {
+  // A hard link of a file with other names: the file stays, and its state follows a name.
+  const std::optional<std::string> other = ino ? inodes_.OtherName(*ino, path) : std::nullopt;
+  if (ino && !st && !other) {
     // The kernel may hold the file open (under no_open we cannot tell): keep the store's file
     // open so its descriptors go on working after the name is gone, as POSIX says. The state
     // lives until the kernel forgets the inode. A regular file only; failures just mean no
@@ -158,7 +161,12 @@ Status FileSystem::Unlink(uint64_t parent, const std::string& name) {
   }
   if (st) {
     std::lock_guard<std::mutex> sl(st->mu);
-    MarkRemovedLocked(*st);
+    if (!other) {
+      MarkRemovedLocked(*st);
+    } else if (st->path == path && !st->closed) {
+      st->path = *other;
+      st->file->Moved(*other);
+    }
   }
   {
     // An orphan of this path (bytes of a forgotten file that failed to reach the store) must
@@ -197,11 +205,15 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
   if (from == to) return Status::OK();
   std::optional<uint64_t> src = inodes_.Find(from);
   std::optional<uint64_t> dst = inodes_.Find(to);
+  // Two links of one file: rename(2) leaves both names as they are.
+  if (src && dst && *src == *dst)
+    return backend_->Rename(from, to, (flags & RENAME_NOREPLACE) != 0);
+  const std::optional<std::string> dst_other = dst ? inodes_.OtherName(*dst, to) : std::nullopt;
   ever_written_.store(true);
   std::shared_ptr<WriteState> src_state = src ? FindWriteState(*src) : nullptr;
   std::shared_ptr<WriteState> dst_state = dst ? FindWriteState(*dst) : nullptr;
   bool dst_opened = false;
-  if (dst && !dst_state && (flags & RENAME_NOREPLACE) == 0) {
+  if (dst && !dst_state && !dst_other && (flags & RENAME_NOREPLACE) == 0) {
     // As Unlink does: the replaced file may be held open by the kernel (under no_open we
     // cannot tell), so keep the store's file open for its descriptors; after the rename its
     // path names the renamed file. A regular file only; failures just mean no such
@@ -254,7 +266,12 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
       }
       return renamed;
     }
-    if (dst_state) MarkRemovedLocked(*dst_state);
+    if (dst_state && !dst_other) {
+      MarkRemovedLocked(*dst_state);
+    } else if (dst_state && dst_state->path == to && !dst_state->closed) {
+      dst_state->path = *dst_other;  // the replaced name was one link of a file that stays
+      dst_state->file->Moved(*dst_other);
+    }
   }
   MoveWritesUnder(from, to, src_state.get());
   inodes_.Rename(from, to);

@@ -29,6 +29,57 @@ TEST(InodeTableTest, SamePathSameInodeUntilForgotten) {
   EXPECT_NE(again, a);
 }
 
+cfs_client::FileAttr Linked(uint64_t store_ino, uint32_t nlink) {
+  cfs_client::FileAttr a = Attr(5);
+  a.store_dev = 7;
+  a.store_ino = store_ino;
+  a.nlink = nlink;
+  return a;
+}
+
+TEST(InodeTableTest, HardLinksShareOneInode) {
+  InodeTable t(cfs_client::FileAttr{S_IFDIR | 0755}, 0);
+  const uint64_t a = t.Acquire("a", Linked(40, 1), 10);
+  const uint64_t b = t.Acquire("d/b", Linked(40, 2), 20);
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(t.lookups(a), 2u);
+  EXPECT_EQ(t.Get(a)->attr.nlink, 2u);
+  EXPECT_EQ(*t.Find("d/b"), a);
+  EXPECT_EQ(t.OtherName(a, "a"), "d/b");
+  EXPECT_EQ(t.OtherName(a, "d/b"), "a");
+  // Another file, and a file of one link with a reused identity, are inodes of their own.
+  EXPECT_NE(t.Acquire("c", Linked(41, 2), 30), a);
+  EXPECT_NE(t.Acquire("e", Linked(40, 1), 30), a);
+
+  // A directory rename carries the link under it; the first name's removal leaves the other.
+  t.Rename("d", "dd");
+  EXPECT_EQ(*t.Find("dd/b"), a);
+  EXPECT_FALSE(t.Find("d/b").has_value());
+  EXPECT_EQ(t.Remove("a"), "dd/b");
+  EXPECT_EQ(t.Get(a)->path, "dd/b");
+  EXPECT_FALSE(t.Get(a)->removed);
+  EXPECT_EQ(t.Get(a)->attr.nlink, 1u);
+  EXPECT_EQ(t.Get(a)->attr_time_ns, 0u);  // its ctime moved: asked of the store again
+  EXPECT_FALSE(t.OtherName(a, "dd/b").has_value());
+  // The last name's removal leaves the inode to the kernel's references only.
+  EXPECT_FALSE(t.Remove("dd/b").has_value());
+  EXPECT_TRUE(t.Get(a)->removed);
+  EXPECT_FALSE(t.Find("dd/b").has_value());
+}
+
+TEST(InodeTableTest, ForgettingALinkedInodeDropsAllItsNames) {
+  InodeTable t(cfs_client::FileAttr{S_IFDIR | 0755}, 0);
+  const uint64_t a = t.Acquire("a", Linked(40, 2), 10);
+  ASSERT_EQ(t.Acquire("b", Linked(40, 2), 10), a);
+  t.Forget(a, 2);
+  EXPECT_FALSE(t.Find("a").has_value());
+  EXPECT_FALSE(t.Find("b").has_value());
+  const uint64_t again = t.Acquire("b", Linked(40, 2), 20);
+  EXPECT_NE(again, a);
+  EXPECT_EQ(t.Acquire("a", Linked(40, 2), 20), again);
+  EXPECT_EQ(t.size(), 2u);  // the root and the one file
+}
+
 TEST(InodeTableTest, RootIsPermanent) {
   InodeTable t(cfs_client::FileAttr{S_IFDIR | 0755}, 0);
   t.Forget(kRootIno, 1000);
