@@ -104,6 +104,8 @@ Result<cfs_client::FileAttr> FileSystem::FreshAttr(const InodeInfo& inode) {
   if (open_writes_.load() > 0) {
     if (std::shared_ptr<WriteState> st = FindWriteState(inode.ino)) {
       if (std::optional<cfs_client::FileAttr> attr = WrittenAttr(*st)) {
+        // Unlinked while open: no name is left, whatever a staging file's own count says.
+        if (inode.removed && !attr->IsDir()) attr->nlink = 0;
         inodes_.SetAttr(inode.ino, *attr, now);
         return *attr;
       }

@@ -64,7 +64,8 @@ if [ "$BACKEND" = posix ]; then
   backend="{\"type\": \"posix\", \"root\": \"$WORK/store\"}"
 else
   port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-  node "$REPO/tools/node_modules/s3rver/bin/s3rver.js" --directory "$WORK/store" --address 127.0.0.1 \
+  # DES (continuation tokens) needs the legacy provider under OpenSSL 3.
+  node --openssl-legacy-provider "$REPO/tools/node_modules/s3rver/bin/s3rver.js" --directory "$WORK/store" --address 127.0.0.1 \
     --port "$port" --silent >"$WORK/s3rver.log" 2>&1 &
   S3PID=$!
   for _ in $(seq 1 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done

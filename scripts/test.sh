@@ -86,3 +86,9 @@ echo "== security tests (pytest: attacks by an unprivileged user against a real 
 timeout 900 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/security
 echo "== CubeFS tests (a live loopback cluster; each test skips without ../shared/cubefs)"
 timeout 1200 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/cubefs
+echo "== POSIX conformance (pjdfstest over a default-profile mount of a posix store)"
+if [ -f ../shared/tools/pjdfstest/pjdfstest.c ]; then
+  timeout 900 scripts/posix_conformance.sh --profile default --backend posix
+else
+  echo "SKIP: no pjdfstest source at ../shared/tools/pjdfstest (scripts/posix_conformance.sh --pjdfstest DIR runs it by hand)"
+fi
