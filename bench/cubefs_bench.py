@@ -7,7 +7,8 @@ warm through every way cubetorchfs can reach it, against the cluster's own clien
   cfs-client     CubeFS's own FUSE client (a fresh mount per cold round)
   ctfs-s3        cubetorchfs over the ObjectNode (backend.type s3), profile ai_prefetch
   ctfs-cfs       cubetorchfs over cfs-client (backend.type posix), profile ai_prefetch
-  *+hook         the same two with `import cube_torch` in the reading process
+  ctfs-native    cubetorchfs over CubeFS's C SDK, libcfs.so (backend.type cubefs), ai_prefetch
+  *+hook         the same three with `import cube_torch` in the reading process
 
 Data: --files JPEGs (~110 KB, bench/benchlib.generate_jpegs) in --classes directories and
 --large files of --large-mib, written once through cfs-client. The ObjectNode lags behind
@@ -22,8 +23,9 @@ rows run one epoch of a DataLoader (ImageFolder, raw bytes, batch 32, 2 workers,
 a fresh process against cfs-client without the hook, ctfs-s3 and ctfs-cfs with it.
 
 Prints per system the median and min-max of files/s (and MB/s for large files) over --rounds,
-then the ratios the targets of issue #14 name: cold ctfs-s3/get (>= 0.9), hook/cfs-client
-(>= 3), warm/cfs-client (>= 5), and the store requests of warm reads (0).
+then the ratios the targets name: cold ctfs-s3/get (>= 0.9), hook/cfs-client (>= 3),
+warm/cfs-client (>= 5), the store requests of warm reads (0), and for ctfs-native against
+cfs-client: cold >= 1.0, hook >= 3, large >= 0.9, warm >= 5.
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ class Mounts:
         self.count += 1
         return self.cluster.mount_cfs_client(self.work / f"cfs{self.count}")
 
-    def cubetorchfs(self, backend: dict[str, object]) -> tuple[Path, int]:
+    def cubetorchfs(self, backend: dict[str, object],
+                    top: dict[str, object] | None = None) -> tuple[Path, int]:
         self.count += 1
         d = self.work / f"ctfs{self.count}"
         (d / "mnt").mkdir(parents=True)
@@ -98,6 +101,7 @@ class Mounts:
                   "logDir": str(d), "exporterPort": port, "profile": "ai_prefetch",
                   "backend": backend, "cache": {"memory_bytes": "2GiB"},
                   "prefetch": {"control_socket": str(d / "ctl.sock")}}
+        config.update(top or {})
         (d / "config.json").write_text(json.dumps(config))
         subprocess.run([str(BIN), "-c", str(d / "config.json"), str(d / "mnt")], check=True,
                        timeout=60)
@@ -250,15 +254,20 @@ def run(args: argparse.Namespace, cluster: Cluster, mounts: Mounts, local: Path)
     systems["ctfs-s3"] = lambda: mount_rows(*mounts.cubetorchfs(s3))
     systems["ctfs-cfs"] = lambda: mount_rows(
         *mounts.cubetorchfs({"type": "posix", "root": str(mounts.cfs_client())}))
+    native_top = cluster.native_config()
+    native = {k: v for k, v in native_top.pop("backend").items() if v is not None}  # type: ignore
+    systems["ctfs-native"] = lambda: mount_rows(*mounts.cubetorchfs(native, native_top))
     systems["cfs-client epoch"] = lambda: {"hook": epoch(mounts.cfs_client() / "train", False)}
 
-    def hooked(backend: dict[str, object]) -> dict[str, float]:
-        mnt, _ = mounts.cubetorchfs(backend)
+    def hooked(backend: dict[str, object],
+               top: dict[str, object] | None = None) -> dict[str, float]:
+        mnt, _ = mounts.cubetorchfs(backend, top)
         return {"hook": epoch(mnt / "train", True, vol=f"bench{mounts.count}")}
 
     systems["ctfs-s3+hook"] = lambda: hooked(s3)
     systems["ctfs-cfs+hook"] = lambda: hooked({"type": "posix",
                                                 "root": str(mounts.cfs_client())})
+    systems["ctfs-native+hook"] = lambda: hooked(native, native_top)
     for rnd in range(args.rounds):
         for name, fn in systems.items():
             drop_caches()
@@ -286,6 +295,12 @@ def run(args: argparse.Namespace, cluster: Cluster, mounts: Mounts, local: Path)
           f"and ctfs-cfs/cfs-client {med('ctfs-cfs', 'warm') / med('cfs-client', 'warm'):.1f} (>= 5); "
           f"large ctfs-s3/cfs-client {med('ctfs-s3', 'large') / med('cfs-client', 'large'):.2f}; "
           f"store requests of warm reads (ctfs-s3) max {max(results['ctfs-s3']['warm_requests']):.0f} (0)")
+    cfs = "cfs-client"
+    print(f"native: cold ctfs-native/cfs-client {med('ctfs-native', 'cold') / med(cfs, 'cold'):.2f} "
+          f"(>= 1.0), hook {med('ctfs-native+hook', 'hook') / med('cfs-client epoch', 'hook'):.2f} "
+          f"(>= 3), large {med('ctfs-native', 'large') / med(cfs, 'large'):.2f} (>= 0.9), "
+          f"warm {med('ctfs-native', 'warm') / med(cfs, 'warm'):.1f} (>= 5); store requests of "
+          f"warm reads max {max(results['ctfs-native']['warm_requests']):.0f} (0)")
     return 0
 
 

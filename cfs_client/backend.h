@@ -231,6 +231,14 @@ Result<std::unique_ptr<Backend>> NewPosixBackend(const std::string& root);
 // unsigned. Makes no request: an unreachable store shows in the first call.
 Result<std::unique_ptr<Backend>> NewS3Backend(const conf::S3Options& opts);
 
+// A backend over a CubeFS volume through CubeFS's C SDK, libcfs.so, loaded at run time
+// (conf::CubefsOptions; see cubefs_backend.cc for what the SDK gives and how its gaps are
+// handled). Connects to the master: call it in the process that serves, after daemonizing,
+// and fork no child without exec afterwards (the SDK embeds a Go runtime). Errors name the
+// config key at fault: backend.cubefs.lib (no such library, or not a libcfs), masterAddr
+// (the volume cannot be reached with these keys).
+Result<std::unique_ptr<Backend>> NewCubefsBackend(const conf::CubefsOptions& opts);
+
 // Lists one key of the bucket `opts` names, with at most one retry and a 10 s timeout, for a
 // start-up check. The error names the config key at fault: backend.endpoint (no answer, not
 // S3), backend.bucket (no such bucket, or access to it refused), backend.access_key or
@@ -261,7 +269,8 @@ std::unique_ptr<Backend> NewInjectBackend(std::unique_ptr<Backend> base,
 std::unique_ptr<Backend> NewMeteredBackend(std::unique_ptr<Backend> base,
                                            prometheus::Registry& registry, Clock* clock);
 
-// Builds the backend described by `opts` (posix or s3), with injection if configured, metered.
+// Builds the backend described by `opts` (posix, s3 or cubefs), with injection if configured,
+// metered.
 Result<std::unique_ptr<Backend>> NewBackend(const conf::BackendOptions& opts,
                                             prometheus::Registry& registry, Clock* clock);
 

@@ -214,6 +214,15 @@ Status ParseInject(const YAML::Node& node, InjectOptions* o) {
                     });
 }
 
+Status ParseCubefs(const YAML::Node& node, CubefsOptions* o) {
+  return ForEachKey(node, "backend.cubefs", {"lib", "volume"},
+                    [&](const std::string& k, const YAML::Node& v, const std::string& key) {
+                      if (k == "lib") CTFS_ASSIGN(o->lib, GetString(v, key));
+                      if (k == "volume") CTFS_ASSIGN(o->volume, GetString(v, key));
+                      return Status::OK();
+                    });
+}
+
 // Keys of the s3 backend; set_s3_keys collects those present (an error with type posix).
 const std::set<std::string> kS3Keys = {
     "endpoint",    "bucket",          "region",           "prefix",  "path_style",
@@ -221,7 +230,7 @@ const std::set<std::string> kS3Keys = {
     "staging_dir", "multipart_bytes", "lookup_read_bytes"};
 
 Status ParseBackend(const YAML::Node& node, BackendOptions* o, std::vector<std::string>* s3_set) {
-  std::set<std::string> known = {"type", "root", "inject"};
+  std::set<std::string> known = {"type", "root", "inject", "cubefs"};
   known.insert(kS3Keys.begin(), kS3Keys.end());
   S3Options* s3 = &o->s3;
   return ForEachKey(node, "backend", known,
@@ -230,6 +239,7 @@ Status ParseBackend(const YAML::Node& node, BackendOptions* o, std::vector<std::
                       if (k == "type") CTFS_ASSIGN(o->type, GetString(v, key));
                       if (k == "root") CTFS_ASSIGN(o->root, GetString(v, key));
                       if (k == "inject") return ParseInject(v, &o->inject);
+                      if (k == "cubefs") return ParseCubefs(v, &o->cubefs);
                       if (k == "endpoint") CTFS_ASSIGN(s3->endpoint, GetString(v, key));
                       if (k == "bucket") CTFS_ASSIGN(s3->bucket, GetString(v, key));
                       if (k == "region") CTFS_ASSIGN(s3->region, GetString(v, key));
@@ -415,6 +425,28 @@ Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
                     });
 }
 
+// The cubefs backend's keys, once volName and logDir are filled in.
+Status ValidateCubefs(const CubefsOptions& o) {
+  if (o.master_addr.empty())
+    return Bad("masterAddr",
+               "required with backend.type cubefs (the CubeFS master, "
+               "\"host:port[,host:port...]\")");
+  std::stringstream addrs(o.master_addr);
+  for (std::string addr; std::getline(addrs, addr, ',');) {
+    const size_t colon = addr.rfind(':');
+    const bool ok = colon != std::string::npos && colon > 0 && colon + 1 < addr.size() &&
+                    addr.find_first_not_of("0123456789", colon + 1) == std::string::npos &&
+                    !HasAny(addr, " \t/\"'");
+    if (!ok)
+      return Bad("masterAddr", "want \"host:port[,host:port...]\", got " + Quote(o.master_addr));
+  }
+  if (o.volume.empty()) return Bad("backend.cubefs.volume", "must not be empty");
+  if (o.access_key.empty() || o.secret_key.empty())
+    return Bad(o.access_key.empty() ? "accessKey" : "secretKey",
+               "required with backend.type cubefs (the volume owner's keys: cfs-cli user info)");
+  return Status::OK();
+}
+
 // `s3_set`: the s3 backend's keys present in the file.
 Status Validate(const Config& c, const std::vector<std::string>& s3_set) {
   if (c.vol_name.empty()) return Bad("volName", "required (the volume or bucket name)");
@@ -443,8 +475,15 @@ Status Validate(const Config& c, const std::vector<std::string>& s3_set) {
     if (!c.backend.root.empty())
       return Bad("backend.root", "not used by the s3 backend (it serves backend.bucket)");
     CTFS_RETURN_IF_ERROR(ValidateS3(c.backend.s3));
+  } else if (c.backend.type == "cubefs") {
+    if (!c.backend.root.empty())
+      return Bad("backend.root", "not used by the cubefs backend (it serves the volume volName)");
+    if (!s3_set.empty())
+      return Bad("backend." + s3_set.front(), "only for the s3 backend (backend.type: s3)");
+    CTFS_RETURN_IF_ERROR(ValidateCubefs(c.backend.cubefs));
   } else {
-    return Bad("backend.type", "unknown backend \"" + c.backend.type + "\" (known: posix, s3)");
+    return Bad("backend.type",
+               "unknown backend \"" + c.backend.type + "\" (known: posix, s3, cubefs)");
   }
   if (c.cache.memory_bytes < (1u << 20)) return Bad("cache.memory_bytes", "must be at least 1MiB");
   if (c.cache.chunk_bytes < (64u << 10) || c.cache.chunk_bytes > (1ull << 30))
@@ -501,6 +540,16 @@ Result<Config> ParseNode(const YAML::Node& root) {
       cubefs_lookup = v;
     else if (k == "attrValid")
       cubefs_attr = v;
+    else if (k == "masterAddr")
+      CTFS_ASSIGN(c.backend.cubefs.master_addr, GetString(v, k));
+    else if (k == "accessKey")
+      CTFS_ASSIGN(c.backend.cubefs.access_key, GetString(v, k));
+    else if (k == "secretKey")
+      CTFS_ASSIGN(c.backend.cubefs.secret_key, GetString(v, k));
+    else if (k == "owner")
+      CTFS_ASSIGN(c.backend.cubefs.owner, GetString(v, k));
+    else if (k == "followerRead")
+      CTFS_ASSIGN(c.backend.cubefs.follower_read, GetBool(v, k));
     else if (!kCubeFsClientKeys.count(k))
       c.unknown_top_level_keys.push_back(k);
   }
@@ -517,6 +566,10 @@ Result<Config> ParseNode(const YAML::Node& root) {
   if (cubefs_attr && !fuse_set.attr)
     CTFS_ASSIGN(c.fuse.attr_timeout_s, GetDouble(*cubefs_attr, "attrValid", 0, 86400));
   if (c.backend.s3.bucket.empty()) c.backend.s3.bucket = c.vol_name;
+  if (c.backend.cubefs.volume.empty()) c.backend.cubefs.volume = c.vol_name;
+  c.backend.cubefs.log_dir = c.log_dir;
+  for (const char* level : {"debug", "info", "warn", "error"})
+    if (c.log_level == level) c.backend.cubefs.log_level = level;
   while (!c.backend.s3.prefix.empty() && c.backend.s3.prefix.back() == '/')
     c.backend.s3.prefix.pop_back();
   while (!c.backend.s3.endpoint.empty() && c.backend.s3.endpoint.back() == '/')

@@ -49,10 +49,25 @@ struct S3Options {
   uint64_t lookup_read_bytes = 256ull << 10;
 };
 
+// backend.type "cubefs": a CubeFS volume through CubeFS's C SDK (libcfs.so, loaded at run
+// time). The connection keys are the CubeFS client's own, at the top level of the config.
+struct CubefsOptions {
+  std::string lib;             // backend.cubefs.lib: libcfs.so's path. Default: the library path.
+  std::string volume;          // backend.cubefs.volume, else volName: the CubeFS volume.
+  std::string master_addr;     // masterAddr: "host:port[,host:port...]". Required.
+  std::string access_key;      // accessKey: the volume owner's (or an authorized user's). Required.
+  std::string secret_key;      // secretKey. Required.
+  std::string owner;           // owner: accepted; the SDK identifies the user by accessKey.
+  std::string log_dir;         // logDir: the SDK's own logs go under it. Default: none.
+  std::string log_level;       // logLevel, passed on when debug, info, warn or error.
+  bool follower_read = false;  // followerRead: reads may go to follower replicas.
+};
+
 struct BackendOptions {
-  std::string type = "posix";  // "posix" (a directory tree) or "s3". Default: posix.
+  std::string type = "posix";  // "posix" (a directory tree), "s3" or "cubefs". Default: posix.
   std::string root;            // posix: the directory served. Required for posix.
   S3Options s3;                // s3: where the objects are.
+  CubefsOptions cubefs;        // cubefs: the volume and how to reach it.
   InjectOptions inject;
 };
 

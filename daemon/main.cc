@@ -232,9 +232,11 @@ int WriteMountInfo(const conf::Config& config, const std::string& control_path,
   if (Status s = control::WriteControlFile(control_path, info); !s.ok())
     CTFS_LOG(kWarn) << "control file not written, the Python hook will not find this mount: "
                     << s.ToString();
-  const std::string store = config.backend.type == "posix"
-                                ? config.backend.root
-                                : config.backend.s3.endpoint + "/" + config.backend.s3.bucket;
+  const std::string store =
+      config.backend.type == "posix" ? config.backend.root
+      : config.backend.type == "s3"
+          ? config.backend.s3.endpoint + "/" + config.backend.s3.bucket
+          : "cubefs://" + config.backend.cubefs.master_addr + "/" + config.backend.cubefs.volume;
   CTFS_LOG(kInfo) << "mounted " << store << " at " << config.mount_point << " (volume "
                   << config.vol_name << ", cache " << config.cache.memory_bytes << " bytes)";
   return info.pid;
@@ -430,8 +432,14 @@ int Main(int argc, char** argv) {
     config.backend.root = root.value();
     if (auto probe = cfs_client::NewPosixBackend(config.backend.root); !probe.ok())
       return Fail(kExitBadConfig, "backend.root: " + probe.status().message());
-  } else if (Status probe = cfs_client::CheckS3Backend(config.backend.s3); !probe.ok()) {
-    return Fail(kExitBadConfig, probe.message());  // names backend.endpoint, .bucket, ...
+  } else if (config.backend.type == "s3") {
+    if (Status probe = cfs_client::CheckS3Backend(config.backend.s3); !probe.ok())
+      return Fail(kExitBadConfig, probe.message());  // names backend.endpoint, .bucket, ...
+  } else if (const std::string& lib = config.backend.cubefs.lib;
+             lib.find('/') != std::string::npos && ::access(lib.c_str(), R_OK) != 0) {
+    // The library itself is loaded (and the volume reached) only after daemonizing: its Go
+    // runtime must not be forked. Its errors still reach this terminal (Daemonize).
+    return Fail(kExitBadConfig, "backend.cubefs.lib: " + lib + ": " + std::strerror(errno));
   }
 
   if (!config.cache.disk_dir.empty())  // the daemon runs from "/" once detached

@@ -127,6 +127,31 @@ TEST(ConfigTest, UnknownTopLevelKeysAreCollectedNotFatal) {
   EXPECT_EQ(c->unknown_top_level_keys, (std::vector<std::string>{"bogus", "zzz"}));
 }
 
+TEST(ConfigTest, CubefsBackendTakesTheCubeFsClientKeys) {
+  // A CubeFS client config with backend.type cubefs added.
+  Result<Config> c = ParseConfig(R"({"masterAddr": "10.0.0.1:17010,10.0.0.2:17010",
+      "volName": "ltptest", "owner": "ltptest", "accessKey": "AK", "secretKey": "SK",
+      "logDir": "/var/log/cfs", "logLevel": "warn", "followerRead": "true", "rdonly": false,
+      "mountPoint": "/cfs/mnt", "backend": {"type": "cubefs"}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const CubefsOptions& o = c->backend.cubefs;
+  EXPECT_EQ(o.master_addr, "10.0.0.1:17010,10.0.0.2:17010");
+  EXPECT_EQ(o.volume, "ltptest");
+  EXPECT_EQ(o.access_key, "AK");
+  EXPECT_EQ(o.secret_key, "SK");
+  EXPECT_EQ(o.owner, "ltptest");
+  EXPECT_EQ(o.log_dir, "/var/log/cfs");
+  EXPECT_EQ(o.log_level, "warn");
+  EXPECT_TRUE(o.follower_read);
+  EXPECT_EQ(o.lib, "");
+  EXPECT_TRUE(c->unknown_top_level_keys.empty());
+  c = ParseConfig(R"({"masterAddr": "h:1", "volName": "mine", "accessKey": "a", "secretKey": "s",
+      "backend": {"type": "cubefs", "cubefs": {"lib": "/opt/libcfs.so", "volume": "theirs"}}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->backend.cubefs.volume, "theirs");
+  EXPECT_EQ(c->backend.cubefs.lib, "/opt/libcfs.so");
+}
+
 TEST(ConfigTest, S3BackendWithDefaults) {
   Result<Config> c = ParseConfig(
       R"({"volName": "ltptest", "backend": {"type": "s3", "endpoint": "http://127.0.0.1:4568/"}})");
@@ -235,6 +260,25 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{R"({"volName": "v", "backend": {"root": "/d"},)", "config"},
         BadCase{"[1, 2]", "config"},
         BadCase{R"({"volName": "v", "backend": {"type": "s3"}})", "backend.endpoint"},
+        BadCase{R"({"volName": "v", "backend": {"type": "cubefs"}})", "masterAddr"},
+        BadCase{R"({"volName": "v", "masterAddr": "h", "backend": {"type": "cubefs"}})",
+                "masterAddr"},
+        BadCase{R"({"volName": "v", "masterAddr": "h:1 ", "backend": {"type": "cubefs"}})",
+                "masterAddr"},
+        BadCase{R"({"volName": "v", "masterAddr": "h:1", "backend": {"type": "cubefs"}})",
+                "accessKey"},
+        BadCase{R"({"volName": "v", "masterAddr": "h:1", "accessKey": "a",
+                    "backend": {"type": "cubefs"}})",
+                "secretKey"},
+        BadCase{R"({"volName": "v", "masterAddr": "h:1", "accessKey": "a", "secretKey": "s",
+                    "backend": {"type": "cubefs", "root": "/d"}})",
+                "backend.root"},
+        BadCase{R"({"volName": "v", "masterAddr": "h:1", "accessKey": "a", "secretKey": "s",
+                    "backend": {"type": "cubefs", "endpoint": "http://h"}})",
+                "backend.endpoint"},
+        BadCase{R"({"volName": "v", "masterAddr": "h:1", "accessKey": "a", "secretKey": "s",
+                    "backend": {"type": "cubefs", "cubefs": {"libb": "x"}}})",
+                "backend.cubefs.libb"},
         BadCase{R"({"volName": "v", "backend": {"type": "s3", "endpoint": "127.0.0.1:9000"}})",
                 "backend.endpoint"},
         BadCase{R"({"volName": "v", "backend": {"type": "s3", "endpoint": "ftp://h"}})",

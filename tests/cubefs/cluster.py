@@ -97,6 +97,16 @@ class Cluster:
     def bucket(self) -> str:
         return self.env["CUBEFS_VOL"]
 
+    def native_config(self) -> dict[str, object]:
+        """The keys of a cubetorchfs config for the volume through libcfs.so (backend.type
+        cubefs): the CubeFS client's own keys at the top level, the library beside cluster.sh."""
+        lib = self.script.parent / "bin" / "libcfs.so"
+        return {"masterAddr": self.env["CUBEFS_MASTER"], "owner": self.env["CUBEFS_OWNER"],
+                "accessKey": self.env["CUBEFS_ACCESS_KEY"],
+                "secretKey": self.env["CUBEFS_SECRET_KEY"],
+                "backend": {"type": "cubefs", "root": None,
+                            "cubefs": {"lib": str(lib), "volume": self.bucket}}}
+
     def s3_backend(self, **extra: object) -> dict[str, object]:
         """The backend section of a cubetorchfs config for the ObjectNode."""
         backend: dict[str, object] = {

@@ -1,7 +1,8 @@
 """cubetorchfs in front of a real CubeFS (one loopback cluster for the session, see conftest.py),
-through both of the ways it can reach one: the ObjectNode's S3 API (`s3`) and CubeFS's own FUSE
-client with a posix backend on top (`cfs-client`). What the volume holds is checked through
-the other interface: cfs-client for what went in through the mount, and the reverse.
+through the three ways it can reach one: the ObjectNode's S3 API (`s3`), CubeFS's own FUSE
+client with a posix backend on top (`cfs-client`), and CubeFS's C SDK, libcfs.so (`native`,
+backend.type cubefs). What the volume holds is checked through another interface: cfs-client
+for what went in through the mount, and the reverse.
 
 Each of the ObjectNode's differences from S3 has a test here that failed before the s3 backend
 handled it: empty directories (a listing leaves their marker out), directories emptied by a
@@ -38,7 +39,7 @@ pytestmark = pytest.mark.skipif(environment_problem() is not None,
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
-KINDS = ["s3", "cfs-client"]
+KINDS = ["s3", "cfs-client", "native"]
 # Names the ObjectNode's url-encoded listings got wrong (20 of these 22 before).
 ODD_NAMES = [
     "plus+sign", "per%cent", "per%20cent", "(paren)", "[bracket]", "with space", "  lead",
@@ -69,6 +70,9 @@ def mount_over(cube: CubeFactory, cluster: Cluster, cfs_mount: Path, kind: str, 
     if kind == "s3":
         config = {"backend": cluster.s3_backend(staging_dir=str(tmp / "staging"))}
         root: Path = tmp
+    elif kind == "native":
+        config = cluster.native_config()
+        root = tmp
     else:
         config = {}
         root = cfs_mount
@@ -352,6 +356,52 @@ def test_one_request_per_cold_file_over_s3(cube: CubeFactory, cluster: Cluster, 
     assert after["read"] - before["read"] == len(listed), (before, after)
 
 
+def test_native_restart_serves_from_nvme_with_no_store_reads(
+        cube: CubeFactory, cluster: Cluster, cfs_mount: Path, tmp_path: Path,
+        tree: dict[str, bytes]) -> None:
+    """The NVMe tier over the native backend: a restarted daemon serves every byte it cached
+    from local disk, with no data read from the volume."""
+    small = {rel: data for rel, data in tree.items() if rel.startswith("d1/")}
+    nvme = {"cache": {"memory_bytes": "8MiB", "disk_dir": str(tmp_path / "nvme"),
+                      "disk_bytes": "256MiB"}}
+    first = mount_over(cube, cluster, cfs_mount, "native", tmp_path / "first", nvme)
+    for rel, data in small.items():
+        assert sha(first.path(f"reads/{rel}").read_bytes()) == sha(data), rel
+    assert requests(first)["read"] >= len(small)
+    assert first.fusermount().returncode == 0 and first.wait_gone()
+
+    second = mount_over(cube, cluster, cfs_mount, "native", tmp_path / "second", nvme)
+    for rel, data in small.items():
+        assert sha(second.path(f"reads/{rel}").read_bytes()) == sha(data), rel
+    m = second.metrics()
+    assert requests(second)["read"] == 0
+    assert m.value("cubetorchfs_read_bytes_total", source="backend") == 0
+    assert m.value("cubetorchfs_read_bytes_total", source="disk") > 0
+
+
+def test_statfs_and_hard_links(store: Store) -> None:
+    """What only a file system store gives: the volume's size in statfs, and hard links that
+    are one inode with a true link count (native and cfs-client)."""
+    if store.kind == "s3":
+        pytest.skip("an object store has no hard links and no volume size")
+    st = os.statvfs(store.mount.path(""))
+    assert st.f_blocks * st.f_frsize >= 1 << 30, st  # the test volume: 30 GiB
+    d = store.mount.path(f"links-{store.kind}")
+    d.mkdir()
+    (d / "a").write_bytes(b"linked")
+    os.link(d / "a", d / "b")
+    a, b = os.stat(d / "a"), os.stat(d / "b")
+    assert (a.st_ino, a.st_nlink) == (b.st_ino, 2)
+    with open(d / "b", "r+b") as f:
+        f.write(b"LINKED")
+    assert (d / "a").read_bytes() == b"LINKED"
+    os.unlink(d / "a")
+    if store.kind == "native":  # cfs-client's own attribute cache keeps nlink 2 for a while
+        assert os.stat(d / "b").st_nlink == 1
+    assert bounded(lambda: (store.direct / f"links-{store.kind}" / "b").read_bytes(),
+                   what="cfs-client read") == b"LINKED"
+
+
 # --------------------------------------------------------------------------- the hook
 
 IMAGES = 240
@@ -413,7 +463,8 @@ def test_the_hook_prefetches_with_hit_ratio_over_099(cube: CubeFactory, cluster:
 # --------------------------------------------------------------------------- examples
 
 
-@pytest.mark.parametrize("example", ["cubefs-objectnode.json", "cubefs-client.json"])
+@pytest.mark.parametrize("example", ["cubefs-objectnode.json", "cubefs-client.json",
+                                     "cubefs-native.json"])
 def test_the_example_configs_mount_the_cluster(cube: CubeFactory, cluster: Cluster,
                                                cfs_mount: Path, tmp_path: Path,
                                                tree: dict[str, bytes], example: str) -> None:
@@ -433,6 +484,13 @@ def test_the_example_configs_mount_the_cluster(cube: CubeFactory, cluster: Clust
         local["backend"] = {"access_key": cluster.env["CUBEFS_ACCESS_KEY"],
                             "secret_key": cluster.env["CUBEFS_SECRET_KEY"],
                             "staging_dir": str(tmp_path / "staging")}
+    elif config["backend"]["type"] == "cubefs":
+        native = cluster.native_config()
+        assert config["masterAddr"] == native["masterAddr"]
+        assert config["owner"] == native["owner"]
+        local.update(accessKey=native["accessKey"], secretKey=native["secretKey"])
+        local["backend"] = {"cubefs": {"lib": native["backend"]["cubefs"]["lib"],  # type: ignore
+                                       "volume": cluster.bucket}}
     else:
         local["backend"] = {"root": str(cfs_mount)}
     mount.config_path.write_text(json.dumps(deep_merge(config, local), indent=2))

@@ -503,7 +503,26 @@ def _bad_config_cases(tmp: Path) -> dict[str, tuple[Optional[dict], Optional[str
         "unknown-backend-type": ({"backend": {"type": "nfs"}}, None, "backend.type"),
         "error-rate-above-one": ({"backend": {"inject": {"error_rate": 1.5}}}, None,
                                  "backend.inject.error_rate"),
+        "cubefs-without-master": ({"backend": {"type": "cubefs", "root": None}}, None,
+                                  "masterAddr"),
+        "cubefs-bad-master": (cubefs("localhost", "libcfs.so"), None, "masterAddr"),
+        "cubefs-without-keys": ({**cubefs("127.0.0.1:1", "libcfs.so"), "secretKey": None}, None,
+                                "secretKey"),
+        # A missing library: refused before daemonizing (a path), or by dlopen after it (a
+        # name looked up on the library path); a library that is not libcfs.
+        "cubefs-missing-lib": (cubefs("127.0.0.1:1", str(tmp / "no-libcfs.so")), None,
+                               "backend.cubefs.lib"),
+        "cubefs-lib-not-on-path": (cubefs("127.0.0.1:1", "libcfs-not-installed.so"), None,
+                                   "backend.cubefs.lib"),
+        "cubefs-incompatible-lib": (cubefs("127.0.0.1:1", "libm.so.6"), None,
+                                    "backend.cubefs.lib"),
     }
+
+
+def cubefs(master: str, lib: str) -> dict[str, Any]:
+    """A config of backend.type cubefs (no cluster: these configs are all refused)."""
+    return {"masterAddr": master, "accessKey": "ak", "secretKey": "sk",
+            "backend": {"type": "cubefs", "root": None, "cubefs": {"lib": lib}}}
 
 
 def assert_refused(mount: CubeMount, result: LaunchResult, must_name: str) -> None:
