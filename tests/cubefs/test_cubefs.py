@@ -379,6 +379,26 @@ def test_native_restart_serves_from_nvme_with_no_store_reads(
     assert m.value("cubetorchfs_read_bytes_total", source="disk") > 0
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_native_signals_still_unmount_cleanly(cube: CubeFactory, cluster: Cluster,
+                                              cfs_mount: Path, tmp_path: Path,
+                                              sig: signal.Signals) -> None:
+    """The SDK's Go runtime leaves SIGTERM and SIGINT to the daemon: either unmounts, and
+    what was written and closed is in the volume."""
+    mount = mount_over(cube, cluster, cfs_mount, "native", tmp_path)
+    name = f"signal-{sig.name}.bin"
+    data = random.Random(sig.value).randbytes(3 * MIB)
+    mount.path(name).write_bytes(data)
+    pid = mount.learn_pid()
+    assert pid is not None
+    os.kill(pid, sig)
+    assert mount.wait_gone(20), "the daemon did not unmount and exit"
+    log = (mount.workdir / "log" / "cubetorchfs.log").read_text(errors="replace")
+    assert "unmounting" in log and "exiting" in log, log[-2000:]
+    assert sha(bounded(lambda: (cfs_mount / name).read_bytes(), what="cfs-client read")) == \
+        sha(data)
+
+
 def test_statfs_and_hard_links(store: Store) -> None:
     """What only a file system store gives: the volume's size in statfs, and hard links that
     are one inode with a true link count (native and cfs-client)."""
