@@ -495,8 +495,9 @@ class PosixBackend final : public Backend {
     if (check) CTFS_RETURN_IF_ERROR(check(out.attr));
     CTFS_ASSIGN_OR_RETURN(size_t n, PreadFull(fd.get(), path, offset, len, buf));
     if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "fstat " + Show(path));
-    if (FromStat(st).Version() != out.attr.Version())
-      return Status::Stale("read " + Show(path) + ": file changed in the store while read");
+    if (const FileVersion now = FromStat(st).Version(); now != out.attr.Version())
+      return Status::Stale("read " + Show(path) + ": file changed in the store while read (" +
+                           Describe(out.attr.Version()) + ", then " + Describe(now) + ")");
     out.bytes = n;
     return out;
   }
@@ -517,6 +518,9 @@ class PosixBackend final : public Backend {
     return done;
   }
   std::string Show(const std::string& path) const { return root_ + "/" + path; }
+  static std::string Describe(const FileVersion& v) {
+    return std::to_string(v.size) + " bytes, mtime " + std::to_string(v.mtime_ns) + " ns";
+  }
 
   // Attributes of the new entry `path`, given to uid/gid first where asked and possible.
   // A new entry `at` (of `path`) given to uid/gid, then the exact `mode` asked for: the
