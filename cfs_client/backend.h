@@ -132,9 +132,6 @@ class WritableFile {
   // local copies (an s3 staging file) are removed; reads and writes through the handle go on
   // working until it is released.
   virtual void Discard() {}
-  // Whether letting go of the file (Close) may still change its attributes in the store: a
-  // file system that commits a file at its last close (cfs-client, NFS) may set its mtime then.
-  virtual bool AttrsMayChangeAtClose() const { return false; }
 };
 
 class Backend {

@@ -38,7 +38,6 @@ class InjectWritableFile final : public WritableFile {
   }  // local state, not a request
   Status Close() override { return base_->Close(); }
   void Discard() override { base_->Discard(); }
-  bool AttrsMayChangeAtClose() const override { return base_->AttrsMayChangeAtClose(); }
 
  private:
   const std::unique_ptr<WritableFile> base_;

@@ -72,7 +72,6 @@ class MeteredWritableFile final : public WritableFile {
   void Moved(const std::string& path) override { base_->Moved(path); }
   Status Close() override { return base_->Close(); }
   void Discard() override { base_->Discard(); }
-  bool AttrsMayChangeAtClose() const override { return base_->AttrsMayChangeAtClose(); }
 
  private:
   const std::unique_ptr<WritableFile> base_;

@@ -190,9 +190,6 @@ class PosixWritableFile final : public WritableFile {
   }
 
   // close(2) releases the descriptor even when it fails (EINTR included): never retried.
-  // The store may be a file system that commits a file at its last close (cfs-client, NFS).
-  bool AttrsMayChangeAtClose() const override { return true; }
-
   Status Close() override {
     if (fd_.get() < 0) return Status::OK();
     if (::close(fd_.release()) != 0) return Status::FromErrno(errno, "close " + show_);

@@ -280,8 +280,6 @@ Status FileSystem::MaybeCloseLocked(uint64_t ino, WriteState& st, bool forgotten
   if (st.removed && !forgotten) return Status::OK();
   // Kept open on failure: the next flush, fsync or release tries again.
   CTFS_RETURN_IF_ERROR(FlushLocked(st));
-  const bool recheck = !st.removed && st.file->AttrsMayChangeAtClose();
-  std::optional<cfs_client::FileVersion> before_close;
   if (!st.removed) {
     // While the state still serves reads: the cached copies go, and the store's own
     // attributes (its mtime, an object's version) and a new write generation are recorded,
@@ -297,23 +295,9 @@ Status FileSystem::MaybeCloseLocked(uint64_t ino, WriteState& st, bool forgotten
         st.written_attr = stored.value();
       }
       Changed(ino, stored.value());
-      before_close = stored->Version();
     }
   }
   Status closed = st.file->Close();
-  if (recheck && closed.ok()) {
-    // A store that commits the file only now (cfs-client sets its mtime at the last close)
-    // has a version the next open must see, or its reads would find the file changed.
-    Result<cfs_client::FileAttr> after = backend_->Stat(st.path);
-    if (after.ok() && after->IsRegular() && after->Version() != before_close) {
-      InvalidateCaches(st.path);
-      {
-        std::lock_guard<std::mutex> al(st.attr_mu);
-        st.written_attr = after.value();
-      }
-      Changed(ino, after.value());
-    }
-  }
   st.file.reset();
   st.closed = true;
   RefreshWrittenAttrLocked(st);
