@@ -41,6 +41,7 @@
 #include "cfs_client/backend.h"
 #include "cfs_client/cubefs_sdk.h"
 #include "common/logging.h"
+#include "common/unique_fd.h"
 
 namespace cubetorchfs::cfs_client {
 namespace {
@@ -52,6 +53,7 @@ using cubefs::StatInfo;
 // (FileAttr::store_ino), so hard links share one inode in the mount.
 constexpr uint64_t kVolumeDev = 0xcfcf;
 constexpr int kListBatch = 512;
+constexpr char kSdkLogDir[] = "cubefs-sdk";
 
 std::string Abs(const std::string& path) { return "/" + path; }
 char* C(const std::string& s) { return const_cast<char*>(s.c_str()); }
@@ -103,7 +105,7 @@ class CubefsFile final : public WritableFile {
 
   Result<size_t> Write(uint64_t offset, const char* data, size_t len) override {
     std::shared_lock<std::shared_mutex> l(io_mu_);
-    CTFS_RETURN_IF_ERROR(Open());
+    CTFS_RETURN_IF_ERROR(CheckOpen());
     ssize_t n = sdk_->write(client_, fd_, const_cast<char*>(data), len, static_cast<off_t>(offset));
     if (n < 0) return Err(n, "write /" + Path());
     Grow(offset + static_cast<uint64_t>(n));
@@ -112,7 +114,7 @@ class CubefsFile final : public WritableFile {
 
   Result<size_t> Read(uint64_t offset, size_t len, char* buf) override {
     std::shared_lock<std::shared_mutex> l(io_mu_);
-    CTFS_RETURN_IF_ERROR(Open());
+    CTFS_RETURN_IF_ERROR(CheckOpen());
     size_t done = 0;
     while (done < len) {
       ssize_t n =
@@ -126,7 +128,7 @@ class CubefsFile final : public WritableFile {
 
   Status Truncate(uint64_t size) override {
     std::shared_lock<std::shared_mutex> l(io_mu_);
-    CTFS_RETURN_IF_ERROR(Open());
+    CTFS_RETURN_IF_ERROR(CheckOpen());
     if (int rc = sdk_->truncate(client_, fd_, size); rc < 0) return Err(rc, "truncate /" + Path());
     size_.store(size);
     return Status::OK();
@@ -141,7 +143,7 @@ class CubefsFile final : public WritableFile {
 
   Status Flush() override {
     std::shared_lock<std::shared_mutex> l(io_mu_);
-    CTFS_RETURN_IF_ERROR(Open());
+    CTFS_RETURN_IF_ERROR(CheckOpen());
     if (discarded_.load()) return Status::OK();
     if (int rc = sdk_->flush(client_, fd_); rc < 0) return Err(rc, "flush /" + Path());
     return Status::OK();
@@ -180,7 +182,7 @@ class CubefsFile final : public WritableFile {
   void Discard() override { discarded_.store(true); }
 
  private:
-  Status Open() const {
+  Status CheckOpen() const {
     if (fd_ < 0) return Status::Errno(EBADF, "cubefs /" + Path() + ": file already closed");
     return Status::OK();
   }
@@ -279,6 +281,8 @@ class CubefsBackend final : public Backend {
   }
 
   Result<FsStats> StatFs() override {
+    // Held across the request on purpose: one asks at a time (each listing leaks a little
+    // memory in the SDK), and statfs is rare.
     std::lock_guard<std::mutex> l(statfs_mu_);
     const auto now = std::chrono::steady_clock::now();
     if (statfs_at_ && now - *statfs_at_ < std::chrono::seconds(30)) return statfs_;
@@ -532,11 +536,27 @@ class CubefsBackend final : public Backend {
   FsStats statfs_;                                                  // guarded by statfs_mu_
 };
 
-// The SDK's log directory: only one it can write (it exits the process otherwise).
-bool UsableLogDir(const std::string& dir) {
+// The SDK's log directory: logDir/cubefs-sdk, made here and private (0700, ours, not a
+// symlink). The SDK creates its log files mode 0666 and exits the process when it cannot
+// open them, so it is given only a directory no other user can reach or plant links in.
+// Empty when there is none to give (the SDK then logs nothing).
+std::string PrivateLogDir(const std::string& dir) {
+  if (dir.empty()) return "";
+  UniqueFd parent(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (parent.get() >= 0 && ::mkdirat(parent.get(), kSdkLogDir, 0700) != 0 && errno != EEXIST)
+    parent.reset();
+  UniqueFd sub(parent.get() < 0 ? -1
+                                : ::openat(parent.get(), kSdkLogDir,
+                                           O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   struct stat st {};
-  return !dir.empty() && ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
-         ::access(dir.c_str(), W_OK | X_OK) == 0;
+  if (sub.get() < 0 || ::fstat(sub.get(), &st) != 0 || st.st_uid != ::geteuid() ||
+      ::fchmod(sub.get(), 0700) != 0) {
+    CTFS_LOG(kWarn) << "cubefs: no private directory " << dir << "/" << kSdkLogDir
+                    << " for the SDK's logs (" << std::strerror(errno)
+                    << " or not ours); the SDK logs nothing";
+    return "";
+  }
+  return dir + "/" + kSdkLogDir;
 }
 
 }  // namespace
@@ -555,13 +575,10 @@ Result<std::unique_ptr<Backend>> NewCubefsBackend(const conf::CubefsOptions& opt
       {"secretKey", opts.secret_key},
   };
   if (opts.follower_read) settings.emplace_back("followerRead", "true");
-  const bool log_dir = UsableLogDir(opts.log_dir);
-  if (log_dir) {
-    settings.emplace_back("logDir", opts.log_dir);
+  const std::string log_dir = PrivateLogDir(opts.log_dir);
+  if (!log_dir.empty()) {
+    settings.emplace_back("logDir", log_dir);
     if (!opts.log_level.empty()) settings.emplace_back("logLevel", opts.log_level);
-  } else if (!opts.log_dir.empty()) {
-    CTFS_LOG(kWarn) << "cubefs: logDir " << opts.log_dir
-                    << " is not a writable directory; the SDK logs nothing";
   }
   for (const auto& [key, value] : settings) {
     if (int rc = sdk->set_client(id, C(key), C(value)); rc < 0) {
@@ -584,7 +601,7 @@ Result<std::unique_ptr<Backend>> NewCubefsBackend(const conf::CubefsOptions& opt
         "masterAddr: cannot reach CubeFS volume " + opts.volume + " through " + opts.master_addr +
         " (the master is down or unreachable, the volume does not exist, or accessKey/secretKey "
         "are not its owner's; the SDK's reason is " +
-        (log_dir ? "in " + opts.log_dir + "/output.log" : "on stderr above") + ")");
+        (log_dir.empty() ? "on stderr above" : "in " + log_dir + "/output.log") + ")");
   }
   return std::unique_ptr<Backend>(std::make_unique<CubefsBackend>(sdk, id, opts.volume));
 }

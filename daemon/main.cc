@@ -444,6 +444,9 @@ int Main(int argc, char** argv) {
 
   if (!config.cache.disk_dir.empty())  // the daemon runs from "/" once detached
     config.cache.disk_dir = std::filesystem::absolute(config.cache.disk_dir).lexically_normal();
+  if (!config.backend.cubefs.log_dir.empty())  // the SDK logs there, from "/" too
+    config.backend.cubefs.log_dir =
+        std::filesystem::absolute(config.backend.cubefs.log_dir).lexically_normal();
 
   LogLevel level = cl->debug ? LogLevel::kDebug : ParseLogLevel(config.log_level).value();
   std::string log_path;

@@ -19,13 +19,23 @@ namespace {
 
 namespace fs = std::filesystem;
 
-int Leaked() {
+// A symbol of the stand-in SDK the backend loaded (null if it is not loaded).
+void* FakeSymbol(const char* name) {
   void* h = ::dlopen(FAKE_LIBCFS, RTLD_NOW | RTLD_NOLOAD);
-  if (h == nullptr) return -1;
-  const int* n = static_cast<const int*>(::dlsym(h, "fake_cfs_leaked_inodes"));
-  const int v = n ? *n : -1;
-  ::dlclose(h);
-  return v;
+  if (h == nullptr) return nullptr;
+  void* sym = ::dlsym(h, name);
+  ::dlclose(h);  // the backend's reference keeps it loaded
+  return sym;
+}
+
+int Leaked() {
+  const int* n = static_cast<const int*>(FakeSymbol("fake_cfs_leaked_inodes"));
+  return n ? *n : -1;
+}
+
+std::string SdkSetting(const char* key) {
+  auto get = reinterpret_cast<const char* (*)(const char*)>(FakeSymbol("fake_cfs_setting"));
+  return get ? get(key) : "<no stand-in SDK loaded>";
 }
 
 class CubefsBackendTest : public ::testing::Test {
@@ -87,6 +97,28 @@ TEST_F(CubefsBackendTest, AVolumeThatCannotBeReachedNamesMasterAddr) {
   EXPECT_EQ(b.status().message().rfind("masterAddr: ", 0), 0u) << b.status().ToString();
 }
 
+TEST_F(CubefsBackendTest, TheSdkLogsOnlyIntoAPrivateDirectory) {
+  // Its log files are mode 0666: only a directory of the daemon's, 0700, is given.
+  fs::create_directories(root_ / "log");
+  conf::CubefsOptions o = Options();
+  o.log_dir = (root_ / "log").string();
+  backend_.reset();
+  ASSERT_TRUE(NewCubefsBackend(o).ok());
+  EXPECT_EQ(SdkSetting("logDir"), (root_ / "log" / "cubefs-sdk").string());
+  struct stat st {};
+  ASSERT_EQ(::lstat((root_ / "log" / "cubefs-sdk").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  // A link planted in its place is not followed: no log directory then.
+  fs::remove(root_ / "log" / "cubefs-sdk");
+  fs::create_directories(root_ / "elsewhere");
+  fs::create_directory_symlink(root_ / "elsewhere", root_ / "log" / "cubefs-sdk");
+  ASSERT_TRUE(NewCubefsBackend(o).ok());
+  EXPECT_EQ(SdkSetting("logDir"), "");
+  EXPECT_EQ(fs::status(root_ / "elsewhere").permissions(),
+            fs::status(root_ / "dir").permissions());  // untouched
+}
+
 TEST_F(CubefsBackendTest, StatListAndRead) {
   Result<FileAttr> a = backend_->Stat("dir/file");
   ASSERT_TRUE(a.ok()) << a.status().ToString();
@@ -144,6 +176,7 @@ TEST_F(CubefsBackendTest, WritesFlushAndCreateOnlyWhatTheyShould) {
 
   // O_EXCL the SDK ignores, and O_CREAT of an existing file it would leak an inode for.
   const int leaked = Leaked();
+  ASSERT_GE(leaked, 0);
   EXPECT_EQ(backend_->OpenWrite("new", create).status().code(), Status::Code::kExists);
   create.exclusive = false;
   auto again = backend_->OpenWrite("new", create);

@@ -6,7 +6,8 @@
 // directory aborts (the SDK's Go panic), times are whole seconds, new entries are root's.
 //
 // The volume is the directory named by volName; masterAddr "refuse" makes start fail.
-// Exported with C linkage under the SDK's names; the structures are those of libcfs.h.
+// Exported with C linkage under the SDK's names, with the structures of libcfs.h as
+// cfs_client/cubefs_sdk.h declares them.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -22,33 +23,14 @@
 #include <string>
 #include <vector>
 
+#include "cfs_client/cubefs_sdk.h"
+
 namespace {
 
-struct StatInfo {
-  uint64_t ino, size, blocks, atime, mtime, ctime;
-  uint32_t atime_nsec, mtime_nsec, ctime_nsec;
-  mode_t mode;
-  uint32_t nlink, blk_size, uid, gid;
-};
-struct Dirent {
-  uint64_t ino;
-  char name[256];
-  char d_type;
-  uint32_t name_len;
-};
-struct VolInfo {
-  char name[256];
-  char owner[256];
-  int64_t create_time;
-  uint8_t status;
-  uint64_t total_size;
-  uint64_t used_size;
-};
-struct GoSlice {
-  void* data;
-  int64_t len;
-  int64_t cap;
-};
+using cubetorchfs::cfs_client::cubefs::Dirent;
+using cubetorchfs::cfs_client::cubefs::GoSlice;
+using cubetorchfs::cfs_client::cubefs::StatInfo;
+using cubetorchfs::cfs_client::cubefs::VolInfo;
 
 struct File {
   int fd = -1;
@@ -94,7 +76,17 @@ extern "C" {
 
 int fake_cfs_leaked_inodes = 0;  // O_CREAT opens of an existing file (the SDK leaks each)
 
-int64_t cfs_new_client() { return 1; }
+// A setting as cfs_set_client last took it ("" if never), for the tests.
+const char* fake_cfs_setting(const char* key) {
+  std::lock_guard<std::mutex> l(g_mu);
+  return g_settings[key].c_str();
+}
+
+int64_t cfs_new_client() {
+  std::lock_guard<std::mutex> l(g_mu);
+  g_settings.clear();
+  return 1;
+}
 
 int cfs_set_client(int64_t id, char* key, char* val) {
   if (id != 1) return -EINVAL;

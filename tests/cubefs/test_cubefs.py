@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -409,6 +410,10 @@ def test_native_signals_still_unmount_cleanly(cube: CubeFactory, cluster: Cluste
     assert mount.wait_gone(20), "the daemon did not unmount and exit"
     log = (mount.workdir / "log" / "cubetorchfs.log").read_text(errors="replace")
     assert "unmounting" in log and "exiting" in log, log[-2000:]
+    # The SDK's logs (files mode 0666) sit in a directory no other user can reach.
+    sdk_logs = mount.workdir / "log" / "cubefs-sdk"
+    assert stat.S_IMODE(sdk_logs.lstat().st_mode) == 0o700 and sdk_logs.is_dir()
+    assert (sdk_logs / "output.log").exists()
     assert sha(bounded(lambda: (cfs_mount / name).read_bytes(), what="cfs-client read")) == \
         sha(data)
 
