@@ -396,7 +396,10 @@ class S3Backend final : public Backend, public S3FileHost {
 
   std::string Key(const std::string& path) const { return s3::ObjectKey(opts_.prefix, path); }
 
-  FileAttr NewFileAttr() const { return FileAttrOf(0, std::time(nullptr), ""); }
+  // A file made here has no ETag until its upload: that says nothing of the store's dialect.
+  FileAttr NewFileAttr() const {
+    return FileAttrOf(0, std::time(nullptr), "", /*from_store=*/false);
+  }
 
   // A file or directory is made under `path`'s parent: that must be a directory.
   Status CheckParentDir(const std::string& path) {
@@ -546,14 +549,15 @@ class S3Backend final : public Backend, public S3FileHost {
     return a;
   }
 
-  FileAttr FileAttrOf(uint64_t size, int64_t last_modified_s, std::string_view etag) const {
+  FileAttr FileAttrOf(uint64_t size, int64_t last_modified_s, std::string_view etag,
+                      bool from_store = true) const {
     FileAttr a;
     a.mode = S_IFREG | 0644;
     a.size = size;
     a.nlink = 1;
     a.uid = uid_;
     a.gid = gid_;
-    if (etag.empty() && !etagless_.exchange(true))
+    if (from_store && etag.empty() && !etagless_.exchange(true))
       CTFS_LOG(kInfo) << "s3: " << opts_.endpoint << " gave an object without an ETag (a CubeFS "
                       << "ObjectNode does for files written through its file interface): "
                       << "versions come from Last-Modified and the size alone from now on";

@@ -336,8 +336,11 @@ struct Transport::Impl {
         curl_slist_append(write_headers.get(), ("x-amz-security-token: " + session_token_).c_str());
       for (const std::string& hdr : req.extra_headers)
         curl_slist_append(write_headers.get(), hdr.c_str());
-      curl_easy_setopt(h, CURLOPT_HTTPHEADER, write_headers.get());
       const std::string_view m = req.method;
+      // A POST body is XML (CompleteMultipartUpload); without this libcurl says it is a form
+      // (application/x-www-form-urlencoded), and servers that parse forms (moto) lose it.
+      if (m == "POST") curl_slist_append(write_headers.get(), "Content-Type: application/xml");
+      curl_easy_setopt(h, CURLOPT_HTTPHEADER, write_headers.get());
       if (m == "PUT") {
         curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
         const uint64_t len = req.upload_fd >= 0 ? req.upload_len : req.body.size();
