@@ -1,7 +1,27 @@
 #!/usr/bin/env bash
-# Installs the Debian packages cubetorchfs needs to build, test and run its demo.
-# Idempotent and quiet when everything is present. Needs root (or sudo) to install.
+# Installs what cubetorchfs needs to build, test, benchmark and run its demo, from Debian's
+# packages and PyPI only. Idempotent: quiet when everything is present; otherwise it says what
+# it installs. Needs root (or sudo) for the Debian packages.
+#
+#   scripts/install_deps.sh            # Debian packages + the project venv
+#   scripts/install_deps.sh --debian   # the Debian packages only (build and the 1.13 tests)
+#
+# The project venv holds current PyTorch (torch 2.x, torchvision, torchdata) and the peers the
+# tests and benchmarks run beside cubetorchfs (moto's S3 server, safetensors, fastsafetensors,
+# s3torchconnector, webdataset), pinned in scripts/requirements-venv.txt (every
+# dependency's version in scripts/constraints-venv.txt). It lives outside the
+# clone, keyed by that file's hash ($CUBETORCHFS_VENV_ROOT, default ~/.cache/cubetorchfs), so
+# every clone with the same pins shares it; `scripts/venv.sh` prints its path.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEBIAN_ONLY=0
+case "${1:-}" in
+  "") ;;
+  --debian) DEBIAN_ONLY=1 ;;
+  -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "install_deps: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+esac
 
 PACKAGES=(
   # build
@@ -12,7 +32,7 @@ PACKAGES=(
   clang-format clang
   # scripts/posix_conformance.sh builds pjdfstest
   autoconf automake
-  # tests, demo and benchmarks
+  # tests, demo and benchmarks under Debian's python3 (torch 1.13)
   python3 python3-torch python3-torchvision python3-pytest python3-numpy python3-pil
   python3-venv python3-pip
   bindfs curl prometheus s3fs rclone
@@ -24,9 +44,6 @@ for p in "${PACKAGES[@]}"; do
     missing+=("$p")
   fi
 done
-# Node.js and npm run s3rver, the S3 server of the s3 backend's tests; any install will do.
-command -v node >/dev/null || missing+=(nodejs)
-command -v npm >/dev/null || missing+=(npm)
 
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""
@@ -34,17 +51,29 @@ if [ ${#missing[@]} -gt 0 ]; then
     command -v sudo >/dev/null || { echo "install_deps: run as root to install: ${missing[*]}" >&2; exit 1; }
     SUDO="sudo"
   fi
-  echo "install_deps: installing ${missing[*]}"
+  echo "install_deps: installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# s3rver (pinned in tools/package.json and tools/package-lock.json) into tools/node_modules.
-TOOLS="$(cd "$(dirname "$0")/.." && pwd)/tools"
-if [ ! -f "$TOOLS/node_modules/s3rver/package.json" ] ||
-   ! grep -q '"version": "3.7.1"' "$TOOLS/node_modules/s3rver/package.json"; then
-  echo "install_deps: installing s3rver 3.7.1 into tools/node_modules"
-  npm ci --prefix "$TOOLS" --no-audit --no-fund --loglevel=error \
-    >/dev/null
+[ "$DEBIAN_ONLY" -eq 1 ] && exit 0
+
+# The project venv. A venv is not relocatable, so it is made at its final path and marked
+# complete only after every pin installed; a half-made one (an interrupted run) is made again.
+REQ="scripts/requirements-venv.txt"
+CONSTRAINTS="scripts/constraints-venv.txt"
+VENV="$(scripts/venv.sh)"
+if [ ! -f "$VENV/.complete" ] || ! cat "$REQ" "$CONSTRAINTS" | cmp -s - "$VENV/.complete"; then
+  echo "install_deps: making the project venv $VENV from $REQ (torch 2.x and peers from PyPI;"
+  echo "install_deps: about 6 GB of disk, several minutes on a first run)"
+  rm -rf "$VENV"
+  mkdir -p "$(dirname "$VENV")"
+  /usr/bin/python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install --quiet --progress-bar off --disable-pip-version-check \
+    --no-input -r "$REQ" -c "$CONSTRAINTS"
+  "$VENV/bin/python" -c "import torch, torchvision, torchdata, moto, safetensors" \
+    || { echo "install_deps: the venv $VENV does not import what it installed" >&2; exit 1; }
+  cat "$REQ" "$CONSTRAINTS" > "$VENV/.complete"
+  echo "install_deps: venv ready: $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)')"
 fi

@@ -18,7 +18,7 @@ for extra in (HERE.parent / "integration", HERE.parent):
         sys.path.append(str(extra))
 
 from cluster import Cluster, cubefs_problem  # noqa: E402
-from cubefs_harness import environment_problems  # noqa: E402
+from cubefs_harness import ci_skip_problems  # noqa: E402
 
 
 def _load_ci_skips() -> Any:
@@ -26,7 +26,7 @@ def _load_ci_skips() -> Any:
     return ci_skips
 
 
-_load_ci_skips().install(globals(), environment_problems)
+_load_ci_skips().install(globals(), ci_skip_problems)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from cubefs_harness import environment_problems, proc_mounts, run_command
+from cubefs_harness import ci_skip_problems, proc_mounts, run_command
 
 
 def _load_ci_skips() -> Any:
@@ -27,7 +27,7 @@ def _load_ci_skips() -> Any:
 
 
 # pytest_runtest_makereport, pytest_make_collect_report: environment skips fail under CI.
-_load_ci_skips().install(globals(), environment_problems)
+_load_ci_skips().install(globals(), ci_skip_problems)
 
 
 # The daemon factories and the per-test watchdog, shared with tests/cubefs.

@@ -60,10 +60,55 @@ def environment_problems() -> list[str]:
     return problems
 
 
+def ci_skip_problems() -> list[str]:
+    """The texts of skip reasons that fail under CI (tests/ci_skips.py): this machine's
+    environment problems, and a missing project venv (tests that need none run without it)."""
+    return environment_problems() + [VENV_PROBLEM]
+
+
 def environment_problem() -> Optional[str]:
     """Why these tests cannot run here, or None when they can."""
     problems = environment_problems()
     return problems[0] if problems else None
+
+
+# --------------------------------------------------------------------------- the project venv
+
+# torch 2.x and the peers the tests run beside cubetorchfs (moto, torchdata...), made by
+# scripts/install_deps.sh outside the clone; scripts/venv.sh names its path.
+VENV_SCRIPT = REPO_ROOT / "scripts" / "venv.sh"
+_venv_cache: list[Path] = []
+
+
+def project_venv() -> Path:
+    if not _venv_cache:
+        out = subprocess.run([str(VENV_SCRIPT)], capture_output=True, text=True, timeout=15,
+                             check=True)
+        _venv_cache.append(Path(out.stdout.strip()))
+    return _venv_cache[0]
+
+
+def project_venv_python() -> Path:
+    return project_venv() / "bin" / "python"
+
+
+def project_venv_problem(*modules: str) -> Optional[str]:
+    """Why the project venv cannot run `modules` here, or None when it can. A problem of the
+    environment: under CI such a skip fails (tests/ci_skips.py)."""
+    venv = project_venv()
+    if not (venv / ".complete").is_file():
+        return f"{VENV_PROBLEM}: {venv} is not made (scripts/install_deps.sh makes it)"
+    if modules:
+        code = "import " + ", ".join(modules)
+        try:
+            subprocess.run([str(project_venv_python()), "-c", code], check=True, timeout=120,
+                           capture_output=True)
+        except (subprocess.SubprocessError, OSError):
+            return f"{VENV_PROBLEM}: {venv} cannot `{code}` (scripts/install_deps.sh remakes it)"
+    return None
+
+
+VENV_PROBLEM = "the project venv is missing"
 
 
 # --------------------------------------------------------------------------- small helpers

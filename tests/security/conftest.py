@@ -22,7 +22,7 @@ cube = _integration.cube
 module_cube = _integration.module_cube
 _watchdog = _integration._watchdog
 _no_leftover_mounts = _integration._no_leftover_mounts
-# Under CI, a test skipped for want of FUSE, the daemon binary or root fails
+# Under CI, a test skipped for want of FUSE, the daemon binary, the venv or root fails
 # (tests/ci_skips.py): these tests exist to try attacks as root.
 _ci_skips = _integration._load_ci_skips()
-_ci_skips.install(globals(), lambda: _integration.environment_problems() + _ci_skips.not_root())
+_ci_skips.install(globals(), lambda: _integration.ci_skip_problems() + _ci_skips.not_root())
