@@ -10,8 +10,9 @@
                Other) configured through RCLONE_CONFIG_* environment variables
 
 The data set (ImageFolder JPEGs of ~110 KB) is generated once and uploaded once, with SigV4
-PUTs, into a bucket of an s3rver (tools/node_modules, installed by scripts/install_deps.sh)
-on 127.0.0.1 whose directory lives in --workdir. All three systems talk to s3rver through a
+PUTs, into a bucket of moto's S3 server (from the project venv that scripts/install_deps.sh
+makes) on 127.0.0.1; moto keeps objects in memory, so each run uploads them again. All three
+systems talk to the server through a
 small TCP proxy that delays every byte from client to server by --latency-ms (default 5 ms),
 so each request costs the same extra round trip whichever system sends it.
 
@@ -57,8 +58,6 @@ from typing import Optional
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 from benchlib import generate_jpegs, parse_rate  # noqa: E402
-S3RVER_JS = REPO / "tools" / "node_modules" / "s3rver" / "bin" / "s3rver.js"
-ACCESS_KEY = SECRET_KEY = "S3RVER"  # s3rver's built-in account
 REGION = "us-east-1"
 BUCKET = "bench"
 SYSTEMS = ("cubetorchfs", "cubetorchfs-nohook", "s3fs", "rclone")
@@ -85,10 +84,10 @@ def data_files(root: Path) -> list[Path]:
 
 
 # --------------------------------------------------------------------------- uploads
-# The signed S3 client of the integration tests (SigV4 by hand: s3rver does not check it, but
-# the bench keeps its requests honest all the same).
+# The S3 server and signed client of the integration tests (SigV4 by hand: moto does not check
+# it, but the bench keeps its requests honest all the same).
 sys.path.insert(0, str(REPO / "tests" / "integration"))
-from s3_testlib import S3Client, uri_encode  # noqa: E402
+from s3_testlib import ACCESS_KEY, SECRET_KEY, S3Client, S3Server, uri_encode  # noqa: E402
 
 
 def upload(port: int, data: Path, threads: int = 4) -> int:
@@ -124,15 +123,20 @@ def upload(port: int, data: Path, threads: int = 4) -> int:
 
 
 def count_objects(port: int) -> int:
-    """Keys in the bucket, through ListObjectsV2 (unsigned: s3rver does not check)."""
+    """Keys in the bucket, through signed ListObjectsV2 requests."""
     count, token = 0, ""
+    client = S3Client(port)
     while True:
         query = "list-type=2&max-keys=1000" + (f"&continuation-token={uri_encode(token, False)}" if token else "")
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/{BUCKET}?{query}", timeout=30) as r:
-            text = r.read().decode()
+        status, body = client.request("GET", f"/{BUCKET}", query=query)
+        if status != 200:
+            client.close()
+            raise RuntimeError(f"ListObjectsV2: HTTP {status} {body[:200]!r}")
+        text = body.decode()
         count += len(re.findall(r"<Key>", text))
         m = re.search(r"<NextContinuationToken>([^<]+)</NextContinuationToken>", text)
         if not m or "<IsTruncated>true</IsTruncated>" not in text:
+            client.close()
             return count
         token = m.group(1)
 
@@ -228,34 +232,6 @@ def drop_caches() -> None:
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
     except OSError as e:
         log(f"cannot drop the page cache ({e}): runs are not cold")
-
-
-class S3rver:
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.port = free_port()
-        self.proc: Optional[subprocess.Popen] = None
-        directory.mkdir(parents=True, exist_ok=True)
-
-    def start(self) -> "S3rver":
-        if shutil.which("node") is None or not S3RVER_JS.is_file():
-            raise RuntimeError(f"needs node and {S3RVER_JS} (scripts/install_deps.sh installs both)")
-        with open(self.directory.parent / "s3rver.log", "ab") as out:
-            # Node 17+ offers the DES of s3rver's continuation tokens only with the legacy provider.
-            self.proc = subprocess.Popen(
-                ["node", "--openssl-legacy-provider", str(S3RVER_JS), "--directory", str(self.directory),
-                 "--port", str(self.port), "--address", "127.0.0.1", "--service-endpoint", "localhost",
-                 "--silent"],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
-        if not wait_for(lambda: self.proc.poll() is not None or port_answers(self.port), 30):
-            raise RuntimeError("s3rver did not answer within 30 s")
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"s3rver exited with {self.proc.returncode} (see {self.directory.parent}/s3rver.log)")
-        return self
-
-    def stop(self) -> None:
-        stop_process(self.proc, "s3rver")
-        self.proc = None
 
 
 class LatencyProxy:
@@ -577,7 +553,7 @@ def main() -> None:
     p.add_argument("--classes", type=int, default=30)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--latency-ms", type=float, default=5.0,
-                   help="added to every request by a proxy in front of s3rver (0: no proxy)")
+                   help="added to every request by a proxy in front of the S3 server (0: no proxy)")
     p.add_argument("--variants", nargs="+", default=["raw"], choices=["raw", "decode"])
     p.add_argument("--decode", action="store_true", help="also run the decode variant")
     p.add_argument("--systems", nargs="+", default=None, choices=list(SYSTEMS) + list(CAPPED),
@@ -620,25 +596,18 @@ def main() -> None:
     files = data_files(data)
     total_bytes = sum(f.stat().st_size for f in files)
 
-    s3dir = workdir / "s3"
-    marker = workdir / f".uploaded-{args.files}-{args.classes}"
-    if not marker.exists() and s3dir.exists():
-        shutil.rmtree(s3dir)
-    server: Optional[S3rver] = None
+    server: Optional[S3Server] = None
     proxy: Optional[LatencyProxy] = None
     results: dict[tuple[str, str], list[dict]] = {}
     failures: dict[tuple[str, str], list[str]] = {}
     try:
-        server = S3rver(s3dir).start()
-        if not marker.exists():
-            t = time.monotonic()
-            n = upload(server.port, data)
-            log(f"uploaded {n} objects ({total_bytes / 1e6:.0f} MB) in {time.monotonic() - t:.0f} s")
+        server = S3Server(workdir / "s3").start()
+        t = time.monotonic()
+        n = upload(server.port, data)
+        log(f"uploaded {n} objects ({total_bytes / 1e6:.0f} MB) in {time.monotonic() - t:.0f} s")
         keys = count_objects(server.port)
         if keys != len(files):
-            marker.unlink(missing_ok=True)
-            raise RuntimeError(f"the bucket holds {keys} keys, not {len(files)}: rerun to upload again")
-        marker.touch()
+            raise RuntimeError(f"the bucket holds {keys} keys, not {len(files)}")
         endpoint = f"http://127.0.0.1:{server.port}"
         if args.latency_ms > 0:
             proxy = LatencyProxy(server.port, args.latency_ms)
@@ -664,12 +633,12 @@ def main() -> None:
                             raise RuntimeError(f"read {res['bytes']} bytes, not {total_bytes}")
                         res.update(rate=res["samples"] / (res["scan_seconds"] + res["seconds"]),
                                    loop_rate=res["samples"] / res["seconds"], mount_cpu=cpu1[0] - cpu0[0],
-                                   s3rver_cpu=cpu1[1] - cpu0[1], proxy_cpu=cpu1[2] - cpu0[2], **m.extra())
+                                   server_cpu=cpu1[1] - cpu0[1], proxy_cpu=cpu1[2] - cpu0[2], **m.extra())
                         results.setdefault((variant, system), []).append(res)
                         log(f"{variant} round {r + 1}: {system:12} {res['rate']:7.0f} samples/s "
                             f"(scan-free {res['loop_rate']:.0f}; loop {res['seconds']:.1f} s; "
                             f"scan {res['scan_seconds']:.1f} s; CPU: mount "
-                            f"{res['mount_cpu']:.1f} s, s3rver {res['s3rver_cpu']:.1f} s, proxy {res['proxy_cpu']:.1f} s)"
+                            f"{res['mount_cpu']:.1f} s, S3 server {res['server_cpu']:.1f} s, proxy {res['proxy_cpu']:.1f} s)"
                             + (f"; reads: hit {res['hit_ratio']:.3f}, late {res['late_ratio']:.3f}, "
                                f"miss {res['miss_ratio']:.3f}" if "hit_ratio" in res else ""))
                     except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as e:
@@ -692,13 +661,13 @@ def main() -> None:
             server.stop()
 
     lat = f"+{args.latency_ms:g} ms per request" if args.latency_ms > 0 else "no added latency"
-    print(f"s3_bench (cold; loopback s3rver, {lat}) - nproc {os.cpu_count()}, {len(files)} JPEGs "
+    print(f"s3_bench (cold; loopback moto, {lat}) - nproc {os.cpu_count()}, {len(files)} JPEGs "
           f"({total_bytes / 1e6:.0f} MB), 2 workers, batch 64, {args.rounds} rounds, median (min-max); "
           f"samples/s include the ImageFolder scan, scan-free is the DataLoader loop alone")
     if has_cap:
         print(f"-capped rows: cubetorchfs's store requests capped at {cap_text} (peers uncapped)")
     print(f"{'variant':8} {'system':26} {'samples/s':>10} {'min-max':>15} {'scan s':>7} {'scan-free':>10} "
-          f"{'mount CPU s':>12} {'s3rver CPU s':>13}")
+          f"{'mount CPU s':>12} {'server CPU s':>13}")
     for variant in variants:
         for system in args.systems:
             rs = results.get((variant, system), [])
@@ -709,7 +678,7 @@ def main() -> None:
                       f"{statistics.median(x['scan_seconds'] for x in rs):>7.2f} "
                       f"{statistics.median(x['loop_rate'] for x in rs):>10.0f} "
                       f"{statistics.median(x['mount_cpu'] for x in rs):>12.1f} "
-                      f"{statistics.median(x['s3rver_cpu'] for x in rs):>13.1f}"
+                      f"{statistics.median(x['server_cpu'] for x in rs):>13.1f}"
                       + (f"  ({len(fails)} failed)" if fails else ""))
             else:
                 print(f"{variant:8} {system:26} {'failed':>10}  {fails[0] if fails else 'not run'}")

@@ -8,8 +8,9 @@
 #
 # Exit 0: every failure is listed for this backend and profile, and every listed test still
 # fails (the list only shrinks); 1 otherwise; 2 on a usage or set-up error. Needs root, fuse3,
-# autoconf, automake and a C compiler (pjdfstest); --only runs the test files matching a glob; --backend s3 needs node and s3rver
-# (scripts/install_deps.sh installs them). About 3 minutes on 2 cores.
+# autoconf, automake and a C compiler (pjdfstest); --only runs the test files matching a glob;
+# --backend s3 runs moto's S3 server from the project venv (scripts/install_deps.sh makes it).
+# About 3 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
@@ -64,15 +65,16 @@ if [ "$BACKEND" = posix ]; then
   backend="{\"type\": \"posix\", \"root\": \"$WORK/store\"}"
 else
   port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-  # DES (continuation tokens) needs the legacy provider under OpenSSL 3.
-  node --openssl-legacy-provider "$REPO/tools/node_modules/s3rver/bin/s3rver.js" --directory "$WORK/store" --address 127.0.0.1 \
-    --port "$port" --silent >"$WORK/s3rver.log" 2>&1 &
+  VENV="$(scripts/venv.sh)"
+  [ -f "$VENV/.complete" ] || { echo "posix_conformance: no project venv at $VENV (scripts/install_deps.sh makes it)" >&2; exit 2; }
+  "$VENV/bin/python" -m moto.server -H 127.0.0.1 -p "$port" >"$WORK/moto.log" 2>&1 &
   S3PID=$!
-  for _ in $(seq 1 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
-  curl -sf -X PUT "http://127.0.0.1:$port/posix" >/dev/null ||
-    { echo "posix_conformance: s3rver did not start (see $WORK/s3rver.log)" >&2; exit 2; }
+  for _ in $(seq 1 300); do curl -s -o /dev/null "http://127.0.0.1:$port/moto-api/" && break; sleep 0.1; done
+  curl -sf -X PUT --aws-sigv4 "aws:amz:us-east-1:s3" --user posix:posix-secret \
+    "http://127.0.0.1:$port/posix" >/dev/null ||
+    { echo "posix_conformance: moto's S3 server did not start (see $WORK/moto.log)" >&2; exit 2; }
   backend="{\"type\": \"s3\", \"endpoint\": \"http://127.0.0.1:$port\", \"bucket\": \"posix\",
-            \"access_key\": \"S3RVER\", \"secret_key\": \"S3RVER\", \"staging_dir\": \"$WORK/staging\"}"
+            \"access_key\": \"posix\", \"secret_key\": \"posix-secret\", \"staging_dir\": \"$WORK/staging\"}"
 fi
 profile=""; [ "$PROFILE" = ai_prefetch ] && profile='"profile": "ai_prefetch",'
 cat >"$WORK/config.json" <<JSON

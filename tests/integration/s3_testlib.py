@@ -1,9 +1,11 @@
-"""An S3 server for tests (s3rver on loopback), a small SigV4 client to fill buckets, and a
-proxy that checks the SigV4 signature of every request passing through it.
+"""An S3 server for tests (moto's server mode on loopback), a small SigV4 client to fill
+buckets, and a proxy that checks the SigV4 signature of every request passing through it.
 
-s3rver (npm, pinned in tools/package.json, installed by scripts/install_deps.sh) accepts any
-signature, so the proxy is what proves that the daemon signs its requests the way AWS S3 and
-MinIO check them: paths and query strings in canonical encoding, continuation tokens included.
+moto (PyPI, pinned in scripts/requirements-venv.txt, in the project venv that
+scripts/install_deps.sh makes) accepts any signature, so the proxy is what proves that the
+daemon signs its requests the way AWS S3 and MinIO check them: paths and query strings in
+canonical encoding, continuation tokens included. moto is more lenient than a real store in
+other ways too; the CubeFS ObjectNode tests (tests/cubefs) stay the strict check.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import hmac
 import http.client
 import http.server
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,22 +24,18 @@ import urllib.parse
 from pathlib import Path
 from typing import Optional
 
-from cubefs_harness import REPO_ROOT, free_tcp_port, wait_until
+from cubefs_harness import free_tcp_port, project_venv_problem, project_venv_python, wait_until
 
-S3RVER_JS = REPO_ROOT / "tools" / "node_modules" / "s3rver" / "bin" / "s3rver.js"
-ACCESS_KEY = SECRET_KEY = "S3RVER"  # s3rver's built-in account
+ACCESS_KEY = "cubetorchfs-test"  # moto accepts any key pair
+SECRET_KEY = "cubetorchfs-test-secret"
 REGION = "us-east-1"
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
-START_TIMEOUT_S = 20.0
+START_TIMEOUT_S = 30.0
 
 
-def s3rver_problem() -> Optional[str]:
-    """Why s3rver cannot run here, or None when it can."""
-    if shutil.which("node") is None:
-        return "node is not installed (scripts/install_deps.sh installs it)"
-    if not S3RVER_JS.is_file():
-        return f"{S3RVER_JS} is missing (scripts/install_deps.sh installs s3rver)"
-    return None
+def s3_server_problem() -> Optional[str]:
+    """Why moto's S3 server cannot run here, or None when it can."""
+    return project_venv_problem("moto")
 
 
 # --------------------------------------------------------------------------- SigV4
@@ -131,15 +128,17 @@ class S3Client:
         return count
 
 
-# --------------------------------------------------------------------------- s3rver
+# --------------------------------------------------------------------------- moto
 
 
-class S3rver:
-    """One s3rver process on 127.0.0.1; stop() is safe to call at any time, repeatedly.
+class S3Server:
+    """One moto S3 server process on 127.0.0.1 (`python -m moto.server`, its own process so
+    that pause() can freeze it); stop() is safe to call at any time, repeatedly.
 
-    Besides path-style URLs (http://127.0.0.1:PORT/bucket/key) it answers virtual-hosted
-    ones at http://bucket.s3.localhost:PORT/key (`vhost_endpoint`): libcurl resolves
-    *.localhost to the loopback address itself, without DNS."""
+    moto keeps its buckets in memory: a restarted server starts empty. Besides path-style URLs
+    (http://127.0.0.1:PORT/bucket/key) it answers virtual-hosted ones at
+    http://bucket.s3.localhost:PORT/key (`vhost_endpoint`): libcurl resolves *.localhost to the
+    loopback address itself, without DNS. `directory` holds its log."""
 
     def __init__(self, directory: Path, port: Optional[int] = None) -> None:
         self.directory = directory
@@ -155,34 +154,34 @@ class S3rver:
     def vhost_endpoint(self) -> str:
         return f"http://s3.localhost:{self.port}"
 
-    def start(self) -> "S3rver":
-        log = open(self.directory.parent / f"s3rver-{self.port}.log", "ab")
-        # s3rver makes its continuation tokens with DES, which Node 17+ (OpenSSL 3) only
-        # offers through the legacy provider: without it, listings past one page fail.
+    def start(self) -> "S3Server":
+        log = open(self.directory / f"moto-{self.port}.log", "ab")
         self.proc = subprocess.Popen(
-            ["node", "--openssl-legacy-provider", str(S3RVER_JS), "--directory", str(self.directory), "--port",
-             str(self.port), "--address", "127.0.0.1", "--service-endpoint", "localhost",
-             "--silent"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+            [str(project_venv_python()), "-m", "moto.server", "-H", "127.0.0.1", "-p",
+             str(self.port)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            env=dict(os.environ, MOTO_ALLOW_NONEXISTENT_REGION="true"))
         log.close()
         if not wait_until(self._answers, START_TIMEOUT_S, interval=0.1):
             self.stop()
-            raise RuntimeError(f"s3rver did not answer on port {self.port} in time")
+            raise RuntimeError(f"moto did not answer on port {self.port} in time "
+                               f"(see {self.directory})")
         return self
 
     def _answers(self) -> bool:
         if self.proc is None or self.proc.poll() is not None:
-            raise RuntimeError(f"s3rver exited with {self.proc and self.proc.returncode}")
+            raise RuntimeError(f"moto exited with {self.proc and self.proc.returncode} "
+                               f"(see {self.directory})")
         try:
             conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
-            conn.request("GET", "/")
+            conn.request("GET", "/moto-api/")
             conn.getresponse().read()
             conn.close()
             return True
         except OSError:
             return False
 
-    def client(self) -> S3Client:
+    def client(self) -> "S3Client":
         return S3Client(self.port)
 
     def pause(self) -> None:

@@ -1,4 +1,4 @@
-"""The s3 backend against a real S3 server on loopback (s3rver, started per module on a free
+"""The s3 backend against a real S3 server on loopback (moto, started per module on a free
 port and always stopped): a mounted bucket reads like the tree that was uploaded, listings
 past 1000 keys, nested prefixes, ranged reads of a large object, a server that stops mid-read
 (EIO within the timeout, then recovery), bad endpoints and buckets at start-up, correct SigV4
@@ -24,10 +24,10 @@ import pytest
 
 from cubefs_harness import (CubeFactory, CubeMount, bounded, environment_problem, errno_of,
                             free_tcp_port, wait_until)
-from s3_testlib import (ACCESS_KEY, SECRET_KEY, S3rver, SigV4CheckingProxy,
-                        aws_example_signature, s3rver_problem, wait_port_free)
+from s3_testlib import (ACCESS_KEY, SECRET_KEY, S3Server, SigV4CheckingProxy,
+                        aws_example_signature, s3_server_problem, wait_port_free)
 
-_problem = environment_problem() or s3rver_problem()
+_problem = environment_problem() or s3_server_problem()
 pytestmark = pytest.mark.skipif(_problem is not None, reason=_problem or "")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,8 +51,7 @@ def mount_s3(cube: CubeFactory, tmp_path: Path, endpoint: str, bucket: str = BUC
 
 def make_tree(root: Path) -> None:
     """Nested directories, names with spaces and non-ASCII letters, an empty file, and files
-    from a few bytes to just over a cache chunk. Each directory holds a file of its own:
-    s3rver 3.7.1 reports a common prefix only when an object lies directly beneath it."""
+    from a few bytes to just over a cache chunk. Each directory holds a file of its own."""
     rng = random.Random(7)
     files = {
         "top.txt": b"top\n",
@@ -74,8 +73,8 @@ def make_tree(root: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3rver]:
-    server = S3rver(tmp_path_factory.mktemp("s3rver") / "data")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = S3Server(tmp_path_factory.mktemp("s3"))
     try:
         server.start()
         yield server
@@ -84,10 +83,9 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3rver]:
 
 
 @pytest.fixture(scope="module")
-def dataset(s3: S3rver, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def dataset(s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Bucket `data`: tree/ (the local tree), many/ (MANY keys), big/blob.bin (40 MiB of random
-    bytes). No "dir/" marker objects: s3rver 3.7.1 fails its listings once one exists (the
-    unit tests cover how markers are listed)."""
+    bytes). No "dir/" marker objects (the unit tests cover how markers are listed)."""
     local = tmp_path_factory.mktemp("local") / "tree"
     make_tree(local)
     big = random.Random(11).randbytes(BIG)
@@ -122,7 +120,7 @@ def test_the_signature_helper_matches_the_aws_documentation() -> None:
 
 
 def test_a_mounted_bucket_reads_like_the_uploaded_tree(cube: CubeFactory, tmp_path: Path,
-                                                        s3: S3rver, dataset: dict[str, Any]
+                                                        s3: S3Server, dataset: dict[str, Any]
                                                         ) -> None:
     mount = mount_s3(cube, tmp_path, s3.endpoint, prefix="tree/")
     got = bounded(snapshot, mount.path(), what="walk the mount")
@@ -140,7 +138,7 @@ def test_a_mounted_bucket_reads_like_the_uploaded_tree(cube: CubeFactory, tmp_pa
     assert os.statvfs(mount.path()).f_blocks > 0
 
 
-def test_listing_more_than_1000_keys(cube: CubeFactory, tmp_path: Path, s3: S3rver,
+def test_listing_more_than_1000_keys(cube: CubeFactory, tmp_path: Path, s3: S3Server,
                                      dataset: dict[str, Any]) -> None:
     mount = mount_s3(cube, tmp_path, s3.endpoint)
     names = bounded(os.listdir, mount.path("many"), what="list many/")
@@ -152,7 +150,7 @@ def test_listing_more_than_1000_keys(cube: CubeFactory, tmp_path: Path, s3: S3rv
     assert m.value("cubetorchfs_backend_requests_total", op="list", status="ok") >= 2
 
 
-def test_nested_prefixes(cube: CubeFactory, tmp_path: Path, s3: S3rver,
+def test_nested_prefixes(cube: CubeFactory, tmp_path: Path, s3: S3Server,
                          dataset: dict[str, Any]) -> None:
     whole = mount_s3(cube, tmp_path, s3.endpoint)
     assert whole.path("tree/nested/a/b/c/deep.txt").read_bytes() == b"deep\n"
@@ -169,7 +167,7 @@ def test_nested_prefixes(cube: CubeFactory, tmp_path: Path, s3: S3rver,
     assert deep.path("x.bin").read_bytes() == (dataset["local"] / "nested/a/x.bin").read_bytes()
 
 
-def test_virtual_hosted_style_urls(cube: CubeFactory, tmp_path: Path, s3: S3rver,
+def test_virtual_hosted_style_urls(cube: CubeFactory, tmp_path: Path, s3: S3Server,
                                    dataset: dict[str, Any]) -> None:
     mount = mount_s3(cube, tmp_path, s3.vhost_endpoint, path_style=False, prefix="tree")
     assert sorted(os.listdir(mount.path("nested/a"))) == ["b", "x.bin"]
@@ -179,7 +177,7 @@ def test_virtual_hosted_style_urls(cube: CubeFactory, tmp_path: Path, s3: S3rver
     assert len(bounded(os.listdir, whole.path("many"), what="list many/")) == MANY
 
 
-def test_ranged_reads_of_a_large_object(cube: CubeFactory, tmp_path: Path, s3: S3rver,
+def test_ranged_reads_of_a_large_object(cube: CubeFactory, tmp_path: Path, s3: S3Server,
                                         dataset: dict[str, Any]) -> None:
     big: bytes = dataset["big"]
     mount = mount_s3(cube, tmp_path, s3.endpoint)
@@ -207,14 +205,20 @@ def test_ranged_reads_of_a_large_object(cube: CubeFactory, tmp_path: Path, s3: S
 
 def test_a_server_that_stops_mid_read_gives_eio_then_recovers(cube: CubeFactory, tmp_path: Path
                                                               ) -> None:
-    server = S3rver(tmp_path / "flaky-s3" / "data").start()
-    try:
-        size = 32 << 20
-        data = random.Random(3).randbytes(size)
+    server = S3Server(tmp_path / "flaky-s3").start()
+    size = 32 << 20
+    data = random.Random(3).randbytes(size)
+
+    def fill() -> None:  # moto keeps objects in memory: a restarted server starts empty
         client = server.client()
-        client.create_bucket("flaky")
-        client.put("flaky", "blob", data)
-        client.close()
+        try:
+            client.create_bucket("flaky")
+            client.put("flaky", "blob", data)
+        finally:
+            client.close()
+
+    try:
+        fill()
         timeout_ms, retries = 1000, 1
         mount = mount_s3(cube, tmp_path, server.endpoint, "flaky", timeout_ms=timeout_ms,
                          retries=retries)
@@ -251,9 +255,10 @@ def test_a_server_that_stops_mid_read_gives_eio_then_recovers(cube: CubeFactory,
         assert errno_of(lambda: bounded(lambda: _pread(path, 1 << 20, size - (1 << 20)),
                                         timeout=20)) == errno.EIO
         assert time.monotonic() - start < 10
-        # Back on the same port: the same mount reads the whole object again.
+        # Back on the same port with the same object: the same mount reads all of it again.
         assert wait_port_free(server.port)
         server.start()
+        fill()
         got = bounded(path.read_bytes, timeout=30, what="read after the restart")
         assert got == data
     finally:
@@ -269,7 +274,7 @@ def _pread(path: Path, n: int, off: int) -> bytes:
 
 
 def test_bad_endpoint_or_bucket_exits_2_naming_the_key(cube: CubeFactory, tmp_path: Path,
-                                                        s3: S3rver, dataset: dict[str, Any]
+                                                        s3: S3Server, dataset: dict[str, Any]
                                                         ) -> None:
     cases = [
         (s3_backend(f"http://127.0.0.1:{free_tcp_port()}"), "backend.endpoint"),
@@ -289,7 +294,7 @@ def test_bad_endpoint_or_bucket_exits_2_naming_the_key(cube: CubeFactory, tmp_pa
         assert SECRET_KEY not in result.stderr
 
 
-def test_requests_are_signed_as_s3_checks_them(cube: CubeFactory, tmp_path: Path, s3: S3rver,
+def test_requests_are_signed_as_s3_checks_them(cube: CubeFactory, tmp_path: Path, s3: S3Server,
                                                 dataset: dict[str, Any]) -> None:
     proxy = SigV4CheckingProxy(s3.port)
     try:
@@ -333,7 +338,7 @@ print(json.dumps({"labels": labels, "snapshot": snapshot, "final": cube_torch.st
 
 
 def test_prefetch_through_cube_torch_on_an_s3_mount(cube: CubeFactory, tmp_path: Path,
-                                                    s3: S3rver) -> None:
+                                                    s3: S3Server) -> None:
     import numpy as np
     from PIL import Image
 
@@ -373,7 +378,7 @@ WRITE_BUCKET = "ckpt"
 
 
 @pytest.fixture(scope="module")
-def write_bucket(s3: S3rver) -> str:
+def write_bucket(s3: S3Server) -> str:
     client = s3.client()
     try:
         client.create_bucket(WRITE_BUCKET)
@@ -384,7 +389,7 @@ def write_bucket(s3: S3rver) -> str:
     return WRITE_BUCKET
 
 
-def s3_get(s3: S3rver, key: str) -> Optional[bytes]:
+def s3_get(s3: S3Server, key: str) -> Optional[bytes]:
     client = s3.client()
     try:
         status, body = client.request("GET", f"/{WRITE_BUCKET}/{key}")
@@ -394,7 +399,7 @@ def s3_get(s3: S3rver, key: str) -> Optional[bytes]:
 
 
 @pytest.mark.parametrize("profile", ["", "ai_prefetch"])
-def test_checkpoint_through_an_s3_mount(cube: CubeFactory, tmp_path: Path, s3: S3rver,
+def test_checkpoint_through_an_s3_mount(cube: CubeFactory, tmp_path: Path, s3: S3Server,
                                         write_bucket: str, profile: str) -> None:
     """Four writer threads, shards fsynced, .metadata.tmp renamed to .metadata (copy + delete);
     a shard over multipart_bytes goes up in parallel parts. Every request's signature is
@@ -423,6 +428,10 @@ def test_checkpoint_through_an_s3_mount(cube: CubeFactory, tmp_path: Path, s3: S
         assert proxy.mismatches == [] and proxy.checked > 20
         assert wait_until(lambda: not any(staging.iterdir()), 10), \
             "staging files left after successful uploads"
+        # Files made here had no ETag before their upload: that must not make the daemon
+        # believe the store gives none (it would then tell versions by Last-Modified alone).
+        log = (mount.workdir / "log" / "cubetorchfs.log").read_text(errors="replace")
+        assert "without an ETag" not in log
         mount.cleanup()
         again = mount_s3(cube, tmp_path, proxy.endpoint, write_bucket, {"profile": profile})
         assert sorted(os.listdir(again.path(step))) == sorted(want)
@@ -432,7 +441,7 @@ def test_checkpoint_through_an_s3_mount(cube: CubeFactory, tmp_path: Path, s3: S
 
 
 def test_s3_overwrite_truncate_unlink_and_rename_rules(cube: CubeFactory, tmp_path: Path,
-                                                       s3: S3rver, write_bucket: str) -> None:
+                                                       s3: S3Server, write_bucket: str) -> None:
     mount = mount_s3(cube, tmp_path, s3.endpoint, write_bucket)
     m = mount.mountpoint
     assert (m / "old.bin").read_bytes() == b"old object"
@@ -455,7 +464,7 @@ def test_s3_overwrite_truncate_unlink_and_rename_rules(cube: CubeFactory, tmp_pa
 
 
 @pytest.mark.parametrize("profile", ["", "ai_prefetch"])
-def test_s3_files_not_yet_uploaded(cube: CubeFactory, tmp_path: Path, s3: S3rver,
+def test_s3_files_not_yet_uploaded(cube: CubeFactory, tmp_path: Path, s3: S3Server,
                                    write_bucket: str, profile: str) -> None:
     """touch of a new file (its times set before the first upload); unlink and rename-over of
     a file still being written leave no staging file behind and upload nothing of it."""
@@ -488,7 +497,7 @@ def test_s3_files_not_yet_uploaded(cube: CubeFactory, tmp_path: Path, s3: S3rver
 
 def test_a_failed_upload_fails_fsync_and_is_kept_for_retry(cube: CubeFactory,
                                                           tmp_path: Path) -> None:
-    server = S3rver(tmp_path / "down-s3" / "data").start()
+    server = S3Server(tmp_path / "down-s3").start()
     try:
         client = server.client()
         client.create_bucket("wbk")
@@ -507,6 +516,9 @@ def test_a_failed_upload_fails_fsync_and_is_kept_for_retry(cube: CubeFactory,
             server.stop()
             assert wait_port_free(server.port)
             server.start()
+            client = server.client()  # moto restarts empty: the bucket is made again
+            client.create_bucket("wbk")
+            client.close()
             bounded(os.fsync, fd, timeout=30, what="fsync after the restart")
         finally:
             os.close(fd)
@@ -522,7 +534,7 @@ def test_a_failed_upload_fails_fsync_and_is_kept_for_retry(cube: CubeFactory,
         server.stop()
 
 
-def test_read_only_s3_mount_refuses_writes(cube: CubeFactory, tmp_path: Path, s3: S3rver,
+def test_read_only_s3_mount_refuses_writes(cube: CubeFactory, tmp_path: Path, s3: S3Server,
                                           write_bucket: str) -> None:
     mount = mount_s3(cube, tmp_path, s3.endpoint, write_bucket,
                      {"profile": "ai_prefetch", "fuse": {"read_only": True}})
@@ -533,7 +545,7 @@ def test_read_only_s3_mount_refuses_writes(cube: CubeFactory, tmp_path: Path, s3
 # --------------------------------------------------------------------------- model files
 
 
-def test_model_load_from_an_s3_mount(cube: CubeFactory, tmp_path: Path, s3: S3rver) -> None:
+def test_model_load_from_an_s3_mount(cube: CubeFactory, tmp_path: Path, s3: S3Server) -> None:
     """cube_torch.load_file of a safetensors object under an S3 mount: the daemon makes it
     resident with parallel ranged GETs and hands over the descriptor; the tensors equal a
     load of the same file from local disk, plain and encrypted."""

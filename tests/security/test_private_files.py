@@ -23,7 +23,7 @@ from typing import Any, Iterator, List
 import pytest
 
 from cubefs_harness import CubeFactory, environment_problem, wait_until
-from s3_testlib import ACCESS_KEY, SECRET_KEY, S3rver, s3rver_problem
+from s3_testlib import ACCESS_KEY, SECRET_KEY, S3Server, s3_server_problem
 
 NOBODY = 65534
 
@@ -149,14 +149,14 @@ def test_a_symlinked_or_foreign_tier_is_refused(cube: CubeFactory, open_base: Pa
 # --------------------------------------------------------------------------- S3 staging
 
 
-_s3_problem = s3rver_problem()
+_s3_problem = s3_server_problem()
 
 
 @pytest.fixture
-def s3(tmp_path: Path) -> Iterator[S3rver]:
+def s3(tmp_path: Path) -> Iterator[S3Server]:
     if _s3_problem is not None:
         pytest.skip(_s3_problem)
-    server = S3rver(tmp_path / "s3rver" / "data").start()
+    server = S3Server(tmp_path / "s3").start()
     try:
         client = server.client()
         client.create_bucket("sec")
@@ -166,14 +166,14 @@ def s3(tmp_path: Path) -> Iterator[S3rver]:
         server.stop()
 
 
-def s3_overrides(server: S3rver, staging: Path) -> dict[str, Any]:
+def s3_overrides(server: S3Server, staging: Path) -> dict[str, Any]:
     return {"backend": {"type": "s3", "root": None, "endpoint": server.endpoint,
                         "bucket": "sec", "access_key": ACCESS_KEY, "secret_key": SECRET_KEY,
                         "staging_dir": str(staging)}}
 
 
 def test_s3_staging_files_are_private(cube: CubeFactory, open_base: Path, tmp_path: Path,
-                                      s3: S3rver) -> None:
+                                      s3: S3Server) -> None:
     staging = open_base / "staging"
     staging.mkdir()
     os.chmod(staging, 0o755)  # as an older daemon (or an admin) left it: narrowed at start
@@ -194,7 +194,7 @@ def test_s3_staging_files_are_private(cube: CubeFactory, open_base: Path, tmp_pa
 
 
 def test_a_symlinked_or_foreign_staging_dir_is_refused(cube: CubeFactory, open_base: Path,
-                                                      tmp_path: Path, s3: S3rver) -> None:
+                                                      tmp_path: Path, s3: S3Server) -> None:
     theirs = open_base / "theirs"
     theirs.mkdir()
     os.chown(theirs, NOBODY, NOBODY)
