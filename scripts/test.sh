@@ -74,7 +74,7 @@ scripts/thread_safety.sh build
 echo "== unit tests (ctest)"
 (cd build && ctest --output-on-failure --timeout 300 -j2)
 
-echo "== integration tests (pytest)"
+echo "== hook, loader and integration tests (pytest) under Debian's python3 and torch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)')"
 export CUBETORCHFS_BIN="$PWD/build/bin/cubetorchfs"
 export PYTHONPATH="$PWD/hooks${PYTHONPATH:+:$PYTHONPATH}"
 # Separate runs: the hook tests patch DataLoader in their own process. -rs prints every skip's
@@ -82,6 +82,17 @@ export PYTHONPATH="$PWD/hooks${PYTHONPATH:+:$PYTHONPATH}"
 # failure (tests/ci_skips.py); other skips (no GPU...) stay skips.
 timeout 600 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/hooks
 timeout 1200 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/integration
+# The same hook and loader suite, and the integration tests that train or load, under the
+# project venv's current torch 2.x (scripts/requirements-venv.txt): their children run with
+# the interpreter of the pytest process. The tests that need the venv whatever the pytest
+# interpreter (moto, torchdata, DCP) ran above.
+VENV_PY="$(scripts/venv.sh)/bin/python"
+echo "== hook and loader tests under $("$VENV_PY" -c 'import torch; print("torch", torch.__version__)') (project venv)"
+timeout 600 "$VENV_PY" -m pytest -q -rs -p no:cacheprovider tests/hooks
+timeout 900 "$VENV_PY" -m pytest -q -rs -p no:cacheprovider tests/integration/test_hook_e2e.py \
+  tests/integration/test_epochs.py tests/integration/test_model_mount.py \
+  tests/integration/test_s3.py::test_prefetch_through_cube_torch_on_an_s3_mount \
+  tests/integration/test_s3.py::test_model_load_from_an_s3_mount
 echo "== security tests (pytest: attacks by an unprivileged user against a real daemon)"
 timeout 900 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/security
 echo "== CubeFS tests (a live loopback cluster; each test skips without ../shared/cubefs)"
