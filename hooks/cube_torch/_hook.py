@@ -13,9 +13,19 @@ Where the attribute is (re)set, in torch 1.13 and 2.x:
 - `__next__` is patched to close the stream when the iterator ends (only then have the
   workers read every file; deleting the stream when the sampler ends would drop files still
   being read), and as the fallback for a torch whose `_reset` is missing or renamed: an
-  unwrapped `_sampler_iter` is wrapped at the next `__next__`, from wherever it stands.
+  unwrapped `_sampler_iter` is wrapped at the next `__next__`, from wherever it stands;
+- `_next_index` (the one place torch, and torchdata's StatefulDataLoader iterators, pull from
+  `_sampler_iter`) does the same before it pulls: StatefulDataLoader's `load_state_dict`
+  replaces `_sampler_iter` with a fresh iterator of the sampler restored to the checkpoint,
+  and its multi-process iterator pulls prefetch_factor * num_workers indices from it before
+  any `__next__`; wrapped there, the stream starts at the resumed position.
 Each method is patched only if the class defines it; every patched method calls the original
 first and swallows its own errors, so a torch we do not know runs unchanged.
+
+A `_sampler_iter` with `state_dict()` / `load_state_dict()` (torchdata's Stateful protocol:
+StatefulDataLoader's sampler iterators) gets a `StatefulLookaheadIterator`, whose state is the
+one at the loop's position, not the lookahead's, so checkpoints resume where the loop was.
+torchdata is never imported here: its samplers are recognized only if the user imported it.
 """
 
 from __future__ import annotations
@@ -26,12 +36,13 @@ import weakref
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from . import _client, _common, _paths, _publisher
-from ._lookahead import LookaheadIterator
+from ._lookahead import LookaheadIterator, StatefulLookaheadIterator, stateful
 
 _ATTR = "_sampler_iter"
 _SEEN = "_cube_torch_seen"  # the raw index iterator we decided not to wrap
 _ORIGINALS = "_cube_torch_originals"
-ALL_METHODS = ("__init__", "_reset", "__next__")
+ALL_METHODS = ("__init__", "_reset", "__next__", "_next_index")
+_TORCHDATA_SAMPLERS = "torchdata.stateful_dataloader.sampler"
 
 
 def _base_class() -> Optional[type]:
@@ -53,7 +64,8 @@ def install(methods: Sequence[str] = ALL_METHODS, base: Optional[type] = None) -
     if _ORIGINALS in base.__dict__:
         return True
     makers: Dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
-        "__init__": _patched_init, "_reset": _patched_reset, "__next__": _patched_next}
+        "__init__": _patched_init, "_reset": _patched_reset, "__next__": _patched_next,
+        "_next_index": _patched_next_index}
     originals = {}
     for name in methods:
         original = base.__dict__.get(name)
@@ -139,11 +151,17 @@ def _patched_reset(original: Callable[..., Any]) -> Callable[..., Any]:
     return _reset
 
 
+def _unseen(d: Dict[str, Any]) -> bool:
+    """Whether the iterator (its __dict__) holds a `_sampler_iter` not yet wrapped or judged."""
+    source = d.get(_ATTR)
+    return (source is not None and not isinstance(source, LookaheadIterator)
+            and d.get(_SEEN) is not source)
+
+
 def _patched_next(original: Callable[..., Any]) -> Callable[..., Any]:
     def __next__(self: Any) -> Any:
         d = self.__dict__
-        source = d.get(_ATTR)
-        if source is not None and type(source) is not LookaheadIterator and d.get(_SEEN) is not source:
+        if _unseen(d):
             _attach(self)
         try:
             return original(self)
@@ -156,6 +174,14 @@ def _patched_next(original: Callable[..., Any]) -> Callable[..., Any]:
                     pass
             raise
     return __next__
+
+
+def _patched_next_index(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _next_index(self: Any) -> Any:
+        if _unseen(self.__dict__):
+            _attach(self)
+        return original(self)
+    return _next_index
 
 
 def _attach(it: Any) -> None:
@@ -218,16 +244,18 @@ def _wrap(it: Any, source: Any) -> Optional[LookaheadIterator]:
     auto = it.__dict__.get("_auto_collation")
     stream = _publisher.Stream(type(dataset).__name__, mapper,
                                None if auto is None else bool(auto))
-    wrapper = LookaheadIterator(source, _common.lookahead_batches(), stream.submit, stream)
+    kind_of = StatefulLookaheadIterator if stateful(source) else LookaheadIterator
+    wrapper = kind_of(source, _common.lookahead_batches(), stream.submit, stream)
     weakref.finalize(wrapper, _publisher.close_stream, stream).atexit = False
     return wrapper
 
 
-def _restarts(sampler: Any) -> bool:
+def _restarts(sampler: Any, inner: bool = False) -> bool:
     """Whether each iter() of `sampler` starts afresh, so that the batches the lookahead
     pulled but the loop never used (after a `break`) change nothing later: torch's own
-    samplers and BatchSampler over them, unless a subclass overrides __iter__, or a sampler
-    that says so with `cube_torch_restartable`."""
+    samplers and BatchSampler over them, unless a subclass overrides __iter__, the same of
+    torchdata's StatefulDataLoader (if the user imported it), or a sampler that says so with
+    `cube_torch_restartable`. `inner`: `sampler` is a BatchSampler's."""
     declared = getattr(sampler, "cube_torch_restartable", None)
     if declared is not None:
         return bool(declared)
@@ -235,12 +263,25 @@ def _restarts(sampler: Any) -> bool:
         from torch.utils.data import distributed, sampler as samplers
     except Exception:
         return False
-    if isinstance(sampler, samplers.BatchSampler):
-        return (type(sampler).__iter__ is samplers.BatchSampler.__iter__
-                and _restarts(sampler.sampler))
+    td = sys.modules.get(_TORCHDATA_SAMPLERS)  # never imported here
+
+    def td_class(name: str) -> Any:
+        return getattr(td, name, None) if td is not None else None
+
+    # torchdata's BatchSampler derives from torch's: the most derived first.
+    for batch in (td_class("BatchSampler"), samplers.BatchSampler):
+        if isinstance(batch, type) and isinstance(sampler, batch):
+            return (type(sampler).__iter__ is batch.__iter__
+                    and _restarts(sampler.sampler, inner=True))
     known = [getattr(samplers, n, None) for n in ("SequentialSampler", "RandomSampler",
                                                    "SubsetRandomSampler", "WeightedRandomSampler")]
     known.append(getattr(distributed, "DistributedSampler", None))
+    known.append(td_class("RandomSampler"))  # draws its permutation when iter() is called
+    if inner:
+        # Counts what it yields in its own state_dict(), which torchdata's BatchSampler
+        # iterator reports per batch (so at the loop's position through the lookahead); on
+        # its own, torchdata would read it directly, at the lookahead's position.
+        known.append(td_class("StatefulDistributedSampler"))
     return any(isinstance(cls, type) and isinstance(sampler, cls)
                and type(sampler).__iter__ is cls.__iter__ for cls in known)
 

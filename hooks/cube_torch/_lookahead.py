@@ -11,6 +11,11 @@ consumer reaches its position, as it would have been without the lookahead; afte
 iterator is exhausted, as a generator is. KeyboardInterrupt and other BaseExceptions are not
 held back. `on_pull` must not raise; if it does the error is dropped.
 Thread safety: none needed; a DataLoader iterator is used from one thread.
+
+`StatefulLookaheadIterator` is the same over a source that reports its position through
+`state_dict()` / `load_state_dict()` (torchdata's `Stateful` protocol, through which
+StatefulDataLoader checkpoints its sampler): its own `state_dict()` is the source's state at
+the consumer's position, not at the lookahead's. `stateful(source)` tells which one to use.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ class LookaheadIterator:
             want = self._ahead + 1
             while len(buffer) < want:
                 try:
-                    item = next(self._source)
+                    item = self._pull()
                 except StopIteration:
                     self._exhausted = True
                     break
@@ -70,3 +75,69 @@ class LookaheadIterator:
             error, self._error = self._error, None
             raise error
         raise StopIteration
+
+    def _pull(self) -> Any:
+        return next(self._source)
+
+
+def stateful(source: Any) -> bool:
+    """Whether `source` has the methods of torchdata's `Stateful` protocol (which torchdata
+    checks the same way, by their presence)."""
+    return (callable(getattr(source, "state_dict", None))
+            and callable(getattr(source, "load_state_dict", None)))
+
+
+class _Failed:
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class StatefulLookaheadIterator(LookaheadIterator):
+    """A LookaheadIterator whose `state_dict()` is the source's state as the consumer left it:
+    the source's `state_dict()` is taken before each pull and kept with the item until the
+    consumer has it, so a checkpoint taken after k items resumes after exactly k items. (The
+    states are kept as returned, not copied: a source must return a new object each time,
+    as torchdata's own iterators do and as torchdata itself assumes when it keeps them.)
+    A `state_dict()` of the source that raises is raised again when asked for at that position.
+    Having the protocol's two methods, it is `Stateful` to torchdata exactly when its source is
+    (so make one only for a `stateful` source)."""
+
+    __slots__ = ("_states",)
+
+    def __init__(self, source: Iterator[Any], ahead: int,
+                 on_pull: Callable[[Any], None], context: Any = None) -> None:
+        super().__init__(source, ahead, on_pull, context)
+        self._states: Deque[Any] = deque()  # the source's state before each buffered item
+
+    def _pull(self) -> Any:
+        try:
+            state = self._source.state_dict()  # type: ignore[attr-defined]
+        except Exception as e:
+            state = _Failed(e)
+        item = next(self._source)
+        self._states.append(state)
+        return item
+
+    def __next__(self) -> Any:
+        item = super().__next__()
+        self._states.popleft()
+        return item
+
+    def state_dict(self) -> Any:
+        if not self._buffer:  # the consumer has had every item pulled: it is where the source is
+            return self._source.state_dict()  # type: ignore[attr-defined]
+        state = self._states[0]
+        if isinstance(state, _Failed):
+            raise state.error
+        return state
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Moves the source; the items pulled ahead are dropped (torchdata does not call it:
+        it restores a fresh iterator of the sampler, which the hook wraps at its first pull)."""
+        self._buffer.clear()
+        self._states.clear()
+        self._exhausted = False
+        self._error = None
+        self._source.load_state_dict(state_dict)  # type: ignore[attr-defined]
