@@ -18,6 +18,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -351,9 +352,51 @@ void Session<Protocol>::Read() {
       [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
 }
 
+namespace {
+
+// Why a request's header frames its body ambiguously (RFC 9112, sections 3.2 and 6), or ""
+// when it does not: a peer that frames a body differently from us could smuggle a second
+// request inside it. `unsupported`: the fault is a transfer coding we do not implement (501).
+std::string FramingProblem(const http::request_header<>& h, bool chunked, bool* unsupported) {
+  *unsupported = false;
+  if (h.version() >= 11 && h.count(http::field::host) == 0) return "HTTP/1.1 without Host";
+  if (h.count(http::field::host) > 1) return "more than one Host header";
+  const size_t lengths = h.count(http::field::content_length);
+  if (lengths > 1) return "more than one Content-Length header";
+  if (h.count(http::field::transfer_encoding) > 0) {
+    if (lengths > 0) return "both Content-Length and Transfer-Encoding";
+    std::string codings;
+    for (auto it = h.find(http::field::transfer_encoding);
+         it != h.end() && it->name() == http::field::transfer_encoding; ++it) {
+      if (!codings.empty()) codings += ", ";
+      codings += std::string(it->value());
+    }
+    // Only "chunked" alone: no other coding (gzip, ...) is decoded here.
+    std::string bare;
+    for (char c : codings)
+      if (c != ' ' && c != '\t')
+        bare += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (!chunked || bare != "chunked") {
+      *unsupported = true;
+      return "Transfer-Encoding \"" + codings.substr(0, 64) + "\" is not supported (only chunked)";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 template <typename Protocol>
 void Session<Protocol>::OnHeader(beast::error_code ec) {
   if (ec) return OnRead(ec);
+  bool unsupported = false;
+  const std::string framing = FramingProblem(parser_->get(), parser_->chunked(), &unsupported);
+  if (!framing.empty()) {
+    server_->CountRefused(ServerImpl::kBadFraming);
+    return Write(
+        Error(unsupported ? http::status::not_implemented : http::status::bad_request, framing, 11),
+        false);
+  }
   // Reserve the body's memory before reading it: all bodies being handled at once stay
   // within body_memory_bytes. A body of unknown length reserves the most it may be.
   const uint64_t max = server_->options().max_body_bytes;
@@ -391,6 +434,8 @@ void Session<Protocol>::OnRead(beast::error_code ec) {
     return;
   }
   if (ec) {  // anything else the parser rejected
+    if (ec == http::error::bad_transfer_encoding || ec == http::error::bad_content_length)
+      server_->CountRefused(ServerImpl::kBadFraming);
     Write(Error(http::status::bad_request, "malformed request: " + ec.message(), 11), false);
     return;
   }

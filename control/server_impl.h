@@ -178,12 +178,13 @@ class ServerImpl final : public ControlServer {
     kBusy,
     kTooLarge,
     kBadJson,
-    kNotAllowed
+    kNotAllowed,
+    kBadFraming
   };
-  static constexpr int kRefuseReasons = 7;
+  static constexpr int kRefuseReasons = 8;
   static constexpr const char* kRefuseNames[kRefuseReasons] = {
-      "unknown_peer", "listener_full", "user_full",      "busy",
-      "too_large",    "bad_json",      "not_allow_other"};
+      "unknown_peer", "listener_full", "user_full",       "busy",
+      "too_large",    "bad_json",      "not_allow_other", "bad_framing"};
   void CountRefused(Refuse r);
 
  private:

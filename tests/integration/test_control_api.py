@@ -8,6 +8,7 @@ import http.client
 import json
 import os
 import random
+import re
 import socket
 import struct
 import time
@@ -291,6 +292,67 @@ def test_fuzzed_requests_never_take_the_daemon_down(cube: CubeFactory, tmp_path:
     conn = http.client.HTTPConnection("127.0.0.1", prof, timeout=HTTP_TIMEOUT_S)
     assert call(conn, "POST", "/register/pid", [1])[0] == 200
     assert mount.path(str(files[0].relative_to(src))).read_bytes() == files[0].read_bytes()
+
+
+def _exchange(addr: Any, family: int, payload: bytes) -> bytes:
+    """Sends payload and reads until the server closes (or 5 s pass): every reply it gave."""
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.settimeout(HTTP_TIMEOUT_S)
+        s.connect(addr)
+        s.sendall(payload)
+        got = b""
+        deadline = time.monotonic() + HTTP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                piece = s.recv(65536)
+            except socket.timeout:
+                break
+            if not piece:
+                break
+            got += piece
+        return got
+
+
+def test_requests_framed_ambiguously_are_refused_and_the_connection_closed(
+        cube: CubeFactory, tmp_path: Path) -> None:
+    """RFC 9112: a body whose framing the daemon could read differently from a proxy or client
+    (a transfer coding it does not decode, Content-Length beside Transfer-Encoding, two
+    Content-Lengths, HTTP/1.1 without Host) is refused and the connection closed, so nothing
+    in that body is ever read as a second request."""
+    src = tmp_path / "src"
+    make_tree(src, 1)
+    mount, sock, prof = start(cube, src, prof=True)
+    inner = b"POST /v1/streams HTTP/1.1\r\nHost: x\r\nContent-Length: 23\r\n\r\n{\"name\":\"s\",\"pid\":1}"
+    cases = [
+        (b"POST /v1/streams HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n" + inner,
+         501, "Transfer-Encoding"),
+        (b"POST /v1/streams HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+         b"0\r\n\r\n" + inner, 501, "Transfer-Encoding"),
+        (b"POST /v1/streams HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+         b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + inner, 400, "Transfer-Encoding"),
+        (b"POST /v1/streams HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n"
+         + inner, 400, "Content-Length"),
+        (b"GET /v1/stats HTTP/1.1\r\n\r\n" + inner, 400, "Host"),
+    ]
+    before = mount.metrics().value("cubetorchfs_control_refused_total", reason="bad_framing")
+    sent = 0
+    for addr, family in ((sock, socket.AF_UNIX), (("127.0.0.1", prof), socket.AF_INET)):
+        for payload, status, word in cases:
+            reply = _exchange(addr, family, payload)
+            sent += 1
+            assert reply.startswith(f"HTTP/1.1 {status} ".encode()), (payload[:80], reply[:200])
+            assert word in reply.decode(errors="replace"), reply[:300]
+            replies = re.findall(rb"(?:^|\n)HTTP/1\.[01] \d{3} ", reply)
+            assert len(replies) == 1, f"a second request was answered: {reply!r}"
+    # Nothing smuggled made a stream; HTTP/1.0 needs no Host; chunked alone is fine.
+    assert stats(sock)["streams"] == []
+    assert _exchange(sock, socket.AF_UNIX, b"GET /v1/stats HTTP/1.0\r\n\r\n").startswith(
+        b"HTTP/1.0 200 ")
+    chunked = (b"POST /v1/streams HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+               b"Connection: close\r\n\r\n14\r\n{\"name\":\"s\",\"pid\":1}\r\n0\r\n\r\n")
+    assert _exchange(sock, socket.AF_UNIX, chunked).startswith(b"HTTP/1.1 201 ")
+    after = mount.metrics().value("cubetorchfs_control_refused_total", reason="bad_framing")
+    assert after - before == sent
 
 
 def test_socket_is_removed_on_exit(cube: CubeFactory, tmp_path: Path) -> None:
