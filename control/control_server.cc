@@ -29,6 +29,7 @@
 #include <unordered_map>
 
 #include "common/logging.h"
+#include "common/private_dir.h"
 #include "control/server_impl.h"
 
 namespace cubetorchfs::control::detail {
@@ -129,8 +130,11 @@ Status ServerImpl::Listen() {
   beast::error_code ec;
   if (!options_.socket_path.empty()) {
     const std::string& path = options_.socket_path;
-    std::error_code fec;
-    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), fec);
+    // Other users reach the socket (0755), and it is made as root: not through a link, not
+    // in a directory another user could swap or fill.
+    const std::string dir = std::filesystem::path(path).parent_path().string();
+    CTFS_RETURN_IF_ERROR(EnsureDaemonDir(dir.empty() ? "." : dir, "prefetch.control_socket",
+                                         "the control socket", CreateDir::kWithParents, 0755));
     struct stat st;
     if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
       // A socket someone still answers on belongs to a running daemon: never steal it.

@@ -21,6 +21,7 @@
 #include "cache/ram_cache.h"
 #include "cfs_client/backend.h"
 #include "common/logging.h"
+#include "common/private_dir.h"
 #include "common/version.h"
 #include "conf/config.h"
 #include "control/control_file.h"
@@ -450,9 +451,15 @@ int Main(int argc, char** argv) {
 
   LogLevel level = cl->debug ? LogLevel::kDebug : ParseLogLevel(config.log_level).value();
   std::string log_path;
-  if (!cl->foreground && !config.log_dir.empty()) {
-    Result<std::string> dir = RealPath(config.log_dir);
-    log_path = (dir.ok() ? dir.value() : config.log_dir) + "/cubetorchfs.log";
+  if (!config.log_dir.empty() && (!cl->foreground || config.backend.type == "cubefs")) {
+    // The daemon's log (and the CubeFS SDK's, under it) is written as root: never into a
+    // directory reached through a link, or one another user could swap or fill.
+    config.log_dir = std::filesystem::absolute(config.log_dir).lexically_normal();
+    if (Status s = EnsureDaemonDir(config.log_dir, "logDir", "the daemon's log",
+                                   CreateDir::kWithParents, 0700);
+        !s.ok())
+      return Fail(kExitBadConfig, s.message());
+    if (!cl->foreground) log_path = config.log_dir + "/cubetorchfs.log";
   }
   if (Status s = InitLogging(log_path, level); !s.ok())
     return Fail(kExitBadConfig, "logDir: " + s.message());

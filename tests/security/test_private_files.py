@@ -209,3 +209,58 @@ def test_a_symlinked_or_foreign_staging_dir_is_refused(cube: CubeFactory, open_b
         assert "backend.staging_dir" in result.stderr and str(staging) in result.stderr \
             and words in result.stderr, result.stderr
         assert not instance.is_mounted()
+
+
+# --------------------------------------------------------------------------- daemon directories
+
+
+def test_daemon_directories_reached_through_a_link_or_held_by_another_user_are_refused(
+        cube: CubeFactory, open_base: Path) -> None:
+    """logDir, the control socket's directory and the NVMe tier are written as root: a link at
+    their name or anywhere above it (planted by another user), or a directory another user owns
+    or may write in, is refused at start with one clear error, and nothing is written there."""
+    src = open_base / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"x")
+    root_only = open_base / "root-only"  # what the links point at: only root may write there
+    root_only.mkdir(mode=0o755)
+    public = open_base / "public"  # as /tmp: anyone may add names, sticky
+    public.mkdir()
+    os.chmod(public, 0o1777)
+    planted = public / "planted"
+    as_nobody("ln", "-s", str(root_only), str(planted))  # /tmp/x -> a root directory
+    assert planted.is_symlink() and planted.lstat().st_uid == NOBODY
+    theirs = open_base / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    world = open_base / "world"
+    world.mkdir()
+    os.chmod(world, 0o777)  # writable by all, not sticky
+    sock = "prefetch.control_socket"
+    cases = [
+        ("logDir", {"logDir": str(planted)}, str(planted), "symlink"),
+        ("logDir", {"logDir": str(planted / "sub")}, str(planted), "symlink"),
+        ("logDir", {"logDir": str(theirs)}, f"uid {NOBODY}", "another user"),
+        ("logDir", {"logDir": str(world)}, str(world), "other users"),
+        (sock, {"prefetch": {"control_socket": str(planted / "vol.sock")}}, str(planted),
+         "symlink"),
+        (sock, {"prefetch": {"control_socket": str(world / "vol.sock")}}, str(world),
+         "other users"),
+        ("cache.disk_dir", nvme_overrides(planted / "nvme"), str(planted), "symlink"),
+    ]
+    for key, overrides, names, words in cases:
+        instance = cube.prepare(src, overrides)
+        result = cube.launch(instance)
+        assert result.returncode == 2, (overrides, result.returncode, result.stderr)
+        assert not instance.is_mounted()
+        first = result.stderr.strip().splitlines()[0] if result.stderr.strip() else ""
+        assert first.startswith(f"cubetorchfs: {key}: ") and names in first and words in first, \
+            (overrides, result.stderr)
+    assert list(root_only.iterdir()) == [], "the daemon wrote through a planted link"
+    assert list(theirs.iterdir()) == [] and list(world.iterdir()) == []
+    # The same directories, real and root's, are fine: the log lands in logDir.
+    good = open_base / "logs"
+    mount = launch_under_umask_zero(cube, src, {"logDir": str(good)})
+    assert mount.path("f").read_bytes() == b"x"
+    assert (good / "cubetorchfs.log").is_file()
+    assert stat.S_IMODE(os.lstat(good / "cubetorchfs.log").st_mode) == 0o600
