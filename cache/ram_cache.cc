@@ -1,5 +1,7 @@
 #include "cache/ram_cache.h"
 
+#include <sys/mman.h>
+
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
@@ -18,14 +20,51 @@
 
 namespace cubetorchfs::cache {
 
-void Buffer::Free::operator()(char* p) const { std::free(p); }
+namespace {
+
+constexpr size_t kPage = 4096;
+constexpr size_t kHugePage = 2u << 20;
+
+size_t PageRound(size_t n) { return (n + kPage - 1) & ~(kPage - 1); }
+
+[[noreturn]] void OutOfMemory(size_t size) {
+  std::fprintf(stderr, "cubetorchfs: out of memory allocating %zu bytes\n", size);
+  std::abort();
+}
+
+// `len` (page-rounded) bytes at a 2 MiB boundary: the huge pages cover all of it but the tail.
+char* MapAligned(size_t len) {
+  void* raw =
+      ::mmap(nullptr, len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (start + kHugePage - 1) & ~(uintptr_t{kHugePage} - 1);
+  if (aligned > start) ::munmap(raw, aligned - start);
+  const uintptr_t end = start + len + kHugePage;
+  if (end > aligned + len) ::munmap(reinterpret_cast<void*>(aligned + len), end - aligned - len);
+  ::madvise(reinterpret_cast<void*>(aligned), len, MADV_HUGEPAGE);  // a hint: may fail
+  return reinterpret_cast<char*>(aligned);
+}
+
+}  // namespace
+
+void Buffer::Free::operator()(char* p) const {
+  if (mapped != 0)
+    ::munmap(p, mapped);
+  else
+    std::free(p);
+}
 
 std::shared_ptr<Buffer> Buffer::Allocate(size_t size) {
   auto b = std::make_shared<Buffer>();
-  b->data.reset(static_cast<char*>(std::malloc(size == 0 ? 1 : size)));
-  if (!b->data) {
-    std::fprintf(stderr, "cubetorchfs: out of memory allocating %zu bytes\n", size);
-    std::abort();
+  if (size >= kHugePage) {
+    const size_t len = PageRound(size);
+    char* p = MapAligned(len);
+    if (p == nullptr) OutOfMemory(size);
+    b->data = std::unique_ptr<char, Free>(p, Free{len});
+  } else {
+    b->data.reset(static_cast<char*>(std::malloc(size == 0 ? 1 : size)));
+    if (!b->data) OutOfMemory(size);
   }
   b->size = size;
   return b;
@@ -33,8 +72,15 @@ std::shared_ptr<Buffer> Buffer::Allocate(size_t size) {
 
 void Buffer::Shrink(size_t n) {
   if (n >= size) return;
-  // glibc shrinks in place (or with mremap for large blocks): no copy of the bytes kept.
-  if (char* p = static_cast<char*>(std::realloc(data.get(), n == 0 ? 1 : n))) {
+  size_t& mapped = data.get_deleter().mapped;
+  if (mapped != 0) {
+    const size_t keep = PageRound(n == 0 ? 1 : n);
+    if (keep < mapped) {
+      ::munmap(data.get() + keep, mapped - keep);
+      mapped = keep;
+    }
+  } else if (char* p = static_cast<char*>(std::realloc(data.get(), n == 0 ? 1 : n))) {
+    // glibc shrinks in place (or with mremap for large blocks): no copy of the bytes kept.
     (void)data.release();
     data.reset(p);
   }

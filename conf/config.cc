@@ -391,7 +391,7 @@ Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
   constexpr double kMaxTimeout = 86400.0 * 365;
   return ForEachKey(node, "fuse",
                     {"read_only", "entry_timeout_s", "attr_timeout_s", "negative_timeout_s",
-                     "max_read", "keep_cache", "flush_on_close", "write_back_idle_s"},
+                     "max_read", "read_ahead", "keep_cache", "flush_on_close", "write_back_idle_s"},
                     [&](const std::string& k, const YAML::Node& v, const std::string& key) {
                       if (k == "read_only") {
                         CTFS_ASSIGN(o->read_only, GetBool(v, key));
@@ -413,6 +413,13 @@ Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
                         CTFS_ASSIGN(o->max_read, GetSize(v, key));
                         if (o->max_read < 4096 || o->max_read > (1u << 20))
                           return Bad(key, "must be between 4KiB and 1MiB");
+                      }
+                      if (k == "read_ahead") {
+                        CTFS_ASSIGN(o->read_ahead_bytes, GetSize(v, key));
+                        if (o->read_ahead_bytes % 4096 != 0 || o->read_ahead_bytes > (64u << 20))
+                          return Bad(key,
+                                     "must be a multiple of 4KiB, at most 64MiB (0: the "
+                                     "kernel's)");
                       }
                       if (k == "keep_cache") {
                         CTFS_ASSIGN(o->keep_cache, GetBool(v, key));

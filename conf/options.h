@@ -112,6 +112,10 @@ struct FuseOptions {
   double attr_timeout_s = 1.0;      // Default: 1 s; 300 s with profile ai_prefetch.
   double negative_timeout_s = 0.0;  // Default: 0 s; 5 s with profile ai_prefetch.
   uint64_t max_read = 1ull << 20;   // largest read/write request. Default: 1 MiB.
+  // The kernel's readahead for the mount (its bdi's read_ahead_kb, set by the daemon after
+  // mounting; a FUSE mount otherwise gets 128 KiB): up to this much of a file read in
+  // sequence is asked for ahead, in max_read requests. 0 leaves the kernel's. Default: 8 MiB.
+  uint64_t read_ahead_bytes = 8ull << 20;
   // Keep the kernel page cache across opens of a file whose version (size, mtime) did not
   // change. Default: false; true with profile ai_prefetch.
   bool keep_cache = false;

@@ -15,8 +15,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
+#include <sstream>
 
 #include "cache/ram_cache.h"
 #include "cfs_client/backend.h"
@@ -246,6 +248,52 @@ int WriteMountInfo(const conf::Config& config, const std::string& control_path,
 // The composition root, one function on purpose (~150 lines): every component lives in this
 // frame, built in dependency order and destroyed in reverse, and the shutdown below runs in
 // the one order that loses nothing. The option structs are built by the helpers above.
+
+// /proc/self/mountinfo escapes space, tab, newline and backslash as \ooo.
+std::string UnescapeMountinfo(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size()) {
+      const std::string oct = s.substr(i + 1, 3);
+      if (oct.size() == 3 && oct.find_first_not_of("01234567") == std::string::npos) {
+        out.push_back(static_cast<char>(std::stoi(oct, nullptr, 8)));
+        i += 3;
+        continue;
+      }
+    }
+    out.push_back(s[i]);
+  }
+  return out;
+}
+
+// The kernel's readahead for our mount: its bdi's read_ahead_kb (a FUSE mount gets 128 KiB
+// whatever max_readahead says). The device comes from mountinfo, not stat(): our own file
+// system answers nothing until the session loop runs. Needs root; otherwise logged and left.
+void SetReadAhead(const std::string& mount_point, uint64_t bytes) {
+  if (bytes == 0) return;
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line, dev;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string id, parent, majmin, root, point;
+    if (fields >> id >> parent >> majmin >> root >> point &&
+        UnescapeMountinfo(point) == mount_point)
+      dev = majmin;  // the last one is ours: mounted over any other
+  }
+  const std::string path = "/sys/class/bdi/" + dev + "/read_ahead_kb";
+  const std::string kb = std::to_string(bytes / 1024);
+  int fd = dev.empty() ? -1 : ::open(path.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+  const bool ok = fd >= 0 && ::write(fd, kb.data(), kb.size()) == static_cast<ssize_t>(kb.size());
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  if (ok)
+    CTFS_LOG(kInfo) << "fuse.read_ahead: " << kb << " KiB (" << path << ")";
+  else
+    CTFS_LOG(kInfo) << "fuse.read_ahead: cannot set "
+                    << (dev.empty() ? "(no mountinfo entry)" : path) << ": " << std::strerror(err)
+                    << "; the kernel's readahead stays";
+}
+
 int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   // Cached files are mostly 10 KB-1 MB buffers allocated and freed at a high rate by many
   // threads. From mmap (glibc's default above 128 KiB) each costs page faults and an munmap;
@@ -365,6 +413,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
     fuse_remove_signal_handlers(se.get());
     return Fail(kExitFailure, config.mount_point + ": mount failed (see the line above)");
   }
+  SetReadAhead(config.mount_point, config.fuse.read_ahead_bytes);
 
   const std::string control_path = control::ControlFilePath(config.vol_name);
   const int pid = WriteMountInfo(config, control_path, control_options.socket_path);

@@ -150,7 +150,10 @@ void Init(void* userdata, fuse_conn_info* conn) {
   auto* ctx = static_cast<FuseContext*>(userdata);
   conn->max_read = static_cast<unsigned>(ctx->options.max_read);  // must match -o max_read
   conn->max_write = static_cast<unsigned>(ctx->options.max_read);
-  conn->max_readahead = static_cast<unsigned>(ctx->options.max_read);
+  // The kernel applies min(its bdi's readahead, this) once it has our reply; the daemon sets
+  // the bdi's to fuse.read_ahead before answering (main.cc), so both say the same.
+  conn->max_readahead =
+      static_cast<unsigned>(std::max(ctx->options.max_read, ctx->options.read_ahead_bytes));
   // Many training workers read at once; let the kernel keep many reads in flight.
   conn->max_background = 128;
   conn->congestion_threshold = 96;

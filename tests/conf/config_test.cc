@@ -686,5 +686,22 @@ TEST(ConfigTest, BadInjectStoreLimitsNameTheKey) {
   }
 }
 
+TEST(ConfigTest, FuseReadAheadIsASizeAndBadOnesNameTheKey) {
+  Result<Config> d = ParseConfig(R"({"volName": "v", "backend": {"root": "/d"}})");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->fuse.read_ahead_bytes, 8u << 20);
+  Result<Config> c =
+      ParseConfig(R"({"volName": "v", "backend": {"root": "/d"}, "fuse": {"read_ahead": "2MiB"}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->fuse.read_ahead_bytes, 2u << 20);
+  for (const char* bad : {R"("1000")", R"("128MiB")", "-1", R"("lots")"}) {
+    Result<Config> b = ParseConfig(
+        std::string(R"({"volName": "v", "backend": {"root": "/d"}, "fuse": {"read_ahead": )") +
+        bad + "}}");
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_EQ(b.status().message().rfind("fuse.read_ahead", 0), 0u) << b.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace cubetorchfs::conf

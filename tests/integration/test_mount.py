@@ -295,6 +295,26 @@ def test_proc_mounts_entry(tree_mount: CubeMount) -> None:
     assert entry.source == f"cubetorchfs:{tree_mount.vol_name}"
 
 
+def test_the_mounts_kernel_readahead_is_fuse_read_ahead(tree_mount: CubeMount,
+                                                        source_tree: SourceTree,
+                                                        cube: CubeFactory) -> None:
+    """A FUSE mount gets 128 KiB of readahead; the daemon (root) sets fuse.read_ahead (8 MiB by
+    default) and a big file still reads byte for byte."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (the daemon sets /sys/class/bdi/*/read_ahead_kb)")
+
+    def read_ahead_kb(mount: CubeMount) -> int:
+        dev = os.stat(mount.path()).st_dev
+        return int(Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+                   .read_text())
+
+    assert read_ahead_kb(tree_mount) == 8192
+    small = cube.mount(source_tree.root, {"fuse": {"read_ahead": "256KiB"}})
+    assert read_ahead_kb(small) == 256
+    data = small.path(source_tree.big).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == source_tree.hashes[source_tree.big]
+
+
 @pytest.mark.parametrize("profile", ["", "ai_prefetch"])
 def test_read_only_mount_fails_writes_with_erofs(cube: CubeFactory, source_tree: SourceTree,
                                                  profile: str) -> None:
