@@ -324,7 +324,8 @@ Status ParsePrefetch(const YAML::Node& node, PrefetchOptions* o) {
   return ForEachKey(
       node, "prefetch",
       {"enabled", "max_inflight", "window_files", "window_bytes", "evict_after_read",
-       "control_socket", "max_streams_per_uid", "max_queued_paths_per_uid", "max_queued_paths"},
+       "control_socket", "max_streams_per_uid", "max_queued_paths_per_uid", "max_queued_paths",
+       "max_queued_path_bytes_per_uid", "max_queued_path_bytes"},
       [&](const std::string& k, const YAML::Node& v, const std::string& key) {
         if (k == "enabled") CTFS_ASSIGN(o->enabled, GetBool(v, key));
         if (k == "max_inflight") {
@@ -344,6 +345,18 @@ Status ParsePrefetch(const YAML::Node& node, PrefetchOptions* o) {
         if (limit != nullptr) {
           CTFS_ASSIGN(*limit, GetUint(v, key, 1ull << 26));
           if (*limit == 0) return Bad(key, "must be at least 1");
+        }
+        // Memory an outsider's published paths may make the daemon hold: room for a few
+        // paths of the longest kind (about 8 KiB each), at most 4 GiB.
+        uint64_t* bytes = k == "max_queued_path_bytes_per_uid" ? &o->max_queued_path_bytes_per_uid
+                          : k == "max_queued_path_bytes"       ? &o->max_queued_path_bytes
+                                                               : nullptr;
+        if (bytes != nullptr) {
+          CTFS_ASSIGN(*bytes, GetSize(v, key));
+          if (*bytes < (64u << 10))
+            return Bad(key,
+                       "must be at least 64KiB (a path of 4096 bytes queued holds about 8KiB)");
+          if (*bytes > (4ull << 30)) return Bad(key, "must be at most 4GiB");
         }
         return Status::OK();
       });

@@ -90,6 +90,10 @@ struct PrefetchOptions {
   uint64_t max_streams_per_uid = 64;             // streams one user may have. Default: 64.
   uint64_t max_queued_paths_per_uid = 1u << 17;  // paths not yet read, one user. Default: 131072.
   uint64_t max_queued_paths = 1u << 18;          // paths not yet read, all users. Default: 262144.
+  // The memory those paths hold (about 200 bytes plus twice the path each), one user and all
+  // users. Default: 32 MiB and 64 MiB.
+  uint64_t max_queued_path_bytes_per_uid = 32ull << 20;
+  uint64_t max_queued_path_bytes = 64ull << 20;
 };
 
 // The control server's limits (docs/security.md): what one outsider can make it hold.

@@ -60,6 +60,12 @@ Status CheckJsonShape(std::string_view body, int max_depth, uint64_t max_element
 }
 
 Result<std::string> ToStorePath(const std::string& mount_point, const std::string& path) {
+  // What the kernel would refuse with ENAMETOOLONG is refused here too, before it is kept
+  // anywhere: a queued path holds its bytes until read.
+  auto shown = [&path] { return path.size() > 64 ? path.substr(0, 64) + "..." : path; };
+  if (path.size() > kMaxPathBytes)
+    return Status::NameTooLong(shown() + ": path over " + std::to_string(kMaxPathBytes) +
+                               " bytes (PATH_MAX)");
   std::string rel;
   if (!path.empty() && path[0] == '/') {
     const std::string prefix = mount_point == "/" ? "/" : mount_point + "/";
@@ -76,6 +82,9 @@ Result<std::string> ToStorePath(const std::string& mount_point, const std::strin
     if (slash == std::string::npos) slash = rel.size();
     std::string part = rel.substr(start, slash - start);
     if (part == "..") return Status::InvalidArgument(path + ": \"..\" is not allowed");
+    if (part.size() > kMaxNameBytes)
+      return Status::NameTooLong(shown() + ": a name over " + std::to_string(kMaxNameBytes) +
+                                 " bytes (NAME_MAX)");
     if (!part.empty() && part != ".") out += (out.empty() ? "" : "/") + part;
     start = slash + 1;
   }
@@ -95,6 +104,42 @@ json CountsJson(const ReadCounts& c) {
 json RatioJson(const ReadCounts& c) {
   if (c.total() == 0) return nullptr;
   return static_cast<double>(c.hit) / static_cast<double>(c.total());
+}
+
+// The 429 text of a publish refused by limit `r`: which limit, and what the user holds.
+std::string FullMessage(const Prefetcher::Refusal& r) {
+  using Limit = Prefetcher::Limit;
+  const std::string held = std::to_string(r.held), value = std::to_string(r.value);
+  const std::string asked = std::to_string(r.asked), users = std::to_string(r.users);
+  const std::string share =
+      "with " + users + " users queuing, each may have 1/" + std::to_string(r.users + 1) + " of ";
+  switch (r.limit) {
+    case Limit::kUserPaths:
+      return "too many queued paths for this user (prefetch.max_queued_paths_per_uid = " + value +
+             "): it has " + held + ", this request adds " + asked;
+    case Limit::kUserBytes:
+      return "the queued paths of this user would take too much memory "
+             "(prefetch.max_queued_path_bytes_per_uid = " +
+             value + " bytes): it has " + held + ", this request adds " + asked;
+    case Limit::kSharePaths:
+      return "this user's fair share of the queued paths of all users is used (" + share +
+             "prefetch.max_queued_paths: " + value + " paths): it has " + held +
+             ", this request adds " + asked;
+    case Limit::kShareBytes:
+      return "this user's fair share of the memory for queued paths is used (" + share +
+             "prefetch.max_queued_path_bytes: " + value + " bytes): it has " + held +
+             ", this request adds " + asked;
+    case Limit::kPoolPaths:
+      return "too many queued paths of all users (prefetch.max_queued_paths = " + value +
+             "): " + held + " queued, this request adds " + asked;
+    case Limit::kPoolBytes:
+      return "the queued paths of all users would take too much memory "
+             "(prefetch.max_queued_path_bytes = " +
+             value + " bytes): " + held + " queued, this request adds " + asked;
+    case Limit::kNone:
+      break;
+  }
+  return "too many queued paths";
 }
 
 void PutU64(std::string& out, uint64_t v) {
@@ -188,16 +233,24 @@ std::shared_ptr<const Caller> ServerImpl::ReaderFor(const Caller& caller) const 
   return std::make_shared<const Caller>(caller);
 }
 
-Response ServerImpl::StreamError(Prefetcher::Op op, const std::string& id, unsigned v) {
+Response ServerImpl::StreamError(Prefetcher::Op op, const std::string& id, unsigned v,
+                                 const Prefetcher::Refusal& refusal) {
   switch (op) {
     case Prefetcher::Op::kForbidden:
       return Error(http::status::forbidden, "stream " + id + " belongs to another user", v);
     case Prefetcher::Op::kFull:
-      return Error(http::status::too_many_requests,
-                   "too many queued paths for this user (prefetch.max_queued_paths_per_uid)", v);
+      return Error(http::status::too_many_requests, FullMessage(refusal), v);
     default:
       return Error(http::status::not_found, "unknown stream " + id, v);
   }
+}
+
+Response ServerImpl::StreamsFull(unsigned v) {
+  return Error(http::status::too_many_requests,
+               "too many streams for this user: at most " +
+                   std::to_string(prefetcher_->max_streams_per_uid()) +
+                   " (prefetch.max_streams_per_uid)",
+               v);
 }
 
 Response ServerImpl::CreateStream(const Request& req, const Caller& caller) {
@@ -221,9 +274,7 @@ Response ServerImpl::CreateStream(const Request& req, const Caller& caller) {
     pid = body["pid"].get<int>();
   }
   const std::string id = prefetcher_->CreateStream(name, pid, caller.uid, ReaderFor(caller));
-  if (id.empty())
-    return Error(http::status::too_many_requests,
-                 "too many streams for this user (prefetch.max_streams_per_uid)", v);
+  if (id.empty()) return StreamsFull(v);
   return JsonResponse(http::status::created, json{{"id", id}}, v);
 }
 
@@ -234,9 +285,7 @@ void ServerImpl::CountRejected(Reject r) {
 
 Result<PathResolver::Resolved> ServerImpl::Check(const std::string& p, const Caller& caller,
                                                  bool fresh, PathResolver::Depth depth) {
-  Result<std::string> sp = p.size() > 4096
-                               ? Result<std::string>(Status::NameTooLong("path over 4096 bytes"))
-                               : ToStorePath(options_.mount_point, p);
+  Result<std::string> sp = ToStorePath(options_.mount_point, p);
   if (!sp.ok()) {
     CountRejected(Reject::kOutside);
     return sp.status();
@@ -311,8 +360,10 @@ Response ServerImpl::PublishPaths(const Request& req, const Caller& caller, cons
   std::optional<std::vector<std::string>> paths = PathsBody(req, caller, &rejected, &why);
   if (!paths) return Error(http::status::bad_request, why, v);
   if (paths->empty() && rejected > 0) return Error(http::status::unprocessable_entity, why, v);
-  const Prefetcher::Op op = prefetcher_->PublishAs(caller.uid, id, *paths);
-  if (op != Prefetcher::Op::kOk) return StreamError(op, id, v);
+  Prefetcher::Refusal refusal;
+  const Prefetcher::Op op =
+      prefetcher_->PublishAs(caller.uid, id, *paths, false, nullptr, &refusal);
+  if (op != Prefetcher::Op::kOk) return StreamError(op, id, v, refusal);
   return JsonResponse(http::status::accepted,
                       json{{"accepted", paths->size()}, {"rejected", rejected}}, v);
 }
@@ -338,20 +389,24 @@ Response ServerImpl::LegacyPrefetch(const Request& req, const Caller& caller) {
     // The original package expects "prefetching." whatever happens: past the per-user
     // limits, as many paths as fit are published (prefetching is best effort).
     size_t taken = 0;
-    Prefetcher::Op op = id.empty() ? Prefetcher::Op::kNotFound
-                                   : prefetcher_->PublishAs(caller.uid, id, all, true, &taken);
+    Prefetcher::Refusal refusal;
+    Prefetcher::Op op = id.empty()
+                            ? Prefetcher::Op::kNotFound
+                            : prefetcher_->PublishAs(caller.uid, id, all, true, &taken, &refusal);
     if (op == Prefetcher::Op::kNotFound) {
       id = prefetcher_->CreateStream("cube_torch legacy", 0, caller.uid, ReaderFor(caller));
       if (id.empty()) {
         legacy_streams_.erase(caller.uid);
-        return StreamError(Prefetcher::Op::kFull, "legacy", v);
+        return StreamsFull(v);
       }
-      op = prefetcher_->PublishAs(caller.uid, id, all, true, &taken);
+      op = prefetcher_->PublishAs(caller.uid, id, all, true, &taken, &refusal);
     }
     if (op == Prefetcher::Op::kFull || taken < all.size()) {
       if (dropped_warnings_++ < 3 || dropped_warnings_ % 1000 == 0)
         CTFS_LOG(kWarn) << "legacy prefetch of uid " << caller.uid << ": " << all.size() - taken
-                        << " paths over the queued-path limits dropped";
+                        << " paths over the queued-path limits dropped"
+                        << (refusal.limit != Prefetcher::Limit::kNone ? ": " + FullMessage(refusal)
+                                                                      : "");
     } else if (op != Prefetcher::Op::kOk) {
       return StreamError(op, id, v);
     }
@@ -533,6 +588,7 @@ json ServerImpl::StatsJson(const Caller& caller) {
                        {"read", st.read},
                        {"skipped", st.skipped},
                        {"queued", st.queued},
+                       {"queued_bytes", st.queued_bytes},
                        {"fetched", st.fetched},
                        {"failed", st.failed},
                        {"evicted_unread", st.evicted_unread},
@@ -563,7 +619,10 @@ json ServerImpl::StatsJson(const Caller& caller) {
                   {"inflight", s.inflight},
                   {"window_files", s.window_files},
                   {"window_bytes", s.window_bytes},
-                  {"window_budget_bytes", s.window_budget_bytes}}},
+                  {"window_budget_bytes", s.window_budget_bytes},
+                  {"queued_paths", s.queued_paths},
+                  {"queued_bytes", s.queued_bytes},
+                  {"queued_users", s.queued_users}}},
                 {"cache", {{"ram_bytes", ram_->bytes() + s.window_bytes}}},
                 {"files_open",
                  {{"opened", files_opened_.load()},

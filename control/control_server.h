@@ -16,7 +16,8 @@
 //
 // Errors are JSON {"error": "..."}: 400 malformed, 403 another user's stream, 404 unknown
 // stream or route, 405 wrong method, 413 body over the limit, 422 no acceptable path, 429 a
-// per-user limit reached, 503 the server's request memory is in use (retry).
+// limit on streams or queued paths reached (the error names it), 503 the server's request
+// memory is in use (retry).
 //
 // Every connection is from a known local user: the unix socket's peer credentials
 // (SO_PEERCRED), or for the loopback TCP port the owner of the peer socket as the kernel's
@@ -25,8 +26,9 @@
 // may not read are rejected, counted per reason, and never fetched. Streams belong to their
 // creator. Resources are bounded: connections per listener and per user, an idle timeout,
 // request bodies (each, and all being handled at once), the JSON shape (depth, elements),
-// streams and queued paths per user. /batchdownload replies are streamed (chunked), never
-// built in memory. Request handling, JSON parsing included, runs on worker threads, off the
+// streams per user, queued paths by count and memory (per user, and shared fairly by all),
+// paths over PATH_MAX or with a name over NAME_MAX. /batchdownload replies are streamed (chunked),
+// never built in memory. Request handling, JSON parsing included, runs on worker threads, off the
 // one Asio thread that reads and writes the connections.
 //
 // Thread safety: Start() and the destructor from one thread; the rest is internal.
@@ -63,8 +65,14 @@ using prefetch::Warmer;
 // without parsing it, so an oversized body costs no memory). The error says which.
 Status CheckJsonShape(std::string_view body, int max_depth, uint64_t max_elements);
 
+// The longest path a request may name, and the longest name in it (the kernel's PATH_MAX and
+// NAME_MAX: it would refuse longer ones with ENAMETOOLONG).
+constexpr size_t kMaxPathBytes = 4096;
+constexpr size_t kMaxNameBytes = 255;
+
 // Maps a published path (absolute under `mount_point`, or relative to the mount root) to a
-// store-relative path. Rejects paths outside the mount and ".." components.
+// store-relative path. Rejects paths outside the mount, ".." components, paths over
+// kMaxPathBytes and names over kMaxNameBytes (NameTooLong).
 Result<std::string> ToStorePath(const std::string& mount_point, const std::string& path);
 
 class ControlServer {

@@ -202,7 +202,10 @@ class ServerImpl final : public ControlServer {
   // Whose read permission a stream's fetches are checked against: none for root, or where
   // the store has no owners.
   std::shared_ptr<const Caller> ReaderFor(const Caller& caller) const;
-  Response StreamError(Prefetcher::Op op, const std::string& id, unsigned v);
+  // The reply to a stream request refused with `op`; for kFull, `refusal` names the limit.
+  Response StreamError(Prefetcher::Op op, const std::string& id, unsigned v,
+                       const Prefetcher::Refusal& refusal = {});
+  Response StreamsFull(unsigned v);  // 429: the caller has prefetch.max_streams_per_uid
   Response CreateStream(const Request& req, const Caller& caller);
   void CountRejected(Reject r);
   // The store path of request path `p` as `caller` may read it (resolved beneath the root);

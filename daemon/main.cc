@@ -159,6 +159,8 @@ prefetch::Prefetcher::Options PrefetcherOptions(const conf::Config& config,
   o.max_streams_per_uid = config.prefetch.max_streams_per_uid;
   o.max_queued_paths_per_uid = config.prefetch.max_queued_paths_per_uid;
   o.max_queued_paths = config.prefetch.max_queued_paths;
+  o.max_queued_path_bytes_per_uid = config.prefetch.max_queued_path_bytes_per_uid;
+  o.max_queued_path_bytes = config.prefetch.max_queued_path_bytes;
   o.keep_cache = config.fuse.keep_cache;
   return o;
 }

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <utility>
 
 #include "cache/tiers.h"
+#include "common/heap_trim.h"
 #include "common/logging.h"
 #include "common/parallel.h"
 
@@ -17,6 +19,24 @@ namespace {
 constexpr uint64_t kSecond = 1'000'000'000;
 // A file read only in part is released this long after its last read.
 constexpr uint64_t kPartialReadIdleNs = 30 * kSecond;
+
+// The heap block glibc's malloc gives a std::string of `len` bytes (none up to 15: they are
+// stored inline): the bytes and the NUL plus an 8-byte header, in 16-byte steps, 32 at least.
+uint64_t StringHeapBytes(size_t len) {
+  if (len < 16) return 0;
+  return std::max<uint64_t>(32, (static_cast<uint64_t>(len) + 1 + 8 + 15) & ~uint64_t{15});
+}
+
+// A queued position's fixed part, with libstdc++ and glibc (x86-64 and aarch64): the path's
+// std::string in the stream's deque (32) and its state byte (1), plus the deque blocks'
+// headers; in the index of pending files, the node (next pointer, key, positions vector,
+// cached hash: 72, a 80-byte block), the positions vector's block (32), and buckets (8 each,
+// kept at most 4 per entry: 32). PrefetcherTest.QueuedPathCostCoversWhatPublishAllocates
+// measures it against malloc's own count.
+constexpr uint64_t kQueuedPathOverhead = 192;
+// The index of pending files is rehashed smaller when it has this many buckets or more and
+// over 4 per entry (its bucket array is never given back otherwise).
+constexpr size_t kShrinkBuckets = 1024;
 
 }  // namespace
 
@@ -76,6 +96,11 @@ Prefetcher::~Prefetcher() {
     if (e.state != State::kReady && e.promise) e.promise->set_value();
 }
 
+uint64_t Prefetcher::QueuedPathCost(size_t path_bytes) {
+  // The path twice: the stream's copy and the key of the index of pending files.
+  return kQueuedPathOverhead + 2 * StringHeapBytes(path_bytes);
+}
+
 uint64_t Prefetcher::Slack() const {
   if (options_.skip_slack != 0) return options_.skip_slack;
   return std::clamp<uint64_t>(options_.prefetch.window_files / 4, 64, 1024);
@@ -120,13 +145,41 @@ Prefetcher::Op Prefetcher::CheckStream(uid_t uid, const std::string& id) {
 }
 
 Prefetcher::Op Prefetcher::DeleteStreamAs(uid_t uid, const std::string& id) {
-  std::lock_guard<std::mutex> l(mu_);
-  auto it = streams_.find(id);
-  if (it == streams_.end()) return Op::kNotFound;
-  if (uid != 0 && it->second.uid != uid) return Op::kForbidden;
-  DeleteStreamLocked(it);
-  Wake();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = streams_.find(id);
+    if (it == streams_.end()) return Op::kNotFound;
+    if (uid != 0 && it->second.uid != uid) return Op::kForbidden;
+    DeleteStreamLocked(it);
+    Wake();
+  }
+  MaybeTrimHeap();
   return Op::kOk;
+}
+
+void Prefetcher::UnqueueLocked(const Stream& s, uint64_t paths, uint64_t bytes) {
+  if (paths == 0 && bytes == 0) return;
+  queued_all_.paths -= paths;
+  queued_all_.bytes -= bytes;
+  auto q = queued_.find(s.uid);
+  if (q == queued_.end()) return;
+  q->second.paths -= paths;
+  q->second.bytes -= bytes;
+  if (q->second.paths == 0) queued_.erase(q);
+}
+
+void Prefetcher::MaybeTrimHeap() {
+  uint64_t freed = 0;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (freed_queued_bytes_ < kTrimAfterBytes) return;
+    freed = std::exchange(freed_queued_bytes_, 0);
+  }
+  const bool ran = options_.trim_heap ? options_.trim_heap() : TrimHeap();
+  if (!ran) {  // another trim ran just before: the next sweep tries again
+    std::lock_guard<std::mutex> l(mu_);
+    freed_queued_bytes_ += freed;
+  }
 }
 
 void Prefetcher::DeleteStreamLocked(std::map<std::string, Stream>::iterator it) {
@@ -137,6 +190,9 @@ void Prefetcher::DeleteStreamLocked(std::map<std::string, Stream>::iterator it) 
   CTFS_LOG(kInfo) << "stream " << s.id << " deleted (" << s.stats.read << " of "
                   << s.stats.published << " published files read)";
   if (rr_after_ == s.id) rr_after_.clear();
+  // Its queue goes with it: the memory is given back (MaybeTrimHeap, once unlocked).
+  UnqueueLocked(s, s.paths.size(), s.queued_bytes);
+  freed_queued_bytes_ += s.queued_bytes;
   streams_.erase(it);
   for (const auto& path : attached) {
     DropRefLocked(path);
@@ -151,25 +207,64 @@ bool Prefetcher::Publish(const std::string& id, const std::vector<std::string>& 
 
 Prefetcher::Op Prefetcher::PublishAs(uid_t uid, const std::string& id,
                                      const std::vector<std::string>& paths, bool partial,
-                                     size_t* taken) {
+                                     size_t* taken, Refusal* refusal) {
   if (taken != nullptr) *taken = 0;
+  if (refusal != nullptr) *refusal = Refusal{};
   {
     std::lock_guard<std::mutex> l(mu_);
     Stream* s = StreamById(id);
     if (s == nullptr) return Op::kNotFound;
     if (uid != 0 && s->uid != uid) return Op::kForbidden;
-    // Queued positions of all the owner's streams stay under the per-uid limit.
-    uint64_t queued = 0, all = 0;
-    for (const auto& [sid, st] : streams_) {
-      const uint64_t q = st.base + st.paths.size() - st.low;
-      all += q;
-      if (st.uid == s->uid) queued += q;
+    // What the stream's owner and all users hold, and each limit on it. The global limits
+    // are shared: with `users` users queuing (the owner included), one may hold a
+    // (users + 1)-th of each, which leaves a share for a user with nothing queued yet.
+    const auto mine_it = queued_.find(s->uid);
+    const Queued mine = mine_it == queued_.end() ? Queued{} : mine_it->second;
+    const uint64_t users = queued_.size() + (mine_it == queued_.end() ? 1 : 0);
+    struct Bound {
+      Limit limit;
+      uint64_t value, held;
+      bool bytes;
+    };
+    const Bound bounds[] = {
+        {Limit::kUserPaths, options_.max_queued_paths_per_uid, mine.paths, false},
+        {Limit::kUserBytes, options_.max_queued_path_bytes_per_uid, mine.bytes, true},
+        {Limit::kSharePaths, options_.max_queued_paths / (users + 1), mine.paths, false},
+        {Limit::kShareBytes, options_.max_queued_path_bytes / (users + 1), mine.bytes, true},
+        {Limit::kPoolPaths, options_.max_queued_paths, queued_all_.paths, false},
+        {Limit::kPoolBytes, options_.max_queued_path_bytes, queued_all_.bytes, true},
+    };
+    // The first limit that `more` positions costing `more_bytes` would pass, if any.
+    auto passed = [&bounds](uint64_t more, uint64_t more_bytes) -> const Bound* {
+      for (const Bound& b : bounds)
+        if (b.held + (b.bytes ? more_bytes : more) > b.value) return &b;
+      return nullptr;
+    };
+    size_t n = 0;
+    uint64_t bytes = 0;
+    const Bound* over = nullptr;
+    uint64_t asked_paths = paths.size(), asked_bytes = 0;  // what passed it
+    if (partial) {
+      // As many as fit, in order.
+      for (; n < paths.size(); ++n) {
+        const uint64_t cost = QueuedPathCost(paths[n].size());
+        if ((over = passed(n + 1, bytes + cost)) != nullptr) {
+          asked_paths = n + 1;
+          asked_bytes = bytes + cost;
+          break;
+        }
+        bytes += cost;
+      }
+    } else if (!paths.empty()) {  // all or none (nothing is never refused)
+      for (const auto& path : paths) bytes += QueuedPathCost(path.size());
+      over = passed(paths.size(), bytes);
+      asked_bytes = bytes;
+      n = over == nullptr ? paths.size() : 0;
     }
-    const uint64_t room = std::min(
-        options_.max_queued_paths_per_uid - std::min(queued, options_.max_queued_paths_per_uid),
-        options_.max_queued_paths - std::min(all, options_.max_queued_paths));
-    if (room < paths.size() && (!partial || room == 0)) return Op::kFull;
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(room, paths.size()));
+    if (over != nullptr && refusal != nullptr)
+      *refusal = Refusal{over->limit, over->value, over->held,
+                         over->bytes ? asked_bytes : asked_paths, users};
+    if (over != nullptr && n == 0) return Op::kFull;
     if (taken != nullptr) *taken = n;
     for (size_t i = 0; i < n; ++i) {
       const std::string& path = paths[i];
@@ -177,6 +272,14 @@ Prefetcher::Op Prefetcher::PublishAs(uid_t uid, const std::string& id,
       s->paths.push_back(path);
       s->states.push_back(kPending);
       s->pending[path].push_back(pos);
+    }
+    if (n > 0) {
+      s->queued_bytes += bytes;
+      Queued& q = queued_[s->uid];
+      q.paths += n;
+      q.bytes += bytes;
+      queued_all_.paths += n;
+      queued_all_.bytes += bytes;
     }
     s->stats.published += n;
     s->last_active_ns = clock_->NowNanos();
@@ -203,10 +306,14 @@ Stats Prefetcher::GetStats(std::optional<uid_t> only) {
   out.inflight = inflight_;
   out.window_files = window_.size();
   out.window_bytes = window_bytes_;
+  out.queued_paths = queued_all_.paths;
+  out.queued_bytes = queued_all_.bytes;
+  out.queued_users = queued_.size();
   for (const auto& [id, s] : streams_) {
     if (only && s.uid != *only) continue;
     StreamStats st = s.stats;
     st.queued = s.base + s.paths.size() - s.low;
+    st.queued_bytes = s.queued_bytes;
     out.streams.push_back(std::move(st));
   }
   return out;
@@ -329,7 +436,10 @@ void Prefetcher::MarkPositionLocked(Stream& s, uint64_t pos, PosState state) {
     auto& positions = p->second;
     auto found = std::find(positions.begin(), positions.end(), pos);
     if (found != positions.end()) positions.erase(found);
-    if (positions.empty()) s.pending.erase(p);
+    if (positions.empty())
+      s.pending.erase(p);
+    else if (positions.capacity() > 4 * positions.size() + 8)
+      positions.shrink_to_fit();  // a path published many times keeps no stale block
   }
   (state == kRead ? s.stats.read : s.stats.skipped)++;
   if (attached) {  // the position holds a ref of the window entry
@@ -350,11 +460,21 @@ void Prefetcher::AdvanceLocked(Stream& s) {
     s.low++;
   }
   // Positions behind the cursor are never looked at again.
+  uint64_t popped = 0, bytes = 0;
   while (s.base < s.low) {
+    bytes += QueuedPathCost(s.paths.front().size());
     s.paths.pop_front();
     s.states.pop_front();
     s.base++;
+    popped++;
   }
+  s.queued_bytes -= bytes;
+  UnqueueLocked(s, popped, bytes);
+  // The deques free their blocks as they empty; the index of pending files keeps its buckets:
+  // rehashed to fit when mostly empty, so what a stream holds follows what it has queued
+  // (QueuedPathCost counts 4 buckets a path).
+  if (s.pending.bucket_count() >= kShrinkBuckets && s.pending.bucket_count() > 4 * s.pending.size())
+    s.pending.rehash(0);
 }
 
 void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& version,
@@ -472,8 +592,11 @@ bool Prefetcher::RunOneJob() {
 }
 
 void Prefetcher::Sweep() {
-  std::lock_guard<std::mutex> l(mu_);
-  SweepLocked();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    SweepLocked();
+  }
+  MaybeTrimHeap();
 }
 
 void Prefetcher::SweepLocked() {
@@ -500,7 +623,15 @@ void Prefetcher::SweepLocked() {
 void Prefetcher::WorkerLoop() {
   std::unique_lock<std::mutex> l(mu_);
   while (!stop_) {
-    if (clock_->NowNanos() - last_sweep_ns_ > kSecond) SweepLocked();
+    if (clock_->NowNanos() - last_sweep_ns_ > kSecond) {
+      SweepLocked();
+      if (freed_queued_bytes_ >= kTrimAfterBytes) {  // streams expired or were deleted
+        l.unlock();
+        MaybeTrimHeap();
+        l.lock();
+        continue;
+      }
+    }
     std::optional<Job> job = NextJobLocked();
     if (!job) {
       work_cv_.wait_for(l, std::chrono::seconds(1));

@@ -38,6 +38,17 @@
 // the oldest go first). A file the RAM cache or the NVMe tier holds at the version of those
 // fresh attributes is taken from there with no store request.
 //
+// Queued paths: every published position not yet read or skipped holds its path (twice: in
+// the stream's order and in its index of pending files) until the readers pass it. What they
+// hold is bounded per user and for all users, by count and by bytes, the bytes being the
+// memory a position really costs (QueuedPathCost). The global limits are shared fairly: while
+// k users have positions queued (the publisher included), one may hold at most a (k + 1)-th
+// of each global limit: a user alone gets half, a second one a third, and a third user with
+// nothing queued finds at least a sixth (two users cannot starve a third). A publish that
+// would pass a limit is refused whole (kFull), naming the limit (Refusal). Memory is given
+// back when a stream ends or expires: its queue is freed and, after 1 MiB or more, the heap
+// trimmed (TrimHeap).
+//
 // Read accounting: every FUSE read of a regular file is reported with OnRead() as hit (no
 // wait on the backend), late (waited on a prefetch in flight) or miss (fetched synchronously),
 // globally and for the stream the file belongs to.
@@ -87,11 +98,12 @@ struct ReadCounts {
 struct StreamStats {
   std::string id, name;
   int pid = 0;
-  uid_t uid = 0;           // the stream's owner: the user who created it
-  uint64_t published = 0;  // positions appended
-  uint64_t read = 0;       // positions consumed by a read
-  uint64_t skipped = 0;    // positions passed over by the readers
-  uint64_t queued = 0;     // positions not yet read or skipped
+  uid_t uid = 0;              // the stream's owner: the user who created it
+  uint64_t published = 0;     // positions appended
+  uint64_t read = 0;          // positions consumed by a read
+  uint64_t skipped = 0;       // positions passed over by the readers
+  uint64_t queued = 0;        // positions not yet read or skipped
+  uint64_t queued_bytes = 0;  // the memory they hold (Prefetcher::QueuedPathCost each)
   uint64_t fetched = 0, failed = 0, evicted_unread = 0;
   ReadCounts reads;  // outcome of the first read of each of its files
 };
@@ -112,6 +124,9 @@ struct Stats {
   uint64_t window_files = 0;    // entries in the window (fetching or ready)
   uint64_t window_bytes = 0;    // bytes reserved by them
   uint64_t window_budget_bytes = 0;
+  uint64_t queued_paths = 0;  // positions not yet read or skipped, all streams
+  uint64_t queued_bytes = 0;  // the memory they hold
+  uint64_t queued_users = 0;  // users with positions queued
   std::vector<StreamStats> streams;
 };
 
@@ -130,6 +145,13 @@ class Prefetcher {
     uint64_t max_streams_per_uid = 64;             // streams one user may have at once
     uint64_t max_queued_paths_per_uid = 1u << 17;  // positions not yet read, all its streams
     uint64_t max_queued_paths = 1u << 18;          // positions not yet read, all streams
+    // The memory those positions hold (QueuedPathCost each), one user and all users.
+    uint64_t max_queued_path_bytes_per_uid = 32ull << 20;
+    uint64_t max_queued_path_bytes = 64ull << 20;
+    // Gives freed heap back to the system, after queued paths of 1 MiB or more were freed;
+    // true if it ran (false: skipped, tried again later). Called with no lock held. Default:
+    // TrimHeap (common/heap_trim.h).
+    std::function<bool()> trim_heap;
     // The mount lets the kernel keep the pages of files it was served (fuse.keep_cache).
     bool keep_cache = false;
     // Files remembered as page-resident: about 160 bytes plus the path each (measured: 192
@@ -158,19 +180,43 @@ class Prefetcher {
   // counted `denied` and not fetched.
   std::string CreateStream(const std::string& name, int pid, uid_t uid = 0,
                            std::shared_ptr<const Caller> reader = nullptr);
+  uint64_t max_streams_per_uid() const { return options_.max_streams_per_uid; }
   bool DeleteStream(const std::string& id);  // false: unknown stream
   // Appends store-relative paths, in read order. False: unknown stream.
   bool Publish(const std::string& id, const std::vector<std::string>& paths);
   // The same, on behalf of user `uid`: a stream belongs to its creator (root may act on any).
-  enum class Op { kOk, kNotFound, kForbidden, kFull };  // kFull: max_queued_paths_per_uid
+  enum class Op { kOk, kNotFound, kForbidden, kFull };  // kFull: a queued-path limit
+  // The queued-path limit a publish would have passed.
+  enum class Limit {
+    kNone,
+    kUserPaths,   // max_queued_paths_per_uid
+    kUserBytes,   // max_queued_path_bytes_per_uid
+    kSharePaths,  // max_queued_paths / (users + 1): the user's fair share of the global count
+    kShareBytes,  // max_queued_path_bytes / (users + 1)
+    kPoolPaths,   // max_queued_paths: all users together
+    kPoolBytes,   // max_queued_path_bytes
+  };
+  struct Refusal {
+    Limit limit = Limit::kNone;
+    uint64_t value = 0;  // the limit: paths or bytes
+    uint64_t held = 0;   // what the user (all users, for kPool*) held already
+    uint64_t asked = 0;  // what the publish would have added (paths or bytes)
+    uint64_t users = 0;  // users with positions queued, the publisher included
+  };
+  // What one queued position costs in memory for a path of `path_bytes`: its copies (the
+  // stream's, and the key of its index of pending files) with their heap blocks as glibc
+  // sizes them, plus the structures around them (measured with libstdc++: see the .cc). A
+  // repeated path shares its index entry and costs less: this is an upper bound.
+  static uint64_t QueuedPathCost(size_t path_bytes);
   Op DeleteStreamAs(uid_t uid, const std::string& id);
   // Whether stream `id` exists and `uid` may act on it (kOk, kNotFound or kForbidden).
   Op CheckStream(uid_t uid, const std::string& id);
-  // kFull when the paths would take the owner past max_queued_paths_per_uid or all streams
-  // past max_queued_paths; nothing is published then. With `partial`, as many as fit are
+  // kFull when the paths would take the stream's owner past one of its limits (per user, or
+  // its fair share of the global ones) or all users past a global one; nothing is published
+  // then, and *refusal (if given) says which limit. With `partial`, as many as fit are
   // published instead (kFull only if none fit) and *taken says how many.
   Op PublishAs(uid_t uid, const std::string& id, const std::vector<std::string>& paths,
-               bool partial = false, size_t* taken = nullptr);
+               bool partial = false, size_t* taken = nullptr, Refusal* refusal = nullptr);
   // Where residency checks find fresh attributes (no store request). Without one, every
   // file is fetched. Set before streams are published.
   void SetAttrSource(AttrSource source);
@@ -211,6 +257,7 @@ class Prefetcher {
   bool RunOneJob();
   // Expires idle streams and abandoned entries now (workers do it every second).
   void Sweep();
+  static constexpr uint64_t kTrimAfterBytes = 1 << 20;  // queued-path memory freed, then trim
 
  private:
   // kStat: the first request (attributes and, for most files, all the data) is running;
@@ -256,10 +303,11 @@ class Prefetcher {
     // path -> positions, ascending (a vector: most paths have one, and a deque's first block
     // alone would cost 512 bytes a path)
     std::unordered_map<std::string, std::vector<uint64_t>> pending;
-    uint64_t low = 0;      // first position neither read nor skipped
-    uint64_t high = 0;     // one past the furthest position read
-    uint64_t next = 0;     // the next position the scheduler looks at
-    uint64_t recheck = 0;  // the next position passed over to probe again (see RecheckLocked)
+    uint64_t low = 0;           // first position neither read nor skipped
+    uint64_t high = 0;          // one past the furthest position read
+    uint64_t next = 0;          // the next position the scheduler looks at
+    uint64_t recheck = 0;       // the next position passed over to probe again (see RecheckLocked)
+    uint64_t queued_bytes = 0;  // QueuedPathCost of each position in `paths`
     uint64_t last_active_ns = 0;
     StreamStats stats;
   };
@@ -335,6 +383,11 @@ class Prefetcher {
   void ReleaseLocked(std::unordered_map<std::string, Entry>::iterator it);
   void FailLocked(std::unordered_map<std::string, Entry>::iterator it);
   void DeleteStreamLocked(std::map<std::string, Stream>::iterator it);
+  // `paths` positions of `s` costing `bytes` leave the queue. REQUIRES: mu_ held.
+  void UnqueueLocked(const Stream& s, uint64_t paths, uint64_t bytes);
+  // Trims the heap if queued paths of kTrimAfterBytes or more were freed since the last
+  // trim. REQUIRES: mu_ not held.
+  void MaybeTrimHeap();
   void SweepLocked();
   void MaybeReleaseLocked(const std::string& path);
   void FinishFetchLocked(Entry& e);
@@ -370,6 +423,12 @@ class Prefetcher {
     uint64_t files = 0, bytes = 0;
   };
   std::unordered_map<uid_t, Use> use_;  // what each user's streams hold of the window
+  struct Queued {
+    uint64_t paths = 0, bytes = 0;
+  };
+  std::unordered_map<uid_t, Queued> queued_;  // users with positions queued: what they hold
+  Queued queued_all_;                         // the same, all users
+  uint64_t freed_queued_bytes_ = 0;           // by deleted streams, since the last heap trim
   uint64_t inflight_ = 0;
   uint64_t last_sweep_ns_ = 0;
   uint64_t size_estimate_ = 128 << 10;  // running mean of prefetched file sizes

@@ -327,7 +327,8 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(ConfigTest, ControlAndPerUserLimits) {
   Result<Config> c = ParseConfig(R"({"volName": "v", "backend": {"type": "posix", "root": "/d"},
       "prefetch": {"max_streams_per_uid": 8, "max_queued_paths_per_uid": 1000,
-                   "max_queued_paths": 5000},
+                   "max_queued_paths": 5000, "max_queued_path_bytes_per_uid": "1MiB",
+                   "max_queued_path_bytes": 3000000},
       "control": {"max_body_bytes": "1MiB", "body_memory_bytes": "4MiB",
                   "max_json_elements": 100, "max_json_depth": 4, "max_connections_unix": 10,
                   "max_connections_tcp": 0, "max_connections_per_uid": 2,
@@ -336,6 +337,8 @@ TEST(ConfigTest, ControlAndPerUserLimits) {
   EXPECT_EQ(c->prefetch.max_streams_per_uid, 8u);
   EXPECT_EQ(c->prefetch.max_queued_paths_per_uid, 1000u);
   EXPECT_EQ(c->prefetch.max_queued_paths, 5000u);
+  EXPECT_EQ(c->prefetch.max_queued_path_bytes_per_uid, 1u << 20);
+  EXPECT_EQ(c->prefetch.max_queued_path_bytes, 3000000u);
   EXPECT_EQ(c->control.max_body_bytes, 1u << 20);
   EXPECT_EQ(c->control.body_memory_bytes, 4u << 20);
   EXPECT_EQ(c->control.max_json_elements, 100u);
@@ -348,6 +351,8 @@ TEST(ConfigTest, ControlAndPerUserLimits) {
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->control.max_connections_per_uid, 64u);
   EXPECT_EQ(d->control.body_memory_bytes, 32u << 20);
+  EXPECT_EQ(d->prefetch.max_queued_path_bytes_per_uid, 32u << 20);
+  EXPECT_EQ(d->prefetch.max_queued_path_bytes, 64u << 20);
   for (const char* bad :
        {R"({"volName": "v", "backend": {"root": "/d"}, "control": {"max_body_bytes": 0}})",
         R"({"volName": "v", "backend": {"root": "/d"}, "control": {"body_memory_bytes": "5GiB"}})",
@@ -355,7 +360,15 @@ TEST(ConfigTest, ControlAndPerUserLimits) {
         R"({"volName": "v", "backend": {"root": "/d"}, "control": {"body_memory_bytes": "1MiB"}})",
         R"({"volName": "v", "backend": {"root": "/d"}, "control": {"idle_timeout_s": 0}})",
         R"({"volName": "v", "backend": {"root": "/d"}, "control": {"max_conns": 1}})",
-        R"({"volName": "v", "backend": {"root": "/d"}, "prefetch": {"max_queued_paths": 0}})"}) {
+        R"({"volName": "v", "backend": {"root": "/d"}, "prefetch": {"max_queued_paths": 0}})",
+        R"({"volName": "v", "backend": {"root": "/d"},
+            "prefetch": {"max_queued_path_bytes": "32KiB"}})",
+        R"({"volName": "v", "backend": {"root": "/d"},
+            "prefetch": {"max_queued_path_bytes_per_uid": "5GiB"}})",
+        R"({"volName": "v", "backend": {"root": "/d"},
+            "prefetch": {"max_queued_path_bytes_per_uid": "lots"}})",
+        R"({"volName": "v", "backend": {"root": "/d"},
+            "prefetch": {"max_queued_path_bytes": [1]}})"}) {
     Result<Config> e = ParseConfig(bad);
     EXPECT_FALSE(e.ok()) << bad;
     if (!e.ok()) {

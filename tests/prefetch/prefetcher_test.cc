@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
+#include <malloc.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -681,6 +682,29 @@ TEST(ToStorePathTest, MapsMountPathsAndRejectsOthers) {
   EXPECT_FALSE(control::ToStorePath("/mnt/x", "").ok());
 }
 
+TEST(ToStorePathTest, RefusesPathsOverPathMaxAndNamesOverNameMax) {
+  // A name of 255 bytes and a path of 4096 are what the kernel allows.
+  const std::string name255(255, 'n'), name256(256, 'n');
+  EXPECT_EQ(control::ToStorePath("/mnt/x", "/mnt/x/a/" + name255).value(), "a/" + name255);
+  Result<std::string> r = control::ToStorePath("/mnt/x", "/mnt/x/a/" + name256);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kNameTooLong);
+  EXPECT_NE(r.status().message().find("NAME_MAX"), std::string::npos) << r.status().message();
+  EXPECT_LT(r.status().message().size(), 200u);  // the path is not echoed whole
+  EXPECT_FALSE(control::ToStorePath("/mnt/x", name256 + "/f").ok());  // a directory, too
+  std::string deep;  // 16 names of 255 bytes: 4095 bytes
+  while (deep.size() + 256 <= 4096) deep += (deep.empty() ? "" : "/") + name255;
+  EXPECT_TRUE(control::ToStorePath("/", deep).ok());
+  r = control::ToStorePath("/", deep + "/xy");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kNameTooLong);
+  EXPECT_NE(r.status().message().find("PATH_MAX"), std::string::npos) << r.status().message();
+  // Counted on the path as sent: "./" padding does not make a long path acceptable.
+  std::string padded = "a";
+  while (padded.size() <= 4096) padded = "./" + padded;
+  EXPECT_FALSE(control::ToStorePath("/", padded).ok());
+}
+
 TEST_F(PrefetcherTest, StreamsBelongToTheirCreator) {
   Make();
   const std::string mine = pf_->CreateStream("alice", 1, 1000);
@@ -710,6 +734,284 @@ TEST_F(PrefetcherTest, StreamsAndQueuedPathsAreLimitedPerUser) {
   EXPECT_EQ(pf_->PublishAs(1000, a, {Name(0), Name(1), Name(2)}), Prefetcher::Op::kOk);
   EXPECT_EQ(pf_->PublishAs(1000, b, {Name(3), Name(4), Name(5)}), Prefetcher::Op::kFull);
   EXPECT_EQ(pf_->PublishAs(1000, b, {Name(3), Name(4)}), Prefetcher::Op::kOk);
+}
+
+// Distinct paths of `len` bytes, numbered from `from`.
+std::vector<std::string> LongPaths(size_t n, size_t len, size_t from = 0) {
+  std::vector<std::string> out;
+  for (size_t i = from; i < from + n; ++i) {
+    std::string p = "d/" + std::to_string(i) + "_";
+    p.resize(std::max(len, p.size()), 'x');
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+TEST_F(PrefetcherTest, QueuedPathsAreLimitedInBytesPerUserAndForAll) {
+  Prefetcher::Options o;
+  o.start_workers = false;
+  o.max_queued_path_bytes_per_uid = 100 * Prefetcher::QueuedPathCost(1000);
+  o.max_queued_path_bytes = 1000 * Prefetcher::QueuedPathCost(1000);
+  pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
+  const std::string a = pf_->CreateStream("a", 1, 1000);
+  // Counted by what they cost, not by their number: 100 paths of 1,000 bytes fill the user's
+  // part, whatever the count limits say.
+  Prefetcher::Refusal why;
+  EXPECT_EQ(pf_->PublishAs(1000, a, LongPaths(101, 1000), false, nullptr, &why),
+            Prefetcher::Op::kFull);
+  EXPECT_EQ(why.limit, Prefetcher::Limit::kUserBytes);
+  EXPECT_EQ(why.value, o.max_queued_path_bytes_per_uid);
+  EXPECT_EQ(why.held, 0u);
+  EXPECT_EQ(why.asked, 101 * Prefetcher::QueuedPathCost(1000));
+  EXPECT_EQ(pf_->GetStats().queued_bytes, 0u);  // refused whole
+  EXPECT_EQ(pf_->PublishAs(1000, a, LongPaths(100, 1000)), Prefetcher::Op::kOk);
+  Stats st = pf_->GetStats();
+  EXPECT_EQ(st.queued_paths, 100u);
+  EXPECT_EQ(st.queued_bytes, 100 * Prefetcher::QueuedPathCost(1000));
+  EXPECT_EQ(st.queued_users, 1u);
+  ASSERT_EQ(st.streams.size(), 1u);
+  EXPECT_EQ(st.streams[0].queued_bytes, st.queued_bytes);
+  // Short paths still fit by count once the bytes are there: the user is full by bytes.
+  EXPECT_EQ(pf_->PublishAs(1000, a, {Name(0)}, false, nullptr, &why), Prefetcher::Op::kFull);
+  EXPECT_EQ(why.limit, Prefetcher::Limit::kUserBytes);
+  // The legacy way keeps what fits, in order, and says which limit cut it.
+  const std::string b = pf_->CreateStream("b", 1, 1001);
+  size_t taken = 0;
+  EXPECT_EQ(pf_->PublishAs(1001, b, LongPaths(150, 1000, 1000), true, &taken, &why),
+            Prefetcher::Op::kOk);
+  EXPECT_EQ(taken, 100u);
+  EXPECT_EQ(why.limit, Prefetcher::Limit::kUserBytes);
+  // Costs follow the heap blocks of the two copies of the path, plus a fixed part.
+  EXPECT_EQ(Prefetcher::QueuedPathCost(10), Prefetcher::QueuedPathCost(0));
+  EXPECT_EQ(Prefetcher::QueuedPathCost(4000) - Prefetcher::QueuedPathCost(0), 2u * 4016);
+  EXPECT_GE(Prefetcher::QueuedPathCost(40), 250u);  // about 250 for dataset paths
+}
+
+TEST_F(PrefetcherTest, RefusalsNameTheLimitHit) {
+  Prefetcher::Options o;
+  o.start_workers = false;
+  o.max_queued_paths_per_uid = 5;
+  o.max_queued_paths = 100;
+  pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
+  const std::string a = pf_->CreateStream("a", 1, 1000);
+  Prefetcher::Refusal why;
+  EXPECT_EQ(pf_->PublishAs(1000, a, {Name(0), Name(1), Name(2)}), Prefetcher::Op::kOk);
+  EXPECT_EQ(pf_->PublishAs(1000, a, {Name(3), Name(4), Name(5)}, false, nullptr, &why),
+            Prefetcher::Op::kFull);
+  EXPECT_EQ(why.limit, Prefetcher::Limit::kUserPaths);
+  EXPECT_EQ(why.value, 5u);
+  EXPECT_EQ(why.held, 3u);
+  EXPECT_EQ(why.asked, 3u);
+  // A refusal is left only when one was refused.
+  EXPECT_EQ(pf_->PublishAs(1000, a, {Name(3), Name(4)}, false, nullptr, &why), Prefetcher::Op::kOk);
+  EXPECT_EQ(why.limit, Prefetcher::Limit::kNone);
+  // A full user may still publish nothing (a request whose paths were all rejected).
+  EXPECT_EQ(pf_->PublishAs(1000, a, {}, false, nullptr, &why), Prefetcher::Op::kOk);
+  size_t taken = 1;
+  EXPECT_EQ(pf_->PublishAs(1000, a, {}, true, &taken, &why), Prefetcher::Op::kOk);
+  EXPECT_EQ(taken, 0u);
+  EXPECT_EQ(pf_->PublishAs(1000, a, {Name(6)}, true, &taken, &why), Prefetcher::Op::kFull);
+  EXPECT_EQ(why.limit, Prefetcher::Limit::kUserPaths);
+}
+
+TEST_F(PrefetcherTest, TwoUsersCannotStarveAThird) {
+  // The per-user limits are as large as the global ones: only the fair share keeps room.
+  Prefetcher::Options o;
+  o.start_workers = false;
+  o.max_queued_paths_per_uid = o.max_queued_paths = 1200;
+  pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
+  std::vector<std::string> one(1, Name(0));
+  // Each user publishes one path at a time until refused: the most it can get.
+  auto fill = [&](uid_t uid, const std::string& id, Prefetcher::Refusal* why) {
+    uint64_t n = 0;
+    while (n < 2000 && pf_->PublishAs(uid, id, one, false, nullptr, why) == Prefetcher::Op::kOk)
+      ++n;
+    return n;
+  };
+  const std::string a = pf_->CreateStream("a", 1, 1000);
+  const std::string b = pf_->CreateStream("b", 1, 1001);
+  const std::string c = pf_->CreateStream("c", 1, 1002);
+  Prefetcher::Refusal why;
+  EXPECT_EQ(fill(1000, a, &why), 600u);  // alone: half, the other half kept for others
+  EXPECT_EQ(why.limit, Prefetcher::Limit::kSharePaths);
+  EXPECT_EQ(why.users, 1u);
+  EXPECT_EQ(fill(1001, b, &why), 400u);  // two users: a third each
+  EXPECT_EQ(why.limit, Prefetcher::Limit::kSharePaths);
+  EXPECT_EQ(why.users, 2u);
+  // What is left (at least a sixth) is the third user's.
+  EXPECT_EQ(pf_->PublishAs(1002, c, LongPaths(200, 10)), Prefetcher::Op::kOk);
+  EXPECT_EQ(pf_->PublishAs(1002, c, one, false, nullptr, &why), Prefetcher::Op::kFull);
+  EXPECT_EQ(why.limit, Prefetcher::Limit::kPoolPaths);
+  EXPECT_EQ(why.held, 1200u);
+  // The first one, over its share (a third, with two users queuing), gets no more.
+  pf_->DeleteStreamAs(1002, c);
+  EXPECT_EQ(pf_->PublishAs(1000, a, one, false, nullptr, &why), Prefetcher::Op::kFull);
+  EXPECT_EQ(why.limit, Prefetcher::Limit::kSharePaths);
+  EXPECT_EQ(why.value, 400u);  // two users queuing: a third each
+  EXPECT_EQ(pf_->GetStats().queued_users, 2u);
+}
+
+TEST_F(PrefetcherTest, TwoUsersCannotStarveAThirdOfMemory) {
+  Prefetcher::Options o;
+  o.start_workers = false;
+  const uint64_t cost = Prefetcher::QueuedPathCost(4000);
+  o.max_queued_path_bytes_per_uid = o.max_queued_path_bytes = 600 * cost;
+  pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
+  const std::string a = pf_->CreateStream("a", 1, 1000);
+  const std::string b = pf_->CreateStream("b", 1, 1001);
+  const std::string c = pf_->CreateStream("c", 1, 1002);
+  Prefetcher::Refusal why;
+  size_t taken = 0;
+  // Long paths, as many as fit (the legacy way).
+  EXPECT_EQ(pf_->PublishAs(1000, a, LongPaths(1000, 4000), true, &taken, &why),
+            Prefetcher::Op::kOk);
+  EXPECT_EQ(taken, 300u);
+  EXPECT_EQ(why.limit, Prefetcher::Limit::kShareBytes);
+  EXPECT_EQ(pf_->PublishAs(1001, b, LongPaths(1000, 4000, 1000), true, &taken, &why),
+            Prefetcher::Op::kOk);
+  EXPECT_EQ(taken, 200u);
+  EXPECT_EQ(why.limit, Prefetcher::Limit::kShareBytes);
+  // Room is left for the third: 100 long paths, or many more short ones.
+  EXPECT_EQ(pf_->PublishAs(1002, c, LongPaths(2000, 20)), Prefetcher::Op::kOk);
+  EXPECT_EQ(pf_->PublishAs(1002, c, LongPaths(80, 4000, 5000), false, nullptr, &why),
+            Prefetcher::Op::kFull);
+  EXPECT_EQ(why.limit, Prefetcher::Limit::kPoolBytes);
+  EXPECT_LE(pf_->GetStats().queued_bytes, o.max_queued_path_bytes);
+}
+
+TEST_F(PrefetcherTest, QueuedPathAccountingFollowsReadsAndDeletes) {
+  Make(/*window_files=*/8, /*budget=*/1 << 20, /*slack=*/4);
+  const std::string a = pf_->CreateStream("a", 1, 1000);
+  const std::string b = pf_->CreateStream("b", 1, 1000);
+  std::vector<std::string> paths;
+  for (int i = 0; i < 20; ++i) paths.push_back(Name(i));
+  ASSERT_EQ(pf_->PublishAs(1000, a, paths), Prefetcher::Op::kOk);
+  ASSERT_EQ(pf_->PublishAs(1000, b, LongPaths(10, 300)), Prefetcher::Op::kOk);
+  const uint64_t each = Prefetcher::QueuedPathCost(Name(0).size());
+  const uint64_t bs = 10 * Prefetcher::QueuedPathCost(300);
+  EXPECT_EQ(pf_->GetStats().queued_bytes, 20 * each + bs);
+  // Reads consume positions; those far behind the furthest read are skipped.
+  ReadFile(0);
+  ReadFile(1);
+  Stats st = pf_->GetStats();
+  EXPECT_EQ(st.queued_paths, 18u + 10);
+  EXPECT_EQ(st.queued_bytes, 18 * each + bs);
+  ReadFile(15);  // 2..11 skipped (slack 4): the queue is 12..19 (15 read)
+  st = pf_->GetStats();
+  EXPECT_EQ(st.queued_paths, 8u + 10);
+  EXPECT_EQ(st.queued_bytes, 8 * each + bs);
+  for (const auto& s : st.streams) EXPECT_EQ(s.queued_bytes, s.id == a ? 8 * each : bs) << s.id;
+  EXPECT_TRUE(pf_->DeleteStream(a));
+  st = pf_->GetStats();
+  EXPECT_EQ(st.queued_bytes, bs);
+  EXPECT_EQ(st.queued_users, 1u);
+  EXPECT_TRUE(pf_->DeleteStream(b));
+  st = pf_->GetStats();
+  EXPECT_EQ(st.queued_paths, 0u);
+  EXPECT_EQ(st.queued_bytes, 0u);
+  EXPECT_EQ(st.queued_users, 0u);
+}
+
+TEST_F(PrefetcherTest, MemoryIsGivenBackWhenStreamsEndOrExpire) {
+  Prefetcher::Options o;
+  o.start_workers = false;
+  o.stream_idle_s = 60;
+  int trims = 0;
+  o.trim_heap = [&trims] {
+    ++trims;
+    return true;
+  };
+  pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
+  // A small stream's end is not worth a trim.
+  std::string id = pf_->CreateStream("small", 1, 1000);
+  ASSERT_EQ(pf_->PublishAs(1000, id, LongPaths(10, 100)), Prefetcher::Op::kOk);
+  EXPECT_EQ(pf_->DeleteStreamAs(1000, id), Prefetcher::Op::kOk);
+  EXPECT_EQ(trims, 0);
+  // A deleted one of 1 MiB or more is.
+  id = pf_->CreateStream("big", 1, 1000);
+  ASSERT_EQ(pf_->PublishAs(1000, id, LongPaths(200, 4000)), Prefetcher::Op::kOk);
+  EXPECT_GE(pf_->GetStats().queued_bytes, Prefetcher::kTrimAfterBytes);
+  EXPECT_EQ(pf_->DeleteStreamAs(1000, id), Prefetcher::Op::kOk);
+  EXPECT_EQ(trims, 1);
+  // So is one that expires.
+  id = pf_->CreateStream("idle", 1, 1000);
+  ASSERT_EQ(pf_->PublishAs(1000, id, LongPaths(200, 4000)), Prefetcher::Op::kOk);
+  clock_.AdvanceSeconds(30);
+  pf_->Sweep();
+  EXPECT_EQ(trims, 1);
+  EXPECT_EQ(pf_->GetStats().streams.size(), 1u);
+  clock_.AdvanceSeconds(31);
+  pf_->Sweep();
+  EXPECT_EQ(pf_->GetStats().streams.size(), 0u);
+  EXPECT_EQ(pf_->GetStats().queued_bytes, 0u);
+  EXPECT_EQ(trims, 2);
+  // A trim skipped (another ran just before) is tried again at the next sweep.
+  bool skip = true;
+  pf_.reset();
+  o.trim_heap = [&] {
+    ++trims;
+    return !std::exchange(skip, false);
+  };
+  pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
+  id = pf_->CreateStream("big", 1, 1000);
+  ASSERT_EQ(pf_->PublishAs(1000, id, LongPaths(200, 4000)), Prefetcher::Op::kOk);
+  EXPECT_EQ(pf_->DeleteStreamAs(1000, id), Prefetcher::Op::kOk);
+  EXPECT_EQ(trims, 3);
+  pf_->Sweep();
+  EXPECT_EQ(trims, 4);
+  pf_->Sweep();
+  EXPECT_EQ(trims, 4);  // done: nothing more to give back
+}
+
+// Heap bytes in use (all arenas, mmapped blocks included), as malloc counts them.
+uint64_t HeapInUse() {
+  const struct mallinfo2 m = ::mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
+
+TEST_F(PrefetcherTest, QueuedPathCostCoversWhatPublishAllocates) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "sanitizers keep their own heap: malloc's counts say nothing";
+#else
+  Prefetcher::Options o;
+  o.start_workers = false;
+  o.skip_slack = 4;
+  o.max_queued_path_bytes_per_uid = o.max_queued_path_bytes = 1ull << 30;
+  pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
+  constexpr size_t kPaths = 20000;
+  for (size_t len : {8u, 40u, 120u, 1000u, 4000u}) {
+    for (bool repeated : {false, true}) {
+      std::vector<std::string> paths = LongPaths(repeated ? 1 : kPaths, len, 1000000);
+      if (repeated) paths.resize(kPaths, paths[0]);  // one path published over and over
+      const std::string id = pf_->CreateStream("m", 1, 1000);
+      const uint64_t before = HeapInUse();
+      ASSERT_EQ(pf_->PublishAs(1000, id, paths), Prefetcher::Op::kOk);
+      const uint64_t used = HeapInUse() - before;
+      const uint64_t charged = pf_->GetStats().queued_bytes;
+      EXPECT_EQ(charged, kPaths * Prefetcher::QueuedPathCost(paths[0].size()));
+      // What it charges covers what it holds; distinct paths are charged about what they cost.
+      EXPECT_LE(used, charged) << len << (repeated ? " repeated" : " distinct");
+      if (!repeated) {
+        EXPECT_LE(charged, used + used / 2) << len;
+      }
+      std::printf("  %zu-byte paths, %s: %.0f bytes each held, %.0f charged\n", paths[0].size(),
+                  repeated ? "repeated" : "distinct", static_cast<double>(used) / kPaths,
+                  static_cast<double>(charged) / kPaths);
+      if (!repeated) {
+        // The readers pass them (a read of the last skips the rest): what the stream holds
+        // follows what is left (its index is rehashed small).
+        pf_->OnRead(paths.back(), {kFileSize, 1}, 0, kFileSize, ReadOutcome::kMiss);
+        const uint64_t left = pf_->GetStats().queued_bytes;
+        EXPECT_LE(left, 8 * Prefetcher::QueuedPathCost(paths[0].size()));
+        const uint64_t now = HeapInUse();
+        EXPECT_LE(now - std::min(now, before), left + (64u << 10)) << len;
+      }
+      ASSERT_TRUE(pf_->DeleteStream(id));
+      const uint64_t now = HeapInUse();
+      EXPECT_LE(now - std::min(now, before), 16u << 10) << len;
+    }
+  }
+#endif
 }
 
 TEST_F(PrefetcherTest, OneUserFloodingTheWindowDoesNotStarveAnother) {

@@ -17,6 +17,7 @@ from cubefs_harness import CubeFactory
 
 NOBODY = 65534
 OTHER = 65533  # a second unprivileged user (no passwd entry needed)
+THIRD = 65532  # a third one
 
 # The client run as the other user: one request, the reply as JSON on stdout. Given inline so
 # that user needs to read nothing of the repository.
@@ -100,6 +101,32 @@ def as_user(spec: dict[str, Any], uid: int = NOBODY, timeout: float = 60) -> dic
     return out
 
 
+def start_script_as(code: str, spec: dict[str, Any], uid: int) -> subprocess.Popen[bytes]:
+    """Starts `python3 -c code` as `uid` (gid the same, no supplementary groups) with `spec`
+    as JSON on its stdin; script_result() collects what it prints."""
+    argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+            "/usr/bin/python3", "-c", code]
+    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, cwd="/")
+    assert p.stdin is not None
+    p.stdin.write(json.dumps(spec).encode())
+    p.stdin.close()
+    p.stdin = None  # communicate() must not touch it again
+    return p
+
+
+def script_result(p: subprocess.Popen[bytes], timeout: float = 60) -> Any:
+    """The JSON a script started with start_script_as printed; it is killed after `timeout`."""
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        raise AssertionError(f"script ran past {timeout} s: {err.decode(errors='replace')}")
+    assert p.returncode == 0, err.decode(errors="replace")
+    return json.loads(out)
+
+
 def shell_as(argv: list[str], uid: int = NOBODY) -> tuple[int, bytes]:
     out = as_user({"kind": "shell", "argv": argv}, uid)
     return out["status"], out["body"]
@@ -153,6 +180,15 @@ def daemon_rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
+
+
+def daemon_peak_rss_bytes(pid: int) -> int:
+    """The daemon's peak RSS since it started (VmHWM)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
 
 
 def find_pid(mount: Any) -> int:

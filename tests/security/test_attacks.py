@@ -20,8 +20,9 @@ import pytest
 
 from cubefs_harness import (CubeFactory, CubeMount, UnixHTTPConnection, call,
                              environment_problem, free_tcp_port, wait_until)
-from seclib import (NOBODY, OTHER, as_user, daemon_rss_bytes, find_pid, open_cube,  # noqa: F401
-                    parse_batch, shell_as)
+from seclib import (NOBODY, OTHER, THIRD, as_user, daemon_peak_rss_bytes,  # noqa: F401
+                    daemon_rss_bytes, find_pid, open_cube, parse_batch, script_result, shell_as,
+                    start_script_as)
 
 pytestmark = [
     pytest.mark.skipif(environment_problem() is not None, reason=environment_problem() or ""),
@@ -290,6 +291,226 @@ def test_memory_attacks_stay_under_budget(open_cube: CubeFactory) -> None:
                             burst)
         assert (status, body) == (200, b"prefetching.\n")
     assert daemon_rss_bytes(pid) < budget + overhead
+
+
+# A hostile user's client, run as that user: opens `streams` streams, then publishes batches
+# of paths round-robin over them, halving the batch at each 429 until a single path is
+# refused, within `max_requests` requests and `seconds`. The paths are `prefix` plus a distinct
+# name of `name_len` bytes, or, given `cycle`, those paths over and over. With `delete`, it
+# deletes those streams instead. Prints what it got as JSON.
+_FLOOD = r'''
+import http.client, json, socket, sys, time
+spec = json.loads(sys.stdin.read())
+
+class Unix(http.client.HTTPConnection):
+    def __init__(self, path):
+        super().__init__("localhost", timeout=30)
+        self._path = path
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+conn = Unix(spec["socket"])
+def call(method, target, body=None):
+    conn.request(method, target, body=None if body is None else json.dumps(body),
+                 headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    return r.status, r.read()
+
+out = {"accepted": 0, "requests": 0, "errors": [], "statuses": {}}
+if "delete" in spec:
+    for sid in spec["delete"]:
+        status = str(call("DELETE", "/v1/streams/" + sid)[0])
+        out["statuses"][status] = out["statuses"].get(status, 0) + 1
+    print(json.dumps(out))
+    sys.exit(0)
+ids = []
+for _ in range(spec["streams"]):
+    status, body = call("POST", "/v1/streams", {"name": "flood", "pid": 1})
+    assert status == 201, (status, body)
+    ids.append(json.loads(body)["id"])
+out["ids"] = ids
+batch, n = spec["batch"], 0
+deadline = time.monotonic() + spec["seconds"]
+while batch >= 1 and out["requests"] < spec["max_requests"] and time.monotonic() < deadline:
+    paths = []
+    for _ in range(batch):
+        if "cycle" in spec:
+            paths.append(spec["cycle"][n % len(spec["cycle"])])
+        else:
+            name = "%s%09d_" % (spec["tag"], n)
+            paths.append(spec["prefix"] + name.ljust(spec["name_len"], "x"))
+        n += 1
+    sid = ids[out["requests"] % len(ids)]
+    status, body = call("POST", "/v1/streams/%s/paths" % sid, {"paths": paths})
+    out["requests"] += 1
+    if status == 202:
+        out["accepted"] += json.loads(body)["accepted"]
+    elif status == 429:
+        error = json.loads(body)["error"]
+        if error not in out["errors"]:
+            out["errors"].append(error)
+        batch //= 2
+    else:
+        raise SystemExit("publish: %d %r" % (status, body[:300]))
+out["last_batch"] = batch
+print(json.dumps(out))
+'''
+
+
+def flood(pid: int, specs: dict[int, dict[str, Any]], base_rss: int, bound: int,
+          seconds: float) -> tuple[dict[int, Any], int]:
+    """Runs _FLOOD as each uid in `specs` at once, sampling the daemon's RSS meanwhile; stops
+    them all once the daemon holds `bound` bytes over `base_rss` (the assertion after it then
+    fails) or after `seconds`. Their results by uid, and the daemon's peak RSS."""
+    procs = {uid: start_script_as(_FLOOD, dict(spec, seconds=seconds - 5), uid)
+             for uid, spec in specs.items()}
+    peak = 0
+    deadline = time.monotonic() + seconds
+    try:
+        while any(p.poll() is None for p in procs.values()) and time.monotonic() < deadline:
+            peak = max(peak, daemon_rss_bytes(pid))
+            if peak >= base_rss + bound:
+                break
+            time.sleep(0.02)
+        peak = max(peak, daemon_peak_rss_bytes(pid))
+        assert peak < base_rss + bound, (
+            f"daemon RSS {peak >> 20} MiB, over {base_rss >> 20} MiB at start + {bound >> 20} MiB")
+        assert all(p.poll() is not None for p in procs.values()), f"flood still on after {seconds} s"
+        return {uid: script_result(p, timeout=5) for uid, p in procs.items()}, peak
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def delete_streams(sock: str, uid: int, ids: list[str]) -> None:
+    out = script_result(start_script_as(_FLOOD, {"socket": sock, "delete": ids}, uid))
+    assert out["statuses"] == {"204": len(ids)}, out
+
+
+def publish_as(sock: str, uid: int, paths: list[str]) -> dict[str, Any]:
+    """A new stream of `uid` and `paths` published into it: the reply's status and body."""
+    out = as_user({"kind": "unix", "socket": sock, "target": "/v1/streams", "body": {"name": "t"}},
+                  uid=uid)
+    assert out["status"] == 201, out
+    sid = json.loads(out["body"])["id"]
+    out = as_user({"kind": "unix", "socket": sock, "target": f"/v1/streams/{sid}/paths",
+                   "body": {"paths": paths}}, uid=uid)
+    return {"status": out["status"], "body": json.loads(out["body"]) if out["body"] else None,
+            "id": sid}
+
+
+def test_two_users_flooding_long_paths_stay_within_the_memory_bound(
+        open_cube: CubeFactory) -> None:
+    """Two users, 64 streams each, publish paths of about 4,000 bytes until refused: the memory
+    limits on queued paths hold the daemon within the bound docs/security.md states, the 429s
+    name the limit hit, a third user still gets 5,000 paths in, and deleting the streams gives
+    the memory back."""
+    base = open_cube.base.parent
+    src = make_store(base)
+    # Directories with names of 250 bytes (NAME_MAX is 255): published paths of 4,000 bytes
+    # below them pass every check (the files themselves are checked when fetched).
+    deep = src
+    for i in range(15):
+        deep = deep / (chr(ord("a") + i) * 250)
+    deep.mkdir(parents=True, mode=0o755)
+    mount, sock, _ = start(open_cube, src)  # default limits on queued paths
+    m = str(mount.mountpoint)
+    prefix = f"{m}/{deep.relative_to(src)}/"
+    name_len = 4000 - len(prefix)
+    assert 16 <= name_len <= 255, name_len
+    pid = find_pid(mount)
+    base_rss = daemon_rss_bytes(pid)
+    bound = 200 << 20  # docs/security.md: what the control server adds at most, default limits
+    spec = {"socket": sock, "streams": 64, "prefix": prefix, "name_len": name_len,
+            "batch": 512, "max_requests": 300}
+    began = time.monotonic()
+    results, peak = flood(pid, {uid: dict(spec, tag=f"u{uid}_") for uid in (NOBODY, OTHER)},
+                          base_rss, bound, seconds=40)
+    took = time.monotonic() - began
+    g = stats(sock)["global"]["prefetch"]
+    print(f"daemon RSS: {base_rss >> 20} MiB at start, {peak >> 20} MiB peak under two users' "
+          f"4,000-byte paths ({sum(r['accepted'] for r in results.values())} queued, "
+          f"{g['queued_bytes'] >> 20} MiB counted, {took:.1f} s)")
+    for uid, r in results.items():
+        # Each went on until a single path was refused, by a limit on memory: the count
+        # limits are far (4,000 paths fill a user's 32 MiB).
+        assert r["last_batch"] == 0 and r["accepted"] > 0, r
+        assert r["errors"], r
+        for error in r["errors"]:
+            assert "prefetch.max_queued_path_bytes" in error, error
+    assert g["queued_bytes"] <= 64 << 20 and g["queued_users"] == 2, g
+    # A third user, with nothing queued, still gets 5,000 paths in.
+    third = publish_as(sock, THIRD, [f"{m}/pub/f{i % 40:03d}" for i in range(5000)])
+    assert third["status"] == 202 and third["body"] == {"accepted": 5000, "rejected": 0}, third
+    # Their streams deleted, the memory goes back to the system.
+    held = daemon_rss_bytes(pid)
+    for uid, r in results.items():
+        delete_streams(sock, uid, r["ids"])
+    assert wait_until(lambda: daemon_rss_bytes(pid) < base_rss + (held - base_rss) // 2,
+                      timeout=5), (base_rss >> 20, held >> 20, daemon_rss_bytes(pid) >> 20)
+    print(f"daemon RSS: {held >> 20} MiB with the paths queued, "
+          f"{daemon_rss_bytes(pid) >> 20} MiB once their streams were deleted")
+    assert stats(sock)["global"]["prefetch"]["queued_users"] == 1
+
+
+def test_two_users_filling_the_queue_leave_room_for_a_third(open_cube: CubeFactory) -> None:
+    """The global count limit is shared fairly: two users publishing short paths until refused
+    cannot take it all, and the 429 names the limit each hit."""
+    src = make_store(open_cube.base.parent)
+    mount, sock, _ = start(open_cube, src)  # 131,072 paths per user, 262,144 in all
+    m = str(mount.mountpoint)
+    pid = find_pid(mount)
+    cycle = [f"{m}/pub/f{i:03d}" for i in range(40)]
+    spec = {"socket": sock, "streams": 64, "cycle": cycle, "batch": 16384, "max_requests": 200}
+    results, _ = flood(pid, {NOBODY: spec}, daemon_rss_bytes(pid), 200 << 20, seconds=40)
+    first = results[NOBODY]
+    # Alone, a user may have half the pool: here its own limit, named.
+    assert first["accepted"] == 131072, first
+    assert any("prefetch.max_queued_paths_per_uid" in e for e in first["errors"]), first
+    results, _ = flood(pid, {OTHER: spec}, daemon_rss_bytes(pid), 200 << 20, seconds=40)
+    second = results[OTHER]
+    # The second gets a third of the pool: its fair share, named.
+    assert second["accepted"] == 262144 // 3, second
+    assert all("fair share" in e and "prefetch.max_queued_paths" in e
+               for e in second["errors"]), second
+    third = publish_as(sock, THIRD, [cycle[i % 40] for i in range(5000)])
+    assert third["status"] == 202 and third["body"] == {"accepted": 5000, "rejected": 0}, third
+    assert stats(sock)["global"]["prefetch"]["queued_paths"] == 131072 + 262144 // 3 + 5000
+
+
+def test_over_long_paths_and_names_are_refused(open_cube: CubeFactory) -> None:
+    """A path over PATH_MAX (4096 bytes) or with a name over NAME_MAX (255) is refused as it is
+    parsed, path by path, as any other bad path: never queued."""
+    src = make_store(open_cube.base.parent)
+    mount, sock, prof = start(open_cube, src)
+    m = str(mount.mountpoint)
+    long_name = f"{m}/pub/{'n' * 256}"
+    long_path = f"{m}/pub/" + "/".join(["d" * 200] * 21)
+    assert len(long_path) > 4096
+    ok = f"{m}/pub/f000"
+    out = publish_as(sock, NOBODY, [long_name, long_path, ok])
+    assert out["status"] == 202 and out["body"] == {"accepted": 1, "rejected": 2}, out
+    for bad, limit in ((long_name, "NAME_MAX"), (long_path, "PATH_MAX")):
+        out = publish_as(sock, NOBODY, [bad])
+        assert out["status"] == 422, out
+        assert limit in out["body"]["error"] and len(out["body"]["error"]) < 300, out
+    # The legacy endpoint keeps only the good one.
+    out = as_user({"kind": "tcp", "port": prof, "target": "/prefetch/read/path",
+                   "body": [[long_name, long_path, ok]]}, uid=OTHER)
+    assert (out["status"], out["body"]) == (200, b"prefetching.\n")
+    g = stats(sock)
+    assert g["global"]["control"]["rejected_paths"]["outside"] == 6, g["global"]["control"]
+    queued = {s["uid"]: s["published"] for s in g["streams"] if s["published"]}
+    assert queued == {NOBODY: 1, OTHER: 1}, g["streams"]
+    # /v1/files/open and /batchdownload refuse it too.
+    out = as_user({"kind": "open", "socket": sock, "path": long_name})
+    assert out["status"] == 422 and out["fds"] == 0, out
+    status, body = call(UnixHTTPConnection(sock), "POST", "/batchdownload/path", [[long_name, ok]])
+    assert status == 200 and dict(parse_batch(body))[long_name] == b""
 
 
 def test_one_users_flood_does_not_starve_another(open_cube: CubeFactory) -> None:
