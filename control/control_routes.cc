@@ -41,16 +41,19 @@ Status CheckJsonShape(std::string_view body, int max_depth, uint64_t max_element
       case '{':
         if (++depth > max_depth)
           return Status::InvalidArgument("JSON nested deeper than " + std::to_string(max_depth));
-        break;
-      case ']':
-      case '}':
-        --depth;
-        break;
+        if (c == '{') break;  // an object's values follow ':'
+        // An array's first value follows '[', the others ',': without this count, arrays of
+        // one array of one array... parse to 16 times max_elements values (fuzz_json_shape).
+        [[fallthrough]];
       case ',':
       case ':':
         if (++elements > max_elements)
           return Status::InvalidArgument("JSON of more than " + std::to_string(max_elements) +
                                          " values");
+        break;
+      case ']':
+      case '}':
+        --depth;
         break;
       default:
         break;

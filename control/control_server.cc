@@ -30,6 +30,7 @@
 
 #include "common/logging.h"
 #include "common/private_dir.h"
+#include "control/http_framing.h"
 #include "control/server_impl.h"
 
 namespace cubetorchfs::control::detail {
@@ -347,7 +348,7 @@ void Session<Protocol>::Read() {
   ReleaseBody();
   parser_.emplace();
   parser_->body_limit(server_->options().max_body_bytes);
-  parser_->header_limit(64 * 1024);
+  parser_->header_limit(kMaxHeaderBytes);
   // The whole request, header and body, must come within the idle timeout.
   stream_.expires_after(
       std::chrono::milliseconds(static_cast<int64_t>(server_->options().idle_timeout_s * 1000)));
@@ -355,40 +356,6 @@ void Session<Protocol>::Read() {
       stream_, buffer_, *parser_,
       [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
 }
-
-namespace {
-
-// Why a request's header frames its body ambiguously (RFC 9112, sections 3.2 and 6), or ""
-// when it does not: a peer that frames a body differently from us could smuggle a second
-// request inside it. `unsupported`: the fault is a transfer coding we do not implement (501).
-std::string FramingProblem(const http::request_header<>& h, bool chunked, bool* unsupported) {
-  *unsupported = false;
-  if (h.version() >= 11 && h.count(http::field::host) == 0) return "HTTP/1.1 without Host";
-  if (h.count(http::field::host) > 1) return "more than one Host header";
-  const size_t lengths = h.count(http::field::content_length);
-  if (lengths > 1) return "more than one Content-Length header";
-  if (h.count(http::field::transfer_encoding) > 0) {
-    if (lengths > 0) return "both Content-Length and Transfer-Encoding";
-    std::string codings;
-    for (auto it = h.find(http::field::transfer_encoding);
-         it != h.end() && it->name() == http::field::transfer_encoding; ++it) {
-      if (!codings.empty()) codings += ", ";
-      codings += std::string(it->value());
-    }
-    // Only "chunked" alone: no other coding (gzip, ...) is decoded here.
-    std::string bare;
-    for (char c : codings)
-      if (c != ' ' && c != '\t')
-        bare += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (!chunked || bare != "chunked") {
-      *unsupported = true;
-      return "Transfer-Encoding \"" + codings.substr(0, 64) + "\" is not supported (only chunked)";
-    }
-  }
-  return "";
-}
-
-}  // namespace
 
 template <typename Protocol>
 void Session<Protocol>::OnHeader(beast::error_code ec) {

@@ -30,6 +30,9 @@ PACKAGES=(
   prometheus-cpp-dev libssl-dev libgtest-dev libgmock-dev nlohmann-json3-dev
   # checks of scripts/test.sh: the format check, the lock annotations (-Wthread-safety)
   clang-format clang
+  # fuzzing: libFuzzer's runtime for clang (bench/fuzz_bench.sh, the short run of scripts/test.sh;
+  # only recommended by clang, so --no-install-recommends leaves it out)
+  libclang-rt-14-dev
   # scripts/posix_conformance.sh builds pjdfstest
   autoconf automake
   # tests, demo and benchmarks under Debian's python3 (torch 1.13)
