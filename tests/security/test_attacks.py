@@ -615,3 +615,84 @@ def test_without_allow_other_only_root_may_use_the_control_api(open_cube: CubeFa
     assert mount.metrics().value("cubetorchfs_control_refused_total",
                                  reason="not_allow_other") == 4
     assert stats(sock)["streams"] == []  # root is served
+
+
+def test_busy_stream_and_listener_limits_answer_through_the_real_daemon(
+        open_cube: CubeFactory) -> None:
+    """The limits a flood meets, end to end: 503 busy when the request memory is reserved by
+    bodies still being sent, 429 naming prefetch.max_streams_per_uid, and listener_full when a
+    listener holds its most connections; each counted in /v1/stats, and the daemon serves
+    again once the holders leave."""
+    src = make_store(open_cube.base.parent)
+    mount, sock, prof = start(open_cube, src,
+                              control={"max_body_bytes": "1MiB", "body_memory_bytes": "1MiB",
+                                       "max_connections_tcp": 4, "idle_timeout_s": 5},
+                              prefetch={"max_inflight": 4, "max_streams_per_uid": 3})
+    held: list[socket.socket] = []
+    try:
+        # A body of 900 KiB announced and not sent holds 900 KiB of the 1 MiB: the next is 503.
+        first = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        first.settimeout(5)
+        first.connect(sock)
+        first.sendall(b"POST /v1/streams HTTP/1.1\r\nHost: x\r\nContent-Length: 921600\r\n\r\n{")
+        held.append(first)
+        reply = b""
+        for _ in range(20):  # until the first body's reservation is made (at once, normally)
+            second = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            second.settimeout(2)
+            second.connect(sock)
+            second.sendall(b"POST /v1/streams HTTP/1.1\r\nHost: x\r\n"
+                           b"Content-Length: 921600\r\n\r\n{")
+            try:
+                reply = second.recv(4096)
+            except socket.timeout:
+                reply = b""
+            second.close()
+            if reply:
+                break
+            time.sleep(0.2)
+        assert reply.startswith(b"HTTP/1.1 503 ") and b"busy" in reply, reply[:300]
+        first.close()
+        held.clear()
+        # Streams: the fourth of one user is 429, naming the key and its value.
+        statuses = []
+        for i in range(4):
+            out = as_user({"kind": "unix", "socket": sock, "method": "POST",
+                           "target": "/v1/streams", "body": {"name": f"s{i}", "pid": 1}})
+            statuses.append(out["status"])
+            last = out
+        assert statuses == [201, 201, 201, 429], statuses
+        assert b"prefetch.max_streams_per_uid" in last["body"] and b"at most 3" in last["body"], last
+        # The TCP listener holds 4 connections: a fifth is refused as listener_full.
+        for _ in range(4):
+            held.append(socket.create_connection(("127.0.0.1", prof), timeout=5))
+        extra = socket.create_connection(("127.0.0.1", prof), timeout=5)
+        extra.settimeout(5)
+        try:
+            gone = extra.recv(1) == b""
+        except ConnectionError:
+            gone = True
+        extra.close()
+        assert gone, "a connection past control.max_connections_tcp was kept"
+        refused = stats_of(sock)["global"]["control"]["refused"]
+        assert refused["busy"] >= 1 and refused["listener_full"] >= 1, refused
+    finally:
+        for s in held:
+            s.close()
+    # Served again once the holders are gone.
+    assert wait_until(lambda: tcp_answers(prof), 10)
+
+
+def stats_of(sock: str) -> dict[str, Any]:
+    out = as_user({"kind": "unix", "socket": sock, "method": "GET", "target": "/v1/stats"})
+    assert out["status"] == 200, out
+    return json.loads(out["body"])
+
+
+def tcp_answers(port: int) -> bool:
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3)
+        conn.request("POST", "/register/pid", body=json.dumps([1]))
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
