@@ -302,7 +302,10 @@ Result<PathResolver::Resolved> ServerImpl::Check(const std::string& p, const Cal
     const Status& s = r.status();
     if (why == Reject::kNotFound) return Status::NotFound(p + ": no such file");
     if (why == Reject::kPermission) return Status::PermissionDenied(p + ": permission denied");
-    if (why == Reject::kNotFile) return Status::IsDirectory(p + ": not a regular file");
+    if (why == Reject::kNotFile)
+      return s.code() == Status::Code::kIsDirectory
+                 ? Status::IsDirectory(p + ": names a directory")
+                 : Status::InvalidArgument(p + ": not a regular file");
     if (why == Reject::kSymlink || why == Reject::kLoop) {
       const size_t colon = s.message().find(": ");
       return Status::PermissionDenied(

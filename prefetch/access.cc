@@ -204,6 +204,13 @@ Result<cfs_client::FileAttr> PathResolver::StatCached(const std::string& path, b
 
 namespace {
 
+// A path that names something other than a regular file: a directory is EISDIR; a FIFO,
+// socket or device is EINVAL (never reported as a directory).
+Status NotAFile(const std::string& path, const cfs_client::FileAttr& a) {
+  if (a.IsDir()) return Status::IsDirectory(path + ": names a directory");
+  return Status::InvalidArgument(path + ": not a regular file (a FIFO, socket or device)");
+}
+
 // The components of a path still to resolve, and how many of them name something (not "" or
 // "."): the count says in O(1) whether a component is the last.
 class Components {
@@ -253,7 +260,7 @@ Result<PathResolver::Resolved> PathResolver::ResolveLexical(const std::string& p
   }
   if (!a->IsRegular()) {
     *why = Reject::kNotFile;
-    return Status::IsDirectory(path + ": not a regular file");
+    return NotAFile(path, *a);
   }
   return Resolved{path, a.value()};
 }
@@ -319,8 +326,7 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
       done = cur;
       continue;
     }
-    if (!a->IsRegular())
-      return fail(Reject::kNotFile, Status::IsDirectory(path + ": not a regular file"));
+    if (!a->IsRegular()) return fail(Reject::kNotFile, NotAFile(path, *a));
     if (!MayAccess(*a, caller, R_OK))
       return fail(Reject::kPermission, Status::PermissionDenied(path + ": permission denied"));
     return Resolved{cur, a.value()};

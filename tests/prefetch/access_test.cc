@@ -157,6 +157,18 @@ class PathResolverTest : public ::testing::Test {
   std::unique_ptr<PathResolver> resolver_;
 };
 
+TEST_F(PathResolverTest, AFifoIsNotReportedAsADirectory) {
+  ASSERT_EQ(::mkfifo((root_ / "data" / "fifo").c_str(), 0644), 0);
+  Reject why = Reject::kNone;
+  Result<PathResolver::Resolved> r = resolver_->Resolve("data/fifo", User(0), true, &why);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(why, Reject::kNotFile);
+  EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument) << r.status().ToString();
+  r = resolver_->Resolve("data/cls", User(0), true, &why);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kIsDirectory) << r.status().ToString();
+}
+
 TEST_F(PathResolverTest, RelativeLinksInsideTheStoreAreFollowed) {
   Reject why;
   auto r = resolver_->Resolve("data/alias/img", User(0), true, &why);
