@@ -24,8 +24,17 @@ Status CheckJsonShape(std::string_view body, int max_depth, uint64_t max_element
   int depth = 0;
   uint64_t elements = 1;
   bool in_string = false;
+  size_t run = 0;  // characters of the number or literal being read
   for (size_t i = 0; i < body.size(); ++i) {
     const char c = body[i];
+    // A number (or true/false/null) of megabytes parses into far more memory than its bytes;
+    // no value of this API needs more than a few dozen characters.
+    const bool token = !in_string && ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
+                                      (c >= 'A' && c <= 'Z') || c == '-' || c == '+' || c == '.');
+    run = token ? run + 1 : 0;
+    if (run > kMaxJsonTokenBytes)
+      return Status::InvalidArgument("a JSON number or literal over " +
+                                     std::to_string(kMaxJsonTokenBytes) + " characters");
     if (in_string) {
       if (c == '\\')
         ++i;

@@ -63,6 +63,9 @@ using prefetch::Warmer;
 
 // Whether `body` is JSON of at most `max_depth` nesting and `max_elements` values (counted
 // without parsing it, so an oversized body costs no memory). The error says which.
+// The longest number or literal (true, false, null) a body may hold: JSON numbers of this
+// API are pids and counts.
+constexpr size_t kMaxJsonTokenBytes = 64;
 Status CheckJsonShape(std::string_view body, int max_depth, uint64_t max_elements);
 
 // The longest path a request may name, and the longest name in it (the kernel's PATH_MAX and

@@ -116,6 +116,23 @@ TEST(CheckJsonShapeTest, CountsTheFirstValueOfEveryArray) {
   EXPECT_TRUE(control::CheckJsonShape(R"({"paths": ["a", "b"]})", 16, 4).ok());
 }
 
+// A bare number of 16 MiB briefly took 125-171 MiB to parse: numbers and literals are short.
+TEST(CheckJsonShapeTest, RefusesHugeNumbersAndLiterals) {
+  EXPECT_TRUE(
+      control::CheckJsonShape(R"({"pid": 1234567, "x": -1.5e+300, "t": true})", 16, 8).ok());
+  EXPECT_TRUE(control::CheckJsonShape(std::string(64, '9'), 16, 8).ok());
+  EXPECT_FALSE(control::CheckJsonShape(std::string(65, '9'), 16, 8).ok());
+  std::string huge(1, '[');
+  huge.append(16 << 20, '1');
+  huge.push_back(']');
+  EXPECT_FALSE(control::CheckJsonShape(huge, 16, 8).ok());
+  // Inside a string, length is the body limit's business: a long path passes.
+  std::string path = "[\"";
+  path.append(4000, 'a');
+  path.append("\"]");
+  EXPECT_TRUE(control::CheckJsonShape(path, 16, 8).ok());
+}
+
 // A store with a symlinked class folder, links out of it, and private parts.
 class PathResolverTest : public ::testing::Test {
  protected:
