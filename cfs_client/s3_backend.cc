@@ -20,7 +20,7 @@
 // no single request, so renaming one fails with EXDEV (mv then copies). Payloads are sent
 // with x-amz-content-sha256: UNSIGNED-PAYLOAD (the signature covers the headers, not the body).
 //
-// Dialects: the rules above hold on AWS S3, MinIO and s3rver; a CubeFS ObjectNode differs in
+// Dialects: the rules above hold on AWS S3, MinIO and moto; a CubeFS ObjectNode differs in
 // four ways, each handled so that the other stores see no change. (1) A listing of "dir/"
 // leaves out the marker "dir/" itself: a name that is neither an object nor a listed prefix
 // is looked for as a marker (one more HEAD, for names that do not exist). (2) Deleting a
