@@ -313,7 +313,7 @@ Result<PathResolver::Resolved> ServerImpl::Check(const std::string& p, const Cal
     if (why == Reject::kPermission) return Status::PermissionDenied(p + ": permission denied");
     if (why == Reject::kNotFile)
       return s.code() == Status::Code::kIsDirectory
-                 ? Status::IsDirectory(p + ": names a directory")
+                 ? Status::IsDirectory(p + ": names a directory, not a regular file")
                  : Status::InvalidArgument(p + ": not a regular file");
     if (why == Reject::kSymlink || why == Reject::kLoop) {
       const size_t colon = s.message().find(": ");

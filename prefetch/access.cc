@@ -207,7 +207,7 @@ namespace {
 // A path that names something other than a regular file: a directory is EISDIR; a FIFO,
 // socket or device is EINVAL (never reported as a directory).
 Status NotAFile(const std::string& path, const cfs_client::FileAttr& a) {
-  if (a.IsDir()) return Status::IsDirectory(path + ": names a directory");
+  if (a.IsDir()) return Status::IsDirectory(path + ": names a directory, not a regular file");
   return Status::InvalidArgument(path + ": not a regular file (a FIFO, socket or device)");
 }
 
