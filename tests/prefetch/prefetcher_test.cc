@@ -964,7 +964,7 @@ TEST_F(PrefetcherTest, MemoryIsGivenBackWhenStreamsEndOrExpire) {
 }
 
 // Heap bytes in use (all arenas, mmapped blocks included), as malloc counts them.
-uint64_t HeapInUse() {
+[[maybe_unused]] uint64_t HeapInUse() {
   const struct mallinfo2 m = ::mallinfo2();
   return m.uordblks + m.hblkhd;
 }
