@@ -76,6 +76,10 @@ struct CacheOptions {
   std::string disk_dir;                // NVMe tier directory; "" = no tier. Default: "".
   uint64_t disk_bytes = 0;             // NVMe tier budget. Default: 0.
   uint64_t chunk_bytes = 4ull << 20;   // files above this are cached in chunks. Default: 4 MiB.
+  // Cold first reads of files of at least this size (and over chunk_bytes) go from the store's
+  // file to the kernel without entering the cache; a second read of the same bytes is cached.
+  // posix backend without an NVMe tier only; 0 = never. Default: 32 MiB.
+  uint64_t stream_min_bytes = 32ull << 20;
 };
 
 struct PrefetchOptions {

@@ -171,6 +171,7 @@ FileSystem::Options FileSystemOptions(const conf::Config& config) {
   o.keep_cache = config.fuse.keep_cache;
   o.chunk_bytes = config.cache.chunk_bytes;
   o.read_only = config.fuse.read_only;
+  o.stream_min_bytes = config.cache.stream_min_bytes;
   // No close reaches the daemon when the kernel skips FLUSH: written files are closed after
   // an idle time instead.
   if (config.fuse.keep_cache && !config.fuse.flush_on_close && !config.fuse.read_only)
@@ -294,6 +295,39 @@ void SetReadAhead(const std::string& mount_point, uint64_t bytes) {
     CTFS_LOG(kInfo) << "fuse.read_ahead: cannot set "
                     << (dev.empty() ? "(no mountinfo entry)" : path) << ": " << std::strerror(err)
                     << "; the kernel's readahead stays";
+}
+
+// Streamed reads (fs/store_stream.h) go to the kernel by splice through a pipe that must hold
+// a whole reply: fuse.max_read bytes, a header and up to three pages of slack (libfuse's rule).
+// A pipe beyond fs.pipe-max-size (1 MiB by default) needs CAP_SYS_RESOURCE; without it
+// libfuse falls back to a fresh buffer per read, slower than the cache. So where the pipe
+// cannot grow, fuse.max_read is lowered to what fits (1008 KiB for a 1 MiB pipe), and
+// streaming is turned off where even that is too small.
+void FitStreamedReadsToPipes(conf::Config* config) {
+  if (config->cache.stream_min_bytes == 0 || config->backend.type != "posix" ||
+      !config->cache.disk_dir.empty())
+    return;
+  constexpr uint64_t kSlack = 16 << 10;
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) return;
+  const int grown = ::fcntl(p[0], F_SETPIPE_SZ, static_cast<int>(config->fuse.max_read + kSlack));
+  ::close(p[0]);
+  ::close(p[1]);
+  if (grown >= 0) return;
+  uint64_t pipe_max = 0;
+  std::ifstream("/proc/sys/fs/pipe-max-size") >> pipe_max;
+  const uint64_t fits = pipe_max > kSlack ? (pipe_max - kSlack) & ~uint64_t{4095} : 0;
+  if (fits < (256u << 10)) {
+    CTFS_LOG(kWarn) << "cache.stream_min_bytes: off: pipes hold at most " << pipe_max
+                    << " bytes here (fs.pipe-max-size, no CAP_SYS_RESOURCE); cold reads of "
+                       "large files go through the cache";
+    config->cache.stream_min_bytes = 0;
+    return;
+  }
+  CTFS_LOG(kInfo) << "fuse.max_read: " << fits << " instead of " << config->fuse.max_read
+                  << ", so a streamed read fits a pipe (fs.pipe-max-size " << pipe_max
+                  << ", no CAP_SYS_RESOURCE)";
+  config->fuse.max_read = fits;
 }
 
 int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
@@ -522,6 +556,7 @@ int Main(int argc, char** argv) {
     CTFS_LOG(kWarn) << "ignoring unknown top-level keys: " << keys;
   }
 
+  FitStreamedReadsToPipes(&config);
   ReadyPipe ready(cl->foreground ? -1 : Daemonize());
   return Serve(config, cl.value(), ready);
 }

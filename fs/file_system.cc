@@ -16,6 +16,7 @@ namespace cubetorchfs::fs {
 size_t ReadResult::size() const {
   size_t n = 0;
   for (const auto& s : slices) n += s.length;
+  if (store) n += store->length;
   return n;
 }
 
@@ -52,6 +53,7 @@ FileSystem::FileSystem(const Options& options, cfs_client::Backend* backend, cac
       cache_(cache),
       prefetcher_(prefetcher),
       disk_(disk),
+      stream_admission_(options.stream_ghost_chunks),
       clock_(clock),
       inodes_(root_attr, clock->NowNanos()) {
   auto& bytes = prometheus::BuildCounter()
@@ -61,6 +63,14 @@ FileSystem::FileSystem(const Options& options, cfs_client::Backend* backend, cac
   bytes_ram_ = &bytes.Add({{"source", "ram"}});
   bytes_disk_ = &bytes.Add({{"source", "disk"}});
   bytes_backend_ = &bytes.Add({{"source", "backend"}});
+  bytes_streamed_ = &prometheus::BuildCounter()
+                         .Name("cubetorchfs_read_streamed_bytes_total")
+                         .Help(
+                             "Bytes of cold reads of large files sent from the store's file to "
+                             "the kernel without passing through the cache (also counted in "
+                             "cubetorchfs_read_bytes_total{source=\"backend\"})")
+                         .Register(registry)
+                         .Add({});
   auto& write_backs = prometheus::BuildCounter()
                           .Name("cubetorchfs_write_back_total")
                           .Help(
@@ -236,7 +246,11 @@ Result<OpenResult> FileSystem::Open(uint64_t ino, int flags, bool track_handle) 
 
   OpenResult r;
   r.handle = std::make_unique<FileHandle>(
-      FileHandle{ino, inode->path, attr->Version(), inode->write_gen, false});
+      FileHandle{ino, inode->path, attr->Version(), inode->write_gen, false, nullptr});
+  if (options_.stream_min_bytes > 0 && attr->size >= options_.stream_min_bytes &&
+      attr->size > options_.chunk_bytes && disk_ == nullptr &&
+      !prefetch::ModelFetcher::IsModelFile(inode->path))
+    r.handle->stream = std::make_shared<StoreStream>(inode->path, attr->Version());
   std::optional<cfs_client::FileVersion> previous = inodes_.SetOpenedVersion(ino, attr->Version());
   const bool unchanged = previous && *previous == attr->Version();
   r.keep_cache = options_.keep_cache && unchanged;
@@ -279,6 +293,10 @@ Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, s
   const uint64_t end = std::min<uint64_t>(file_size, offset + size);
   // Files up to chunk_bytes are one whole-file entry; larger ones are chunks of chunk_bytes.
   const uint64_t chunk_bytes = options_.chunk_bytes;
+  if (handle.stream != nullptr && &handle == &opened) {
+    if (std::optional<ReadResult> streamed = TryStream(handle, offset, end))
+      return std::move(*streamed);
+  }
   prefetch::ReadOutcome outcome = prefetch::ReadOutcome::kHit;
   uint64_t backend_bytes = 0;
   uint64_t disk_bytes = 0;
@@ -293,7 +311,8 @@ Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, s
             prefetcher_->Get(handle.path, handle.version, chunk)) {
       buffer = std::move(w->buffer);
       if (w->waited) outcome = std::max(outcome, prefetch::ReadOutcome::kLate);
-    } else {
+    }
+    if (buffer == nullptr) {
       const std::string key = cache::ChunkKey(handle.path, handle.version, chunk);
       cache::Tier tier = cache::Tier::kRam;
       Result<cache::Lookup> got = cache_->GetOrFetch(key, [&] {
@@ -318,6 +337,35 @@ Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, s
   bytes_backend_->Increment(static_cast<double>(backend_bytes));
   bytes_disk_->Increment(static_cast<double>(disk_bytes));
   bytes_ram_->Increment(static_cast<double>(total - backend_bytes - disk_bytes));
+  return out;
+}
+
+std::optional<ReadResult> FileSystem::TryStream(const FileHandle& handle, uint64_t offset,
+                                                uint64_t end) {
+  // Cold: no prefetch window or cache tier holds any of the chunks read (a chunk being
+  // fetched counts as held: Get waits for it and the usual path then finds it).
+  const uint64_t chunk_bytes = options_.chunk_bytes;
+  for (uint64_t chunk = offset / chunk_bytes; chunk * chunk_bytes < end; ++chunk) {
+    if (prefetcher_->Get(handle.path, handle.version, chunk)) return std::nullopt;
+    if (cache_->Get(cache::ChunkKey(handle.path, handle.version, chunk)) != nullptr)
+      return std::nullopt;
+  }
+  // First touch: no byte of the read's first chunk streamed before (a read into the next
+  // chunk is known by its first one).
+  const uint64_t first = offset / chunk_bytes;
+  const uint64_t from = offset - first * chunk_bytes;
+  if (!stream_admission_.FirstTouch(cache::ChunkKey(handle.path, handle.version, first),
+                                    chunk_bytes, from, std::min(end - offset + from, chunk_bytes)))
+    return std::nullopt;
+  const int fd = handle.stream->Fd(*backend_);
+  if (fd < 0) return std::nullopt;
+  const size_t length = static_cast<size_t>(end - offset);
+  ReadResult out;
+  out.store = ReadResult::StoreSlice{handle.stream, fd, offset, length};
+  prefetcher_->OnRead(handle.path, handle.version, offset, length, prefetch::ReadOutcome::kMiss,
+                      /*to_kernel=*/true);
+  bytes_backend_->Increment(static_cast<double>(length));
+  bytes_streamed_->Increment(static_cast<double>(length));
   return out;
 }
 

@@ -48,6 +48,7 @@
 #include "common/status.h"
 #include "common/thread_annotations.h"
 #include "fs/inode_table.h"
+#include "fs/store_stream.h"
 #include "prefetch/model_fetch.h"
 #include "prefetch/prefetcher.h"
 
@@ -70,6 +71,8 @@ struct FileHandle {
   cfs_client::FileVersion version;
   uint64_t write_gen = 0;  // the inode's write generation at open
   bool writable = false;   // counted as a writer of the inode until released
+  // Set at open when cold reads of this file may be streamed from the store (store_stream.h).
+  std::shared_ptr<StoreStream> stream;
 };
 
 // Who asks: owner of what the request creates.
@@ -100,6 +103,15 @@ struct ReadResult {
     size_t length = 0;
   };
   std::vector<Slice> slices;
+  // Instead of slices: `length` bytes at `offset` of the store's file `source->Fd()`, for the
+  // kernel to take straight from the store (store_stream.h). `source` keeps it open.
+  struct StoreSlice {
+    std::shared_ptr<StoreStream> source;
+    int fd = -1;
+    uint64_t offset = 0;
+    size_t length = 0;
+  };
+  std::optional<StoreSlice> store;
   size_t size() const;
 };
 
@@ -117,6 +129,11 @@ class FileSystem {
     // many first bytes, and a small file that fits is put in the RAM cache (an object store:
     // a cold read is then one request, not a HEAD and a GET).
     size_t lookup_read_bytes = 0;
+    // > 0: cold reads of files of at least this many bytes may go from the store's file
+    // straight to the kernel, not through the cache (store_stream.h; cache.stream_min_bytes).
+    uint64_t stream_min_bytes = 0;
+    // Chunks the ghost queue of streamed reads remembers (StreamAdmission).
+    size_t stream_ghost_chunks = 8192;
   };
 
   // `backend`, `cache`, `prefetcher`, `clock` and `registry` must outlive the FileSystem. Fails if
@@ -287,12 +304,16 @@ class FileSystem {
   bool SupersededLocked(const std::string& path, uint64_t write_seq) const REQUIRES(writes_mu_);
   // Reads through the write state of `handle.ino`, if it has one.
   std::optional<Result<ReadResult>> ReadWritten(uint64_t ino, uint64_t offset, size_t size);
+  // A read of [offset, end) of `handle` sent from the store's file (store_stream.h), if it
+  // qualifies; nullopt: read it the usual way.
+  std::optional<ReadResult> TryStream(const FileHandle& handle, uint64_t offset, uint64_t end);
 
   const Options options_;
   cfs_client::Backend* const backend_;
   cache::RamCache* const cache_;
   prefetch::Prefetcher* const prefetcher_;
   cache::DiskCache* const disk_;  // the NVMe tier, or null
+  StreamAdmission stream_admission_;
   Clock* const clock_;
   InodeTable inodes_;
   prefetch::ModelFetcher* model_fetcher_ = nullptr;
@@ -332,6 +353,7 @@ class FileSystem {
   prometheus::Counter* bytes_ram_;
   prometheus::Counter* bytes_disk_;
   prometheus::Counter* bytes_backend_;
+  prometheus::Counter* bytes_streamed_;
   prometheus::Counter* write_back_ok_;
   prometheus::Counter* write_back_failed_;
 };

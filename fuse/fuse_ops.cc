@@ -161,6 +161,8 @@ void Init(void* userdata, fuse_conn_info* conn) {
     conn->want |= FUSE_CAP_CACHE_SYMLINKS;
   // Drop the kernel's cached pages when the attributes show the file changed.
   if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
+  // Streamed reads (fs/store_stream.h) reach the kernel by splice, not through our memory.
+  if (conn->capable & FUSE_CAP_SPLICE_WRITE) conn->want |= FUSE_CAP_SPLICE_WRITE;
   conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
   // O_TRUNC must reach us as a setattr: under no_open the open that would carry it is
   // never sent, and the kernel would truncate only its own page cache.
@@ -325,6 +327,17 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
     return ctx.fs->Read(h, static_cast<uint64_t>(off), size);
   }();
   if (!r.ok()) return ReplyError(req, r.status(), "read");
+  if (r->store) {
+    // From the store's file to the kernel: libfuse splices it through a pipe when the kernel
+    // allows (FUSE_CAP_SPLICE_WRITE), else reads it into memory and writes that. `r` keeps the
+    // descriptor open until the reply is sent.
+    fuse_bufvec data = FUSE_BUFVEC_INIT(r->store->length);
+    data.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+    data.buf[0].fd = r->store->fd;
+    data.buf[0].pos = static_cast<off_t>(r->store->offset);
+    fuse_reply_data(req, &data, static_cast<fuse_buf_copy_flags>(0));
+    return;
+  }
   // Reply straight from the cached buffers; the slices keep them alive until the reply is sent.
   std::vector<iovec> iov;
   iov.reserve(r->slices.size());
