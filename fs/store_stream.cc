@@ -29,8 +29,8 @@ int StoreStream::Fd(cfs_client::Backend& backend) {
   return fd_.get();
 }
 
-bool StreamAdmission::FirstTouch(const std::string& chunk_key, uint64_t chunk_bytes,
-                                 uint64_t from, uint64_t to) {
+bool StreamAdmission::FirstTouch(const std::string& chunk_key, uint64_t chunk_bytes, uint64_t from,
+                                 uint64_t to) {
   if (capacity_ == 0 || to <= from) return true;
   const uint64_t granule = std::max<uint64_t>(4096, (chunk_bytes + kGranules - 1) / kGranules);
   // Granules overlapped (marked) and granules covered whole (compared).

@@ -67,8 +67,7 @@ class StreamAdmission {
   // stream it. False: a second touch, to be read into the cache. With granules larger than a
   // page, only granules the read covers whole are compared (a read smaller than a granule is
   // always a first touch).
-  bool FirstTouch(const std::string& chunk_key, uint64_t chunk_bytes, uint64_t from,
-                  uint64_t to);
+  bool FirstTouch(const std::string& chunk_key, uint64_t chunk_bytes, uint64_t from, uint64_t to);
 
   size_t size() const;
   // Memory per remembered chunk, about (for the stated overhead).

@@ -18,12 +18,12 @@ namespace stdfs = std::filesystem;
 
 TEST(StreamAdmissionTest, ASecondReadOfTheSameBytesIsAdmitted) {
   StreamAdmission a(8);
-  constexpr uint64_t kChunk = 4 << 20;  // granules of a page
-  EXPECT_TRUE(a.FirstTouch("f@1:0", kChunk, 0, 16384));  // a header
+  constexpr uint64_t kChunk = 4 << 20;                                   // granules of a page
+  EXPECT_TRUE(a.FirstTouch("f@1:0", kChunk, 0, 16384));                  // a header
   EXPECT_TRUE(a.FirstTouch("f@1:0", kChunk, 16384, (1 << 20) + 16384));  // right after it
   EXPECT_TRUE(a.FirstTouch("f@1:0", kChunk, 3 << 20, 4 << 20));  // out of order: still first
   EXPECT_TRUE(a.FirstTouch("f@1:0", kChunk, (1 << 20) + 16384, 3 << 20));  // the gap
-  EXPECT_FALSE(a.FirstTouch("f@1:0", kChunk, 8192, 12288));  // read again: cache it
+  EXPECT_FALSE(a.FirstTouch("f@1:0", kChunk, 8192, 12288));                // read again: cache it
   EXPECT_FALSE(a.FirstTouch("f@1:0", kChunk, (3 << 20) - 4096, (3 << 20) + 4096));
   EXPECT_TRUE(a.FirstTouch("f@1:1", kChunk, 0, 4096));  // another chunk
   EXPECT_TRUE(a.FirstTouch("f@2:0", kChunk, 0, 4096));  // another version of the file
@@ -38,7 +38,7 @@ TEST(StreamAdmissionTest, LargeChunksCompareOnlyTheGranulesAReadCoversWhole) {
   EXPECT_TRUE(a.FirstTouch("g", kChunk, 16384, 1 << 20));
   EXPECT_TRUE(a.FirstTouch("g", kChunk, 1 << 20, (2 << 20) + 4096));
   EXPECT_FALSE(a.FirstTouch("g", kChunk, 0, 1 << 20));  // a re-read
-  EXPECT_TRUE(a.FirstTouch("g", kChunk, 0, 16384));      // too small to tell: streamed
+  EXPECT_TRUE(a.FirstTouch("g", kChunk, 0, 16384));     // too small to tell: streamed
 }
 
 TEST(StreamAdmissionTest, ForgetsTheLeastRecentlyStreamedChunkBeyondItsCapacity) {
@@ -62,8 +62,8 @@ std::string Bytes(const ReadResult& r) {
   std::string out;
   if (r.store) {
     out.resize(r.store->length);
-    const ssize_t n = ::pread(r.store->fd, out.data(), out.size(),
-                              static_cast<off_t>(r.store->offset));
+    const ssize_t n =
+        ::pread(r.store->fd, out.data(), out.size(), static_cast<off_t>(r.store->offset));
     EXPECT_EQ(n, static_cast<ssize_t>(out.size()));
   }
   for (const auto& s : r.slices) out.append(s.buffer->data.get() + s.offset, s.length);
@@ -87,8 +87,8 @@ class StoreStreamTest : public ::testing::Test {
     pf.start_workers = false;
     pf.chunk_bytes = options_.chunk_bytes;
     pf.window_budget_bytes = 1 << 20;
-    prefetcher_ = std::make_unique<prefetch::Prefetcher>(pf, backend_.get(), cache_.get(),
-                                                         &clock_, &registry_);
+    prefetcher_ = std::make_unique<prefetch::Prefetcher>(pf, backend_.get(), cache_.get(), &clock_,
+                                                         &registry_);
     fs_ = FileSystem::New(options_, backend_.get(), cache_.get(), prefetcher_.get(), &clock_,
                           registry_)
               .value();
@@ -159,9 +159,9 @@ TEST_F(StoreStreamTest, SmallFilesModelFilesAndAZeroThresholdAreNeverStreamed) {
   EXPECT_EQ(Open("small")->stream, nullptr);              // under stream_min_bytes
   EXPECT_EQ(Open("model.safetensors")->stream, nullptr);  // the model fetcher's
   options_.stream_min_bytes = 0;
-  fs_ = FileSystem::New(options_, backend_.get(), cache_.get(), prefetcher_.get(), &clock_,
-                        registry_)
-            .value();
+  fs_ =
+      FileSystem::New(options_, backend_.get(), cache_.get(), prefetcher_.get(), &clock_, registry_)
+          .value();
   std::unique_ptr<FileHandle> h = Open("big");
   EXPECT_EQ(h->stream, nullptr);
   Result<ReadResult> r = fs_->Read(*h, 0, 131072);

@@ -404,6 +404,55 @@ def test_sixteen_concurrent_readers_byte_exact(cube: CubeFactory, source_tree: S
     assert pid_alive(mount.pid)
 
 
+# --------------------------------------------------------------------------- streamed reads
+
+
+def test_a_cold_large_file_streams_and_a_reread_is_cached(cube: CubeFactory,
+                                                          tmp_path: Path) -> None:
+    """cache.stream_min_bytes (32 MiB): a cold read of a large file goes from the store's file
+    to the kernel, not into the RAM cache; reading the same bytes again caches them and a third
+    read is served from RAM. A file rewritten in the store is streamed at its new version.
+    stream_min_bytes 0 turns streaming off."""
+    rng = random.Random(7)
+    src = tmp_path / "src"
+    data = rng.randbytes(40 * MIB + 777)
+    write_files(src, {"ckpt.bin": data, "small.bin": rng.randbytes(MIB)})
+    big_cache = {"cache": {"memory_bytes": "512MiB"}}
+    mount = cube.mount(src, deep_merge(big_cache, ZERO_TIMEOUTS))
+    streamed = "cubetorchfs_read_streamed_bytes_total"
+
+    assert read_uncached(mount.path("ckpt.bin")) == data
+    assert read_uncached(mount.path("small.bin")) is not None  # under the threshold: cached
+    m = mount.metrics()
+    assert m.value(streamed) == len(data)
+    assert m.value("cubetorchfs_cache_bytes", tier="ram") == MIB, "only the small file cached"
+
+    # The same bytes again: what reaches the daemon (fadvise drops most of the kernel's pages,
+    # not always all) is cached now, never streamed twice.
+    assert read_uncached(mount.path("ckpt.bin")) == data
+    m = mount.metrics()
+    assert m.value(streamed) == len(data)
+    cached = m.value("cubetorchfs_cache_bytes", tier="ram") - MIB
+    assert cached >= 4 * MIB, f"{cached} bytes of the re-read file cached"
+    from_ram = m.value("cubetorchfs_read_bytes_total", source="ram")
+    assert read_uncached(mount.path("ckpt.bin")) == data
+    m = mount.metrics()
+    assert m.value("cubetorchfs_read_bytes_total", source="ram") > from_ram
+    assert m.value(streamed) == len(data)
+
+    new = rng.randbytes(36 * MIB + 5)
+    (src / "ckpt.bin").write_bytes(new)
+    later = time.time_ns() + 10 * 10**9
+    os.utime(src / "ckpt.bin", ns=(later, later))
+    assert read_uncached(mount.path("ckpt.bin")) == new
+    assert mount.metrics().value(streamed) == len(data) + len(new)
+
+    off = cube.mount(src, {"cache": {"memory_bytes": "512MiB", "stream_min_bytes": 0}})
+    assert read_uncached(off.path("ckpt.bin")) == new
+    assert off.metrics().value(streamed) == 0
+    assert off.metrics().value("cubetorchfs_cache_bytes", tier="ram") >= len(new)
+
+
 # --------------------------------------------------------------------------- freshness
 
 
