@@ -245,12 +245,8 @@ Result<OpenResult> FileSystem::Open(uint64_t ino, int flags, bool track_handle) 
   const cfs_client::FileAttr* attr = &target.attr;
 
   OpenResult r;
-  r.handle = std::make_unique<FileHandle>(
-      FileHandle{ino, inode->path, attr->Version(), inode->write_gen, false, nullptr});
-  if (options_.stream_min_bytes > 0 && attr->size >= options_.stream_min_bytes &&
-      attr->size > options_.chunk_bytes && disk_ == nullptr &&
-      !prefetch::ModelFetcher::IsModelFile(inode->path))
-    r.handle->stream = std::make_shared<StoreStream>(inode->path, attr->Version());
+  r.handle = std::make_unique<FileHandle>(FileHandle{
+      ino, inode->path, attr->Version(), inode->write_gen, false, StreamFor(inode->path, *attr)});
   std::optional<cfs_client::FileVersion> previous = inodes_.SetOpenedVersion(ino, attr->Version());
   const bool unchanged = previous && *previous == attr->Version();
   r.keep_cache = options_.keep_cache && unchanged;
@@ -263,7 +259,18 @@ Result<FileHandle> FileSystem::HandleFor(uint64_t ino) {
   CTFS_RETURN_IF_ERROR(CheckNotRemoved(inode));
   CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, FreshAttr(inode));
   if (!attr.IsRegular()) return Status::InvalidArgument(inode.path + ": not a regular file");
-  return FileHandle{ino, inode.path, attr.Version(), inode.write_gen, false};
+  // Under no_open each read comes here: a streamed read then opens the store's file for itself.
+  return FileHandle{
+      ino, inode.path, attr.Version(), inode.write_gen, false, StreamFor(inode.path, attr)};
+}
+
+std::shared_ptr<StoreStream> FileSystem::StreamFor(const std::string& path,
+                                                   const cfs_client::FileAttr& attr) const {
+  if (options_.stream_min_bytes == 0 || attr.size < options_.stream_min_bytes ||
+      attr.size <= options_.chunk_bytes || disk_ != nullptr ||
+      prefetch::ModelFetcher::IsModelFile(path))
+    return nullptr;
+  return std::make_shared<StoreStream>(path, attr.Version());
 }
 
 Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, size_t size) {

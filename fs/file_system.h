@@ -304,6 +304,9 @@ class FileSystem {
   bool SupersededLocked(const std::string& path, uint64_t write_seq) const REQUIRES(writes_mu_);
   // Reads through the write state of `handle.ino`, if it has one.
   std::optional<Result<ReadResult>> ReadWritten(uint64_t ino, uint64_t offset, size_t size);
+  // Where reads of `path` at `attr` may be streamed (store_stream.h): its store stream, else null.
+  std::shared_ptr<StoreStream> StreamFor(const std::string& path,
+                                         const cfs_client::FileAttr& attr) const;
   // A read of [offset, end) of `handle` sent from the store's file (store_stream.h), if it
   // qualifies; nullopt: read it the usual way.
   std::optional<ReadResult> TryStream(const FileHandle& handle, uint64_t offset, uint64_t end);

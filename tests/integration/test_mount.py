@@ -453,6 +453,22 @@ def test_a_cold_large_file_streams_and_a_reread_is_cached(cube: CubeFactory,
     assert off.metrics().value("cubetorchfs_cache_bytes", tier="ram") >= len(new)
 
 
+def test_reads_without_an_open_stream_too(cube: CubeFactory, tmp_path: Path) -> None:
+    """Under ai_prefetch (keep_cache: the kernel sends no open, reads come without a handle) a
+    cold large file is streamed all the same, and the ghost queue still caches a re-read."""
+    rng = random.Random(8)
+    src = tmp_path / "src"
+    data = rng.randbytes(36 * MIB + 4321)
+    write_files(src, {"shard.tar": data})
+    mount = cube.mount(src, {"profile": "ai_prefetch", "cache": {"memory_bytes": "512MiB"}})
+    assert read_uncached(mount.path("shard.tar")) == data
+    assert mount.metrics().value("cubetorchfs_read_streamed_bytes_total") == len(data)
+    assert read_uncached(mount.path("shard.tar")) == data
+    m = mount.metrics()
+    assert m.value("cubetorchfs_read_streamed_bytes_total") == len(data)
+    assert m.value("cubetorchfs_cache_bytes", tier="ram") >= 4 * MIB
+
+
 # --------------------------------------------------------------------------- freshness
 
 
