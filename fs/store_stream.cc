@@ -8,7 +8,7 @@
 namespace cubetorchfs::fs {
 
 int StoreStream::Fd(cfs_client::Backend& backend) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (unavailable_) return -1;
   if (fd_.get() < 0) {
     Result<int> fd = backend.OpenReadFd(path_, version_);
@@ -39,7 +39,7 @@ bool StreamAdmission::FirstTouch(const std::string& chunk_key, uint64_t chunk_by
   const uint64_t whole_first = (from + granule - 1) / granule;
   const uint64_t whole_end = std::min<uint64_t>(to / granule, kGranules);  // exclusive
   const uint64_t key = std::hash<std::string>{}(chunk_key);
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = ghosts_.find(key);
   if (it == ghosts_.end()) {
     if (ghosts_.size() >= capacity_) {
@@ -59,7 +59,7 @@ bool StreamAdmission::FirstTouch(const std::string& chunk_key, uint64_t chunk_by
 }
 
 size_t StreamAdmission::size() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return ghosts_.size();
 }
 

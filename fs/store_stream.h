@@ -50,7 +50,7 @@ class StoreStream {
  private:
   const std::string path_;
   const cfs_client::FileVersion version_;
-  std::mutex mu_;
+  Mutex mu_;
   UniqueFd fd_ GUARDED_BY(mu_);
   bool unavailable_ GUARDED_BY(mu_) = false;
 };
@@ -79,7 +79,7 @@ class StreamAdmission {
     std::list<uint64_t>::iterator lru;
   };
   const size_t capacity_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::unordered_map<uint64_t, Ghost> ghosts_ GUARDED_BY(mu_);
   std::list<uint64_t> lru_ GUARDED_BY(mu_);  // front: most recently streamed
 };
