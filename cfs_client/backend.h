@@ -239,6 +239,9 @@ Result<std::unique_ptr<Backend>> NewS3Backend(const conf::S3Options& opts);
 // (the volume cannot be reached with these keys).
 Result<std::unique_ptr<Backend>> NewCubefsBackend(const conf::CubefsOptions& opts);
 
+// The read-only synthetic store of `opts` (benchmarks and scale tests; synthetic_backend.cc).
+std::unique_ptr<Backend> NewSyntheticBackend(const conf::SyntheticOptions& opts);
+
 // Lists one key of the bucket `opts` names, with at most one retry and a 10 s timeout, for a
 // start-up check. The error names the config key at fault: backend.endpoint (no answer, not
 // S3), backend.bucket (no such bucket, or access to it refused), backend.access_key or

@@ -217,10 +217,11 @@ std::unique_ptr<Backend> NewMeteredBackend(std::unique_ptr<Backend> base,
 Result<std::unique_ptr<Backend>> NewBackend(const conf::BackendOptions& opts,
                                             prometheus::Registry& registry, Clock* clock) {
   Result<std::unique_ptr<Backend>> base = Status::InvalidArgument(
-      "backend.type: unknown backend \"" + opts.type + "\" (known: posix, s3, cubefs)");
+      "backend.type: unknown backend \"" + opts.type + "\" (known: posix, s3, cubefs, synthetic)");
   if (opts.type == "posix") base = NewPosixBackend(opts.root);
   if (opts.type == "s3") base = NewS3Backend(opts.s3);
   if (opts.type == "cubefs") base = NewCubefsBackend(opts.cubefs);
+  if (opts.type == "synthetic") base = NewSyntheticBackend(opts.synthetic);
   if (!base.ok()) return base.status();
   std::unique_ptr<Backend> b = std::move(base).value();
   if (opts.inject.enabled) b = NewInjectBackend(std::move(b), opts.inject, clock);

@@ -214,6 +214,20 @@ Status ParseInject(const YAML::Node& node, InjectOptions* o) {
                     });
 }
 
+Status ParseSynthetic(const YAML::Node& node, SyntheticOptions* o) {
+  return ForEachKey(node, "backend.synthetic",
+                    {"dirs", "files_per_dir", "min_bytes", "max_bytes", "seed"},
+                    [&](const std::string& k, const YAML::Node& v, const std::string& key) {
+                      if (k == "dirs") CTFS_ASSIGN(o->dirs, GetUint(v, key, 100'000'000));
+                      if (k == "files_per_dir")
+                        CTFS_ASSIGN(o->files_per_dir, GetUint(v, key, 100'000'000));
+                      if (k == "min_bytes") CTFS_ASSIGN(o->min_bytes, GetSize(v, key));
+                      if (k == "max_bytes") CTFS_ASSIGN(o->max_bytes, GetSize(v, key));
+                      if (k == "seed") CTFS_ASSIGN(o->seed, GetUint(v, key, UINT64_MAX));
+                      return Status::OK();
+                    });
+}
+
 Status ParseCubefs(const YAML::Node& node, CubefsOptions* o) {
   return ForEachKey(node, "backend.cubefs", {"lib", "volume"},
                     [&](const std::string& k, const YAML::Node& v, const std::string& key) {
@@ -230,7 +244,7 @@ const std::set<std::string> kS3Keys = {
     "staging_dir", "multipart_bytes", "lookup_read_bytes"};
 
 Status ParseBackend(const YAML::Node& node, BackendOptions* o, std::vector<std::string>* s3_set) {
-  std::set<std::string> known = {"type", "root", "inject", "cubefs"};
+  std::set<std::string> known = {"type", "root", "inject", "cubefs", "synthetic"};
   known.insert(kS3Keys.begin(), kS3Keys.end());
   S3Options* s3 = &o->s3;
   return ForEachKey(node, "backend", known,
@@ -240,6 +254,7 @@ Status ParseBackend(const YAML::Node& node, BackendOptions* o, std::vector<std::
                       if (k == "root") CTFS_ASSIGN(o->root, GetString(v, key));
                       if (k == "inject") return ParseInject(v, &o->inject);
                       if (k == "cubefs") return ParseCubefs(v, &o->cubefs);
+                      if (k == "synthetic") return ParseSynthetic(v, &o->synthetic);
                       if (k == "endpoint") CTFS_ASSIGN(s3->endpoint, GetString(v, key));
                       if (k == "bucket") CTFS_ASSIGN(s3->bucket, GetString(v, key));
                       if (k == "region") CTFS_ASSIGN(s3->region, GetString(v, key));
@@ -504,9 +519,22 @@ Status Validate(const Config& c, const std::vector<std::string>& s3_set) {
     if (!s3_set.empty())
       return Bad("backend." + s3_set.front(), "only for the s3 backend (backend.type: s3)");
     CTFS_RETURN_IF_ERROR(ValidateCubefs(c.backend.cubefs));
+  } else if (c.backend.type == "synthetic") {
+    if (!c.backend.root.empty())
+      return Bad("backend.root", "not used by the synthetic backend (it computes its tree)");
+    if (!s3_set.empty())
+      return Bad("backend." + s3_set.front(), "only for the s3 backend (backend.type: s3)");
+    const SyntheticOptions& y = c.backend.synthetic;
+    if (y.dirs == 0) return Bad("backend.synthetic.dirs", "must be at least 1");
+    if (y.min_bytes > y.max_bytes)
+      return Bad("backend.synthetic.min_bytes", "must not exceed backend.synthetic.max_bytes");
+    if (y.max_bytes > (1ull << 40))
+      return Bad("backend.synthetic.max_bytes", "must be at most 1TiB");
+    if (y.dirs * y.files_per_dir > 10'000'000'000ull)
+      return Bad("backend.synthetic.files_per_dir", "dirs x files_per_dir must be at most 10^10");
   } else {
     return Bad("backend.type",
-               "unknown backend \"" + c.backend.type + "\" (known: posix, s3, cubefs)");
+               "unknown backend \"" + c.backend.type + "\" (known: posix, s3, cubefs, synthetic)");
   }
   if (c.cache.memory_bytes < (1u << 20)) return Bad("cache.memory_bytes", "must be at least 1MiB");
   if (c.cache.chunk_bytes < (64u << 10) || c.cache.chunk_bytes > (1ull << 30))

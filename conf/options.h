@@ -63,11 +63,23 @@ struct CubefsOptions {
   bool follower_read = false;  // followerRead: reads may go to follower replicas.
 };
 
+// backend.type "synthetic": a read-only ImageNet-shaped tree computed from these keys, with
+// no disk (benchmarks and scale tests; cfs_client/synthetic_backend.cc).
+struct SyntheticOptions {
+  uint64_t dirs = 1000;           // class directories n00000000 .. Default: 1000.
+  uint64_t files_per_dir = 1281;  // files in each. Default: 1281.
+  uint64_t min_bytes = 1024;      // smallest file. Default: 1 KiB.
+  uint64_t max_bytes = 3072;      // largest file. Default: 3 KiB.
+  uint64_t seed = 1;              // sizes, bytes and the mtime derive from it. Default: 1.
+};
+
 struct BackendOptions {
-  std::string type = "posix";  // "posix" (a directory tree), "s3" or "cubefs". Default: posix.
+  // "posix" (a directory tree), "s3", "cubefs" or "synthetic". Default: posix.
+  std::string type = "posix";
   std::string root;            // posix: the directory served. Required for posix.
   S3Options s3;                // s3: where the objects are.
   CubefsOptions cubefs;        // cubefs: the volume and how to reach it.
+  SyntheticOptions synthetic;  // synthetic: the shape of the tree.
   InjectOptions inject;
 };
 
