@@ -113,8 +113,7 @@ class SyntheticBackend final : public Backend {
   Status Rename(const std::string& from, const std::string&, bool) override {
     return ReadOnly("rename", from);
   }
-  Result<FileAttr> Symlink(const std::string&, const std::string& path, int64_t,
-                           int64_t) override {
+  Result<FileAttr> Symlink(const std::string&, const std::string& path, int64_t, int64_t) override {
     return ReadOnly("symlink", path);
   }
   Result<FileAttr> Link(const std::string&, const std::string& to) override {

@@ -9,8 +9,8 @@
 namespace cubetorchfs::cfs_client {
 namespace {
 
-std::unique_ptr<Backend> Make(uint64_t dirs, uint64_t files, uint64_t lo = 1000,
-                              uint64_t hi = 3000, uint64_t seed = 1) {
+std::unique_ptr<Backend> Make(uint64_t dirs, uint64_t files, uint64_t lo = 1000, uint64_t hi = 3000,
+                              uint64_t seed = 1) {
   conf::SyntheticOptions o;
   o.dirs = dirs;
   o.files_per_dir = files;
@@ -41,8 +41,7 @@ TEST(SyntheticBackendTest, NamesTheTreeItsShapeSays) {
         "n00000002/n00000002_04.JPEG", "n00000002/n00000001_4.JPEG", "n00000002/n00000002_4.jpeg",
         "n00000002/n00000002_.JPEG", "n00000002/n00000002_-1.JPEG", "n00000002/other"})
     EXPECT_EQ(b->Stat(missing).status().code(), Status::Code::kNotFound) << missing;
-  EXPECT_EQ(b->Stat("n00000002/n00000002_4.JPEG/x").status().code(),
-            Status::Code::kNotDirectory);
+  EXPECT_EQ(b->Stat("n00000002/n00000002_4.JPEG/x").status().code(), Status::Code::kNotDirectory);
   EXPECT_EQ(b->Stat("n00000002/nope/x").status().code(), Status::Code::kNotFound);
 }
 
