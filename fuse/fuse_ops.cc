@@ -174,6 +174,11 @@ void Init(void* userdata, fuse_conn_info* conn) {
   // Writes work without handles then: the kernel still sends write, flush (at every close)
   // and fsync, with fh 0, and FileSystem keeps one write state per inode (see file_system.h).
   ctx->no_open = ctx->options.keep_cache && (conn->capable & FUSE_CAP_NO_OPEN_SUPPORT);
+  // Under keep_cache (a dataset that does not change under training), every readdir is a
+  // readdirplus, not only a directory's first buffer: a scan that lists a class directory is
+  // followed by an open of each of its files, and the entries it brings spare those opens a
+  // LOOKUP each.
+  if (ctx->options.keep_cache) conn->want &= ~FUSE_CAP_READDIRPLUS_AUTO;
   CTFS_LOG(kInfo) << "FUSE session started: protocol " << conn->proto_major << "."
                   << conn->proto_minor << ", max_read " << ctx->options.max_read;
 }

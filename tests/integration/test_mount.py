@@ -469,6 +469,29 @@ def test_reads_without_an_open_stream_too(cube: CubeFactory, tmp_path: Path) -> 
     assert m.value("cubetorchfs_cache_bytes", tier="ram") >= 4 * MIB
 
 
+def test_a_scan_under_the_training_profile_answers_the_lookups_that_follow(
+        cube: CubeFactory, tmp_path: Path) -> None:
+    """Under ai_prefetch every readdir is a readdirplus: listing a class directory of 1,500
+    files (more than one getdents buffer) gives the kernel every entry, and opening each file
+    afterwards costs no LOOKUP. The default profile keeps the kernel's own choice."""
+    rng = random.Random(9)
+    src = tmp_path / "src"
+    files = {f"cls/img_{i:05d}.jpg": rng.randbytes(64) for i in range(1500)}
+    write_files(src, files)
+    for profile, most_lookups in (("ai_prefetch", 1), ("", None)):
+        mount = cube.mount(src, {"profile": profile})
+        names = os.listdir(mount.path("cls"))
+        assert len(names) == 1500
+        before = mount.metrics().value("cubetorchfs_fuse_ops_total", op="lookup")
+        for name in names:
+            assert mount.path(f"cls/{name}").read_bytes() == files[f"cls/{name}"]
+        lookups = mount.metrics().value("cubetorchfs_fuse_ops_total", op="lookup") - before
+        if most_lookups is not None:
+            assert lookups <= most_lookups, f"{lookups} lookups after a readdirplus listing"
+        else:
+            assert lookups > 0, "the default profile's readdir is plus only at first"
+
+
 # --------------------------------------------------------------------------- freshness
 
 
