@@ -96,7 +96,12 @@ class SyntheticBackend final : public Backend {
   Result<FsStats> StatFs() override {
     FsStats s;
     const uint64_t files = o_.dirs * o_.files_per_dir;
-    s.blocks = (files * ((o_.min_bytes + o_.max_bytes) / 2) + s.block_size - 1) / s.block_size;
+    // Average file size in blocks times files, in floating point: 10^10 files of up to 1 TiB
+    // overflow 64 bits.
+    const long double blocks = static_cast<long double>(files) *
+                               static_cast<long double>((o_.min_bytes + o_.max_bytes) / 2) /
+                               static_cast<long double>(s.block_size);
+    s.blocks = blocks >= 1.8e19L ? UINT64_MAX : static_cast<uint64_t>(blocks) + 1;
     s.files = files + o_.dirs + 1;
     return s;
   }

@@ -70,8 +70,6 @@ class StreamAdmission {
   bool FirstTouch(const std::string& chunk_key, uint64_t chunk_bytes, uint64_t from, uint64_t to);
 
   size_t size() const;
-  // Memory per remembered chunk, about (for the stated overhead).
-  static constexpr size_t kBytesPerEntry = kGranules / 8 + 64;
 
  private:
   struct Ghost {
