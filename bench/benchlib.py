@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -42,3 +44,19 @@ def parse_rate(text: str) -> int:
     unit = (m.group(2) or "").lower().rstrip("b")
     factor = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}[unit]
     return int(float(m.group(1)) * factor)
+
+
+def drop_caches(log=print) -> None:
+    """sync, then drop the kernel's page cache (root); says so through `log` when it cannot."""
+    subprocess.run(["sync"], check=False)
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as e:
+        log(f"cannot drop the page cache ({e}): runs are not cold")
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -31,7 +31,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,7 +41,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from benchlib import generate_jpegs, parse_rate  # noqa: E402
+from benchlib import drop_caches, free_port, generate_jpegs, parse_rate  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -101,20 +100,6 @@ def child(args: argparse.Namespace) -> None:
             after = store_counters(port)
             out.update({k: after[k] - before[k] for k in after})
         print(json.dumps(out), flush=True)
-
-
-def drop_caches() -> None:
-    subprocess.run(["sync"], check=False)
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError as e:
-        log(f"cannot drop the page cache ({e}): runs are not cold")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class StoreCap:
@@ -321,7 +306,7 @@ def main() -> None:
                 for persistent in args.persistent:
                     for r in range(args.rounds):
                         for system, cap in systems:
-                            drop_caches()
+                            drop_caches(log)
                             extra = ""
                             if system == "local":
                                 rows = run_epochs(data, variant, False, dict(os.environ), args.epochs,

@@ -32,7 +32,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from benchlib import drop_caches, free_port  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -173,20 +174,6 @@ def child(args: argparse.Namespace) -> None:
 
 
 # --------------------------------------------------------------------------- the parent
-
-
-def drop_caches() -> None:
-    subprocess.run(["sync"], check=False)
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError as e:
-        log(f"cannot drop the page cache ({e}): the local epoch 1 is not cold")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Mount:
@@ -329,7 +316,7 @@ def main() -> None:
     for r in range(args.rounds):
         for system in args.systems:
             subset = args.nohook_classes if system == "nohook" else args.classes
-            drop_caches()
+            drop_caches(log)
             if system == "local":
                 rows = run_child(args, data, False, subset, dict(os.environ))
             else:

@@ -17,6 +17,13 @@
 
 namespace cubetorchfs::testing {
 
+// `n` bytes that differ with `seed` and repeat only every 251 bytes: file contents for tests.
+inline std::string Pattern(size_t n, int seed) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 131 + seed) % 251);
+  return s;
+}
+
 // A clock that moves only when told to (or when something sleeps on it).
 class FakeClock final : public Clock {
  public:

@@ -16,12 +16,7 @@ namespace {
 
 using testing::FakeClock;
 using testing::MemBackend;
-
-std::string Pattern(size_t n, int seed) {
-  std::string s(n, '\0');
-  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 131 + seed) % 251);
-  return s;
-}
+using testing::Pattern;
 
 std::string Bytes(const ReadResult& r) {
   std::string out;

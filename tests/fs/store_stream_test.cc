@@ -15,6 +15,7 @@ namespace cubetorchfs::fs {
 namespace {
 
 namespace stdfs = std::filesystem;
+using testing::Pattern;
 
 TEST(StreamAdmissionTest, ASecondReadOfTheSameBytesIsAdmitted) {
   StreamAdmission a(8);
@@ -50,12 +51,6 @@ TEST(StreamAdmissionTest, ForgetsTheLeastRecentlyStreamedChunkBeyondItsCapacity)
   EXPECT_EQ(a.size(), 2u);
   EXPECT_TRUE(a.FirstTouch("b", 1 << 20, 0, 4096));  // a first touch again
   EXPECT_FALSE(a.FirstTouch("c", 1 << 20, 0, 4096));
-}
-
-std::string Pattern(size_t n, int seed) {
-  std::string s(n, '\0');
-  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 131 + seed) % 251);
-  return s;
 }
 
 std::string Bytes(const ReadResult& r) {
