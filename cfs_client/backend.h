@@ -191,6 +191,9 @@ class Backend {
     (void)check;
     return Status::NotSupported("this store has no file descriptors to hand out");
   }
+  // Whether OpenReadFd can succeed here at all (posix, without fault injection): a caller on a
+  // hot path asks this before trying.
+  virtual bool HandsOutFds() const { return false; }
 
   // --- writes ---
 

@@ -77,11 +77,15 @@ class InjectBackend final : public Backend {
   Result<Fetched> LookupRead(const std::string& path, size_t len, char* buf) override {
     return Serve("stat " + path, Kind::kOther, [&] { return base_->LookupRead(path, len, buf); });
   }
+  // A descriptor would let the reader skip the injected latency, limits and errors.
+  bool Injecting() const {
+    return opts_.latency_us > 0 || opts_.error_rate > 0 || opts_.max_concurrency > 0 ||
+           opts_.bandwidth_bytes_s > 0;
+  }
+  bool HandsOutFds() const override { return !Injecting() && base_->HandsOutFds(); }
   Result<int> OpenReadFd(const std::string& path, const FileVersion& expect,
                          const AttrCheck& check = nullptr) override {
-    // A descriptor would let the reader skip the injected latency, limits and errors.
-    if (opts_.latency_us > 0 || opts_.error_rate > 0 || opts_.max_concurrency > 0 ||
-        opts_.bandwidth_bytes_s > 0)
+    if (Injecting())
       return Status::NotSupported("fault injection is on: every byte goes through the daemon");
     return base_->OpenReadFd(path, expect, check);
   }

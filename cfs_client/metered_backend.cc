@@ -127,6 +127,7 @@ class MeteredBackend final : public Backend {
   Result<Fetched> LookupRead(const std::string& path, size_t len, char* buf) override {
     return Timed(kStat, [&] { return base_->LookupRead(path, len, buf); });
   }
+  bool HandsOutFds() const override { return base_->HandsOutFds(); }
   Result<int> OpenReadFd(const std::string& path, const FileVersion& expect,
                          const AttrCheck& check = nullptr) override {
     uint64_t start = clock_->NowNanos();

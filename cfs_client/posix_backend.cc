@@ -253,6 +253,7 @@ class PosixBackend final : public Backend {
     return r.bytes;
   }
 
+  bool HandsOutFds() const override { return true; }
   Result<int> OpenReadFd(const std::string& path, const FileVersion& expect,
                          const AttrCheck& check = nullptr) override {
     struct stat st;

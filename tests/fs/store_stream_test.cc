@@ -164,6 +164,25 @@ TEST_F(StoreStreamTest, SmallFilesModelFilesAndAZeroThresholdAreNeverStreamed) {
   EXPECT_FALSE(r->store.has_value());
 }
 
+TEST_F(StoreStreamTest, OnlyABackendThatHandsOutDescriptorsStreams) {
+  EXPECT_TRUE(backend_->HandsOutFds());
+  conf::InjectOptions slow;
+  slow.latency_us = 1;  // every byte must then pass through the daemon
+  testing::FakeClock clock;
+  std::unique_ptr<cfs_client::Backend> injected =
+      cfs_client::NewInjectBackend(cfs_client::NewPosixBackend(root_).value(), slow, &clock);
+  EXPECT_FALSE(injected->HandsOutFds());
+  EXPECT_TRUE(cfs_client::NewInjectBackend(cfs_client::NewPosixBackend(root_).value(), {}, &clock)
+                  ->HandsOutFds());
+  testing::MemBackend mem;
+  EXPECT_FALSE(mem.HandsOutFds());
+  fs_ =
+      FileSystem::New(options_, injected.get(), cache_.get(), prefetcher_.get(), &clock_, registry_)
+          .value();
+  EXPECT_EQ(Open("big")->stream, nullptr);
+  fs_.reset();
+}
+
 TEST_F(StoreStreamTest, AFileChangedInTheStoreIsNotStreamedUnderItsOldVersion) {
   std::unique_ptr<FileHandle> h = Open("big");
   ASSERT_NE(h->stream, nullptr);
