@@ -3,9 +3,10 @@
 // run the same code; the tests check it against OpenSSL.
 //
 // The S-box is passed in by pointer: host code uses kAesSbox, the kernel a copy in shared
-// memory (a device cannot read a host array). Byte-oriented, no T-tables: small and obviously
-// correct rather than fast. No secret-dependent branches; table lookups are secret-indexed, as
-// in any table AES (fine for decrypting files on a machine we own).
+// memory (a device cannot read a host array). Two forms: the byte-oriented rounds, small and
+// obviously correct (the reference the tests hold everything else to), and the word (T-table)
+// rounds and chunk layout the kernel runs, below. No secret-dependent branches; table lookups
+// are secret-indexed, as in any table AES (fine for decrypting files on a machine we own).
 //
 // Thread safety: pure functions.
 #pragma once
@@ -137,6 +138,180 @@ CTFS_HD inline void AesCtrXorBlock(const uint8_t* sbox, const AesRoundKeys& rk, 
   AesCtrCounter(iv, block, ks);
   AesEncryptBlock(sbox, rk, ks, ks);
   for (unsigned i = 0; i < n; ++i) data[i] ^= ks[skip + i];
+}
+
+// ---- The word-oriented (T-table) form the CUDA kernel runs --------------------------------------
+// The state and the round keys as four big-endian column words (row 0 in the top byte); a round is
+// 16 lookups in one table and 16 XORs. T0[x] = (2·S[x], S[x], S[x], 3·S[x]); the tables of rows
+// 1-3 are T0 rotated right by 8, 16 and 24 bits, and the last round's S-box is T0's second byte.
+// The lookup is a callable `uint32_t t0(unsigned x)`, so the kernel can read a copy of T0 in its
+// own shared-memory bank and the CPU tests a plain array: both run this code.
+
+CTFS_HD inline uint32_t AesRotr(uint32_t v, unsigned n) {
+  return (v >> n) | (v << ((32u - n) & 31u));
+}
+
+CTFS_HD inline uint32_t AesBswap(uint32_t v) {
+  return (v >> 24) | ((v >> 8) & 0xff00u) | ((v << 8) & 0xff0000u) | (v << 24);
+}
+
+CTFS_HD inline uint32_t AesT0Entry(const uint8_t* sbox, unsigned x) {
+  const uint32_t s = sbox[x];
+  const uint32_t s2 = AesXtime(static_cast<uint8_t>(s));
+  return (s2 << 24) | (s << 16) | (s << 8) | (s2 ^ s);
+}
+
+struct AesWordKeys {
+  uint32_t w[(kAesMaxRounds + 1) * 4];
+  int rounds;
+};
+
+CTFS_HD inline void AesWordKeysFrom(const AesRoundKeys& rk, AesWordKeys* out) {
+  out->rounds = rk.rounds;
+  for (int i = 0; i < (rk.rounds + 1) * 4; ++i) {
+    const uint8_t* b = rk.bytes + i * 4;
+    out->w[i] = (uint32_t{b[0]} << 24) | (uint32_t{b[1]} << 16) | (uint32_t{b[2]} << 8) | b[3];
+  }
+}
+
+// Encrypts the state s (big-endian column words) in place with `Rounds` rounds (10 or 14).
+template <int Rounds, class T0>
+CTFS_HD inline void AesEncryptWords(const T0& t0, const AesWordKeys& k, uint32_t s[4]) {
+  uint32_t a0 = s[0] ^ k.w[0], a1 = s[1] ^ k.w[1], a2 = s[2] ^ k.w[2], a3 = s[3] ^ k.w[3];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int r = 1; r < Rounds; ++r) {
+    const uint32_t b0 = t0(a0 >> 24) ^ AesRotr(t0((a1 >> 16) & 255u), 8) ^
+                        AesRotr(t0((a2 >> 8) & 255u), 16) ^ AesRotr(t0(a3 & 255u), 24) ^ k.w[4 * r];
+    const uint32_t b1 = t0(a1 >> 24) ^ AesRotr(t0((a2 >> 16) & 255u), 8) ^
+                        AesRotr(t0((a3 >> 8) & 255u), 16) ^ AesRotr(t0(a0 & 255u), 24) ^
+                        k.w[4 * r + 1];
+    const uint32_t b2 = t0(a2 >> 24) ^ AesRotr(t0((a3 >> 16) & 255u), 8) ^
+                        AesRotr(t0((a0 >> 8) & 255u), 16) ^ AesRotr(t0(a1 & 255u), 24) ^
+                        k.w[4 * r + 2];
+    const uint32_t b3 = t0(a3 >> 24) ^ AesRotr(t0((a0 >> 16) & 255u), 8) ^
+                        AesRotr(t0((a1 >> 8) & 255u), 16) ^ AesRotr(t0(a2 & 255u), 24) ^
+                        k.w[4 * r + 3];
+    a0 = b0;
+    a1 = b1;
+    a2 = b2;
+    a3 = b3;
+  }
+  // Last round: SubBytes and ShiftRows only; S[x] is byte 2 of T0[x].
+  // Column c of the output takes row r from column c + r (ShiftRows).
+  auto column = [&t0](uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3) -> uint32_t {
+    auto sb = [&t0](uint32_t x) -> uint32_t { return (t0(x) >> 16) & 255u; };
+    return (sb(c0 >> 24) << 24) | (sb((c1 >> 16) & 255u) << 16) | (sb((c2 >> 8) & 255u) << 8) |
+           sb(c3 & 255u);
+  };
+  const uint32_t* kl = k.w + 4 * Rounds;
+  s[0] = column(a0, a1, a2, a3) ^ kl[0];
+  s[1] = column(a1, a2, a3, a0) ^ kl[1];
+  s[2] = column(a2, a3, a0, a1) ^ kl[2];
+  s[3] = column(a3, a0, a1, a2) ^ kl[3];
+}
+
+// The counter block iv + block (128-bit big-endian, wrapping at 2^128) as column words; iv_hi
+// and iv_lo are the IV's first and last 8 bytes read big-endian.
+CTFS_HD inline void AesCtrCounterWords(uint64_t iv_hi, uint64_t iv_lo, uint64_t block,
+                                       uint32_t s[4]) {
+  const uint64_t lo = iv_lo + block;
+  const uint64_t hi = iv_hi + (lo < iv_lo ? 1u : 0u);
+  s[0] = static_cast<uint32_t>(hi >> 32);
+  s[1] = static_cast<uint32_t>(hi);
+  s[2] = static_cast<uint32_t>(lo >> 32);
+  s[3] = static_cast<uint32_t>(lo);
+}
+
+CTFS_HD inline uint64_t AesLoadBe64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | p[i];
+  return v;
+}
+
+// How the kernel cuts a range into 16-byte chunks aligned in memory, whatever the address and
+// the payload offset. Chunk c covers addresses [base + 16c, + 16); its keystream is bytes
+// [shift, shift + 16) of keystream blocks (block0 + c) and (block0 + c + 1) laid end to end
+// (only the first when shift is 0). Bytes of a chunk outside [data, data + len) are left alone.
+struct AesCtrLayout {
+  uint64_t base;    // data rounded down to 16
+  uint64_t chunks;  // 16-byte chunks from base that touch [data, data + len)
+  uint64_t block0;  // counter block (relative to the IV) of chunk 0's first keystream block
+  unsigned shift;   // 0..15
+};
+
+CTFS_HD inline AesCtrLayout AesCtrLayoutOf(uint64_t data, uint64_t len, uint64_t offset) {
+  AesCtrLayout l;
+  l.base = data & ~uint64_t{15};
+  l.chunks = (data + len - l.base + 15) / 16;
+  // The keystream position of the byte at `base` is offset - (data - base), which may be below
+  // a block boundary of offset; those bytes are outside the range and never written.
+  const int d = static_cast<int>(offset % 16) - static_cast<int>(data - l.base);
+  l.shift = static_cast<unsigned>((d + 16) % 16);
+  l.block0 = offset / 16 - (d < 0 ? 1u : 0u);  // wraps for offset < 16: those bytes are unused
+  return l;
+}
+
+// Keystream bytes [shift, shift + 16) of a || b, each four words in memory order (byte 0 of a
+// block in the low byte of its word 0, as a little-endian load of the data sees it).
+template <unsigned Q>
+CTFS_HD inline void AesShiftPick(const uint32_t m[8], unsigned bits, uint32_t out[4]) {
+  for (unsigned i = 0; i < 4; ++i) {
+    const uint32_t lo = m[i + Q], hi = m[i + Q + 1];
+    out[i] = bits == 0 ? lo : (lo >> bits) | (hi << (32u - bits));
+  }
+}
+
+CTFS_HD inline void AesKeystreamShifted(const uint32_t a[4], const uint32_t b[4], unsigned shift,
+                                        uint32_t out[4]) {
+  const uint32_t m[8] = {a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};
+  const unsigned bits = (shift & 3u) * 8u;
+  switch (shift >> 2) {  // constant indices, so a GPU keeps m in registers
+    case 0:
+      AesShiftPick<0>(m, bits, out);
+      break;
+    case 1:
+      AesShiftPick<1>(m, bits, out);
+      break;
+    case 2:
+      AesShiftPick<2>(m, bits, out);
+      break;
+    default:
+      AesShiftPick<3>(m, bits, out);
+      break;
+  }
+}
+
+// XORs one chunk's keystream (memory-order words) into the bytes of the chunk that starts `rel`
+// bytes from `data` (rel may be negative: the first chunk) and lie in [data, data + len); a
+// whole chunk with one 16-byte access, the edges byte by byte.
+CTFS_HD inline void AesXorChunk(uint8_t* data, uint64_t len, int64_t rel, const uint32_t ks[4]) {
+  if (rel >= 0 && static_cast<uint64_t>(rel) + 16 <= len) {
+    uint8_t* chunk = data + rel;  // 16-aligned by construction
+#if defined(__CUDA_ARCH__)
+    uint4 v = *reinterpret_cast<uint4*>(chunk);
+    v.x ^= ks[0];
+    v.y ^= ks[1];
+    v.z ^= ks[2];
+    v.w ^= ks[3];
+    *reinterpret_cast<uint4*>(chunk) = v;
+#else
+    for (int i = 0; i < 4; ++i) {
+      uint32_t v;
+      __builtin_memcpy(&v, chunk + 4 * i, 4);
+      v ^= ks[i];
+      __builtin_memcpy(chunk + 4 * i, &v, 4);
+    }
+#endif
+    return;
+  }
+  for (int j = 0; j < 16; ++j) {
+    const int64_t k = rel + j;
+    if (k >= 0 && static_cast<uint64_t>(k) < len) {
+      data[k] ^= static_cast<uint8_t>(ks[j / 4] >> (8 * (j % 4)));
+    }
+  }
 }
 
 }  // namespace cubetorchfs::cuda

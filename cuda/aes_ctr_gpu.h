@@ -22,8 +22,9 @@ bool AesCtrGpuBuilt();
 Status CtrXorDevice(const uint8_t* key, size_t key_len, const uint8_t* iv, uint64_t offset,
                     void* device_data, size_t len, void* stream);
 
-// Test/benchmark helper: copies host_data to the device, runs CtrXorDevice, copies it back.
+// Test/benchmark helper: copies host_data to `device_misalign` (0..15) bytes past a fresh
+// device allocation, runs CtrXorDevice there, copies it back.
 Status CtrXorViaDevice(const uint8_t* key, size_t key_len, const uint8_t* iv, uint64_t offset,
-                       uint8_t* host_data, size_t len);
+                       uint8_t* host_data, size_t len, unsigned device_misalign = 0);
 
 }  // namespace cubetorchfs::cuda

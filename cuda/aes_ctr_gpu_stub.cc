@@ -15,7 +15,8 @@ Status CtrXorDevice(const uint8_t*, size_t, const uint8_t*, uint64_t, void*, siz
   return NotBuilt();
 }
 
-Status CtrXorViaDevice(const uint8_t*, size_t, const uint8_t*, uint64_t, uint8_t*, size_t) {
+Status CtrXorViaDevice(const uint8_t*, size_t, const uint8_t*, uint64_t, uint8_t*, size_t,
+                       unsigned) {
   return NotBuilt();
 }
 

@@ -17,4 +17,12 @@ namespace cubetorchfs::cuda {
 Status CtrXorAtPortable(const uint8_t* key, size_t key_len, const uint8_t* iv, uint64_t offset,
                         uint8_t* data, size_t len);
 
+// The same result by the CUDA kernel's method: the word (T-table) rounds, the counter as two
+// 64-bit halves, and the range cut into 16-byte chunks aligned in memory (AesCtrLayoutOf), each
+// chunk's keystream taken from two blocks where the payload offset and the address disagree
+// mod 16. What the kernel does per warp (a lane's neighbour block through a shuffle) is here a
+// second encryption; everything else is the same code.
+Status CtrXorAtWords(const uint8_t* key, size_t key_len, const uint8_t* iv, uint64_t offset,
+                     uint8_t* data, size_t len);
+
 }  // namespace cubetorchfs::cuda

@@ -12,7 +12,7 @@ namespace cubetorchfs::cuda {
 
 namespace {
 
-Status CudaError(const char* what, cudaError_t err) {
+Status CudaError(const std::string& what, cudaError_t err) {
   return Status::IOError(std::string("CUDA: ") + what + ": " + cudaGetErrorString(err));
 }
 
@@ -30,7 +30,10 @@ class CudaCopier final : public Copier {
   Status Init(int device, int slots) {
     if (cudaGetDevice(&prev_device_) != cudaSuccess) prev_device_ = -1;
     cudaError_t err = cudaSetDevice(device);
-    if (err != cudaSuccess) return CudaError("cudaSetDevice", err);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // not left behind for the next caller's launch check
+      return CudaError("cudaSetDevice(" + std::to_string(device) + ")", err);
+    }
     device_ = device;
     err = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
     if (err != cudaSuccess) return CudaError("cudaStreamCreate", err);
