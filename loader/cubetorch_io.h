@@ -57,7 +57,8 @@ int ctio_read_cuda(ctio_file* f, void* device_dst, uint64_t len, int device, int
 void ctio_close(ctio_file* f);
 
 /* Reusable pinned staging slots for ctio_read_cuda: `slots` buffers of `slot_bytes` (0:
- * defaults of 8 slots of 16 MiB). -ENOTSUP without CUDA. */
+ * 16 MiB; slots 0: one more than the cores, 4 to 17). -ENOTSUP without CUDA. A file read in
+ * units larger than the slots (its integrity chunk) gets temporary slots that fit. */
 int ctio_helper_new(uint64_t slot_bytes, int slots, ctio_helper** out, char* err, size_t err_len);
 void ctio_helper_free(ctio_helper* h);
 

@@ -65,7 +65,7 @@ class IOHelper:
     """Reusable pinned staging buffers for loads to CUDA (init_io_helper()). Allocated on the
     first CUDA load, freed with the helper; CPU loads do not need them."""
 
-    def __init__(self, slot_bytes: int = 16 << 20, slots: int = 8):
+    def __init__(self, slot_bytes: int = 16 << 20, slots: int = 0):
         self.slot_bytes = int(slot_bytes)
         self.slots = int(slots)
         self._h = ctypes.c_void_p()
@@ -91,8 +91,9 @@ class IOHelper:
             self._h = ctypes.c_void_p()
 
 
-def init_io_helper(slot_bytes: int = 16 << 20, slots: int = 8) -> IOHelper:
-    """Pinned staging buffers to reuse across load_file(..., device="cuda", helper=h) calls."""
+def init_io_helper(slot_bytes: int = 16 << 20, slots: int = 0) -> IOHelper:
+    """Pinned staging buffers to reuse across load_file(..., device="cuda", helper=h) calls.
+    slots 0: one more than the cores, 4 to 17 (at most slots - 1 threads read at once)."""
     return IOHelper(slot_bytes, slots)
 
 
@@ -112,6 +113,27 @@ def _host_buffer(nbytes: int, pinned: bool) -> torch.Tensor:
         except OSError:
             pass  # THP disabled in this kernel: small pages
     return torch.frombuffer(m, dtype=torch.uint8)
+
+
+def _cuda_index(dev: torch.device, path: str) -> int:
+    """The CUDA device index to load onto, or a clear error naming the file and the device."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{path}: device {dev} requested but torch has no CUDA")
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    count = torch.cuda.device_count()
+    if not 0 <= index < count:
+        raise ValueError(f"{path}: device {dev} requested but this machine has {count} CUDA "
+                         f"device{'' if count == 1 else 's'} (cuda:0 to cuda:{count - 1})")
+    return index
+
+
+def _device_buffer(n: int, index: int, path: str) -> torch.Tensor:
+    """n bytes on CUDA device `index`; out of memory names the file and what it needed."""
+    try:
+        return torch.empty(n, dtype=torch.uint8, device=torch.device("cuda", index))
+    except torch.cuda.OutOfMemoryError as e:
+        raise torch.cuda.OutOfMemoryError(
+            f"{path}: not enough memory on cuda:{index} for the model's {n} bytes: {e}") from e
 
 
 def _views(flat: torch.Tensor, tensors: Iterable[Dict[str, Any]], path: str) -> Dict[str, torch.Tensor]:
@@ -159,11 +181,9 @@ def load_file(path: Union[str, os.PathLike], device: Union[str, torch.device] = 
         n = int(info["data_size"])
         threads = _threads(num_threads)
         if dev.type == "cuda":
-            if not torch.cuda.is_available():
-                raise RuntimeError(f"{path}: device {dev} requested but torch has no CUDA")
-            index = dev.index if dev.index is not None else torch.cuda.current_device()
+            index = _cuda_index(dev, path)
             if _io.lib().ctio_cuda_built() and n > 0:
-                flat = torch.empty(n, dtype=torch.uint8, device=torch.device("cuda", index))
+                flat = _device_buffer(n, index, path)
                 # The library copies on its own stream: let whatever torch queued on this
                 # memory (a freed block may still be in use by queued kernels) finish first.
                 torch.cuda.current_stream(index).synchronize()
@@ -174,7 +194,8 @@ def load_file(path: Union[str, os.PathLike], device: Union[str, torch.device] = 
                 host = _host_buffer(n, pinned=True)
                 if n:
                     f.read(host.data_ptr(), n, threads)
-                flat = host.to(torch.device("cuda", index))
+                flat = _device_buffer(n, index, path)
+                flat.copy_(host)
         elif dev.type == "cpu":
             pinned = bool(use_pinmem) and torch.cuda.is_available()
             flat = _host_buffer(n, pinned)

@@ -739,6 +739,56 @@ def test_cuda_load_equals_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, e
 
 
 
+@needs_cuda
+def test_cuda_errors_name_the_file_and_the_device(tmp_path: Path) -> None:
+    path = tmp_path / "e.safetensors"
+    cube_torch.save_file({"w": torch.ones(16 << 20, dtype=torch.uint8)}, path)
+    bad = f"cuda:{torch.cuda.device_count()}"
+    with pytest.raises(ValueError, match=f"{bad} requested but this machine has"):
+        cube_torch.load_file(path, device=bad)
+    # Out of memory: the caching allocator may hold at most 8 MiB, the file needs 16.
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction((8 << 20) / total, 0)
+    try:
+        with pytest.raises(torch.cuda.OutOfMemoryError, match="e.safetensors: not enough memory"):
+            cube_torch.load_file(path, device="cuda:0")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, 0)
+    out = cube_torch.load_file(path, device="cuda:0")  # and it works again
+    assert out["w"].is_cuda and int(out["w"].sum()) == 16 << 20
+
+
+@needs_cuda
+def test_cuda_load_of_every_dtype_torch_has(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every safetensors dtype this torch has (float8 and unsigned types with torch 2.x), plain
+    and encrypted, at offsets that are and are not aligned for the dtype, equals the CPU load."""
+    from cube_torch._loader import _DTYPE_ATTR
+    gen = torch.Generator().manual_seed(9)
+    want = {}
+    for i, attr in enumerate(sorted(set(_DTYPE_ATTR.values()))):
+        dtype = getattr(torch, attr, None)
+        if not isinstance(dtype, torch.dtype):
+            continue
+        elem = torch.empty((), dtype=dtype).element_size()
+        for j, n in enumerate((1, 3, 1000, 70_001)):
+            raw = torch.randint(0, 256, (n * elem,), dtype=torch.uint8, generator=gen)
+            if dtype == torch.bool:
+                raw = raw % 2
+            want[f"{attr}.{j}"] = raw.view(dtype)
+    set_key(monkeypatch, os.urandom(16))
+    for encrypted in (False, True):
+        path = tmp_path / f"d{int(encrypted)}.safetensors"
+        cube_torch.save_file(want, path, use_cipher=encrypted)
+        cpu = cube_torch.load_file(path)
+        gpu = cube_torch.load_file(path, device="cuda")
+        assert sorted(gpu) == sorted(want)
+        for k, t in gpu.items():
+            assert t.is_cuda and t.dtype == want[k].dtype and t.shape == want[k].shape, k
+            assert torch.equal(t.cpu().view(torch.uint8), want[k].view(torch.uint8)), k
+            assert torch.equal(cpu[k].view(torch.uint8), want[k].view(torch.uint8)), k
+
+
 def test_require_integrity_refuses_untagged_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     want = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4)}
     plain = tmp_path / "plain.safetensors"
