@@ -21,6 +21,7 @@
 #include <deque>
 #include <filesystem>
 #include <list>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -352,13 +353,18 @@ class NvmeCache final : public DiskCache {
         queue_cv_.wait(l, [&] { return done_seq_ >= seq; });
       }
     }
+    // The file's chunks are one range of the ordered index: nothing else is looked at.
     std::vector<Victim> victims;
     {
+      std::string first = path;
+      first.push_back('\0');  // ChunkKey: the path, a NUL, then the fields
       MutexLock l(mu_);
-      for (auto it = lru_.begin(); it != lru_.end();) {
-        auto next = std::next(it);
-        if (IsKeyOfFile(*it, path)) victims.push_back(DetachLocked(it));
-        it = next;
+      for (auto it = index_.lower_bound(first); it != index_.end();) {
+        ++erase_visits_;
+        if (it->first.compare(0, first.size(), first) != 0) break;
+        auto lru = it->second.lru;
+        ++it;
+        victims.push_back(DetachLocked(lru));
       }
     }
     RemoveVictims(victims);
@@ -373,6 +379,10 @@ class NvmeCache final : public DiskCache {
     return index_.size();
   }
   uint64_t corruptions() const override { return corruptions_.load(); }
+  uint64_t erase_visits() const override {
+    MutexLock l(mu_);
+    return erase_visits_;
+  }
 
   std::string DataFileOf(const std::string& key) override {
     MutexLock l(mu_);
@@ -537,8 +547,10 @@ class NvmeCache final : public DiskCache {
   // written again land in that order. Lock order: db_mu_, then mu_; never held by readers.
   Mutex db_mu_ ACQUIRED_BEFORE(mu_);
   mutable Mutex mu_;  // guards the members below, up to queue_mu_; held for no I/O
-  std::unordered_map<std::string, Entry> index_ GUARDED_BY(mu_);
-  std::list<std::string> lru_ GUARDED_BY(mu_);               // front: most recently used
+  // Ordered, so a file's chunks are one range (EraseFile).
+  std::map<std::string, Entry, std::less<>> index_ GUARDED_BY(mu_);
+  std::list<std::string> lru_ GUARDED_BY(mu_);  // front: most recently used
+  uint64_t erase_visits_ GUARDED_BY(mu_) = 0;
   std::unordered_set<std::string> pending_ GUARDED_BY(mu_);  // keys being written
   uint64_t bytes_ GUARDED_BY(mu_) = 0;
   uint64_t next_id_ GUARDED_BY(mu_) = 1;

@@ -67,8 +67,11 @@ class DiskCache {
   // Waits until every queued Put is done.
   virtual void Flush() = 0;
   // Drops every chunk of the file at `path`, any version, stored or queued (after a write
-  // through the mount). O(entries) under the index lock.
+  // through the mount). O(log entries + the file's chunks) under the index lock, plus a scan
+  // of the write queue (bounded by its byte limit).
   virtual void EraseFile(const std::string& path) = 0;
+  // Index entries EraseFile has looked at, ever: the file's own and one more a call.
+  virtual uint64_t erase_visits() const = 0;
 
   virtual uint64_t bytes() const = 0;
   virtual uint64_t entries() const = 0;

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <future>
 #include <list>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -182,33 +183,48 @@ class ShardedLruCache final : public RamCache {
     InsertLocked(s, key, std::move(buffer));
   }
 
+  // A file's keys (every version, every chunk) are one range of each shard's ordered index:
+  // this looks at them and at one more key a shard, not at the whole cache.
   void EraseFile(std::string_view path) override {
+    std::string first(path);
+    first.push_back('\0');  // ChunkKey: the path, a NUL, then the fields
+    uint64_t visits = 0;
     for (Shard& s : shards_) {
       MutexLock l(s.mu);
-      for (auto it = s.lru.begin(); it != s.lru.end();) {
-        auto next = std::next(it);
-        if (IsKeyOfFile(it->key, path)) RemoveLocked(s, it);
-        it = next;
+      for (auto it = s.index.lower_bound(first); it != s.index.end();) {
+        ++visits;
+        if (it->first.compare(0, first.size(), first) != 0) break;
+        auto entry = it->second;
+        ++it;
+        RemoveLocked(s, entry);
       }
     }
+    erase_visits_.fetch_add(visits, std::memory_order_relaxed);
   }
+
+  uint64_t erase_visits() const override { return erase_visits_.load(std::memory_order_relaxed); }
 
   uint64_t bytes() const override { return bytes_.load(std::memory_order_relaxed); }
   uint64_t evictions() const override { return evictions_.load(std::memory_order_relaxed); }
 
  private:
+  // The key lives once, in the index; an LRU entry points back at its index node. The index
+  // is ordered so a file's chunks are one range (EraseFile); a lookup is O(log n) compares
+  // of keys that differ early.
+  struct Entry;
+  using LruList = std::list<Entry>;  // front: most recently used
+  using Index = std::map<std::string, LruList::iterator, std::less<>>;
   struct Entry {
-    std::string key;
+    Index::iterator pos;
     BufferRef buffer;
   };
-  using LruList = std::list<Entry>;  // front: most recently used
 
   struct Shard {
     Mutex mu;               // guards everything below
     uint64_t capacity = 0;  // set once at construction
     uint64_t bytes GUARDED_BY(mu) = 0;
     LruList lru GUARDED_BY(mu);
-    std::unordered_map<std::string, LruList::iterator> index GUARDED_BY(mu);
+    Index index GUARDED_BY(mu);
     std::unordered_map<std::string, SharedResult> inflight GUARDED_BY(mu);
   };
 
@@ -230,20 +246,21 @@ class ShardedLruCache final : public RamCache {
     if (size > s.capacity) return;  // would evict everything and still not fit
     while (s.bytes + size > s.capacity) {
       auto victim = std::prev(s.lru.end());
-      if (on_evict_) on_evict_(victim->key, victim->buffer);
+      if (on_evict_) on_evict_(victim->pos->first, victim->buffer);
       RemoveLocked(s, victim);
       evictions_.fetch_add(1, std::memory_order_relaxed);
       if (evictions_counter_) evictions_counter_->Increment();
     }
-    s.lru.push_front(Entry{key, std::move(buffer)});
-    s.index.emplace(key, s.lru.begin());
+    auto pos = s.index.emplace(key, s.lru.end()).first;
+    s.lru.push_front(Entry{pos, std::move(buffer)});
+    pos->second = s.lru.begin();
     s.bytes += size;
     AddBytes(static_cast<int64_t>(size));
   }
 
   void RemoveLocked(Shard& s, LruList::iterator it) REQUIRES(s.mu) {
     const uint64_t size = it->buffer->size;
-    s.index.erase(it->key);
+    s.index.erase(it->pos);
     s.lru.erase(it);
     s.bytes -= size;
     AddBytes(-static_cast<int64_t>(size));
@@ -259,6 +276,7 @@ class ShardedLruCache final : public RamCache {
   std::vector<Shard> shards_;  // fixed after construction
   std::atomic<uint64_t> bytes_{0};
   std::atomic<uint64_t> evictions_{0};
+  std::atomic<uint64_t> erase_visits_{0};
   prometheus::Gauge* bytes_gauge_ = nullptr;          // owned by the registry
   prometheus::Counter* evictions_counter_ = nullptr;  // owned by the registry
 };

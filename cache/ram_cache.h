@@ -100,8 +100,10 @@ class RamCache {
   virtual void Insert(const std::string& key, BufferRef buffer) = 0;
 
   // Drops every entry of the file at `path`, whatever its version (after a write through the
-  // mount, so no reader is served the old bytes). Visits every shard: O(entries).
+  // mount, so no reader is served the old bytes). O(shards × log entries + the file's chunks).
   virtual void EraseFile(std::string_view path) = 0;
+  // Index entries EraseFile has looked at, ever: the file's own and one more a shard.
+  virtual uint64_t erase_visits() const = 0;
 
   // Bytes held by cached entries; never above Options::capacity_bytes.
   virtual uint64_t bytes() const = 0;

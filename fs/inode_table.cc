@@ -189,11 +189,21 @@ void InodeTable::RenameNameLocked(uint64_t ino, const std::string& from, std::st
 void InodeTable::Rename(const std::string& from, const std::string& to) {
   MutexLock l(mu_);
   RemoveLocked(to);
-  // The entry itself, then everything under it (a directory).
-  const std::string prefix = from + "/";
+  // The entry itself, then everything under it (a directory): by_path_ is ordered, so the
+  // paths under "from/" are one range, and nothing else is visited.
   std::vector<std::pair<std::string, uint64_t>> moved;
-  for (const auto& [path, ino] : by_path_)
-    if (path == from || path.compare(0, prefix.size(), prefix) == 0) moved.emplace_back(path, ino);
+  uint64_t visits = 0;  // entries looked at: what the moved ones cost, plus two at most
+  if (auto self = by_path_.find(from); self != by_path_.end()) {
+    ++visits;
+    moved.emplace_back(*self);
+  }
+  const std::string prefix = from + "/";
+  for (auto it = by_path_.lower_bound(prefix); it != by_path_.end(); ++it) {
+    ++visits;
+    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+    moved.emplace_back(*it);
+  }
+  rename_visits_.fetch_add(visits, std::memory_order_relaxed);
   for (const auto& [path, ino] : moved) {
     by_path_.erase(path);
     std::string new_path = to + path.substr(from.size());

@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -84,8 +85,10 @@ class InodeTable {
   std::optional<std::string> OtherName(uint64_t ino, const std::string& path) const;
 
   // `from` was renamed to `to`: the inode of `from` (and of everything under it, for a
-  // directory) now answers to the new path; an inode of `to` is removed.
+  // directory) now answers to the new path; an inode of `to` is removed. Looks at the entries
+  // it moves and at most one other (O(log n + moved)).
   void Rename(const std::string& from, const std::string& to);
+  uint64_t rename_visits() const { return rename_visits_.load(); }  // entries looked at, ever
 
   // Bumps the write generation of `ino` and returns it (0 for an unknown inode).
   uint64_t BumpWriteGen(uint64_t ino);
@@ -116,10 +119,12 @@ class InodeTable {
   void RenameNameLocked(uint64_t ino, const std::string& from, std::string to) REQUIRES(mu_);
 
   std::atomic<uint64_t> bad_forgets_{0};
+  std::atomic<uint64_t> rename_visits_{0};
   mutable Mutex mu_;  // guards the members below
   uint64_t next_ino_ GUARDED_BY(mu_) = kRootIno + 1;
   std::unordered_map<uint64_t, Node> nodes_ GUARDED_BY(mu_);
-  std::unordered_map<std::string, uint64_t> by_path_ GUARDED_BY(mu_);
+  // Ordered, so a directory's known descendants are one range (Rename).
+  std::map<std::string, uint64_t, std::less<>> by_path_ GUARDED_BY(mu_);
   std::unordered_map<StoreId, uint64_t, StoreIdHash> by_store_id_ GUARDED_BY(mu_);
 };
 

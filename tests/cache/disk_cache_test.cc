@@ -402,5 +402,25 @@ TEST_F(DiskCacheTest, ReadersDoNotWaitForAnEvictionOnASlowDisk) {
   EXPECT_TRUE(cache_->Contains(Key(3)));
 }
 
+// EraseFile looks at the file's own chunks (every version) and one more index entry, not at
+// every chunk of the tier, and leaves a file whose path starts the same.
+TEST_F(DiskCacheTest, EraseFileVisitsOnlyTheFilesChunks) {
+  Open(8 << 20);
+  for (int i = 0; i < 300; ++i) ASSERT_TRUE(cache_->Put(Key(i), *Bytes(100, 'a')).ok());
+  for (uint64_t c = 0; c < 3; ++c)
+    ASSERT_TRUE(cache_->Put(ChunkKey("victim", {500, 3}, c), *Bytes(100, 'v')).ok());
+  ASSERT_TRUE(cache_->Put(ChunkKey("victim", {100, 1}, 0), *Bytes(100, 'o')).ok());
+  ASSERT_TRUE(cache_->Put(ChunkKey("victim2", {100, 1}, 0), *Bytes(100, 'w')).ok());
+  cache_->Flush();
+  const uint64_t before = cache_->erase_visits();
+  cache_->EraseFile("victim");
+  EXPECT_LE(cache_->erase_visits() - before, 4u + 1u);
+  EXPECT_TRUE(cache_->Get(ChunkKey("victim", {500, 3}, 2)).status().IsNotFound());
+  EXPECT_TRUE(cache_->Get(ChunkKey("victim", {100, 1}, 0)).status().IsNotFound());
+  EXPECT_TRUE(cache_->Get(ChunkKey("victim2", {100, 1}, 0)).ok());
+  EXPECT_TRUE(cache_->Get(Key(299)).ok());
+  EXPECT_EQ(cache_->entries(), 301u);
+}
+
 }  // namespace
 }  // namespace cubetorchfs::cache

@@ -173,5 +173,30 @@ TEST(RamCacheTest, ExportsBytesAndEvictions) {
   EXPECT_EQ(evictions, 1);
 }
 
+// EraseFile drops every chunk of the file, of every version, and nothing else (a path that
+// starts the same is another file), looking at those chunks and one more key a shard rather
+// than at the whole cache.
+TEST(RamCacheTest, EraseFileVisitsOnlyTheFilesChunks) {
+  auto cache = RamCache::New({64 << 20, 64 << 10}, nullptr);  // 16 shards
+  for (int i = 0; i < 5000; ++i) {
+    std::string path = "d/f";
+    path += std::to_string(i);
+    cache->Insert(ChunkKey(path, {100, 1}, 0), MakeBuffer(100, 'x'));
+  }
+  for (uint64_t c = 0; c < 6; ++c)
+    cache->Insert(ChunkKey("d/f7", {900, 2}, c), MakeBuffer(100, 'y'));
+  cache->Insert(ChunkKey("d/f7", {100, 9}, 0), MakeBuffer(100, 'z'));  // an older version
+  const uint64_t before = cache->erase_visits();
+  cache->EraseFile("d/f7");
+  EXPECT_LE(cache->erase_visits() - before, 8u + 16u);  // its 8 chunks, one more a shard
+  EXPECT_EQ(cache->Get(ChunkKey("d/f7", {100, 1}, 0)), nullptr);
+  EXPECT_EQ(cache->Get(ChunkKey("d/f7", {900, 2}, 5)), nullptr);
+  EXPECT_EQ(cache->Get(ChunkKey("d/f7", {100, 9}, 0)), nullptr);
+  // "d/f70" starts with "d/f7" but is another file.
+  EXPECT_NE(cache->Get(ChunkKey("d/f70", {100, 1}, 0)), nullptr);
+  EXPECT_NE(cache->Get(ChunkKey("d/f6", {100, 1}, 0)), nullptr);
+  EXPECT_EQ(cache->bytes(), 4999u * 100);
+}
+
 }  // namespace
 }  // namespace cubetorchfs::cache

@@ -109,5 +109,44 @@ TEST(InodeTableTest, OpenedVersionIsRemembered) {
   EXPECT_EQ(t.SetOpenedVersion(a, {2, 6}).value(), (cfs_client::FileVersion{1, 5}));
 }
 
+// A rename visits what it moves and nothing else, however many paths the table knows: a
+// checkpoint's "x.tmp" -> "x" among 1.28 M known files costs one entry, not a walk.
+TEST(InodeTableTest, RenameVisitsOnlyWhatItMoves) {
+  InodeTable t(cfs_client::FileAttr{S_IFDIR | 0755}, 0);
+  cfs_client::FileAttr dir{S_IFDIR | 0755};
+  for (int d = 0; d < 20; ++d) {
+    std::string name = "n";
+    name += std::to_string(1000 + d);
+    t.Acquire(name, dir, 1);
+    for (int f = 0; f < 500; ++f) {
+      std::string file = name;
+      file += "/f";
+      file += std::to_string(f);
+      t.Acquire(file, Attr(1), 1);
+    }
+  }
+  // Neighbours in the order of paths: "n1005.tmp" and "n1005x" sort around "n1005/".
+  const uint64_t tmp = t.Acquire("n1005.tmp", Attr(3), 1);
+  const uint64_t next = t.Acquire("n1005x", Attr(4), 1);
+  ASSERT_EQ(t.size(), 1u + 20 * 501 + 2);
+  t.Rename("n1005.tmp", "ckpt");
+  uint64_t visits = t.rename_visits();
+  EXPECT_LE(visits, 2u);  // the file, and the first path after "n1005.tmp/"
+  EXPECT_EQ(*t.Find("ckpt"), tmp);
+  // A directory moves with its 500 known entries, and only them.
+  const uint64_t f7 = *t.Find("n1005/f7");
+  t.Rename("n1005", "m");
+  EXPECT_LE(t.rename_visits() - visits, 1u + 500 + 1);  // the directory, its files, the next
+  visits = t.rename_visits();
+  EXPECT_EQ(*t.Find("m/f7"), f7);
+  EXPECT_EQ(t.Get(f7)->path, "m/f7");
+  EXPECT_FALSE(t.Find("n1005/f7").has_value());
+  EXPECT_EQ(*t.Find("n1005x"), next);  // a sibling whose name starts the same stays
+  // Renaming a file over another removes the replaced one's entry, still without a walk.
+  t.Rename("ckpt", "n1006/f7");
+  EXPECT_LE(t.rename_visits() - visits, 2u);
+  EXPECT_EQ(*t.Find("n1006/f7"), tmp);
+}
+
 }  // namespace
 }  // namespace cubetorchfs::fs
