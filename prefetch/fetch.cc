@@ -342,7 +342,7 @@ void Prefetcher::RunProbe(const Job& job) {
   }
   const bool resident = probe && (*probe)(job.path, job.size);
   std::lock_guard<std::mutex> l(mu_);
-  auto m = marks_.find(job.path);
+  auto m = marks_.find(MarkKey(job.path));
   if (m != marks_.end()) m->second.probing = false;
   if (resident && m != marks_.end()) {
     totals_.page_resident++;

@@ -65,8 +65,10 @@ void Prefetcher::UnprobeLocked(Stream& s, uint64_t pos) {
   s.recheck = std::min(s.recheck, pos);
 }
 
+uint64_t Prefetcher::MarkKey(std::string_view path) { return std::hash<std::string_view>{}(path); }
+
 Prefetcher::Mark* Prefetcher::FreshMarkLocked(const std::string& path) {
-  auto m = marks_.find(path);
+  auto m = marks_.find(MarkKey(path));
   if (m == marks_.end()) return nullptr;
   // Only at the version of attributes still fresh: once they expire, the kernel asks again
   // and drops its pages if the file changed.
@@ -78,26 +80,42 @@ Prefetcher::Mark* Prefetcher::FreshMarkLocked(const std::string& path) {
 }
 
 void Prefetcher::EraseMarkLocked(const std::string& path) {
-  auto m = marks_.find(path);
-  if (m == marks_.end()) return;
-  marks_by_seq_.erase(m->second.seq);
-  marks_.erase(m);
+  marks_.erase(MarkKey(path));  // its mark_order_ entry is skipped when met
 }
 
 void Prefetcher::DropOldestMarkLocked() {
-  auto oldest = marks_by_seq_.begin();
-  marks_.erase(marks_.find(*oldest->second));  // by iterator: the key is the node's own
-  marks_by_seq_.erase(oldest);
+  while (!mark_order_.empty()) {
+    const auto [seq, key] = mark_order_.front();
+    mark_order_.pop_front();
+    auto m = marks_.find(key);
+    if (m != marks_.end() && m->second.seq == seq) {
+      marks_.erase(m);
+      return;
+    }
+  }
 }
 
 void Prefetcher::MarkResidentLocked(const std::string& path,
                                     const cfs_client::FileVersion& version) {
   if (!options_.keep_cache || options_.max_resident_marks == 0) return;
-  EraseMarkLocked(path);
+  const uint64_t key = MarkKey(path);
+  marks_.erase(key);
   while (marks_.size() >= options_.max_resident_marks) DropOldestMarkLocked();
   const uint64_t seq = next_mark_seq_++;
-  auto it = marks_.emplace(path, Mark{version, seq}).first;
-  marks_by_seq_.emplace(seq, &it->first);
+  Mark mark;
+  mark.version = version;
+  mark.seq = seq;
+  marks_[key] = mark;
+  mark_order_.emplace_back(seq, key);
+  if (mark_order_.size() > 2 * marks_.size() + 1024) {
+    // Most entries are of marks gone or made again since: keep the live ones, in order.
+    std::deque<std::pair<uint64_t, uint64_t>> live;
+    for (const auto& [sq, k] : mark_order_) {
+      auto m = marks_.find(k);
+      if (m != marks_.end() && m->second.seq == sq) live.emplace_back(sq, k);
+    }
+    mark_order_.swap(live);
+  }
 }
 
 void Prefetcher::NotePageDropLocked(uint64_t now) {
@@ -123,7 +141,7 @@ void Prefetcher::NotePageDropLocked(uint64_t now) {
 }
 
 void Prefetcher::NoteNotResidentLocked(const std::string& path, uint64_t now) {
-  auto m = marks_.find(path);
+  auto m = marks_.find(MarkKey(path));
   if (m == marks_.end()) return;
   NotePageDropLocked(now);
   // The kernel was served this file whole, yet asks for it: its pages were dropped, maybe
@@ -139,7 +157,7 @@ void Prefetcher::NoteNotResidentLocked(const std::string& path, uint64_t now) {
         std::min<uint64_t>({s.next, s.base + s.paths.size(), s.high + RecheckLead()});
     for (uint64_t pos = std::max(s.low, s.high); pos < end; ++pos) {
       if ((s.states[pos - s.base] & kProbed) == 0) continue;
-      auto other = marks_.find(s.paths[pos - s.base]);
+      auto other = marks_.find(MarkKey(s.paths[pos - s.base]));
       if (other == marks_.end() || other->second.seq > seq || other->second.probing) continue;
       UnprobeLocked(s, pos);
       again = true;

@@ -94,6 +94,19 @@ class PrefetcherTest : public ::testing::Test {
     pf_->OnRead(Name(i), {kFileSize, 1}, 0, kFileSize, outcome);
   }
 
+  // A prefetcher keeping at most 3 page-resident marks, after the kernel was served files 0-9
+  // (marks 7, 8 and 9 are left).
+  void ThreeMarksOfTenFiles() {
+    Prefetcher::Options o;
+    o.start_workers = false;
+    o.keep_cache = true;
+    o.max_resident_marks = 3;
+    pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
+    KnowAttrs();
+    ProbeKernel();
+    for (int i = 0; i < 10; ++i) ReadFile(i, ReadOutcome::kMiss);
+  }
+
   MemBackend store_;
   FakeClock clock_;
   prometheus::Registry registry_;
@@ -329,14 +342,7 @@ TEST_F(PrefetcherTest, ReadsForTheControlApiMarkNothing) {
 }
 
 TEST_F(PrefetcherTest, MarksAreBounded) {
-  Prefetcher::Options o;
-  o.start_workers = false;
-  o.keep_cache = true;
-  o.max_resident_marks = 3;
-  pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
-  KnowAttrs();
-  ProbeKernel();
-  for (int i = 0; i < 10; ++i) ReadFile(i, ReadOutcome::kMiss);
+  ThreeMarksOfTenFiles();
   EXPECT_EQ(pf_->GetStats().resident_marks, 3u);
   Hold({0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
   Publish(0, 10);
@@ -344,6 +350,32 @@ TEST_F(PrefetcherTest, MarksAreBounded) {
   EXPECT_EQ(probes_, 3);  // only the newest three (7, 8, 9) are asked about and passed over
   EXPECT_EQ(store_.read_log().size(), 7u);
   EXPECT_EQ(pf_->GetStats().page_resident, 3u);
+}
+
+// A file marked again becomes the newest mark, so the oldest one goes first; a file read many
+// times keeps one mark.
+TEST_F(PrefetcherTest, MarksMadeAgainAreTheNewest) {
+  ThreeMarksOfTenFiles();  // marks 7, 8, 9
+  // Page drops this far apart are no memory pressure.
+  for (int k = 0; k < 3000; ++k) {  // 9 is marked again and again: its mark stays one
+    clock_.AdvanceSeconds(11);
+    ReadFile(9, ReadOutcome::kMiss);
+  }
+  for (int k = 0; k < 2; ++k) {  // 7 is the newest now; its old place, first, is stale
+    clock_.AdvanceSeconds(11);
+    ReadFile(7, ReadOutcome::kMiss);
+  }
+  EXPECT_EQ(pf_->GetStats().resident_marks, 3u);
+  ReadFile(10, ReadOutcome::kMiss);  // 8, the oldest, goes
+  EXPECT_EQ(pf_->GetStats().resident_marks, 3u);
+  Hold({7, 8, 9, 10});
+  const size_t reads = store_.read_log().size();
+  Publish(7, 11);
+  RunAll();
+  EXPECT_EQ(probes_, 3);  // 7, 9 and 10 are asked about and passed over
+  EXPECT_EQ(pf_->GetStats().page_resident, 3u);
+  ASSERT_EQ(store_.read_log().size(), reads + 1);  // 8 alone is fetched
+  EXPECT_EQ(store_.read_log().back(), Name(8));
 }
 
 TEST_F(PrefetcherTest, FilesTheRamCacheHoldsAtFreshAttributesCostNoStoreRequest) {
