@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <prometheus/counter.h>
+#include <prometheus/gauge.h>
 #include <prometheus/registry.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -80,6 +81,12 @@ FileSystem::FileSystem(const Options& options, cfs_client::Backend* backend, cac
                           .Register(registry);
   write_back_ok_ = &write_backs.Add({{"result", "ok"}});
   write_back_failed_ = &write_backs.Add({{"result", "error"}});
+  inodes_.SetSizeGauge(&prometheus::BuildGauge()
+                            .Name("cubetorchfs_inodes")
+                            .Help("Files and directories the kernel knows (the daemon's inode "
+                                  "table, the root included): what grows with the dataset")
+                            .Register(registry)
+                            .Add({}));
 }
 
 FileSystem::~FileSystem() { StopWriteBack(); }

@@ -49,6 +49,7 @@ uint64_t InodeTable::Acquire(const std::string& path, const cfs_client::FileAttr
   if (inserted) {
     n.info.ino = it->second;
     n.info.path = path;
+    SizeChangedLocked();
   }
   n.nlookup++;
   n.info.attr = attr;
@@ -81,6 +82,7 @@ void InodeTable::Forget(uint64_t ino, uint64_t n) {
           if (s != by_store_id_.end() && s->second == ino) by_store_id_.erase(s);
         }
         nodes_.erase(it);
+        SizeChangedLocked();
       }
     }
   }
@@ -219,6 +221,16 @@ uint64_t InodeTable::BumpWriteGen(uint64_t ino) {
   auto it = nodes_.find(ino);
   if (it == nodes_.end()) return 0;
   return ++it->second.info.write_gen;
+}
+
+void InodeTable::SetSizeGauge(prometheus::Gauge* gauge) {
+  MutexLock l(mu_);
+  size_gauge_ = gauge;
+  SizeChangedLocked();
+}
+
+void InodeTable::SizeChangedLocked() {
+  if (size_gauge_ != nullptr) size_gauge_->Set(static_cast<double>(nodes_.size()));
 }
 
 size_t InodeTable::size() const {

@@ -26,6 +26,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <prometheus/gauge.h>
+
 #include "cfs_client/backend.h"
 #include "common/thread_annotations.h"
 
@@ -95,6 +97,8 @@ class InodeTable {
 
   size_t size() const;
   uint64_t lookups(uint64_t ino) const;  // for tests
+  // Kept at size() from now on (the gauge is owned by a registry that outlives the table).
+  void SetSizeGauge(prometheus::Gauge* gauge);
 
  private:
   struct Node {
@@ -118,10 +122,13 @@ class InodeTable {
   // Points the name `from` of node `ino` to `to`.
   void RenameNameLocked(uint64_t ino, const std::string& from, std::string to) REQUIRES(mu_);
 
+  void SizeChangedLocked() REQUIRES(mu_);
+
   std::atomic<uint64_t> bad_forgets_{0};
   std::atomic<uint64_t> rename_visits_{0};
   mutable Mutex mu_;  // guards the members below
   uint64_t next_ino_ GUARDED_BY(mu_) = kRootIno + 1;
+  prometheus::Gauge* size_gauge_ GUARDED_BY(mu_) = nullptr;
   std::unordered_map<uint64_t, Node> nodes_ GUARDED_BY(mu_);
   // Ordered, so a directory's known descendants are one range (Rename).
   std::map<std::string, uint64_t, std::less<>> by_path_ GUARDED_BY(mu_);

@@ -1,6 +1,8 @@
 #include "fs/inode_table.h"
 
 #include <gtest/gtest.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
 #include <sys/stat.h>
 
 namespace cubetorchfs::fs {
@@ -146,6 +148,25 @@ TEST(InodeTableTest, RenameVisitsOnlyWhatItMoves) {
   t.Rename("ckpt", "n1006/f7");
   EXPECT_LE(t.rename_visits() - visits, 2u);
   EXPECT_EQ(*t.Find("n1006/f7"), tmp);
+}
+
+// The cubetorchfs_inodes gauge follows the table: it grows with lookups and shrinks when the
+// kernel forgets.
+TEST(InodeTableTest, SizeGaugeFollowsLookupsAndForgets) {
+  prometheus::Registry registry;
+  prometheus::Gauge& g = prometheus::BuildGauge().Name("g").Register(registry).Add({});
+  InodeTable t(cfs_client::FileAttr{S_IFDIR | 0755}, 0);
+  t.SetSizeGauge(&g);
+  EXPECT_EQ(g.Value(), 1);  // the root
+  const uint64_t a = t.Acquire("a", Attr(1), 1);
+  t.Acquire("a", Attr(1), 1);
+  const uint64_t b = t.Acquire("b", Attr(1), 1);
+  EXPECT_EQ(g.Value(), 3);
+  t.Forget(a, 1);
+  EXPECT_EQ(g.Value(), 3);  // one lookup of a is left
+  t.Forget(a, 1);
+  t.Forget(b, 1);
+  EXPECT_EQ(g.Value(), 1);
 }
 
 }  // namespace
