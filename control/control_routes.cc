@@ -625,6 +625,7 @@ json ServerImpl::StatsJson(const Caller& caller) {
                   {"preempted", s.preempted},
                   {"denied", s.denied},
                   {"page_resident", s.page_resident},
+                  {"trusted", s.trusted},
                   {"probed_absent", s.probed_absent},
                   {"page_drops", s.page_drops},
                   {"page_pressure", s.page_pressure},

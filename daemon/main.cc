@@ -24,6 +24,7 @@
 #include "cfs_client/backend.h"
 #include "common/logging.h"
 #include "common/private_dir.h"
+#include "common/reclaim.h"
 #include "common/version.h"
 #include "conf/config.h"
 #include "control/control_file.h"
@@ -162,6 +163,8 @@ prefetch::Prefetcher::Options PrefetcherOptions(const conf::Config& config,
   o.max_queued_path_bytes_per_uid = config.prefetch.max_queued_path_bytes_per_uid;
   o.max_queued_path_bytes = config.prefetch.max_queued_path_bytes;
   o.keep_cache = config.fuse.keep_cache;
+  // Marked files are passed over without a page probe while the kernel reclaims no page.
+  o.reclaim_counter = ReadReclaimCounter;
   return o;
 }
 

@@ -61,6 +61,7 @@ Prefetcher::Prefetcher(const Options& options, cfs_client::Backend* backend, cac
     evicted_unread_ = &files.Add({{"outcome", "evicted_unread"}});
     failed_ = &files.Add({{"outcome", "failed"}});
     page_resident_ = &files.Add({{"outcome", "page_resident"}});
+    trusted_ = &files.Add({{"outcome", "trusted"}});
     probed_absent_ = &files.Add({{"outcome", "probed_absent"}});
     cached_ = &files.Add({{"outcome", "cached"}});
     warmed_ = &files.Add({{"outcome", "warmed"}});
@@ -303,6 +304,7 @@ Stats Prefetcher::GetStats(std::optional<uid_t> only) {
   Stats out = totals_;
   out.resident_marks = marks_.size();
   out.page_pressure = PressureLocked(clock_->NowNanos());
+  out.trusted = totals_.trusted;
   out.inflight = inflight_;
   out.window_files = window_.size();
   out.window_bytes = window_bytes_;

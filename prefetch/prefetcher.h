@@ -18,7 +18,9 @@
 // Residency: a file the next epoch can be served without the store is not fetched again.
 // With keep_cache (the kernel keeps the pages of what it was served), a file whose every byte
 // went to the kernel at a version the daemon still holds fresh attributes for (those of the
-// inode table, within attr_timeout_s) is marked page-resident. The kernel drops pages under
+// inode table, within attr_timeout_s) is marked page-resident. While the kernel's count of
+// reclaimed pages (Options::reclaim_counter) has not moved since the mark, the file is passed
+// over with no question (trusted). Otherwise: the kernel drops pages under
 // memory pressure without telling, and in no fixed order, so a mark only says the kernel may
 // hold the file: when the scheduler reaches a marked file it asks the kernel (the page probe,
 // FUSE_NOTIFY_RETRIEVE) whether every page is still there. If so it passes over the file and
@@ -114,6 +116,7 @@ struct Stats {
   uint64_t preempted = 0;       // unread files given up so another user got its share
   uint64_t denied = 0;          // files the stream's owner may not read: not fetched
   uint64_t page_resident = 0;   // probes that found the file whole in the kernel's page cache
+  uint64_t trusted = 0;         // marked files passed over with no probe: no reclaim since
   uint64_t probed_absent = 0;   // probes of marked files whose pages were gone: fetched
   uint64_t page_drops = 0;      // reads of marked files: the kernel dropped their pages
   bool page_pressure = false;   // drops come often: files passed over are warmed, not probed
@@ -154,6 +157,10 @@ class Prefetcher {
     std::function<bool()> trim_heap;
     // The mount lets the kernel keep the pages of files it was served (fuse.keep_cache).
     bool keep_cache = false;
+    // The kernel's count of reclaimed page-cache pages (ReadReclaimCounter), or nothing if it
+    // cannot tell. While it has not moved since a file was marked, the mark is trusted: the
+    // file is passed over with no page probe. Unset: every marked file is probed.
+    std::function<std::optional<uint64_t>()> reclaim_counter;
     // Files remembered as page-resident: about 80 bytes each (MarkKey), 80 MiB at this bound,
     // enough for an epoch of ImageNet's 1.28 M files to be passed over as resident.
     uint64_t max_resident_marks = 1u << 20;
@@ -452,6 +459,16 @@ class Prefetcher {
   // (another seq) is skipped when met, and the deque compacted when half of it is such.
   std::deque<std::pair<uint64_t, uint64_t>> mark_order_;
   uint64_t next_mark_seq_ = 0;
+  // Marks of seq >= trust_from_seq_ were made after the last reclaim seen: trusted. The
+  // counter is read at most every kReclaimSampleNs, at marking and at passing over.
+  static constexpr uint64_t kReclaimSampleNs = 50'000'000;
+  // True if `mark` may be trusted without a probe (samples the counter when due).
+  bool TrustedLocked(const Mark& mark, uint64_t now);
+  void SampleReclaimLocked(uint64_t now);
+  std::optional<uint64_t> last_reclaim_;
+  uint64_t reclaim_sampled_ns_ = 0;
+  bool reclaim_sampled_ = false;
+  uint64_t trust_from_seq_ = UINT64_MAX;  // nothing trusted until a first sample
   static constexpr size_t kPressureDrops = 4;
   static constexpr uint64_t kPressureSpanNs = 10'000'000'000;
   static constexpr uint64_t kPressureHoldNs = 60'000'000'000;
@@ -466,6 +483,7 @@ class Prefetcher {
   prometheus::Counter* evicted_unread_ = nullptr;
   prometheus::Counter* failed_ = nullptr;
   prometheus::Counter* page_resident_ = nullptr;
+  prometheus::Counter* trusted_ = nullptr;
   prometheus::Counter* probed_absent_ = nullptr;
   prometheus::Counter* cached_ = nullptr;
   prometheus::Counter* warmed_ = nullptr;

@@ -1,6 +1,8 @@
 // Prefetcher, part 3: what the daemon knows of the kernel's page cache. Files the kernel
 // holds are passed over (marked resident), probed again as the readers near them, and warmed
 // into the LRU cache under page pressure. See docs/prefetch.md.
+#include <prometheus/counter.h>
+
 #include <algorithm>
 
 #include "common/logging.h"
@@ -39,8 +41,18 @@ std::optional<Prefetcher::Job> Prefetcher::RecheckLocked(Stream& s) {
 std::optional<Prefetcher::Job> Prefetcher::PassOverJobLocked(const Stream& s,
                                                              const std::string& path, Mark& mark,
                                                              bool near) {
-  if (near && PressureLocked(clock_->NowNanos())) return WarmJobLocked(s, path, mark);
+  const uint64_t now = clock_->NowNanos();
+  if (near && PressureLocked(now)) return WarmJobLocked(s, path, mark);
   if (mark.probing) return std::nullopt;  // a probe of it runs: its answer serves this position
+  if (TrustedLocked(mark, now)) {
+    // No page-cache page was reclaimed since the kernel was served the file: it holds it.
+    // A page that went all the same (POSIX_FADV_DONTNEED, or between two samples) costs its
+    // reader one read from the daemon (the LRU cache keeps what was read); drops that come
+    // often are page pressure, and the files passed over are warmed as the readers come.
+    totals_.trusted++;
+    if (trusted_) trusted_->Increment();
+    return std::nullopt;
+  }
   mark.probing = true;
   rr_after_ = s.id;
   return Job{path, true, mark.version.size};
@@ -95,9 +107,29 @@ void Prefetcher::DropOldestMarkLocked() {
   }
 }
 
+void Prefetcher::SampleReclaimLocked(uint64_t now) {
+  if (!options_.reclaim_counter) return;
+  if (reclaim_sampled_ && now - reclaim_sampled_ns_ < kReclaimSampleNs) return;
+  const std::optional<uint64_t> c = options_.reclaim_counter();
+  if (!reclaim_sampled_ || !c || !last_reclaim_ || *c != *last_reclaim_) {
+    // The first sample (what came before is unknown), a counter that cannot be read, or
+    // pages reclaimed since the last sample: only marks made from now on are trusted.
+    trust_from_seq_ = c ? next_mark_seq_ : UINT64_MAX;
+  }
+  last_reclaim_ = c;
+  reclaim_sampled_ = true;
+  reclaim_sampled_ns_ = now;
+}
+
+bool Prefetcher::TrustedLocked(const Mark& mark, uint64_t now) {
+  SampleReclaimLocked(now);
+  return mark.seq >= trust_from_seq_;
+}
+
 void Prefetcher::MarkResidentLocked(const std::string& path,
                                     const cfs_client::FileVersion& version) {
   if (!options_.keep_cache || options_.max_resident_marks == 0) return;
+  SampleReclaimLocked(clock_->NowNanos());
   const uint64_t key = MarkKey(path);
   marks_.erase(key);
   while (marks_.size() >= options_.max_resident_marks) DropOldestMarkLocked();

@@ -1,7 +1,10 @@
 #include "prefetch/prefetcher.h"
 
 #include <gtest/gtest.h>
+
 #include <prometheus/registry.h>
+#include <functional>
+#include <optional>
 
 #include <malloc.h>
 #include <sys/syscall.h>
@@ -38,9 +41,11 @@ class PrefetcherTest : public ::testing::Test {
   }
 
   void Make(uint64_t window_files = 8, uint64_t budget = 1 << 20, uint64_t slack = 4,
-            bool evict_after_read = true, bool keep_cache = false) {
+            bool evict_after_read = true, bool keep_cache = false,
+            std::function<std::optional<uint64_t>()> reclaim_counter = nullptr) {
     Prefetcher::Options o;
     o.keep_cache = keep_cache;
+    o.reclaim_counter = std::move(reclaim_counter);
     o.start_workers = false;
     o.chunk_bytes = 64 << 10;
     o.prefetch.window_files = window_files;
@@ -138,6 +143,64 @@ TEST_F(PrefetcherTest, FilesTheKernelHoldsWholeAreNotFetchedAgain) {
   EXPECT_EQ(store_.stats(), stats);
   EXPECT_EQ(pf_->GetStats().page_resident, 5u);
   EXPECT_EQ(pf_->GetStats().window_files, 0u);
+}
+
+// While the kernel reclaims no page-cache page, a marked file is passed over without a probe;
+// once it has, the marks made before are probed, and those made after trusted again.
+TEST_F(PrefetcherTest, MarksAreTrustedWhileNoPageIsReclaimed) {
+  std::optional<uint64_t> reclaimed = 100;
+  Make(8, 1 << 20, 4, true, /*keep_cache=*/true, [&reclaimed] { return reclaimed; });
+  KnowAttrs();
+  ProbeKernel();
+  for (int i = 0; i < 5; ++i) ReadFile(i, ReadOutcome::kMiss);  // all five marked
+  const size_t reads = store_.read_log().size();
+  Hold({0, 1, 2, 3, 4});
+  std::string second = Publish(0, 5);
+  RunAll();
+  EXPECT_EQ(probes_, 0);
+  EXPECT_EQ(pf_->GetStats().trusted, 5u);
+  EXPECT_EQ(store_.read_log().size(), reads);
+  pf_->DeleteStream(second);
+
+  // Pages were reclaimed (the counter moved): the five are probed; 2 is gone and fetched.
+  reclaimed = 150;
+  clock_.AdvanceSeconds(1);  // past the counter's sampling interval
+  Hold({0, 1, 3, 4});
+  std::string third = Publish(0, 5);
+  RunAll();
+  EXPECT_EQ(probes_, 5);
+  ASSERT_EQ(store_.read_log().size(), reads + 1);
+  EXPECT_EQ(store_.read_log().back(), Name(2));
+  ReadFile(2);  // marked again, after the reclaim: trusted
+  pf_->DeleteStream(third);
+  clock_.AdvanceSeconds(1);
+  Publish(2, 3);
+  RunAll();
+  EXPECT_EQ(probes_, 5);
+  EXPECT_EQ(pf_->GetStats().trusted, 6u);
+
+  // A counter that cannot be read trusts nothing.
+  reclaimed.reset();
+  clock_.AdvanceSeconds(1);
+  Publish(3, 4);
+  RunAll();
+  EXPECT_EQ(probes_, 6);
+}
+
+// Page pressure (reads of marked files that come often) wins over trust: the files passed
+// over are warmed into the LRU cache as the readers come near, not left to the kernel.
+TEST_F(PrefetcherTest, PagePressureWinsOverTrust) {
+  Make(64, 1 << 20, 4, true, /*keep_cache=*/true, [] { return std::optional<uint64_t>(7); });
+  KnowAttrs();
+  ProbeKernel();
+  for (int i = 0; i < 10; ++i) ReadFile(i, ReadOutcome::kMiss);
+  for (int i = 0; i < 4; ++i) ReadFile(i, ReadOutcome::kMiss);  // 4 drops within 10 s
+  ASSERT_TRUE(pf_->GetStats().page_pressure);
+  Hold({0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  Publish(0, 10);
+  RunAll();
+  EXPECT_EQ(probes_, 0);
+  EXPECT_GT(pf_->GetStats().warmed, 0u);
 }
 
 TEST_F(PrefetcherTest, MarkedFilesWhosePagesTheKernelDroppedAreFetched) {
