@@ -20,7 +20,11 @@ std::optional<uint64_t> ReclaimCounterOf(std::string_view vmstat) {
     const size_t space = line.find(' ');
     if (space == std::string_view::npos) continue;
     const std::string_view name = line.substr(0, space);
-    if (!name.starts_with("pgsteal_") && name != "drop_pagecache") continue;
+    // Pages reclaimed from the LRU lists, pages freed with inodes the kernel evicted to make
+    // room (their page cache goes with them), and drop_caches.
+    if (!name.starts_with("pgsteal_") && name != "pginodesteal" && name != "kswapd_inodesteal" &&
+        name != "drop_pagecache")
+      continue;
     uint64_t v = 0;
     const std::string_view digits = line.substr(space + 1);
     if (std::from_chars(digits.data(), digits.data() + digits.size(), v).ec != std::errc())

@@ -342,8 +342,8 @@ Status ParsePrefetch(const YAML::Node& node, PrefetchOptions* o) {
   return ForEachKey(
       node, "prefetch",
       {"enabled", "max_inflight", "window_files", "window_bytes", "evict_after_read",
-       "control_socket", "max_streams_per_uid", "max_queued_paths_per_uid", "max_queued_paths",
-       "max_queued_path_bytes_per_uid", "max_queued_path_bytes"},
+       "trust_page_cache", "control_socket", "max_streams_per_uid", "max_queued_paths_per_uid",
+       "max_queued_paths", "max_queued_path_bytes_per_uid", "max_queued_path_bytes"},
       [&](const std::string& k, const YAML::Node& v, const std::string& key) {
         if (k == "enabled") CTFS_ASSIGN(o->enabled, GetBool(v, key));
         if (k == "max_inflight") {
@@ -355,6 +355,7 @@ Status ParsePrefetch(const YAML::Node& node, PrefetchOptions* o) {
         if (k == "window_files") CTFS_ASSIGN(o->window_files, GetUint(v, key, UINT64_MAX));
         if (k == "window_bytes") CTFS_ASSIGN(o->window_bytes, GetSize(v, key));
         if (k == "evict_after_read") CTFS_ASSIGN(o->evict_after_read, GetBool(v, key));
+        if (k == "trust_page_cache") CTFS_ASSIGN(o->trust_page_cache, GetBool(v, key));
         if (k == "control_socket") CTFS_ASSIGN(o->control_socket, GetString(v, key));
         uint64_t* limit = k == "max_streams_per_uid"        ? &o->max_streams_per_uid
                           : k == "max_queued_paths_per_uid" ? &o->max_queued_paths_per_uid

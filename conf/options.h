@@ -101,6 +101,11 @@ struct PrefetchOptions {
   uint64_t window_bytes = 1ull << 30;  // bytes fetched ahead. Default: 1 GiB.
   // Drop a file from RAM once read, rather than keep it in the LRU. Default: false.
   bool evict_after_read = false;
+  // Under keep_cache, pass over a file the kernel was served whole with no page probe while
+  // the kernel reclaims no page (/proc/vmstat). false: probe every such file (for loaders
+  // that drop pages themselves with POSIX_FADV_DONTNEED, which the count misses).
+  // Default: true.
+  bool trust_page_cache = true;
   // Default: /run/cubetorchfs/<volName>.sock (conf::ControlSocketPath). At most 107 bytes.
   std::string control_socket;
   uint64_t max_streams_per_uid = 64;             // streams one user may have. Default: 64.

@@ -164,7 +164,7 @@ prefetch::Prefetcher::Options PrefetcherOptions(const conf::Config& config,
   o.max_queued_path_bytes = config.prefetch.max_queued_path_bytes;
   o.keep_cache = config.fuse.keep_cache;
   // Marked files are passed over without a page probe while the kernel reclaims no page.
-  o.reclaim_counter = ReadReclaimCounter;
+  if (config.prefetch.trust_page_cache) o.reclaim_counter = ReadReclaimCounter;
   return o;
 }
 

@@ -12,9 +12,11 @@ TEST(ReclaimTest, SumsThePagesTheKernelTookBack) {
       "pgsteal_direct 5\n"
       "pgsteal_khugepaged 2\n"
       "pgscan_kswapd 999\n"
+      "pginodesteal 1\n"
+      "kswapd_inodesteal 2\n"
       "drop_pagecache 3\n"
       "drop_slab 4\n";
-  EXPECT_EQ(ReclaimCounterOf(vmstat), 20u);
+  EXPECT_EQ(ReclaimCounterOf(vmstat), 23u);
   EXPECT_FALSE(ReclaimCounterOf("nr_free_pages 1\n").has_value());
   EXPECT_FALSE(ReclaimCounterOf("").has_value());
 }

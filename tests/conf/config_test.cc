@@ -56,7 +56,8 @@ TEST(ConfigTest, FullJsonFromTheInterfaceDoc) {
                 "inject": {"latency_us": 300, "error_rate": 0.25, "seed": 7}},
     "cache": {"memory_bytes": "4GiB", "disk_dir": "", "disk_bytes": 0, "chunk_bytes": "4MiB"},
     "prefetch": {"enabled": true, "max_inflight": 64, "window_files": 4096,
-                 "window_bytes": "1GiB", "evict_after_read": true, "control_socket": ""},
+                 "window_bytes": "1GiB", "evict_after_read": true, "trust_page_cache": false,
+                 "control_socket": ""},
     "fuse": {"read_only": false, "entry_timeout_s": 300, "attr_timeout_s": 300,
              "negative_timeout_s": 5, "max_read": "1MiB"}})");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -98,6 +99,7 @@ TEST(ConfigTest, CubeFsKeysMapOntoFuseOptions) {
   EXPECT_TRUE(c->fuse.read_only);
   EXPECT_DOUBLE_EQ(c->fuse.attr_timeout_s, 30);
   EXPECT_DOUBLE_EQ(c->fuse.entry_timeout_s, 20);
+  EXPECT_FALSE(c->prefetch.trust_page_cache);
   EXPECT_TRUE(c->unknown_top_level_keys.empty());
 }
 
@@ -107,6 +109,7 @@ TEST(ConfigTest, FlushOnCloseAndWriteBackIdle) {
   EXPECT_TRUE(d->fuse.flush_on_close);
   EXPECT_DOUBLE_EQ(d->fuse.write_back_idle_s, 1.0);
   EXPECT_FALSE(d->prefetch.evict_after_read);
+  EXPECT_TRUE(d->prefetch.trust_page_cache);
   Result<Config> c = ParseConfig(
       R"({"volName": "v", "backend": {"root": "/d"},
           "fuse": {"flush_on_close": false, "write_back_idle_s": 0.25}})");

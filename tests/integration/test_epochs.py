@@ -116,8 +116,10 @@ def test_epochs_after_the_first_ask_the_store_nothing(cube: CubeFactory, dataset
         [e["store_requests"] for e in epochs], m.metrics().text)
     if hook:
         prefetch = epochs[-1]["after"]["global"]["prefetch"]
-        # Epochs 2 and 3 published every file again; each was passed over as page-resident.
-        assert prefetch["page_resident"] >= 2 * FILES - 64, prefetch
+        # Epochs 2 and 3 published every file again; each was passed over as page-resident:
+        # trusted with no probe, the kernel having reclaimed no page (a reclaim elsewhere on
+        # the machine meanwhile makes some of them probed instead).
+        assert prefetch["page_resident"] + prefetch["trusted"] >= 2 * FILES - 64, prefetch
         assert prefetch["fetched"] <= FILES + 8, prefetch
 
 
