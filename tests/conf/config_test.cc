@@ -61,6 +61,7 @@ TEST(ConfigTest, FullJsonFromTheInterfaceDoc) {
     "fuse": {"read_only": false, "entry_timeout_s": 300, "attr_timeout_s": 300,
              "negative_timeout_s": 5, "max_read": "1MiB"}})");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->prefetch.trust_page_cache);
   EXPECT_EQ(c->exporter_port, 9500);
   EXPECT_EQ(c->prof_port, 17410);
   EXPECT_EQ(c->mount_point, "/cfs/mnt");
@@ -99,7 +100,6 @@ TEST(ConfigTest, CubeFsKeysMapOntoFuseOptions) {
   EXPECT_TRUE(c->fuse.read_only);
   EXPECT_DOUBLE_EQ(c->fuse.attr_timeout_s, 30);
   EXPECT_DOUBLE_EQ(c->fuse.entry_timeout_s, 20);
-  EXPECT_FALSE(c->prefetch.trust_page_cache);
   EXPECT_TRUE(c->unknown_top_level_keys.empty());
 }
 
