@@ -174,8 +174,8 @@ size_t OnHeader(char* data, size_t size, size_t n, void* userdata) {
     return size * n;
   }
   if (line.empty()) {  // end of the headers
-    // s3rver answers a ranged GET of an empty object with "Content-Range: bytes 0-0/0" and a
-    // Content-Length of 1 it never sends; the object has no bytes, so stop here.
+    // A server may answer a ranged GET of an empty object with "Content-Range: bytes 0-0/0"
+    // and a Content-Length of 1 it never sends; the object has no bytes, so stop here.
     const std::string* cr = t->reply->Header("content-range");
     if (t->reply->status == 206 && cr && cr->size() > 2 && cr->substr(cr->size() - 2) == "/0") {
       t->reply->empty_object = true;

@@ -123,7 +123,7 @@ TEST(S3XmlTest, DecodesUrlEncodedKeysOnlyWhenTheReplySaysSo) {
   EXPECT_EQ(page->objects.at(0).key, "a b/€ +.txt");
   EXPECT_EQ(page->common_prefixes.at(0), "a b/sub/");
   EXPECT_TRUE(page->url_encoded);
-  // s3rver ignores encoding-type and sends keys plain: they stay as they are.
+  // A server that ignores encoding-type sends keys plain: they stay as they are.
   const char* plain = R"(<ListBucketResult><Contents><Key>a+b%2F c</Key><Size>1</Size>
     </Contents><IsTruncated>false</IsTruncated></ListBucketResult>)";
   EXPECT_EQ(ParseListObjectsV2(plain)->objects.at(0).key, "a+b%2F c");
