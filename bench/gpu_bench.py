@@ -54,7 +54,8 @@ sys.path.insert(0, str(HERE.parent / "hooks"))
 sys.path.insert(0, str(HERE))
 os.environ.setdefault("CUBE_TORCH_DISABLE", "1")  # no DataLoader hook needed here
 import cube_torch  # noqa: E402
-from load_bench import GIB, drop_caches, make_weights  # noqa: E402
+from benchlib import drop_caches  # noqa: E402
+from load_bench import GIB, make_weights  # noqa: E402
 
 DEV = "cuda:0"
 FST_THREADS = 16

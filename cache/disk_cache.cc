@@ -356,12 +356,10 @@ class NvmeCache final : public DiskCache {
     // The file's chunks are one range of the ordered index: nothing else is looked at.
     std::vector<Victim> victims;
     {
-      std::string first = path;
-      first.push_back('\0');  // ChunkKey: the path, a NUL, then the fields
       MutexLock l(mu_);
-      for (auto it = index_.lower_bound(first); it != index_.end();) {
+      for (auto it = index_.lower_bound(FirstKeyOfFile(path)); it != index_.end();) {
         ++erase_visits_;
-        if (it->first.compare(0, first.size(), first) != 0) break;
+        if (!IsKeyOfFile(it->first, path)) break;
         auto lru = it->second.lru;
         ++it;
         victims.push_back(DetachLocked(lru));

@@ -109,6 +109,12 @@ std::string ChunkKey(std::string_view path, const cfs_client::FileVersion& versi
   return key;
 }
 
+std::string FirstKeyOfFile(std::string_view path) {
+  std::string key(path);
+  key.push_back('\0');  // ChunkKey: the path, a NUL, then the fields
+  return key;
+}
+
 bool IsKeyOfFile(std::string_view key, std::string_view path) {
   return key.size() > path.size() && key.compare(0, path.size(), path) == 0 &&
          key[path.size()] == '\0';
@@ -186,14 +192,13 @@ class ShardedLruCache final : public RamCache {
   // A file's keys (every version, every chunk) are one range of each shard's ordered index:
   // this looks at them and at one more key a shard, not at the whole cache.
   void EraseFile(std::string_view path) override {
-    std::string first(path);
-    first.push_back('\0');  // ChunkKey: the path, a NUL, then the fields
+    const std::string first = FirstKeyOfFile(path);
     uint64_t visits = 0;
     for (Shard& s : shards_) {
       MutexLock l(s.mu);
       for (auto it = s.index.lower_bound(first); it != s.index.end();) {
         ++visits;
-        if (it->first.compare(0, first.size(), first) != 0) break;
+        if (!IsKeyOfFile(it->first, path)) break;
         auto entry = it->second;
         ++it;
         RemoveLocked(s, entry);

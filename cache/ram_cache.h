@@ -57,6 +57,9 @@ Result<BufferRef> ReadChunk(cfs_client::Backend& backend, const std::string& pat
 std::string ChunkKey(std::string_view path, const cfs_client::FileVersion& version, uint64_t chunk);
 // Whether `key` (a ChunkKey) is of the file at `path`, any version.
 bool IsKeyOfFile(std::string_view key, std::string_view path);
+// Every ChunkKey of the file at `path` sorts at or after this one (and before any other
+// file's): where an ordered index's range of the file begins.
+std::string FirstKeyOfFile(std::string_view path);
 
 // How a GetOrFetch call was served.
 enum class Served {

@@ -21,9 +21,10 @@ std::optional<uint64_t> ReclaimCounterOf(std::string_view vmstat) {
     if (space == std::string_view::npos) continue;
     const std::string_view name = line.substr(0, space);
     // Pages reclaimed from the LRU lists, pages freed with inodes the kernel evicted to make
-    // room (their page cache goes with them), and drop_caches.
+    // room (their page cache goes with them), and drop_caches: of the page cache, and of the
+    // inode cache (drop_slab), whose inodes take their pages along.
     if (!name.starts_with("pgsteal_") && name != "pginodesteal" && name != "kswapd_inodesteal" &&
-        name != "drop_pagecache")
+        name != "drop_pagecache" && name != "drop_slab")
       continue;
     uint64_t v = 0;
     const std::string_view digits = line.substr(space + 1);

@@ -1,8 +1,8 @@
 // The kernel's count of page-cache pages it has taken back: every page reclaimed under memory
 // pressure (kswapd, direct reclaim, khugepaged, a memory cgroup's limit, proactive reclaim:
 // /proc/vmstat's pgsteal_* lines), the pages of inodes evicted to make room (pginodesteal,
-// kswapd_inodesteal), plus every `drop_caches` (drop_pagecache). While it has not moved, no
-// page the kernel was served has gone by reclaim.
+// kswapd_inodesteal), plus every `drop_caches` (drop_pagecache, drop_slab). While it has not moved,
+// no page the kernel was served has gone by reclaim.
 //
 // Thread safety: reentrant.
 #pragma once

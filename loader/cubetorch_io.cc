@@ -140,7 +140,9 @@ int ctio_read_cuda(ctio_file* f, void* device_dst, uint64_t len, int device, int
       const uint64_t slot_bytes =
           std::max<uint64_t>(16ull << 20, (unit + (1u << 20) - 1) >> 20 << 20);
       ctio_helper* made = nullptr;
-      int rc = ctio_helper_new(slot_bytes, 0, &made, err, err_len);
+      // Slots larger than the default come 3 at a time (two being filled, one being copied):
+      // the file's header sets their size, and pinned memory is scarce.
+      int rc = ctio_helper_new(slot_bytes, slot_bytes > (16ull << 20) ? 3 : 0, &made, err, err_len);
       if (rc != 0) return rc;
       temp.reset(made);
       helper = made;

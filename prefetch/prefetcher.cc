@@ -304,7 +304,6 @@ Stats Prefetcher::GetStats(std::optional<uid_t> only) {
   Stats out = totals_;
   out.resident_marks = marks_.size();
   out.page_pressure = PressureLocked(clock_->NowNanos());
-  out.trusted = totals_.trusted;
   out.inflight = inflight_;
   out.window_files = window_.size();
   out.window_bytes = window_bytes_;
