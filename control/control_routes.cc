@@ -355,15 +355,18 @@ std::optional<std::vector<std::string>> ServerImpl::StorePaths(const json& paths
 std::optional<std::vector<std::string>> ServerImpl::PathsBody(const Request& req,
                                                               const Caller& caller,
                                                               uint64_t* rejected, std::string* why,
-                                                              PathResolver::Depth depth,
-                                                              bool fresh) {
+                                                              PathResolver::Depth depth, bool fresh,
+                                                              json* object) {
   std::optional<json> body = ParseBody(req, why);
   if (!body) return std::nullopt;
   if (!body->is_object() || !body->contains("paths")) {
     *why = "body must be {\"paths\": [...]}";
     return std::nullopt;
   }
-  return StorePaths((*body)["paths"], caller, rejected, why, depth, fresh);
+  std::optional<std::vector<std::string>> paths =
+      StorePaths((*body)["paths"], caller, rejected, why, depth, fresh);
+  if (paths && object != nullptr) *object = std::move(*body);
+  return paths;
 }
 
 Response ServerImpl::PublishPaths(const Request& req, const Caller& caller, const std::string& id) {
@@ -372,12 +375,23 @@ Response ServerImpl::PublishPaths(const Request& req, const Caller& caller, cons
     return StreamError(op, id, v);
   uint64_t rejected = 0;
   std::string why;
-  std::optional<std::vector<std::string>> paths = PathsBody(req, caller, &rejected, &why);
+  json body;
+  std::optional<std::vector<std::string>> paths =
+      PathsBody(req, caller, &rejected, &why, PathResolver::Depth::kDirectories, false, &body);
   if (!paths) return Error(http::status::bad_request, why, v);
+  // "unread": at most this many of the stream's latest positions, these included, are still
+  // to be read; the readers are past every earlier one (the hook knows: its lookahead and the
+  // DataLoader's batches in flight).
+  std::optional<uint64_t> unread;
+  if (auto u = body.find("unread"); u != body.end()) {
+    if (!u->is_number_unsigned())
+      return Error(http::status::bad_request, "unread must be a non-negative integer", v);
+    unread = u->get<uint64_t>();
+  }
   if (paths->empty() && rejected > 0) return Error(http::status::unprocessable_entity, why, v);
   Prefetcher::Refusal refusal;
   const Prefetcher::Op op =
-      prefetcher_->PublishAs(caller.uid, id, *paths, false, nullptr, &refusal);
+      prefetcher_->PublishAs(caller.uid, id, *paths, false, nullptr, &refusal, unread);
   if (op != Prefetcher::Op::kOk) return StreamError(op, id, v, refusal);
   return JsonResponse(http::status::accepted,
                       json{{"accepted", paths->size()}, {"rejected", rejected}}, v);

@@ -218,9 +218,11 @@ class ServerImpl final : public ControlServer {
       const json& paths, const Caller& caller, uint64_t* rejected, std::string* why,
       PathResolver::Depth depth = PathResolver::Depth::kDirectories, bool fresh = false);
   // The store paths of a {"paths": [...]} body; nothing (and `why`) if the body is malformed.
+  // `object`, if not null, receives the body.
   std::optional<std::vector<std::string>> PathsBody(
       const Request& req, const Caller& caller, uint64_t* rejected, std::string* why,
-      PathResolver::Depth depth = PathResolver::Depth::kDirectories, bool fresh = false);
+      PathResolver::Depth depth = PathResolver::Depth::kDirectories, bool fresh = false,
+      json* object = nullptr);
   Response PublishPaths(const Request& req, const Caller& caller, const std::string& id);
   Response LegacyPrefetch(const Request& req, const Caller& caller);
   // Streams the reply with chunked transfer encoding straight from the caches: memory held is

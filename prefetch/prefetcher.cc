@@ -208,7 +208,8 @@ bool Prefetcher::Publish(const std::string& id, const std::vector<std::string>& 
 
 Prefetcher::Op Prefetcher::PublishAs(uid_t uid, const std::string& id,
                                      const std::vector<std::string>& paths, bool partial,
-                                     size_t* taken, Refusal* refusal) {
+                                     size_t* taken, Refusal* refusal,
+                                     std::optional<uint64_t> unread) {
   if (taken != nullptr) *taken = 0;
   if (refusal != nullptr) *refusal = Refusal{};
   {
@@ -216,6 +217,14 @@ Prefetcher::Op Prefetcher::PublishAs(uid_t uid, const std::string& id,
     Stream* s = StreamById(id);
     if (s == nullptr) return Op::kNotFound;
     if (uid != 0 && s->uid != uid) return Op::kForbidden;
+    // The readers are past every position but the `unread` latest, these paths included:
+    // true whether or not the paths fit, so it frees room before the limits are checked.
+    if (const uint64_t end = s->base + s->paths.size() + paths.size();
+        unread && end > *unread && end - *unread > s->high) {
+      s->high = std::min(end - *unread, s->base + s->paths.size());
+      AdvanceLocked(*s);
+      Wake();  // window room freed, if any (notifying under mu_ is fine: OnRead does)
+    }
     // What the stream's owner and all users hold, and each limit on it. The global limits
     // are shared: with `users` users queuing (the owner included), one may hold a
     // (users + 1)-th of each, which leaves a share for a user with nothing queued yet.

@@ -223,8 +223,14 @@ class Prefetcher {
   // its fair share of the global ones) or all users past a global one; nothing is published
   // then, and *refusal (if given) says which limit. With `partial`, as many as fit are
   // published instead (kFull only if none fit) and *taken says how many.
+  // `unread`, if given: at most that many of the stream's latest positions (these included)
+  // are still to be read, so the readers are past every earlier one even where no read
+  // reached the daemon (the kernel served it from its page cache): those positions leave the
+  // queue, as positions far behind a read do (the slack applies). A stream whose publisher
+  // says so costs O(its lookahead), not O(the epoch).
   Op PublishAs(uid_t uid, const std::string& id, const std::vector<std::string>& paths,
-               bool partial = false, size_t* taken = nullptr, Refusal* refusal = nullptr);
+               bool partial = false, size_t* taken = nullptr, Refusal* refusal = nullptr,
+               std::optional<uint64_t> unread = std::nullopt);
   // Where residency checks find fresh attributes (no store request). Without one, every
   // file is fetched. Set before streams are published.
   void SetAttrSource(AttrSource source);

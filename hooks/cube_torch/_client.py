@@ -380,9 +380,14 @@ class ControlClient:
             raise ControlError("POST /v1/streams: reply without an id", reply.status)
         return str(sid)
 
-    def publish(self, stream_id: str, paths: Sequence[str]) -> Dict[str, int]:
-        """Returns {"accepted": n, "rejected": m}."""
-        reply = self.request("POST", f"/v1/streams/{_quote(stream_id)}/paths", {"paths": list(paths)})
+    def publish(self, stream_id: str, paths: Sequence[str],
+                unread: Optional[int] = None) -> Dict[str, int]:
+        """Returns {"accepted": n, "rejected": m}. `unread`: at most this many of the stream's
+        latest positions, these paths included, are still to be read."""
+        body: Dict[str, Any] = {"paths": list(paths)}
+        if unread is not None:
+            body["unread"] = int(unread)
+        reply = self.request("POST", f"/v1/streams/{_quote(stream_id)}/paths", body)
         if reply.body is not None and not isinstance(reply.body, dict):
             raise ControlError("POST paths: reply is not a JSON object", reply.status)
         body = reply.body or {}

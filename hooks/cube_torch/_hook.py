@@ -242,12 +242,34 @@ def _wrap(it: Any, source: Any) -> Optional[LookaheadIterator]:
                           + (f" for VOL_NAME={vol}" if vol else "") + "; not publishing")
         return None
     auto = it.__dict__.get("_auto_collation")
+    ahead = _common.lookahead_batches()
     stream = _publisher.Stream(type(dataset).__name__, mapper,
-                               None if auto is None else bool(auto))
+                               None if auto is None else bool(auto), _unread_items(it, ahead))
     kind_of = StatefulLookaheadIterator if stateful(source) else LookaheadIterator
-    wrapper = kind_of(source, _common.lookahead_batches(), stream.submit, stream)
+    wrapper = kind_of(source, ahead, stream.submit, stream)
     weakref.finalize(wrapper, _publisher.close_stream, stream).atexit = False
     return wrapper
+
+
+def _unread_items(it: Any, ahead: int) -> Optional[int]:
+    """How many of the latest sampler items the loop may not have read yet: the lookahead's
+    `ahead` items and the one it holds for its consumer, and the items the iterator has handed
+    to its workers and not yet returned (at most prefetch_factor per worker). Every earlier
+    item was read: an iterator returns its batches in order once read. None if the iterator's
+    attributes are not those of torch's (or torchdata's) DataLoader iterators."""
+    workers = it.__dict__.get("_num_workers")
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
+        return None
+    if workers == 0:
+        return ahead + 1
+    factor = it.__dict__.get("_prefetch_factor")
+    if not isinstance(factor, int) or isinstance(factor, bool) or factor < 1:
+        return None
+    if it.__dict__.get("_in_order") is False:
+        # Batches come back in the order they are read (torch >= 2.6, in_order=False): a
+        # worker can hold an old one while later ones pass. Allow it four times the room.
+        factor *= 4
+    return ahead + 1 + workers * factor
 
 
 def _restarts(sampler: Any, inner: bool = False) -> bool:

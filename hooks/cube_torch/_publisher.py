@@ -19,13 +19,14 @@ gets a fresh publisher only if it iterates a DataLoader of its own.
 from __future__ import annotations
 
 import atexit
+import collections
 import itertools
 import os
 import queue
 import sys
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Deque, Dict, Iterable, List, Optional, Tuple
 
 from . import _client, _common, _report
 from ._paths import PathMapper
@@ -37,6 +38,7 @@ MAX_STREAM_RECREATES = 3    # after a 404 (the daemon expired or forgot the stre
 EXIT_WAIT_S = 0.5           # how long interpreter exit waits for final DELETEs
 STATS_FLUSH_S = 1.0         # stats() waits this long at most for queued batches to be sent
 DOWN_COOLDOWN_S = 10.0      # a daemon that timed out or refused is not asked again for this long
+FULL_COOLDOWN_S = 1.0       # after a 429 (queued-path limits), a stream's batches are dropped
 
 _BATCH, _CLOSE, _FLUSH, _STOP = range(4)
 
@@ -48,13 +50,19 @@ class Stream:
     the attributes after `closed` belong to the publisher thread."""
 
     __slots__ = ("name", "mapper", "auto_collation", "owner_pid", "publisher", "closed",
-                 "daemon", "stream_id", "quiet", "recreated", "__weakref__")
+                 "daemon", "stream_id", "quiet", "recreated", "recent", "refused_until",
+                 "__weakref__")
 
     def __init__(self, dataset_name: str, mapper: PathMapper,
-                 auto_collation: Optional[bool]) -> None:
+                 auto_collation: Optional[bool], unread_items: Optional[int] = None) -> None:
         self.name = dataset_name  # numbered at the first submit: "<DatasetClass>:<n>"
         self.mapper = mapper
         self.auto_collation = auto_collation  # None: a list/tuple item is a batch
+        # The paths of each of the latest `unread_items` sampler items: the loop may not have
+        # read those yet, but it has read every earlier one (None: unknown, not said).
+        self.recent: Optional[Deque[int]] = (
+            None if unread_items is None else collections.deque(maxlen=max(1, unread_items)))
+        self.refused_until = 0.0  # after a 429: the batches until then are dropped
         self.owner_pid = os.getpid()
         self.publisher: Optional[Publisher] = None
         self.closed = False
@@ -272,12 +280,16 @@ class Publisher:
     def _map(self, stream: Stream, batches: List[Tuple[Any, ...]]) -> List[str]:
         paths: List[str] = []
         unmapped = 0
+        recent = stream.recent
         for batch in batches:
+            before = len(paths)
             for index in batch:
                 try:
                     paths.extend(stream.mapper(index))
                 except Exception:
                     unmapped += 1
+            if recent is not None:
+                recent.append(len(paths) - before)
         if unmapped:
             self._count("unmapped", unmapped)
         return paths
@@ -299,12 +311,26 @@ class Publisher:
             stream.quiet = True  # it just failed us: do not wait on it again for a while
             self._count("dropped", n_indices)
             return
+        if time.monotonic() < stream.refused_until:
+            self._count("dropped", n_indices)
+            return
         client = self._client_for(stream.daemon)
+        # At most `unread` of the stream's latest positions are still to be read: the paths of
+        # the items in `recent`. Sent with each POST (less the paths of the POSTs after it),
+        # it lets the daemon move the stream's cursor when the kernel serves reads from its
+        # page cache and no read reaches the daemon: the stream then costs the daemon
+        # O(lookahead) however long the epoch.
+        unread = None if stream.recent is None else sum(stream.recent)
         try:
             if paths and stream.stream_id is None:
                 self._create(client, stream)
-            for chunk in _chunks(paths, MAX_POST_BYTES):
-                self._post(client, stream, chunk)
+            chunks = list(_chunks(paths, MAX_POST_BYTES))
+            later = len(paths)
+            for chunk in chunks:
+                later -= len(chunk)
+                if not self._post(client, stream, chunk,
+                                  None if unread is None else max(0, unread - later)):
+                    break
         except _client.ControlError as e:
             self._count("errors")
             stream.quiet = True
@@ -319,22 +345,34 @@ class Publisher:
         self.last_daemon = stream.daemon
         self._count("streams")
 
-    def _post(self, client: _client.ControlClient, stream: Stream, paths: List[str]) -> None:
+    def _post(self, client: _client.ControlClient, stream: Stream, paths: List[str],
+              unread: Optional[int]) -> bool:
+        """Sends one POST; False if the daemon refused it for its queued-path limits."""
         assert stream.stream_id is not None
         try:
-            reply = client.publish(stream.stream_id, paths)
+            reply = client.publish(stream.stream_id, paths, unread)
         except _client.ControlError as e:
             if e.status == 422:  # the daemon disagrees that these are in its mount
                 self._count("errors")
                 self._count("rejected", len(paths))
-                return
+                return True
+            if e.status == 429:
+                # Over a queued-path limit (other loaders of this user, or other users, hold
+                # the room): these files are read from the store as they come; publishing
+                # resumes after a pause, as the readers free room.
+                self._count("rejected", len(paths))
+                stream.refused_until = time.monotonic() + FULL_COOLDOWN_S
+                self._warn(f"{e}; some files of {stream.name} are not prefetched "
+                           "(training goes on, reading them from the store)")
+                return False
             if e.status != 404 or stream.recreated >= MAX_STREAM_RECREATES:
                 raise
             stream.recreated += 1  # the daemon expired the stream (idle) or restarted
             self._create(client, stream)
-            reply = client.publish(stream.stream_id, paths)
+            reply = client.publish(stream.stream_id, paths, unread)
         self._count("published", reply["accepted"])
         self._count("rejected", reply["rejected"])
+        return True
 
     def _delete(self, stream: Stream) -> None:
         if self._open.pop(id(stream), None) is None or stream.stream_id is None:

@@ -16,6 +16,7 @@ import socket
 import socketserver
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -28,6 +29,8 @@ class FakeStream:
     paths: List[str] = field(default_factory=list)
     posts: int = 0
     deleted: bool = False
+    # Per POST: (time.monotonic() when it came, positions after it, its "unread" or None).
+    unread: List[Tuple[float, int, Optional[int]]] = field(default_factory=list)
 
 
 class _Server(socketserver.ThreadingUnixStreamServer):
@@ -79,6 +82,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             fake.release.wait(5.0)
         if fake.mode == "error":
             return self._reply(500, {"error": "injected failure"})
+        if fake.mode == "full" and method == "POST" and self.path.endswith("/paths"):
+            with fake.lock:
+                refuse = fake.refuse > 0
+                fake.refuse -= refuse
+            if refuse:
+                return self._reply(429, {"error": "publishing 8 paths would pass "
+                                         "prefetch.max_queued_paths_per_uid (131072)",
+                                         "code": "resource_exhausted", "errno": 105})
         status, reply = fake.route(method, self.path, body)
         if fake.mode == "garbage":
             return self._reply(status if status != 204 else 200, raw=b"<html>not json")
@@ -98,6 +109,7 @@ class FakeDaemon:
     def __init__(self, mount_point: str, mode: str = "ok", vol_name: str = "testvol") -> None:
         self.mount_point = mount_point
         self.mode = mode
+        self.refuse = 2  # mode "full": POSTs of paths refused with 429 before they are taken
         self.vol_name = vol_name
         self.lock = threading.Lock()
         self.release = threading.Event()
@@ -173,6 +185,10 @@ class FakeDaemon:
                                                    or p.startswith(self.mount_point + "/"))]
                 s.paths.extend(good)
                 s.posts += 1
+                u = body.get("unread")
+                if u is not None and (not isinstance(u, int) or isinstance(u, bool) or u < 0):
+                    return 400, {"error": "unread must be a non-negative integer"}
+                s.unread.append((time.monotonic(), len(s.paths), u))
                 return 202, {"accepted": len(good), "rejected": len(body["paths"]) - len(good)}
             if len(parts) == 3 and parts[:2] == ["v1", "streams"] and method == "DELETE":
                 s = self.streams.get(parts[2])

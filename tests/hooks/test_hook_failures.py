@@ -126,6 +126,29 @@ def test_full_queue_drops_and_counts(monkeypatch: pytest.MonkeyPatch, mount: Pat
         flush()
 
 
+def test_daemon_over_its_queue_limits_refuses_a_batch_and_publishing_resumes(
+        monkeypatch: pytest.MonkeyPatch, mount: Path, daemon_factory) -> None:
+    fake = daemon_factory("full")
+    fake.refuse = 1  # the first publish gets 429
+    monkeypatch.setattr(_publisher, "FULL_COOLDOWN_S", 0.0)
+    monkeypatch.setenv("CUBE_TORCH_LOOKAHEAD_BATCHES", "0")  # a batch is sent as it is taken
+    files = make_files(mount, 40)
+    seen = []
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        torch.manual_seed(3)
+        for batch in DataLoader(FileList(files), batch_size=2, shuffle=True):
+            seen.extend(batch.tolist())
+            flush()  # each batch its own POST
+    assert sorted(seen) == list(range(40))
+    warned = cube_warnings(record)
+    assert len(warned) == 1 and "prefetch.max_queued_paths_per_uid" in warned[0]
+    c = counters()
+    assert (c["rejected"], c["published"], c["errors"]) == (2, 38, 0)
+    [stream] = fake.all_streams()
+    assert len(stream.paths) == 38 and stream.paths == [files[i] for i in seen[2:]]
+
+
 def test_iterable_dataset_runs_unchanged_with_one_warning(daemon: FakeDaemon) -> None:
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from cube_torch import _hook, _publisher
 from cube_torch._lookahead import LookaheadIterator
@@ -67,6 +69,71 @@ def test_published_paths_are_the_files_read_in_order(monkeypatch: pytest.MonkeyP
     flush()
     assert daemon.published() == read
     assert sorted(read) == sorted(files)
+
+
+class TimedReads(Dataset):
+    """Reads its files, logging (index, time.monotonic() after the read) to `log`, from any
+    process (one O_APPEND write per read)."""
+
+    def __init__(self, files: List[str], log: str) -> None:
+        self.files, self.log = files, log
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> int:
+        with open(self.files[i], "rb") as f:
+            f.read()
+        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, f"{i} {time.monotonic()!r}\n".encode())
+        finally:
+            os.close(fd)
+        if i % 7 == 0:
+            time.sleep(0.002)  # workers finish out of order
+        return i
+
+    def train_data_list(self) -> List[str]:
+        return self.files
+
+
+@pytest.mark.parametrize("kind", sorted(LOADER_KINDS))
+def test_what_the_hook_says_is_unread_is_never_read_already(kind: str, mount: Path, tmp_path: Path,
+                                                            daemon: FakeDaemon,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each POST says how many of the stream's latest positions may not have been read yet:
+    # the daemon then treats every earlier one as read. Check that claim against the reads.
+    monkeypatch.setenv("CUBE_TORCH_LOOKAHEAD_BATCHES", "2")
+    files = make_files(mount, 120)
+    log = tmp_path / "reads.log"
+    torch.manual_seed(7)
+    loader = DataLoader(TimedReads(files, str(log)), batch_size=3, shuffle=True,
+                        **LOADER_KINDS[kind])
+    for _ in range(2):
+        for _ in loader:
+            time.sleep(0.001)  # the loop is slower than the publisher
+    flush()
+    read_at: Dict[str, List[float]] = {}
+    for line in log.read_text().splitlines():
+        i, t = line.split()
+        read_at.setdefault(files[int(i)], []).append(float(t))
+    streams = daemon.all_streams()
+    assert len(streams) == 2
+    bounds = 0
+    for epoch, s in enumerate(streams):
+        assert s.unread and all(u is not None for _, _, u in s.unread)
+        assert sorted(s.paths) == sorted(files)
+        # The same path is read once per epoch: the epoch's read is its epoch-th.
+        for when, end, unread in s.unread:
+            for pos in range(0, max(0, end - unread)):
+                t = read_at[s.paths[pos]][epoch]
+                assert t < when, (kind, epoch, pos, end, unread)
+                bounds += 1
+        # It says little more than it must: the lookahead (2 + 1 batches) and, with workers,
+        # prefetch_factor (2) per worker (2): 7 batches of 3.
+        limit = 3 * (3 + (4 if kind != "single" else 0))
+        assert max(u for _, _, u in s.unread) <= limit
+    assert bounds > 0
 
 
 def test_lookahead_iterator_is_transparent() -> None:

@@ -191,6 +191,13 @@ def test_control_api_errors(cube: CubeFactory, tmp_path: Path) -> None:
     status, body = call(conn, "POST", f"/v1/streams/{sid}/paths",
                         {"paths": ["/etc/passwd", str(mount.path("class_0/img_00000.bin"))]})
     assert status == 202 and json.loads(body) == {"accepted": 1, "rejected": 1}
+    one = str(mount.path("class_0/img_00000.bin"))
+    for bad in (-1, 1.5, "3", True, None, [1]):
+        status, body = call(conn, "POST", f"/v1/streams/{sid}/paths",
+                            {"paths": [one], "unread": bad})
+        assert status == 400 and "unread" in json.loads(body)["error"], (bad, body)
+    status, body = call(conn, "POST", f"/v1/streams/{sid}/paths", {"paths": [one], "unread": 0})
+    assert status == 202 and json.loads(body) == {"accepted": 1, "rejected": 0}
     # A body over 16 MiB is refused from its Content-Length, before it is sent.
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(HTTP_TIMEOUT_S)

@@ -123,6 +123,26 @@ def test_epochs_after_the_first_ask_the_store_nothing(cube: CubeFactory, dataset
         assert prefetch["fetched"] <= FILES + 8, prefetch
 
 
+def test_warm_epochs_queue_only_the_lookahead(cube: CubeFactory, dataset: Path) -> None:
+    # Epochs 2 and 3 are served from the kernel's page cache: no read reaches the daemon, and
+    # only the hook can say where the loop is. A stream then costs the daemon its lookahead, not
+    # its epoch: with a per-user limit under one epoch's files, nothing is refused.
+    m = cube.mount(dataset.parent, {"profile": "ai_prefetch",
+                                    "backend": {"inject": {"latency_us": 1000}},
+                                    "prefetch": {"window_files": 256,  # slack: 64 positions
+                                                 "max_queued_paths_per_uid": 300}})
+    epochs = run_epochs(m, True)
+    assert all(len(e["labels"]) == FILES for e in epochs)
+    assert [e["store_requests"] for e in epochs[1:]] == [0, 0]
+    client = epochs[-1]["after"]["client"]
+    assert client["rejected"] == 0 and client["errors"] == 0, client
+    assert client["published"] == 3 * FILES, client
+    for e in epochs[1:]:
+        # Each warm epoch's positions left the queue as the loop went on, without reads.
+        streams = e["after"]["streams"]
+        assert all(s["queued"] <= 300 for s in streams), streams
+
+
 @pytest.mark.parametrize("evict_after_read", [False, True], ids=["lru", "evict-after-read"])
 def test_files_whose_pages_were_dropped_are_prefetched_again(cube: CubeFactory, dataset: Path,
                                                              evict_after_read: bool) -> None:

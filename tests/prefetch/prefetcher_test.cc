@@ -1007,6 +1007,56 @@ TEST_F(PrefetcherTest, QueuedPathAccountingFollowsReadsAndDeletes) {
   EXPECT_EQ(st.queued_users, 0u);
 }
 
+// A warm epoch: the kernel serves every file from its page cache, so no read reaches the
+// daemon and only the publisher can say where the readers are. With `unread`, the queue stays
+// O(lookahead): it never reaches the per-user limit, however long the epoch.
+TEST_F(PrefetcherTest, PublishersSayingWhatIsUnreadKeepTheQueueToTheirLookahead) {
+  Prefetcher::Options o;
+  o.start_workers = false;
+  o.chunk_bytes = 64 << 10;
+  o.prefetch.window_files = 8;
+  o.skip_slack = 4;
+  o.attr_timeout_s = 10;
+  o.max_queued_paths_per_uid = 16;
+  pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
+  const std::string id = pf_->CreateStream("warm", 1, 1000);
+  // 64 files in batches of 4, each publish saying the latest 8 positions are unread.
+  for (int b = 0; b < 16; ++b) {
+    std::vector<std::string> paths;
+    for (int i = 4 * b; i < 4 * b + 4; ++i) paths.push_back(Name(i));
+    ASSERT_EQ(pf_->PublishAs(1000, id, paths, false, nullptr, nullptr, 8), Prefetcher::Op::kOk)
+        << "batch " << b;
+    RunAll();
+    const Stats st = pf_->GetStats();
+    // Queued: the 8 unread and the 4 of slack behind them, at most.
+    EXPECT_LE(st.queued_paths, 12u) << "batch " << b;
+    EXPECT_EQ(st.streams[0].skipped + st.queued_paths, 4u * (b + 1)) << "batch " << b;
+  }
+  Stats st = pf_->GetStats();
+  EXPECT_EQ(st.streams[0].published, 64u);
+  EXPECT_EQ(st.queued_paths, 12u);
+  // Files fetched for positions the readers passed without a read are given up.
+  EXPECT_EQ(st.window_files, st.streams[0].fetched - st.evicted_unread);
+  EXPECT_LE(st.window_files, 12u);
+  EXPECT_GT(st.evicted_unread, 0u);
+  // Without `unread`, the same publishes pass the limit at 16 positions.
+  const std::string old = pf_->CreateStream("old", 1, 1001);
+  Prefetcher::Op op = Prefetcher::Op::kOk;
+  for (int b = 0; b < 16 && op == Prefetcher::Op::kOk; ++b)
+    op =
+        pf_->PublishAs(1001, old, {Name(4 * b), Name(4 * b + 1), Name(4 * b + 2), Name(4 * b + 3)});
+  EXPECT_EQ(op, Prefetcher::Op::kFull);
+  // A publish past the limit still moves the cursor: what it says of earlier positions holds
+  // whether or not its own paths fit.
+  Prefetcher::Refusal refusal;
+  EXPECT_EQ(pf_->PublishAs(1001, old, std::vector<std::string>(20, Name(0)), false, nullptr,
+                           &refusal, 20),
+            Prefetcher::Op::kFull);
+  EXPECT_EQ(refusal.limit, Prefetcher::Limit::kUserPaths);
+  st = pf_->GetStats(1001);
+  EXPECT_LE(st.streams[0].queued, 4u);  // 16 queued, the readers past all but the slack
+}
+
 TEST_F(PrefetcherTest, MemoryIsGivenBackWhenStreamsEndOrExpire) {
   Prefetcher::Options o;
   o.start_workers = false;
