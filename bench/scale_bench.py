@@ -8,6 +8,11 @@
   hook-ro the hook row with the mount read-only (`fuse.read_only`): a dataset mount. The kernel
           then sends no FLUSH at close and keeps attributes across reads (a read-write mount
           drops a file's atime after each read that reached the daemon)
+  hook-ram the hook-ro row with the kernel keeping no page of the files between opens
+          (`fuse.keep_cache: false`) and the RAM cache keeping every file read
+          (`prefetch.evict_after_read: false`): every read reaches the daemon, and after the first
+          epoch is served from its RAM. Its epochs 2-3 measure the daemon's CPU per small file
+          served from RAM, all hits; run it with --workers 1 and 2 to see it grow with readers
   nohook  the same mount without the hook, over the first --nohook-classes classes only (at
           1 ms a request a full cold epoch without prefetching takes hours)
 
@@ -181,7 +186,7 @@ def child(args: argparse.Namespace) -> None:
 
 class Mount:
     def __init__(self, args: argparse.Namespace, data: Path, work: Path,
-                 read_only: bool = False) -> None:
+                 read_only: bool = False, page_cache: bool = True) -> None:
         self.work, self.mnt = work, work / "mnt"
         self.mnt.mkdir(parents=True)
         self.port = free_port()
@@ -199,6 +204,9 @@ class Mount:
                   "prefetch": {"control_socket": str(work / "ctl.sock")}}
         if read_only:
             config["fuse"] = {"read_only": True}
+        if not page_cache:
+            config["fuse"] = {**config.get("fuse", {}), "keep_cache": False}
+            config["prefetch"]["evict_after_read"] = False
         (work / "config.json").write_text(json.dumps(config))
         self.env = dict(os.environ, CUBE_TORCH_CONFIG_DIR=str(work), VOL_NAME=self.vol,
                         SCALE_BENCH_PORT=str(self.port))
@@ -286,7 +294,7 @@ def main() -> None:
     p.add_argument("--latency-us", type=int, default=1000, help="added to every store request")
     p.add_argument("--memory-bytes", default="4GiB", help="the daemon's cache.memory_bytes")
     p.add_argument("--systems", nargs="+", default=["local", "hook", "nohook"],
-                   choices=["local", "hook", "hook-ro", "nohook"])
+                   choices=["local", "hook", "hook-ro", "hook-ram", "nohook"])
     p.add_argument("--nohook-classes", type=int, default=50,
                    help="classes the no-hook mount reads (its epochs are store-bound)")
     p.add_argument("--synthetic", action="store_true",
@@ -327,7 +335,8 @@ def main() -> None:
                 rows = run_child(args, data, False, subset, dict(os.environ))
             else:
                 mwork = Path(tempfile.mkdtemp(prefix="mount-", dir=work))
-                m = Mount(args, data, mwork, read_only=system == "hook-ro")
+                m = Mount(args, data, mwork, read_only=system in ("hook-ro", "hook-ram"),
+                          page_cache=system != "hook-ram")
                 try:
                     rows = run_child(args, m.mnt, system.startswith("hook"), subset, m.env)
                     hwm.setdefault(system, []).append(m.vm_hwm_mib())
@@ -375,7 +384,7 @@ def main() -> None:
                 text += (f"\n    reads {fmt_ops(mid['reads'])}\n    store {fmt_ops(mid['store'])}"
                          f"\n    FUSE {fmt_ops(mid['fuse'])}\n    prefetch {fmt_ops(mid['prefetch'])}")
             print(text)
-    for name in ("hook", "hook-ro"):
+    for name in ("hook", "hook-ro", "hook-ram"):
         if not local or name not in results:
             continue
         ratios = [f"scan {med(scans['local']) / med(scans[name]):.2f}"]

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <future>
 #include <list>
 #include <map>
@@ -73,6 +74,17 @@ std::shared_ptr<Buffer> Buffer::Allocate(size_t size) {
 
 void Buffer::Shrink(size_t n) {
   if (n >= size) return;
+  if (n < kCopyWhenShrunkBelow) {
+    // A small file read into a large guess: a block of its own. Shrinking the large one in
+    // place would keep a whole page at least (a block past malloc's mmap threshold shrinks
+    // by mremap): 4 KiB for each 1 KiB file, most of the cache's memory at ImageNet scale.
+    std::unique_ptr<char, Free> copy(static_cast<char*>(std::malloc(n == 0 ? 1 : n)), Free());
+    if (!copy) OutOfMemory(n);
+    std::memcpy(copy.get(), data.get(), n);
+    data = std::move(copy);
+    size = n;
+    return;
+  }
   size_t& mapped = data.get_deleter().mapped;
   if (mapped != 0) {
     const size_t keep = PageRound(n == 0 ? 1 : n);
@@ -227,6 +239,7 @@ class ShardedLruCache final : public RamCache {
   struct Shard {
     Mutex mu;               // guards everything below
     uint64_t capacity = 0;  // set once at construction
+    // What its entries cost (EntryCost: bytes and bookkeeping), held within capacity.
     uint64_t bytes GUARDED_BY(mu) = 0;
     LruList lru GUARDED_BY(mu);
     Index index GUARDED_BY(mu);
@@ -248,8 +261,9 @@ class ShardedLruCache final : public RamCache {
     auto it = s.index.find(key);
     if (it != s.index.end()) RemoveLocked(s, it->second);
     const uint64_t size = buffer->size;
-    if (size > s.capacity) return;  // would evict everything and still not fit
-    while (s.bytes + size > s.capacity) {
+    const uint64_t cost = EntryCost(key.size(), size);
+    if (cost > s.capacity) return;  // would evict everything and still not fit
+    while (s.bytes + cost > s.capacity) {
       auto victim = std::prev(s.lru.end());
       if (on_evict_) on_evict_(victim->pos->first, victim->buffer);
       RemoveLocked(s, victim);
@@ -259,15 +273,15 @@ class ShardedLruCache final : public RamCache {
     auto pos = s.index.emplace(key, s.lru.end()).first;
     s.lru.push_front(Entry{pos, std::move(buffer)});
     pos->second = s.lru.begin();
-    s.bytes += size;
+    s.bytes += cost;
     AddBytes(static_cast<int64_t>(size));
   }
 
   void RemoveLocked(Shard& s, LruList::iterator it) REQUIRES(s.mu) {
     const uint64_t size = it->buffer->size;
+    s.bytes -= EntryCost(it->pos->first.size(), size);
     s.index.erase(it->pos);
     s.lru.erase(it);
-    s.bytes -= size;
     AddBytes(-static_cast<int64_t>(size));
   }
 
@@ -287,6 +301,16 @@ class ShardedLruCache final : public RamCache {
 };
 
 }  // namespace
+
+uint64_t RamCache::EntryCost(size_t key_bytes, size_t size) {
+  // glibc's blocks: the request plus its 8-byte header, rounded up to 16, at least 32.
+  auto block = [](size_t n) -> uint64_t { return std::max<uint64_t>(32, (n + 8 + 15) & ~15ull); };
+  // The index node (tree links, key, iterator), the LRU node (links, index iterator, buffer
+  // reference), the Buffer with its shared_ptr control block, the key's bytes unless short
+  // enough to sit in the string itself, and the bytes.
+  const uint64_t key_heap = key_bytes > 15 ? block(key_bytes + 1) : 0;
+  return block(32 + 32 + 8) + block(16 + 8 + 16) + block(16 + 24) + key_heap + block(size);
+}
 
 std::unique_ptr<RamCache> RamCache::New(const Options& options, prometheus::Registry* registry) {
   return std::make_unique<ShardedLruCache>(options, registry);

@@ -43,8 +43,10 @@ struct Buffer {
   // more is a mapping of its own, aligned to and advised for transparent huge pages: filling
   // a 4 MiB chunk then faults twice, not 1,024 times (the cost of a cold read's fresh memory).
   static std::shared_ptr<Buffer> Allocate(size_t size);
-  // Gives back the memory past the first `n` bytes (in place; no copy). REQUIRES: n <= size.
+  // Gives back the memory past the first `n` bytes: in place, or for n under
+  // kCopyWhenShrunkBelow by a copy into a block of n bytes. REQUIRES: n <= size.
   void Shrink(size_t n);
+  static constexpr size_t kCopyWhenShrunkBelow = 64 << 10;
 };
 using BufferRef = std::shared_ptr<const Buffer>;
 
@@ -108,8 +110,13 @@ class RamCache {
   // Index entries EraseFile has looked at, ever: the file's own and one more a shard.
   virtual uint64_t erase_visits() const = 0;
 
-  // Bytes held by cached entries; never above Options::capacity_bytes.
+  // Bytes held by cached entries; never above Options::capacity_bytes, against which each
+  // entry is charged its EntryCost (its bookkeeping too: with files of 1-3 KB it is a tenth
+  // of what they cost).
   virtual uint64_t bytes() const = 0;
+  // The memory an entry of `size` bytes under a key of `key_bytes` takes (libstdc++'s nodes,
+  // glibc's blocks).
+  static uint64_t EntryCost(size_t key_bytes, size_t size);
   virtual uint64_t evictions() const = 0;
 };
 

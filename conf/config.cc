@@ -416,14 +416,16 @@ Status ParseControl(const YAML::Node& node, ControlOptions* o) {
 
 // Which fuse.* timeouts the file set explicitly (so profile and CubeFS keys don't override).
 struct FuseExplicit {
-  bool entry = false, attr = false, negative = false, read_only = false, keep_cache = false;
+  bool entry = false, attr = false, negative = false, read_only = false, keep_cache = false,
+       list_ahead = false;
 };
 
 Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
   constexpr double kMaxTimeout = 86400.0 * 365;
   return ForEachKey(node, "fuse",
                     {"read_only", "entry_timeout_s", "attr_timeout_s", "negative_timeout_s",
-                     "max_read", "read_ahead", "keep_cache", "flush_on_close", "write_back_idle_s"},
+                     "max_read", "read_ahead", "keep_cache", "flush_on_close", "write_back_idle_s",
+                     "list_ahead", "list_ahead_threads"},
                     [&](const std::string& k, const YAML::Node& v, const std::string& key) {
                       if (k == "read_only") {
                         CTFS_ASSIGN(o->read_only, GetBool(v, key));
@@ -456,6 +458,16 @@ Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
                       if (k == "keep_cache") {
                         CTFS_ASSIGN(o->keep_cache, GetBool(v, key));
                         set->keep_cache = true;
+                      }
+                      if (k == "list_ahead") {
+                        CTFS_ASSIGN(o->list_ahead, GetUint(v, key, 1024));
+                        set->list_ahead = true;
+                      }
+                      if (k == "list_ahead_threads") {
+                        uint64_t n = 0;
+                        CTFS_ASSIGN(n, GetUint(v, key, 64));
+                        if (n == 0) return Bad(key, "must be at least 1");
+                        o->list_ahead_threads = static_cast<unsigned>(n);
                       }
                       if (k == "flush_on_close") CTFS_ASSIGN(o->flush_on_close, GetBool(v, key));
                       if (k == "write_back_idle_s")
@@ -610,6 +622,7 @@ Result<Config> ParseNode(const YAML::Node& root) {
     if (!fuse_set.attr) c.fuse.attr_timeout_s = 300;
     if (!fuse_set.negative) c.fuse.negative_timeout_s = 5;
     if (!fuse_set.keep_cache) c.fuse.keep_cache = true;
+    if (!fuse_set.list_ahead) c.fuse.list_ahead = 16;
   }
   if (cubefs_rdonly && !fuse_set.read_only)
     CTFS_ASSIGN(c.fuse.read_only, GetBool(*cubefs_rdonly, "rdonly"));

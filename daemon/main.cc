@@ -175,6 +175,8 @@ FileSystem::Options FileSystemOptions(const conf::Config& config) {
   o.chunk_bytes = config.cache.chunk_bytes;
   o.read_only = config.fuse.read_only;
   o.stream_min_bytes = config.cache.stream_min_bytes;
+  o.list_ahead = config.fuse.list_ahead;
+  o.list_ahead_threads = config.fuse.list_ahead_threads;
   // No close reaches the daemon when the kernel skips FLUSH: written files are closed after
   // an idle time instead.
   if (config.fuse.keep_cache && !config.fuse.flush_on_close && !config.fuse.read_only)

@@ -87,9 +87,20 @@ FileSystem::FileSystem(const Options& options, cfs_client::Backend* backend, cac
                                   "table, the root included): what grows with the dataset")
                             .Register(registry)
                             .Add({}));
+  if (options_.list_ahead > 0) {
+    ListAhead::Options o;
+    o.depth = options_.list_ahead;
+    o.threads = options_.list_ahead_threads;
+    // Listings made ahead are as stale as the attributes the daemon holds may be.
+    o.fresh_ns = static_cast<uint64_t>(std::max(1.0, options_.attr_timeout_s) * 1e9);
+    list_ahead_ = std::make_unique<ListAhead>(o, backend_, clock_, &changes_, &registry);
+  }
 }
 
-FileSystem::~FileSystem() { StopWriteBack(); }
+FileSystem::~FileSystem() {
+  list_ahead_.reset();  // its threads list through backend_
+  StopWriteBack();
+}
 
 std::string FileSystem::ChildPath(const std::string& parent, const std::string& name) {
   return parent.empty() ? name : parent + "/" + name;
@@ -214,12 +225,19 @@ Result<std::unique_ptr<DirHandle>> FileSystem::OpenDir(uint64_t ino) {
     handle->path = inode.path;
     return handle;
   }
-  Result<std::vector<cfs_client::DirEntry>> entries = backend_->List(inode.path);
-  if (!entries.ok()) return entries.status();
   auto handle = std::make_unique<DirHandle>();
   handle->ino = ino;
   handle->path = inode.path;
-  handle->entries = std::move(entries).value();
+  std::optional<std::vector<cfs_client::DirEntry>> ahead;
+  if (list_ahead_ != nullptr) ahead = list_ahead_->Take(inode.path);
+  if (ahead) {
+    handle->entries = std::move(*ahead);
+  } else {
+    Result<std::vector<cfs_client::DirEntry>> entries = backend_->List(inode.path);
+    if (!entries.ok()) return entries.status();
+    handle->entries = std::move(entries).value();
+  }
+  if (list_ahead_ != nullptr) list_ahead_->OnListed(inode.path, handle->entries);
   return handle;
 }
 

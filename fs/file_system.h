@@ -39,6 +39,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "cache/disk_cache.h"
@@ -48,6 +49,7 @@
 #include "common/status.h"
 #include "common/thread_annotations.h"
 #include "fs/inode_table.h"
+#include "fs/list_ahead.h"
 #include "fs/store_stream.h"
 #include "prefetch/model_fetch.h"
 #include "prefetch/prefetcher.h"
@@ -134,6 +136,9 @@ class FileSystem {
     uint64_t stream_min_bytes = 0;
     // Chunks the ghost queue of streamed reads remembers (StreamAdmission).
     size_t stream_ghost_chunks = 8192;
+    // Subdirectories listed ahead of the kernel's opendir (list_ahead.h); 0: none.
+    uint64_t list_ahead = 0;
+    unsigned list_ahead_threads = 4;
   };
 
   // `backend`, `cache`, `prefetcher`, `clock` and `registry` must outlive the FileSystem. Fails if
@@ -259,6 +264,25 @@ class FileSystem {
 
   // Write path helpers (write_path.cc).
   Status CheckWritable() const;
+  // Counts a change through the mount as it begins and again as it ends, so that a listing
+  // made ahead (ListAhead) that began before the end is not handed out.
+  class ChangeScope {
+   public:
+    explicit ChangeScope(std::atomic<uint64_t>* changes) : changes_(changes) {
+      changes_->fetch_add(1);
+    }
+    ChangeScope(ChangeScope&& other) noexcept : changes_(std::exchange(other.changes_, nullptr)) {}
+    ChangeScope& operator=(ChangeScope&&) = delete;
+    ~ChangeScope() {
+      if (changes_ != nullptr) changes_->fetch_add(1);
+    }
+
+   private:
+    std::atomic<uint64_t>* changes_;
+  };
+  // CheckWritable, then the change's scope. Every operation that changes the store holds one
+  // while it runs.
+  Result<ChangeScope> BeginChange();
   Result<std::string> ChildOf(uint64_t parent, const std::string& name);
   std::shared_ptr<WriteState> FindWriteState(uint64_t ino);
   // The write state of `ino`, opening the file in the store if it has none.
@@ -327,6 +351,9 @@ class FileSystem {
   // skip the write-path checks entirely while both are zero.
   std::atomic<uint64_t> open_writes_{0};
   std::atomic<bool> ever_written_{false};
+  // Changes begun through the mount (BeginChange, and every write): what ListAhead checks.
+  std::atomic<uint64_t> changes_{0};
+  std::unique_ptr<ListAhead> list_ahead_;  // null: fuse.list_ahead 0
   // Orders changes: each write state records the sequence of its last one.
   std::atomic<uint64_t> write_seq_{0};
   // Write states whose inode was forgotten with bytes not in the store (kept for FlushAll),

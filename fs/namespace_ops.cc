@@ -18,7 +18,7 @@ namespace cubetorchfs::fs {
 Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::string& name,
                                                mode_t mode, int flags, const Caller& caller,
                                                bool track_handle) {
-  CTFS_RETURN_IF_ERROR(CheckWritable());
+  CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   Result<std::string> path = ChildOf(parent, name);
   if (!path.ok()) return path.status();
   cfs_client::OpenWriteOptions o;
@@ -68,7 +68,7 @@ Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::strin
 
 Result<Entry> FileSystem::Mknod(uint64_t parent, const std::string& name, mode_t mode,
                                 uint64_t rdev, const Caller& caller) {
-  CTFS_RETURN_IF_ERROR(CheckWritable());
+  CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   if (!S_ISREG(mode)) {
     if (!S_ISFIFO(mode) && !S_ISSOCK(mode) && !S_ISCHR(mode) && !S_ISBLK(mode))
       return Status::InvalidArgument(name + ": not a file type mknod makes");
@@ -88,7 +88,7 @@ Result<Entry> FileSystem::Mknod(uint64_t parent, const std::string& name, mode_t
 
 Result<Entry> FileSystem::Mkdir(uint64_t parent, const std::string& name, mode_t mode,
                                 const Caller& caller) {
-  CTFS_RETURN_IF_ERROR(CheckWritable());
+  CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
   CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
                         backend_->Mkdir(path, mode & 07777, caller.uid, caller.gid));
@@ -99,7 +99,7 @@ Result<Entry> FileSystem::Mkdir(uint64_t parent, const std::string& name, mode_t
 
 Result<Entry> FileSystem::Symlink(const std::string& target, uint64_t parent,
                                   const std::string& name, const Caller& caller) {
-  CTFS_RETURN_IF_ERROR(CheckWritable());
+  CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
   CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
                         backend_->Symlink(target, path, caller.uid, caller.gid));
@@ -109,7 +109,7 @@ Result<Entry> FileSystem::Symlink(const std::string& target, uint64_t parent,
 }
 
 Result<Entry> FileSystem::Link(uint64_t ino, uint64_t new_parent, const std::string& new_name) {
-  CTFS_RETURN_IF_ERROR(CheckWritable());
+  CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
   // As link(2) of an unlinked file; its old path names another file now, if any.
   if (inode.removed) return Status::NotFound(inode.path + ": removed from the store");
@@ -124,7 +124,7 @@ Result<Entry> FileSystem::Link(uint64_t ino, uint64_t new_parent, const std::str
 }
 
 Status FileSystem::Unlink(uint64_t parent, const std::string& name) {
-  CTFS_RETURN_IF_ERROR(CheckWritable());
+  CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
   ever_written_.store(true);
   std::optional<uint64_t> ino = inodes_.Find(path);
@@ -180,7 +180,7 @@ Status FileSystem::Unlink(uint64_t parent, const std::string& name) {
 }
 
 Status FileSystem::Rmdir(uint64_t parent, const std::string& name) {
-  CTFS_RETURN_IF_ERROR(CheckWritable());
+  CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
   CTFS_RETURN_IF_ERROR(backend_->Rmdir(path));
   inodes_.ExpireAttr(parent);
@@ -195,7 +195,7 @@ Status FileSystem::Rmdir(uint64_t parent, const std::string& name) {
 
 Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new_parent,
                           const std::string& new_name, unsigned flags) {
-  CTFS_RETURN_IF_ERROR(CheckWritable());
+  CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   if ((flags & RENAME_EXCHANGE) != 0)
     return Status::NotSupported("rename: RENAME_EXCHANGE is not supported");
   if ((flags & ~static_cast<unsigned>(RENAME_NOREPLACE)) != 0)

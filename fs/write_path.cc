@@ -35,6 +35,11 @@ Status FileSystem::CheckWritable() const {
   return Status::OK();
 }
 
+Result<FileSystem::ChangeScope> FileSystem::BeginChange() {
+  CTFS_RETURN_IF_ERROR(CheckWritable());
+  return ChangeScope(&changes_);
+}
+
 Result<std::string> FileSystem::ChildOf(uint64_t parent, const std::string& name) {
   CTFS_ASSIGN_OR_RETURN(InodeInfo dir, GetInode(parent));
   if (!dir.attr.IsDir()) return Status::NotDirectory(dir.path);
@@ -52,6 +57,7 @@ void FileSystem::InvalidateCaches(const std::string& path) {
 
 void FileSystem::Changed(uint64_t ino, const cfs_client::FileAttr& attr) {
   ever_written_.store(true);
+  changes_.fetch_add(1);
   inodes_.SetAttr(ino, attr, clock_->NowNanos());
   inodes_.BumpWriteGen(ino);
 }
@@ -128,6 +134,7 @@ Result<FileSystem::LockedWriteState> FileSystem::LockOpenWriteState(uint64_t ino
 }
 
 void FileSystem::MarkChangedLocked(WriteState& st) {
+  changes_.fetch_add(1);
   st.dirty = true;
   st.write_seq = ++write_seq_;
   st.changed_ns = clock_->NowNanos();
@@ -320,7 +327,7 @@ Status FileSystem::MaybeCloseLocked(uint64_t ino, WriteState& st, bool forgotten
 
 Result<OpenResult> FileSystem::OpenForWrite(uint64_t ino, int flags, bool track_handle) {
   (void)flags;  // O_TRUNC arrives as a setattr (atomic_o_trunc is off), O_APPEND as offsets
-  CTFS_RETURN_IF_ERROR(CheckWritable());
+  CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   CTFS_ASSIGN_OR_RETURN(OpenTarget target, RegularForOpen(ino));
   const InodeInfo* inode = &target.inode;
   const cfs_client::FileAttr* attr = &target.attr;
@@ -338,7 +345,7 @@ Result<OpenResult> FileSystem::OpenForWrite(uint64_t ino, int flags, bool track_
 }
 
 Result<size_t> FileSystem::Write(uint64_t ino, uint64_t offset, const char* data, size_t len) {
-  CTFS_RETURN_IF_ERROR(CheckWritable());
+  CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   CTFS_ASSIGN_OR_RETURN(LockedWriteState locked, LockOpenWriteState(ino));
   WriteState* st = locked.state.get();
   CTFS_ASSIGN_OR_RETURN(size_t n, st->file->Write(offset, data, len));
@@ -426,7 +433,7 @@ Status FileSystem::Release(uint64_t ino, const FileHandle* handle) {
 }
 
 Result<cfs_client::FileAttr> FileSystem::SetAttr(uint64_t ino, const AttrChange& change) {
-  CTFS_RETURN_IF_ERROR(CheckWritable());
+  CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
   if (change.size) {
     if (inode.attr.IsDir()) return Status::IsDirectory(inode.path);
@@ -472,7 +479,7 @@ Result<cfs_client::FileAttr> FileSystem::SetAttr(uint64_t ino, const AttrChange&
 }
 
 Status FileSystem::Fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t len) {
-  CTFS_RETURN_IF_ERROR(CheckWritable());
+  CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   CTFS_ASSIGN_OR_RETURN(LockedWriteState locked, LockOpenWriteState(ino));
   WriteState& st = *locked.state;
   CTFS_RETURN_IF_ERROR(st.file->Allocate(mode, offset, len));

@@ -72,6 +72,11 @@ class MemBackend final : public cfs_client::Backend {
     std::lock_guard<std::mutex> l(mu_);
     return read_log_;
   }
+  // Paths of List calls, in order.
+  std::vector<std::string> list_log() {
+    std::lock_guard<std::mutex> l(mu_);
+    return list_log_;
+  }
   // While closed, Read calls block (after recording themselves) until Open().
   void CloseGate() {
     std::lock_guard<std::mutex> l(gate_mu_);
@@ -96,6 +101,7 @@ class MemBackend final : public cfs_client::Backend {
   }
   Result<std::vector<cfs_client::DirEntry>> List(const std::string& path) override {
     std::lock_guard<std::mutex> l(mu_);
+    list_log_.push_back(path);
     std::vector<cfs_client::DirEntry> out;
     const std::string prefix = path.empty() ? "" : path + "/";
     for (const auto& [p, n] : nodes_) {
@@ -385,6 +391,7 @@ class MemBackend final : public cfs_client::Backend {
   std::atomic<int> open_files_{0};
   std::atomic<int> reads_{0};
   std::vector<std::string> read_log_;
+  std::vector<std::string> list_log_;
   std::mutex gate_mu_;
   std::condition_variable gate_cv_;
   bool gate_open_ = true;

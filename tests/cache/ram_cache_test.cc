@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
+#include <malloc.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -29,6 +31,46 @@ TEST(ChunkKeyTest, VersionAndChunkMakeDistinctKeys) {
   EXPECT_EQ(ChunkKey("a", {1, 2}, 0), ChunkKey("a", {1, 2}, 0));
 }
 
+TEST(RamCacheTest, WhatAnEntryIsChargedCoversWhatItTakes) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "sanitizers keep their own heap: malloc's counts say nothing";
+#else
+  auto in_use = [] {
+    const struct mallinfo2 m = ::mallinfo2();
+    return m.uordblks + m.hblkhd;
+  };
+  constexpr int kFiles = 20000;
+  for (size_t size : {1u, 1000u, 3000u, 20000u}) {
+    auto cache = RamCache::New({1ull << 32, 64 << 10}, nullptr);
+    std::vector<std::string> keys;
+    for (int i = 0; i < kFiles; ++i)
+      keys.push_back(
+          ChunkKey("n01440764/n01440764_" + std::to_string(10000 + i) + ".JPEG", {size, 1}, 0));
+    const uint64_t before = in_use();
+    for (const std::string& key : keys) cache->Insert(key, MakeBuffer(size, 'x'));
+    const uint64_t used = in_use() - before;
+    const uint64_t charged = kFiles * RamCache::EntryCost(keys[0].size(), size);
+    std::printf("  %zu-byte files: %.0f bytes each held, %.0f charged\n", size,
+                static_cast<double>(used) / kFiles, static_cast<double>(charged) / kFiles);
+    EXPECT_LE(used, charged) << size;
+    EXPECT_LE(charged, used + used / 8) << size;  // and not much more
+  }
+#endif
+}
+
+// A small file read into a large guess keeps a block of its own size, not the guess's pages.
+TEST(BufferTest, ShrinkingALargeBlockToAFewBytesGivesBackItsPages) {
+  for (size_t guess : {size_t{64} << 10, size_t{1} << 20, size_t{4} << 20}) {
+    auto b = Buffer::Allocate(guess);
+    std::memset(b->data.get(), 'q', guess);
+    b->Shrink(2000);
+    EXPECT_EQ(b->size, 2000u);
+    EXPECT_EQ(b->data.get_deleter().mapped, 0u);
+    EXPECT_LE(::malloc_usable_size(b->data.get()), 2048u) << guess;
+    EXPECT_EQ(std::string(b->data.get(), 2000), std::string(2000, 'q'));
+  }
+}
+
 TEST(RamCacheTest, BudgetIsNeverExceeded) {
   auto cache = RamCache::New({1 << 20, 64 << 10}, nullptr);
   std::mt19937 rng(42);
@@ -40,8 +82,8 @@ TEST(RamCacheTest, BudgetIsNeverExceeded) {
 }
 
 TEST(RamCacheTest, EvictsLeastRecentlyUsedFirst) {
-  // One shard: 4 entries of 64 KiB fit in 256 KiB.
-  auto cache = RamCache::New({256 << 10, 256 << 10}, nullptr);
+  // One shard: 4 entries of 64 KiB fit in 256 KiB and their bookkeeping (EntryCost).
+  auto cache = RamCache::New({(256 << 10) + 4096, 256 << 10}, nullptr);
   for (int i = 0; i < 4; ++i) cache->Insert(Key(i), MakeBuffer(64 << 10, 'a'));
   ASSERT_NE(cache->Get(Key(0)), nullptr);  // 0 becomes the most recent; 1 is now the oldest
   cache->Insert(Key(4), MakeBuffer(64 << 10, 'b'));

@@ -524,3 +524,33 @@ def test_open_and_stat_after_reads_ask_the_store_nothing(cube: CubeFactory, tmp_
                 assert os.fstat(fh.fileno()).st_size == 5000
             assert os.stat(f).st_size == 5000
     assert store_requests() == before
+
+
+def test_directories_listed_ahead_show_changes_made_through_the_mount(cube: CubeFactory,
+                                                                     tmp_path: Path) -> None:
+    # Under ai_prefetch, listing a directory with subdirectories lists them ahead of the
+    # kernel (fuse.list_ahead). A listing made before a change through the mount is not
+    # handed out: every change is seen by the next readdir.
+    root = tmp_path / "tree"
+    for c in range(8):
+        (root / f"class_{c}").mkdir(parents=True)
+        (root / f"class_{c}" / "a.jpg").write_bytes(b"a")
+    m = mount_rw(cube, root, "ai_prefetch")
+    assert sorted(os.listdir(m.mountpoint)) == [f"class_{c}" for c in range(8)]
+    assert wait_until(
+        lambda: m.metrics().value("cubetorchfs_list_ahead_total", outcome="listed") >= 8,
+        timeout=30)
+    # Changes of every kind, in directories already listed ahead.
+    (m.mountpoint / "class_1" / "new.jpg").write_bytes(b"n")
+    os.mkdir(m.mountpoint / "class_2" / "sub")
+    os.unlink(m.mountpoint / "class_3" / "a.jpg")
+    os.rename(m.mountpoint / "class_4" / "a.jpg", m.mountpoint / "class_5" / "b.jpg")
+    expected = {0: ["a.jpg"], 1: ["a.jpg", "new.jpg"], 2: ["a.jpg", "sub"], 3: [],
+                4: [], 5: ["a.jpg", "b.jpg"], 6: ["a.jpg"], 7: ["a.jpg"]}
+    for c, names in expected.items():
+        assert sorted(os.listdir(m.mountpoint / f"class_{c}")) == names, c
+    metrics = m.metrics()
+    assert metrics.value("cubetorchfs_list_ahead_total", outcome="stale") >= 1, metrics.text
+    # The store agrees with the mount.
+    for c, names in expected.items():
+        assert sorted(os.listdir(root / f"class_{c}")) == names, c

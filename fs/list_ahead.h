@@ -1,0 +1,124 @@
+// Listing ahead: the subdirectories of a directory just listed are listed before the kernel
+// asks for them.
+//
+// A training scan (torchvision's ImageFolder, os.walk) lists a tree's root, then each class
+// directory in name order, one at a time: every listing is a store round trip on the scan's
+// critical path. When a listing holds at least two subdirectories, they become a plan: the
+// first `depth` of them, in name order, are listed on this component's own threads, and as
+// the kernel opens one of them (Take), the plan is kept `depth` directories ahead of it.
+// FileSystem::OpenDir takes a listing from here when one is ready or being made (it waits for
+// that one rather than ask the store a second time), else lists the directory itself.
+//
+// Staleness: a listing made ahead is the store as it was when its List began. It is handed out
+// only if nothing was changed through the mount since then (the file system's change count,
+// `changes`) and it is at most `fresh_ns` old. A change made behind the mount's back is seen as
+// late as that, as it would be through the kernel's own entry cache (the entry timeout).
+//
+// Bounds: at most `max_plans` plans (the oldest goes), each of at most `max_plan_dirs` names;
+// listings held, ready or being made, at most `depth` a plan and `max_entries` entries in
+// all (past it, a listing is dropped when done: OpenDir lists that directory itself).
+//
+// Thread safety: all methods are thread-safe. One mutex guards the plans and listings; it is
+// never held across a store request.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cfs_client/backend.h"
+#include "common/clock.h"
+
+namespace prometheus {
+class Counter;
+class Registry;
+}  // namespace prometheus
+
+namespace cubetorchfs::fs {
+
+class ListAhead {
+ public:
+  struct Options {
+    uint64_t depth = 16;  // directories listed ahead of the latest one opened, per plan
+    unsigned threads = 4;
+    uint64_t fresh_ns = 300'000'000'000;  // listings older than this are not handed out
+    uint64_t max_entries = 1u << 17;      // entries held in all listings made ahead (~20 MB)
+    uint64_t max_plans = 4;
+    uint64_t max_plan_dirs = 1u << 20;
+  };
+  struct Stats {
+    uint64_t listed = 0;   // listings made ahead
+    uint64_t taken = 0;    // handed to OpenDir
+    uint64_t waited = 0;   // of those, still being made when OpenDir came
+    uint64_t stale = 0;    // made ahead, but a change through the mount or age made them unusable
+    uint64_t dropped = 0;  // made ahead, not kept (max_entries) or failed
+  };
+
+  // `backend`, `clock` and `registry` (may be null) outlive this; `changes` (may be null:
+  // nothing ever changes) is the file system's count of changes made through the mount.
+  ListAhead(const Options& options, cfs_client::Backend* backend, Clock* clock,
+            const std::atomic<uint64_t>* changes, prometheus::Registry* registry = nullptr);
+  ~ListAhead();  // stops and joins the threads; listings being made are finished first
+  ListAhead(const ListAhead&) = delete;
+  ListAhead& operator=(const ListAhead&) = delete;
+
+  // `dir` was listed with `entries` (by OpenDir): its subdirectories become a plan.
+  void OnListed(const std::string& dir, const std::vector<cfs_client::DirEntry>& entries);
+  // The listing of `path` made ahead, if one is ready or being made and still good (waiting
+  // for it then); nothing if OpenDir must list `path` itself. Moves its plan ahead.
+  std::optional<std::vector<cfs_client::DirEntry>> Take(const std::string& path);
+
+  Stats GetStats() const;
+
+ private:
+  struct Listing {
+    bool done = false;
+    bool ok = false;
+    uint64_t changes = 0;  // the change count when its List began
+    uint64_t started_ns = 0;
+    std::vector<cfs_client::DirEntry> entries;
+  };
+  struct Plan {
+    std::string dir;                 // "" for the store's root
+    std::vector<std::string> names;  // its subdirectories, in name order
+    uint64_t next = 0;               // names[next] is the next to list
+    uint64_t opened = 0;             // one past the latest of names opened (Take)
+    uint64_t used_ns = 0;            // when it was made or last moved
+  };
+
+  std::string ChildPath(const std::string& dir, const std::string& name) const;
+  // Schedules listings of `plan` up to names[upto). REQUIRES: mu_ held.
+  void ScheduleLocked(Plan& plan, uint64_t upto);
+  void Loop();
+  uint64_t Changes() const { return changes_ == nullptr ? 0 : changes_->load(); }
+  // Counts one of `outcome` (in stats_ and the metric). REQUIRES: mu_ held.
+  void CountLocked(uint64_t Stats::*outcome);
+
+  const Options options_;
+  cfs_client::Backend* const backend_;
+  Clock* const clock_;
+  const std::atomic<uint64_t>* const changes_;
+
+  mutable std::mutex mu_;  // guards the members below
+  std::condition_variable work_cv_, done_cv_;
+  bool stopping_ = false;
+  std::deque<std::string> queue_;                             // paths to list, in order
+  std::map<std::string, std::shared_ptr<Listing>> listings_;  // queued, being made or ready
+  uint64_t held_entries_ = 0;                                 // entries of the ready listings
+  std::vector<Plan> plans_;
+  Stats stats_;
+  // cubetorchfs_list_ahead_total by outcome (null without a registry), in Stats' order.
+  prometheus::Counter* counters_[5] = {};
+  std::vector<std::thread> threads_;  // service loops (Loop), started and joined here
+};
+
+}  // namespace cubetorchfs::fs
