@@ -53,7 +53,7 @@ class ListAhead {
     uint64_t fresh_ns = 300'000'000'000;  // listings older than this are not handed out
     uint64_t max_entries = 1u << 17;      // entries held in all listings made ahead (~20 MB)
     uint64_t max_plans = 4;
-    uint64_t max_plan_dirs = 1u << 20;
+    uint64_t max_plan_dirs = 1u << 17;  // names of subdirectories a plan holds (~5 MB)
   };
   struct Stats {
     uint64_t listed = 0;   // listings made ahead
