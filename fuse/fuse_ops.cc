@@ -453,10 +453,10 @@ void Flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   FuseContext& ctx = Ctx(req);
   Status s = ctx.fs->Flush(ino);
   if (!s.ok()) return ReplyError(req, s, "flush");
-  // Under no_open with flush_on_close off (or a read-only mount, with nothing to flush),
+  // On a read-only mount (nothing ever to flush), or under no_open with flush_on_close off,
   // ENOSYS after doing the work tells the kernel to send no FLUSH again, for any file: a
   // close then never reaches the daemon. The close that got it still returns 0.
-  if (ctx.no_open && (ctx.options.read_only || !ctx.options.flush_on_close)) {
+  if (ctx.options.read_only || (ctx.no_open && !ctx.options.flush_on_close)) {
     fuse_reply_err(req, ENOSYS);
     return;
   }

@@ -349,6 +349,22 @@ def test_read_only_mount_fails_writes_with_erofs(cube: CubeFactory, source_tree:
     assert not (source_tree.root / "new_file").exists()
 
 
+@pytest.mark.parametrize("keep_cache", [False, True], ids=["no-keep-cache", "keep-cache"])
+def test_a_read_only_mount_gets_one_flush_at_most(cube: CubeFactory, source_tree: SourceTree,
+                                                 keep_cache: bool) -> None:
+    # Nothing is ever written: the first close's FLUSH tells the kernel to send no more, so
+    # a close never costs a round trip.
+    mount = cube.mount(source_tree.root, {"profile": "ai_prefetch",
+                                          "fuse": {"read_only": True, "keep_cache": keep_cache}})
+    files = sorted(p for p in (mount.mountpoint / "sizes").iterdir() if p.is_file())
+    assert len(files) >= 5
+    for _ in range(3):
+        for p in files:
+            assert p.read_bytes() == (source_tree.root / "sizes" / p.name).read_bytes()
+    flushes = mount.metrics().value("cubetorchfs_fuse_ops_total", op="flush")
+    assert flushes <= 1, mount.metrics().text
+
+
 # --------------------------------------------------------------------------- concurrency
 
 
