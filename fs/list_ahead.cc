@@ -5,6 +5,8 @@
 #include <prometheus/counter.h>
 #include <prometheus/registry.h>
 
+#include "common/logging.h"
+
 namespace cubetorchfs::fs {
 
 ListAhead::ListAhead(const Options& options, cfs_client::Backend* backend, Clock* clock,
@@ -50,7 +52,16 @@ void ListAhead::OnListed(const std::string& dir, const std::vector<cfs_client::D
   std::vector<std::string> names;
   for (const cfs_client::DirEntry& e : entries)
     if (e.attr.IsDir()) names.push_back(e.name);
-  if (names.size() < 2 || names.size() > options_.max_plan_dirs) return;
+  if (names.size() < 2) return;
+  if (names.size() > options_.max_plan_dirs) {
+    // Not silently: a scan of this tree waits on the store for each directory.
+    if (!warned_too_large_.exchange(true))
+      CTFS_LOG(kInfo) << "list-ahead: " << (dir.empty() ? "the store's root" : dir) << " has "
+                      << names.size() << " subdirectories, more than a plan holds ("
+                      << options_.max_plan_dirs
+                      << "): they are listed as the kernel asks (said once)";
+    return;
+  }
   std::sort(names.begin(), names.end());
   std::lock_guard<std::mutex> l(mu_);
   const uint64_t now = clock_->NowNanos();

@@ -107,6 +107,7 @@ class ListAhead {
   cfs_client::Backend* const backend_;
   Clock* const clock_;
   const std::atomic<uint64_t>* const changes_;
+  std::atomic<bool> warned_too_large_{false};
 
   mutable std::mutex mu_;  // guards the members below
   std::condition_variable work_cv_, done_cv_;

@@ -176,6 +176,18 @@ TEST_F(ListAheadTest, ADirectoryWithOneSubdirectoryOrNoneMakesNoPlan) {
   EXPECT_EQ(la_->GetStats().listed, 0u);
 }
 
+TEST_F(ListAheadTest, ADirectoryOfMoreSubdirectoriesThanAPlanHoldsMakesNone) {
+  ListAhead::Options o;
+  o.max_plan_dirs = kClasses - 1;
+  la_ = std::make_unique<ListAhead>(o, &store_, &clock_, &changes_);
+  OpenDir("train");  // 40 classes: one more than a plan holds
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(la_->GetStats().listed, 0u);
+  bool ahead = true;
+  OpenDir(Class(0), &ahead);
+  EXPECT_FALSE(ahead);
+}
+
 TEST_F(ListAheadTest, ManyThreadsAndAConcurrentScanAgreeWithTheStore) {
   Make(/*depth=*/8, /*threads=*/4);
   OpenDir("train");
