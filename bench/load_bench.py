@@ -1,13 +1,20 @@
 #!/usr/bin/python3
-"""Model loading: cube_torch.load_file vs torch.load vs a plain parallel read (the limit).
+"""Model loading: cube_torch.load_file vs safetensors, fastsafetensors, torch.load and the limit.
 
 For each size (GiB) and layout (one tensor; ~500 tensors of mixed sizes) the script writes the
 same random weights (never zeros) as safetensors, as veTurboIO-encrypted safetensors
 (save_file(use_cipher=True), a random key) and as a torch.save .pt, then measures in
 alternating rounds, in this order each round:
 
-  load_file        cube_torch.load_file(plain)               (CPU, default threads)
+  load_file        cube_torch.load_file(plain)               (CPU, default threads; a plain
+                   file is mapped and its pages made present: docs/models.md)
+  load_file-read   cube_torch.load_file(plain, map_file=False): read into private memory
+  safetensors      safetensors.torch.load_file(plain)        (HF safetensors, the project venv)
+  fastsafetensors  fastsafetensors' SafeTensorsFileLoader(device="cpu", nogds=True,
+                   max_threads=--fst-threads, bbuf_size_kb=--fst-bbuf-kb), what fastsafe_open
+                   builds, with its thread options exposed (the project venv)
   torch.load       torch.load(.pt, map_location="cpu")
+  dd               `dd if=FILE of=/dev/null bs=16M`: one sequential pass, no new memory
   limit            os.preadv of the whole safetensors file with --threads Python threads
                    (they release the GIL) into a fresh page-aligned buffer, 8 MiB per read —
                    the same work as load_file minus parsing: new memory + every byte read once
@@ -19,11 +26,22 @@ alternating rounds, in this order each round:
                    daemon's descriptor (mount, mount-enc) and through FUSE reads
                    (mount-fuse: CUBE_TORCH_NO_DAEMON_FD=1)
 
+Every time includes reading one byte of every 4 KiB page of every tensor the system returned
+(`touch_pages`): safetensors maps the file and reads nothing until the tensors are used, so
+without this it would be timed for its header parse alone; safetensors-lazy is that figure,
+shown, never used for a ratio. cube_torch.load_file maps plain files too (docs/models.md) but
+makes every page present before it returns.
+
 Hot page cache by default (one unmeasured warm-up round reads everything first); --cold drops
 the page cache (`sync; echo 3 > /proc/sys/vm/drop_caches`, root) before every measurement.
 Prints one table (median and min–max seconds and GB/s per system) and a last line with the
-ratios: load_file/torch.load (speed-up; target >= 8), load_file/limit (fraction of the limit's
-throughput; target >= 0.7), encrypted/plain (target >= 0.5), medians over all sizes and layouts.
+ratios: load_file/safetensors (target >= 1.5 hot), load_file/fastsafetensors (target >= 1.0 hot
+and cold), load_file/torch.load, load_file/limit (target >= 0.83, within 1.2x of the limit),
+encrypted/plain (target >= 0.7), medians over all sizes and layouts.
+
+safetensors and fastsafetensors come from the project venv (scripts/install_deps.sh): run under
+any other python, the script starts itself again under the venv's (scripts/venv.sh) when the
+venv exists, and otherwise leaves those two rows out with one line saying so.
 
 Files go under --workdir (default: a fresh directory in /var/tmp) and are deleted at exit.
 """
@@ -59,6 +77,8 @@ import cube_torch  # noqa: E402
 GIB = 1 << 30
 READ_CHUNK = 8 << 20
 MANY = 500
+FST_THREADS = 4
+FST_BBUF_KB = 64 * 1024
 
 
 def default_threads() -> int:
@@ -143,13 +163,81 @@ def parallel_read(path: str, buf: mmap.mmap, threads: int) -> int:
     return total
 
 
-def measure(fn: Callable[[], object], cold: bool, setup: Optional[Callable[[], object]] = None) -> float:
+def peers_missing() -> List[str]:
+    missing = []
+    for mod in ("safetensors", "fastsafetensors"):
+        try:
+            __import__(mod)
+        except ImportError:
+            missing.append(mod)
+    return missing
+
+
+def venv_python() -> Optional[str]:
+    """The project venv's python (scripts/venv.sh), if it has been made."""
+    try:
+        out = subprocess.run([str(Path(__file__).resolve().parents[1] / "scripts/venv.sh")],
+                             capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    py = Path(out) / "bin" / "python"
+    return str(py) if py.exists() else None
+
+
+def fastsafetensors_load(path: Path, threads: int, bbuf_kb: int) -> Dict[str, torch.Tensor]:
+    """What fastsafe_open(filenames=[path], nogds=True, device="cpu") does, with its loader's
+    thread count and bounce-buffer size set. The tensors own their memory after close()."""
+    from fastsafetensors import SafeTensorsFileLoader
+    loader = SafeTensorsFileLoader(None, "cpu", nogds=True, max_threads=threads,
+                                   bbuf_size_kb=bbuf_kb)
+    try:
+        loader.add_filenames({0: [str(path)]})
+        fb = loader.copy_files_to_device()
+        try:
+            return {k: fb.get_tensor(k) for k in fb.key_to_rank_lidx}
+        finally:
+            fb.close()
+    finally:
+        loader.close()
+
+
+def peer_versions() -> str:
+    from importlib import metadata
+    out = []
+    for dist in ("safetensors", "fastsafetensors"):
+        try:
+            out.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            out.append(f"{dist} absent")
+    return ", ".join(out)
+
+
+def dd_read(path: Path) -> int:
+    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=16M", "status=none"], check=True,
+                   timeout=600)
+    return os.path.getsize(path)
+
+
+def touch_pages(result: object) -> None:
+    """Reads one byte of every 4 KiB of every tensor: a loader that maps the file lazily
+    (safetensors does) pays here for what it left to first use."""
+    if isinstance(result, dict):
+        for t in result.values():
+            flat = t.reshape(-1).view(torch.uint8)
+            if flat.numel():
+                int(flat[::4096].sum())
+
+
+def measure(fn: Callable[[], object], cold: bool, setup: Optional[Callable[[], object]] = None,
+            touch: bool = True) -> float:
     arg = setup() if setup else None
     if cold:
         drop_caches()
     gc.collect()
     t0 = time.perf_counter()
     result = fn() if arg is None else fn(arg)  # type: ignore[call-arg]
+    if touch:
+        touch_pages(result)
     dt = time.perf_counter() - t0
     del result, arg
     gc.collect()
@@ -174,7 +262,25 @@ def main() -> int:
     ap.add_argument("--workdir", help="where the files go (default: a new directory in /var/tmp); "
                     "removed at exit")
     ap.add_argument("--no-encrypted", action="store_true", help="skip the encrypted rows")
+    ap.add_argument("--fst-threads", type=int, default=FST_THREADS,
+                    help=f"fastsafetensors max_threads (default {FST_THREADS}: the best of 1, 2, 4, "
+                         "8, 16 on the recorded machine; bench/README.md)")
+    ap.add_argument("--fst-bbuf-kb", type=int, default=FST_BBUF_KB,
+                    help=f"fastsafetensors bbuf_size_kb (default {FST_BBUF_KB})")
+    ap.add_argument("--no-torch-load", action="store_true", help="skip torch.load (and writing "
+                    "the .pt file)")
     args = ap.parse_args()
+    missing = peers_missing()
+    if missing and not os.environ.get("CUBE_LOAD_BENCH_REEXEC"):
+        py = venv_python()
+        if py and Path(py).parent.parent.resolve() != Path(sys.prefix).resolve():
+            print(f"# {', '.join(missing)} not importable by {sys.executable}: running under the "
+                  f"project venv's {py}", flush=True)
+            os.environ["CUBE_LOAD_BENCH_REEXEC"] = "1"
+            os.execv(py, [py, str(Path(__file__).resolve()), *sys.argv[1:]])
+    if missing:
+        print(f"# {', '.join(missing)} not importable (make the project venv: "
+              f"scripts/install_deps.sh): those rows are left out", flush=True)
     sizes = [float(s) for s in args.sizes.split(",") if s]
     layouts = [s for s in args.layouts.split(",") if s]
     if args.cold and os.geteuid() != 0:
@@ -210,7 +316,9 @@ def main() -> int:
     print(f"# load_bench: sizes {sizes} GiB, layouts {layouts}, {args.rounds} rounds, "
           f"{'cold' if args.cold else 'hot'} page cache, limit threads {args.threads}, "
           f"load_file threads default; {os.cpu_count()} cores, {mem_gib:.0f} GiB, kernel "
-          f"{platform.release()}, torch {torch.__version__}; files in {work}", flush=True)
+          f"{platform.release()}, torch {torch.__version__}, {peer_versions()}; fastsafetensors "
+          f"max_threads {args.fst_threads}, bbuf_size_kb {args.fst_bbuf_kb}; files in {work}",
+          flush=True)
 
     results: Dict[tuple, List[float]] = {}
     file_bytes: Dict[tuple, int] = {}
@@ -226,10 +334,23 @@ def main() -> int:
             cube_torch.save_file(weights, st)
             if not args.no_encrypted:
                 cube_torch.save_file(weights, enc, use_cipher=True)
-            torch.save(weights, pt)
+            if not args.no_torch_load:
+                torch.save(weights, pt)
             systems: Dict[str, tuple] = {
                 "load_file": (lambda p=st: cube_torch.load_file(p), None, st),
-                "torch.load": (lambda p=pt: torch.load(p, map_location="cpu"), None, pt),
+                "load_file-read": (lambda p=st: cube_torch.load_file(p, map_file=False), None, st),
+            }
+            if "safetensors" not in missing:
+                import safetensors.torch
+                systems["safetensors"] = (lambda p=st: safetensors.torch.load_file(p), None, st)
+                systems["safetensors-lazy"] = (lambda p=st: safetensors.torch.load_file(p), None, st)
+            if "fastsafetensors" not in missing:
+                systems["fastsafetensors"] = (lambda p=st: fastsafetensors_load(
+                    p, args.fst_threads, args.fst_bbuf_kb), None, st)
+            if not args.no_torch_load:
+                systems["torch.load"] = (lambda p=pt: torch.load(p, map_location="cpu"), None, pt)
+            systems |= {
+                "dd": (lambda p=st: dd_read(p), None, st),
                 "limit": (lambda b, p=st: parallel_read(str(p), b, args.threads),
                           lambda p=st: fresh_buffer(os.path.getsize(p)), st),
                 "limit-prefault": (lambda b, p=st: parallel_read(str(p), b, args.threads),
@@ -244,11 +365,12 @@ def main() -> int:
                 if not args.no_encrypted:
                     systems["mount-enc"] = (lambda p=menc: cube_torch.load_file(p), None, enc)
             # Correctness once, and the warm-up round for the hot case.
-            for name in ("load_file", "load_file-enc", "mount", "mount-enc", "mount-fuse"):
+            for name in ("load_file", "load_file-enc", "mount", "mount-enc", "mount-fuse",
+                         "safetensors", "fastsafetensors"):
                 if name in systems and not same_bytes(systems[name][0](), weights):
                     print(f"ERROR: {name} of {tag} loaded different bytes", file=sys.stderr)
                     return 1
-            if not same_bytes(torch.load(pt, map_location="cpu"), weights):
+            if not args.no_torch_load and not same_bytes(torch.load(pt, map_location="cpu"), weights):
                 print(f"ERROR: torch.load of {tag} differs", file=sys.stderr)
                 return 1
             del weights
@@ -259,7 +381,8 @@ def main() -> int:
                   flush=True)
             for _ in range(args.rounds):
                 for name, (fn, setup, _) in systems.items():
-                    results.setdefault((tag, name), []).append(measure(fn, args.cold, setup))
+                    results.setdefault((tag, name), []).append(
+                        measure(fn, args.cold, setup, touch=not name.endswith("-lazy")))
             for p in (st, enc, pt):  # free the disk and page cache before the next size
                 if p.exists():
                     p.unlink()
@@ -285,11 +408,14 @@ def main() -> int:
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)
     print(f"# peak RSS of this process {rss:.2f} GiB; whole run {time.monotonic() - began:.0f} s")
-    line = (f"ratios ({'cold' if args.cold else 'hot'}): load_file/torch.load = {ratio('load_file', 'torch.load')} "
-            f"(target >= 8); load_file/limit = {ratio('load_file', 'limit')} (target >= 0.7; "
-            f"vs prefaulted buffer {ratio('load_file', 'limit-prefault')})")
+    line = (f"ratios ({'cold' if args.cold else 'hot'}): load_file/safetensors = "
+            f"{ratio('load_file', 'safetensors')} (target >= 1.5 hot); load_file/fastsafetensors = "
+            f"{ratio('load_file', 'fastsafetensors')} (target >= 1.0); load_file/torch.load = "
+            f"{ratio('load_file', 'torch.load')}; load_file/limit = {ratio('load_file', 'limit')} "
+            f"(target >= 0.83: within 1.2x; vs prefaulted buffer "
+            f"{ratio('load_file', 'limit-prefault')}, vs dd {ratio('load_file', 'dd')})")
     if not args.no_encrypted:
-        line += f"; encrypted/plain = {ratio('load_file-enc', 'load_file')} (target >= 0.5)"
+        line += f"; encrypted/plain = {ratio('load_file-enc', 'load_file')} (target >= 0.7)"
     if daemon:
         opened = daemon.stats().get("files_open", {})
         print(f"# daemon: files_open {opened}; VmHWM {daemon.vmhwm() / (1 << 20):.0f} MiB "

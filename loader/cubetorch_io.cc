@@ -109,6 +109,10 @@ const char* ctio_info_json(ctio_file* f) { return f == nullptr ? "{}" : f->info.
 
 uint64_t ctio_data_size(ctio_file* f) { return f == nullptr ? 0 : f->file->data_size(); }
 
+int ctio_mappable_fd(ctio_file* f, uint64_t* data_file_offset) {
+  return f == nullptr ? -1 : f->file->MappableFd(data_file_offset);
+}
+
 int ctio_read(ctio_file* f, void* dst, uint64_t len, int threads, char* err, size_t err_len) {
   return Guard(err, err_len, [&] {
     if (f == nullptr || (dst == nullptr && len > 0))

@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define CTIO_ABI_VERSION 1
+#define CTIO_ABI_VERSION 2
 
 /* ctio_open flags */
 #define CTIO_NO_DAEMON 1         /* do not ask a cubetorchfs daemon for a descriptor */
@@ -44,6 +44,12 @@ int ctio_open(const char* path, int cipher, int flags, ctio_file** out, char* er
  * data section. */
 const char* ctio_info_json(ctio_file* f);
 uint64_t ctio_data_size(ctio_file* f);
+
+/* For a plain file without an integrity tag, opened without CTIO_DIRECT_IO: the descriptor the
+ * library reads from (owned by f, valid until ctio_close) and, in *data_file_offset, the file
+ * offset of data byte 0, so that the caller may map the data instead of reading it. -1 for any
+ * other file (encrypted, tagged, O_DIRECT): those must go through ctio_read. */
+int ctio_mappable_fd(ctio_file* f, uint64_t* data_file_offset);
 
 /* Reads the data section (len must be ctio_data_size) into host memory, decrypting and
  * checking the integrity tag. threads 0: default. */

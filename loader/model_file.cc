@@ -147,6 +147,12 @@ Result<std::unique_ptr<ModelFile>> ModelFile::Open(const std::string& path,
   return f;
 }
 
+int ModelFile::MappableFd(uint64_t* data_file_offset) const {
+  if (encrypted_ || integrity_.has_value() || direct_ || fd_ < 0) return -1;
+  if (data_file_offset != nullptr) *data_file_offset = payload_base_ + header_.data_offset;
+  return fd_;
+}
+
 // Takes fd_ from the daemon when path_ is under a cubetorchfs mount; fails only on NotFound.
 Status ModelFile::TryDaemon(const std::string& path) {
   if (std::optional<MountOf> mount = FindCubetorchfsMount(path_)) {

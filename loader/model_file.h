@@ -95,6 +95,10 @@ class ModelFile {
   const crypto::CipherParams& cipher() const { return *cipher_; }
   // Payload offset of data byte 0 (the CTR keystream offset of the data section).
   uint64_t data_payload_offset() const { return header_.data_offset; }
+  // For a plain file without an integrity tag, opened without O_DIRECT: the descriptor
+  // (owned by this object) and the file offset of data byte 0, so that a caller may map the
+  // data instead of reading it (nothing needs checking or decrypting). -1 otherwise.
+  int MappableFd(uint64_t* data_file_offset) const;
 
  private:
   struct Plan;  // one ReadPlan call's fixed inputs (model_file.cc)

@@ -30,13 +30,13 @@ from ._io import LoadError  # noqa: E402  (ctypes only; the library loads on fir
 
 
 def load_file(path, device="cpu", use_pinmem=False, use_cipher=None, num_threads=None,
-              helper=None, direct_io=False, require_integrity=None):
+              helper=None, direct_io=False, require_integrity=None, map_file=True):
     """Loads a safetensors file (plain or veTurboIO-encrypted) into a dict of tensors on
     `device`, reading it with many threads into one buffer; see _loader.load_file."""
     from . import _loader
     return _loader.load_file(path, device=device, use_pinmem=use_pinmem, use_cipher=use_cipher,
                              num_threads=num_threads, helper=helper, direct_io=direct_io,
-                             require_integrity=require_integrity)
+                             require_integrity=require_integrity, map_file=map_file)
 
 
 def load(file, map_location="cpu", use_pinmem=False, use_cipher=None, helper=None):

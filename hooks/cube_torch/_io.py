@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Optional
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 LIB_NAME = "libcubetorch_io.so"
 NO_DAEMON = 1
 DIRECT_IO = 2
@@ -76,6 +76,8 @@ def lib() -> ctypes.CDLL:
         handle.ctio_info_json.argtypes = [c.c_void_p]
         handle.ctio_data_size.restype = c.c_uint64
         handle.ctio_data_size.argtypes = [c.c_void_p]
+        handle.ctio_mappable_fd.argtypes = [c.c_void_p, c.POINTER(c.c_uint64)]
+        handle.ctio_mappable_fd.restype = c.c_int
         handle.ctio_read.argtypes = [c.c_void_p, c.c_void_p, c.c_uint64, c.c_int, c.c_char_p,
                                      c.c_size_t]
         handle.ctio_read_cuda.argtypes = [c.c_void_p, c.c_void_p, c.c_uint64, c.c_int, c.c_int,
@@ -123,6 +125,14 @@ class File:
 
     def info_json(self) -> str:
         return self._lib.ctio_info_json(self._h).decode("utf-8")
+
+    def mappable(self):
+        """(descriptor, file offset of data byte 0) when the data may be mapped instead of
+        read (a plain file without an integrity tag, not O_DIRECT), else None. The descriptor
+        belongs to this File."""
+        off = ctypes.c_uint64(0)
+        fd = self._lib.ctio_mappable_fd(self._h, ctypes.byref(off))
+        return (fd, off.value) if fd >= 0 else None
 
     def read(self, ptr: int, length: int, threads: int) -> None:
         err = errbuf()

@@ -2,7 +2,10 @@
 
 The library reads the safetensors data section with many threads into one buffer that
 Python allocated (page-aligned memory, or pinned memory when asked), decrypting
-veTurboIO-encrypted files on the fly; tensors are views into that buffer. Under a
+veTurboIO-encrypted files on the fly; tensors are views into that buffer. A plain file loaded
+to the CPU (no cipher, no integrity tag) is instead mapped copy-on-write and its pages made
+present by many threads at once (MADV_POPULATE_READ), so nothing is copied: the tensors share
+the page cache. Under a
 cubetorchfs mount the library asks the daemon for a descriptor of the file made resident in
 memory, so the bytes do not pass through FUSE (docs/fd_exchange.md).
 """
@@ -53,6 +56,82 @@ def _threads(num_threads: Optional[int]) -> int:
     if num_threads < 1:
         raise ValueError(f"num_threads must be at least 1, got {num_threads}")
     return int(num_threads)
+
+
+_MADV_POPULATE_READ = 22  # Linux 5.14
+_POPULATE_CHUNK = 64 << 20
+_libc = None
+# Thread pools for populating, by thread count, kept: starting threads costs more than a hot
+# populate. A forked child (a DataLoader worker) has none of its parent's threads, so the
+# pools belong to the process that made them.
+_pools: Dict[int, Any] = {}
+_pools_lock = threading.Lock()
+
+
+def _forget_pools() -> None:
+    global _pools, _pools_lock
+    _pools, _pools_lock = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pools)
+
+
+def _populate_pool(threads: int):
+    from concurrent.futures import ThreadPoolExecutor
+    with _pools_lock:
+        if threads not in _pools:
+            _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="cube_torch-map")
+        return _pools[threads]
+
+
+def _io_threads(num_threads: Optional[int]) -> int:
+    """The thread count the library uses when given 0 (model_file.cc)."""
+    if num_threads:
+        return num_threads
+    env = os.environ.get("CUBE_TORCH_IO_THREADS", "")
+    if env.isdigit() and 1 <= int(env) <= 256:
+        return int(env)
+    return min(32, max(4, 2 * (os.cpu_count() or 1)))
+
+
+def _mapped(f: "_io.File", n: int, threads: int, path: str) -> Optional[torch.Tensor]:
+    """The data section mapped copy-on-write with every page present, or None when the file
+    must be read instead. Writes to the tensors stay in this process."""
+    where = f.mappable()
+    if where is None or n == 0:
+        return None
+    fd, off = where
+    if off % 8:  # a header not padded to 8 bytes: tensors would be misaligned; read instead
+        return None
+    start = off - off % mmap.ALLOCATIONGRANULARITY
+    try:
+        m = mmap.mmap(fd, off - start + n, access=mmap.ACCESS_COPY, offset=start)
+    except (OSError, ValueError):
+        return None  # a descriptor that cannot be mapped: read it
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    flat = torch.frombuffer(m, dtype=torch.uint8, offset=off - start, count=n)
+    base = flat.data_ptr() - (off - start)  # page-aligned start of the mapping
+    length = off - start + n
+    failed = []
+
+    def populate(first: int) -> None:
+        # ctypes lets go of the GIL around madvise: the threads fault pages in at once.
+        if _libc.madvise(base + first, min(_POPULATE_CHUNK, length - first), _MADV_POPULATE_READ):
+            failed.append(ctypes.get_errno())
+
+    chunks = range(0, length, _POPULATE_CHUNK)
+    if threads > 1 and len(chunks) > 1:
+        list(_populate_pool(threads).map(populate, chunks))
+    else:
+        for c in chunks:
+            populate(c)
+    if failed and failed[0] not in (22, 38):  # EINVAL/ENOSYS: an older kernel, pages come lazily
+        raise OSError(failed[0], f"{path}: mapping the data section: {os.strerror(failed[0])} "
+                      "(was the file truncated while loading?)")
+    return flat
 
 
 def _cipher_arg(use_cipher: Optional[bool]) -> int:
@@ -153,9 +232,17 @@ def load_file(path: Union[str, os.PathLike], device: Union[str, torch.device] = 
               use_pinmem: bool = False, use_cipher: Optional[bool] = None,
               num_threads: Optional[int] = None, helper: Optional[IOHelper] = None,
               direct_io: bool = False,
-              require_integrity: Optional[bool] = None) -> Dict[str, torch.Tensor]:
+              require_integrity: Optional[bool] = None,
+              map_file: bool = True) -> Dict[str, torch.Tensor]:
     """Loads a safetensors file into a dict of tensors on `device`.
 
+    map_file: a plain file without an integrity tag loaded to the CPU (not pinned) is mapped
+    copy-on-write instead of copied, every page made present before this returns. The tensors
+    then share the page cache: no copy, no second 4 GiB for a 4 GiB file. As with any mapped
+    file (safetensors does the same), a file changed in place afterwards shows through pages
+    not yet written, and one truncated afterwards raises SIGBUS on access; files written by
+    save_file are replaced, never changed in place. map_file=False always reads into private
+    memory.
     use_cipher: None detects the veTurboIO header; True also reads headerless encrypted
     files (key and IV from DATAPIPE_SOCKET_PATH or VETURBOIO_KEY/VETURBOIO_IV); False refuses
     encrypted files. use_pinmem: CPU tensors in pinned memory (when CUDA is available).
@@ -198,9 +285,13 @@ def load_file(path: Union[str, os.PathLike], device: Union[str, torch.device] = 
                 flat.copy_(host)
         elif dev.type == "cpu":
             pinned = bool(use_pinmem) and torch.cuda.is_available()
-            flat = _host_buffer(n, pinned)
-            if n:
-                f.read(flat.data_ptr(), n, threads)
+            flat = None
+            if map_file and not pinned:
+                flat = _mapped(f, n, _io_threads(num_threads), path)
+            if flat is None:
+                flat = _host_buffer(n, pinned)
+                if n:
+                    f.read(flat.data_ptr(), n, threads)
         else:
             flat = _host_buffer(n, False)
             if n:

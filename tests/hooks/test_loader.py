@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Union
 
@@ -651,6 +652,65 @@ def test_thread_counts_and_direct_io(tmp_path: Path, monkeypatch: pytest.MonkeyP
         cube_torch.load_file(path, num_threads=0)
 
 
+def mapping_of(ptr: int) -> Dict[str, str]:
+    """The /proc/self/smaps entry holding address `ptr`: its path ('' when anonymous) and Rss."""
+    entry: Dict[str, str] = {}
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                entry = {"path": head[5] if len(head) > 5 else ""} if lo <= ptr < hi else {}
+            elif entry and head[0] == "Rss:":
+                entry["rss"] = str(int(head[1]) * 1024)
+                return entry
+    raise AssertionError(f"address {ptr:#x} is in no mapping")
+
+
+def test_cpu_load_maps_plain_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Small populate chunks, so that several threads share even this small file.
+    monkeypatch.setattr(_loader, "_POPULATE_CHUNK", 1 << 20)
+    gen = torch.Generator().manual_seed(7)
+    want = {"w": torch.randn(1_500_000, generator=gen), "b": torch.randint(0, 9, (333,), dtype=torch.int16)}
+    path = tmp_path / "m.safetensors"
+    cube_torch.save_file(want, path)
+    got = cube_torch.load_file(path, num_threads=4)
+    where = mapping_of(got["w"].data_ptr())  # before anything here touches the pages
+    assert where["path"] == str(path)
+    assert int(where["rss"]) >= want["w"].numel() * 4, "pages not made present before returning"
+    assert_same(got, want)
+    # Copy-on-write: a write stays in this process, the file and later loads are unchanged.
+    got["w"].add_(1.0)
+    assert_same(cube_torch.load_file(path, map_file=False), want)
+    # The tensors hold the file: replacing it (save_file renames) or removing it changes nothing.
+    again = cube_torch.load_file(path)
+    cube_torch.save_file({"w": torch.zeros(3)}, path)
+    os.unlink(path)
+    assert_same(again, want)
+
+
+def test_files_that_must_be_read_are_not_mapped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    want = {"x": torch.arange(100_000, dtype=torch.float32)}
+    plain = tmp_path / "p.safetensors"
+    cube_torch.save_file(want, plain)
+    set_key(monkeypatch, os.urandom(16))
+    enc = tmp_path / "e.safetensors"
+    cube_torch.save_file(want, enc, use_cipher=True)
+    # An unpadded header leaves the data at an odd file offset: tensors read, not mapped.
+    raw = want["x"].numpy().tobytes()
+    odd = raw_file(tmp_path / "odd.safetensors",
+                   '{"x":{"dtype":"F32","shape":[100000],"data_offsets":[0,400000]}} ', raw)
+    assert (odd.stat().st_size - len(raw)) % 8  # the data's file offset
+    cases = {"map_file=False": lambda: cube_torch.load_file(plain, map_file=False),
+             "direct_io": lambda: cube_torch.load_file(plain, direct_io=True),
+             "encrypted": lambda: cube_torch.load_file(enc),
+             "odd offset": lambda: cube_torch.load_file(odd)}
+    for name, load in cases.items():
+        got = load()
+        assert_same(got, want)
+        assert mapping_of(got["x"].data_ptr())["path"] == "", name
+
+
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         cube_torch.load_file(tmp_path / "nope.safetensors")
@@ -803,3 +863,31 @@ def test_require_integrity_refuses_untagged_files(tmp_path: Path, monkeypatch: p
     with pytest.raises(LoadError, match="no integrity tag"):
         cube_torch.load_file(plain)
     assert_same(cube_torch.load_file(plain, require_integrity=False), want)
+
+
+def test_mapped_load_in_a_forked_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The parent's populate threads do not exist in a fork (a DataLoader worker): the child
+    # must make its own instead of waiting on them forever.
+    monkeypatch.setattr(_loader, "_POPULATE_CHUNK", 1 << 20)
+    want = {"w": torch.arange(1_000_000, dtype=torch.float32)}
+    path = tmp_path / "f.safetensors"
+    cube_torch.save_file(want, path)
+    assert_same(cube_torch.load_file(path, num_threads=3), want)  # the parent's pool
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = 0 if torch.equal(cube_torch.load_file(path, num_threads=3)["w"], want["w"]) else 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 30
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's load_file hung")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0
