@@ -60,3 +60,40 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def venv_python() -> str | None:
+    """The project venv's python (torch 2.x and the PyPI peers; scripts/venv.sh), if made."""
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        out = subprocess.run([str(repo / "scripts/venv.sh")], capture_output=True, text=True,
+                             timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    py = Path(out) / "bin" / "python"
+    return str(py) if py.exists() else None
+
+
+def missing_modules(names) -> list[str]:
+    missing = []
+    for name in names:
+        try:
+            __import__(name)
+        except ImportError:
+            missing.append(name)
+    return missing
+
+
+def rerun_under_venv(modules, script: str) -> list[str]:
+    """When this interpreter lacks any of `modules`, starts `script` again under the project
+    venv's python (once; says so) if that venv exists. Returns what is still missing."""
+    import os
+    missing = missing_modules(modules)
+    if missing and not os.environ.get("CUBE_BENCH_REEXEC"):
+        py = venv_python()
+        if py and Path(py).parent.parent.resolve() != Path(sys.prefix).resolve():
+            print(f"# {', '.join(missing)} not importable by {sys.executable}: running under the "
+                  f"project venv's {py}", flush=True)
+            os.environ["CUBE_BENCH_REEXEC"] = "1"
+            os.execv(py, [py, str(Path(script).resolve()), *sys.argv[1:]])
+    return missing

@@ -74,6 +74,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hooks"))
 os.environ.setdefault("CUBE_TORCH_DISABLE", "1")  # no DataLoader hook needed here
 import cube_torch  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import rerun_under_venv  # noqa: E402
+
 GIB = 1 << 30
 READ_CHUNK = 8 << 20
 MANY = 500
@@ -163,27 +166,6 @@ def parallel_read(path: str, buf: mmap.mmap, threads: int) -> int:
     return total
 
 
-def peers_missing() -> List[str]:
-    missing = []
-    for mod in ("safetensors", "fastsafetensors"):
-        try:
-            __import__(mod)
-        except ImportError:
-            missing.append(mod)
-    return missing
-
-
-def venv_python() -> Optional[str]:
-    """The project venv's python (scripts/venv.sh), if it has been made."""
-    try:
-        out = subprocess.run([str(Path(__file__).resolve().parents[1] / "scripts/venv.sh")],
-                             capture_output=True, text=True, timeout=30, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    py = Path(out) / "bin" / "python"
-    return str(py) if py.exists() else None
-
-
 def fastsafetensors_load(path: Path, threads: int, bbuf_kb: int) -> Dict[str, torch.Tensor]:
     """What fastsafe_open(filenames=[path], nogds=True, device="cpu") does, with its loader's
     thread count and bounce-buffer size set. The tensors own their memory after close()."""
@@ -270,14 +252,7 @@ def main() -> int:
     ap.add_argument("--no-torch-load", action="store_true", help="skip torch.load (and writing "
                     "the .pt file)")
     args = ap.parse_args()
-    missing = peers_missing()
-    if missing and not os.environ.get("CUBE_LOAD_BENCH_REEXEC"):
-        py = venv_python()
-        if py and Path(py).parent.parent.resolve() != Path(sys.prefix).resolve():
-            print(f"# {', '.join(missing)} not importable by {sys.executable}: running under the "
-                  f"project venv's {py}", flush=True)
-            os.environ["CUBE_LOAD_BENCH_REEXEC"] = "1"
-            os.execv(py, [py, str(Path(__file__).resolve()), *sys.argv[1:]])
+    missing = rerun_under_venv(("safetensors", "fastsafetensors"), __file__)
     if missing:
         print(f"# {', '.join(missing)} not importable (make the project venv: "
               f"scripts/install_deps.sh): those rows are left out", flush=True)

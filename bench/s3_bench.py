@@ -8,6 +8,16 @@
   s3fs         Debian's s3fs-fuse, with its local cache (-o use_cache=DIR)
   rclone       Debian's rclone, `rclone mount --vfs-cache-mode full`, an s3 remote (provider
                Other) configured through RCLONE_CONFIG_* environment variables
+  s3torchconnector  AWS's PyTorch connector (PyPI s3torchconnector, the project venv), no mount:
+               S3MapDataset.from_prefix over the bucket, shuffled by the DataLoader like the
+               others; labels from the key's class directory, decode as ImageFolder's loader
+  s3torchconnector-iter  S3IterableDataset.from_prefix(enable_sharding=True): the workers
+               stream the bucket in listing order. It cannot shuffle an epoch (no random
+               access), so it is shown, never used for a ratio
+
+--epochs N runs N epochs in the same process (DataLoader workers restarted each epoch, as
+usual), on the same mount: epoch 1 is cold, the next ones show what each system keeps.
+Epoch 1's time includes the scan (ImageFolder's, or the connector's listing).
 
 The data set (ImageFolder JPEGs of ~110 KB) is generated once and uploaded once, with SigV4
 PUTs, into a bucket of moto's S3 server (from the project venv that scripts/install_deps.sh
@@ -57,10 +67,9 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from benchlib import generate_jpegs, parse_rate  # noqa: E402
-REGION = "us-east-1"
-BUCKET = "bench"
+from benchlib import generate_jpegs, parse_rate, venv_python  # noqa: E402
 SYSTEMS = ("cubetorchfs", "cubetorchfs-nohook", "s3fs", "rclone")
+CONNECTORS = ("s3torchconnector", "s3torchconnector-iter")  # no mount; the project venv's python
 CAPPED = ("cubetorchfs-capped", "cubetorchfs-nohook-capped")
 PEERS = ("s3fs", "rclone")
 MOUNT_TIMEOUT_S = 60.0
@@ -87,26 +96,39 @@ def data_files(root: Path) -> list[Path]:
 # The S3 server and signed client of the integration tests (SigV4 by hand: moto does not check
 # it, but the bench keeps its requests honest all the same).
 sys.path.insert(0, str(REPO / "tests" / "integration"))
+sys.path.insert(0, str(REPO / "tests" / "cubefs"))
+from cluster import Cluster, cubefs_problem  # noqa: E402
 from s3_testlib import ACCESS_KEY, SECRET_KEY, S3Client, S3Server, uri_encode  # noqa: E402
+
+# The bucket and its keys: moto's by default; --store cubefs replaces them with the CubeFS
+# cluster's (the epoch processes get them through CUBE_S3_BENCH_STORE).
+STORE = json.loads(os.environ.get("CUBE_S3_BENCH_STORE", "null")) or {
+    "name": "moto", "bucket": "bench", "access_key": ACCESS_KEY, "secret_key": SECRET_KEY,
+    "region": "us-east-1", "create_bucket": True}
+
+
+def client(port: int) -> S3Client:
+    return S3Client(port, STORE["access_key"], STORE["secret_key"], STORE["region"])
 
 
 def upload(port: int, data: Path, threads: int = 4) -> int:
-    client = S3Client(port)
-    try:
-        status, body = client.request("PUT", f"/{BUCKET}")
-        if status != 200:
-            raise RuntimeError(f"create bucket: HTTP {status} {body[:200]!r}")
-    finally:
-        client.close()
+    if STORE["create_bucket"]:
+        c = client(port)
+        try:
+            status, body = c.request("PUT", f"/{STORE['bucket']}")
+            if status != 200:
+                raise RuntimeError(f"create bucket: HTTP {status} {body[:200]!r}")
+        finally:
+            c.close()
     files = data_files(data)
     done = [0]
 
     def put_share(share: list[Path]) -> None:
-        c = S3Client(port)
+        c = client(port)
         try:
             for path in share:
                 key = path.relative_to(data).as_posix()
-                status, body = c.request("PUT", f"/{BUCKET}/{key}", path.read_bytes())
+                status, body = c.request("PUT", f"/{STORE['bucket']}/{key}", path.read_bytes())
                 if status != 200:
                     raise RuntimeError(f"PUT {key}: HTTP {status} {body[:200]!r}")
                 done[0] += 1
@@ -125,18 +147,18 @@ def upload(port: int, data: Path, threads: int = 4) -> int:
 def count_objects(port: int) -> int:
     """Keys in the bucket, through signed ListObjectsV2 requests."""
     count, token = 0, ""
-    client = S3Client(port)
+    conn = client(port)
     while True:
         query = "list-type=2&max-keys=1000" + (f"&continuation-token={uri_encode(token, False)}" if token else "")
-        status, body = client.request("GET", f"/{BUCKET}", query=query)
+        status, body = conn.request("GET", f"/{STORE['bucket']}", query=query)
         if status != 200:
-            client.close()
+            conn.close()
             raise RuntimeError(f"ListObjectsV2: HTTP {status} {body[:200]!r}")
         text = body.decode()
         count += len(re.findall(r"<Key>", text))
         m = re.search(r"<NextContinuationToken>([^<]+)</NextContinuationToken>", text)
         if not m or "<IsTruncated>true</IsTruncated>" not in text:
-            client.close()
+            conn.close()
             return count
         token = m.group(1)
 
@@ -392,8 +414,8 @@ class CubeMount(Mount):
         config = {
             "volName": self.vol, "mountPoint": str(self.mnt), "logDir": str(work / "log"),
             "exporterPort": self.port, "profile": "ai_prefetch",
-            "backend": {"type": "s3", "endpoint": endpoint, "bucket": BUCKET,
-                        "access_key": ACCESS_KEY, "secret_key": SECRET_KEY},
+            "backend": {"type": "s3", "endpoint": endpoint, "bucket": STORE["bucket"],
+                        "access_key": STORE["access_key"], "secret_key": STORE["secret_key"]},
             "cache": {"memory_bytes": args.memory_bytes},
             "prefetch": {"control_socket": f"/run/cubetorchfs/{self.vol}.sock"},
         }
@@ -439,11 +461,11 @@ class S3fsMount(Mount):
         cache = work / "cache"
         cache.mkdir()
         passwd = work / "passwd-s3fs"
-        passwd.write_text(f"{ACCESS_KEY}:{SECRET_KEY}\n")
+        passwd.write_text(f"{STORE['access_key']}:{STORE['secret_key']}\n")
         passwd.chmod(0o600)
         opts = [f"use_cache={cache}", f"url={endpoint}", "use_path_request_style",
-                f"passwd_file={passwd}", "ro", "endpoint=" + REGION]
-        self._start(["s3fs", BUCKET, str(self.mnt), "-f", "-o", ",".join(opts)], self.env)
+                f"passwd_file={passwd}", "ro", "endpoint=" + STORE["region"]]
+        self._start(["s3fs", STORE["bucket"], str(self.mnt), "-f", "-o", ",".join(opts)], self.env)
 
 
 class RcloneMount(Mount):
@@ -457,17 +479,31 @@ class RcloneMount(Mount):
         # transport unsupported type"); the endpoint is plain http, so it is not needed.
         env = {k: v for k, v in self.env.items() if k != "AWS_CA_BUNDLE"}
         env.update(RCLONE_CONFIG_S3BENCH_TYPE="s3", RCLONE_CONFIG_S3BENCH_PROVIDER="Other",
-                   RCLONE_CONFIG_S3BENCH_ENDPOINT=endpoint, RCLONE_CONFIG_S3BENCH_REGION=REGION,
-                   RCLONE_CONFIG_S3BENCH_ACCESS_KEY_ID=ACCESS_KEY,
-                   RCLONE_CONFIG_S3BENCH_SECRET_ACCESS_KEY=SECRET_KEY,
+                   RCLONE_CONFIG_S3BENCH_ENDPOINT=endpoint, RCLONE_CONFIG_S3BENCH_REGION=STORE["region"],
+                   RCLONE_CONFIG_S3BENCH_ACCESS_KEY_ID=STORE["access_key"],
+                   RCLONE_CONFIG_S3BENCH_SECRET_ACCESS_KEY=STORE["secret_key"],
                    RCLONE_CONFIG_S3BENCH_FORCE_PATH_STYLE="true")
-        self._start(["rclone", "mount", f"s3bench:{BUCKET}", str(self.mnt), "--vfs-cache-mode", "full",
+        self._start(["rclone", "mount", f"s3bench:{STORE['bucket']}", str(self.mnt), "--vfs-cache-mode", "full",
                      "--cache-dir", str(work / "cache"), "--read-only",
                      "--config", str(work / "rclone.conf")],  # absent: only the environment counts
                     env)
 
 
+class NoMount(Mount):
+    """The connector rows: nothing is mounted; the epoch reads the bucket itself."""
+
+    def __init__(self, work: Path, endpoint: str, args: argparse.Namespace, name: str) -> None:
+        super().__init__(work, endpoint, args)
+        self.name = name
+        self.pid = None
+
+    def close(self) -> None:
+        pass
+
+
 def make_mount(system: str, work: Path, endpoint: str, args: argparse.Namespace) -> Mount:
+    if system in CONNECTORS:
+        return NoMount(work, endpoint, args, system)
     if system.startswith("cubetorchfs"):
         return CubeMount(work, endpoint, args, hook="-nohook" not in system,
                          capped=system.endswith("-capped"))
@@ -481,8 +517,29 @@ def make_mount(system: str, work: Path, endpoint: str, args: argparse.Namespace)
 # --------------------------------------------------------------------------- one epoch
 
 
+class _Decode:
+    """S3 object -> (sample, label), as ImageFolder would give for the same file; picklable
+    for the DataLoader's workers."""
+
+    def __init__(self, variant: str) -> None:
+        self.variant = variant
+        self.tf = None
+
+    def __call__(self, obj):
+        label = int(obj.key.split("/")[0].rsplit("_", 1)[1])  # class_NNN/img_*.jpg
+        data = obj.read()
+        if self.variant != "decode":
+            return data, label
+        import io
+        from PIL import Image
+        from torchvision import transforms
+        if self.tf is None:
+            self.tf = transforms.Compose([transforms.RandomResizedCrop(112), transforms.ToTensor()])
+        return self.tf(Image.open(io.BytesIO(data)).convert("RGB")), label
+
+
 def child(args: argparse.Namespace) -> None:
-    """One epoch, in its own process; prints a JSON line."""
+    """--epochs epochs, in their own process; prints a JSON line."""
     if args.hook:
         import cube_torch  # noqa: F401  (PYTHONPATH=hooks; patches DataLoader iteration)
     import torch
@@ -491,28 +548,55 @@ def child(args: argparse.Namespace) -> None:
 
     torch.manual_seed(0)
     scan_start = time.monotonic()
-    if args.variant == "decode":
+    shuffle = True
+    if args.connector:
+        os.environ.update(AWS_ACCESS_KEY_ID=STORE["access_key"], AWS_SECRET_ACCESS_KEY=STORE["secret_key"])
+        from s3torchconnector import S3ClientConfig, S3IterableDataset, S3MapDataset
+        kind = S3MapDataset if args.connector == "s3torchconnector" else S3IterableDataset
+        extra = {} if kind is S3MapDataset else {"enable_sharding": True}
+        ds = kind.from_prefix(f"s3://{STORE['bucket']}/", region=STORE["region"], endpoint=args.child,
+                              transform=_Decode(args.variant),
+                              s3client_config=S3ClientConfig(force_path_style=True), **extra)
+        if kind is S3MapDataset:
+            len(ds)  # lists the bucket: its scan
+        else:
+            shuffle = False
+    elif args.variant == "decode":
         ds = torchvision.datasets.ImageFolder(args.child, transform=transforms.Compose(
             [transforms.RandomResizedCrop(112), transforms.ToTensor()]))
     else:
         ds = torchvision.datasets.ImageFolder(args.child, loader=lambda p: open(p, "rb").read())
     scan = time.monotonic() - scan_start
-    loader = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True, num_workers=2,
+    loader = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=shuffle, num_workers=2,
                                          collate_fn=None if args.variant == "decode" else list)
-    start = time.monotonic()
-    n = nbytes = 0
-    for batch in loader:
-        if args.variant == "decode":
-            n += len(batch[0])
-        else:
-            n += len(batch)
-            nbytes += sum(len(data) for data, _ in batch)
-    elapsed = time.monotonic() - start
-    print(json.dumps({"samples": n, "bytes": nbytes, "seconds": elapsed, "scan_seconds": scan}))
+    epochs = []
+    for _ in range(args.epochs):
+        start = time.monotonic()
+        n = nbytes = 0
+        for batch in loader:
+            if args.variant == "decode":
+                n += len(batch[0])
+            else:
+                n += len(batch)
+                nbytes += sum(len(data) for data, _ in batch)
+        epochs.append({"samples": n, "bytes": nbytes, "seconds": time.monotonic() - start})
+    first = epochs[0]
+    print(json.dumps({"samples": first["samples"], "bytes": first["bytes"],
+                      "seconds": first["seconds"], "scan_seconds": scan, "epochs": epochs}))
 
 
-def epoch(m: Mount, variant: str, timeout: float) -> dict:
-    cmd = [sys.executable, __file__, "--child", str(m.mnt), "--variant", variant]
+def child_python() -> str:
+    """The project venv's python (torch 2.x, s3torchconnector) when it exists: every system's
+    epoch runs under the same interpreter."""
+    return venv_python() or sys.executable
+
+
+def epoch(m: Mount, variant: str, timeout: float, epochs: int = 1) -> dict:
+    target = m.endpoint if isinstance(m, NoMount) else str(m.mnt)
+    cmd = [child_python(), __file__, "--child", target, "--variant", variant,
+           "--epochs", str(epochs)]
+    if isinstance(m, NoMount):
+        cmd += ["--connector", m.name]
     env = dict(m.env)
     if m.hook:
         cmd.append("--hook")
@@ -543,6 +627,19 @@ def wait_for_ci(path: Path, limit_s: float) -> None:
     log(f"still no rc= line in {path}: measuring anyway")
 
 
+class _Cluster:
+    """The CubeFS cluster where s3_bench expects an S3Server: port, proc (for CPU: the
+    ObjectNode's is not ours to count, so none) and stop()."""
+
+    def __init__(self, cluster) -> None:
+        self.cluster = cluster
+        self.port = cluster.s3_port
+        self.proc = None
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+
 def median_range(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 
@@ -556,7 +653,13 @@ def main() -> None:
                    help="added to every request by a proxy in front of the S3 server (0: no proxy)")
     p.add_argument("--variants", nargs="+", default=["raw"], choices=["raw", "decode"])
     p.add_argument("--decode", action="store_true", help="also run the decode variant")
-    p.add_argument("--systems", nargs="+", default=None, choices=list(SYSTEMS) + list(CAPPED),
+    p.add_argument("--store", choices=["moto", "cubefs"], default="moto",
+                   help="the S3 server: moto's (default), or the ObjectNode of a loopback CubeFS "
+                        "cluster (../shared/cubefs/cluster.sh; the bucket is its volume)")
+    p.add_argument("--epochs", type=int, default=1, help="epochs per measurement, in one process "
+                   "on one mount (default 1; 2 shows what each system keeps)")
+    p.add_argument("--systems", nargs="+", default=None,
+                   choices=list(SYSTEMS) + list(CAPPED) + list(CONNECTORS),
                    help="default: all of " + ", ".join(SYSTEMS) + ", and the capped ones with a cap")
     p.add_argument("--store-concurrency", type=int, default=0, metavar="N",
                    help="cap of the -capped cubetorchfs rows: store requests at once (e.g. 64)")
@@ -573,6 +676,7 @@ def main() -> None:
     p.add_argument("--variant", default="raw", help=argparse.SUPPRESS)
     p.add_argument("--hook", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--proxy", help=argparse.SUPPRESS)
+    p.add_argument("--connector", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.proxy:
         run_proxy(args.proxy)
@@ -601,7 +705,19 @@ def main() -> None:
     results: dict[tuple[str, str], list[dict]] = {}
     failures: dict[tuple[str, str], list[str]] = {}
     try:
-        server = S3Server(workdir / "s3").start()
+        if args.store == "cubefs":
+            problem = cubefs_problem()
+            if problem:
+                raise SystemExit(f"s3_bench --store cubefs: {problem}")
+            cluster = Cluster().start()
+            STORE.update(name="CubeFS ObjectNode", bucket=cluster.bucket,
+                         access_key=cluster.env["CUBEFS_ACCESS_KEY"],
+                         secret_key=cluster.env["CUBEFS_SECRET_KEY"], region="cfs_dev",
+                         create_bucket=False)
+            os.environ["CUBE_S3_BENCH_STORE"] = json.dumps(STORE)
+            server = _Cluster(cluster)
+        else:
+            server = S3Server(workdir / "s3").start()
         t = time.monotonic()
         n = upload(server.port, data)
         log(f"uploaded {n} objects ({total_bytes / 1e6:.0f} MB) in {time.monotonic() - t:.0f} s")
@@ -622,15 +738,18 @@ def main() -> None:
                     try:
                         m = make_mount(system, work, endpoint, args)
                         drop_caches()
-                        cpu0 = (cpu_seconds(m.pid), cpu_seconds(server.proc.pid),
+                        cpu0 = (cpu_seconds(m.pid), cpu_seconds(server.proc.pid if server.proc else None),
                                 cpu_seconds(proxy.proc.pid) if proxy else 0.0)
-                        res = epoch(m, variant, args.epoch_timeout)
-                        cpu1 = (cpu_seconds(m.pid), cpu_seconds(server.proc.pid),
+                        res = epoch(m, variant, args.epoch_timeout * args.epochs, args.epochs)
+                        cpu1 = (cpu_seconds(m.pid), cpu_seconds(server.proc.pid if server.proc else None),
                                 cpu_seconds(proxy.proc.pid) if proxy else 0.0)
-                        if res["samples"] != len(files):
-                            raise RuntimeError(f"read {res['samples']} samples, not {len(files)}")
-                        if variant == "raw" and res["bytes"] != total_bytes:
-                            raise RuntimeError(f"read {res['bytes']} bytes, not {total_bytes}")
+                        for k, ep in enumerate(res["epochs"], 1):
+                            if ep["samples"] != len(files):
+                                raise RuntimeError(f"epoch {k} read {ep['samples']} samples, not {len(files)}")
+                            if variant == "raw" and ep["bytes"] != total_bytes:
+                                raise RuntimeError(f"epoch {k} read {ep['bytes']} bytes, not {total_bytes}")
+                        res["epoch_rates"] = [len(files) / (ep["seconds"] + (res["scan_seconds"] if k == 0 else 0))
+                                              for k, ep in enumerate(res["epochs"])]
                         res.update(rate=res["samples"] / (res["scan_seconds"] + res["seconds"]),
                                    loop_rate=res["samples"] / res["seconds"], mount_cpu=cpu1[0] - cpu0[0],
                                    server_cpu=cpu1[1] - cpu0[1], proxy_cpu=cpu1[2] - cpu0[2], **m.extra())
@@ -639,6 +758,8 @@ def main() -> None:
                             f"(scan-free {res['loop_rate']:.0f}; loop {res['seconds']:.1f} s; "
                             f"scan {res['scan_seconds']:.1f} s; CPU: mount "
                             f"{res['mount_cpu']:.1f} s, S3 server {res['server_cpu']:.1f} s, proxy {res['proxy_cpu']:.1f} s)"
+                            + (f"; epochs 2+: {', '.join(f'{r:.0f}' for r in res['epoch_rates'][1:])} samples/s"
+                               if args.epochs > 1 else "")
                             + (f"; reads: hit {res['hit_ratio']:.3f}, late {res['late_ratio']:.3f}, "
                                f"miss {res['miss_ratio']:.3f}" if "hit_ratio" in res else ""))
                     except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as e:
@@ -661,7 +782,7 @@ def main() -> None:
             server.stop()
 
     lat = f"+{args.latency_ms:g} ms per request" if args.latency_ms > 0 else "no added latency"
-    print(f"s3_bench (cold; loopback moto, {lat}) - nproc {os.cpu_count()}, {len(files)} JPEGs "
+    print(f"s3_bench (cold; loopback {STORE['name']}, {lat}) - nproc {os.cpu_count()}, {len(files)} JPEGs "
           f"({total_bytes / 1e6:.0f} MB), 2 workers, batch 64, {args.rounds} rounds, median (min-max); "
           f"samples/s include the ImageFolder scan, scan-free is the DataLoader loop alone")
     if has_cap:
@@ -679,6 +800,10 @@ def main() -> None:
                       f"{statistics.median(x['loop_rate'] for x in rs):>10.0f} "
                       f"{statistics.median(x['mount_cpu'] for x in rs):>12.1f} "
                       f"{statistics.median(x['server_cpu'] for x in rs):>13.1f}"
+                      + "".join(f"  epoch {k + 1}: {statistics.median(x['epoch_rates'][k] for x in rs):.0f}"
+                                f" ({min(x['epoch_rates'][k] for x in rs):.0f}-"
+                                f"{max(x['epoch_rates'][k] for x in rs):.0f})"
+                                for k in range(1, args.epochs))
                       + (f"  ({len(fails)} failed)" if fails else ""))
             else:
                 print(f"{variant:8} {system:26} {'failed':>10}  {fails[0] if fails else 'not run'}")
@@ -724,6 +849,18 @@ def main() -> None:
                     med(variant, cube, "rate"), med(variant, nohook, "rate")))
     if headline is None:
         headline = ("n/a", "n/a", None, "n/a")
+    if "s3torchconnector" in args.systems and "cubetorchfs" in args.systems:
+        for variant in variants:
+            cube = results.get((variant, "cubetorchfs"), [])
+            conn = results.get((variant, "s3torchconnector"), [])
+            if cube and conn:
+                parts = []
+                for k in range(args.epochs):
+                    a = statistics.median(x["epoch_rates"][k] for x in cube)
+                    b = statistics.median(x["epoch_rates"][k] for x in conn)
+                    parts.append(f"epoch {k + 1} {a / b:.2f} ({a:.0f} vs {b:.0f} samples/s)")
+                print(f"{variant}: cubetorchfs / s3torchconnector: {'; '.join(parts)} "
+                      "(targets: epoch 1 >= 2, epoch 2 >= 5)")
     print(f"ratio: cubetorchfs / best peer = {headline[0]} with the scan (scan-free {headline[1]}; "
           f"best peer {headline[2] or 'none'}) (target >= 3); hook / no hook = {headline[3]}")
     if failures:
