@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""S3 epoch benchmark: one cold epoch over a loopback S3 server, through three FUSE mounts.
+"""S3 epoch benchmark: epochs over a loopback S3 server, through FUSE mounts and AWS's connector.
 
   cubetorchfs  the s3 backend, profile ai_prefetch, with `import cube_torch` in the training
                process (PYTHONPATH=hooks; VOL_NAME and CUBE_TORCH_CONFIG_DIR find the daemon)
@@ -161,6 +161,22 @@ def count_objects(port: int) -> int:
             conn.close()
             return count
         token = m.group(1)
+
+
+def get_latency_ms(port: int, keys: list[str], n: int = 40) -> float:
+    """Median wall time of one signed GET of a whole object on a kept-alive connection."""
+    conn = client(port)
+    times = []
+    try:
+        for key in keys[:n]:
+            t = time.perf_counter()
+            status, _ = conn.request("GET", f"/{STORE['bucket']}/{key}")
+            times.append((time.perf_counter() - t) * 1000)
+            if status != 200:
+                raise RuntimeError(f"GET {key}: HTTP {status}")
+    finally:
+        conn.close()
+    return statistics.median(times)
 
 
 # --------------------------------------------------------------------------- processes
@@ -702,6 +718,7 @@ def main() -> None:
 
     server: Optional[S3Server] = None
     proxy: Optional[LatencyProxy] = None
+    latency: dict[str, float] = {}
     results: dict[tuple[str, str], list[dict]] = {}
     failures: dict[tuple[str, str], list[str]] = {}
     try:
@@ -725,9 +742,14 @@ def main() -> None:
         if keys != len(files):
             raise RuntimeError(f"the bucket holds {keys} keys, not {len(files)}")
         endpoint = f"http://127.0.0.1:{server.port}"
+        sample = [f.relative_to(data).as_posix() for f in files[:: max(1, len(files) // 40)]]
+        latency = {"direct": get_latency_ms(server.port, sample)}
         if args.latency_ms > 0:
             proxy = LatencyProxy(server.port, args.latency_ms)
             endpoint = f"http://127.0.0.1:{proxy.port}"
+            latency["proxy"] = get_latency_ms(proxy.port, sample)
+        log("store latency, median of 40 sequential GETs of a whole object: " +
+            ", ".join(f"{k} {v:.1f} ms" for k, v in latency.items()))
         wait_for_ci(Path(args.wait_for_log), 1200)
 
         for variant in variants:
@@ -782,6 +804,8 @@ def main() -> None:
             server.stop()
 
     lat = f"+{args.latency_ms:g} ms per request" if args.latency_ms > 0 else "no added latency"
+    lat += "; a GET of a whole object took " + ", ".join(
+        f"{v:.1f} ms {'through the proxy' if k == 'proxy' else 'direct'}" for k, v in latency.items())
     print(f"s3_bench (cold; loopback {STORE['name']}, {lat}) - nproc {os.cpu_count()}, {len(files)} JPEGs "
           f"({total_bytes / 1e6:.0f} MB), 2 workers, batch 64, {args.rounds} rounds, median (min-max); "
           f"samples/s include the ImageFolder scan, scan-free is the DataLoader loop alone")
