@@ -217,11 +217,14 @@ def _device_buffer(n: int, index: int, path: str) -> torch.Tensor:
 
 def _views(flat: torch.Tensor, tensors: Iterable[Dict[str, Any]], path: str) -> Dict[str, torch.Tensor]:
     out: Dict[str, torch.Tensor] = {}
+    sizes: Dict[torch.dtype, int] = {}
     for t in tensors:
         dtype = _torch_dtype(t["dtype"], t["name"], path)
         begin, end = int(t["begin"]), int(t["end"])
         piece = flat[begin:end]
-        elem = torch.empty((), dtype=dtype).element_size()
+        elem = sizes.get(dtype)
+        if elem is None:
+            elem = sizes[dtype] = torch.empty((), dtype=dtype).element_size()
         if begin % elem != 0:
             piece = piece.clone()  # not aligned for a view of this dtype: its own copy
         out[t["name"]] = piece.view(dtype).reshape(t["shape"])
@@ -286,7 +289,9 @@ def load_file(path: Union[str, os.PathLike], device: Union[str, torch.device] = 
         elif dev.type == "cpu":
             pinned = bool(use_pinmem) and torch.cuda.is_available()
             flat = None
-            if map_file and not pinned:
+            # Not through our own FUSE mount (no descriptor from the daemon): a page evicted
+            # later would be read again through the daemon, which may have been restarted.
+            if map_file and not pinned and info.get("source") != "mount":
                 flat = _mapped(f, n, _io_threads(num_threads), path)
             if flat is None:
                 flat = _host_buffer(n, pinned)
