@@ -873,10 +873,15 @@ def test_mapped_load_in_a_forked_child(tmp_path: Path, monkeypatch: pytest.Monke
     path = tmp_path / "f.safetensors"
     cube_torch.save_file(want, path)
     assert_same(cube_torch.load_file(path, num_threads=3), want)  # the parent's pool
+    time.sleep(0.5)  # its threads now idle: a child inheriting the pool would not start its own
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
+            # As a DataLoader worker does: torch's own OpenMP pool does not survive a fork.
+            torch.set_num_threads(1)
+            if _loader._pools:  # the parent's pools, whose threads this process does not have
+                os._exit(3)
             code = 0 if torch.equal(cube_torch.load_file(path, num_threads=3)["w"], want["w"]) else 2
         finally:
             os._exit(code)
