@@ -62,6 +62,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def vm_hwm_mib(pid: int) -> float:
+    """Peak resident memory (VmHWM) of process `pid` in MiB; nan when it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
 def venv_python() -> str | None:
     """The project venv's python (torch 2.x and the PyPI peers; scripts/venv.sh), if made."""
     repo = Path(__file__).resolve().parents[1]

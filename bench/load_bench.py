@@ -85,10 +85,8 @@ FST_BBUF_KB = 64 * 1024
 
 
 def default_threads() -> int:
-    env = os.environ.get("CUBE_TORCH_IO_THREADS")
-    if env and env.isdigit() and 1 <= int(env) <= 256:
-        return int(env)
-    return min(32, max(4, 2 * (os.cpu_count() or 1)))  # the library's default
+    from cube_torch import _loader
+    return _loader._io_threads(None)  # the library's default
 
 
 def drop_caches() -> None:

@@ -67,7 +67,7 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from benchlib import generate_jpegs, parse_rate, venv_python  # noqa: E402
+from benchlib import generate_jpegs, parse_rate, venv_python, vm_hwm_mib  # noqa: E402
 SYSTEMS = ("cubetorchfs", "cubetorchfs-nohook", "s3fs", "rclone")
 CONNECTORS = ("s3torchconnector", "s3torchconnector-iter")  # no mount; the project venv's python
 CAPPED = ("cubetorchfs-capped", "cubetorchfs-nohook-capped")
@@ -228,16 +228,6 @@ def cpu_seconds(pid: Optional[int]) -> float:
         return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
     except (OSError, TypeError, IndexError, ValueError):
         return float("nan")
-
-
-def peak_rss_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
 
 
 def mounted(mnt: Path) -> bool:
@@ -464,7 +454,7 @@ class CubeMount(Mount):
             raise RuntimeError("cubetorchfs_reads_total is 0 after an epoch: no read reached the daemon")
         frac = {k: reads[k] / total for k in ("hit", "late", "miss")}
         return {"hit_ratio": frac["hit"], "late_ratio": frac["late"], "miss_ratio": frac["miss"],
-                "rss_mib": peak_rss_mib(self.pid)}
+                "rss_mib": vm_hwm_mib(self.pid)}
 
 
 class S3fsMount(Mount):

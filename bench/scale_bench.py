@@ -51,7 +51,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from benchlib import drop_caches, free_port  # noqa: E402
+from benchlib import drop_caches, free_port, vm_hwm_mib  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -220,12 +220,6 @@ class Mount:
             self.close()
             raise
 
-    def vm_hwm_mib(self) -> float:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
-
     def close(self) -> None:
         subprocess.run(["fusermount3", "-u", str(self.mnt)], check=False, timeout=60)
         for _ in range(200):
@@ -339,7 +333,7 @@ def main() -> None:
                           page_cache=system != "hook-ram")
                 try:
                     rows = run_child(args, m.mnt, system.startswith("hook"), subset, m.env)
-                    hwm.setdefault(system, []).append(m.vm_hwm_mib())
+                    hwm.setdefault(system, []).append(vm_hwm_mib(m.pid))
                 finally:
                     m.close()
                     shutil.rmtree(mwork, ignore_errors=True)

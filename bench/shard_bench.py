@@ -41,7 +41,7 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from benchlib import drop_caches, free_port, generate_jpegs, rerun_under_venv  # noqa: E402
+from benchlib import drop_caches, free_port, generate_jpegs, rerun_under_venv, vm_hwm_mib  # noqa: E402
 
 SYSTEMS = ("webdataset", "hook", "nohook")
 MOUNT_TIMEOUT_S = 60
@@ -67,7 +67,10 @@ def build_store(data: Path, store: Path, shard_bytes: int) -> dict:
     for f in files:
         dst = store / "loose" / f.relative_to(data)
         dst.parent.mkdir(parents=True, exist_ok=True)
-        os.link(f, dst)
+        try:
+            os.link(f, dst)
+        except OSError:  # --data on another file system
+            shutil.copy2(f, dst)
     import webdataset as wds
     (store / "shards").mkdir(parents=True)
     drop_caches(log)
@@ -113,18 +116,16 @@ class Mount:
         (work / "config.json").write_text(json.dumps(config))
         subprocess.run([binary, "-c", str(work / "config.json")], check=True, env=self.env,
                        timeout=MOUNT_TIMEOUT_S)
-        self.pid = json.loads((work / f"cube_torch.config.{self.vol}").read_text())["pid"]
+        try:
+            self.pid = json.loads((work / f"cube_torch.config.{self.vol}").read_text())["pid"]
+        except (OSError, ValueError, KeyError):
+            subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], check=False, timeout=30)
+            raise
 
     def reads(self) -> dict[str, float]:
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5).read().decode()
         return {m.group(1): float(m.group(2))
                 for m in re.finditer(r'^cubetorchfs_reads_total\{result="(\w+)"\} (\S+)$', text, re.M)}
-
-    def vmhwm_mib(self) -> float:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
 
     def close(self) -> None:
         subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], check=False, timeout=30,
@@ -278,7 +279,7 @@ def main() -> int:
                     reads = mount.reads()
                     n = sum(reads.get(k, 0) for k in ("hit", "late", "miss"))
                     rows[0]["hit_ratio"] = reads.get("hit", 0) / n if n else float("nan")
-                    rows[0]["vmhwm"] = mount.vmhwm_mib()
+                    rows[0]["vmhwm"] = vm_hwm_mib(mount.pid)
                     results.setdefault((variant, system), []).append(rows)
                     log(f"{variant} round {r + 1}: {system:10} "
                         + ", ".join(f"epoch {k + 1} {row['rate']:.0f} samples/s" for k, row in enumerate(rows))

@@ -84,6 +84,8 @@ int ctio_abi_version(void) { return CTIO_ABI_VERSION; }
 
 int ctio_cuda_built(void) { return cuda::CudaRuntimeBuilt() && cuda::AesCtrGpuBuilt() ? 1 : 0; }
 
+int ctio_default_threads(void) { return loader::DefaultIoThreads(); }
+
 int ctio_open(const char* path, int cipher, int flags, ctio_file** out, char* err, size_t err_len) {
   return Guard(err, err_len, [&] {
     if (path == nullptr || out == nullptr)

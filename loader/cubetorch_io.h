@@ -33,6 +33,10 @@ int ctio_abi_version(void);
 /* 1 when built with the CUDA runtime and kernel. */
 int ctio_cuda_built(void);
 
+/* The reader threads used when a call passes threads = 0 (CUBE_TORCH_IO_THREADS, else twice
+ * the cores, 4 to 32). */
+int ctio_default_threads(void);
+
 /* Opens a safetensors file. cipher: -1 auto (encrypted iff it has the encrypted header),
  * 0 plain, 1 encrypted (header or headerless). */
 int ctio_open(const char* path, int cipher, int flags, ctio_file** out, char* err, size_t err_len);

@@ -76,6 +76,7 @@ def lib() -> ctypes.CDLL:
         handle.ctio_info_json.argtypes = [c.c_void_p]
         handle.ctio_data_size.restype = c.c_uint64
         handle.ctio_data_size.argtypes = [c.c_void_p]
+        handle.ctio_default_threads.restype = c.c_int
         handle.ctio_mappable_fd.argtypes = [c.c_void_p, c.POINTER(c.c_uint64)]
         handle.ctio_mappable_fd.restype = c.c_int
         handle.ctio_read.argtypes = [c.c_void_p, c.c_void_p, c.c_uint64, c.c_int, c.c_char_p,

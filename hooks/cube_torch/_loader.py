@@ -13,6 +13,7 @@ memory, so the bytes do not pass through FUSE (docs/fd_exchange.md).
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import mmap
 import os
@@ -85,13 +86,8 @@ def _populate_pool(threads: int):
 
 
 def _io_threads(num_threads: Optional[int]) -> int:
-    """The thread count the library uses when given 0 (model_file.cc)."""
-    if num_threads:
-        return num_threads
-    env = os.environ.get("CUBE_TORCH_IO_THREADS", "")
-    if env.isdigit() and 1 <= int(env) <= 256:
-        return int(env)
-    return min(32, max(4, 2 * (os.cpu_count() or 1)))
+    """num_threads, or the count the library uses when given 0."""
+    return num_threads or _io.lib().ctio_default_threads()
 
 
 def _mapped(f: "_io.File", n: int, threads: int, path: str) -> Optional[torch.Tensor]:
@@ -123,12 +119,13 @@ def _mapped(f: "_io.File", n: int, threads: int, path: str) -> Optional[torch.Te
             failed.append(ctypes.get_errno())
 
     chunks = range(0, length, _POPULATE_CHUNK)
-    if threads > 1 and len(chunks) > 1:
+    threads = min(threads, len(chunks))  # no more threads than pieces
+    if threads > 1:
         list(_populate_pool(threads).map(populate, chunks))
     else:
         for c in chunks:
             populate(c)
-    if failed and failed[0] not in (22, 38):  # EINVAL/ENOSYS: an older kernel, pages come lazily
+    if failed and failed[0] not in (errno.EINVAL, errno.ENOSYS):  # older kernel: pages come lazily
         raise OSError(failed[0], f"{path}: mapping the data section: {os.strerror(failed[0])} "
                       "(was the file truncated while loading?)")
     return flat
