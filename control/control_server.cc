@@ -386,6 +386,7 @@ void Session<Protocol>::OnHeader(beast::error_code ec) {
                  false);
   }
   body_reserved_ = want;
+  header_fields_ = FieldCount(parser_->get());
   http::async_read(
       stream_, buffer_, *parser_,
       [self = this->shared_from_this()](beast::error_code ec2, size_t) { self->OnRead(ec2); });
@@ -408,6 +409,13 @@ void Session<Protocol>::OnRead(beast::error_code ec) {
     if (ec == http::error::bad_transfer_encoding || ec == http::error::bad_content_length)
       server_->CountRefused(ServerImpl::kBadFraming);
     Write(Error(http::status::bad_request, "malformed request: " + ec.message(), 11), false);
+    return;
+  }
+  if (FieldCount(parser_->get()) != header_fields_) {
+    server_->CountRefused(ServerImpl::kBadFraming);
+    Write(Error(http::status::bad_request, "trailer fields after a chunked body are not accepted",
+                11),
+          false);
     return;
   }
   stream_.expires_never();  // the handler may take long; the reply sets its own limit

@@ -1,6 +1,7 @@
 #include "control/http_framing.h"
 
 #include <cctype>
+#include <iterator>
 
 namespace cubetorchfs::control::detail {
 
@@ -31,6 +32,10 @@ std::string FramingProblem(const http::request_header<>& h, bool chunked, bool* 
     }
   }
   return "";
+}
+
+size_t FieldCount(const http::request_header<>& h) {
+  return static_cast<size_t>(std::distance(h.begin(), h.end()));
 }
 
 }  // namespace cubetorchfs::control::detail

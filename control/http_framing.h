@@ -20,4 +20,10 @@ constexpr uint32_t kMaxHeaderBytes = 64 * 1024;
 std::string FramingProblem(const boost::beast::http::request_header<>& h, bool chunked,
                            bool* unsupported);
 
+// The number of header fields of `h`. Taken after the header and again after the body: a
+// chunked body may end in trailer fields, which the parser adds to the header (a second Host,
+// a Content-Length...). A request whose count grew is refused: trailers are not accepted, so
+// no field can arrive after FramingProblem checked the header.
+size_t FieldCount(const boost::beast::http::request_header<>& h);
+
 }  // namespace cubetorchfs::control::detail

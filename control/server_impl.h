@@ -102,6 +102,7 @@ class Session : public std::enable_shared_from_this<Session<Protocol>> {
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   uint64_t body_reserved_ = 0;  // of the server's body memory, for the request being handled
+  size_t header_fields_ = 0;    // FieldCount after the header: trailers would add to it
 };
 
 // Buffers small writes and sends them, and large ones directly, as HTTP chunks on a

@@ -29,6 +29,7 @@ namespace {
 namespace beast = boost::beast;
 namespace http = beast::http;
 using cubetorchfs::control::ControlServer;
+using cubetorchfs::control::detail::FieldCount;
 using cubetorchfs::control::detail::FramingProblem;
 using cubetorchfs::control::detail::kMaxHeaderBytes;
 
@@ -67,8 +68,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto len = parser.content_length();
     const uint64_t want = len ? *len : (parser.chunked() ? max_body : 0);
     if (want > max_body) return 0;  // 413, connection closed
+    const size_t fields = FieldCount(parser.get());
     http::read(client, buffer, parser, ec);
     if (ec) return 0;
+    if (FieldCount(parser.get()) != fields) return 0;  // trailers: 400, connection closed
 
     // What the handlers would get.
     const bool chunked = parser.chunked();

@@ -343,6 +343,9 @@ def test_requests_framed_ambiguously_are_refused_and_the_connection_closed(
         (b"POST /v1/streams HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n"
          + inner, 400, "Content-Length"),
         (b"GET /v1/stats HTTP/1.1\r\n\r\n" + inner, 400, "Host"),
+        # Trailer fields would join the header after it was checked (a second Host here).
+        (b"POST /v1/streams HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+         b"14\r\n{\"name\":\"s\",\"pid\":1}\r\n0\r\nHost: y\r\n\r\n" + inner, 400, "trailer"),
     ]
     before = mount.metrics().value("cubetorchfs_control_refused_total", reason="bad_framing")
     sent = 0
