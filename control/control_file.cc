@@ -30,6 +30,8 @@ std::string ControlFileJson(const ControlInfo& info) {
                             {"control_socket", info.control_socket},
                             {"metrics_port", info.metrics_port},
                             {"pid", info.pid},
+                            {"supervisor_pid", info.supervisor_pid},
+                            {"generation", info.generation},
                             {"version", info.version}};
   // Names are bytes, not always UTF-8: invalid sequences are written as U+FFFD.
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";

@@ -26,7 +26,9 @@ struct ControlInfo {
   int prof_port = 0;
   std::string control_socket;
   int metrics_port = 0;
-  int pid = 0;
+  int pid = 0;              // the process serving the mount
+  int supervisor_pid = 0;   // its supervisor, which holds the FUSE connection
+  uint64_t generation = 0;  // processes that served the mount before this one
   std::string version;
 };
 

@@ -21,6 +21,9 @@ Result<CommandLine> ParseCommandLine(const std::vector<std::string>& args) {
       cl.foreground = true;
     } else if (a == "-d" || a == "--debug") {
       cl.debug = true;
+    } else if (a == "--takeover" || a == "--resume") {
+      CTFS_ASSIGN_OR_RETURN(std::string v, value(a));
+      (a == "--takeover" ? cl.takeover : cl.resume) = v;
     } else if (a == "-c" || a == "--config") {
       CTFS_ASSIGN_OR_RETURN(std::string v, value(a));
       cl.config_path = v;

@@ -19,6 +19,10 @@ struct CommandLine {
   bool foreground = false;
   bool debug = false;
   std::vector<std::string> mount_options;  // each -o value, split at commas
+  // Internal, set by the supervisor (supervisor.h): serve a connection it holds (a worker),
+  // or supervise one after an upgrade executed this binary.
+  std::string takeover;
+  std::string resume;
 };
 
 Result<CommandLine> ParseCommandLine(const std::vector<std::string>& args);

@@ -1,16 +1,22 @@
 // `cubetorchfs`: mounts a store through FUSE with a RAM cache and Prometheus metrics.
 
 #include <fcntl.h>
+#include <linux/fuse.h>
 #include <malloc.h>
 #include <prometheus/exposer.h>
 #include <prometheus/registry.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +25,7 @@
 #include <iostream>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include "cache/ram_cache.h"
 #include "cfs_client/backend.h"
@@ -30,6 +37,7 @@
 #include "control/control_file.h"
 #include "control/control_server.h"
 #include "daemon/command_line.h"
+#include "daemon/supervisor.h"
 #include "daemon/warmup.h"
 #include "fuse/fuse_ops.h"
 #include "fuse/page_probe.h"
@@ -65,32 +73,22 @@ int Fail(int code, const std::string& msg) {
   return code;
 }
 
+// The binary to start workers and upgrades from: this one's path, which after a package
+// upgrade holds the new version ("/usr/bin/cubetorchfs (deleted)" names the old one).
+std::string SelfExe() {
+  std::error_code ec;
+  std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  const std::string deleted = " (deleted)";
+  if (exe.size() > deleted.size() && exe.ends_with(deleted))
+    exe.resize(exe.size() - deleted.size());
+  return ec ? "/proc/self/exe" : exe;
+}
+
 Result<std::string> RealPath(const std::string& path) {
   char buf[PATH_MAX];
   if (::realpath(path.c_str(), buf) == nullptr) return Status::NotFound(std::strerror(errno));
   return std::string(buf);
 }
-
-// Tells the waiting parent that the mount is ready; a no-op in the foreground.
-class ReadyPipe {
- public:
-  explicit ReadyPipe(int fd = -1) : fd_(fd) {}
-  ~ReadyPipe() { Close(); }
-  void Ready() {
-    if (fd_ < 0) return;
-    char c = 'R';
-    ssize_t ignored = ::write(fd_, &c, 1);
-    (void)ignored;  // the parent may be gone; nothing to do then
-    Close();
-  }
-
- private:
-  void Close() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  int fd_;
-};
 
 // Forks. The parent waits until the child reports the mount ready (exit 0) or exits (its
 // status); only the child returns, holding the write end of the pipe.
@@ -231,7 +229,7 @@ std::vector<std::string> FuseArgv(const conf::Config& config, const CommandLine&
 // Writes the control file the Python hook finds this mount by, and logs the mount; returns
 // the pid recorded in it.
 int WriteMountInfo(const conf::Config& config, const std::string& control_path,
-                   const std::string& socket_path) {
+                   const std::string& socket_path, uint64_t generation) {
   control::ControlInfo info;
   info.vol_name = config.vol_name;
   info.mount_point = config.mount_point;
@@ -239,6 +237,8 @@ int WriteMountInfo(const conf::Config& config, const std::string& control_path,
   info.control_socket = socket_path;
   info.metrics_port = config.exporter_port;
   info.pid = static_cast<int>(::getpid());
+  info.supervisor_pid = static_cast<int>(::getppid());
+  info.generation = generation;
   info.version = CUBETORCHFS_VERSION;
   if (Status s = control::WriteControlFile(control_path, info); !s.ok())
     CTFS_LOG(kWarn) << "control file not written, the Python hook will not find this mount: "
@@ -335,7 +335,83 @@ void FitStreamedReadsToPipes(conf::Config* config) {
   config->fuse.max_read = fits;
 }
 
-int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
+// Hands this process's state to the supervisor, which executes the next binary, and exits.
+[[noreturn]] void HandOver(FileSystem& fs, prefetch::Prefetcher& prefetcher, PageProbe& page_probe,
+                           std::unique_ptr<control::ControlServer>& control, cache::DiskCache* disk,
+                           const Takeover& takeover) {
+  const std::string state = fs.inodes().Serialize();
+  fs.StopWriteBack();
+  prefetcher.SetPageProbe(nullptr);
+  page_probe.Close();
+  if (Status s = fs.FlushAll(); !s.ok())
+    CTFS_LOG(kError) << "some written bytes did not reach the store: " << s.ToString();
+  control.reset();          // the next process binds the socket again
+  if (disk) disk->Flush();  // what is queued reaches the NVMe tier, which the next one opens
+  Result<int> memfd = MemfdWith("cubetorchfs-state", state);
+  if (!memfd.ok() || !SendMessage(takeover.channel_fd, kMsgState, "", *memfd)) {
+    // Without its state the next process still serves the mount, as after a crash.
+    CTFS_LOG(kError) << "state not handed over: "
+                     << (memfd.ok() ? std::string(std::strerror(errno))
+                                    : memfd.status().ToString());
+  }
+  CTFS_LOG(kInfo) << "handed over " << fs.inodes().size() << " inodes (" << state.size()
+                  << " bytes); exiting";
+  std::_Exit(0);
+}
+
+// The worker's side of a takeover (supervisor.h): the FUSE_INIT of the connection, read from
+// it (the first worker, which passes a copy to the supervisor) or replayed from the copy.
+Status StartConnection(fuse_session* se, const Takeover& t) {
+  std::string init;
+  if (t.init_fd >= 0) {
+    CTFS_ASSIGN_OR_RETURN(init, ReadAllFd(t.init_fd));
+    ::close(t.init_fd);
+    if (init.size() < sizeof(fuse_in_header) + 8)
+      return Status::InvalidArgument("--takeover: the FUSE_INIT copy is truncated");
+    // A unique no request of the kernel has (they are even and count up from 2): the reply
+    // to this replayed INIT finds no request and is dropped (ENOENT, which libfuse ignores).
+    const uint64_t unique = 0x7ffffffffffffffeull;
+    std::memcpy(init.data() + offsetof(fuse_in_header, unique), &unique, sizeof unique);
+  } else {
+    // The kernel's first request on a new connection is FUSE_INIT. The buffer must hold a
+    // whole write request, as for every read of the device.
+    init.resize(4u << 20);
+    ssize_t n;
+    do n = ::read(t.fuse_fd, init.data(), init.size());
+    while (n < 0 && errno == EINTR);
+    if (n < 0) return Status::FromErrno(errno, "read FUSE_INIT");
+    init.resize(static_cast<size_t>(n));
+    fuse_in_header h{};
+    if (init.size() >= sizeof h) std::memcpy(&h, init.data(), sizeof h);
+    if (init.size() < sizeof h || h.opcode != FUSE_INIT)
+      return Status::IOError("the connection's first request is not FUSE_INIT");
+    if (t.channel_fd >= 0) SendMessage(t.channel_fd, kMsgInit, init);
+  }
+  fuse_buf buf{};
+  buf.size = init.size();
+  buf.mem = init.data();
+  fuse_session_process_buf(se, &buf);
+  return Status::OK();
+}
+
+// The loop thread, which a handover stops (pthread_kill: libfuse's handler ends the loop).
+std::atomic<bool> g_handover{false};
+pthread_t g_loop_thread;
+
+// Stops the loop so that the state can go to the next binary; refused while files are being
+// written (their write states cannot be handed over).
+Status RequestHandover(const FileSystem& fs) {
+  if (const uint64_t n = fs.open_writes(); n > 0)
+    return Status::FromErrno(EBUSY, std::to_string(n) +
+                                        " file(s) open for writing through the "
+                                        "mount; upgrade once they are closed");
+  if (g_handover.exchange(true)) return Status::OK();
+  CTFS_LOG(kInfo) << "handing the mount over to the next binary";
+  ::pthread_kill(g_loop_thread, SIGTERM);
+  return Status::OK();
+}
+
+int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& takeover) {
   // Cached files are mostly 10 KB-1 MB buffers allocated and freed at a high rate by many
   // threads. From mmap (glibc's default above 128 KiB) each costs page faults and an munmap;
   // from one of a few heap arenas they are recycled. Measured: a third less daemon CPU per
@@ -450,29 +526,75 @@ int Serve(const conf::Config& config, const CommandLine& cl, ReadyPipe& ready) {
   });
   if (fuse_set_signal_handlers(se.get()) != 0)
     return Fail(kExitFailure, "cannot set signal handlers");
-  if (fuse_session_mount(se.get(), config.mount_point.c_str()) != 0) {
+  // The supervisor mounted; this process serves the connection it holds (libfuse takes a
+  // mounted /dev/fuse descriptor as /dev/fd/N).
+  const std::string fd_mount = "/dev/fd/" + std::to_string(takeover.fuse_fd);
+  if (fuse_session_mount(se.get(), fd_mount.c_str()) != 0) {
     fuse_remove_signal_handlers(se.get());
-    return Fail(kExitFailure, config.mount_point + ": mount failed (see the line above)");
+    return Fail(kExitFailure, config.mount_point + ": cannot serve the mount (see the line above)");
   }
-  SetReadAhead(config.mount_point, config.fuse.read_ahead_bytes);
+  filesystem->inodes().SetGeneration(takeover.generation);
+  ctx.files.SetGeneration(takeover.generation);
+  ctx.dirs.SetGeneration(takeover.generation);
+  if (takeover.state_fd >= 0) {
+    Result<std::string> state = ReadAllFd(takeover.state_fd);
+    ::close(takeover.state_fd);
+    Status restored = state.ok() ? filesystem->inodes().Restore(*state) : state.status();
+    if (!restored.ok())  // the kernel's inode numbers then get ESTALE, as after a crash
+      CTFS_LOG(kError) << "state handed over not used: " << restored.ToString();
+    else
+      CTFS_LOG(kInfo) << "took over " << filesystem->inodes().size() << " inodes";
+  }
+  if (Status s = StartConnection(se.get(), takeover); !s.ok())
+    return Fail(kExitFailure, config.mount_point + ": " + s.ToString());
+  if (takeover.init_fd < 0) SetReadAhead(config.mount_point, config.fuse.read_ahead_bytes);
 
   const std::string control_path = control::ControlFilePath(config.vol_name);
-  const int pid = WriteMountInfo(config, control_path, control_options.socket_path);
-  ready.Ready();
+  const int pid =
+      WriteMountInfo(config, control_path, control_options.socket_path, takeover.generation);
+  if (takeover.channel_fd >= 0) {
+    SendMessage(takeover.channel_fd, kMsgReady, "");
+    // The supervisor asks for a handover here when it gets SIGUSR2.
+    std::thread([fd = takeover.channel_fd, filesystem] {
+      char c = 0;
+      for (;;) {
+        ssize_t n = ::recv(fd, &c, 1, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        if (c == kMsgUpgrade)
+          if (Status s = RequestHandover(*filesystem); !s.ok())
+            CTFS_LOG(kWarn) << "upgrade refused: " << s.message();
+      }
+      CTFS_LOG(kWarn) << "the supervisor is gone: a crash of this process now ends the mount";
+    }).detach();
+  }
   if (!cl.foreground) DetachStdio(/*keep_stderr=*/false);
 
   filesystem->StartWriteBack();
-  fuse_loop_config* loop = fuse_loop_cfg_create();
-  fuse_loop_cfg_set_clone_fd(loop, 1);
-  fuse_loop_cfg_set_max_threads(loop, 64);  // misses block on the backend; keep many in flight
-  int rc = fuse_session_loop_mt(se.get(), loop);
-  fuse_loop_cfg_destroy(loop);
+  g_loop_thread = ::pthread_self();
+  int rc = 0;
+  for (;;) {
+    fuse_loop_config* loop = fuse_loop_cfg_create();
+    fuse_loop_cfg_set_clone_fd(loop, 1);
+    fuse_loop_cfg_set_max_threads(loop, 64);  // misses block on the backend; keep many in flight
+    rc = fuse_session_loop_mt(se.get(), loop);
+    fuse_loop_cfg_destroy(loop);
+    if (!g_handover.load()) break;
+    // Every request taken is answered; those not yet taken wait in the kernel for the next
+    // process. A file opened for writing meanwhile cannot be handed over: go on serving.
+    if (filesystem->open_writes() == 0) {
+      HandOver(*filesystem, prefetcher, page_probe, *control, disk.get(), takeover);
+    }
+    CTFS_LOG(kWarn) << "upgrade abandoned: a file was opened for writing meanwhile";
+    g_handover.store(false);
+    fuse_session_reset(se.get());
+  }
 
   CTFS_LOG(kInfo) << "unmounting " << config.mount_point << " (session loop returned " << rc << ")";
   filesystem->StopWriteBack();       // it may notify the session: stop it while the session lives
   prefetcher.SetPageProbe(nullptr);  // no more probes: what is marked is simply fetched
   page_probe.Close();                // and none still being sent
-  fuse_session_unmount(se.get());
+  UnmountPath(config.mount_point);   // the supervisor, if any, then just exits
   fuse_remove_signal_handlers(se.get());
   // Files still open for writing when the mount went away (SIGTERM with writers running):
   // what they wrote goes to the store before exit.
@@ -508,11 +630,17 @@ int Main(int argc, char** argv) {
   if (!cl->mount_point.empty()) config.mount_point = cl->mount_point;
   if (config.mount_point.empty())
     return Fail(kExitBadConfig, "mountPoint: required (in the config or on the command line)");
-  Result<std::string> mp = RealPath(config.mount_point);
-  struct stat st;
-  if (!mp.ok() || ::stat(mp->c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    return Fail(kExitBadConfig, "mountPoint: " + config.mount_point + " is not a directory");
-  config.mount_point = mp.value();
+  if (cl->takeover.empty() && cl->resume.empty()) {
+    Result<std::string> mp = RealPath(config.mount_point);
+    struct stat st;
+    if (!mp.ok() || ::stat(mp->c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      return Fail(kExitBadConfig, "mountPoint: " + config.mount_point + " is not a directory");
+    config.mount_point = mp.value();
+  } else if (config.mount_point.front() != '/') {
+    // A worker or a resumed supervisor: the path was resolved before the mount. Never look
+    // at it again from here: the mount is there, and this process may be the one to serve it.
+    return Fail(kExitBadConfig, "mountPoint: " + config.mount_point + " is not absolute");
+  }
 
   // The backend is checked before detaching so a bad one is reported on this terminal.
   if (config.backend.type == "posix") {
@@ -562,8 +690,36 @@ int Main(int argc, char** argv) {
   }
 
   FitStreamedReadsToPipes(&config);
-  ReadyPipe ready(cl->foreground ? -1 : Daemonize());
-  return Serve(config, cl.value(), ready);
+  if (!cl->takeover.empty()) {  // a worker, started by the supervisor
+    Result<Takeover> t = ParseTakeover(cl->takeover);
+    if (!t.ok()) return Fail(kExitBadConfig, t.status().message());
+    return Serve(config, cl.value(), *t);
+  }
+  const std::string exe = SelfExe();
+  // Workers and upgrades run from "/" (once detached): every path in their command line is
+  // absolute, the mount point as resolved here.
+  std::vector<std::string> args = {argv[0], "-c",
+                                   std::filesystem::absolute(cl->config_path).lexically_normal(),
+                                   config.mount_point};
+  if (cl->foreground) args.push_back("-f");
+  if (cl->debug) args.push_back("-d");
+  for (const std::string& o : cl->mount_options) args.insert(args.end(), {"-o", o});
+  if (!cl->resume.empty()) {  // a supervisor executed by an upgrade
+    Result<Takeover> t = ParseTakeover(cl->resume);
+    if (!t.ok()) return Fail(kExitBadConfig, t.status().message());
+    return Supervise(config, cl.value(), exe, args, -1, t->fuse_fd, &*t);
+  }
+  const int ready_fd = cl->foreground ? -1 : Daemonize();
+  // The supervisor mounts and keeps the connection for as long as the mount lives; the
+  // session is never destroyed (that would close it).
+  FuseArgs fuse_args(FuseArgv(config, cl.value()));
+  static const fuse_lowlevel_ops kNoOps{};
+  fuse_session* se = fuse_session_new(fuse_args.get(), &kNoOps, sizeof kNoOps, nullptr);
+  if (se == nullptr)
+    return Fail(kExitBadConfig, "-o: invalid FUSE mount options (see the line above)");
+  if (fuse_session_mount(se, config.mount_point.c_str()) != 0)
+    return Fail(kExitFailure, config.mount_point + ": mount failed (see the line above)");
+  return Supervise(config, cl.value(), exe, args, ready_fd, fuse_session_fd(se), nullptr);
 }
 
 }  // namespace

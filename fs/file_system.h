@@ -229,6 +229,9 @@ class FileSystem {
   void StopWriteBack();
 
   const InodeTable& inodes() const { return inodes_; }
+  InodeTable& inodes() { return inodes_; }  // for a takeover (daemon/supervisor.h)
+  // Files being written (write states open): an upgrade waits until there are none.
+  uint64_t open_writes() const { return open_writes_.load(); }
   // The attributes the kernel was last given for `path`, while they are younger than
   // attr_timeout_s (the kernel checks permissions against them meanwhile): nothing otherwise.
   // `fetched_ns`, if not null, receives when they were read from the store.

@@ -3,6 +3,8 @@
 #include "common/logging.h"
 #include "common/thread_annotations.h"
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
 namespace cubetorchfs::fs {
@@ -66,6 +68,7 @@ void InodeTable::Forget(uint64_t ino, uint64_t n) {
     MutexLock l(mu_);
     auto it = nodes_.find(ino);
     bad = it == nodes_.end() || n > it->second.nlookup;
+    if (it == nodes_.end() && ino < generation_base_) return;  // an earlier process's inode
     if (it != nodes_.end()) {
       Node& node = it->second;
       had = node.nlookup;
@@ -242,6 +245,150 @@ uint64_t InodeTable::lookups(uint64_t ino) const {
   MutexLock l(mu_);
   auto it = nodes_.find(ino);
   return it == nodes_.end() ? 0 : it->second.nlookup;
+}
+
+}  // namespace cubetorchfs::fs
+
+namespace cubetorchfs::fs {
+namespace {
+
+constexpr uint64_t kSnapshotMagic = 0x31544E49'53465443ull;  // "CTFSINT1"
+
+void PutU64(std::string* out, uint64_t v) { out->append(reinterpret_cast<const char*>(&v), 8); }
+void PutString(std::string* out, const std::string& v) {
+  PutU64(out, v.size());
+  out->append(v);
+}
+
+// Reads what PutU64 and PutString wrote; every read checks the bytes left.
+class Reader {
+ public:
+  explicit Reader(std::string_view bytes) : rest_(bytes) {}
+  bool U64(uint64_t* v) {
+    if (rest_.size() < 8) return false;
+    std::memcpy(v, rest_.data(), 8);
+    rest_.remove_prefix(8);
+    return true;
+  }
+  bool String(std::string* v) {
+    uint64_t n = 0;
+    if (!U64(&n) || n > rest_.size()) return false;
+    v->assign(rest_.substr(0, n));
+    rest_.remove_prefix(n);
+    return true;
+  }
+  bool done() const { return rest_.empty(); }
+
+ private:
+  std::string_view rest_;
+};
+
+}  // namespace
+
+void InodeTable::SetGeneration(uint64_t generation) {
+  MutexLock l(mu_);
+  generation_base_ = generation << 40;
+  next_ino_ = std::max(next_ino_, generation_base_ + kRootIno + 1);
+}
+
+std::string InodeTable::Serialize() const {
+  MutexLock l(mu_);
+  std::string out;
+  out.reserve(64 + nodes_.size() * 160);
+  PutU64(&out, kSnapshotMagic);
+  PutU64(&out, next_ino_);
+  PutU64(&out, nodes_.size());
+  for (const auto& [ino, node] : nodes_) {
+    const InodeInfo& i = node.info;
+    const cfs_client::FileAttr& a = i.attr;
+    for (uint64_t v : {ino,
+                       node.nlookup,
+                       uint64_t{i.removed},
+                       i.write_gen,
+                       i.attr_time_ns,
+                       uint64_t{i.opened_version.has_value()},
+                       i.opened_version ? i.opened_version->size : 0,
+                       static_cast<uint64_t>(i.opened_version ? i.opened_version->mtime_ns : 0),
+                       uint64_t{a.mode},
+                       a.size,
+                       uint64_t{a.nlink},
+                       uint64_t{a.uid},
+                       uint64_t{a.gid},
+                       static_cast<uint64_t>(a.atime_ns),
+                       static_cast<uint64_t>(a.mtime_ns),
+                       static_cast<uint64_t>(a.ctime_ns),
+                       a.blocks,
+                       a.rdev,
+                       a.store_dev,
+                       a.store_ino})
+      PutU64(&out, v);
+    PutString(&out, i.path);
+    PutU64(&out, node.other_paths.size());
+    for (const std::string& p : node.other_paths) PutString(&out, p);
+  }
+  return out;
+}
+
+Status InodeTable::Restore(std::string_view bytes) {
+  Reader r(bytes);
+  uint64_t magic = 0, next = 0, count = 0;
+  if (!r.U64(&magic) || magic != kSnapshotMagic || !r.U64(&next) || !r.U64(&count))
+    return Status::InvalidArgument("inode table: not a table this version wrote");
+  std::unordered_map<uint64_t, Node> nodes;
+  std::map<std::string, uint64_t, std::less<>> by_path;
+  std::unordered_map<StoreId, uint64_t, StoreIdHash> by_store_id;
+  for (uint64_t k = 0; k < count; ++k) {
+    uint64_t v[20];
+    for (uint64_t& x : v)
+      if (!r.U64(&x)) return Status::InvalidArgument("inode table: truncated");
+    Node n;
+    InodeInfo& i = n.info;
+    i.ino = v[0];
+    n.nlookup = v[1];
+    i.removed = v[2] != 0;
+    i.write_gen = v[3];
+    i.attr_time_ns = v[4];
+    if (v[5] != 0) i.opened_version = cfs_client::FileVersion{v[6], static_cast<int64_t>(v[7])};
+    cfs_client::FileAttr& a = i.attr;
+    a.mode = static_cast<mode_t>(v[8]);
+    a.size = v[9];
+    a.nlink = static_cast<uint32_t>(v[10]);
+    a.uid = static_cast<uid_t>(v[11]);
+    a.gid = static_cast<gid_t>(v[12]);
+    a.atime_ns = static_cast<int64_t>(v[13]);
+    a.mtime_ns = static_cast<int64_t>(v[14]);
+    a.ctime_ns = static_cast<int64_t>(v[15]);
+    a.blocks = v[16];
+    a.rdev = v[17];
+    a.store_dev = v[18];
+    a.store_ino = v[19];
+    uint64_t others = 0;
+    if (!r.String(&i.path) || !r.U64(&others) || others > bytes.size())
+      return Status::InvalidArgument("inode table: truncated");
+    for (uint64_t o = 0; o < others; ++o) {
+      std::string p;
+      if (!r.String(&p)) return Status::InvalidArgument("inode table: truncated");
+      n.other_paths.push_back(std::move(p));
+    }
+    if (i.ino == 0 || i.ino >= next || nodes.count(i.ino) != 0)
+      return Status::InvalidArgument("inode table: inode " + std::to_string(i.ino) +
+                                     " out of order");
+    if (!i.removed) {
+      by_path.emplace(i.path, i.ino);
+      for (const std::string& p : n.other_paths) by_path.emplace(p, i.ino);
+      if (std::optional<StoreId> id = IdOf(a)) by_store_id[*id] = i.ino;
+    }
+    nodes.emplace(i.ino, std::move(n));
+  }
+  if (!r.done() || nodes.count(kRootIno) == 0)
+    return Status::InvalidArgument("inode table: no root, or bytes after the end");
+  MutexLock l(mu_);
+  nodes_ = std::move(nodes);
+  by_path_ = std::move(by_path);
+  by_store_id_ = std::move(by_store_id);
+  next_ino_ = std::max(next, generation_base_ + kRootIno + 1);
+  SizeChangedLocked();
+  return Status::OK();
 }
 
 }  // namespace cubetorchfs::fs

@@ -23,12 +23,14 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include <prometheus/gauge.h>
 
 #include "cfs_client/backend.h"
+#include "common/status.h"
 #include "common/thread_annotations.h"
 
 namespace cubetorchfs::fs {
@@ -95,6 +97,18 @@ class InodeTable {
   // Bumps the write generation of `ino` and returns it (0 for an unknown inode).
   uint64_t BumpWriteGen(uint64_t ino);
 
+  // This process serves the mount after `generation` earlier processes (daemon/supervisor.h):
+  // new inode numbers start at generation << 40, above any number an earlier process gave
+  // the kernel. A forget of an unknown number below that is an inode of an earlier process
+  // that was not handed over (a crash): ignored, not a broken contract.
+  void SetGeneration(uint64_t generation);
+
+  // The whole table as bytes, and back: an upgrade hands it to the next process, so every
+  // inode number the kernel holds keeps naming the same file. Restore replaces the table
+  // (the root included) and fails on bytes it cannot read, leaving the table as it was.
+  std::string Serialize() const;
+  Status Restore(std::string_view bytes);
+
   size_t size() const;
   uint64_t lookups(uint64_t ino) const;  // for tests
   // Kept at size() from now on (the gauge is owned by a registry that outlives the table).
@@ -128,6 +142,7 @@ class InodeTable {
   std::atomic<uint64_t> rename_visits_{0};
   mutable Mutex mu_;  // guards the members below
   uint64_t next_ino_ GUARDED_BY(mu_) = kRootIno + 1;
+  uint64_t generation_base_ GUARDED_BY(mu_) = 0;  // numbers below were given out before
   prometheus::Gauge* size_gauge_ GUARDED_BY(mu_) = nullptr;
   std::unordered_map<uint64_t, Node> nodes_ GUARDED_BY(mu_);
   // Ordered, so a directory's known descendants are one range (Rename).

@@ -233,15 +233,27 @@ void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   OpScope scope(req, kOpendir);
   Result<std::unique_ptr<DirHandle>> dir = Ctx(req).fs->OpenDir(ino);
   if (!dir.ok()) return ReplyError(req, dir.status(), "opendir");
-  fi->fh = reinterpret_cast<uint64_t>(dir.value().release());
+  fi->fh = Ctx(req).dirs.Insert(std::move(dir).value());
   fi->cache_readdir = Ctx(req).options.keep_cache;
-  if (fuse_reply_open(req, fi) == -ENOENT) delete reinterpret_cast<DirHandle*>(fi->fh);
+  if (fuse_reply_open(req, fi) == -ENOENT) Ctx(req).dirs.Take(fi->fh);
+}
+
+// The directory handle `fh` of `ino`. A number this process did not give out was given out by
+// the process it took over from (daemon/supervisor.h): the directory is listed again and kept
+// under that number until its release.
+Result<std::shared_ptr<DirHandle>> DirOf(FuseContext& ctx, fuse_ino_t ino, uint64_t fh) {
+  if (std::shared_ptr<DirHandle> dir = ctx.dirs.Get(fh)) return dir;
+  CTFS_ASSIGN_OR_RETURN(std::unique_ptr<DirHandle> dir, ctx.fs->OpenDir(ino));
+  return ctx.dirs.Adopt(fh, std::move(dir));
 }
 
 // Lists entries from `offset` (0 = start; entry i has offset i+1, "." and ".." first).
-void DoReadDir(fuse_req_t req, size_t size, off_t offset, fuse_file_info* fi, bool plus) {
+void DoReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file_info* fi,
+               bool plus) {
   FuseContext& ctx = Ctx(req);
-  const DirHandle& dir = *reinterpret_cast<DirHandle*>(fi->fh);
+  Result<std::shared_ptr<DirHandle>> opened = DirOf(ctx, ino, fi->fh);
+  if (!opened.ok()) return ReplyError(req, opened.status(), plus ? "readdirplus" : "readdir");
+  const DirHandle& dir = **opened;
   std::vector<char> buf(size);
   size_t used = 0;
   const size_t total = dir.entries.size() + 2;
@@ -275,19 +287,19 @@ void DoReadDir(fuse_req_t req, size_t size, off_t offset, fuse_file_info* fi, bo
   fuse_reply_buf(req, buf.data(), used);
 }
 
-void ReadDir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   OpScope scope(req, kReaddir);
-  DoReadDir(req, size, off, fi, false);
+  DoReadDir(req, ino, size, off, fi, false);
 }
 
-void ReadDirPlus(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+void ReadDirPlus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   OpScope scope(req, kReaddirplus);
-  DoReadDir(req, size, off, fi, true);
+  DoReadDir(req, ino, size, off, fi, true);
 }
 
 void ReleaseDir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   OpScope scope(req, kReleasedir);
-  delete reinterpret_cast<DirHandle*>(fi->fh);
+  Ctx(req).dirs.Take(fi->fh);
   fuse_reply_err(req, 0);
 }
 
@@ -311,11 +323,11 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     if (err != 0 && err != -ENOENT) CTFS_LOG(kWarn) << "invalidate inode " << ino << ": " << err;
   }
   fi->keep_cache = r->keep_cache;
-  fi->fh = reinterpret_cast<uint64_t>(r->handle.release());
+  fi->fh = ctx.files.Insert(std::move(r->handle));
   if (fuse_reply_open(req, fi) == -ENOENT) {
     // The caller was interrupted: no release will come for this handle, which may count as
     // a writer of the file.
-    std::unique_ptr<FileHandle> h(reinterpret_cast<FileHandle*>(fi->fh));
+    std::shared_ptr<FileHandle> h = ctx.files.Take(fi->fh);
     Status ignored = ctx.fs->Release(ino, h.get());
     (void)ignored;
   }
@@ -325,9 +337,12 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
   OpScope scope(req, kRead);
   FuseContext& ctx = Ctx(req);
   Result<ReadResult> r = [&]() -> Result<ReadResult> {
-    if (fi->fh != 0)
-      return ctx.fs->Read(*reinterpret_cast<FileHandle*>(fi->fh), static_cast<uint64_t>(off), size);
-    // Opened without an open request (no_open): read the inode's current version.
+    if (fi->fh != 0) {
+      if (std::shared_ptr<FileHandle> h = ctx.files.Get(fi->fh))
+        return ctx.fs->Read(*h, static_cast<uint64_t>(off), size);
+    }
+    // Opened without an open request (no_open), or opened before this process took the
+    // mount over (a handle number it never gave out): read the inode's current version.
     CTFS_ASSIGN_OR_RETURN(FileHandle h, ctx.fs->HandleFor(ino));
     return ctx.fs->Read(h, static_cast<uint64_t>(off), size);
   }();
@@ -353,10 +368,12 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
 
 void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   OpScope scope(req, kRelease);
-  std::unique_ptr<FileHandle> handle(reinterpret_cast<FileHandle*>(fi->fh));
-  // close(2) already got flush's answer; an error here (logged) keeps the bytes for later.
-  Status ignored = Ctx(req).fs->Release(ino, handle.get());
-  (void)ignored;
+  // A number this process never gave out was opened before a takeover: nothing to release.
+  if (std::shared_ptr<FileHandle> handle = Ctx(req).files.Take(fi->fh)) {
+    // close(2) already got flush's answer; an error here (logged) keeps the bytes for later.
+    Status ignored = Ctx(req).fs->Release(ino, handle.get());
+    (void)ignored;
+  }
   fuse_reply_err(req, 0);
 }
 
@@ -389,10 +406,10 @@ void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fu
     fuse_reply_create(req, &param, fi);
     return;
   }
-  fi->fh = reinterpret_cast<uint64_t>(c->handle.release());
+  fi->fh = ctx.files.Insert(std::move(c->handle));
   if (fuse_reply_create(req, &param, fi) == -ENOENT) {
     // The caller was interrupted: no release will come for this handle.
-    std::unique_ptr<FileHandle> h(reinterpret_cast<FileHandle*>(fi->fh));
+    std::shared_ptr<FileHandle> h = ctx.files.Take(fi->fh);
     Status ignored = ctx.fs->Release(c->entry.ino, h.get());
     (void)ignored;
   }

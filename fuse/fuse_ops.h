@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "fs/file_system.h"
+#include "fuse/handle_table.h"
 
 namespace prometheus {
 class Registry;
@@ -41,6 +42,9 @@ struct FuseContext {
   bool no_open = false;
   // Answers the kernel's retrieve replies (set once after the session starts; may be null).
   PageProbe* page_probe = nullptr;
+  // The open files and directories, by the number the kernel holds (handle_table.h).
+  HandleTable<FileHandle> files;
+  HandleTable<DirHandle> dirs;
   std::unique_ptr<OpMetrics> metrics;
 };
 

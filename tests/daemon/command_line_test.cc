@@ -41,3 +41,84 @@ TEST(CommandLineTest, Errors) {
 
 }  // namespace
 }  // namespace cubetorchfs::daemon
+
+#include <fcntl.h>
+#include <sys/socket.h>
+
+#include <unistd.h>
+#include <cstring>
+
+#include "daemon/supervisor.h"
+#include "fuse/handle_table.h"
+
+namespace cubetorchfs::daemon {
+namespace {
+
+TEST(TakeoverTest, ParsesDescriptorsAndRefusesWhatIsNotOpenOrMalformed) {
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  const std::string r = std::to_string(p[0]);
+  auto t = ParseTakeover("fuse=" + r + ",generation=4,state=" + r);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->fuse_fd, p[0]);
+  EXPECT_EQ(t->generation, 4u);
+  EXPECT_EQ(t->state_fd, p[0]);
+  EXPECT_EQ(t->init_fd, -1);
+  EXPECT_EQ(t->channel_fd, -1);
+  for (const std::string& bad : std::vector<std::string>{
+           "", "generation=1", "fuse=" + r + ",bogus=1", "fuse=" + r + ",init=x",
+           "fuse=" + r + ",init=-1", "fuse=" + r + ",generation=8388608", "fuse=999999",
+           "fuse=" + r + ",channel"})
+    EXPECT_FALSE(ParseTakeover(bad).ok()) << bad;
+  ::close(p[0]);
+  ::close(p[1]);
+}
+
+TEST(TakeoverTest, CommandLineTakesTheInternalFlagsAndBaseArgvDropsThem) {
+  auto cl = ParseCommandLine({"-c", "/c.json", "/mnt", "--takeover", "fuse=3"});
+  ASSERT_TRUE(cl.ok());
+  EXPECT_EQ(cl->takeover, "fuse=3");
+  EXPECT_EQ(BaseArgv({"x", "-c", "/c", "--resume", "fuse=3", "/m", "--takeover", "fuse=4"}),
+            (std::vector<std::string>{"x", "-c", "/c", "/m"}));
+}
+
+TEST(TakeoverTest, MessagesCarryPayloadAndDescriptor) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+  Result<int> memfd = MemfdWith("t", std::string(100000, 'z'));
+  ASSERT_TRUE(memfd.ok());
+  ASSERT_TRUE(SendMessage(sv[0], kMsgState, "abc", *memfd));
+  char buf[16];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  iovec iov{buf, sizeof buf};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = sizeof control;
+  ASSERT_EQ(::recvmsg(sv[1], &mh, 0), 4);
+  EXPECT_EQ(std::string(buf, 4), "Sabc");
+  int fd = -1;
+  std::memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&mh)), sizeof fd);
+  Result<std::string> all = ReadAllFd(fd);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(*all, std::string(100000, 'z'));
+  for (int f : {fd, *memfd, sv[0], sv[1]}) ::close(f);
+}
+
+TEST(HandleTableTest, NumbersAreAboveEarlierGenerationsAndUnknownOnesAreNotFound) {
+  fuse::HandleTable<int> t;
+  t.SetGeneration(2);
+  const uint64_t a = t.Insert(std::make_unique<int>(7));
+  EXPECT_EQ(a, (uint64_t{2} << 40) + 1);
+  EXPECT_EQ(*t.Get(a), 7);
+  EXPECT_EQ(t.Get(5), nullptr);  // a number an earlier process gave out
+  EXPECT_EQ(*t.Adopt(5, std::make_unique<int>(8)), 8);
+  EXPECT_EQ(*t.Adopt(5, std::make_unique<int>(9)), 8);  // the first adoption stays
+  EXPECT_EQ(*t.Take(a), 7);
+  EXPECT_EQ(t.Take(a), nullptr);
+  EXPECT_EQ(t.size(), 1u);
+}
+
+}  // namespace
+}  // namespace cubetorchfs::daemon

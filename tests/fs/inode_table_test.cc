@@ -171,3 +171,67 @@ TEST(InodeTableTest, SizeGaugeFollowsLookupsAndForgets) {
 
 }  // namespace
 }  // namespace cubetorchfs::fs
+
+namespace cubetorchfs::fs {
+namespace {
+
+TEST(InodeTableTest, SerializedTableRestoresEveryNumberPathCountAndLink) {
+  InodeTable t(cfs_client::FileAttr{S_IFDIR | 0755}, 0);
+  const uint64_t dir = t.Acquire("d", cfs_client::FileAttr{S_IFDIR | 0755}, 1);
+  const uint64_t a = t.Acquire("d/a", Attr(3), 2);
+  t.Acquire("d/a", Attr(3), 3);
+  const uint64_t l1 = t.Acquire("x", Linked(9, 2), 4);
+  EXPECT_EQ(t.Acquire("y", Linked(9, 2), 5), l1);
+  const uint64_t gone = t.Acquire("gone", Attr(1), 6);
+  t.Remove("gone");
+  t.SetOpenedVersion(a, {3, 77});
+
+  InodeTable u(cfs_client::FileAttr{S_IFDIR | 0700}, 0);
+  ASSERT_TRUE(u.Restore(t.Serialize()).ok());
+  EXPECT_EQ(u.size(), t.size());
+  EXPECT_EQ(u.Find("d"), dir);
+  EXPECT_EQ(u.Find("d/a"), a);
+  EXPECT_EQ(u.lookups(a), 2u);
+  EXPECT_EQ(u.Get(a)->attr.size, 3u);
+  EXPECT_EQ(u.Get(a)->attr_time_ns, 3u);
+  EXPECT_EQ(u.Get(a)->opened_version->mtime_ns, 77);
+  EXPECT_EQ(u.Find("y"), l1);
+  EXPECT_EQ(u.OtherName(l1, "x"), "y");
+  EXPECT_TRUE(u.Get(gone)->removed);
+  EXPECT_FALSE(u.Find("gone").has_value());
+  EXPECT_EQ(u.Get(kRootIno)->attr.mode, static_cast<mode_t>(S_IFDIR | 0755));
+  // New numbers continue above the old ones; the kernel's references are honoured.
+  EXPECT_GT(u.Acquire("new", Attr(1), 7), gone);
+  u.Forget(a, 2);
+  EXPECT_FALSE(u.Get(a).has_value());
+  EXPECT_EQ(u.bad_forgets(), 0u);
+}
+
+TEST(InodeTableTest, RestoreRefusesBytesItCannotReadAndKeepsTheTable) {
+  InodeTable t(cfs_client::FileAttr{S_IFDIR | 0755}, 0);
+  t.Acquire("a", Attr(1), 1);
+  const std::string good = t.Serialize();
+  InodeTable u(cfs_client::FileAttr{S_IFDIR | 0755}, 0);
+  const uint64_t mine = u.Acquire("mine", Attr(1), 1);
+  for (size_t cut : {size_t{0}, size_t{7}, size_t{30}, good.size() - 1})
+    EXPECT_FALSE(u.Restore(good.substr(0, cut)).ok()) << cut;
+  std::string bad_magic = good;
+  bad_magic[0] ^= 1;
+  EXPECT_FALSE(u.Restore(bad_magic).ok());
+  EXPECT_FALSE(u.Restore(good + "x").ok());
+  EXPECT_EQ(u.Find("mine"), mine);
+}
+
+TEST(InodeTableTest, LaterGenerationNumbersAreAboveEarlierOnesAndTheirForgetsAreQuiet) {
+  InodeTable t(cfs_client::FileAttr{S_IFDIR | 0755}, 0);
+  t.SetGeneration(3);
+  const uint64_t a = t.Acquire("a", Attr(1), 1);
+  EXPECT_EQ(a, (uint64_t{3} << 40) + 2);
+  t.Forget(5, 1);  // an inode of a process before a crash: not handed over, not an error
+  EXPECT_EQ(t.bad_forgets(), 0u);
+  t.Forget(a + 100, 1);  // a number this process never gave out: a broken contract
+  EXPECT_EQ(t.bad_forgets(), 1u);
+}
+
+}  // namespace
+}  // namespace cubetorchfs::fs

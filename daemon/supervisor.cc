@@ -1,0 +1,456 @@
+#include "daemon/supervisor.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cstring>
+#include <sstream>
+
+#include "common/logging.h"
+#include "common/unique_fd.h"
+
+namespace cubetorchfs::daemon {
+
+Result<Takeover> ParseTakeover(const std::string& spec) {
+  Takeover t;
+  std::stringstream ss(spec);
+  for (std::string item; std::getline(ss, item, ',');) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) return Status::InvalidArgument("--takeover: bad item " + item);
+    const std::string key = item.substr(0, eq);
+    uint64_t v = 0;
+    const char* b = item.data() + eq + 1;
+    const char* e = item.data() + item.size();
+    auto [ptr, ec] = std::from_chars(b, e, v);
+    if (ec != std::errc() || ptr != e || b == e || (key != "generation" && v > INT32_MAX))
+      return Status::InvalidArgument("--takeover: bad value in " + item);
+    if (key == "fuse") t.fuse_fd = static_cast<int>(v);
+    else if (key == "channel") t.channel_fd = static_cast<int>(v);
+    else if (key == "generation") t.generation = v;
+    else if (key == "init") t.init_fd = static_cast<int>(v);
+    else if (key == "state") t.state_fd = static_cast<int>(v);
+    else return Status::InvalidArgument("--takeover: unknown key " + key);
+  }
+  if (t.fuse_fd < 0 || (t.generation >> 23) != 0)
+    return Status::InvalidArgument("--takeover: needs fuse=FD and a generation below 2^23");
+  for (int fd : {t.fuse_fd, t.channel_fd, t.init_fd, t.state_fd})
+    if (fd >= 0 && ::fcntl(fd, F_GETFD) < 0)
+      return Status::InvalidArgument("--takeover: descriptor " + std::to_string(fd) +
+                                     " is not open");
+  return t;
+}
+
+std::vector<std::string> BaseArgv(const std::vector<std::string>& argv) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == "--takeover" || argv[i] == "--resume") {
+      ++i;
+      continue;
+    }
+    out.push_back(argv[i]);
+  }
+  return out;
+}
+
+Result<std::string> ReadAllFd(int fd) {
+  std::string out;
+  char buf[1 << 16];
+  for (off_t off = 0;;) {
+    ssize_t n = ::pread(fd, buf, sizeof buf, off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::FromErrno(errno, "read handed-over state");
+    if (n == 0) return out;
+    out.append(buf, static_cast<size_t>(n));
+    off += n;
+  }
+}
+
+Result<int> MemfdWith(const std::string& name, const std::string& bytes) {
+  int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "memfd_create");
+  for (size_t done = 0; done < bytes.size();) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      return Status::FromErrno(err, "write " + name);
+    }
+    done += static_cast<size_t>(n);
+  }
+  return fd;
+}
+
+bool SendMessage(int sock, ChannelMessage kind, const std::string& payload, int fd) {
+  std::string msg(1, static_cast<char>(kind));
+  msg += payload;
+  iovec iov{msg.data(), msg.size()};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (fd >= 0) {
+    mh.msg_control = control;
+    mh.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  ssize_t n;
+  do n = ::sendmsg(sock, &mh, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  return n == static_cast<ssize_t>(msg.size());
+}
+
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr size_t kMaxMessage = 1 << 20;  // the INIT request is well under a page
+
+// Receives one message; `fd` gets an attached descriptor (else -1). False at EOF or error.
+bool ReceiveMessage(int sock, std::string* msg, int* fd) {
+  msg->resize(kMaxMessage);
+  iovec iov{msg->data(), msg->size()};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  mh.msg_control = control;
+  mh.msg_controllen = sizeof control;
+  ssize_t n;
+  do n = ::recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+  while (n < 0 && errno == EINTR);
+  *fd = -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+      std::memcpy(fd, CMSG_DATA(c), sizeof(int));
+  if (n <= 0) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
+    return false;
+  }
+  msg->resize(static_cast<size_t>(n));
+  return true;
+}
+
+}  // namespace
+
+void UnmountPath(const std::string& mount_point) {
+  if (::geteuid() == 0) {
+    if (::umount2(mount_point.c_str(), MNT_DETACH) != 0 && errno != EINVAL && errno != ENOENT)
+      CTFS_LOG(kWarn) << "unmount " << mount_point << ": " << std::strerror(errno);
+    return;
+  }
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execlp("fusermount3", "fusermount3", "-u", "-z", "--", mount_point.c_str(),
+             static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  if (pid > 0)
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+}
+
+namespace {
+
+double NowS() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+class Supervisor {
+ public:
+  Supervisor(const conf::Config& config, const CommandLine& cl, std::string exe,
+             std::vector<std::string> argv, int ready_fd, int fuse_fd)
+      : config_(config),
+        cl_(cl),
+        exe_(std::move(exe)),
+        argv_(BaseArgv(argv)),
+        ready_fd_(ready_fd),
+        fuse_fd_(fuse_fd) {}
+
+  int Run(const Takeover* resume);
+
+ private:
+  bool Spawn(int state_fd);
+  void OnMessage();
+  // The worker ended with `status`; returns the exit status of the supervisor, or -1 to go on.
+  int OnWorkerExit(int status);
+  void Ready();
+  [[noreturn]] void Reexec(int state_fd);
+  int Finish(int code);
+
+  const conf::Config& config_;
+  const CommandLine& cl_;
+  const std::string exe_;
+  const std::vector<std::string> argv_;
+  int ready_fd_;
+  const int fuse_fd_;
+  UniqueFd signal_fd_;
+  UniqueFd channel_;  // our end for the current worker
+  pid_t worker_ = -1;
+  uint64_t generation_ = 0;
+  std::string init_;       // the raw FUSE_INIT, once the first worker sent it
+  bool served_ = false;    // some worker reported ready
+  bool stopping_ = false;  // SIGTERM passed on: no restart
+  int state_fd_ = -1;      // handed over by the worker, for the next binary
+  std::vector<double> restarts_;
+  sigset_t old_mask_{};
+};
+
+void Supervisor::Ready() {
+  if (ready_fd_ < 0) return;
+  char c = 'R';
+  ssize_t ignored = ::write(ready_fd_, &c, 1);
+  (void)ignored;
+  ::close(ready_fd_);
+  ready_fd_ = -1;
+  if (!cl_.foreground) {
+    int null = ::open("/dev/null", O_RDWR);
+    if (null >= 0) {
+      ::dup2(null, STDIN_FILENO);
+      ::dup2(null, STDOUT_FILENO);
+      ::dup2(null, STDERR_FILENO);
+      if (null > STDERR_FILENO) ::close(null);
+    }
+  }
+}
+
+bool Supervisor::Spawn(int state_fd) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+    CTFS_LOG(kError) << "socketpair: " << std::strerror(errno);
+    return false;
+  }
+  int init_fd = -1;
+  if (!init_.empty()) {
+    Result<int> m = MemfdWith("cubetorchfs-init", init_);
+    if (!m.ok()) {
+      CTFS_LOG(kError) << m.status().ToString();
+      ::close(sv[0]);
+      ::close(sv[1]);
+      return false;
+    }
+    init_fd = *m;
+  }
+  std::string spec = "fuse=" + std::to_string(fuse_fd_);
+  spec += ",channel=" + std::to_string(sv[1]);
+  spec += ",generation=" + std::to_string(generation_);
+  if (init_fd >= 0) spec += ",init=" + std::to_string(init_fd);
+  if (state_fd >= 0) spec += ",state=" + std::to_string(state_fd);
+  std::vector<std::string> args = argv_;
+  args.push_back("--takeover");
+  args.push_back(spec);
+  std::vector<char*> cargs;
+  for (std::string& a : args) cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    for (int fd : {fuse_fd_, sv[1], init_fd, state_fd})
+      if (fd >= 0) ::fcntl(fd, F_SETFD, 0);
+    ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+    ::execv(exe_.c_str(), cargs.data());
+    ::_exit(127);
+  }
+  const int err = errno;
+  ::close(sv[1]);
+  if (init_fd >= 0) ::close(init_fd);
+  if (pid < 0) {
+    ::close(sv[0]);
+    CTFS_LOG(kError) << "fork: " << std::strerror(err);
+    return false;
+  }
+  channel_.reset(sv[0]);
+  worker_ = pid;
+  CTFS_LOG(kInfo) << "supervisor: worker " << pid << " started (generation " << generation_
+                  << (state_fd >= 0 ? ", with the state handed over" : "") << ")";
+  return true;
+}
+
+void Supervisor::OnMessage() {
+  std::string msg;
+  int fd = -1;
+  if (!ReceiveMessage(channel_.get(), &msg, &fd)) {
+    channel_.reset();  // the worker is gone or going; its exit comes as SIGCHLD
+    return;
+  }
+  switch (msg[0]) {
+    case kMsgInit:
+      if (init_.empty()) init_ = msg.substr(1);
+      break;
+    case kMsgReady:
+      served_ = true;
+      Ready();
+      break;
+    case kMsgState:
+      if (fd >= 0) {
+        if (state_fd_ >= 0) ::close(state_fd_);
+        state_fd_ = fd;
+        fd = -1;
+      }
+      break;
+    default:
+      CTFS_LOG(kWarn) << "supervisor: unknown message from the worker";
+  }
+  if (fd >= 0) ::close(fd);
+}
+
+void Supervisor::Reexec(int state_fd) {
+  std::string spec = "fuse=" + std::to_string(fuse_fd_) +
+                     ",generation=" + std::to_string(generation_ + 1);
+  Result<int> init = MemfdWith("cubetorchfs-init", init_);
+  if (init.ok()) spec += ",init=" + std::to_string(*init);
+  spec += ",state=" + std::to_string(state_fd);
+  std::vector<std::string> args = argv_;
+  args.push_back("--resume");
+  args.push_back(spec);
+  std::vector<char*> cargs;
+  for (std::string& a : args) cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+  for (int fd : {fuse_fd_, state_fd, init.ok() ? *init : -1})
+    if (fd >= 0) ::fcntl(fd, F_SETFD, 0);
+  ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+  CTFS_LOG(kInfo) << "supervisor: upgrading: executing " << exe_;
+  ::execv(exe_.c_str(), cargs.data());
+  // The installed binary cannot run: go on with this one, from its own image.
+  CTFS_LOG(kError) << "supervisor: cannot execute " << exe_ << ": " << std::strerror(errno)
+                   << "; the running version goes on";
+  ::execv("/proc/self/exe", cargs.data());
+  CTFS_LOG(kError) << "supervisor: cannot execute /proc/self/exe: " << std::strerror(errno);
+  UnmountPath(config_.mount_point);
+  ::_exit(kExitFailure);
+}
+
+int Supervisor::Finish(int code) {
+  UnmountPath(config_.mount_point);
+  if (ready_fd_ >= 0) {  // never ready: the waiting parent reads the exit status instead
+    ::close(ready_fd_);
+    ready_fd_ = -1;
+  }
+  CTFS_LOG(kInfo) << "supervisor: exiting with status " << code;
+  return code;
+}
+
+int Supervisor::OnWorkerExit(int status) {
+  worker_ = -1;
+  channel_.reset();
+  const bool exited = WIFEXITED(status);
+  const int code = exited ? WEXITSTATUS(status) : 0;
+  if (state_fd_ >= 0 && exited && code == 0) {
+    const int fd = state_fd_;
+    state_fd_ = -1;
+    Reexec(fd);
+  }
+  if (stopping_) return Finish(exited ? code : kExitFailure);
+  if (exited && code == 0) return Finish(0);  // unmounted, or stopped by a signal of its own
+  if (!served_) return Finish(exited ? code : kExitFailure);  // never came up: a start error
+  const std::string how = exited ? "exited with status " + std::to_string(code)
+                                 : std::string("was killed by signal ") +
+                                       ::strsignal(WTERMSIG(status));
+  const double now = NowS();
+  std::erase_if(restarts_, [now](double t) { return now - t > kRestartWindowS; });
+  if (static_cast<int>(restarts_.size()) >= kMaxRestarts) {
+    CTFS_LOG(kError) << "supervisor: worker " << how << "; " << kMaxRestarts
+                     << " restarts in the last " << kRestartWindowS << " s: giving up";
+    return Finish(kExitFailure);
+  }
+  restarts_.push_back(now);
+  ++generation_;
+  CTFS_LOG(kError) << "supervisor: worker " << how << "; starting a new one on the same "
+                   << "connection (generation " << generation_ << ")";
+  if (!Spawn(-1)) return Finish(kExitFailure);
+  return -1;
+}
+
+int Supervisor::Run(const Takeover* resume) {
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGUSR2}) sigaddset(&mask, s);
+  ::sigprocmask(SIG_BLOCK, &mask, &old_mask_);
+  sigdelset(&old_mask_, SIGCHLD);
+  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGUSR2}) sigdelset(&old_mask_, s);
+  signal_fd_.reset(::signalfd(-1, &mask, SFD_CLOEXEC));
+  if (!(signal_fd_.get() >= 0)) {
+    CTFS_LOG(kError) << "signalfd: " << std::strerror(errno);
+    return Finish(kExitFailure);
+  }
+  int state_fd = -1;
+  if (resume != nullptr) {
+    generation_ = resume->generation;
+    served_ = true;
+    if (resume->init_fd >= 0) {
+      Result<std::string> init = ReadAllFd(resume->init_fd);
+      ::close(resume->init_fd);
+      if (init.ok()) init_ = std::move(init).value();
+    }
+    state_fd = resume->state_fd;
+    if (state_fd >= 0) ::fcntl(state_fd, F_SETFD, FD_CLOEXEC);
+    ::fcntl(fuse_fd_, F_SETFD, FD_CLOEXEC);
+  }
+  if (!Spawn(state_fd)) return Finish(kExitFailure);
+  if (state_fd >= 0) ::close(state_fd);
+
+  for (;;) {
+    pollfd pfds[2] = {{signal_fd_.get(), POLLIN, 0}, {channel_.get(), POLLIN, 0}};
+    const int n = ::poll(pfds, (channel_.get() >= 0) ? 2 : 1, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      CTFS_LOG(kError) << "supervisor: poll: " << std::strerror(errno);
+      return Finish(kExitFailure);
+    }
+    if ((channel_.get() >= 0) && (pfds[1].revents & (POLLIN | POLLHUP | POLLERR))) OnMessage();
+    if (!(pfds[0].revents & POLLIN)) continue;
+    signalfd_siginfo si;
+    if (::read(signal_fd_.get(), &si, sizeof si) != sizeof si) continue;
+    if (si.ssi_signo == SIGCHLD) {
+      for (;;) {
+        int status = 0;
+        const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+        if (pid <= 0) break;
+        if (pid != worker_) continue;
+        // Messages the worker sent just before it ended (its state) are read first.
+        while ((channel_.get() >= 0)) {
+          pollfd p{channel_.get(), POLLIN, 0};
+          if (::poll(&p, 1, 0) <= 0 || !(p.revents & (POLLIN | POLLHUP))) break;
+          OnMessage();
+        }
+        if (int code = OnWorkerExit(status); code >= 0) return code;
+      }
+    } else if (si.ssi_signo == SIGUSR2) {
+      if ((channel_.get() >= 0) && served_) {
+        CTFS_LOG(kInfo) << "supervisor: SIGUSR2: asking worker " << worker_ << " to hand over";
+        SendMessage(channel_.get(), kMsgUpgrade, "");
+      }
+    } else {
+      stopping_ = true;
+      if (worker_ > 0) ::kill(worker_, SIGTERM);
+    }
+  }
+}
+
+}  // namespace
+
+int Supervise(const conf::Config& config, const CommandLine& cl, const std::string& exe,
+              const std::vector<std::string>& argv, int ready_fd, int fuse_fd,
+              const Takeover* resume) {
+  Supervisor supervisor(config, cl, exe, argv, ready_fd, fuse_fd);
+  return supervisor.Run(resume);
+}
+
+}  // namespace cubetorchfs::daemon

@@ -1,0 +1,87 @@
+// The supervisor: a small parent process that holds the mount's FUSE connection for the
+// process serving it (the worker), so that neither an upgrade nor a crash of the worker ends
+// the mount.
+//
+//   cubetorchfs -c CONFIG MNT
+//     └ supervisor: mounts (the /dev/fuse descriptor stays open here), starts the worker,
+//       waits. It loads no backend and holds no cache: a few MiB.
+//         └ worker: `cubetorchfs ... --takeover fuse=N,channel=M,generation=G[,init=I][,state=S]`,
+//           the whole daemon, serving the connection it inherited (libfuse's /dev/fd/N mount).
+//
+// The kernel sends FUSE_INIT once per connection. The first worker reads it itself and hands
+// a copy to the supervisor; every later worker replays that copy into its own libfuse session
+// (the reply goes nowhere), so it knows the connection's parameters without a new INIT.
+//
+// - Worker killed (kill -9, a crash, the OOM killer): the supervisor starts a new worker on
+//   the same connection at the next generation. Requests the kernel had queued wait for it;
+//   those the dead worker was handling fail with EIO (the kernel aborts nothing else). The new
+//   worker does not know the inode and handle numbers the kernel holds: it answers them with
+//   ESTALE, on which the kernel looks the path up again (open, stat and the rest retry once
+//   with a fresh lookup), so new opens succeed. Lost: reads on files opened before the crash,
+//   bytes written but not yet flushed, the RAM cache and the prefetch plans (the hook
+//   publishes again). The NVMe tier is kept (it recovers at start).
+// - Upgrade (`cubetorchfs upgrade MNT`, or SIGUSR2 to the supervisor): the worker stops taking
+//   requests, finishes those it is handling, and hands its inode table to the supervisor,
+//   which executes the installed binary in its own place (same pid) and starts a new worker
+//   with that table. Every inode number the kernel holds keeps naming its file; files opened
+//   before are read at their current version. Refused while a file is open for writing.
+// - Worker exits 0 (the mount was unmounted, or SIGTERM): the supervisor unmounts and exits 0.
+// - Supervisor gets SIGTERM/SIGINT/SIGHUP: it passes SIGTERM to the worker, waits for it,
+//   unmounts and exits with its status.
+// - More than kMaxRestarts crashes within kRestartWindowS: the supervisor unmounts and exits 1.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "conf/config.h"
+#include "daemon/command_line.h"
+
+namespace cubetorchfs::daemon {
+
+constexpr int kMaxRestarts = 5;
+constexpr double kRestartWindowS = 60;
+
+// Messages on the supervisor-worker channel (a SOCK_SEQPACKET socket pair): one byte of kind,
+// then the payload.
+enum ChannelMessage : char {
+  kMsgInit = 'I',     // worker -> supervisor: the raw FUSE_INIT request
+  kMsgReady = 'R',    // worker -> supervisor: the mount is served
+  kMsgState = 'S',    // worker -> supervisor: handed over; a memfd of the state is attached
+  kMsgUpgrade = 'U',  // supervisor -> worker: hand over (SIGUSR2 reached the supervisor)
+};
+
+// What a worker is given by its supervisor (parsed from --takeover).
+struct Takeover {
+  int fuse_fd = -1;
+  int channel_fd = -1;
+  uint64_t generation = 0;
+  int init_fd = -1;   // a memfd holding the raw FUSE_INIT; -1: the worker reads it
+  int state_fd = -1;  // a memfd holding the state handed over; -1: none
+};
+Result<Takeover> ParseTakeover(const std::string& spec);
+
+// The daemon's command line for a worker or a re-executed supervisor: `argv` without any
+// --takeover / --resume of its own.
+std::vector<std::string> BaseArgv(const std::vector<std::string>& argv);
+
+// Reads a whole memfd (or file) from offset 0.
+Result<std::string> ReadAllFd(int fd);
+// A sealed-for-nothing memfd holding `bytes` (close-on-exec cleared by whoever passes it).
+Result<int> MemfdWith(const std::string& name, const std::string& bytes);
+
+// Unmounts (lazily) the mount at `mount_point`: umount2 as root, else fusermount3 -u -z.
+void UnmountPath(const std::string& mount_point);
+
+// Sends a message with an optional descriptor; returns false on failure.
+bool SendMessage(int sock, ChannelMessage kind, const std::string& payload, int fd = -1);
+
+// Runs the supervisor until the mount ends; returns the exit status. `ready_fd` is the
+// daemonizing parent's pipe (-1 in the foreground); `fuse_fd` the mounted connection.
+// `resume`: a supervisor executed by an upgrade, with the INIT copy and the state (--resume).
+int Supervise(const conf::Config& config, const CommandLine& cl, const std::string& exe,
+              const std::vector<std::string>& argv, int ready_fd, int fuse_fd,
+              const Takeover* resume);
+
+}  // namespace cubetorchfs::daemon
