@@ -21,6 +21,8 @@ namespace {
 
 std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
 std::atomic<int> g_fd{STDERR_FILENO};
+std::mutex g_problem_mu;
+LoggedProblem g_problem;  // guarded by g_problem_mu
 
 const char* LevelName(LogLevel level) {
   switch (level) {
@@ -193,6 +195,11 @@ bool LogIsStderr() { return g_fd.load() == STDERR_FILENO; }
 
 bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_level.load(); }
 
+LoggedProblem LastLoggedProblem() {
+  std::lock_guard l(g_problem_mu);
+  return g_problem;
+}
+
 void WriteLogLine(LogLevel level, const char* file, int line, const std::string& msg) {
   uint64_t suppressed = 0;
   if (level >= LogLevel::kWarn && !Limiter().Admit(file, line, &suppressed)) return;
@@ -212,6 +219,11 @@ void WriteLogLine(LogLevel level, const char* file, int line, const std::string&
   while (!text.empty() && text.back() == '\n') text.remove_suffix(1);  // a habit, not a forgery
   std::string out = head;
   out += EscapeLogText(text);
+  if (level >= LogLevel::kWarn) {
+    std::lock_guard l(g_problem_mu);
+    g_problem.text = out.substr(0, 512);
+    g_problem.unix_s = duration<double>(now.time_since_epoch()).count();
+  }
   if (suppressed > 0) out += " (" + std::to_string(suppressed) + " similar lines suppressed)";
   out.push_back('\n');
   ssize_t ignored = ::write(g_fd.load(), out.data(), out.size());

@@ -51,6 +51,14 @@ bool LogIsStderr();
 // kError. `file` is compared by address (pass __FILE__).
 void WriteLogLine(LogLevel level, const char* file, int line, const std::string& msg);
 
+// The last warning or error logged (for `cubetorchfs status`): its text, escaped and cut to
+// 512 bytes, and when (Unix seconds); time 0 if none yet.
+struct LoggedProblem {
+  std::string text;
+  double unix_s = 0;
+};
+LoggedProblem LastLoggedProblem();
+
 namespace internal {
 class LogMessage {
  public:

@@ -218,6 +218,26 @@ Reply ServerImpl::Handle(Request& req, const Caller& caller, bool can_pass_fd, i
       return {res};
     }
   }
+  if (target == "/v1/health") {
+    if (method != http::verb::get) return {Error(http::status::method_not_allowed, "use GET", v)};
+    if (!options_.health)
+      return {Error(http::status::not_implemented, "this daemon reports no health", v)};
+    json report = options_.health();
+    const bool healthy = report.value("healthy", false);
+    return {
+        JsonResponse(healthy ? http::status::ok : http::status::service_unavailable, report, v)};
+  }
+  if (target == "/v1/admin/upgrade") {
+    if (method != http::verb::post) return {Error(http::status::method_not_allowed, "use POST", v)};
+    if (!caller.IsRoot() && caller.uid != ::geteuid())
+      return {Error(http::status::forbidden, "only root or the daemon's user may upgrade it", v)};
+    if (!options_.upgrade)
+      return {Error(http::status::not_implemented,
+                    "this daemon runs without a supervisor: it cannot be upgraded in place", v)};
+    if (Status s = options_.upgrade(); !s.ok()) return {ErrorFrom(http::status::conflict, s, v)};
+    return {
+        JsonResponse(http::status::accepted, json{{"handing_over", true}, {"pid", ::getpid()}}, v)};
+  }
   if (target == "/prefetch/read/path") {
     if (method != http::verb::post) return {Error(http::status::method_not_allowed, "use POST", v)};
     return {LegacyPrefetch(req, caller)};

@@ -36,7 +36,9 @@
 
 #include <cstdint>
 #include <functional>
+
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
@@ -99,6 +101,12 @@ class ControlServer {
     // The mount lets users other than root in (allow_other). Without it the kernel refuses
     // them the mount, so the control API refuses them too.
     bool others_may_use = true;
+    // GET /v1/health: the mount's health report (daemon/health.h), 200 when its "healthy" is
+    // true, else 503. Null: 501.
+    std::function<nlohmann::json()> health;
+    // POST /v1/admin/upgrade: hands the mount over to the installed binary (supervisor.h).
+    // Only root or the daemon's own user may ask. Null: 501 (no supervisor).
+    std::function<Status()> upgrade;
   };
   // Reads regular file `store_path` at the version of `attr`, handing `piece` its bytes in
   // order (for /batchdownload/path).

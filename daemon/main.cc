@@ -1,5 +1,7 @@
 // `cubetorchfs`: mounts a store through FUSE with a RAM cache and Prometheus metrics.
 
+#include <CivetServer.h>
+#include <civetweb.h>
 #include <fcntl.h>
 #include <linux/fuse.h>
 #include <malloc.h>
@@ -36,11 +38,14 @@
 #include "conf/config.h"
 #include "control/control_file.h"
 #include "control/control_server.h"
+#include "daemon/admin.h"
 #include "daemon/command_line.h"
+#include "daemon/health.h"
 #include "daemon/supervisor.h"
 #include "daemon/warmup.h"
 #include "fuse/fuse_ops.h"
 #include "fuse/page_probe.h"
+#include "fuse/session_loop.h"
 #include "prefetch/prefetcher.h"
 
 namespace cubetorchfs::daemon {
@@ -226,6 +231,36 @@ std::vector<std::string> FuseArgv(const conf::Config& config, const CommandLine&
   return argv;
 }
 
+// The store, as logs and health reports name it.
+std::string StoreName(const conf::Config& config) {
+  return config.backend.type == "posix" ? config.backend.root
+         : config.backend.type == "s3"
+             ? config.backend.s3.endpoint + "/" + config.backend.s3.bucket
+             : "cubefs://" + config.backend.cubefs.master_addr + "/" + config.backend.cubefs.volume;
+}
+
+// GET /healthz on the metrics port, answered before prometheus-cpp's handlers see the request
+// (civetweb's begin_request). The health object outlives the listener.
+Health* g_health = nullptr;
+
+int HealthzHandler(mg_connection* conn) {
+  const mg_request_info* info = mg_get_request_info(conn);
+  if (info == nullptr || info->local_uri == nullptr ||
+      std::strcmp(info->local_uri, "/healthz") != 0)
+    return 0;  // not ours: /metrics goes on to prometheus-cpp
+  if (g_health == nullptr) return 0;
+  const nlohmann::json report = g_health->Report();
+  const bool healthy = report.value("healthy", false);
+  const std::string body =
+      report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  mg_printf(conn,
+            "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+            "Connection: close\r\n\r\n",
+            healthy ? 200 : 503, healthy ? "OK" : "Service Unavailable", body.size());
+  mg_write(conn, body.data(), body.size());
+  return healthy ? 200 : 503;
+}
+
 // Writes the control file the Python hook finds this mount by, and logs the mount; returns
 // the pid recorded in it.
 int WriteMountInfo(const conf::Config& config, const std::string& control_path,
@@ -243,12 +278,7 @@ int WriteMountInfo(const conf::Config& config, const std::string& control_path,
   if (Status s = control::WriteControlFile(control_path, info); !s.ok())
     CTFS_LOG(kWarn) << "control file not written, the Python hook will not find this mount: "
                     << s.ToString();
-  const std::string store =
-      config.backend.type == "posix" ? config.backend.root
-      : config.backend.type == "s3"
-          ? config.backend.s3.endpoint + "/" + config.backend.s3.bucket
-          : "cubefs://" + config.backend.cubefs.master_addr + "/" + config.backend.cubefs.volume;
-  CTFS_LOG(kInfo) << "mounted " << store << " at " << config.mount_point << " (volume "
+  CTFS_LOG(kInfo) << "mounted " << StoreName(config) << " at " << config.mount_point << " (volume "
                   << config.vol_name << ", cache " << config.cache.memory_bytes << " bytes)";
   return info.pid;
 }
@@ -256,23 +286,6 @@ int WriteMountInfo(const conf::Config& config, const std::string& control_path,
 // The composition root, one function on purpose (~150 lines): every component lives in this
 // frame, built in dependency order and destroyed in reverse, and the shutdown below runs in
 // the one order that loses nothing. The option structs are built by the helpers above.
-
-// /proc/self/mountinfo escapes space, tab, newline and backslash as \ooo.
-std::string UnescapeMountinfo(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 3 < s.size()) {
-      const std::string oct = s.substr(i + 1, 3);
-      if (oct.size() == 3 && oct.find_first_not_of("01234567") == std::string::npos) {
-        out.push_back(static_cast<char>(std::stoi(oct, nullptr, 8)));
-        i += 3;
-        continue;
-      }
-    }
-    out.push_back(s[i]);
-  }
-  return out;
-}
 
 // The kernel's readahead for our mount: its bdi's read_ahead_kb (a FUSE mount gets 128 KiB
 // whatever max_readahead says). The device comes from mountinfo, not stat(): our own file
@@ -394,9 +407,34 @@ Status StartConnection(fuse_session* se, const Takeover& t) {
   return Status::OK();
 }
 
-// The loop thread, which a handover stops (pthread_kill: libfuse's handler ends the loop).
+// After a crash of the process before (no state handed over), the kernel still holds its
+// names and inode numbers, which this process does not know. Where the kernel asks about
+// them it gets ESTALE and looks the path up again, but with keep_cache (no open requests)
+// and long entry timeouts it may not ask for minutes. So every name under the root is
+// invalidated: the kernel drops the unused names beneath it, and the next path walk looks
+// them up here. Runs beside the session loop (the kernel may send forgets meanwhile).
+void DropDentriesOfEarlierProcess(fuse_session* se, cfs_client::Backend* store) {
+  constexpr size_t kMaxNames = 1u << 20;
+  Result<std::vector<cfs_client::DirEntry>> root = store->List("");
+  if (!root.ok()) {
+    CTFS_LOG(kWarn) << "after the restart, cannot list the store's root to drop the kernel's "
+                    << "old names (they expire after fuse.entry_timeout_s): "
+                    << root.status().ToString();
+    return;
+  }
+  size_t dropped = 0;
+  for (const cfs_client::DirEntry& e : *root) {
+    if (dropped == kMaxNames || fuse_session_exited(se)) break;
+    if (fuse_lowlevel_notify_inval_entry(se, fs::kRootIno, e.name.data(), e.name.size()) == 0)
+      ++dropped;
+  }
+  CTFS_LOG(kInfo) << "after the restart, the kernel dropped " << dropped << " of " << root->size()
+                  << " names under the root it had from the process before";
+}
+
+// The session a handover stops.
 std::atomic<bool> g_handover{false};
-pthread_t g_loop_thread;
+std::atomic<fuse_session*> g_session{nullptr};
 
 // Stops the loop so that the state can go to the next binary; refused while files are being
 // written (their write states cannot be handed over).
@@ -405,10 +443,11 @@ Status RequestHandover(const FileSystem& fs) {
     return Status::FromErrno(EBUSY, std::to_string(n) +
                                         " file(s) open for writing through the "
                                         "mount; upgrade once they are closed");
+  if (g_session.load() == nullptr)
+    return Status::FromErrno(EAGAIN, "the mount is not served yet; try again");
   if (g_handover.exchange(true)) return Status::OK();
   CTFS_LOG(kInfo) << "handing the mount over to the next binary";
-  ::pthread_kill(g_loop_thread, SIGTERM);
-  return Status::OK();
+  return Status::OK();  // the loop answers what it has read, then returns
 }
 
 int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& takeover) {
@@ -423,7 +462,9 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   if (config.exporter_port != 0) {
     const std::string addr = "127.0.0.1:" + std::to_string(config.exporter_port);
     try {
-      exposer = std::make_unique<prometheus::Exposer>(addr, 2);
+      static CivetCallbacks callbacks;
+      callbacks.begin_request = HealthzHandler;
+      exposer = std::make_unique<prometheus::Exposer>(addr, 2, &callbacks);
       exposer->RegisterCollectable(registry);
     } catch (const std::exception& e) {
       return Fail(kExitBadConfig, "exporterPort: cannot listen on " + addr + ": " + e.what());
@@ -486,6 +527,29 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   if (disk)
     warmer =
         std::make_unique<prefetch::Warmer>(backend->get(), disk.get(), config.cache.chunk_bytes);
+  Health::Options health_options;
+  health_options.store = StoreName(config);
+  health_options.generation = takeover.generation;
+  cache::RamCache* ram = cache.get();
+  cache::DiskCache* nvme = disk.get();
+  const uint64_t ram_budget = config.cache.memory_bytes;
+  Health health(health_options, backend->get(), [&prefetcher, ram, nvme, ram_budget] {
+    const prefetch::Stats st = prefetcher.GetStats();
+    nlohmann::json c = {{"ram_bytes", ram->bytes() + st.window_bytes},
+                        {"ram_capacity_bytes", ram_budget}};
+    if (nvme != nullptr) c["disk_bytes"] = nvme->bytes();
+    nlohmann::json r = {
+        {"cache", c},
+        {"reads", {{"hit", st.reads.hit}, {"late", st.reads.late}, {"miss", st.reads.miss}}}};
+    r["hit_ratio"] = st.reads.total() == 0 ? nlohmann::json(nullptr)
+                                           : nlohmann::json(static_cast<double>(st.reads.hit) /
+                                                            static_cast<double>(st.reads.total()));
+    return r;
+  });
+  g_health = &health;
+  control_options.health = [&health] { return health.Report(); };
+  if (takeover.channel_fd >= 0)
+    control_options.upgrade = [filesystem] { return RequestHandover(*filesystem); };
   Result<std::unique_ptr<control::ControlServer>> control = control::ControlServer::Start(
       control_options, &prefetcher, cache.get(),
       [filesystem](const std::string& path, const cfs_client::FileAttr& attr,
@@ -571,14 +635,15 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   if (!cl.foreground) DetachStdio(/*keep_stderr=*/false);
 
   filesystem->StartWriteBack();
-  g_loop_thread = ::pthread_self();
+  std::thread forget_old;
+  if (takeover.generation > 0 && takeover.state_fd < 0 && takeover.init_fd >= 0)
+    forget_old = std::thread(
+        [session, store = backend->get()] { DropDentriesOfEarlierProcess(session, store); });
+  g_session = se.get();
   int rc = 0;
   for (;;) {
-    fuse_loop_config* loop = fuse_loop_cfg_create();
-    fuse_loop_cfg_set_clone_fd(loop, 1);
-    fuse_loop_cfg_set_max_threads(loop, 64);  // misses block on the backend; keep many in flight
-    rc = fuse_session_loop_mt(se.get(), loop);
-    fuse_loop_cfg_destroy(loop);
+    // Misses wait on the store: keep many requests in flight.
+    rc = fuse::RunSessionLoop(se.get(), /*min_threads=*/4, /*max_threads=*/64, &g_handover);
     if (!g_handover.load()) break;
     // Every request taken is answered; those not yet taken wait in the kernel for the next
     // process. A file opened for writing meanwhile cannot be handed over: go on serving.
@@ -587,9 +652,9 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
     }
     CTFS_LOG(kWarn) << "upgrade abandoned: a file was opened for writing meanwhile";
     g_handover.store(false);
-    fuse_session_reset(se.get());
   }
 
+  if (forget_old.joinable()) forget_old.join();
   CTFS_LOG(kInfo) << "unmounting " << config.mount_point << " (session loop returned " << rc << ")";
   filesystem->StopWriteBack();       // it may notify the session: stop it while the session lives
   prefetcher.SetPageProbe(nullptr);  // no more probes: what is marked is simply fetched
@@ -612,6 +677,10 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
 int Main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "warmup")
     return RunWarmup(std::vector<std::string>(argv + 2, argv + argc));
+  if (argc > 1 && std::string(argv[1]) == "status")
+    return RunStatus(std::vector<std::string>(argv + 2, argv + argc));
+  if (argc > 1 && std::string(argv[1]) == "upgrade")
+    return RunUpgrade(std::vector<std::string>(argv + 2, argv + argc));
   Result<CommandLine> cl = ParseCommandLine(std::vector<std::string>(argv + 1, argv + argc));
   if (!cl.ok()) return Fail(kExitBadConfig, cl.status().message());
   if (cl->help) {

@@ -35,12 +35,18 @@ Result<Takeover> ParseTakeover(const std::string& spec) {
     auto [ptr, ec] = std::from_chars(b, e, v);
     if (ec != std::errc() || ptr != e || b == e || (key != "generation" && v > INT32_MAX))
       return Status::InvalidArgument("--takeover: bad value in " + item);
-    if (key == "fuse") t.fuse_fd = static_cast<int>(v);
-    else if (key == "channel") t.channel_fd = static_cast<int>(v);
-    else if (key == "generation") t.generation = v;
-    else if (key == "init") t.init_fd = static_cast<int>(v);
-    else if (key == "state") t.state_fd = static_cast<int>(v);
-    else return Status::InvalidArgument("--takeover: unknown key " + key);
+    if (key == "fuse")
+      t.fuse_fd = static_cast<int>(v);
+    else if (key == "channel")
+      t.channel_fd = static_cast<int>(v);
+    else if (key == "generation")
+      t.generation = v;
+    else if (key == "init")
+      t.init_fd = static_cast<int>(v);
+    else if (key == "state")
+      t.state_fd = static_cast<int>(v);
+    else
+      return Status::InvalidArgument("--takeover: unknown key " + key);
   }
   if (t.fuse_fd < 0 || (t.generation >> 23) != 0)
     return Status::InvalidArgument("--takeover: needs fuse=FD and a generation below 2^23");
@@ -169,8 +175,7 @@ void UnmountPath(const std::string& mount_point) {
 namespace {
 
 double NowS() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 class Supervisor {
@@ -312,8 +317,8 @@ void Supervisor::OnMessage() {
 }
 
 void Supervisor::Reexec(int state_fd) {
-  std::string spec = "fuse=" + std::to_string(fuse_fd_) +
-                     ",generation=" + std::to_string(generation_ + 1);
+  std::string spec =
+      "fuse=" + std::to_string(fuse_fd_) + ",generation=" + std::to_string(generation_ + 1);
   Result<int> init = MemfdWith("cubetorchfs-init", init_);
   if (init.ok()) spec += ",init=" + std::to_string(*init);
   spec += ",state=" + std::to_string(state_fd);
@@ -360,9 +365,9 @@ int Supervisor::OnWorkerExit(int status) {
   if (stopping_) return Finish(exited ? code : kExitFailure);
   if (exited && code == 0) return Finish(0);  // unmounted, or stopped by a signal of its own
   if (!served_) return Finish(exited ? code : kExitFailure);  // never came up: a start error
-  const std::string how = exited ? "exited with status " + std::to_string(code)
-                                 : std::string("was killed by signal ") +
-                                       ::strsignal(WTERMSIG(status));
+  const std::string how =
+      exited ? "exited with status " + std::to_string(code)
+             : std::string("was killed by signal ") + ::strsignal(WTERMSIG(status));
   const double now = NowS();
   std::erase_if(restarts_, [now](double t) { return now - t > kRestartWindowS; });
   if (static_cast<int>(restarts_.size()) >= kMaxRestarts) {

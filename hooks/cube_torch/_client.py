@@ -344,8 +344,10 @@ class ControlClient:
             except (OSError, http.client.HTTPException, ValueError) as e:
                 self.close()
                 if isinstance(e, FileNotFoundError) or getattr(e, "errno", None) == errno.ENOENT:
-                    raise ControlError(f"no control socket at {self.socket_path}") from None
-                raise ControlError(f"{method} {url}: {e!r}") from None
+                    raise ControlError(f"no control socket at {self.socket_path}",
+                                       err=errno.ENOENT) from None
+                raise ControlError(f"{method} {url}: {e!r}",
+                                   err=getattr(e, "errno", 0) or 0) from None
             return self._parse(method, url, status, data)
         raise ControlError(f"{method} {url}: connection lost")  # not reached
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import errno
 import itertools
 import os
 import queue
@@ -34,10 +35,11 @@ from ._paths import PathMapper
 MAX_QUEUED_BATCHES = 1024   # batches waiting for the publisher thread
 MAX_POST_BYTES = 4 << 20    # a POST's paths, well under the daemon's 16 MiB body limit
 MAX_ITEMS_PER_CYCLE = 4096  # queue items drained before the thread sends anything
-MAX_STREAM_RECREATES = 3    # after a 404 (the daemon expired or forgot the stream)
+MAX_STREAM_RECREATES = 16   # after a 404 (the daemon expired the stream, or restarted)
 EXIT_WAIT_S = 0.5           # how long interpreter exit waits for final DELETEs
 STATS_FLUSH_S = 1.0         # stats() waits this long at most for queued batches to be sent
-DOWN_COOLDOWN_S = 10.0      # a daemon that timed out or refused is not asked again for this long
+DOWN_COOLDOWN_S = 2.0       # a daemon that timed out is not asked again for this long
+GONE_COOLDOWN_S = 0.2       # nor one with no socket or refusing connections (restarting)
 FULL_COOLDOWN_S = 1.0       # after a 429 (queued-path limits), a stream's batches are dropped
 
 _BATCH, _CLOSE, _FLUSH, _STOP = range(4)
@@ -308,7 +310,9 @@ class Publisher:
         if len(paths) < len(raw):
             self._count("skipped", len(raw) - len(paths))
         if time.monotonic() < self._down_until.get(stream.daemon.control_socket, 0.0):
-            stream.quiet = True  # it just failed us: do not wait on it again for a while
+            # It just failed us: do not wait on it again for a while. A daemon being upgraded
+            # or restarted by its supervisor answers again within a second or two; the stream
+            # is then created again (a 404 below) and publishing resumes.
             self._count("dropped", n_indices)
             return
         if time.monotonic() < stream.refused_until:
@@ -333,9 +337,17 @@ class Publisher:
                     break
         except _client.ControlError as e:
             self._count("errors")
-            stream.quiet = True
             if e.status == 0:  # no answer at all: timeout, refused, no socket
-                self._down_until[stream.daemon.control_socket] = time.monotonic() + DOWN_COOLDOWN_S
+                # A daemon being upgraded or restarted has no socket, or refuses, for well
+                # under a second: ask again soon. One that timed out may be hung: not as soon.
+                gone = e.errno in (errno.ENOENT, errno.ECONNREFUSED)
+                self._down_until[stream.daemon.control_socket] = time.monotonic() + (
+                    GONE_COOLDOWN_S if gone else DOWN_COOLDOWN_S)
+                self._warn(f"{e}; the files of {stream.name} are not published while the "
+                           "daemon does not answer (reads still go through the mount); "
+                           "asking again shortly")
+                return
+            stream.quiet = True
             self._warn(f"{e}; the files of {stream.name} are no longer published "
                        "(training goes on, reading from the store)")
 
