@@ -272,8 +272,18 @@ std::unique_ptr<Backend> NewInjectBackend(std::unique_ptr<Backend> base,
 
 // Wraps `base` and records cubetorchfs_backend_requests_total{op,status} and
 // cubetorchfs_backend_request_seconds{op} in `registry`, which must outlive the wrapper.
+// Logs the start and the end of an outage of `store` (its name in the log) once each.
 std::unique_ptr<Backend> NewMeteredBackend(std::unique_ptr<Backend> base,
-                                           prometheus::Registry& registry, Clock* clock);
+                                           prometheus::Registry& registry, Clock* clock,
+                                           const std::string& store = "the store");
+
+// True while the store is in an outage (a metered backend's latest request failed to reach
+// it): an outage is logged once there, so the errors it causes need not be, one by one.
+bool StoreDown();
+
+// The store as logs and health reports name it: the posix root, endpoint/bucket, or
+// cubefs://master/volume.
+std::string StoreName(const conf::BackendOptions& opts);
 
 // Builds the backend described by `opts` (posix, s3 or cubefs), with injection if configured,
 // metered.

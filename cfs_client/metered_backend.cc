@@ -5,11 +5,17 @@
 #include <prometheus/registry.h>
 
 #include <array>
+#include <atomic>
+#include <mutex>
+#include <string>
 
 #include "cfs_client/backend.h"
+#include "common/logging.h"
 
 namespace cubetorchfs::cfs_client {
 namespace {
+
+std::atomic<bool> g_store_down{false};
 
 enum Op {
   kStat,
@@ -80,8 +86,9 @@ class MeteredWritableFile final : public WritableFile {
 
 class MeteredBackend final : public Backend {
  public:
-  MeteredBackend(std::unique_ptr<Backend> base, prometheus::Registry& registry, Clock* clock)
-      : base_(std::move(base)), clock_(clock) {
+  MeteredBackend(std::unique_ptr<Backend> base, prometheus::Registry& registry, Clock* clock,
+                 std::string store)
+      : base_(std::move(base)), clock_(clock), store_(std::move(store)) {
     auto& requests = prometheus::BuildCounter()
                          .Name("cubetorchfs_backend_requests_total")
                          .Help("Requests to the backing store, by operation and status")
@@ -107,7 +114,45 @@ class MeteredBackend final : public Backend {
     auto r = fn();
     seconds_[op]->Observe(static_cast<double>(clock_->NowNanos() - start) / 1e9);
     requests_[op][OutcomeOf(StatusOf(r))]->Increment();
+    NoteReachability(StatusOf(r), start);
     return r;
+  }
+
+  // An outage of the store is logged once when it starts (the first request that fails to
+  // reach it: IOError is a connection error, a timeout or a 5xx after the retries) and once
+  // when it ends (the next request that gets an answer), not at every failed request.
+  // A request that began before the store last answered says nothing new when it fails: it
+  // was sent during the outage that just ended (its timeout ran out after the store came
+  // back).
+  void NoteReachability(const Status& s, uint64_t started_ns) {
+    const bool unreachable = s.code() == Status::Code::kIOError;
+    if (!unreachable) {
+      uint64_t seen = last_ok_ns_.load(std::memory_order_relaxed);
+      while (seen < started_ns &&
+             !last_ok_ns_.compare_exchange_weak(seen, started_ns, std::memory_order_relaxed)) {
+      }
+    } else if (started_ns < last_ok_ns_.load(std::memory_order_relaxed)) {
+      return;
+    }
+    if (unreachable == down_.load(std::memory_order_relaxed)) {
+      if (unreachable) failed_while_down_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    std::lock_guard l(outage_mu_);
+    if (unreachable == down_.load()) return;
+    down_.store(unreachable);
+    g_store_down.store(unreachable);
+    if (unreachable) {
+      down_since_ns_ = clock_->NowNanos();
+      failed_while_down_.store(1);
+      CTFS_LOG(kError) << "store " << store_ << " does not answer: " << s.ToString()
+                       << "; reads of what is not cached fail with EIO until it does "
+                       << "(logged once per outage)";
+    } else {
+      CTFS_LOG(kWarn) << "store " << store_ << " answers again after "
+                      << static_cast<double>(clock_->NowNanos() - down_since_ns_) / 1e9 << " s; "
+                      << failed_while_down_.load() << " requests failed meanwhile";
+    }
   }
 
   Result<FileAttr> Stat(const std::string& path) override {
@@ -182,8 +227,14 @@ class MeteredBackend final : public Backend {
   }
 
  private:
+  std::atomic<bool> down_{false};
+  std::atomic<uint64_t> last_ok_ns_{0};  // when the latest answered request began
+  std::atomic<uint64_t> failed_while_down_{0};
+  std::mutex outage_mu_;        // orders the two log lines of an outage
+  uint64_t down_since_ns_ = 0;  // guarded by outage_mu_
   const std::unique_ptr<Backend> base_;
   Clock* const clock_;
+  const std::string store_;
   // Owned by the registry; prometheus-cpp metrics are thread-safe.
   prometheus::Counter* requests_[kNumOps][kNumOutcomes];
   prometheus::Histogram* seconds_[kNumOps];
@@ -211,8 +262,9 @@ Status MeteredWritableFile::Sync() {
 }  // namespace
 
 std::unique_ptr<Backend> NewMeteredBackend(std::unique_ptr<Backend> base,
-                                           prometheus::Registry& registry, Clock* clock) {
-  return std::make_unique<MeteredBackend>(std::move(base), registry, clock);
+                                           prometheus::Registry& registry, Clock* clock,
+                                           const std::string& store) {
+  return std::make_unique<MeteredBackend>(std::move(base), registry, clock, store);
 }
 
 Result<std::unique_ptr<Backend>> NewBackend(const conf::BackendOptions& opts,
@@ -226,7 +278,17 @@ Result<std::unique_ptr<Backend>> NewBackend(const conf::BackendOptions& opts,
   if (!base.ok()) return base.status();
   std::unique_ptr<Backend> b = std::move(base).value();
   if (opts.inject.enabled) b = NewInjectBackend(std::move(b), opts.inject, clock);
-  return NewMeteredBackend(std::move(b), registry, clock);
+  return NewMeteredBackend(std::move(b), registry, clock, StoreName(opts));
+}
+
+bool StoreDown() { return g_store_down.load(std::memory_order_relaxed); }
+
+std::string StoreName(const conf::BackendOptions& opts) {
+  if (opts.type == "posix") return opts.root;
+  if (opts.type == "s3") return opts.s3.endpoint + "/" + opts.s3.bucket;
+  if (opts.type == "cubefs")
+    return "cubefs://" + opts.cubefs.master_addr + "/" + opts.cubefs.volume;
+  return opts.type;
 }
 
 }  // namespace cubetorchfs::cfs_client

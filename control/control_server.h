@@ -1,23 +1,28 @@
 // The control server: HTTP/1.1 + JSON on a unix socket (the /v1 API the cube_torch hook
 // uses) and on 127.0.0.1:profPort (the original cube_torch package's endpoints).
 //
-//   POST   /v1/streams              {"name": str, "pid": int}   -> 201 {"id": str}
-//   POST   /v1/streams/{id}/paths   {"paths": [str, ...]}       -> 202 {"accepted": n, "rejected":
-//   m} DELETE /v1/streams/{id}                                     -> 204 GET    /v1/stats -> 200
-//   counters, global and per stream POST   /prefetch/read/path      [[abs_path, ...], ...]      ->
-//   200 "prefetching.\n" POST   /register/pid, /unregister/pid   [pid, ...]          -> 200 POST
-//   /batchdownload/path      [[path, ...]]               -> 200 framed file contents POST
-//   /v1/files/open           {"path": str}  (unix socket only) -> 200 {"size", "mtime_ns",
-//                                     "kind", "bytes": {"ram", "disk", "backend"}} and a read-only
-//                                     file descriptor of the file's bytes attached with SCM_RIGHTS
-//                                     (docs/fd_exchange.md)
-//   POST   /v1/warmup               {"paths": [str, ...]}       -> 200 {"fetched", "skipped",
-//                                     "failed", "bytes", "errors"}: fills the NVMe tier
+// clang-format off
+//   POST   /v1/streams              {"name": str, "pid": int}  -> 201 {"id": str}
+//   POST   /v1/streams/{id}/paths   {"paths": [str, ...]}      -> 202 {"accepted": n, "rejected": m}
+//   DELETE /v1/streams/{id}                                    -> 204
+//   GET    /v1/stats                                           -> 200 counters, global and per stream
+//   POST   /v1/files/open           {"path": str}              -> 200 {"size", "mtime_ns", "kind",
+//                                   (unix socket only)            "bytes"} and a read-only descriptor
+//                                                                 of the file (SCM_RIGHTS,
+//                                                                 docs/fd_exchange.md)
+//   POST   /v1/warmup               {"paths": [str, ...]}      -> 200 {"fetched", "skipped", "failed",
+//                                                                 "bytes", "errors"}: fills NVMe
+//   GET    /v1/health                                          -> 200 or 503 the health report
+//   POST   /v1/admin/upgrade        (root or the daemon's user) -> 202, or 409 files being written
+//   POST   /prefetch/read/path      [[abs_path, ...], ...]     -> 200 "prefetching.\n"
+//   POST   /register/pid, /unregister/pid  [pid, ...]          -> 200 (logged only)
+//   POST   /batchdownload/path      [[path, ...]]              -> 200 framed file contents
+// clang-format on
 //
-// Errors are JSON {"error": "..."}: 400 malformed, 403 another user's stream, 404 unknown
-// stream or route, 405 wrong method, 413 body over the limit, 422 no acceptable path, 429 a
-// limit on streams or queued paths reached (the error names it), 503 the server's request
-// memory is in use (retry).
+// Errors are JSON {"error": "...", "code": "...", "errno": n}: 400 malformed, 403 another user's
+// stream, 404 unknown stream or route, 405 wrong method, 413 body over the limit, 422 no acceptable
+// path, 429 a limit on streams or queued paths reached (the error names it), 503 the server's
+// request memory is in use (retry).
 //
 // Every connection is from a known local user: the unix socket's peer credentials
 // (SO_PEERCRED), or for the loopback TCP port the owner of the peer socket as the kernel's

@@ -150,8 +150,8 @@ double Num(const json& j, const char* key) {
 
 void PrintReport(const Daemon& d, const json& r) {
   const bool healthy = r.value("healthy", false);
-  std::cout << "cubetorchfs " << r.value("version", "?") << " at " << d.mount_point
-            << " (volume " << d.vol_name << "): " << (healthy ? "healthy" : "UNHEALTHY") << "\n";
+  std::cout << "cubetorchfs " << r.value("version", "?") << " at " << d.mount_point << " (volume "
+            << d.vol_name << "): " << (healthy ? "healthy" : "UNHEALTHY") << "\n";
   std::cout << "  pid " << r.value("pid", 0) << ", supervisor " << r.value("supervisor_pid", 0)
             << ", generation " << r.value("generation", 0) << " (restarts and upgrades so far)"
             << ", up " << Duration(Num(r, "uptime_s")) << "\n";

@@ -78,6 +78,13 @@ int Fail(int code, const std::string& msg) {
   return code;
 }
 
+// The supervisor's exit: the session it kept open for the mount's life is not destroyed
+// (that would close the connection before the unmount is done), so no destructors run.
+[[noreturn]] void ExitNow(int code) {
+  std::fflush(nullptr);
+  std::_Exit(code);
+}
+
 // The binary to start workers and upgrades from: this one's path, which after a package
 // upgrade holds the new version ("/usr/bin/cubetorchfs (deleted)" names the old one).
 std::string SelfExe() {
@@ -231,14 +238,6 @@ std::vector<std::string> FuseArgv(const conf::Config& config, const CommandLine&
   return argv;
 }
 
-// The store, as logs and health reports name it.
-std::string StoreName(const conf::Config& config) {
-  return config.backend.type == "posix" ? config.backend.root
-         : config.backend.type == "s3"
-             ? config.backend.s3.endpoint + "/" + config.backend.s3.bucket
-             : "cubefs://" + config.backend.cubefs.master_addr + "/" + config.backend.cubefs.volume;
-}
-
 // GET /healthz on the metrics port, answered before prometheus-cpp's handlers see the request
 // (civetweb's begin_request). The health object outlives the listener.
 Health* g_health = nullptr;
@@ -278,8 +277,9 @@ int WriteMountInfo(const conf::Config& config, const std::string& control_path,
   if (Status s = control::WriteControlFile(control_path, info); !s.ok())
     CTFS_LOG(kWarn) << "control file not written, the Python hook will not find this mount: "
                     << s.ToString();
-  CTFS_LOG(kInfo) << "mounted " << StoreName(config) << " at " << config.mount_point << " (volume "
-                  << config.vol_name << ", cache " << config.cache.memory_bytes << " bytes)";
+  CTFS_LOG(kInfo) << "mounted " << cfs_client::StoreName(config.backend) << " at "
+                  << config.mount_point << " (volume " << config.vol_name << ", cache "
+                  << config.cache.memory_bytes << " bytes)";
   return info.pid;
 }
 
@@ -434,6 +434,7 @@ void DropDentriesOfEarlierProcess(fuse_session* se, cfs_client::Backend* store) 
 
 // The session a handover stops.
 std::atomic<bool> g_handover{false};
+std::atomic<bool> g_supervisor_gone{false};  // nobody to hand over to
 std::atomic<fuse_session*> g_session{nullptr};
 
 // Stops the loop so that the state can go to the next binary; refused while files are being
@@ -443,6 +444,8 @@ Status RequestHandover(const FileSystem& fs) {
     return Status::FromErrno(EBUSY, std::to_string(n) +
                                         " file(s) open for writing through the "
                                         "mount; upgrade once they are closed");
+  if (g_supervisor_gone.load())
+    return Status::FromErrno(ESRCH, "the supervisor is gone: nothing can take the mount over");
   if (g_session.load() == nullptr)
     return Status::FromErrno(EAGAIN, "the mount is not served yet; try again");
   if (g_handover.exchange(true)) return Status::OK();
@@ -528,7 +531,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
     warmer =
         std::make_unique<prefetch::Warmer>(backend->get(), disk.get(), config.cache.chunk_bytes);
   Health::Options health_options;
-  health_options.store = StoreName(config);
+  health_options.store = cfs_client::StoreName(config.backend);
   health_options.generation = takeover.generation;
   cache::RamCache* ram = cache.get();
   cache::DiskCache* nvme = disk.get();
@@ -629,6 +632,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
           if (Status s = RequestHandover(*filesystem); !s.ok())
             CTFS_LOG(kWarn) << "upgrade refused: " << s.message();
       }
+      g_supervisor_gone.store(true);
       CTFS_LOG(kWarn) << "the supervisor is gone: a crash of this process now ends the mount";
     }).detach();
   }
@@ -776,7 +780,7 @@ int Main(int argc, char** argv) {
   if (!cl->resume.empty()) {  // a supervisor executed by an upgrade
     Result<Takeover> t = ParseTakeover(cl->resume);
     if (!t.ok()) return Fail(kExitBadConfig, t.status().message());
-    return Supervise(config, cl.value(), exe, args, -1, t->fuse_fd, &*t);
+    ExitNow(Supervise(config, cl.value(), exe, args, -1, t->fuse_fd, &*t));
   }
   const int ready_fd = cl->foreground ? -1 : Daemonize();
   // The supervisor mounts and keeps the connection for as long as the mount lives; the
@@ -788,7 +792,7 @@ int Main(int argc, char** argv) {
     return Fail(kExitBadConfig, "-o: invalid FUSE mount options (see the line above)");
   if (fuse_session_mount(se, config.mount_point.c_str()) != 0)
     return Fail(kExitFailure, config.mount_point + ": mount failed (see the line above)");
-  return Supervise(config, cl.value(), exe, args, ready_fd, fuse_session_fd(se), nullptr);
+  ExitNow(Supervise(config, cl.value(), exe, args, ready_fd, fuse_session_fd(se), nullptr));
 }
 
 }  // namespace

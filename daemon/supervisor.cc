@@ -8,12 +8,15 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -174,6 +177,24 @@ void UnmountPath(const std::string& mount_point) {
 
 namespace {
 
+// Tells systemd (Type=notify units: $NOTIFY_SOCKET) how the mount is: READY=1 once served,
+// RELOADING=1 during an upgrade, STOPPING=1. Nothing without the variable.
+void NotifySystemd(const std::string& state) {
+  const char* path = std::getenv("NOTIFY_SOCKET");
+  if (path == nullptr || (path[0] != '/' && path[0] != '@')) return;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const size_t len = std::strlen(path);
+  if (len >= sizeof addr.sun_path) return;
+  std::memcpy(addr.sun_path, path, len);
+  if (addr.sun_path[0] == '@') addr.sun_path[0] = '\0';  // the abstract namespace
+  UniqueFd sock(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (sock.get() < 0) return;
+  ::sendto(sock.get(), state.data(), state.size(), MSG_NOSIGNAL,
+           reinterpret_cast<const sockaddr*>(&addr),
+           static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + len));
+}
+
 double NowS() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -302,6 +323,8 @@ void Supervisor::OnMessage() {
     case kMsgReady:
       served_ = true;
       Ready();
+      NotifySystemd("READY=1\nSTATUS=serving " + config_.mount_point + " (generation " +
+                    std::to_string(generation_) + ")\nMAINPID=" + std::to_string(::getpid()));
       break;
     case kMsgState:
       if (fd >= 0) {
@@ -439,10 +462,12 @@ int Supervisor::Run(const Takeover* resume) {
       }
     } else if (si.ssi_signo == SIGUSR2) {
       if ((channel_.get() >= 0) && served_) {
+        NotifySystemd("RELOADING=1\nSTATUS=upgrading");
         CTFS_LOG(kInfo) << "supervisor: SIGUSR2: asking worker " << worker_ << " to hand over";
         SendMessage(channel_.get(), kMsgUpgrade, "");
       }
     } else {
+      if (!stopping_) NotifySystemd("STOPPING=1");
       stopping_ = true;
       if (worker_ > 0) ::kill(worker_, SIGTERM);
     }

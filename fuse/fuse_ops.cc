@@ -108,7 +108,8 @@ class OpScope {
 
 void ReplyError(fuse_req_t req, const Status& s, const char* op) {
   int err = ToErrno(s);
-  if (err == EIO || err == ESTALE) {
+  // During a store outage (logged once by the metered backend) each EIO it causes is not.
+  if ((err == EIO && !cfs_client::StoreDown()) || err == ESTALE) {
     CTFS_LOG(kWarn) << op << ": " << s.ToString();
   } else {
     CTFS_LOG(kDebug) << op << ": " << s.ToString();

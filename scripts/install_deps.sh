@@ -27,7 +27,9 @@ PACKAGES=(
   # build
   cmake g++ make pkg-config
   fuse3 libfuse3-dev libboost-dev librocksdb-dev libcurl4-openssl-dev libyaml-cpp-dev
-  prometheus-cpp-dev libssl-dev libgtest-dev libgmock-dev nlohmann-json3-dev
+  prometheus-cpp-dev libcivetweb-dev libssl-dev libgtest-dev libgmock-dev nlohmann-json3-dev
+  # the Debian package (scripts/package.sh) and its checks
+  dpkg-dev lintian
   # checks of scripts/test.sh: the format check, the lock annotations (-Wthread-safety)
   clang-format clang
   # fuzzing: libFuzzer's runtime for clang (bench/fuzz_bench.sh, the short run of scripts/test.sh;

@@ -389,8 +389,10 @@ class CubeMount:
             except (ValueError, KeyError, OSError, json.JSONDecodeError):
                 pass
         if self.pid is None:
+            # The process serving the mount, not its supervisor (daemon/supervisor.h).
             pids = self.daemon_pids()
-            self.pid = pids[0] if pids else None
+            workers = [p for p in pids if "--takeover" in pid_cmdline(p)]
+            self.pid = (workers or pids or [None])[0]
         return self.pid
 
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> bool:

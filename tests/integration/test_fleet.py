@@ -271,3 +271,33 @@ def test_status_and_healthz_report_the_mount(cube: CubeFactory, store: dict[str,
 
     not_ours = run_command([str(BINARY), "status", str(store["root"])])
     assert not_ours.returncode == 2 and "not a mount point" in not_ours.stderr
+
+
+def test_foreground_supervisor_tells_systemd_ready_reloading_stopping(
+        cube: CubeFactory, store: dict[str, Any], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Type=notify in cubetorchfs@.service: the supervisor (the unit's main process) sends
+    READY=1 once the mount is served, RELOADING=1 at an upgrade, STOPPING=1 at SIGTERM."""
+    import socket
+
+    path = tmp_path / "notify"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(30)
+    monkeypatch.setenv("NOTIFY_SOCKET", str(path))
+    try:
+        mount = cube.prepare(store["root"])
+        proc = cube.start_foreground(mount)
+        ready = sock.recv(4096).decode()
+        assert "READY=1" in ready and f"MAINPID={proc.pid}" in ready, ready
+        old = mount.read_control()["pid"]
+        os.kill(proc.pid, signal.SIGUSR2)
+        assert "RELOADING=1" in sock.recv(4096).decode()
+        assert "READY=1" in sock.recv(4096).decode()
+        assert mount.read_control()["pid"] != old and proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert "STOPPING=1" in sock.recv(4096).decode()
+        assert proc.wait(timeout=30) == 0
+        assert mount.wait_gone()
+    finally:
+        sock.close()

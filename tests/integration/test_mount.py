@@ -771,7 +771,9 @@ def test_foreground_daemon_exits_zero_on_sigterm(cube: CubeFactory, small_src: d
     mount = cube.prepare(small_src["root"])
     proc = cube.start_foreground(mount)
     assert_reads(mount, small_src["files"])
-    assert mount.read_control()["pid"] == proc.pid
+    # The foreground process is the supervisor; the daemon serving the mount is its child.
+    info = mount.read_control()
+    assert info["supervisor_pid"] == proc.pid and info["pid"] != proc.pid
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=15) == 0
     assert mount.wait_gone()

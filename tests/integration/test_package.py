@@ -20,10 +20,20 @@ from cubefs_harness import environment_problem, mount_entry, run_command, wait_u
 REPO = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("CUBETORCHFS_BIN", REPO / "build" / "bin" / "cubetorchfs")).parents[1]
 
-pytestmark = pytest.mark.skipif(
-    environment_problem() is not None or shutil.which("dpkg-deb") is None
-    or shutil.which("cpack") is None,
-    reason=environment_problem() or "dpkg-deb and cpack are needed to build the package")
+def _sanitized() -> bool:
+    cache = BUILD / "CMakeCache.txt"
+    return cache.exists() and any(
+        line.startswith("CUBETORCHFS_SANITIZE:") and line.strip().split("=", 1)[1]
+        for line in cache.read_text(errors="replace").splitlines())
+
+
+pytestmark = [
+    pytest.mark.skipif(environment_problem() is not None or shutil.which("dpkg-deb") is None
+                       or shutil.which("cpack") is None,
+                       reason=environment_problem() or "dpkg-deb and cpack build the package"),
+    pytest.mark.skipif(_sanitized(), reason="a sanitizer build is not packaged (the plain run "
+                       "of scripts/test.sh tests the package)"),
+]
 
 
 @pytest.fixture(scope="module")
