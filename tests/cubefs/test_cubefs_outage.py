@@ -26,7 +26,7 @@ def datanode_pids() -> list[int]:
     pids = []
     for line in (RUN_DIR / "pids").read_text().splitlines():
         name, _, pid = line.partition(" ")
-        if name.startswith("datanode"):
+        if name.startswith("data"):  # data1..data3 (cluster.sh)
             pids.append(int(pid))
     return pids
 
