@@ -37,8 +37,8 @@ TEST(HealthTest, FailingStoreIsUnhealthyWithItsError) {
   conf::InjectOptions inject;
   inject.enabled = true;
   inject.error_rate = 1.0;
-  auto store = cfs_client::NewInjectBackend(std::make_unique<testing::MemBackend>(), inject,
-                                            SystemClock());
+  auto store =
+      cfs_client::NewInjectBackend(std::make_unique<testing::MemBackend>(), inject, SystemClock());
   Health h(Opts(), store.get(), nullptr);
   nlohmann::json r = h.Report();
   EXPECT_FALSE(r["healthy"].get<bool>());
@@ -50,8 +50,8 @@ TEST(HealthTest, HungStoreIsUnhealthyWithinTheProbeWait) {
   conf::InjectOptions inject;
   inject.enabled = true;
   inject.latency_us = 2'000'000;
-  auto store = cfs_client::NewInjectBackend(std::make_unique<testing::MemBackend>(), inject,
-                                            SystemClock());
+  auto store =
+      cfs_client::NewInjectBackend(std::make_unique<testing::MemBackend>(), inject, SystemClock());
   Health h(Opts(2, 0.2), store.get(), nullptr);
   const auto start = std::chrono::steady_clock::now();
   nlohmann::json r = h.Report();
