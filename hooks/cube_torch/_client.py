@@ -264,13 +264,16 @@ class ControlError(Exception):
 
     ``status`` is the HTTP status (0 if none came); ``code`` the daemon's error code
     ("not_found", "permission_denied", ...; "" if none came) and ``errno`` its errno (0 if
-    none)."""
+    none); ``os_errno`` the local error when no reply came (ENOENT: no socket, ECONNREFUSED,
+    ...; 0 otherwise)."""
 
-    def __init__(self, message: str, status: int = 0, code: str = "", err: int = 0) -> None:
+    def __init__(self, message: str, status: int = 0, code: str = "", err: int = 0,
+                 os_errno: int = 0) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.errno = err
+        self.os_errno = os_errno
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -345,9 +348,9 @@ class ControlClient:
                 self.close()
                 if isinstance(e, FileNotFoundError) or getattr(e, "errno", None) == errno.ENOENT:
                     raise ControlError(f"no control socket at {self.socket_path}",
-                                       err=errno.ENOENT) from None
+                                       os_errno=errno.ENOENT) from None
                 raise ControlError(f"{method} {url}: {e!r}",
-                                   err=getattr(e, "errno", 0) or 0) from None
+                                   os_errno=getattr(e, "errno", 0) or 0) from None
             return self._parse(method, url, status, data)
         raise ControlError(f"{method} {url}: connection lost")  # not reached
 

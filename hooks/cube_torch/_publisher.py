@@ -340,7 +340,7 @@ class Publisher:
             if e.status == 0:  # no answer at all: timeout, refused, no socket
                 # A daemon being upgraded or restarted has no socket, or refuses, for well
                 # under a second: ask again soon. One that timed out may be hung: not as soon.
-                gone = e.errno in (errno.ENOENT, errno.ECONNREFUSED)
+                gone = e.os_errno in (errno.ENOENT, errno.ECONNREFUSED)
                 self._down_until[stream.daemon.control_socket] = time.monotonic() + (
                     GONE_COOLDOWN_S if gone else DOWN_COOLDOWN_S)
                 self._warn(f"{e}; the files of {stream.name} are not published while the "

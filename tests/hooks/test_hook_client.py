@@ -146,3 +146,22 @@ def test_big_publishes_are_split() -> None:
     assert all(len(c) == 100 for c in chunks)
     assert list(_chunks(["/m/" + "x" * 5000], 100)) == [["/m/" + "x" * 5000]]
     assert list(_chunks([], 100)) == []
+
+
+def test_client_says_why_no_reply_came(tmp_path: Path) -> None:
+    """A daemon being restarted has no socket, or refuses: the publisher asks it again soon."""
+    import errno as errno_mod
+    import socket as socket_mod
+
+    client = _client.ControlClient(str(tmp_path / "none.sock"), timeout=0.5)
+    with pytest.raises(_client.ControlError) as err:
+        client.stats()
+    assert err.value.os_errno == errno_mod.ENOENT and err.value.errno == 0
+    path = tmp_path / "dead.sock"
+    s = socket_mod.socket(socket_mod.AF_UNIX, socket_mod.SOCK_STREAM)
+    s.bind(str(path))
+    s.close()  # a socket file nobody listens on
+    client = _client.ControlClient(str(path), timeout=0.5)
+    with pytest.raises(_client.ControlError) as err:
+        client.stats()
+    assert err.value.os_errno == errno_mod.ECONNREFUSED and err.value.status == 0
