@@ -9,6 +9,7 @@
 #include <prometheus/registry.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -372,9 +373,22 @@ void FitStreamedReadsToPipes(conf::Config* config) {
   std::_Exit(0);
 }
 
+// A descriptor of its own on the connection `fd` serves (FUSE_DEV_IOC_CLONE).
+Result<int> CloneFuseFd(int fd) {
+  int clone = ::open("/dev/fuse", O_RDWR | O_CLOEXEC);
+  if (clone < 0) return Status::FromErrno(errno, "open /dev/fuse");
+  uint32_t source = static_cast<uint32_t>(fd);
+  if (::ioctl(clone, FUSE_DEV_IOC_CLONE, &source) != 0) {
+    const int err = errno;
+    ::close(clone);
+    return Status::FromErrno(err, "clone the FUSE connection");
+  }
+  return clone;
+}
+
 // The worker's side of a takeover (supervisor.h): the FUSE_INIT of the connection, read from
 // it (the first worker, which passes a copy to the supervisor) or replayed from the copy.
-Status StartConnection(fuse_session* se, const Takeover& t) {
+Status StartConnection(fuse_session* se, int fuse_fd, const Takeover& t) {
   std::string init;
   if (t.init_fd >= 0) {
     CTFS_ASSIGN_OR_RETURN(init, ReadAllFd(t.init_fd));
@@ -390,7 +404,7 @@ Status StartConnection(fuse_session* se, const Takeover& t) {
     // whole write request, as for every read of the device.
     init.resize(4u << 20);
     ssize_t n;
-    do n = ::read(t.fuse_fd, init.data(), init.size());
+    do n = ::read(fuse_fd, init.data(), init.size());
     while (n < 0 && errno == EINTR);
     if (n < 0) return Status::FromErrno(errno, "read FUSE_INIT");
     init.resize(static_cast<size_t>(n));
@@ -593,9 +607,14 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   });
   if (fuse_set_signal_handlers(se.get()) != 0)
     return Fail(kExitFailure, "cannot set signal handlers");
-  // The supervisor mounted; this process serves the connection it holds (libfuse takes a
-  // mounted /dev/fuse descriptor as /dev/fd/N).
-  const std::string fd_mount = "/dev/fd/" + std::to_string(takeover.fuse_fd);
+  // The supervisor mounted; this process serves the connection it holds, through a clone of
+  // the descriptor of its own (libfuse takes a mounted /dev/fuse descriptor as /dev/fd/N).
+  // The kernel keeps the requests a reader has taken with the descriptor it read them from:
+  // when this process dies, its clone closes and the requests it was answering fail at once
+  // (ECONNABORTED) instead of waiting forever on the supervisor's descriptor.
+  Result<int> clone = CloneFuseFd(takeover.fuse_fd);
+  if (!clone.ok()) return Fail(kExitFailure, config.mount_point + ": " + clone.status().ToString());
+  const std::string fd_mount = "/dev/fd/" + std::to_string(*clone);
   if (fuse_session_mount(se.get(), fd_mount.c_str()) != 0) {
     fuse_remove_signal_handlers(se.get());
     return Fail(kExitFailure, config.mount_point + ": cannot serve the mount (see the line above)");
@@ -612,7 +631,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
     else
       CTFS_LOG(kInfo) << "took over " << filesystem->inodes().size() << " inodes";
   }
-  if (Status s = StartConnection(se.get(), takeover); !s.ok())
+  if (Status s = StartConnection(se.get(), *clone, takeover); !s.ok())
     return Fail(kExitFailure, config.mount_point + ": " + s.ToString());
   if (takeover.init_fd < 0) SetReadAhead(config.mount_point, config.fuse.read_ahead_bytes);
 

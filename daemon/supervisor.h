@@ -14,7 +14,8 @@
 //
 // - Worker killed (kill -9, a crash, the OOM killer): the supervisor starts a new worker on
 //   the same connection at the next generation. Requests the kernel had queued wait for it;
-//   those the dead worker was handling fail with EIO (the kernel aborts nothing else). The new
+//   those the dead worker was handling fail with ECONNABORTED (each worker reads through a
+//   clone of the descriptor, which the kernel closes with it; it aborts nothing else). The new
 //   worker does not know the inode and handle numbers the kernel holds: it answers them with
 //   ESTALE, on which the kernel looks the path up again (open, stat and the rest retry once
 //   with a fresh lookup), so new opens succeed. Lost: reads on files opened before the crash,
