@@ -108,7 +108,8 @@ class ControlServer {
     bool others_may_use = true;
     // GET /v1/health: the mount's health report (daemon/health.h), 200 when its "healthy" is
     // true, else 503. Null: 501.
-    std::function<nlohmann::json()> health;
+    // `details`: the asker is root or the daemon's user (Health::Report).
+    std::function<nlohmann::json(bool details)> health;
     // POST /v1/admin/upgrade: hands the mount over to the installed binary (supervisor.h).
     // Only root or the daemon's own user may ask. Null: 501 (no supervisor).
     std::function<Status()> upgrade;

@@ -45,7 +45,7 @@ void Health::Probe() {
   cv_.notify_all();
 }
 
-nlohmann::json Health::Report() {
+nlohmann::json Health::Report(bool details) {
   nlohmann::json store;
   bool healthy = false;
   {
@@ -71,7 +71,7 @@ nlohmann::json Health::Report() {
       store["reachable"] = reachable_;
       store["latency_ms"] = latency_s_ * 1e3;
       store["checked_s_ago"] = NowS() - checked_s_;
-      if (!reachable_) store["error"] = error_;
+      if (!reachable_) store["error"] = details ? error_ : "the store does not answer";
       healthy = reachable_;
     }
   }
@@ -84,8 +84,10 @@ nlohmann::json Health::Report() {
                       {"store", store}};
   if (extra_) r.update(extra_());
   const LoggedProblem p = LastLoggedProblem();
-  if (p.unix_s > 0)
+  if (p.unix_s > 0 && details)
     r["last_error"] = {{"text", p.text}, {"s_ago", std::max(0.0, UnixS() - p.unix_s)}};
+  else if (p.unix_s > 0)
+    r["last_error"] = {{"s_ago", std::max(0.0, UnixS() - p.unix_s)}};
   else
     r["last_error"] = nullptr;
   return r;

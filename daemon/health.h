@@ -34,8 +34,11 @@ class Health {
          std::function<nlohmann::json()> extra);
   ~Health();  // waits for a probe in flight (bounded by the backend's own timeouts)
 
-  // The report; probes the store if the last probe is older than probe_every_s.
-  nlohmann::json Report();
+  // The report; probes the store if the last probe is older than probe_every_s. Without
+  // `details` (an asker who is neither root nor the daemon's user, or /healthz, where the
+  // asker is unknown) the texts of the store's error and of the last logged problem are left
+  // out: they may name another user's files.
+  nlohmann::json Report(bool details);
 
  private:
   void Probe();

@@ -249,7 +249,7 @@ int HealthzHandler(mg_connection* conn) {
       std::strcmp(info->local_uri, "/healthz") != 0)
     return 0;  // not ours: /metrics goes on to prometheus-cpp
   if (g_health == nullptr) return 0;
-  const nlohmann::json report = g_health->Report();
+  const nlohmann::json report = g_health->Report(/*details=*/false);
   const bool healthy = report.value("healthy", false);
   const std::string body =
       report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
@@ -564,7 +564,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
     return r;
   });
   g_health = &health;
-  control_options.health = [&health] { return health.Report(); };
+  control_options.health = [&health](bool details) { return health.Report(details); };
   if (takeover.channel_fd >= 0)
     control_options.upgrade = [filesystem] { return RequestHandover(*filesystem); };
   Result<std::unique_ptr<control::ControlServer>> control = control::ControlServer::Start(
