@@ -199,6 +199,9 @@ double NowS() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// execv's argument vector; points into `args`.
+std::vector<char*> CArgs(std::vector<std::string>& args);
+
 class Supervisor {
  public:
   Supervisor(const conf::Config& config, const CommandLine& cl, std::string exe,
@@ -214,6 +217,8 @@ class Supervisor {
 
  private:
   bool Spawn(int state_fd);
+  // This daemon's command line with `flag` (--takeover or --resume) and the descriptors of `t`.
+  std::vector<std::string> TakeoverArgv(const char* flag, const Takeover& t) const;
   void OnMessage();
   // The worker ended with `status`; returns the exit status of the supervisor, or -1 to go on.
   int OnWorkerExit(int status);
@@ -238,6 +243,25 @@ class Supervisor {
   std::vector<double> restarts_;
   sigset_t old_mask_{};
 };
+
+std::vector<std::string> Supervisor::TakeoverArgv(const char* flag, const Takeover& t) const {
+  std::string spec = "fuse=" + std::to_string(t.fuse_fd);
+  if (t.channel_fd >= 0) spec += ",channel=" + std::to_string(t.channel_fd);
+  spec += ",generation=" + std::to_string(t.generation);
+  if (t.init_fd >= 0) spec += ",init=" + std::to_string(t.init_fd);
+  if (t.state_fd >= 0) spec += ",state=" + std::to_string(t.state_fd);
+  std::vector<std::string> args = argv_;
+  args.push_back(flag);
+  args.push_back(spec);
+  return args;
+}
+
+std::vector<char*> CArgs(std::vector<std::string>& args) {
+  std::vector<char*> out;
+  for (std::string& a : args) out.push_back(a.data());
+  out.push_back(nullptr);
+  return out;
+}
 
 void Supervisor::Ready() {
   if (ready_fd_ < 0) return;
@@ -274,17 +298,9 @@ bool Supervisor::Spawn(int state_fd) {
     }
     init_fd = *m;
   }
-  std::string spec = "fuse=" + std::to_string(fuse_fd_);
-  spec += ",channel=" + std::to_string(sv[1]);
-  spec += ",generation=" + std::to_string(generation_);
-  if (init_fd >= 0) spec += ",init=" + std::to_string(init_fd);
-  if (state_fd >= 0) spec += ",state=" + std::to_string(state_fd);
-  std::vector<std::string> args = argv_;
-  args.push_back("--takeover");
-  args.push_back(spec);
-  std::vector<char*> cargs;
-  for (std::string& a : args) cargs.push_back(a.data());
-  cargs.push_back(nullptr);
+  std::vector<std::string> args =
+      TakeoverArgv("--takeover", {fuse_fd_, sv[1], generation_, init_fd, state_fd});
+  std::vector<char*> cargs = CArgs(args);
 
   const pid_t pid = ::fork();
   if (pid == 0) {
@@ -340,17 +356,10 @@ void Supervisor::OnMessage() {
 }
 
 void Supervisor::Reexec(int state_fd) {
-  std::string spec =
-      "fuse=" + std::to_string(fuse_fd_) + ",generation=" + std::to_string(generation_ + 1);
   Result<int> init = MemfdWith("cubetorchfs-init", init_);
-  if (init.ok()) spec += ",init=" + std::to_string(*init);
-  spec += ",state=" + std::to_string(state_fd);
-  std::vector<std::string> args = argv_;
-  args.push_back("--resume");
-  args.push_back(spec);
-  std::vector<char*> cargs;
-  for (std::string& a : args) cargs.push_back(a.data());
-  cargs.push_back(nullptr);
+  std::vector<std::string> args =
+      TakeoverArgv("--resume", {fuse_fd_, -1, generation_ + 1, init.ok() ? *init : -1, state_fd});
+  std::vector<char*> cargs = CArgs(args);
   for (int fd : {fuse_fd_, state_fd, init.ok() ? *init : -1})
     if (fd >= 0) ::fcntl(fd, F_SETFD, 0);
   ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);

@@ -134,6 +134,23 @@ def epoch_stats(result: dict[str, Any], epoch: int) -> dict[str, Any]:
     return next(s for e, s in result["samples"] if e == epoch and isinstance(s, dict))
 
 
+def mount_profile(cube: CubeFactory, store: dict[str, Any], profile: str) -> CubeMount:
+    """The store behind 3 ms per request, under `profile` ("default" or a config profile)."""
+    overrides: dict[str, Any] = {"backend": {"inject": {"latency_us": 3000}}}
+    if profile != "default":
+        overrides["profile"] = profile
+    return cube.mount(store["root"], overrides)
+
+
+def assert_second_epoch_published(result: dict[str, Any]) -> dict[str, Any]:
+    """The hook published the whole second epoch (but its first lookahead) to the daemon
+    serving then; returns that epoch's stats."""
+    second = epoch_stats(result, 1)
+    published = second["after"]["client"]["published"] - second["before"]["client"]["published"]
+    assert published >= FILES - 4 * BATCH, second
+    return second
+
+
 def upgrade(mount: CubeMount) -> subprocess.CompletedProcess[str]:
     return run_command([str(BINARY), "upgrade", str(mount.mountpoint), "--timeout", "60"],
                        timeout=90, env=mount.env())
@@ -146,10 +163,7 @@ def status(mount: CubeMount, *extra: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize("profile", ["default", "ai_prefetch"])
 def test_training_runs_across_three_upgrades(cube: CubeFactory, store: dict[str, Any],
                                              tmp_path: Path, profile: str) -> None:
-    overrides: dict[str, Any] = {"backend": {"inject": {"latency_us": 3000}}}
-    if profile != "default":
-        overrides["profile"] = profile
-    mount = cube.mount(store["root"], overrides)
+    mount = mount_profile(cube, store, profile)
     first = mount.read_control()
     proc, progress = start_training(mount, tmp_path, epochs=2, pause=0.03)
     try:
@@ -174,9 +188,7 @@ def test_training_runs_across_three_upgrades(cube: CubeFactory, store: dict[str,
     assert errors == [0, 0], errors
     # Prefetching goes on with the third daemon: the second epoch's files were published to
     # it and fetched ahead of the reads.
-    second = epoch_stats(result, 1)
-    published = second["after"]["client"]["published"] - second["before"]["client"]["published"]
-    assert published >= FILES - 4 * BATCH, second
+    second = assert_second_epoch_published(result)
     if profile == "default":  # every read reaches the daemon (no kernel page cache kept)
         before, after = second["before"]["global"]["reads"], second["after"]["global"]["reads"]
         hits = after["hit"] - before["hit"]
@@ -188,10 +200,7 @@ def test_training_runs_across_three_upgrades(cube: CubeFactory, store: dict[str,
 @pytest.mark.parametrize("profile", ["default", "ai_prefetch"])
 def test_training_survives_kill_9_of_the_daemon(cube: CubeFactory, store: dict[str, Any],
                                                 tmp_path: Path, profile: str) -> None:
-    overrides: dict[str, Any] = {"backend": {"inject": {"latency_us": 3000}}}
-    if profile != "default":
-        overrides["profile"] = profile
-    mount = cube.mount(store["root"], overrides)
+    mount = mount_profile(cube, store, profile)
     first = mount.read_control()
     proc, progress = start_training(mount, tmp_path, epochs=2, pause=0.03)
     try:
@@ -214,9 +223,7 @@ def test_training_survives_kill_9_of_the_daemon(cube: CubeFactory, store: dict[s
     # 2 workers have asked for, prefetch_factor 2 batches each, per crash. Nothing else does.
     assert errors[0] <= 2 * (2 * 2 * BATCH) and errors[1] == 0, errors
     assert mount.is_mounted() and mount.read_control()["supervisor_pid"] == first["supervisor_pid"]
-    second = epoch_stats(result, 1)
-    published = second["after"]["client"]["published"] - second["before"]["client"]["published"]
-    assert published >= FILES - 4 * BATCH, second
+    second = assert_second_epoch_published(result)
 
 
 def test_upgrade_is_refused_while_a_file_is_open_for_writing(cube: CubeFactory,

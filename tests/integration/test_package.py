@@ -69,7 +69,6 @@ def test_package_holds_what_an_operator_needs(deb: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("lintian") is None, reason="lintian is not installed")
 def test_lintian_is_clean(deb: Path) -> None:
-    # Each override the package carries says why (packaging/lintian-overrides).
     result = run_command(["lintian", "--pedantic", "--fail-on", "error,warning,info,pedantic",
                           str(deb)], timeout=300)
     tags = [line for line in result.stdout.splitlines() if line[:2] in ("E:", "W:", "I:", "P:")]
