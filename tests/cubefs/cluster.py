@@ -4,9 +4,12 @@ stopped, and its run directory removed."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import time
+import urllib.request
 from pathlib import Path
 from typing import Optional
 
@@ -88,6 +91,33 @@ class Cluster:
                 subprocess.run(["fusermount3", "-u", "-z", str(m)], capture_output=True,
                                timeout=30)
             shutil.rmtree(RUN_DIR, ignore_errors=True)
+
+    def data_partition_states(self) -> list[int]:
+        """The status the master gives each data partition of the volume (2: read-write)."""
+        url = (f"http://{self.env['CUBEFS_MASTER'].split(',')[0]}/client/partitions"
+               f"?name={self.bucket}")
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            body = json.load(resp)
+        return [dp["Status"] for dp in (body.get("data") or {}).get("DataPartitions") or []]
+
+    def wait_writable(self, timeout: float = 120.0) -> None:
+        """Waits (bounded) until the master gives every data partition of the volume as
+        read-write again. After datanodes stop answering the master marks their partitions
+        unavailable, and a CubeFS client started before it sees the heartbeats again takes that
+        view for its first minute: every write fails with EIO ("no writable data partition").
+        A test that stops datanodes calls this before the next test writes."""
+        deadline = time.monotonic() + timeout
+        states: list[int] = []
+        while time.monotonic() < deadline:
+            try:
+                states = self.data_partition_states()
+            except OSError:
+                states = []
+            if states and all(s == 2 for s in states):
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"the volume's data partitions are not all read-write {timeout:.0f} s "
+                             f"after the datanodes came back: {states}")
 
     @property
     def s3_port(self) -> int:

@@ -72,6 +72,7 @@ def test_datanodes_stopped_for_30_s(cube: CubeFactory, cluster: Cluster, cfs_mou
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
+        cluster.wait_writable()  # so that the tests after this one can write
     reader.join(120)
     assert not reader.is_alive(), "a read still waits 2 minutes after the datanodes came back"
     # While they were down the read waited (the SDK retries) or failed with EIO; never wrong bytes.
