@@ -1,10 +1,16 @@
-// Running one work loop on several threads.
+// The named ways, besides a service loop's own std::thread member, that code starts threads
+// (docs/architecture.md, "Threads and locks"; a contract test checks no other code does):
+// running one work loop on several threads, with or without a periodic tick on the caller's
+// thread, and handing a slow release to a detached thread.
 //
-// Thread safety: RunOnThreads may be called from any thread; `worker` runs concurrently with
-// itself and must take its own work (e.g. from an atomic counter) and return when none is left.
+// Thread safety: each may be called from any thread; a `worker` runs concurrently with itself
+// and must take its own work (e.g. from an atomic counter) and return when none is left.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -25,6 +31,49 @@ inline void RunOnThreads(int threads, const std::function<void()>& worker) {
   }
   worker();
   for (auto& t : pool) t.join();
+}
+
+// Runs `worker` on up to `threads` new threads (on this one if the system refuses them all)
+// while this thread calls `tick` every `period`; returns once every copy of `worker` has
+// returned, without a last tick. For a progress line drawn while the work runs.
+inline void RunOnThreadsWithTick(int threads, const std::function<void()>& worker,
+                                 std::chrono::milliseconds period,
+                                 const std::function<void()>& tick) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread runner;
+  try {
+    runner = std::thread([&] {
+      RunOnThreads(threads, worker);
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+      cv.notify_all();
+    });
+  } catch (const std::system_error&) {
+    RunOnThreads(threads, worker);
+    return;
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  while (!cv.wait_for(lock, period, [&] { return done; })) {
+    lock.unlock();
+    tick();
+    lock.lock();
+  }
+  lock.unlock();
+  runner.join();
+}
+
+// Runs `fn` on a detached thread, for a release that may take long and that nobody waits
+// for (the last close of a big memory file frees its pages). False, and `fn` not run, if
+// the system refuses a thread: the caller does the work itself.
+inline bool RunDetached(std::function<void()> fn) {
+  try {
+    std::thread(std::move(fn)).detach();
+    return true;
+  } catch (const std::system_error&) {
+    return false;
+  }
 }
 
 }  // namespace cubetorchfs

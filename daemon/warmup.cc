@@ -297,21 +297,9 @@ double WithProgress(int jobs, const std::function<void()>& work, const Progress&
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   const bool tty = ::isatty(STDERR_FILENO);
-  std::atomic<bool> finished{false};
-  std::thread reporter([&] {
-    const auto period = tty ? std::chrono::milliseconds(200) : std::chrono::milliseconds(5000);
-    auto last = std::chrono::steady_clock::now();
-    while (!finished.load()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      if (std::chrono::steady_clock::now() - last >= period) {
-        Draw(progress, files, total_bytes, elapsed(), tty, false);
-        last = std::chrono::steady_clock::now();
-      }
-    }
-  });
-  RunOnThreads(jobs, work);
-  finished = true;
-  reporter.join();
+  RunOnThreadsWithTick(jobs, work,
+                       tty ? std::chrono::milliseconds(200) : std::chrono::milliseconds(5000),
+                       [&] { Draw(progress, files, total_bytes, elapsed(), tty, false); });
   if (tty) Draw(progress, files, total_bytes, elapsed(), tty, true);
   return elapsed();
 }

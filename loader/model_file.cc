@@ -70,11 +70,7 @@ ModelFile::~ModelFile() {
     // The last close of the daemon's memory file frees all its pages, which takes a while
     // for a big model (0.15 s per GiB here): let it happen off the caller's path.
     const int fd = fd_;
-    try {
-      std::thread([fd] { ::close(fd); }).detach();
-      return;
-    } catch (const std::system_error&) {
-    }
+    if (RunDetached([fd] { ::close(fd); })) return;
   }
   ::close(fd_);
 }

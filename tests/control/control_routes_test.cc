@@ -1,0 +1,458 @@
+// The control API's routes (control/routes.h, control/control_routes.cc), each answered by a
+// real ServerImpl over the world of route_world.h: its status codes and error bodies, as
+// docs/control-api.md gives them, for root and for other users. Also the route table itself:
+// matching, and that the routes documented are the routes served.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/beast/http.hpp>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "common/status.h"
+#include "control/routes.h"
+#include "control/server_impl.h"
+#include "gtest/gtest.h"
+#include "tests/control/route_world.h"
+
+namespace cubetorchfs::control {
+namespace {
+
+namespace http = boost::beast::http;
+using detail::MatchRoute;
+using detail::Reply;
+using detail::Request;
+using detail::RouteId;
+using detail::ServerImpl;
+using json = nlohmann::json;
+using prefetch::Caller;
+using testing::RouteWorld;
+
+// ---------------------------------------------------------------------------- the table
+
+TEST(RouteTable, MatchesEachRouteAndCapturesTheStreamId) {
+  for (const auto& r : detail::kRoutes) {
+    std::string target(r.pattern);
+    const size_t at = target.find("{id}");
+    if (at != std::string::npos) target.replace(at, 4, "s42");
+    const detail::RouteMatch m = MatchRoute(r.method, target);
+    ASSERT_NE(m.route, nullptr) << r.pattern;
+    EXPECT_EQ(m.route->id, r.id) << r.pattern;
+    EXPECT_EQ(m.id, at != std::string::npos ? "s42" : "") << r.pattern;
+  }
+}
+
+TEST(RouteTable, WrongMethodNamesTheAllowedOnes) {
+  detail::RouteMatch m = MatchRoute(http::verb::get, "/v1/streams");
+  EXPECT_EQ(m.route, nullptr);
+  EXPECT_EQ(m.allowed, "POST");
+  m = MatchRoute(http::verb::put, "/v1/streams/s1");
+  EXPECT_EQ(m.route, nullptr);
+  EXPECT_EQ(m.allowed, "DELETE");
+  m = MatchRoute(http::verb::post, "/v1/stats");
+  EXPECT_EQ(m.allowed, "GET");
+}
+
+TEST(RouteTable, UnknownTargetsMatchNothing) {
+  for (const char* t : {"/", "", "/v1", "/v1/streams/", "/v1/streams//paths", "/v1/streams/a/b",
+                        "/v1/streams/a/paths/", "/v1/stats?x=1", "/v1/stats/", "//v1/stats",
+                        "/V1/STATS", "/v1/streams/a/b/paths", "/v1/health/x"}) {
+    const detail::RouteMatch m = MatchRoute(http::verb::post, t);
+    EXPECT_EQ(m.route, nullptr) << t;
+    if (std::string(t) != "/v1/streams/" && std::string(t).rfind("/v1/stats", 0) != 0) {
+      EXPECT_EQ(m.allowed, "") << t;
+    }
+  }
+  // A segment with a slash is no stream id.
+  EXPECT_EQ(MatchRoute(http::verb::delete_, "/v1/streams/a/b").route, nullptr);
+}
+
+// The routes of docs/control-api.md's table (rows "| `METHOD /path` | ..."), as the table of
+// routes.h serves them: every route documented, every documented route served.
+TEST(RouteTable, DocumentedRoutesAreTheServedRoutes) {
+  std::ifstream doc(std::string(CTFS_SOURCE_DIR) + "/docs/control-api.md");
+  ASSERT_TRUE(doc) << "docs/control-api.md";
+  std::set<std::pair<std::string, std::string>> documented, served;
+  const std::regex row(R"(^\| `(GET|POST|DELETE|PUT|PATCH|HEAD) (/[^` ]*)`)");
+  for (std::string line; std::getline(doc, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, row)) documented.insert({m[1], m[2]});
+  }
+  for (const auto& r : detail::kRoutes)
+    served.insert({std::string(http::to_string(r.method)), std::string(r.pattern)});
+  EXPECT_EQ(documented, served);
+}
+
+// ---------------------------------------------------------------------------- the routes
+
+struct Answer {
+  unsigned status = 0;
+  std::string text;  // the body as sent
+  json body;         // parsed, when it is JSON
+  std::string allow;
+  int fd = -1;
+};
+
+class RoutesTest : public ::testing::Test {
+ protected:
+  RoutesTest() : world_(/*log_to_file=*/false) { server_ = world_.MakeServer(Options()); }
+  ~RoutesTest() override {
+    server_.reset();
+    for (int fd : fds_) ::close(fd);
+  }
+
+  ControlServer::Options Options() { return world_.ServerOptions(); }
+
+  const Caller& Root() { return world_.callers[0]; }
+  const Caller& Stranger() { return world_.callers[1]; }
+  const Caller& GroupMember() { return world_.callers[2]; }
+  const Caller& Other() { return world_.callers[3]; }
+
+  // One request answered by `server` (default: the test's) as the worker would answer it.
+  Answer Ask(const Caller& who, http::verb method, const std::string& target,
+             const std::string& body = "", bool over_unix = true, ServerImpl* server = nullptr) {
+    Request req{method, target, 11};
+    req.set(http::field::host, "localhost");
+    req.body() = body;
+    req.prepare_payload();
+    Reply r = (server ? server : server_.get())->Handle(req, who, over_unix, -1);
+    EXPECT_FALSE(r.sent) << target;
+    Answer a;
+    a.status = r.res.result_int();
+    a.text = r.res.body();
+    a.allow = std::string(r.res[http::field::allow]);
+    if (r.res[http::field::content_type] == "application/json")
+      a.body = json::parse(a.text, nullptr, false);
+    a.fd = r.fd;
+    if (r.fd >= 0) fds_.push_back(r.fd);
+    return a;
+  }
+  Answer Post(const Caller& who, const std::string& target, const json& body) {
+    return Ask(who, http::verb::post, target, body.dump());
+  }
+
+  // A stream of `who`; its id.
+  std::string NewStream(const Caller& who) {
+    const Answer a = Post(who, "/v1/streams", {{"name", "test"}, {"pid", 7}});
+    EXPECT_EQ(a.status, 201u) << a.text;
+    return a.body.value("id", "");
+  }
+
+  RouteWorld world_;
+  std::unique_ptr<ServerImpl> server_;
+  std::vector<int> fds_;
+};
+
+// An error reply: the status, and the body of docs/errors.md with the code named.
+#define EXPECT_ERROR(answer, want_status, want_code)                                   \
+  do {                                                                                 \
+    const Answer& a_ = (answer);                                                       \
+    EXPECT_EQ(a_.status, static_cast<unsigned>(want_status)) << a_.text;               \
+    ASSERT_TRUE(a_.body.is_object()) << a_.text;                                       \
+    EXPECT_TRUE(a_.body.contains("error") && a_.body["error"].is_string() &&           \
+                !a_.body["error"].get<std::string>().empty())                          \
+        << a_.text;                                                                    \
+    EXPECT_EQ(a_.body.value("code", ""), want_code) << a_.text;                        \
+    EXPECT_TRUE(a_.body.contains("errno") && a_.body["errno"].is_number_integer())     \
+        << a_.text;                                                                    \
+  } while (0)
+
+std::string ErrorText(const Answer& a) { return a.body.value("error", ""); }
+
+TEST_F(RoutesTest, UnknownRouteIs404NotSupported) {
+  const Answer a = Ask(Root(), http::verb::get, "/v2/anything");
+  EXPECT_ERROR(a, 404, "not_supported");
+  EXPECT_NE(ErrorText(a).find("no route /v2/anything"), std::string::npos);
+}
+
+TEST_F(RoutesTest, WrongMethodIs405WithAllow) {
+  const Answer a = Ask(Root(), http::verb::get, "/v1/streams");
+  EXPECT_ERROR(a, 405, "not_supported");
+  EXPECT_EQ(a.allow, "POST");
+  EXPECT_EQ(ErrorText(a), "use POST");
+  EXPECT_EQ(Ask(Root(), http::verb::post, "/v1/stats").allow, "GET");
+  EXPECT_EQ(Ask(Root(), http::verb::get, "/v1/streams/s1").allow, "DELETE");
+  EXPECT_EQ(Ask(Root(), http::verb::get, "/batchdownload/path").allow, "POST");
+}
+
+TEST_F(RoutesTest, CreateStream) {
+  Answer a = Post(Stranger(), "/v1/streams", {{"name", "ImageFolder:1"}, {"pid", 4242}});
+  EXPECT_EQ(a.status, 201u);
+  EXPECT_TRUE(a.body["id"].is_string());
+  a = Post(Stranger(), "/v1/streams", json::object());  // name and pid are optional
+  EXPECT_EQ(a.status, 201u) << a.text;
+  // 2 streams a user (the world's limit): the third is refused, naming the limit.
+  a = Post(Stranger(), "/v1/streams", json::object());
+  EXPECT_ERROR(a, 429, "io_error");
+  EXPECT_NE(ErrorText(a).find("prefetch.max_streams_per_uid"), std::string::npos);
+  // Another user has its own limit.
+  EXPECT_EQ(Post(Other(), "/v1/streams", json::object()).status, 201u);
+
+  EXPECT_ERROR(Post(Root(), "/v1/streams", json::array()), 400, "invalid_argument");
+  EXPECT_ERROR(Post(Root(), "/v1/streams", {{"name", 5}}), 400, "invalid_argument");
+  EXPECT_ERROR(Post(Root(), "/v1/streams", {{"pid", "x"}}), 400, "invalid_argument");
+  EXPECT_ERROR(Ask(Root(), http::verb::post, "/v1/streams", "{not json"), 400, "invalid_argument");
+  // Over the JSON depth limit: refused before it is parsed.
+  a = Ask(Root(), http::verb::post, "/v1/streams", std::string(40, '[') + std::string(40, ']'));
+  EXPECT_ERROR(a, 400, "invalid_argument");
+  EXPECT_NE(ErrorText(a).find("body refused"), std::string::npos);
+}
+
+TEST_F(RoutesTest, PublishPaths) {
+  const std::string id = NewStream(Stranger());
+  const std::string target = "/v1/streams/" + id + "/paths";
+  Answer a = Post(Stranger(), target,
+                  {{"paths", {std::string(testing::kMount) + "/data/a.jpg", "data/cls/c.jpg",
+                              "/elsewhere/x.jpg", "private/inner.bin"}}});
+  EXPECT_EQ(a.status, 202u) << a.text;
+  EXPECT_EQ(a.body["accepted"], 2);
+  EXPECT_EQ(a.body["rejected"], 2);  // outside the mount; in a directory only root may search
+  a = Post(Stranger(), target, {{"paths", {"data/a.jpg"}}, {"unread", 1}});
+  EXPECT_EQ(a.status, 202u) << a.text;
+
+  // No acceptable path at all: 422, naming why.
+  a = Post(Stranger(), target, {{"paths", {"../etc/passwd"}}});
+  EXPECT_ERROR(a, 422, "invalid_argument");
+  EXPECT_NE(ErrorText(a).find("\"..\""), std::string::npos);
+  // Malformed bodies.
+  EXPECT_ERROR(Post(Stranger(), target, json::object()), 400, "invalid_argument");
+  EXPECT_ERROR(Post(Stranger(), target, {{"paths", "data/a.jpg"}}), 400, "invalid_argument");
+  EXPECT_ERROR(Post(Stranger(), target, {{"paths", {1, 2}}}), 400, "invalid_argument");
+  EXPECT_ERROR(Post(Stranger(), target, {{"paths", {"data/a.jpg"}}, {"unread", -1}}), 400,
+               "invalid_argument");
+  // Streams belong to their creator; root may publish to any.
+  EXPECT_ERROR(Post(Other(), target, {{"paths", {"data/a.jpg"}}}), 403, "permission_denied");
+  EXPECT_EQ(Post(Root(), target, {{"paths", {"data/a.jpg"}}}).status, 202u);
+  EXPECT_ERROR(Post(Stranger(), "/v1/streams/nosuch/paths", {{"paths", {"data/a.jpg"}}}), 404,
+               "not_found");
+  // 8 queued paths a user: a publish past it is refused whole, naming the limit.
+  a = Post(Stranger(), target, {{"paths", std::vector<std::string>(9, "data/a.jpg")}});
+  EXPECT_ERROR(a, 429, "io_error");
+  EXPECT_NE(ErrorText(a).find("prefetch.max_queued_paths_per_uid"), std::string::npos);
+}
+
+TEST_F(RoutesTest, DeleteStream) {
+  const std::string id = NewStream(Stranger());
+  EXPECT_ERROR(Ask(Other(), http::verb::delete_, "/v1/streams/" + id), 403, "permission_denied");
+  const Answer a = Ask(Stranger(), http::verb::delete_, "/v1/streams/" + id);
+  EXPECT_EQ(a.status, 204u);
+  EXPECT_TRUE(a.text.empty());
+  EXPECT_ERROR(Ask(Stranger(), http::verb::delete_, "/v1/streams/" + id), 404, "not_found");
+  // Root may delete another user's stream.
+  const std::string other = NewStream(Other());
+  EXPECT_EQ(Ask(Root(), http::verb::delete_, "/v1/streams/" + other).status, 204u);
+}
+
+TEST_F(RoutesTest, StatsShowOthersOnlyTheirOwnStreams) {
+  const std::string mine = NewStream(Stranger());
+  NewStream(Other());
+  Answer a = Ask(Stranger(), http::verb::get, "/v1/stats");
+  EXPECT_EQ(a.status, 200u);
+  ASSERT_EQ(a.body["streams"].size(), 1u) << a.text;
+  EXPECT_EQ(a.body["streams"][0]["id"], mine);
+  EXPECT_EQ(a.body["streams"][0]["uid"], Stranger().uid);
+  for (const char* key : {"reads", "hit_ratio", "prefetch", "cache", "files_open", "control"})
+    EXPECT_TRUE(a.body["global"].contains(key)) << key;
+  a = Ask(Root(), http::verb::get, "/v1/stats");
+  EXPECT_EQ(a.body["streams"].size(), 2u);
+}
+
+TEST_F(RoutesTest, StatsCountRejectedPathsByReason) {
+  const std::string id = NewStream(Stranger());
+  Post(Stranger(), "/v1/streams/" + id + "/paths", {{"paths", {"/elsewhere/x", "data/a.jpg"}}});
+  const Answer a = Ask(Root(), http::verb::get, "/v1/stats");
+  EXPECT_EQ(a.body["global"]["control"]["rejected_paths"]["outside"], 1) << a.text;
+}
+
+TEST_F(RoutesTest, OpenFile) {
+  Answer a = Post(Stranger(), "/v1/files/open", {{"path", "data/model.safetensors"}});
+  EXPECT_EQ(a.status, 200u) << a.text;
+  EXPECT_EQ(a.body["size"], 4096);
+  ASSERT_GE(a.fd, 0);
+  char c = 0;
+  EXPECT_EQ(::pread(a.fd, &c, 1, 0), 1);
+  EXPECT_EQ(c, 'm');
+
+  // Only over the unix socket: a descriptor cannot go over TCP.
+  a = Ask(Stranger(), http::verb::post, "/v1/files/open", R"({"path": "data/a.jpg"})",
+          /*over_unix=*/false);
+  EXPECT_ERROR(a, 400, "invalid_argument");
+  EXPECT_NE(ErrorText(a).find("unix control socket"), std::string::npos);
+  EXPECT_EQ(a.fd, -1);
+  EXPECT_ERROR(Post(Stranger(), "/v1/files/open", {{"path", "data/nosuch"}}), 404, "not_found");
+  a = Post(Stranger(), "/v1/files/open", {{"path", "data/secret.bin"}});
+  EXPECT_ERROR(a, 403, "permission_denied");
+  EXPECT_EQ(a.fd, -1);
+  EXPECT_ERROR(Post(Stranger(), "/v1/files/open", {{"path", "data/to_secret"}}), 403,
+               "permission_denied");
+  EXPECT_ERROR(Post(Stranger(), "/v1/files/open", {{"path", "data/abs"}}), 403,
+               "permission_denied");
+  EXPECT_ERROR(Post(Stranger(), "/v1/files/open", {{"path", "data/cls"}}), 400, "is_directory");
+  EXPECT_ERROR(Post(Stranger(), "/v1/files/open", {{"file", "data/a.jpg"}}), 400,
+               "invalid_argument");
+  // The group may read its file; root may read the secret.
+  EXPECT_EQ(Post(GroupMember(), "/v1/files/open", {{"path", "data/group.bin"}}).status, 200u);
+  EXPECT_EQ(Post(Root(), "/v1/files/open", {{"path", "data/secret.bin"}}).status, 200u);
+
+  auto no_opener = world_.MakeServer(Options(), /*opener=*/false);
+  a = Ask(Root(), http::verb::post, "/v1/files/open", R"({"path": "data/a.jpg"})", true,
+          no_opener.get());
+  EXPECT_ERROR(a, 501, "not_supported");
+}
+
+TEST_F(RoutesTest, Warmup) {
+  Answer a = Post(Stranger(), "/v1/warmup", {{"paths", {"data/a.jpg", "data/secret.bin"}}});
+  EXPECT_EQ(a.status, 200u) << a.text;
+  EXPECT_EQ(a.body["fetched"], 1);
+  EXPECT_EQ(a.body["failed"], 1);  // the secret: rejected, never read
+  EXPECT_EQ(a.body["bytes"], 1000);
+  EXPECT_EQ(a.body["errors"].size(), 1u);
+  a = Post(Stranger(), "/v1/warmup", {{"paths", {"data/a.jpg"}}});
+  EXPECT_EQ(a.body["skipped"], 1) << a.text;  // already in the NVMe tier
+  EXPECT_ERROR(Post(Stranger(), "/v1/warmup", json::array()), 400, "invalid_argument");
+
+  auto no_tier = world_.MakeServer(Options(), true, /*with_warmer=*/false);
+  a = Ask(Root(), http::verb::post, "/v1/warmup", R"({"paths": ["data/a.jpg"]})", true,
+          no_tier.get());
+  EXPECT_ERROR(a, 422, "invalid_argument");
+  EXPECT_NE(ErrorText(a).find("cache.disk_dir"), std::string::npos);
+}
+
+TEST_F(RoutesTest, Health) {
+  EXPECT_ERROR(Ask(Root(), http::verb::get, "/v1/health"), 501, "not_supported");
+  ControlServer::Options o = Options();
+  bool healthy = true;
+  std::vector<bool> details;
+  o.health = [&](bool d) {
+    details.push_back(d);
+    return json{{"healthy", healthy}, {"error", d ? "the store's words" : ""}};
+  };
+  auto s = world_.MakeServer(o);
+  Answer a = Ask(Root(), http::verb::get, "/v1/health", "", true, s.get());
+  EXPECT_EQ(a.status, 200u);
+  EXPECT_EQ(a.body["healthy"], true);
+  healthy = false;
+  a = Ask(Stranger(), http::verb::get, "/v1/health", "", true, s.get());
+  EXPECT_EQ(a.status, 503u);
+  // The details (texts that may name files) only for root and the daemon's own user.
+  EXPECT_EQ(details, (std::vector<bool>{true, ::geteuid() == 4242u}));
+}
+
+TEST_F(RoutesTest, Upgrade) {
+  EXPECT_ERROR(Ask(Root(), http::verb::post, "/v1/admin/upgrade"), 501, "not_supported");
+  ControlServer::Options o = Options();
+  Status outcome = Status::OK();
+  int asked = 0;
+  o.upgrade = [&] {
+    ++asked;
+    return outcome;
+  };
+  auto s = world_.MakeServer(o);
+  Answer a = Ask(Stranger(), http::verb::post, "/v1/admin/upgrade", "", true, s.get());
+  EXPECT_ERROR(a, 403, "permission_denied");
+  EXPECT_EQ(asked, 0);
+  a = Ask(Root(), http::verb::post, "/v1/admin/upgrade", "", true, s.get());
+  EXPECT_EQ(a.status, 202u) << a.text;
+  EXPECT_EQ(a.body["handing_over"], true);
+  EXPECT_EQ(a.body["pid"], ::getpid());
+  outcome = Status::FromErrno(EBUSY, "1 file open for writing");
+  a = Ask(Root(), http::verb::post, "/v1/admin/upgrade", "", true, s.get());
+  EXPECT_EQ(a.status, 409u);
+  EXPECT_EQ(a.body["errno"], EBUSY) << a.text;
+  EXPECT_EQ(asked, 2);
+}
+
+TEST_F(RoutesTest, LegacyPrefetchMakesOneStreamPerUser) {
+  const std::string body =
+      json::array({json::array({std::string(testing::kMount) + "/data/a.jpg"}),
+                   json::array({"data/cls/c.jpg", "/elsewhere/x"})})
+          .dump();
+  Answer a = Ask(Stranger(), http::verb::post, "/prefetch/read/path", body);
+  EXPECT_EQ(a.status, 200u);
+  EXPECT_EQ(a.text, "prefetching.\n");
+  EXPECT_EQ(Ask(Stranger(), http::verb::post, "/prefetch/read/path", body).status, 200u);
+  // Past the per-user limit of queued paths: still "prefetching." (best effort).
+  a = Ask(Stranger(), http::verb::post, "/prefetch/read/path",
+          json::array({std::vector<std::string>(20, "data/a.jpg")}).dump());
+  EXPECT_EQ(a.text, "prefetching.\n");
+  a = Ask(Stranger(), http::verb::get, "/v1/stats");
+  ASSERT_EQ(a.body["streams"].size(), 1u) << a.text;
+  EXPECT_EQ(a.body["streams"][0]["name"], "cube_torch legacy");
+  EXPECT_ERROR(Ask(Stranger(), http::verb::post, "/prefetch/read/path", "{}"), 400,
+               "invalid_argument");
+  EXPECT_ERROR(Ask(Stranger(), http::verb::post, "/prefetch/read/path", "[[1]]"), 400,
+               "invalid_argument");
+}
+
+TEST_F(RoutesTest, RegisterPidsOnlyChecksTheBody) {
+  for (const char* route : {"/register/pid", "/unregister/pid"}) {
+    const Answer a = Ask(Stranger(), http::verb::post, route, "[1, 2, 3]");
+    EXPECT_EQ(a.status, 200u) << route;
+    EXPECT_EQ(a.text, "ok\n");
+    EXPECT_ERROR(Ask(Stranger(), http::verb::post, route, R"(["x"])"), 400, "invalid_argument");
+    EXPECT_ERROR(Ask(Stranger(), http::verb::post, route, "{}"), 400, "invalid_argument");
+  }
+  // Nothing was made of them.
+  EXPECT_TRUE(Ask(Root(), http::verb::get, "/v1/stats").body["streams"].empty());
+}
+
+// /batchdownload/path streams its reply on the connection: read it from the other end.
+TEST_F(RoutesTest, BatchDownloadStreamsFramedFilesAndNothingPrivate) {
+  auto ask = [this](const Caller& who, const std::string& body, std::string* wire) {
+    int sv[2];
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    std::thread reader([fd = sv[1], wire] {
+      char buf[65536];
+      for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) wire->append(buf, n);
+    });
+    Request req{http::verb::post, "/batchdownload/path", 10};  // HTTP/1.0: not chunked
+    req.set(http::field::host, "localhost");
+    req.body() = body;
+    req.prepare_payload();
+    Reply r = server_->Handle(req, who, true, sv[0]);
+    ::shutdown(sv[0], SHUT_WR);
+    reader.join();
+    ::close(sv[0]);
+    ::close(sv[1]);
+    return r;
+  };
+  std::string wire;
+  Reply r = ask(Stranger(), R"([["data/a.jpg", "data/secret.bin", "data/nosuch"]])", &wire);
+  EXPECT_TRUE(r.sent);
+  ASSERT_EQ(wire.rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << wire.substr(0, 100);
+  const std::string body = wire.substr(wire.find("\r\n\r\n") + 4);
+  auto u64 = [&body](size_t at) {
+    uint64_t v = 0;
+    for (size_t i = 0; i < 8; ++i) v = (v << 8) | static_cast<unsigned char>(body[at + i]);
+    return v;
+  };
+  size_t at = 0;
+  EXPECT_EQ(u64(at), 0u);  // version
+  EXPECT_EQ(u64(at + 8), 3u);
+  at += 16;
+  const uint64_t want[] = {1000, 0, 0};  // the secret and the missing file: sent empty
+  for (uint64_t len : want) {
+    const uint64_t path_len = u64(at);
+    at += 8 + path_len;
+    EXPECT_EQ(u64(at), len);
+    at += 8 + u64(at);
+  }
+  EXPECT_EQ(at, body.size());
+  EXPECT_EQ(wire.find(testing::kSecret), std::string::npos);
+
+  // A malformed body gets an ordinary error reply, not a streamed one.
+  wire.clear();
+  r = ask(Stranger(), R"(["data/a.jpg"])", &wire);
+  EXPECT_FALSE(r.sent);
+  EXPECT_EQ(r.res.result_int(), 400u);
+  EXPECT_TRUE(wire.empty());
+}
+
+}  // namespace
+}  // namespace cubetorchfs::control
