@@ -95,6 +95,11 @@ uint64_t ModelFetcher::background_chunks() const {
   return background_chunks_;
 }
 
+uint64_t ModelFetcher::joined_builds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return joined_builds_;
+}
+
 void ModelFetcher::OnRead(const std::string& path, const cfs_client::FileVersion& version,
                           uint64_t offset) {
   if (workers_.empty() || version.size <= options_.chunk_bytes || !IsModelFile(path)) return;
@@ -179,6 +184,7 @@ Result<ResidentFile> ModelFetcher::MakeResident(const std::string& path,
     auto it = inflight_.find(key);
     if (it != inflight_.end()) {
       shared = it->second;
+      ++joined_builds_;
     } else {
       const uint64_t avail = AvailableMemory();
       const uint64_t usable =

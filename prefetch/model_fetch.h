@@ -78,6 +78,9 @@ class ModelFetcher {
 
   // Chunk fetches started by OnRead so far (for tests and stats).
   uint64_t background_chunks() const;
+  // MakeResident calls that shared a build of the same file version already running, instead
+  // of building their own (for tests and stats).
+  uint64_t joined_builds() const;
 
   // Memory a new resident file may use: MemAvailable, or less under a cgroup limit; 0 if
   // unknown.
@@ -113,6 +116,8 @@ class ModelFetcher {
   cache::RamCache* const ram_;
   cache::DiskCache* const disk_;
 
+  // Guards every member below it but `workers_` (started and joined by the constructor and
+  // destructor only). A std::mutex, not an annotated Mutex: cv_ waits on it.
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> jobs_;
@@ -121,6 +126,7 @@ class ModelFetcher {
   uint64_t background_chunks_ = 0;
   std::map<std::string, std::shared_ptr<Inflight>> inflight_;  // by path + version
   uint64_t resident_inflight_bytes_ = 0;                       // sizes of the files being built
+  uint64_t joined_builds_ = 0;  // requests that shared a build already running
   bool stop_ = false;
   std::vector<std::thread> workers_;
 };

@@ -137,7 +137,10 @@ TEST(ModelFetchTest, ConcurrentRequestsShareOneBuild) {
   while (backend.reads() == 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   std::thread tb([&] { b = f.MakeResident("m.safetensors"); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // b is waiting on a's build
+  // The gate opens only once b has joined a's build (a sleep would let b come after it).
+  while (f.joined_builds() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(f.joined_builds(), 1u);
   backend.OpenGate();
   ta.join();
   tb.join();
