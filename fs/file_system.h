@@ -77,8 +77,10 @@ struct FileHandle {
   std::shared_ptr<StoreStream> stream;
 };
 
-// Who asks: owner of what the request creates.
-struct Caller {
+// The user a FUSE request comes from, as the owner of what it creates (a file, a directory, a
+// node, a symlink). Not prefetch::Caller, the peer of a control request, which carries the
+// groups and pid its access checks need.
+struct Owner {
   int64_t uid = -1;
   int64_t gid = -1;
 };
@@ -182,14 +184,14 @@ class FileSystem {
     std::unique_ptr<FileHandle> handle;
   };
   Result<Created> Create(uint64_t parent, const std::string& name, mode_t mode, int flags,
-                         const Caller& caller, bool track_handle);
+                         const Owner& owner, bool track_handle);
   // A regular file (as Create, closed at once), or a special file made in the store: a FIFO,
   // a socket, or a device numbered `rdev` (the kernel lets only CAP_MKNOD callers ask).
   Result<Entry> Mknod(uint64_t parent, const std::string& name, mode_t mode, uint64_t rdev,
-                      const Caller& caller);
-  Result<Entry> Mkdir(uint64_t parent, const std::string& name, mode_t mode, const Caller& caller);
+                      const Owner& owner);
+  Result<Entry> Mkdir(uint64_t parent, const std::string& name, mode_t mode, const Owner& owner);
   Result<Entry> Symlink(const std::string& target, uint64_t parent, const std::string& name,
-                        const Caller& caller);
+                        const Owner& owner);
   Result<Entry> Link(uint64_t ino, uint64_t new_parent, const std::string& new_name);
   Status Unlink(uint64_t parent, const std::string& name);
   Status Rmdir(uint64_t parent, const std::string& name);

@@ -16,7 +16,7 @@
 namespace cubetorchfs::fs {
 
 Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::string& name,
-                                               mode_t mode, int flags, const Caller& caller,
+                                               mode_t mode, int flags, const Owner& owner,
                                                bool track_handle) {
   CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   Result<std::string> path = ChildOf(parent, name);
@@ -26,8 +26,8 @@ Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::strin
   o.exclusive = (flags & O_EXCL) != 0;
   o.truncate = (flags & O_TRUNC) != 0;
   o.mode = mode & 07777;
-  o.uid = caller.uid;
-  o.gid = caller.gid;
+  o.uid = owner.uid;
+  o.gid = owner.gid;
   Result<std::unique_ptr<cfs_client::WritableFile>> file = backend_->OpenWrite(*path, o);
   if (file.ok()) inodes_.ExpireAttr(parent);  // its mtime and ctime moved (if it was made)
   if (!file.ok()) return file.status();
@@ -67,42 +67,42 @@ Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::strin
 }
 
 Result<Entry> FileSystem::Mknod(uint64_t parent, const std::string& name, mode_t mode,
-                                uint64_t rdev, const Caller& caller) {
+                                uint64_t rdev, const Owner& owner) {
   CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   if (!S_ISREG(mode)) {
     if (!S_ISFIFO(mode) && !S_ISSOCK(mode) && !S_ISCHR(mode) && !S_ISBLK(mode))
       return Status::InvalidArgument(name + ": not a file type mknod makes");
     CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
     CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
-                          backend_->Mknod(path, mode, rdev, caller.uid, caller.gid));
+                          backend_->Mknod(path, mode, rdev, owner.uid, owner.gid));
     inodes_.ExpireAttr(parent);
     prefetcher_->Invalidate(path);
     return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
   }
   CTFS_ASSIGN_OR_RETURN(Created c,
-                        Create(parent, name, mode, O_EXCL, caller, /*track_handle=*/false));
+                        Create(parent, name, mode, O_EXCL, owner, /*track_handle=*/false));
   Status s = Flush(c.entry.ino);
   if (!s.ok()) return s;
   return c.entry;
 }
 
 Result<Entry> FileSystem::Mkdir(uint64_t parent, const std::string& name, mode_t mode,
-                                const Caller& caller) {
+                                const Owner& owner) {
   CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
   CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
-                        backend_->Mkdir(path, mode & 07777, caller.uid, caller.gid));
+                        backend_->Mkdir(path, mode & 07777, owner.uid, owner.gid));
   inodes_.ExpireAttr(parent);
   prefetcher_->Invalidate(path);
   return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
 }
 
 Result<Entry> FileSystem::Symlink(const std::string& target, uint64_t parent,
-                                  const std::string& name, const Caller& caller) {
+                                  const std::string& name, const Owner& owner) {
   CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
   CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
-                        backend_->Symlink(target, path, caller.uid, caller.gid));
+                        backend_->Symlink(target, path, owner.uid, owner.gid));
   inodes_.ExpireAttr(parent);
   prefetcher_->Invalidate(path);
   return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};

@@ -378,9 +378,9 @@ void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   fuse_reply_err(req, 0);
 }
 
-Caller CallerOf(fuse_req_t req) {
+Owner OwnerOf(fuse_req_t req) {
   const fuse_ctx* c = fuse_req_ctx(req);
-  return Caller{static_cast<int64_t>(c->uid), static_cast<int64_t>(c->gid)};
+  return Owner{static_cast<int64_t>(c->uid), static_cast<int64_t>(c->gid)};
 }
 
 void ReplyEntry(fuse_req_t req, const Result<Entry>& e, const char* op) {
@@ -395,7 +395,7 @@ void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fu
   // Under no_open the kernel may or may not send a release for this handle (it stops once it
   // saw ENOSYS on an open), so it never counts as a writer: the write state closes at flush.
   Result<FileSystem::Created> c =
-      ctx.fs->Create(parent, name, mode, fi->flags, CallerOf(req), !ctx.no_open);
+      ctx.fs->Create(parent, name, mode, fi->flags, OwnerOf(req), !ctx.no_open);
   if (!c.ok()) return ReplyError(req, c.status(), "create");
   fuse_entry_param param = ToEntryParam(ctx, c->entry.ino, c->entry.attr);
   fi->keep_cache = 0;
@@ -418,17 +418,17 @@ void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fu
 
 void Mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
   OpScope scope(req, kMknod);
-  ReplyEntry(req, Ctx(req).fs->Mknod(parent, name, mode, rdev, CallerOf(req)), "mknod");
+  ReplyEntry(req, Ctx(req).fs->Mknod(parent, name, mode, rdev, OwnerOf(req)), "mknod");
 }
 
 void Mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
   OpScope scope(req, kMkdir);
-  ReplyEntry(req, Ctx(req).fs->Mkdir(parent, name, mode, CallerOf(req)), "mkdir");
+  ReplyEntry(req, Ctx(req).fs->Mkdir(parent, name, mode, OwnerOf(req)), "mkdir");
 }
 
 void Symlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
   OpScope scope(req, kSymlink);
-  ReplyEntry(req, Ctx(req).fs->Symlink(target, parent, name, CallerOf(req)), "symlink");
+  ReplyEntry(req, Ctx(req).fs->Symlink(target, parent, name, OwnerOf(req)), "symlink");
 }
 
 void Link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t new_parent, const char* new_name) {

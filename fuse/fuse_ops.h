@@ -18,13 +18,13 @@ class Registry;
 namespace cubetorchfs::fuse {
 
 // The file system these operations serve (fs/).
-using fs::Caller;
 using fs::DirHandle;
 using fs::Entry;
 using fs::FileHandle;
 using fs::FileSystem;
 using fs::kRootIno;
 using fs::OpenResult;
+using fs::Owner;
 using fs::ReadResult;
 
 struct OpMetrics;

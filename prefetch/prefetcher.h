@@ -365,7 +365,7 @@ class Prefetcher {
                      std::vector<cache::BufferRef>* chunks);
   void RunProbe(const Job& job);
   void RunWarm(const Job& job);
-  struct Mark;
+  struct Mark;  // a file marked page-resident (defined with the members below)
   // The job for a file passed over as page-resident: warm it under page pressure when the
   // readers are `near`, else probe it (none if a probe of it runs).
   std::optional<Job> PassOverJobLocked(const Stream& s, const std::string& path, Mark& mark,
@@ -380,7 +380,6 @@ class Prefetcher {
   void MarkPositionLocked(Stream& s, uint64_t pos, PosState state);
   // The mark of `path` if it is marked at the version of its fresh attributes (else the
   // mark, if any, is dropped).
-  struct Mark;
   Mark* FreshMarkLocked(const std::string& path);
   // Records that the kernel was served all of `path` at `version`.
   void MarkResidentLocked(const std::string& path, const cfs_client::FileVersion& version);
