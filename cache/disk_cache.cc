@@ -542,7 +542,8 @@ class NvmeCache final : public DiskCache {
   std::unique_ptr<rocksdb::DB> db_;
 
   // Serialises index writes (db_->Put, deletes of victims' rows) so that a row deleted and
-  // written again land in that order. Lock order: db_mu_, then mu_; never held by readers.
+  // written again land in that order. Lock order: db_mu_, then mu_; held by readers only to
+  // drop a chunk found missing or corrupt.
   Mutex db_mu_ ACQUIRED_BEFORE(mu_);
   mutable Mutex mu_;  // guards the members below, up to queue_mu_; held for no I/O
   // Ordered, so a file's chunks are one range (EraseFile).

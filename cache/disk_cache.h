@@ -18,9 +18,10 @@
 //
 // Thread safety: all methods are thread-safe. One mutex guards the in-memory index and is
 // held for no I/O: statvfs, chunk writes and reads, evictions' unlinks and every RocksDB write
-// run outside it, so a Get or Contains never waits on the disk. RocksDB writes are serialised
-// by a second mutex (taken before the first). PutAsync hands the write to one writer thread
-// through a bounded queue.
+// run outside it, so a Get or Contains waits on no other thread's I/O (a Get reads its own
+// chunk; one that finds its chunk gone or corrupt deletes its index row, under the second
+// mutex). RocksDB writes are serialised by that second mutex (taken before the first). PutAsync
+// hands the write to one writer thread through a bounded queue.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,7 @@
 // The cache's tiers seen as one chunk source: the RAM cache, then the NVMe tier, then the
-// store, with write-back to the NVMe tier. Every reader of chunks goes through here: FUSE
-// reads, the prefetcher, model fetch (warmup fills the NVMe tier alone, through DiskCache).
+// store, with write-back to the NVMe tier. The RAM and NVMe lookups of FUSE reads, the
+// prefetcher and the model fetcher go through here; without an NVMe tier the last two read
+// the store directly (warmup fills the NVMe tier alone, through DiskCache).
 //
 // Thread safety: as the tiers' own (all thread-safe); a Tiers is a pair of pointers.
 #pragma once

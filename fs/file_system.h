@@ -143,8 +143,8 @@ class FileSystem {
     unsigned list_ahead_threads = 4;
   };
 
-  // `backend`, `cache`, `prefetcher`, `clock` and `registry` must outlive the FileSystem. Fails if
-  // the store's root cannot be read.
+  // `backend`, `cache`, `prefetcher`, `clock`, `registry` and `disk` (may be null) must outlive
+  // the FileSystem. Fails if the store's root cannot be read.
   static Result<std::unique_ptr<FileSystem>> New(const Options& options,
                                                  cfs_client::Backend* backend,
                                                  cache::RamCache* cache,
@@ -163,12 +163,9 @@ class FileSystem {
   // Opens for reading, or for writing (see OpenForWrite) when `flags` ask to write.
   Result<OpenResult> Open(uint64_t ino, int flags, bool track_handle = true);
   Result<ReadResult> Read(const FileHandle& handle, uint64_t offset, size_t size);
-  // The whole file at store path `path`, through the same cache and accounting as FUSE reads
-  // (for the legacy /batchdownload/path endpoint).
-  // Files over `max_bytes` are refused before anything is read.
   // Reads regular file `path` (at `attr`'s version, the attributes a check just read) through
-  // the caches, handing `piece` its bytes in order, 1 MiB at a time, without copying them.
-  // An error from `piece` stops the read and is returned.
+  // the caches, handing `piece` its bytes in order, 1 MiB at a time, without copying them (for
+  // /batchdownload/path). An error from `piece` stops the read and is returned.
   Status StreamFile(const std::string& path, const cfs_client::FileAttr& attr,
                     const std::function<Status(const char* data, size_t len)>& piece);
   // A handle for reading `ino` at its current version, for reads without an open (no_open).
@@ -195,7 +192,8 @@ class FileSystem {
   Result<Entry> Link(uint64_t ino, uint64_t new_parent, const std::string& new_name);
   Status Unlink(uint64_t parent, const std::string& name);
   Status Rmdir(uint64_t parent, const std::string& name);
-  // flags: RENAME_NOREPLACE is honoured; RENAME_EXCHANGE and others are NotSupported.
+  // flags: RENAME_NOREPLACE is honoured; RENAME_EXCHANGE is NotSupported; any other bit is
+  // InvalidArgument.
   Status Rename(uint64_t parent, const std::string& name, uint64_t new_parent,
                 const std::string& new_name, unsigned flags);
   // Open for writing (`flags` has O_WRONLY or O_RDWR): the handle counts as a writer when
@@ -379,7 +377,8 @@ class FileSystem {
   // `skip`) follow it.
   void MoveWritesUnder(const std::string& from, const std::string& to, const WriteState* skip);
   std::thread write_back_;
-  std::mutex write_back_mu_;  // a leaf lock: guards write_back_stop_, forgotten_
+  std::mutex write_back_mu_;  // a leaf lock: guards write_back_ (its start), write_back_stop_,
+                              // forgotten_
   std::condition_variable write_back_cv_;
   bool write_back_stop_ = false;
   std::deque<uint64_t> forgotten_;

@@ -50,6 +50,8 @@ class StoreStream {
  private:
   const std::string path_;
   const cfs_client::FileVersion version_;
+  // Guards the descriptor; held across the store's open and the fstat of each call, so one
+  // handle's streamed reads take it in turn. A leaf lock.
   Mutex mu_;
   UniqueFd fd_ GUARDED_BY(mu_);
   bool unavailable_ GUARDED_BY(mu_) = false;

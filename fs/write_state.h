@@ -15,7 +15,9 @@ namespace cubetorchfs::fs {
 
 // The one open backend file of an inode being written, shared by all its writing handles.
 struct WriteState {
-  std::mutex mu;  // serializes the backend calls on `file`; guards everything below
+  // Serializes the backend calls on `file` (held across its store requests: an upload holds it
+  // for its whole length); guards file, path, writers, dirty, removed, closed and write_seq.
+  std::mutex mu;
   std::unique_ptr<cfs_client::WritableFile> file;
   std::string path;      // where the file is in the store (renames follow it)
   uint32_t writers = 0;  // tracked handles open for writing

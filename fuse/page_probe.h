@@ -7,8 +7,9 @@
 // dropped from the middle of a larger file is not seen: its read reaches the daemon.
 //
 // The answer comes back as a request (retrieve_reply) on a FUSE thread; Resident() waits
-// for it, at most `timeout`. A kernel that does not know the inode, a failed notify or no
-// answer in time all mean "not resident": the caller fetches the file, which is always safe.
+// for it, at most `timeout` for each of its two retrieves. A kernel that does not know the inode, a
+// failed notify or no answer in time all mean "not resident": the caller fetches the file, which is
+// always safe.
 //
 // Thread-safe. Attach() once the session exists; Close() before it is destroyed (it waits for
 // notifies being sent). Resident() answers false before Attach() and after Close().

@@ -3,7 +3,7 @@
  * allocates the destination tensor, the library fills it).
  *
  * Every function that can fail returns 0 or a negative errno value (-ENOENT no such file,
- * -EINVAL bad input or a file that breaks a safetensors rule, -EBADMSG corrupt or tampered
+ * -EINVAL bad input, -EBADMSG a file that breaks a safetensors rule or corrupt or tampered
  * data, -ENOTSUP not built with CUDA, -EIO anything else) and writes a message naming the file
  * and the problem into err[0, err_len). Keys never appear in messages.
  *

@@ -80,7 +80,7 @@ class ModelFile {
   // The same, handing each finished range to `sink` (called from the reading threads, ranges
   // in any order) instead of reading into one destination: `stage(offset, len)` returns where
   // the range's bytes go (host memory the caller owns until `sink` returns), `sink(offset,
-  // len, ptr, ciphertext)` receives them; with `leave_encrypted` the bytes are handed over
+  // len, ptr)` receives them; with `leave_encrypted` the bytes are handed over
   // still encrypted (the caller decrypts, e.g. on the GPU) — the integrity tag is checked
   // either way. Used by the CUDA copy pipeline.
   using StageFn = std::function<Result<uint8_t*>(uint64_t offset, uint64_t len)>;

@@ -189,13 +189,13 @@ Result<cfs_client::FileAttr> PathResolver::StatCached(const std::string& path, b
     if (std::optional<cfs_client::FileAttr> known = options_.known_attr(path)) return *known;
   }
   if (!fresh) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     auto it = cache_.find(path);
     if (it != cache_.end() && now - it->second.time_ns < ttl) return it->second.attr;
   }
   Result<cfs_client::FileAttr> a = backend_->Stat(path);
   if (a.ok() && ttl > 0) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (cache_.size() >= options_.max_cached) cache_.clear();
     cache_[path] = Cached{a.value(), now};
   }

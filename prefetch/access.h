@@ -26,6 +26,7 @@
 #include "cfs_client/backend.h"
 #include "common/clock.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace cubetorchfs::prefetch {
 
@@ -105,12 +106,12 @@ class PathResolver {
   const Options options_;
   cfs_client::Backend* const backend_;
   Clock* const clock_;
-  std::mutex mu_;
   struct Cached {
     cfs_client::FileAttr attr;
     uint64_t time_ns = 0;
   };
-  std::unordered_map<std::string, Cached> cache_;
+  Mutex mu_;  // a leaf lock, never held across a store request
+  std::unordered_map<std::string, Cached> cache_ GUARDED_BY(mu_);
 };
 
 }  // namespace cubetorchfs::prefetch
