@@ -333,7 +333,7 @@ def main() -> None:
                                    f" prefetch fetched {x.get('pf_fetched', 0):.0f}"
                                    f" page-resident {x.get('pf_page_resident', 0):.0f}"
                                    f" cached {x.get('pf_cached', 0):.0f}"
-                                   f" warmed {x.get('pf_warmed', 0):.0f}"
+                                   f" lru-filled {x.get('pf_lru_filled', 0):.0f}"
                                    f" evicted unread {x.get('pf_evicted_unread', 0):.0f})"
                                    if "hit_ratio" in x else "")
                                 for i, x in enumerate(rows))

@@ -164,7 +164,7 @@ Result<Entry> FileSystem::Lookup(uint64_t parent, const std::string& name) {
     }
   }
   uint64_t fetched_ns = 0;
-  if (std::optional<cfs_client::FileAttr> warm = prefetcher_->WarmAttr(path, &fetched_ns))
+  if (std::optional<cfs_client::FileAttr> warm = prefetcher_->WindowAttr(path, &fetched_ns))
     return Entry{inodes_.Acquire(path, *warm, fetched_ns), *warm};
   // Attributes the daemon holds and may still answer with (a listing's, say: readdirplus).
   if (std::optional<cfs_client::FileAttr> known = KnownAttr(path, &fetched_ns))

@@ -1,5 +1,5 @@
 // Prefetcher, part 2: running the jobs the scheduler hands out (fetching a file into the
-// window, warming one into the LRU cache, probing whether the kernel holds one) and the
+// window, putting one in the LRU cache, probing whether the kernel holds one) and the
 // window's accounting (charges, release, eviction). The scheduling and the streams are in
 // prefetcher.cc, the page-residency marks in residency.cc.
 #include <prometheus/counter.h>
@@ -296,13 +296,13 @@ void Prefetcher::EraseLocked(std::unordered_map<std::string, Entry>::iterator it
 void Prefetcher::Run(const Job& job) {
   if (job.probe)
     RunProbe(job);
-  else if (job.warm)
-    RunWarm(job);
+  else if (job.fill_lru)
+    RunLruFill(job);
   else
     RunJob(job);
 }
 
-void Prefetcher::RunWarm(const Job& job) {
+void Prefetcher::RunLruFill(const Job& job) {
   std::shared_ptr<const AttrSource> source;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -325,12 +325,12 @@ void Prefetcher::RunWarm(const Job& job) {
   });
   std::lock_guard<std::mutex> l(mu_);
   if (!got.ok()) {
-    CTFS_LOG(kDebug) << "warm " << job.path << ": " << got.status().ToString();
+    CTFS_LOG(kDebug) << "LRU fill of " << job.path << ": " << got.status().ToString();
     return;
   }
   if (got->served != cache::Served::kCached) {
-    totals_.warmed++;
-    if (warmed_) warmed_->Increment();
+    totals_.lru_filled++;
+    if (lru_filled_) lru_filled_->Increment();
   }
 }
 

@@ -64,7 +64,7 @@ Prefetcher::Prefetcher(const Options& options, cfs_client::Backend* backend, cac
     trusted_ = &files.Add({{"outcome", "trusted"}});
     probed_absent_ = &files.Add({{"outcome", "probed_absent"}});
     cached_ = &files.Add({{"outcome", "cached"}});
-    warmed_ = &files.Add({{"outcome", "warmed"}});
+    lru_filled_ = &files.Add({{"outcome", "lru_filled"}});
     inflight_gauge_ = &prometheus::BuildGauge()
                            .Name("cubetorchfs_prefetch_inflight")
                            .Help("Prefetches running now")
@@ -569,8 +569,8 @@ std::optional<Prefetcher::WindowHit> Prefetcher::Get(const std::string& path,
   return WindowHit{it->second.chunks[chunk], waited};
 }
 
-std::optional<cfs_client::FileAttr> Prefetcher::WarmAttr(const std::string& path,
-                                                         uint64_t* fetched_ns) {
+std::optional<cfs_client::FileAttr> Prefetcher::WindowAttr(const std::string& path,
+                                                           uint64_t* fetched_ns) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = window_.find(path);
   if (it == window_.end() || it->second.state == State::kStat || it->second.invalidated)

@@ -20,25 +20,23 @@
 // went to the kernel at a version the daemon still holds fresh attributes for (those of the
 // inode table, within attr_timeout_s) is marked page-resident. While the kernel's count of
 // reclaimed pages (Options::reclaim_counter) has not moved since the mark, the file is passed
-// over with no question (trusted). Otherwise: the kernel drops pages under
-// memory pressure without telling, and in no fixed order, so a mark only says the kernel may
-// hold the file: when the scheduler reaches a marked file it asks the kernel (the page probe,
-// FUSE_NOTIFY_RETRIEVE) whether every page is still there. If so it passes over the file and
-// the readers' opens and reads never reach the daemon; if not the mark is dropped and the file
-// is fetched. As the readers come within 2 x max_inflight positions of a file passed over,
-// it is probed once more (the first probe may have been a whole window earlier). A read of a
-// marked file (pages dropped after the probes) drops its mark, and the files passed over
-// within that distance ahead of the readers that were served to the kernel before it are
-// asked about again.
-// Under memory pressure the kernel drops pages between the last probe and the read: when
-// kPressureDrops reads of marked files (page drops) come within kPressureSpanNs, the files
-// passed over are not probed again as the readers come near but put in the LRU cache (at
-// most 2 x max_inflight of them ahead of the readers, so the LRU holds them until read),
-// until kPressureHoldNs pass with no new drop. Warming a file the kernel still holds costs
-// a store read; missing one costs its reader a round trip on its critical path.
-// Without a probe nothing is taken as page-resident. Marks are bounded (max_resident_marks,
-// the oldest go first). A file the RAM cache or the NVMe tier holds at the version of those
-// fresh attributes is taken from there with no store request.
+// over with no question (trusted). Otherwise: the kernel drops pages under memory pressure
+// without telling, and in no fixed order, so a mark only says the kernel may hold the file: when
+// the scheduler reaches a marked file it asks the kernel (the page probe, FUSE_NOTIFY_RETRIEVE)
+// whether every page is still there. If so it passes over the file and the readers' opens and reads
+// never reach the daemon; if not the mark is dropped and the file is fetched. As the readers come
+// within 2 x max_inflight positions of a file passed over, it is probed once more (the first probe
+// may have been a whole window earlier). A read of a marked file (pages dropped after the probes)
+// drops its mark, and the files passed over within that distance ahead of the readers that were
+// served to the kernel before it are asked about again. Under memory pressure the kernel drops
+// pages between the last probe and the read: when kPressureDrops reads of marked files (page drops)
+// come within kPressureSpanNs, the files passed over are not probed again as the readers come near
+// but put in the LRU cache (at most 2 x max_inflight of them ahead of the readers, so the LRU holds
+// them until read), until kPressureHoldNs pass with no new drop. Warming a file the kernel still
+// holds costs a store read; missing one costs its reader a round trip on its critical path. With no
+// PageProbe set (SetPageProbe), nothing is taken as page-resident, trusted or not. Marks are
+// bounded (max_resident_marks, the oldest go first). A file the RAM cache or the NVMe tier holds at
+// the version of those fresh attributes is taken from there with no store request.
 //
 // Queued paths: every published position not yet read or skipped holds its path (twice: in
 // the stream's order and in its index of pending files) until the readers pass it. What they
@@ -56,9 +54,10 @@
 // globally and for the stream the file belongs to.
 //
 // Thread safety: all public methods are thread-safe. One mutex guards streams and window;
-// it is never held across a backend call. The attribute source (the inode table) is asked
-// under it: Prefetcher::mu_ before the inode table's mutex. Lock order: Prefetcher::mu_ before any
-// RamCache shard lock (RamCache never calls back).
+// it is never held across a backend call (it is held while /proc/vmstat is read, at most
+// every 50 ms). The attribute source (the inode table) is asked under it. Lock order:
+// Prefetcher::mu_ before the inode table's mutex and before any RamCache shard lock
+// (RamCache never calls back).
 #pragma once
 
 #include <condition_variable>
@@ -119,8 +118,8 @@ struct Stats {
   uint64_t trusted = 0;         // marked files passed over with no probe: no reclaim since
   uint64_t probed_absent = 0;   // probes of marked files whose pages were gone: fetched
   uint64_t page_drops = 0;      // reads of marked files: the kernel dropped their pages
-  bool page_pressure = false;   // drops come often: files passed over are warmed, not probed
-  uint64_t warmed = 0;          // files passed over put in the LRU cache under page pressure
+  bool page_pressure = false;   // drops come often: files passed over go to the LRU, unprobed
+  uint64_t lru_filled = 0;      // files passed over put in the LRU cache under page pressure
   uint64_t cached = 0;          // files taken from the RAM cache or NVMe tier, no store request
   uint64_t resident_marks = 0;  // files now marked page-resident
   uint64_t inflight = 0;        // fetches running now
@@ -258,8 +257,8 @@ class Prefetcher {
               uint64_t bytes, ReadOutcome outcome, bool to_kernel = true);
   // Attributes fetched with a prefetched file, while fresh: lookups then need no round trip.
   // `fetched_ns`, if not null, receives when they were read from the store.
-  std::optional<cfs_client::FileAttr> WarmAttr(const std::string& path,
-                                               uint64_t* fetched_ns = nullptr);
+  std::optional<cfs_client::FileAttr> WindowAttr(const std::string& path,
+                                                 uint64_t* fetched_ns = nullptr);
 
   // Forgets what the window holds of `path` (its attributes and bytes), after a write through
   // the mount changed it: later lookups and reads go to the store. A fetch of it in flight
@@ -332,14 +331,14 @@ class Prefetcher {
     uint64_t size = 0;
     // Under page pressure: put a file passed over in the LRU cache at `version`, if `reader`
     // may read it.
-    bool warm = false;
+    bool fill_lru = false;  // put a file passed over in the LRU cache (page pressure)
     cfs_client::FileVersion version;
     std::shared_ptr<const Caller> reader;
   };
 
   // REQUIRES: mu_ held.
   std::optional<Job> NextJobLocked();
-  void Run(const Job& job);  // RunProbe, RunWarm or RunJob
+  void Run(const Job& job);  // RunProbe, RunLruFill or RunJob
   void RunJob(const Job& job);
   // What the first look at a file to prefetch found (no lock held): its attributes with the
   // whole file, or only the attributes of one too large for `guess` bytes; or an error.
@@ -364,14 +363,14 @@ class Prefetcher {
   Status FetchChunks(const std::string& path, const cfs_client::FileVersion& version,
                      std::vector<cache::BufferRef>* chunks);
   void RunProbe(const Job& job);
-  void RunWarm(const Job& job);
+  void RunLruFill(const Job& job);
   struct Mark;  // a file marked page-resident (defined with the members below)
-  // The job for a file passed over as page-resident: warm it under page pressure when the
-  // readers are `near`, else probe it (none if a probe of it runs).
+  // The job for a file passed over as page-resident: put it in the LRU cache under page pressure
+  // when the readers are `near`, else probe it (none if a probe of it runs).
   std::optional<Job> PassOverJobLocked(const Stream& s, const std::string& path, Mark& mark,
                                        bool near);
   // The job that puts a file passed over in the LRU cache, if it is small enough.
-  std::optional<Job> WarmJobLocked(const Stream& s, const std::string& path, const Mark& mark);
+  std::optional<Job> LruFillJobLocked(const Stream& s, const std::string& path, const Mark& mark);
   // Position `pos` of `s` is no longer passed over: the scheduler and rechecks look again.
   void UnprobeLocked(Stream& s, uint64_t pos);
   // A probe of the next file passed over that the readers are near, if any.
@@ -386,7 +385,8 @@ class Prefetcher {
   // A read of `path` reached the daemon: if it was marked, its pages are gone, and older
   // marks passed over are probed again.
   void NoteNotResidentLocked(const std::string& path, uint64_t now);
-  // Records a page drop; entering pressure, every file passed over is to be fetched.
+  // Records a page drop; on entering pressure, the files passed over within RecheckLead() of
+  // the readers are taken up again, to be put in the LRU cache (LruFillJobLocked).
   void NotePageDropLocked(uint64_t now);
   bool PressureLocked(uint64_t now) const { return now < pressure_until_ns_; }
   void EraseMarkLocked(const std::string& path);
@@ -492,7 +492,7 @@ class Prefetcher {
   prometheus::Counter* trusted_ = nullptr;
   prometheus::Counter* probed_absent_ = nullptr;
   prometheus::Counter* cached_ = nullptr;
-  prometheus::Counter* warmed_ = nullptr;
+  prometheus::Counter* lru_filled_ = nullptr;
   prometheus::Gauge* inflight_gauge_ = nullptr;
   prometheus::Gauge* window_gauge_ = nullptr;
 };

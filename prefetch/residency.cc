@@ -1,5 +1,5 @@
 // Prefetcher, part 3: what the daemon knows of the kernel's page cache. Files the kernel
-// holds are passed over (marked resident), probed again as the readers near them, and warmed
+// holds are passed over (marked resident), probed again as the readers near them, and put
 // into the LRU cache under page pressure. See docs/prefetch.md.
 #include <prometheus/counter.h>
 
@@ -42,13 +42,13 @@ std::optional<Prefetcher::Job> Prefetcher::PassOverJobLocked(const Stream& s,
                                                              const std::string& path, Mark& mark,
                                                              bool near) {
   const uint64_t now = clock_->NowNanos();
-  if (near && PressureLocked(now)) return WarmJobLocked(s, path, mark);
+  if (near && PressureLocked(now)) return LruFillJobLocked(s, path, mark);
   if (mark.probing) return std::nullopt;  // a probe of it runs: its answer serves this position
   if (TrustedLocked(mark, now)) {
     // No page-cache page was reclaimed since the kernel was served the file: it holds it.
     // A page that went all the same (POSIX_FADV_DONTNEED, or between two samples) costs its
     // reader one read from the daemon (the LRU cache keeps what was read); drops that come
-    // often are page pressure, and the files passed over are warmed as the readers come.
+    // often are page pressure, and the files passed over go to the LRU cache as the readers come.
     totals_.trusted++;
     if (trusted_) trusted_->Increment();
     return std::nullopt;
@@ -58,14 +58,15 @@ std::optional<Prefetcher::Job> Prefetcher::PassOverJobLocked(const Stream& s,
   return Job{path, true, mark.version.size};
 }
 
-std::optional<Prefetcher::Job> Prefetcher::WarmJobLocked(const Stream& s, const std::string& path,
-                                                         const Mark& mark) {
+std::optional<Prefetcher::Job> Prefetcher::LruFillJobLocked(const Stream& s,
+                                                            const std::string& path,
+                                                            const Mark& mark) {
   // A probe now may be stale by the read: the file goes to the LRU cache instead, where the
   // read finds it if the kernel drops it meanwhile. Large files are left to their reads.
   if (mark.version.size > options_.chunk_bytes) return std::nullopt;
   rr_after_ = s.id;
   Job job{path, false, mark.version.size};
-  job.warm = true;
+  job.fill_lru = true;
   job.version = mark.version;
   job.reader = s.reader;
   return job;
@@ -158,7 +159,8 @@ void Prefetcher::NotePageDropLocked(uint64_t now) {
   const bool entering = !PressureLocked(now);
   pressure_until_ns_ = now + kPressureHoldNs;
   if (!entering) return;
-  // Files passed over and already rechecked near the readers are taken up again, to be warmed.
+  // Files passed over and already rechecked near the readers are taken up again, to be put in the
+  // LRU cache.
   for (auto& [id, s] : streams_) {
     const uint64_t end =
         std::min<uint64_t>({s.next, s.base + s.paths.size(), s.high + RecheckLead()});

@@ -200,7 +200,7 @@ TEST_F(PrefetcherTest, PagePressureWinsOverTrust) {
   Publish(0, 10);
   RunAll();
   EXPECT_EQ(probes_, 0);
-  EXPECT_GT(pf_->GetStats().warmed, 0u);
+  EXPECT_GT(pf_->GetStats().lru_filled, 0u);
 }
 
 TEST_F(PrefetcherTest, MarkedFilesWhosePagesTheKernelDroppedAreFetched) {
@@ -303,7 +303,7 @@ TEST_F(PrefetcherTest, UnderSustainedPageDropsFilesNearTheReadersAreWarmedNotPro
   std::vector<std::string> want;
   for (int i = 4; i < 8; ++i) want.push_back(Name(i));
   EXPECT_EQ(store_.read_log(), want);
-  EXPECT_EQ(pf_->GetStats().warmed, 4u);
+  EXPECT_EQ(pf_->GetStats().lru_filled, 4u);
   EXPECT_EQ(pf_->GetStats().window_files, 0u);
   EXPECT_TRUE(ram_->Get(cache::ChunkKey(Name(5), {kFileSize, 1}, 0)));
   // As the readers go on, the next ones are warmed; a file the reader's owner may not read
@@ -739,12 +739,12 @@ TEST_F(PrefetcherTest, RepeatedPathSharesOneEntry) {
 TEST_F(PrefetcherTest, WarmAttributesAnswerLookupsWhileFresh) {
   Make();
   Publish(0, 1);
-  EXPECT_FALSE(pf_->WarmAttr(Name(0)).has_value());
+  EXPECT_FALSE(pf_->WindowAttr(Name(0)).has_value());
   RunAll();
-  ASSERT_TRUE(pf_->WarmAttr(Name(0)).has_value());
-  EXPECT_EQ(pf_->WarmAttr(Name(0))->size, kFileSize);
+  ASSERT_TRUE(pf_->WindowAttr(Name(0)).has_value());
+  EXPECT_EQ(pf_->WindowAttr(Name(0))->size, kFileSize);
   clock_.AdvanceSeconds(11);
-  EXPECT_FALSE(pf_->WarmAttr(Name(0)).has_value());
+  EXPECT_FALSE(pf_->WindowAttr(Name(0)).has_value());
 }
 
 TEST_F(PrefetcherTest, ExportsPrometheusCounters) {
