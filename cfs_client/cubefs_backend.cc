@@ -198,7 +198,8 @@ class CubefsFile final : public WritableFile {
 
   const Sdk* sdk_;
   const int64_t client_;
-  // I/O holds it shared; Close holds it alone (the SDK's close must not race I/O on its fd).
+  // I/O holds it shared, across the SDK's store requests on this fd; Close holds it alone
+  // and so waits for all of them (the SDK's close must not race I/O on its fd).
   mutable std::shared_mutex io_mu_;
   int fd_;  // -1 once closed; changed under io_mu_ held alone
   mutable std::mutex path_mu_;
@@ -531,6 +532,8 @@ class CubefsBackend final : public Backend {
   const Sdk* sdk_;
   const int64_t client_;
   const std::string volume_;
+  // Held across the SDK's statfs (a request to the master): one at a time, the others wait
+  // and take its answer, which is cached for 30 s.
   std::mutex statfs_mu_;
   std::optional<std::chrono::steady_clock::time_point> statfs_at_;  // guarded by statfs_mu_
   FsStats statfs_;                                                  // guarded by statfs_mu_

@@ -2,8 +2,8 @@
 // ListObjectsV2 reply, HTTP dates, how an object's Last-Modified and ETag become a FileVersion,
 // and which HTTP replies are errors or worth a retry.
 //
-// Used by s3_backend.cc (the only file that talks to libcurl); kept apart so unit tests cover
-// it without a server. Thread-safe: every function depends on its arguments only.
+// Used by s3_backend.cc and s3_transport.cc (only the transport includes curl); kept apart
+// so unit tests cover it without a server. Thread-safe: every function depends on its arguments only.
 #pragma once
 
 #include <cstdint>

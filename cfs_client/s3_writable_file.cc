@@ -154,7 +154,9 @@ class S3WritableFile final : public WritableFile {
   }
 
   S3FileHost* const b_;
-  std::mutex mu_;  // guards everything below, and serializes the staging file's uploads
+  // Guards everything below, and serializes the staging file's uploads: held across the
+  // store's PUT or multipart upload, and the GET that materializes the object.
+  std::mutex mu_;
   std::string path_;
   const FileAttr attr_;  // the object's attributes when opened
   const std::string staging_;
