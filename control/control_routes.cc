@@ -16,6 +16,7 @@
 
 #include "common/logging.h"
 #include "control/control_server.h"
+#include "control/routes.h"
 #include "control/server_impl.h"
 
 namespace cubetorchfs::control {
@@ -173,90 +174,95 @@ std::optional<json> ServerImpl::ParseBody(const Request& req, std::string* why) 
 
 Reply ServerImpl::Handle(Request& req, const Caller& caller, bool can_pass_fd, int sock) {
   const unsigned v = req.version();
-  const std::string target(req.target());
-  const auto method = req.method();
-  const std::string streams = "/v1/streams";
-  if (target == "/v1/files/open") {
-    if (method != http::verb::post) return {Error(http::status::method_not_allowed, "use POST", v)};
-    if (!can_pass_fd)
-      return {Error(http::status::bad_request,
-                    "/v1/files/open passes a file descriptor: use the unix control socket", v)};
-    if (!opener_) return {Error(http::status::not_implemented, "this daemon cannot open files", v)};
-    Reply r;
-    r.res = OpenFile(req, caller, &r.fd);
-    return r;
-  }
-  if (target == "/batchdownload/path" || target == "/v1/warmup") {
-    if (method != http::verb::post) return {Error(http::status::method_not_allowed, "use POST", v)};
-    if (target == "/v1/warmup") return {Warmup(req, caller)};
-    return BatchDownload(req, caller, sock);
-  }
-  if (target == "/v1/stats") {
-    if (method != http::verb::get) return {Error(http::status::method_not_allowed, "use GET", v)};
-    return {JsonResponse(http::status::ok, StatsJson(caller), v)};
-  }
-  if (target == streams) {
-    if (method != http::verb::post) return {Error(http::status::method_not_allowed, "use POST", v)};
-    return {CreateStream(req, caller)};
-  }
-  if (target.rfind(streams + "/", 0) == 0) {
-    std::string rest = target.substr(streams.size() + 1);
-    const std::string suffix = "/paths";
-    if (rest.size() > suffix.size() &&
-        rest.compare(rest.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      if (method != http::verb::post)
-        return {Error(http::status::method_not_allowed, "use POST", v)};
-      return {PublishPaths(req, caller, rest.substr(0, rest.size() - suffix.size()))};
-    }
-    if (rest.find('/') == std::string::npos && !rest.empty()) {
-      if (method != http::verb::delete_)
-        return {Error(http::status::method_not_allowed, "use DELETE", v)};
-      const Prefetcher::Op op = prefetcher_->DeleteStreamAs(caller.uid, rest);
-      if (op != Prefetcher::Op::kOk) return {StreamError(op, rest, v)};
-      Response res{http::status::no_content, v};
-      res.prepare_payload();
-      return {res};
-    }
-  }
-  if (target == "/v1/health") {
-    if (method != http::verb::get) return {Error(http::status::method_not_allowed, "use GET", v)};
-    if (!options_.health)
-      return {Error(http::status::not_implemented, "this daemon reports no health", v)};
-    json report = options_.health(caller.IsRoot() || caller.uid == ::geteuid());
-    const bool healthy = report.value("healthy", false);
-    return {
-        JsonResponse(healthy ? http::status::ok : http::status::service_unavailable, report, v)};
-  }
-  if (target == "/v1/admin/upgrade") {
-    if (method != http::verb::post) return {Error(http::status::method_not_allowed, "use POST", v)};
-    if (!caller.IsRoot() && caller.uid != ::geteuid())
-      return {Error(http::status::forbidden, "only root or the daemon's user may upgrade it", v)};
-    if (!options_.upgrade)
-      return {Error(http::status::not_implemented,
-                    "this daemon runs without a supervisor: it cannot be upgraded in place", v)};
-    if (Status s = options_.upgrade(); !s.ok()) return {ErrorFrom(http::status::conflict, s, v)};
-    return {
-        JsonResponse(http::status::accepted, json{{"handing_over", true}, {"pid", ::getpid()}}, v)};
-  }
-  if (target == "/prefetch/read/path") {
-    if (method != http::verb::post) return {Error(http::status::method_not_allowed, "use POST", v)};
-    return {LegacyPrefetch(req, caller)};
-  }
-  if (target == "/register/pid" || target == "/unregister/pid") {
-    if (method != http::verb::post) return {Error(http::status::method_not_allowed, "use POST", v)};
-    std::string why;
-    std::optional<json> body = ParseBody(req, &why);
-    if (!body) return {Error(http::status::bad_request, why, v)};
-    if (!body->is_array())
-      return {Error(http::status::bad_request, "body must be a JSON array of pids", v)};
-    for (const auto& pid : *body)
-      if (!pid.is_number_integer())
-        return {Error(http::status::bad_request, "pids must be integers", v)};
-    CTFS_LOG(kDebug) << target.substr(1) << ": " << body->size() << " pids from uid " << caller.uid;
-    return {Text(http::status::ok, "ok\n", v)};
+  const std::string_view target(req.target().data(), req.target().size());
+  const RouteMatch m = MatchRoute(req.method(), target);
+  if (m.route == nullptr && !m.allowed.empty()) {
+    Response res = Error(http::status::method_not_allowed, "use " + m.allowed, v);
+    res.set(http::field::allow, m.allowed);
+    return {res};
   }
   // A route this daemon does not have: a client may fall back to another way.
-  return {ErrorFrom(http::status::not_found, Status::NotSupported("no route " + target), v)};
+  if (m.route == nullptr)
+    return {ErrorFrom(http::status::not_found,
+                      Status::NotSupported("no route " + std::string(target)), v)};
+  if (m.route->unix_only && !can_pass_fd)
+    return {Error(
+        http::status::bad_request,
+        std::string(m.route->pattern) + " passes a file descriptor: use the unix control socket",
+        v)};
+  switch (m.route->id) {
+    case RouteId::kCreateStream:
+      return {CreateStream(req, caller)};
+    case RouteId::kPublishPaths:
+      return {PublishPaths(req, caller, m.id)};
+    case RouteId::kDeleteStream:
+      return {DeleteStream(caller, m.id, v)};
+    case RouteId::kStats:
+      return {JsonResponse(http::status::ok, StatsJson(caller), v)};
+    case RouteId::kOpenFile: {
+      if (!opener_)
+        return {Error(http::status::not_implemented, "this daemon cannot open files", v)};
+      Reply r;
+      r.res = OpenFile(req, caller, &r.fd);
+      return r;
+    }
+    case RouteId::kWarmup:
+      return {Warmup(req, caller)};
+    case RouteId::kHealth:
+      return {Health(caller, v)};
+    case RouteId::kUpgrade:
+      return {Upgrade(caller, v)};
+    case RouteId::kLegacyPrefetch:
+      return {LegacyPrefetch(req, caller)};
+    case RouteId::kRegisterPid:
+    case RouteId::kUnregisterPid:
+      return {RegisterPids(req, caller, m.route->pattern)};
+    case RouteId::kBatchDownload:
+      return BatchDownload(req, caller, sock);
+  }
+  return {Error(http::status::internal_server_error, "a route without a handler", v)};
+}
+
+Response ServerImpl::DeleteStream(const Caller& caller, const std::string& id, unsigned v) {
+  const Prefetcher::Op op = prefetcher_->DeleteStreamAs(caller.uid, id);
+  if (op != Prefetcher::Op::kOk) return StreamError(op, id, v);
+  Response res{http::status::no_content, v};
+  res.prepare_payload();
+  return res;
+}
+
+Response ServerImpl::Health(const Caller& caller, unsigned v) {
+  if (!options_.health)
+    return Error(http::status::not_implemented, "this daemon reports no health", v);
+  json report = options_.health(caller.IsRoot() || caller.uid == ::geteuid());
+  const bool healthy = report.value("healthy", false);
+  return JsonResponse(healthy ? http::status::ok : http::status::service_unavailable, report, v);
+}
+
+Response ServerImpl::Upgrade(const Caller& caller, unsigned v) {
+  if (!caller.IsRoot() && caller.uid != ::geteuid())
+    return Error(http::status::forbidden, "only root or the daemon's user may upgrade it", v);
+  if (!options_.upgrade)
+    return Error(http::status::not_implemented,
+                 "this daemon runs without a supervisor: it cannot be upgraded in place", v);
+  if (Status s = options_.upgrade(); !s.ok()) return ErrorFrom(http::status::conflict, s, v);
+  return JsonResponse(http::status::accepted, json{{"handing_over", true}, {"pid", ::getpid()}}, v);
+}
+
+Response ServerImpl::RegisterPids(const Request& req, const Caller& caller,
+                                  std::string_view route) {
+  const unsigned v = req.version();
+  std::string why;
+  std::optional<json> body = ParseBody(req, &why);
+  if (!body) return Error(http::status::bad_request, why, v);
+  if (!body->is_array())
+    return Error(http::status::bad_request, "body must be a JSON array of pids", v);
+  for (const auto& pid : *body)
+    if (!pid.is_number_integer())
+      return Error(http::status::bad_request, "pids must be integers", v);
+  // The original package's bookkeeping: nothing here depends on it, so it is only logged.
+  CTFS_LOG(kDebug) << route.substr(1) << ": " << body->size() << " pids from uid " << caller.uid;
+  return Text(http::status::ok, "ok\n", v);
 }
 
 std::shared_ptr<const Caller> ServerImpl::ReaderFor(const Caller& caller) const {
@@ -433,7 +439,7 @@ Response ServerImpl::LegacyPrefetch(const Request& req, const Caller& caller) {
   }
   {
     // One legacy stream per user: users never share a stream.
-    std::lock_guard<std::mutex> l(legacy_mu_);
+    MutexLock l(legacy_mu_);
     std::string& id = legacy_streams_[caller.uid];
     // The original package expects "prefetching." whatever happens: past the per-user
     // limits, as many paths as fit are published (prefetching is best effort).
@@ -663,7 +669,7 @@ json ServerImpl::StatsJson(const Caller& caller) {
                   {"probed_absent", s.probed_absent},
                   {"page_drops", s.page_drops},
                   {"page_pressure", s.page_pressure},
-                  {"warmed", s.warmed},
+                  {"lru_filled", s.lru_filled},
                   {"cached", s.cached},
                   {"resident_marks", s.resident_marks},
                   {"inflight", s.inflight},

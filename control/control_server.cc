@@ -31,6 +31,7 @@
 #include "common/logging.h"
 #include "common/private_dir.h"
 #include "control/http_framing.h"
+#include "control/routes.h"
 #include "control/server_impl.h"
 
 namespace cubetorchfs::control::detail {
@@ -193,18 +194,18 @@ void ServerImpl::Dispatch(Request req, const Caller& caller, const asio::any_io_
     if (big) TrimMemory();
     finish(std::move(r));
   };
-  const std::string_view target(req.target().data(), req.target().size());
-  // Opens of big files take long: their own threads, so /batchdownload and /v1/warmup
-  // never queue behind them (nor they behind those).
-  asio::thread_pool& pool = target == "/v1/files/open" ? open_pool_
-                            : (target == "/batchdownload/path" || target == "/v1/warmup")
-                                ? pool_
-                                : api_pool_;
+  // The route's threads (routes.h: Pool); an unknown route is answered on the API's.
+  const RouteMatch m =
+      MatchRoute(req.method(), std::string_view(req.target().data(), req.target().size()));
+  const Pool which = m.route != nullptr ? m.route->pool : Pool::kApi;
+  asio::thread_pool& pool = which == Pool::kOpen   ? open_pool_
+                            : which == Pool::kData ? pool_
+                                                   : api_pool_;
   asio::post(pool, [req = std::move(req), run = std::move(run)]() mutable { run(req); });
 }
 
 bool ServerImpl::ReserveBody(uid_t uid, uint64_t bytes) {
-  std::lock_guard<std::mutex> l(body_mu_);
+  MutexLock l(body_mu_);
   const uint64_t per_user = std::max(options_.body_memory_bytes / 2, options_.max_body_bytes);
   uint64_t& mine = body_by_uid_[uid];
   if (body_bytes_ + bytes > options_.body_memory_bytes || mine + bytes > per_user) {
@@ -217,14 +218,14 @@ bool ServerImpl::ReserveBody(uid_t uid, uint64_t bytes) {
 }
 
 void ServerImpl::ReleaseBody(uid_t uid, uint64_t bytes) {
-  std::lock_guard<std::mutex> l(body_mu_);
+  MutexLock l(body_mu_);
   body_bytes_ -= bytes;
   auto it = body_by_uid_.find(uid);
   if (it != body_by_uid_.end() && (it->second -= bytes) == 0) body_by_uid_.erase(it);
 }
 
 void ServerImpl::ConnectionClosed(uid_t uid, int* listener_count) {
-  std::lock_guard<std::mutex> l(conn_mu_);
+  MutexLock l(conn_mu_);
   --*listener_count;
   auto it = per_uid_.find(uid);
   if (it != per_uid_.end() && --it->second == 0) per_uid_.erase(it);
@@ -257,7 +258,7 @@ void ServerImpl::Accept(Acceptor& acceptor, int* count, int max) {
     } else if (!options_.others_may_use && !caller->IsRoot()) {
       refuse = kNotAllowed;  // the mount has no allow_other: the kernel refuses them too
     } else {
-      std::lock_guard<std::mutex> l(conn_mu_);
+      MutexLock l(conn_mu_);
       int& mine = per_uid_[caller->uid];
       if (*count >= max)
         refuse = kListenerFull;
@@ -505,9 +506,10 @@ void Session<Protocol>::Write(Response res, bool keep_alive) {
 namespace cubetorchfs::control {
 
 Result<std::unique_ptr<ControlServer>> ControlServer::Start(const Options& options,
-                                                            Prefetcher* prefetcher,
+                                                            prefetch::Prefetcher* prefetcher,
                                                             cache::RamCache* ram, FileReader reader,
-                                                            Warmer* warmer, FileOpener opener) {
+                                                            prefetch::Warmer* warmer,
+                                                            FileOpener opener) {
   auto server = std::make_unique<detail::ServerImpl>(options, prefetcher, ram, std::move(reader),
                                                      warmer, std::move(opener));
   Status s = server->Listen();

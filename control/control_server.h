@@ -1,27 +1,13 @@
 // The control server: HTTP/1.1 + JSON on a unix socket (the /v1 API the cube_torch hook
 // uses) and on 127.0.0.1:profPort (the original cube_torch package's endpoints).
 //
-// clang-format off
-//   POST   /v1/streams              {"name": str, "pid": int}  -> 201 {"id": str}
-//   POST   /v1/streams/{id}/paths   {"paths": [str, ...]}      -> 202 {"accepted": n, "rejected": m}
-//   DELETE /v1/streams/{id}                                    -> 204
-//   GET    /v1/stats                                           -> 200 counters, global and per stream
-//   POST   /v1/files/open           {"path": str}              -> 200 {"size", "mtime_ns", "kind",
-//                                   (unix socket only)            "bytes"} and a read-only descriptor
-//                                                                 of the file (SCM_RIGHTS,
-//                                                                 docs/fd_exchange.md)
-//   POST   /v1/warmup               {"paths": [str, ...]}      -> 200 {"fetched", "skipped", "failed",
-//                                                                 "bytes", "errors"}: fills NVMe
-//   GET    /v1/health                                          -> 200 or 503 the health report
-//   POST   /v1/admin/upgrade        (root or the daemon's user) -> 202, or 409 files being written
-//   POST   /prefetch/read/path      [[abs_path, ...], ...]     -> 200 "prefetching.\n"
-//   POST   /register/pid, /unregister/pid  [pid, ...]          -> 200 (logged only)
-//   POST   /batchdownload/path      [[path, ...]]              -> 200 framed file contents
-// clang-format on
-//
-// Errors are JSON {"error": "...", "code": "...", "errno": n}: 400 malformed, 403 another user's
-// stream, 404 unknown stream or route, 405 wrong method, 413 body over the limit, 422 no acceptable
-// path, 429 a limit on streams or queued paths reached (the error names it), 503 the server's
+// Its routes are the table of control/routes.h (method, target, threads, where each may be
+// asked); docs/control-api.md gives each one's body, reply and status codes, and a unit test
+// checks that the two name the same routes. Errors are JSON {"error": "...", "code": "...",
+// "errno": n} (docs/errors.md): 400 malformed, 403 another user's stream or a file the caller
+// may not read, 404 unknown stream or route, 405 wrong method (with Allow), 409 an upgrade
+// refused, 413 body over the limit, 422 no acceptable path, 429 a limit on streams or queued
+// paths reached (the error names it), 501 not available in this daemon, 503 the server's
 // request memory is in use (retry).
 //
 // Every connection is from a known local user: the unix socket's peer credentials
@@ -61,18 +47,12 @@ class Registry;
 
 namespace cubetorchfs::control {
 
-// The prefetcher's types the control server takes requests for.
-using prefetch::Caller;
-using prefetch::PathResolver;
-using prefetch::Prefetcher;
-using prefetch::ResidentFile;
-using prefetch::Warmer;
-
-// Whether `body` is JSON of at most `max_depth` nesting and `max_elements` values (counted
-// without parsing it, so an oversized body costs no memory). The error says which.
 // The longest number or literal (true, false, null) a body may hold: JSON numbers of this
 // API are pids and counts.
 constexpr size_t kMaxJsonTokenBytes = 64;
+// Whether `body` is JSON of at most `max_depth` nesting and `max_elements` values (counted
+// without parsing it, so an oversized body costs no memory), with no number or literal over
+// kMaxJsonTokenBytes. The error says which.
 Status CheckJsonShape(std::string_view body, int max_depth, uint64_t max_elements);
 
 // The longest path a request may name, and the longest name in it (the kernel's PATH_MAX and
@@ -93,7 +73,7 @@ class ControlServer {
     std::string mount_point;  // absolute, without a trailing slash
     // Resolves and checks request paths for their caller; null: the lexical checks only
     // (for tests of a store without owners).
-    PathResolver* resolver = nullptr;
+    prefetch::PathResolver* resolver = nullptr;
     prometheus::Registry* registry = nullptr;  // counters of refusals; may be null
     uint64_t max_body_bytes = 16ull << 20;     // one request's body
     uint64_t body_memory_bytes = 32ull << 20;  // all bodies being read or handled at once
@@ -119,9 +99,9 @@ class ControlServer {
   using FileReader =
       std::function<Status(const std::string& store_path, const cfs_client::FileAttr& attr,
                            const std::function<Status(const char* data, size_t len)>& piece)>;
-  // Makes a whole file resident and returns a descriptor of it (for /v1/files/open).
   // A file made resident for /v1/files/open; the server closes its fd after sending it.
-  using OpenedFile = ResidentFile;
+  using OpenedFile = prefetch::ResidentFile;
+  // Makes a whole file resident and returns a descriptor of it (for /v1/files/open).
   // `check` is the caller's read permission, asked of the file actually opened.
   using FileOpener = std::function<Result<OpenedFile>(const std::string& store_path,
                                                       const cfs_client::Backend::AttrCheck& check)>;
@@ -130,8 +110,9 @@ class ControlServer {
   // bind. `prefetcher`, `ram` and `warmer` (null without an NVMe tier) must outlive the server.
   // Without an `opener`, /v1/files/open answers 501.
   static Result<std::unique_ptr<ControlServer>> Start(const Options& options,
-                                                      Prefetcher* prefetcher, cache::RamCache* ram,
-                                                      FileReader reader, Warmer* warmer = nullptr,
+                                                      prefetch::Prefetcher* prefetcher,
+                                                      cache::RamCache* ram, FileReader reader,
+                                                      prefetch::Warmer* warmer = nullptr,
                                                       FileOpener opener = nullptr);
   virtual ~ControlServer() = default;  // stops serving and removes the socket file
 };

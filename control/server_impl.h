@@ -19,10 +19,12 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "control/control_server.h"
 
 namespace prometheus {
@@ -31,14 +33,18 @@ class Counter;
 
 namespace cubetorchfs::control::detail {
 
+using prefetch::Caller;
 using prefetch::kRejectReasons;
 using prefetch::MayAccess;
+using prefetch::PathResolver;
+using prefetch::Prefetcher;
 using prefetch::ReadCounts;
 using prefetch::Reject;
 using prefetch::Stats;
 using prefetch::StreamStats;
 using prefetch::TcpPeer;
 using prefetch::UnixPeer;
+using prefetch::Warmer;
 using prefetch::WarmResult;
 
 namespace asio = boost::asio;
@@ -168,7 +174,13 @@ class ServerImpl final : public ControlServer {
   bool ReserveBody(uid_t uid, uint64_t bytes);
   void ReleaseBody(uid_t uid, uint64_t bytes);
 
+  // `listener_count`: unix_connections_ or tcp_connections_ (taken under conn_mu_).
   void ConnectionClosed(uid_t uid, int* listener_count);
+
+  // Answers `req` from `caller` on this thread, through the route table (routes.h): what
+  // Dispatch runs on a worker. `sock` and `can_pass_fd` as for Dispatch. Public for the unit
+  // tests of the routes.
+  Reply Handle(Request& req, const Caller& caller, bool can_pass_fd, int sock);
 
   const Options& options() const { return options_; }
 
@@ -199,7 +211,6 @@ class ServerImpl final : public ControlServer {
   // The JSON body of `req`, within the shape limits (a discarded value if it is not JSON);
   // nothing, and why, when it is over them.
   std::optional<json> ParseBody(const Request& req, std::string* why);
-  Reply Handle(Request& req, const Caller& caller, bool can_pass_fd, int sock);
   // Whose read permission a stream's fetches are checked against: none for root, or where
   // the store has no owners.
   std::shared_ptr<const Caller> ReaderFor(const Caller& caller) const;
@@ -208,6 +219,11 @@ class ServerImpl final : public ControlServer {
                        const Prefetcher::Refusal& refusal = {});
   Response StreamsFull(unsigned v);  // 429: the caller has prefetch.max_streams_per_uid
   Response CreateStream(const Request& req, const Caller& caller);
+  Response DeleteStream(const Caller& caller, const std::string& id, unsigned v);
+  Response Health(const Caller& caller, unsigned v);   // GET /v1/health
+  Response Upgrade(const Caller& caller, unsigned v);  // POST /v1/admin/upgrade
+  // POST /register/pid and /unregister/pid: checked and logged, nothing else.
+  Response RegisterPids(const Request& req, const Caller& caller, std::string_view route);
   void CountRejected(Reject r);
   // The store path of request path `p` as `caller` may read it (resolved beneath the root);
   // an error, counted, otherwise. `fresh`: the request hands out bytes, so nothing cached.
@@ -243,18 +259,18 @@ class ServerImpl final : public ControlServer {
   const FileOpener opener_;
   std::atomic<uint64_t> files_opened_{0}, files_open_failed_{0}, files_open_bytes_{0},
       files_open_store_{0};
-  std::mutex body_mu_;  // guards the body budget
-  uint64_t body_bytes_ = 0;
-  std::unordered_map<uid_t, uint64_t> body_by_uid_;
-  uint64_t dropped_warnings_ = 0;  // guarded by legacy_mu_
+  Mutex body_mu_;  // the body memory budget
+  uint64_t body_bytes_ GUARDED_BY(body_mu_) = 0;
+  std::unordered_map<uid_t, uint64_t> body_by_uid_ GUARDED_BY(body_mu_);
   std::atomic<int64_t> last_trim_{0};
   std::atomic<uint64_t> rejected_counts_[kRejectReasons] = {};
   std::atomic<uint64_t> refused_counts_[kRefuseReasons] = {};
   prometheus::Counter* rejected_[kRejectReasons] = {};
   prometheus::Counter* refused_[kRefuseReasons] = {};
-  std::mutex conn_mu_;  // guards the connection counts
-  int unix_connections_ = 0, tcp_connections_ = 0;
-  std::unordered_map<uid_t, int> per_uid_;
+  Mutex conn_mu_;  // the connection counts
+  int unix_connections_ GUARDED_BY(conn_mu_) = 0;
+  int tcp_connections_ GUARDED_BY(conn_mu_) = 0;
+  std::unordered_map<uid_t, int> per_uid_ GUARDED_BY(conn_mu_);
   asio::io_context ioc_;
   asio::thread_pool pool_;       // /batchdownload, /v1/warmup
   asio::thread_pool api_pool_;   // the other requests
@@ -262,9 +278,12 @@ class ServerImpl final : public ControlServer {
   asio::local::stream_protocol::acceptor unix_acceptor_;
   asio::ip::tcp::acceptor tcp_acceptor_;
   std::thread thread_;
-  bool bound_unix_ = false;                                // the socket file is ours to remove
-  std::mutex legacy_mu_;                                   // guards legacy_streams_
-  std::unordered_map<uid_t, std::string> legacy_streams_;  // per user, for the legacy endpoint
+  bool bound_unix_ = false;  // the socket file is ours to remove
+  // The legacy endpoint's streams, one per user, and its warnings. Taken before the
+  // prefetcher's lock (a publish runs under it).
+  Mutex legacy_mu_;
+  std::unordered_map<uid_t, std::string> legacy_streams_ GUARDED_BY(legacy_mu_);
+  uint64_t dropped_warnings_ GUARDED_BY(legacy_mu_) = 0;
 };
 
 }  // namespace cubetorchfs::control::detail

@@ -150,17 +150,16 @@ class RoutesTest : public ::testing::Test {
 };
 
 // An error reply: the status, and the body of docs/errors.md with the code named.
-#define EXPECT_ERROR(answer, want_status, want_code)                                   \
-  do {                                                                                 \
-    const Answer& a_ = (answer);                                                       \
-    EXPECT_EQ(a_.status, static_cast<unsigned>(want_status)) << a_.text;               \
-    ASSERT_TRUE(a_.body.is_object()) << a_.text;                                       \
-    EXPECT_TRUE(a_.body.contains("error") && a_.body["error"].is_string() &&           \
-                !a_.body["error"].get<std::string>().empty())                          \
-        << a_.text;                                                                    \
-    EXPECT_EQ(a_.body.value("code", ""), want_code) << a_.text;                        \
-    EXPECT_TRUE(a_.body.contains("errno") && a_.body["errno"].is_number_integer())     \
-        << a_.text;                                                                    \
+#define EXPECT_ERROR(answer, want_status, want_code)                                           \
+  do {                                                                                         \
+    const Answer& a_ = (answer);                                                               \
+    EXPECT_EQ(a_.status, static_cast<unsigned>(want_status)) << a_.text;                       \
+    ASSERT_TRUE(a_.body.is_object()) << a_.text;                                               \
+    EXPECT_TRUE(a_.body.contains("error") && a_.body["error"].is_string() &&                   \
+                !a_.body["error"].get<std::string>().empty())                                  \
+        << a_.text;                                                                            \
+    EXPECT_EQ(a_.body.value("code", ""), want_code) << a_.text;                                \
+    EXPECT_TRUE(a_.body.contains("errno") && a_.body["errno"].is_number_integer()) << a_.text; \
   } while (0)
 
 std::string ErrorText(const Answer& a) { return a.body.value("error", ""); }
@@ -208,8 +207,9 @@ TEST_F(RoutesTest, PublishPaths) {
   const std::string id = NewStream(Stranger());
   const std::string target = "/v1/streams/" + id + "/paths";
   Answer a = Post(Stranger(), target,
-                  {{"paths", {std::string(testing::kMount) + "/data/a.jpg", "data/cls/c.jpg",
-                              "/elsewhere/x.jpg", "private/inner.bin"}}});
+                  {{"paths",
+                    {std::string(testing::kMount) + "/data/a.jpg", "data/cls/c.jpg",
+                     "/elsewhere/x.jpg", "private/inner.bin"}}});
   EXPECT_EQ(a.status, 202u) << a.text;
   EXPECT_EQ(a.body["accepted"], 2);
   EXPECT_EQ(a.body["rejected"], 2);  // outside the mount; in a directory only root may search
@@ -369,10 +369,9 @@ TEST_F(RoutesTest, Upgrade) {
 }
 
 TEST_F(RoutesTest, LegacyPrefetchMakesOneStreamPerUser) {
-  const std::string body =
-      json::array({json::array({std::string(testing::kMount) + "/data/a.jpg"}),
-                   json::array({"data/cls/c.jpg", "/elsewhere/x"})})
-          .dump();
+  const std::string body = json::array({json::array({std::string(testing::kMount) + "/data/a.jpg"}),
+                                        json::array({"data/cls/c.jpg", "/elsewhere/x"})})
+                               .dump();
   Answer a = Ask(Stranger(), http::verb::post, "/prefetch/read/path", body);
   EXPECT_EQ(a.status, 200u);
   EXPECT_EQ(a.text, "prefetching.\n");

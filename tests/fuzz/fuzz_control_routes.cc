@@ -1,11 +1,9 @@
 // libFuzzer target: the control server's routes (control/control_routes.cc), driven as a
 // connection drives them: a request read by Beast's parser with the server's limits and
-// framing checks, handed to ServerImpl::Dispatch, answered on the worker threads. Behind it,
-// in-process and real: a Prefetcher (its jobs run in this thread, a few per input), a
-// PathResolver, an NVMe tier with its Warmer, and a ModelFetcher for /v1/files/open, all over
-// a posix store in a temp directory that holds what an attacker aims at: files and directories
-// only root may read, a file its group may read, symlinks that climb out of the store, point
-// outside it, loop, or lead to a private file, a FIFO.
+// framing checks, handed to ServerImpl::Dispatch, answered on the worker threads. Behind it the
+// world of tests/control/route_world.h: a real Prefetcher (its jobs run in this thread, a few
+// per input), PathResolver, NVMe tier, Warmer and ModelFetcher over a posix store that holds
+// what an attacker aims at.
 //
 // Input: up to 8 requests, separated by "\n--\n", each one byte of settings, then
 // "METHOD TARGET\n" and the body. The settings pick the caller (root, a stranger, a member of
@@ -57,6 +55,7 @@
 #include "prefetch/model_fetch.h"
 #include "prefetch/prefetcher.h"
 #include "prefetch/warmer.h"
+#include "tests/control/route_world.h"
 
 namespace {
 
@@ -72,9 +71,7 @@ using control::detail::Request;
 using control::detail::ServerImpl;
 using prefetch::Caller;
 
-// In the files only root may read, and nowhere else.
-constexpr std::string_view kSecret = "CTFS-FUZZ-SECRET-4c1d";
-constexpr const char* kMount = "/mnt/fuzz";
+using control::testing::kSecret;
 
 [[noreturn]] void Fail(const std::string& what) {
   std::fprintf(stderr, "fuzz_control_routes: invariant broken: %s\n", what.c_str());
@@ -85,116 +82,16 @@ void Check(bool ok, const std::string& what) {
   if (!ok) Fail(what);
 }
 
-void WriteFile(const fs::path& p, const std::string& data, mode_t mode) {
-  std::ofstream(p, std::ios::binary) << data;
-  fs::permissions(p, static_cast<fs::perms>(mode));
-}
-
-struct World {
-  fs::path dir;
-  std::unique_ptr<cfs_client::Backend> store;
-  prometheus::Registry registry;
-  std::unique_ptr<cache::RamCache> ram;
-  std::unique_ptr<cache::DiskCache> disk;
-  std::unique_ptr<prefetch::Prefetcher> prefetcher;
-  std::unique_ptr<prefetch::PathResolver> resolver;
-  std::unique_ptr<prefetch::Warmer> warmer;
-  std::unique_ptr<prefetch::ModelFetcher> models;
+// The world of tests/control/route_world.h, its server, and where replies come back.
+struct World : control::testing::RouteWorld {
   std::unique_ptr<ServerImpl> server;
   asio::io_context ioc;  // where replies come back, as on the server's Asio thread
   std::unique_ptr<asio::executor_work_guard<asio::io_context::executor_type>> work;
-  Caller callers[4];
 
-  World() {
-    char tmpl[] = "/tmp/ctfs-fuzz-routes.XXXXXX";
-    Check(::mkdtemp(tmpl) != nullptr, "mkdtemp");
-    dir = tmpl;
-    // Warnings (rate-limited) go to a file there, so their escaping runs; the rest is not kept.
-    Check(InitLogging((dir / "log").string(), LogLevel::kWarn).ok(), "log");
-    const fs::path root = dir / "store";
-    fs::create_directories(root / "data" / "cls");
-    fs::create_directories(root / "private");
-    WriteFile(root / "data" / "a.jpg", std::string(1000, 'a'), 0644);
-    WriteFile(root / "data" / "big.bin", std::string(70 << 10, 'b'), 0644);  // > one send buffer
-    WriteFile(root / "data" / "empty", "", 0644);
-    WriteFile(root / "data" / "cls" / "c.jpg", std::string(3000, 'c'), 0644);
-    WriteFile(root / "data" / "model.safetensors", std::string(4096, 'm'), 0644);
-    WriteFile(root / "data" / "group.bin", "group may read", 0640);
-    WriteFile(root / "data" / "secret.bin", std::string(kSecret) + " in a 0600 file", 0600);
-    WriteFile(root / "private" / "inner.bin", std::string(kSecret) + " in a 0700 dir", 0644);
-    fs::permissions(root / "private", fs::perms::owner_all);
-    fs::create_symlink("a.jpg", root / "data" / "rel.jpg");
-    fs::create_symlink("cls", root / "data" / "clslink");
-    fs::create_symlink("secret.bin", root / "data" / "to_secret");
-    fs::create_symlink("../private/inner.bin", root / "data" / "to_private");
-    fs::create_symlink("../../outside", root / "data" / "up");
-    fs::create_symlink("/etc/passwd", root / "data" / "abs");
-    fs::create_symlink("loop", root / "data" / "loop");
-    Check(::mkfifo((root / "data" / "fifo").c_str(), 0644) == 0, "mkfifo");
-    WriteFile(dir / "outside", std::string(kSecret) + " outside the store", 0600);
-
-    auto backend = cfs_client::NewPosixBackend(root.string());
-    Check(backend.ok(), "posix backend");
-    store = std::move(backend).value();
-    ram = cache::RamCache::New({8 << 20, 64 << 10}, &registry);
-    cache::DiskCache::Options disk_options;
-    disk_options.dir = (dir / "tier").string();
-    disk_options.capacity_bytes = 16 << 20;
-    auto tier = cache::DiskCache::Open(disk_options, &registry);
-    Check(tier.ok(), "NVMe tier");
-    disk = std::move(tier).value();
-
-    prefetch::Prefetcher::Options po;
-    po.start_workers = false;  // the harness runs the jobs
-    po.chunk_bytes = 64 << 10;
-    po.window_budget_bytes = 4 << 20;
-    po.prefetch.window_files = 16;
-    // Per-user and global limits small enough for a few requests to reach.
-    po.max_streams_per_uid = 2;
-    po.max_queued_paths_per_uid = 8;
-    po.max_queued_paths = 12;
-    prefetcher = std::make_unique<prefetch::Prefetcher>(po, store.get(), ram.get(), SystemClock(),
-                                                        &registry, disk.get());
-    resolver = std::make_unique<prefetch::PathResolver>(prefetch::PathResolver::Options{},
-                                                        store.get(), SystemClock());
-    warmer = std::make_unique<prefetch::Warmer>(store.get(), disk.get(), 64 << 10);
-    prefetch::ModelFetcher::Options mo;
-    mo.chunk_bytes = 64 << 10;
-    mo.threads = 2;
-    models = std::make_unique<prefetch::ModelFetcher>(mo, store.get(), ram.get(), disk.get());
-
-    ControlServer::Options so;
-    so.mount_point = kMount;
-    so.resolver = resolver.get();
-    so.registry = &registry;
-    so.max_json_elements = 64;  // reachable by small inputs; the depth limit is the default
-    so.idle_timeout_s = 5;
-    cfs_client::Backend* b = store.get();
-    auto reader = [b](const std::string& path, const cfs_client::FileAttr& attr,
-                      const std::function<Status(const char*, size_t)>& piece) -> Status {
-      std::string buf(32 << 10, '\0');
-      for (uint64_t off = 0; off < attr.size;) {
-        Result<size_t> n = b->Read(path, attr.Version(), off, buf.size(), buf.data());
-        if (!n.ok()) return n.status();
-        if (*n == 0) return Status::Stale(path + ": shorter than its size");
-        if (Status s = piece(buf.data(), *n); !s.ok()) return s;
-        off += *n;
-      }
-      return Status::OK();
-    };
-    prefetch::ModelFetcher* mf = models.get();
-    auto opener = [mf](const std::string& path, const cfs_client::Backend::AttrCheck& check) {
-      return mf->MakeResident(path, check);
-    };
-    server =
-        std::make_unique<ServerImpl>(so, prefetcher.get(), ram.get(), reader, warmer.get(), opener);
+  World() : RouteWorld(/*log_to_file=*/true) {
+    server = MakeServer(ServerOptions());
     work = std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(
         ioc.get_executor());
-
-    callers[0] = Caller{0, 0, 1, {}};
-    callers[1] = Caller{4242, 4242, 2, {}};
-    callers[2] = Caller{4243, 4243, 3, {::getgid()}};  // in the files' group
-    callers[3] = Caller{4244, 4244, 0, {4244}};
   }
 };
 
