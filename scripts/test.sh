@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test: the gtest units (ctest), a short
-# libFuzzer run of the control plane (bench/fuzz_bench.sh) and the integration tests that
-# really mount (pytest). Exits non-zero if anything fails.
+# libFuzzer run of the control plane (bench/fuzz_bench.sh), the contract tests (the docs'
+# claims read against the sources) and the integration tests that really mount (pytest).
+# Exits non-zero if anything fails.
 #
 #   scripts/test.sh                      # everything, Release build, warnings as errors
 #   scripts/test.sh --sanitize address   # units + integration, daemon under ASan + UBSan
@@ -17,7 +18,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) SANITIZE="${2:-}"; shift 2 || { echo "test.sh: --sanitize needs address or thread" >&2; exit 2; } ;;
     --sanitize=*) SANITIZE="${1#*=}"; shift ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "test.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -81,6 +82,9 @@ echo "== fuzzing the control plane (libFuzzer, 20 s a target; bench/fuzz_bench.s
 # an allocation over 256 MiB or a broken invariant fails the run; its reproducer is in
 # build-fuzz/fuzz-artifacts/.
 bench/fuzz_bench.sh --time 20
+
+echo "== contract tests (pytest: the docs' metrics, routes, thread rules and pjdfstest counts against the sources; no build needed)"
+timeout 120 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/contracts
 
 echo "== hook, loader and integration tests (pytest) under Debian's python3 and torch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)')"
 export CUBETORCHFS_BIN="$PWD/build/bin/cubetorchfs"
