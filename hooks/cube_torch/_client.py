@@ -24,12 +24,13 @@ import errno
 import http.client
 import json
 import os
+import re
 import socket
 import stat
 import threading
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Set
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import _common
 
@@ -253,6 +254,38 @@ def daemon_for(path: str, daemons: Sequence[Daemon]) -> Optional[Daemon]:
         if best is not None:
             return best
     return None
+
+
+def _unescape_mountinfo(field: str) -> str:
+    # The kernel writes space, tab, newline and backslash in a mount point as \ooo.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_of(path: str, mountinfo: str = "/proc/self/mountinfo") -> Optional[Tuple[str, str]]:
+    """(mount point, file system type) of the mount holding `path` (symlinks resolved), from
+    `mountinfo` (the format of /proc/self/mountinfo); a cubetorchfs mount's type is
+    "fuse.cubetorchfs". None if the table cannot be read. Touches nothing under `path`'s
+    mount but the symlinks on the way to it."""
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    try:
+        target = os.path.realpath(path)
+    except (OSError, ValueError):
+        target = os.path.normpath(os.path.abspath(path))
+    best: Optional[Tuple[str, str]] = None
+    for line in text.splitlines():
+        head, sep, tail = line.partition(" - ")
+        fields = head.split()
+        if not sep or len(fields) < 5 or not tail.split():
+            continue
+        point = os.path.normpath(_unescape_mountinfo(fields[4]))
+        # Later lines are mounted over earlier ones at the same point: the last one counts.
+        if is_under(target, point) and (best is None or len(point) >= len(best[0])):
+            best = (point, tail.split()[0])
+    return best
 
 
 def _quote(stream_id: str) -> str:

@@ -19,7 +19,8 @@ CONTROL_FILE_PREFIX = "cube_torch.config."
 
 
 class CubeTorchWarning(RuntimeWarning):
-    """Every warning the hook emits: the cache is off for something, training goes on."""
+    """Every warning the hook emits: prefetching is off for something. The hook itself never
+    stops the training loop; each message says what happens to reads meanwhile."""
 
 
 def _flag(name: str) -> bool:
@@ -98,6 +99,13 @@ def warn_once(key: str, message: str) -> None:
                                module_globals=module_globals)
     except Exception:  # a filter turned warnings into errors: stay quiet rather than raise
         pass
+
+
+def has_warned(key: str) -> bool:
+    """Whether warn_once(key, ...) has spoken in this process: a caller may skip the work of
+    composing a message that would not be shown."""
+    with _warned_lock:
+        return key in _warned
 
 
 def _internal_dirs() -> tuple:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import sys
 import weakref
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from . import _client, _common, _paths, _publisher
 from ._lookahead import LookaheadIterator, StatefulLookaheadIterator, stateful
@@ -220,12 +220,16 @@ def _wrap(it: Any, source: Any) -> Optional[LookaheadIterator]:
         return None
     sampler = it.__dict__.get("_index_sampler")
     if sampler is not None and not _restarts(sampler):
-        name = _qualname(sampler)
+        culprit = _stateful_part(sampler)
+        name = _qualname(culprit)
+        where = ""
+        if culprit is not sampler:  # the user's sampler, inside the BatchSampler torch made
+            where = f" (inside the DataLoader's {type(sampler).__name__})"
         _common.warn_once(f"sampler:{name}",
-                          f"{name} may carry state from one pass to the next; so that the loop "
-                          "sees exactly its samples, cube_torch does not read ahead of it and "
-                          "publishes nothing (set `cube_torch_restartable = True` on the "
-                          "sampler if each iter() of it starts afresh)")
+                          f"{name}{where} may carry state from one pass to the next; so that "
+                          "the loop sees exactly its samples, cube_torch does not read ahead of "
+                          "it and publishes nothing (set `cube_torch_restartable = True` on "
+                          f"{type(culprit).__name__} if each iter() of it starts afresh)")
         return None
     try:
         mapper = _paths.mapper_for(dataset)
@@ -306,6 +310,37 @@ def _restarts(sampler: Any, inner: bool = False) -> bool:
         known.append(td_class("StatefulDistributedSampler"))
     return any(isinstance(cls, type) and isinstance(sampler, cls)
                and type(sampler).__iter__ is cls.__iter__ for cls in known)
+
+
+def _batch_sampler_classes() -> List[type]:
+    """torch's BatchSampler and torchdata's (if the user imported it), the most derived first."""
+    out: List[type] = []
+    td = sys.modules.get(_TORCHDATA_SAMPLERS)
+    cls = getattr(td, "BatchSampler", None) if td is not None else None
+    if isinstance(cls, type):
+        out.append(cls)
+    try:
+        from torch.utils.data import sampler as samplers
+        out.append(samplers.BatchSampler)
+    except Exception:
+        pass
+    return out
+
+
+def _stateful_part(sampler: Any) -> Any:
+    """The sampler that makes `sampler` (an index sampler _restarts() refused) unsafe to read
+    ahead: for a stock BatchSampler around a sampler that may keep state, that inner sampler,
+    the one the user gave the DataLoader; otherwise `sampler` itself."""
+    if getattr(sampler, "cube_torch_restartable", None) is not None:
+        return sampler  # it says so itself
+    for batch in _batch_sampler_classes():
+        if isinstance(sampler, batch):
+            inner = getattr(sampler, "sampler", None)
+            if (type(sampler).__iter__ is batch.__iter__ and inner is not None
+                    and not _restarts(inner, inner=True)):
+                return _stateful_part(inner)
+            return sampler
+    return sampler
 
 
 def _qualname(obj: Any) -> str:

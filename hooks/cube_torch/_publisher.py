@@ -343,9 +343,9 @@ class Publisher:
                 gone = e.os_errno in (errno.ENOENT, errno.ECONNREFUSED)
                 self._down_until[stream.daemon.control_socket] = time.monotonic() + (
                     GONE_COOLDOWN_S if gone else DOWN_COOLDOWN_S)
-                self._warn(f"{e}; the files of {stream.name} are not published while the "
-                           "daemon does not answer (reads still go through the mount); "
-                           "asking again shortly")
+                if not _common.has_warned("daemon"):  # the probe only for a message shown
+                    self._warn(f"{e}; " + _daemon_silent_message(stream.daemon.mount_point,
+                                                                  stream.name))
                 return
             stream.quiet = True
             self._warn(f"{e}; the files of {stream.name} are no longer published "
@@ -408,9 +408,7 @@ class Publisher:
                 self._warn(f"no running cubetorchfs daemon announced in {where}"
                            + (f" for VOL_NAME={vol}" if vol else "") + "; not publishing")
             else:
-                mounts = ", ".join(d.mount_point for d in daemons)
-                self._warn(f"{sample_path} is not under a cubetorchfs mount ({mounts}); "
-                           "its DataLoader's files are not published")
+                self._warn(_elsewhere_message(sample_path, daemons, where, vol))
         return daemon
 
     def _client_for(self, daemon: _client.Daemon) -> _client.ControlClient:
@@ -443,6 +441,85 @@ class Publisher:
                 print(self._reporter.line(counts), file=sys.stdout, flush=True)
             except Exception:
                 pass
+
+
+def _elsewhere_message(sample_path: str, daemons: List[_client.Daemon], where: str,
+                       vol: str) -> str:
+    """The warning for a dataset under none of the mounts the control files in `where`
+    announce: which mount it is really on, and which ones those files announce."""
+    announced = ", ".join(sorted(d.mount_point for d in daemons))
+    files = f"the control file{'s' if len(daemons) > 1 else ''} in {where}" + (
+        f" for VOL_NAME={vol}" if vol else "")
+    holder = _client.mount_of(sample_path)
+    if holder is None:
+        return (f"{sample_path} is under none of the mounts that {files} announce"
+                f"{'s' if len(daemons) == 1 else ''} ({announced}); its DataLoader's files "
+                "are not published")
+    point, fstype = holder
+    if fstype == CUBETORCHFS_FSTYPE:
+        return (f"{sample_path} is on the cubetorchfs mount {point}, but {files} announce"
+                f"{'s' if len(daemons) == 1 else ''} only {announced}: {point}'s daemon "
+                "writes its control file elsewhere (set CUBE_TORCH_CONFIG_DIR to that "
+                "directory" + (", or VOL_NAME to its volume" if vol else "") + "); its "
+                "DataLoader's files are not published")
+    return (f"{sample_path} is on {point} ({fstype}), not on the cubetorchfs mount"
+            f"{'s' if len(daemons) > 1 else ''} that {files} announce"
+            f"{'s' if len(daemons) == 1 else ''} ({announced}); its DataLoader's files are not "
+            "published")
+
+
+CUBETORCHFS_FSTYPE = "fuse.cubetorchfs"
+MOUNT_PROBE_S = 1.0  # how long the stat of a mount root may take before it counts as hung
+
+
+def probe_mount(mount_point: str, timeout: float = MOUNT_PROBE_S) -> Tuple[str, Optional[OSError]]:
+    """Whether `mount_point` still answers, as a stat of its root tells within `timeout`
+    seconds (on a thread of its own, left behind if it hangs): ("answers", None), ("failed",
+    the error), ("unmounted", None) when the directory is no longer a mount point (the
+    supervisor unmounted), or ("hung", None)."""
+    result: List[Any] = []
+
+    def stat() -> None:
+        try:
+            os.stat(mount_point)
+            mounted = os.path.ismount(os.path.realpath(mount_point))
+            result.append("answers" if mounted else "unmounted")
+        except OSError as e:
+            result.append(e)
+
+    thread = threading.Thread(target=stat, name="cube_torch-mount-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not result:
+        return "hung", None
+    if isinstance(result[0], OSError):
+        return "failed", result[0]
+    return result[0], None
+
+
+def _daemon_silent_message(mount: str, stream_name: str) -> str:
+    """What a daemon that does not answer (no socket, refused, timed out) means for the
+    training loop: that depends on whether its mount still answers."""
+    state, error = probe_mount(mount)
+    again = "asking the daemon again shortly"
+    if state == "answers":
+        # A supervisor keeps the mount while it starts a new daemon, or the daemon is slow.
+        return (f"the files of {stream_name} are not prefetched while the daemon of {mount} "
+                f"does not answer; the mount itself still answers, so training goes on, "
+                f"reading through it; {again}")
+    if state == "failed":
+        assert error is not None
+        why = error.strerror or repr(error)
+        return (f"the daemon of {mount} does not answer and the mount fails ({why}): "
+                f"prefetching is off, and every read through {mount} fails until the mount is "
+                f"back (mount it again, or restart the daemon); {again}")
+    if state == "unmounted":
+        return (f"the daemon of {mount} is gone and {mount} is no longer mounted: prefetching "
+                f"is off, and reads of the files of {stream_name} under {mount} fail until it "
+                f"is mounted again; {again}")
+    return (f"neither the daemon of {mount} nor the mount answers (a stat of {mount} took "
+            f"over {MOUNT_PROBE_S:g} s): prefetching is off, and reads through {mount} wait or "
+            f"fail until the daemon is back; {again}")
 
 
 # --- the process's publisher ---

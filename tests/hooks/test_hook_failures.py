@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
-from typing import List
+from typing import Any, List, Optional
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from cube_torch import _publisher
+from cube_torch import _client, _publisher
 from cube_torch._common import CubeTorchWarning
 from fake_control_server import FakeDaemon
 from hook_testlib import (Counting, FileList, Unmappable, counters, cube_warnings, flush,
@@ -205,3 +208,128 @@ def test_publisher_thread_warnings_name_the_users_loop(mount: Path, daemon_facto
     assert len(ours) == 1, [str(w.message) for w in ours]
     assert (ours[0].filename, ours[0].lineno) == (__file__, loop_line), (ours[0].filename,
                                                                           ours[0].lineno)
+
+
+# --- what the warnings say -------------------------------------------------------------------
+
+
+def test_mountinfo_gives_the_mount_holding_a_path(tmp_path: Path) -> None:
+    table = tmp_path / "mountinfo"
+    table.write_text(
+        "22 1 0:21 / / rw - ext4 /dev/sda1 rw\n"
+        "30 22 0:40 / /data rw - xfs /dev/sdb1 rw\n"
+        "31 30 0:41 / /data/train\\040set rw,nosuid - fuse.cubetorchfs cubetorchfs:vol rw\n"
+        "32 30 0:42 / /data/train\\040set rw - tmpfs tmpfs rw\n"  # mounted over the one above
+        "33 22 0:43 / /data2 rw - fuse.cubetorchfs cubetorchfs:other rw\n")
+    assert _client.mount_of("/data/train set/a/b.jpg", str(table)) == ("/data/train set", "tmpfs")
+    assert _client.mount_of("/data/trainX/b.jpg", str(table)) == ("/data", "xfs")
+    assert _client.mount_of("/data2/x", str(table)) == ("/data2", "fuse.cubetorchfs")
+    assert _client.mount_of("/etc/hosts", str(table)) == ("/", "ext4")
+    assert _client.mount_of("/x", str(tmp_path / "absent")) is None
+
+
+def _one_epoch_warnings(files: List[str]) -> List[str]:
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert sorted(run_epoch(FileList(files))) == list(range(len(files)))
+        flush()
+    return cube_warnings(record)
+
+
+def test_a_dataset_under_no_announced_mount_names_its_own_mount_and_the_announced_ones(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mount: Path, config_dir: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    fake = FakeDaemon(str(other)).start()  # a daemon of another mount announces itself
+    try:
+        fake.write_control_file(str(config_dir))
+        files = make_files(mount, 8)
+        # The dataset is on a cubetorchfs mount whose daemon writes its control file elsewhere.
+        with monkeypatch.context() as m:
+            m.setattr(_client, "mount_of", lambda path, *a: (str(mount), "fuse.cubetorchfs"))
+            [warned] = _one_epoch_warnings(files)
+        assert f"is on the cubetorchfs mount {mount}, but the control file in {config_dir} " \
+               f"announces only {other}" in warned, warned
+        assert "CUBE_TORCH_CONFIG_DIR" in warned
+        # On a mount of another kind: that mount and its type, and the announced one.
+        _publisher.reset()
+        holder = _client.mount_of(files[0])
+        assert holder is not None and holder[1] != "fuse.cubetorchfs"
+        [warned] = _one_epoch_warnings(files)
+        assert f"is on {holder[0]} ({holder[1]}), not on the cubetorchfs mount that the " \
+               f"control file in {config_dir} announces ({other})" in warned, warned
+        assert fake.requests == []
+    finally:
+        fake.stop()
+
+
+def test_probe_mount_tells_a_mount_that_answers_fails_is_gone_or_hangs(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert _publisher.probe_mount("/") == ("answers", None)
+    state, error = _publisher.probe_mount(str(tmp_path / "absent"))
+    assert state == "failed" and isinstance(error, FileNotFoundError)
+    assert _publisher.probe_mount(str(tmp_path)) == ("unmounted", None)  # a plain directory
+    release = threading.Event()
+    real_stat = os.stat
+
+    def hanging_stat(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path) == str(tmp_path):
+            release.wait(10)
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", hanging_stat)
+    try:
+        start = time.monotonic()
+        assert _publisher.probe_mount(str(tmp_path), timeout=0.2) == ("hung", None)
+        assert time.monotonic() - start < 2
+    finally:
+        release.set()
+
+
+def test_a_silent_daemon_warning_says_what_reads_through_the_mount_do(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def said(state: str, error: Optional[OSError] = None) -> str:
+        monkeypatch.setattr(_publisher, "probe_mount", lambda mount: (state, error))
+        return _publisher._daemon_silent_message("/cfs/mnt", "FileList:1")
+
+    answers = said("answers")
+    assert "the mount itself still answers, so training goes on" in answers
+    for text in (said("failed", OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN))),
+                 said("unmounted"), said("hung")):
+        assert "training goes on" not in text, text
+        assert "prefetching is off" in text and "/cfs/mnt" in text, text
+    assert "every read through /cfs/mnt fails until the mount is back" in said(
+        "failed", OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN)))
+    assert os.strerror(errno.ENOTCONN) in said(
+        "failed", OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN)))
+    assert "no longer mounted" in said("unmounted")
+
+
+def test_a_daemon_gone_mid_epoch_warns_once_without_claiming_reads_work(
+        monkeypatch: pytest.MonkeyPatch, mount: Path, daemon: FakeDaemon) -> None:
+    """The fake's mount is a plain directory, no mount point: as after the supervisor has
+    unmounted. The warning must not say training goes on; it comes once, as before."""
+    monkeypatch.setenv("CUBE_TORCH_LOOKAHEAD_BATCHES", "1")
+    probes: List[str] = []
+    real_probe = _publisher.probe_mount
+
+    def counting_probe(mount_point: str, *args: Any) -> Any:
+        probes.append(mount_point)
+        return real_probe(mount_point, *args)
+
+    monkeypatch.setattr(_publisher, "probe_mount", counting_probe)
+    dataset = FileList(make_files(mount, 60))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for j, _ in enumerate(DataLoader(dataset, batch_size=2, shuffle=True)):
+            if j == 3:
+                flush()
+                daemon.stop()
+            if j == 10:
+                flush()
+                time.sleep(_publisher.GONE_COOLDOWN_S + 0.05)  # past the cooldown: asked again
+        flush()
+    [warned] = cube_warnings(record)
+    assert f"the daemon of {mount} is gone and {mount} is no longer mounted" in warned, warned
+    assert "prefetching is off" in warned and "training goes on" not in warned
+    assert probes == [str(mount)]  # probed for the one message shown, not at each retry
