@@ -3,7 +3,8 @@
 // and which HTTP replies are errors or worth a retry.
 //
 // Used by s3_backend.cc and s3_transport.cc (only the transport includes curl); kept apart
-// so unit tests cover it without a server. Thread-safe: every function depends on its arguments only.
+// so unit tests cover it without a server. Thread-safe: every function depends on its arguments
+// only.
 #pragma once
 
 #include <cstdint>
