@@ -179,7 +179,8 @@ prefetch::Prefetcher::Options PrefetcherOptions(const conf::Config& config,
   return o;
 }
 
-FileSystem::Options FileSystemOptions(const conf::Config& config) {
+FileSystem::Options FileSystemOptions(const conf::Config& config,
+                                      const cfs_client::Capabilities& store) {
   FileSystem::Options o;
   o.attr_timeout_s = config.fuse.attr_timeout_s;
   o.keep_cache = config.fuse.keep_cache;
@@ -192,7 +193,8 @@ FileSystem::Options FileSystemOptions(const conf::Config& config) {
   // an idle time instead.
   if (config.fuse.keep_cache && !config.fuse.flush_on_close && !config.fuse.read_only)
     o.write_back_idle_s = config.fuse.write_back_idle_s;
-  if (config.backend.type == "s3" && config.cache.disk_dir.empty())
+  // A lookup may bring a small file's bytes, unless the NVMe tier makes them moot.
+  if (store.lookup_returns_data && config.cache.disk_dir.empty())
     o.lookup_read_bytes = static_cast<size_t>(
         std::min<uint64_t>(config.backend.s3.lookup_read_bytes, config.cache.chunk_bytes));
   return o;
@@ -323,8 +325,8 @@ void SetReadAhead(const std::string& mount_point, uint64_t bytes) {
 // cannot grow, fuse.max_read is lowered to what fits (1008 KiB for a 1 MiB pipe), and
 // streaming is turned off where even that is too small.
 void FitStreamedReadsToPipes(conf::Config* config) {
-  if (config->cache.stream_min_bytes == 0 || config->backend.type != "posix" ||
-      !config->cache.disk_dir.empty())
+  if (config->cache.stream_min_bytes == 0 ||
+      !cfs_client::CapabilitiesOf(config->backend).hands_out_fds || !config->cache.disk_dir.empty())
     return;
   constexpr uint64_t kSlack = 16 << 10;
   int p[2];
@@ -490,9 +492,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
 
   Result<std::unique_ptr<cfs_client::Backend>> backend =
       cfs_client::NewBackend(config.backend, *registry, SystemClock());
-  if (!backend.ok())
-    return Fail(kExitBadConfig, (config.backend.type == "posix" ? "backend.root: " : "") +
-                                    backend.status().message());
+  if (!backend.ok()) return Fail(kExitBadConfig, backend.status().message());  // names the key
   // The prefetch window is carved out of the RAM budget; the LRU gets the rest.
   const uint64_t window_budget = config.prefetch.enabled ? std::min(config.prefetch.window_bytes,
                                                                     config.cache.memory_bytes / 2)
@@ -518,18 +518,18 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   prefetch::Prefetcher prefetcher(PrefetcherOptions(config, window_budget), backend->get(),
                                   cache.get(), SystemClock(), registry.get(), disk.get());
   Result<std::unique_ptr<FileSystem>> fs =
-      FileSystem::New(FileSystemOptions(config), backend->get(), cache.get(), &prefetcher,
-                      SystemClock(), *registry, disk.get());
+      FileSystem::New(FileSystemOptions(config, (*backend)->capabilities()), backend->get(),
+                      cache.get(), &prefetcher, SystemClock(), *registry, disk.get());
   if (!fs.ok()) return Fail(kExitBadConfig, "backend.root: " + fs.status().message());
   prefetch::ModelFetcher model_fetcher(ModelFetcherOptions(config), backend->get(), cache.get(),
                                        disk.get());
   (*fs)->set_model_fetcher(&model_fetcher);
 
   control::ControlServer::Options control_options = ControlOptions(config, cl, registry.get());
-  // Paths in control requests are resolved for their caller beneath the root. An S3 store has
-  // no symlinks and gives every object the same owner and mode: only lexical checks there.
+  // Paths in control requests are resolved for their caller beneath the root. A store without
+  // owners or symlinks (S3) gives every object the same owner and mode: only lexical checks.
   prefetch::PathResolver::Options resolver_options;
-  resolver_options.check_store = config.backend.type != "s3";
+  resolver_options.check_store = (*backend)->capabilities().has_owners;
   FileSystem* filesystem = fs->get();
   resolver_options.known_attr = [filesystem](const std::string& path) {
     return filesystem->KnownAttr(path);
@@ -734,24 +734,10 @@ int Main(int argc, char** argv) {
     return Fail(kExitBadConfig, "mountPoint: " + config.mount_point + " is not absolute");
   }
 
-  // The backend is checked before detaching so a bad one is reported on this terminal.
-  if (config.backend.type == "posix") {
-    Result<std::string> root = RealPath(config.backend.root);
-    if (!root.ok())
-      return Fail(kExitBadConfig,
-                  "backend.root: " + config.backend.root + ": " + root.status().message());
-    config.backend.root = root.value();
-    if (auto probe = cfs_client::NewPosixBackend(config.backend.root); !probe.ok())
-      return Fail(kExitBadConfig, "backend.root: " + probe.status().message());
-  } else if (config.backend.type == "s3") {
-    if (Status probe = cfs_client::CheckS3Backend(config.backend.s3); !probe.ok())
-      return Fail(kExitBadConfig, probe.message());  // names backend.endpoint, .bucket, ...
-  } else if (const std::string& lib = config.backend.cubefs.lib;
-             lib.find('/') != std::string::npos && ::access(lib.c_str(), R_OK) != 0) {
-    // The library itself is loaded (and the volume reached) only after daemonizing: its Go
-    // runtime must not be forked. Its errors still reach this terminal (Daemonize).
-    return Fail(kExitBadConfig, "backend.cubefs.lib: " + lib + ": " + std::strerror(errno));
-  }
+  // The backend is checked before detaching so a bad one is reported on this terminal (the
+  // CubeFS SDK is loaded only after daemonizing: its errors still reach it, see Daemonize).
+  if (Status s = cfs_client::CheckBackend(&config.backend); !s.ok())
+    return Fail(kExitBadConfig, s.message());  // names backend.root, backend.endpoint, ...
 
   if (!config.cache.disk_dir.empty())  // the daemon runs from "/" once detached
     config.cache.disk_dir = std::filesystem::absolute(config.cache.disk_dir).lexically_normal();
@@ -761,7 +747,8 @@ int Main(int argc, char** argv) {
 
   LogLevel level = cl->debug ? LogLevel::kDebug : ParseLogLevel(config.log_level).value();
   std::string log_path;
-  if (!config.log_dir.empty() && (!cl->foreground || config.backend.type == "cubefs")) {
+  if (!config.log_dir.empty() &&
+      (!cl->foreground || cfs_client::CapabilitiesOf(config.backend).writes_own_logs)) {
     // The daemon's log (and the CubeFS SDK's, under it) is written as root: never into a
     // directory reached through a link, or one another user could swap or fill.
     config.log_dir = std::filesystem::absolute(config.log_dir).lexically_normal();
