@@ -134,9 +134,41 @@ class WritableFile {
   virtual void Discard() {}
 };
 
+// What a store can do, for the callers whose behaviour depends on it: they ask the backend
+// (Backend::capabilities), never which store it is. A wrapper reports its store's, less what it
+// takes away (fault injection: descriptors). The table of each backend type is
+// CapabilitiesOfType (new_backend.cc).
+struct Capabilities {
+  // The store keeps an owner, a group and a mode per file, and symlinks: a control request's
+  // path is checked against them as the caller's open() through the mount would be
+  // (prefetch::PathResolver walks it in the store). false: every object has the same owner
+  // and mode and there are no symlinks, so only lexical checks (no store request). Set by
+  // posix, cubefs and synthetic; not s3. Default true: an unknown store is checked.
+  bool has_owners = true;
+  // LookupRead brings a small file's first bytes with its attributes in one request that
+  // costs what a Stat does (an object store's GET against its HEAD): the file system then
+  // looks names up with it (backend.s3.lookup_read_bytes), unless an NVMe tier makes the bytes
+  // moot. Set by s3.
+  bool lookup_returns_data = false;
+  // OpenReadFd can succeed: the store has files of its own on this host whose descriptors can
+  // be handed out (the model loader's fd exchange) and streamed from to the kernel (cold
+  // reads of large files, fs/store_stream.h; the daemon sizes fuse.max_read to its pipes for
+  // them). Set by posix, taken away by fault injection (every byte must pass through it).
+  bool hands_out_fds = false;
+  // The store's client writes log files of its own under logDir, in the foreground too: the
+  // daemon creates logDir whenever it is set. Set by cubefs (the SDK's logs).
+  bool writes_own_logs = false;
+
+  bool operator==(const Capabilities&) const = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
+
+  // What this store can do (see Capabilities). Constant for the backend's life. The default
+  // is Capabilities{}: owners checked, nothing else.
+  virtual Capabilities capabilities() const { return {}; }
 
   // Attributes of `path` itself (a symlink is not followed).
   virtual Result<FileAttr> Stat(const std::string& path) = 0;
@@ -180,10 +212,11 @@ class Backend {
 
   // A read-only descriptor (O_CLOEXEC) of regular file `path`, provided it is still at
   // `expect`, for a reader that may read the store's own file (the model loader, through the
-  // daemon): posix only. NotSupported where the store has no such file (S3) or where every
-  // byte must pass through this process (fault injection); Stale if the file changed.
-  // `check`, if given, is asked about the attributes of the very file opened (its fstat)
-  // before the descriptor is returned.
+  // daemon): where capabilities().hands_out_fds. NotSupported where the store has no such
+  // file (S3) or where every byte must pass through this process (fault injection); Stale if
+  // the file changed. `check`, if given, is asked about the attributes of the very file opened
+  // (its fstat) before the descriptor is returned. A caller on a hot path asks
+  // capabilities().hands_out_fds before trying.
   virtual Result<int> OpenReadFd(const std::string& path, const FileVersion& expect,
                                  const AttrCheck& check = nullptr) {
     (void)path;
@@ -191,9 +224,6 @@ class Backend {
     (void)check;
     return Status::NotSupported("this store has no file descriptors to hand out");
   }
-  // Whether OpenReadFd can succeed here at all (posix, without fault injection): a caller on a
-  // hot path asks this before trying.
-  virtual bool HandsOutFds() const { return false; }
 
   // --- writes ---
 
@@ -224,6 +254,116 @@ class Backend {
   // Makes the entries of directory `path` (creates, renames, unlinks in it) durable.
   virtual Status SyncDir(const std::string& path) = 0;
 };
+
+// A WritableFile that forwards every call to the one it wraps: a wrapper derives from it and
+// overrides only what it changes.
+class WritableFileWrapper : public WritableFile {
+ public:
+  explicit WritableFileWrapper(std::unique_ptr<WritableFile> base) : base_(std::move(base)) {}
+
+  Result<size_t> Write(uint64_t offset, const char* data, size_t len) override {
+    return base_->Write(offset, data, len);
+  }
+  Result<size_t> Read(uint64_t offset, size_t len, char* buf) override {
+    return base_->Read(offset, len, buf);
+  }
+  Status Truncate(uint64_t size) override { return base_->Truncate(size); }
+  Status Allocate(int mode, uint64_t offset, uint64_t len) override {
+    return base_->Allocate(mode, offset, len);
+  }
+  Status Flush() override { return base_->Flush(); }
+  Status Sync() override { return base_->Sync(); }
+  Result<FileAttr> Stat() override { return base_->Stat(); }
+  void Moved(const std::string& path) override { base_->Moved(path); }
+  Status Close() override { return base_->Close(); }
+  void Discard() override { base_->Discard(); }
+
+ protected:
+  WritableFile* base() const { return base_.get(); }
+
+ private:
+  const std::unique_ptr<WritableFile> base_;
+};
+
+// A Backend that forwards every call, capabilities() included, to the backend it wraps (as
+// leveldb's EnvWrapper does for an Env): the fault-injection and metrics wrappers derive from
+// it and override only what they change, so a virtual added to Backend reaches the store
+// through them unless one of them decides otherwise. OpenWrite's file is the wrapped store's
+// own: a wrapper that wants its writes wraps it (WritableFileWrapper).
+class BackendWrapper : public Backend {
+ public:
+  explicit BackendWrapper(std::unique_ptr<Backend> base) : base_(std::move(base)) {}
+
+  Capabilities capabilities() const override { return base_->capabilities(); }
+  Result<FileAttr> Stat(const std::string& path) override { return base_->Stat(path); }
+  Result<std::vector<DirEntry>> List(const std::string& path) override { return base_->List(path); }
+  Result<size_t> Read(const std::string& path, const FileVersion& expect, uint64_t offset,
+                      size_t len, char* buf) override {
+    return base_->Read(path, expect, offset, len, buf);
+  }
+  Result<Fetched> StatRead(const std::string& path, size_t len, char* buf,
+                           const AttrCheck& check = nullptr) override {
+    return base_->StatRead(path, len, buf, check);
+  }
+  Result<Fetched> LookupRead(const std::string& path, size_t len, char* buf) override {
+    return base_->LookupRead(path, len, buf);
+  }
+  Result<std::string> ReadLink(const std::string& path) override { return base_->ReadLink(path); }
+  Result<FsStats> StatFs() override { return base_->StatFs(); }
+  Result<int> OpenReadFd(const std::string& path, const FileVersion& expect,
+                         const AttrCheck& check = nullptr) override {
+    return base_->OpenReadFd(path, expect, check);
+  }
+  Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path,
+                                                  const OpenWriteOptions& options) override {
+    return base_->OpenWrite(path, options);
+  }
+  Result<FileAttr> Mkdir(const std::string& path, mode_t mode, int64_t uid, int64_t gid) override {
+    return base_->Mkdir(path, mode, uid, gid);
+  }
+  Status Unlink(const std::string& path) override { return base_->Unlink(path); }
+  Status Rmdir(const std::string& path) override { return base_->Rmdir(path); }
+  Status Rename(const std::string& from, const std::string& to, bool noreplace) override {
+    return base_->Rename(from, to, noreplace);
+  }
+  Result<FileAttr> Symlink(const std::string& target, const std::string& path, int64_t uid,
+                           int64_t gid) override {
+    return base_->Symlink(target, path, uid, gid);
+  }
+  Result<FileAttr> Link(const std::string& from, const std::string& to) override {
+    return base_->Link(from, to);
+  }
+  Result<FileAttr> Mknod(const std::string& path, mode_t mode, uint64_t rdev, int64_t uid,
+                         int64_t gid) override {
+    return base_->Mknod(path, mode, rdev, uid, gid);
+  }
+  Result<FileAttr> SetAttr(const std::string& path, const AttrChange& change) override {
+    return base_->SetAttr(path, change);
+  }
+  Status SyncDir(const std::string& path) override { return base_->SyncDir(path); }
+
+ protected:
+  Backend* base() const { return base_.get(); }
+
+ private:
+  const std::unique_ptr<Backend> base_;
+};
+
+// What a backend of `type` can do: what its capabilities() returns (the one table of them,
+// new_backend.cc).
+Capabilities CapabilitiesOfType(conf::BackendType type);
+
+// What the backend NewBackend(opts) builds will report, known before it is built: the daemon
+// decides some things before it connects to the store (the supervisor never does). The
+// type's, less what fault injection takes away.
+Capabilities CapabilitiesOf(const conf::BackendOptions& opts);
+
+// Checks, before the daemon detaches, that the store `opts` names can be served, so that a
+// bad one is reported on the terminal, and makes `opts->root` (posix) its real path. posix:
+// the root is a readable directory; s3: one key of the bucket can be listed
+// (CheckS3Backend); cubefs: only that backend.cubefs.lib, when given as a path, is readable
+// (the SDK's Go runtime must not be loaded before the daemon forks). Errors name the key.
+Status CheckBackend(conf::BackendOptions* opts);
 
 // A backend over the directory `root`. Fails if `root` is not a readable directory.
 Result<std::unique_ptr<Backend>> NewPosixBackend(const std::string& root);
@@ -269,6 +409,9 @@ struct InjectCounters {
 std::unique_ptr<Backend> NewInjectBackend(std::unique_ptr<Backend> base,
                                           const conf::InjectOptions& opts, Clock* clock,
                                           InjectCounters* counters = nullptr);
+// What a store with capabilities `base` can do behind the injection wrapper of `opts`: no
+// descriptors while it injects anything (a reader of one would skip the injection).
+Capabilities InjectedCapabilities(Capabilities base, const conf::InjectOptions& opts);
 
 // Wraps `base` and records cubetorchfs_backend_requests_total{op,status} and
 // cubetorchfs_backend_request_seconds{op} in `registry`, which must outlive the wrapper.
@@ -285,8 +428,8 @@ bool StoreDown();
 // cubefs://master/volume.
 std::string StoreName(const conf::BackendOptions& opts);
 
-// Builds the backend described by `opts` (posix, s3 or cubefs), with injection if configured,
-// metered.
+// Builds the backend described by `opts` (posix, s3, cubefs or synthetic), with injection if
+// configured, metered. Errors name the config key at fault (backend.root for posix).
 Result<std::unique_ptr<Backend>> NewBackend(const conf::BackendOptions& opts,
                                             prometheus::Registry& registry, Clock* clock);
 

@@ -217,6 +217,10 @@ class CubefsBackend final : public Backend {
   // SDK's goroutines stay (the Go runtime cannot be unloaded), idle.
   ~CubefsBackend() override { sdk_->close_client(client_); }
 
+  Capabilities capabilities() const override {
+    return CapabilitiesOfType(conf::BackendType::kCubefs);
+  }
+
   Result<FileAttr> Stat(const std::string& path) override {
     StatInfo st{};
     if (int rc = sdk_->getattr(client_, C(Abs(path)), &st); rc < 0) return Err(rc, "stat /" + path);

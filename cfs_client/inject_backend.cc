@@ -22,25 +22,19 @@ namespace {
 class InjectBackend;
 
 // A WritableFile whose every request goes through the wrapper's injection first.
-class InjectWritableFile final : public WritableFile {
+// (Stat, Moved, Close and Discard are local state, not requests: forwarded as they are.)
+class InjectWritableFile final : public WritableFileWrapper {
  public:
   InjectWritableFile(std::unique_ptr<WritableFile> base, InjectBackend* owner, std::string path)
-      : base_(std::move(base)), owner_(owner), path_(std::move(path)) {}
+      : WritableFileWrapper(std::move(base)), owner_(owner), path_(std::move(path)) {}
   Result<size_t> Write(uint64_t offset, const char* data, size_t len) override;
   Result<size_t> Read(uint64_t offset, size_t len, char* buf) override;
   Status Truncate(uint64_t size) override;
   Status Allocate(int mode, uint64_t offset, uint64_t len) override;
   Status Flush() override;
   Status Sync() override;
-  Result<FileAttr> Stat() override { return base_->Stat(); }
-  void Moved(const std::string& path) override {
-    base_->Moved(path);
-  }  // local state, not a request
-  Status Close() override { return base_->Close(); }
-  void Discard() override { base_->Discard(); }
 
  private:
-  const std::unique_ptr<WritableFile> base_;
   InjectBackend* const owner_;
   const std::string path_;
 };
@@ -52,89 +46,101 @@ enum class Kind { kOther, kRead, kWrite };
 uint64_t BytesMoved(const Result<size_t>& r) { return r.ok() ? *r : 0; }
 uint64_t BytesMoved(const Result<Backend::Fetched>& r) { return r.ok() ? r->bytes : 0; }
 
-class InjectBackend final : public Backend {
+// Whether `opts` change anything a request sees.
+bool Injecting(const conf::InjectOptions& opts) {
+  return opts.latency_us > 0 || opts.error_rate > 0 || opts.max_concurrency > 0 ||
+         opts.bandwidth_bytes_s > 0;
+}
+
+// Every request goes through Serve; capabilities() and OpenReadFd lose the descriptors while
+// anything is injected.
+class InjectBackend final : public BackendWrapper {
  public:
   InjectBackend(std::unique_ptr<Backend> base, const conf::InjectOptions& opts, Clock* clock,
                 InjectCounters* counters)
-      : base_(std::move(base)), opts_(opts), clock_(clock), counters_(counters), rng_(opts.seed) {}
+      : BackendWrapper(std::move(base)),
+        opts_(opts),
+        clock_(clock),
+        counters_(counters),
+        rng_(opts.seed) {}
+
+  Capabilities capabilities() const override {
+    return InjectedCapabilities(base()->capabilities(), opts_);
+  }
 
   Result<FileAttr> Stat(const std::string& path) override {
-    return Serve("stat " + path, Kind::kOther, [&] { return base_->Stat(path); });
+    return Serve("stat " + path, Kind::kOther, [&] { return base()->Stat(path); });
   }
   Result<std::vector<DirEntry>> List(const std::string& path) override {
-    return Serve("list " + path, Kind::kOther, [&] { return base_->List(path); });
+    return Serve("list " + path, Kind::kOther, [&] { return base()->List(path); });
   }
   Result<size_t> Read(const std::string& path, const FileVersion& expect, uint64_t offset,
                       size_t len, char* buf) override {
     return Serve("read " + path, Kind::kRead,
-                 [&] { return base_->Read(path, expect, offset, len, buf); });
+                 [&] { return base()->Read(path, expect, offset, len, buf); });
   }
   Result<Fetched> StatRead(const std::string& path, size_t len, char* buf,
                            const AttrCheck& check = nullptr) override {
     return Serve("read " + path, Kind::kRead,
-                 [&] { return base_->StatRead(path, len, buf, check); });
+                 [&] { return base()->StatRead(path, len, buf, check); });
   }
   Result<Fetched> LookupRead(const std::string& path, size_t len, char* buf) override {
-    return Serve("stat " + path, Kind::kOther, [&] { return base_->LookupRead(path, len, buf); });
+    return Serve("stat " + path, Kind::kOther, [&] { return base()->LookupRead(path, len, buf); });
   }
   // A descriptor would let the reader skip the injected latency, limits and errors.
-  bool Injecting() const {
-    return opts_.latency_us > 0 || opts_.error_rate > 0 || opts_.max_concurrency > 0 ||
-           opts_.bandwidth_bytes_s > 0;
-  }
-  bool HandsOutFds() const override { return !Injecting() && base_->HandsOutFds(); }
   Result<int> OpenReadFd(const std::string& path, const FileVersion& expect,
                          const AttrCheck& check = nullptr) override {
-    if (Injecting())
+    if (Injecting(opts_))
       return Status::NotSupported("fault injection is on: every byte goes through the daemon");
-    return base_->OpenReadFd(path, expect, check);
+    return base()->OpenReadFd(path, expect, check);
   }
 
   Result<std::string> ReadLink(const std::string& path) override {
-    return Serve("readlink " + path, Kind::kOther, [&] { return base_->ReadLink(path); });
+    return Serve("readlink " + path, Kind::kOther, [&] { return base()->ReadLink(path); });
   }
   Result<FsStats> StatFs() override {
-    return Serve("statfs", Kind::kOther, [&] { return base_->StatFs(); });
+    return Serve("statfs", Kind::kOther, [&] { return base()->StatFs(); });
   }
 
   Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path,
                                                   const OpenWriteOptions& options) override {
     Result<std::unique_ptr<WritableFile>> f =
-        Serve("open " + path, Kind::kWrite, [&] { return base_->OpenWrite(path, options); });
+        Serve("open " + path, Kind::kWrite, [&] { return base()->OpenWrite(path, options); });
     if (!f.ok()) return f.status();
     return std::unique_ptr<WritableFile>(new InjectWritableFile(std::move(f).value(), this, path));
   }
   Result<FileAttr> Mkdir(const std::string& path, mode_t mode, int64_t uid, int64_t gid) override {
-    return Serve("mkdir " + path, Kind::kWrite, [&] { return base_->Mkdir(path, mode, uid, gid); });
+    return Serve("mkdir " + path, Kind::kWrite,
+                 [&] { return base()->Mkdir(path, mode, uid, gid); });
   }
   Result<FileAttr> Mknod(const std::string& path, mode_t mode, uint64_t rdev, int64_t uid,
                          int64_t gid) override {
     return Serve("mknod " + path, Kind::kWrite,
-                 [&] { return base_->Mknod(path, mode, rdev, uid, gid); });
+                 [&] { return base()->Mknod(path, mode, rdev, uid, gid); });
   }
   Status Unlink(const std::string& path) override {
-    return Serve("unlink " + path, Kind::kWrite, [&] { return base_->Unlink(path); });
+    return Serve("unlink " + path, Kind::kWrite, [&] { return base()->Unlink(path); });
   }
   Status Rmdir(const std::string& path) override {
-    return Serve("rmdir " + path, Kind::kWrite, [&] { return base_->Rmdir(path); });
+    return Serve("rmdir " + path, Kind::kWrite, [&] { return base()->Rmdir(path); });
   }
   Status Rename(const std::string& from, const std::string& to, bool noreplace) override {
     return Serve("rename " + from, Kind::kWrite,
-                 [&] { return base_->Rename(from, to, noreplace); });
+                 [&] { return base()->Rename(from, to, noreplace); });
   }
   Result<FileAttr> Symlink(const std::string& target, const std::string& path, int64_t uid,
                            int64_t gid) override {
     return Serve("symlink " + path, Kind::kWrite,
-                 [&] { return base_->Symlink(target, path, uid, gid); });
+                 [&] { return base()->Symlink(target, path, uid, gid); });
   }
   Result<FileAttr> Link(const std::string& from, const std::string& to) override {
-    return Serve("link " + to, Kind::kWrite, [&] { return base_->Link(from, to); });
+    return Serve("link " + to, Kind::kWrite, [&] { return base()->Link(from, to); });
   }
   Result<FileAttr> SetAttr(const std::string& path, const AttrChange& change) override {
-    return Serve("setattr " + path, Kind::kWrite, [&] { return base_->SetAttr(path, change); });
+    return Serve("setattr " + path, Kind::kWrite, [&] { return base()->SetAttr(path, change); });
   }
   Status SyncDir(const std::string& path) override {
-    return Serve("fsyncdir " + path, Kind::kWrite, [&] { return base_->SyncDir(path); });
+    return Serve("fsyncdir " + path, Kind::kWrite, [&] { return base()->SyncDir(path); });
   }
 
   // One request: a slot, the latency, maybe an injected error, else `op` on the store, then
@@ -215,7 +221,6 @@ class InjectBackend final : public Backend {
     if (end > now) clock_->SleepMicros((end - now + 999) / 1000);
   }
 
-  const std::unique_ptr<Backend> base_;
   const conf::InjectOptions opts_;
   Clock* const clock_;
   std::mutex mu_;                      // guards everything below
@@ -228,26 +233,32 @@ class InjectBackend final : public Backend {
 
 Result<size_t> InjectWritableFile::Write(uint64_t offset, const char* data, size_t len) {
   return owner_->Serve("write " + path_, Kind::kWrite,
-                       [&] { return base_->Write(offset, data, len); });
+                       [&] { return base()->Write(offset, data, len); });
 }
 Result<size_t> InjectWritableFile::Read(uint64_t offset, size_t len, char* buf) {
-  return owner_->Serve("read " + path_, Kind::kRead, [&] { return base_->Read(offset, len, buf); });
+  return owner_->Serve("read " + path_, Kind::kRead,
+                       [&] { return base()->Read(offset, len, buf); });
 }
 Status InjectWritableFile::Truncate(uint64_t size) {
-  return owner_->Serve("truncate " + path_, Kind::kWrite, [&] { return base_->Truncate(size); });
+  return owner_->Serve("truncate " + path_, Kind::kWrite, [&] { return base()->Truncate(size); });
 }
 Status InjectWritableFile::Allocate(int mode, uint64_t offset, uint64_t len) {
   return owner_->Serve("fallocate " + path_, Kind::kWrite,
-                       [&] { return base_->Allocate(mode, offset, len); });
+                       [&] { return base()->Allocate(mode, offset, len); });
 }
 Status InjectWritableFile::Flush() {
-  return owner_->Serve("flush " + path_, Kind::kWrite, [&] { return base_->Flush(); });
+  return owner_->Serve("flush " + path_, Kind::kWrite, [&] { return base()->Flush(); });
 }
 Status InjectWritableFile::Sync() {
-  return owner_->Serve("fsync " + path_, Kind::kWrite, [&] { return base_->Sync(); });
+  return owner_->Serve("fsync " + path_, Kind::kWrite, [&] { return base()->Sync(); });
 }
 
 }  // namespace
+
+Capabilities InjectedCapabilities(Capabilities base, const conf::InjectOptions& opts) {
+  if (Injecting(opts)) base.hands_out_fds = false;
+  return base;
+}
 
 std::unique_ptr<Backend> NewInjectBackend(std::unique_ptr<Backend> base,
                                           const conf::InjectOptions& opts, Clock* clock,

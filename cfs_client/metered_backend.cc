@@ -38,12 +38,13 @@ enum Op {
   kSyncDir,
   kOpenRead,
   kMknod,
+  kAllocate,
   kNumOps
 };
 constexpr std::array<const char*, kNumOps> kOpNames = {
     "stat",     "list",  "read",    "readlink", "statfs",    "open_write", "write",
     "truncate", "flush", "fsync",   "mkdir",    "unlink",    "rmdir",      "rename",
-    "symlink",  "link",  "setattr", "fsyncdir", "open_read", "mknod"};
+    "symlink",  "link",  "setattr", "fsyncdir", "open_read", "mknod",      "fallocate"};
 enum Outcome { kOk, kNotFound, kStaleOutcome, kError, kNumOutcomes };
 constexpr std::array<const char*, kNumOutcomes> kOutcomeNames = {"ok", "not_found", "stale",
                                                                  "error"};
@@ -64,31 +65,29 @@ const Status& StatusOf(const Result<T>& r) {
 
 class MeteredBackend;
 
-class MeteredWritableFile final : public WritableFile {
+// Times the requests of a file being written (Stat, Moved, Close and Discard are local or
+// unmetered: forwarded as they are).
+class MeteredWritableFile final : public WritableFileWrapper {
  public:
   MeteredWritableFile(std::unique_ptr<WritableFile> base, MeteredBackend* owner)
-      : base_(std::move(base)), owner_(owner) {}
+      : WritableFileWrapper(std::move(base)), owner_(owner) {}
   Result<size_t> Write(uint64_t offset, const char* data, size_t len) override;
   Result<size_t> Read(uint64_t offset, size_t len, char* buf) override;
   Status Truncate(uint64_t size) override;
   Status Allocate(int mode, uint64_t offset, uint64_t len) override;
   Status Flush() override;
   Status Sync() override;
-  Result<FileAttr> Stat() override { return base_->Stat(); }
-  void Moved(const std::string& path) override { base_->Moved(path); }
-  Status Close() override { return base_->Close(); }
-  void Discard() override { base_->Discard(); }
 
  private:
-  const std::unique_ptr<WritableFile> base_;
   MeteredBackend* const owner_;
 };
 
-class MeteredBackend final : public Backend {
+// Every request is timed; capabilities() is forwarded (BackendWrapper).
+class MeteredBackend final : public BackendWrapper {
  public:
   MeteredBackend(std::unique_ptr<Backend> base, prometheus::Registry& registry, Clock* clock,
                  std::string store)
-      : base_(std::move(base)), clock_(clock), store_(std::move(store)) {
+      : BackendWrapper(std::move(base)), clock_(clock), store_(std::move(store)) {
     auto& requests = prometheus::BuildCounter()
                          .Name("cubetorchfs_backend_requests_total")
                          .Help("Requests to the backing store, by operation and status")
@@ -156,27 +155,26 @@ class MeteredBackend final : public Backend {
   }
 
   Result<FileAttr> Stat(const std::string& path) override {
-    return Timed(kStat, [&] { return base_->Stat(path); });
+    return Timed(kStat, [&] { return base()->Stat(path); });
   }
   Result<std::vector<DirEntry>> List(const std::string& path) override {
-    return Timed(kList, [&] { return base_->List(path); });
+    return Timed(kList, [&] { return base()->List(path); });
   }
   Result<size_t> Read(const std::string& path, const FileVersion& expect, uint64_t offset,
                       size_t len, char* buf) override {
-    return Timed(kRead, [&] { return base_->Read(path, expect, offset, len, buf); });
+    return Timed(kRead, [&] { return base()->Read(path, expect, offset, len, buf); });
   }
   Result<Fetched> StatRead(const std::string& path, size_t len, char* buf,
                            const AttrCheck& check = nullptr) override {
-    return Timed(kRead, [&] { return base_->StatRead(path, len, buf, check); });
+    return Timed(kRead, [&] { return base()->StatRead(path, len, buf, check); });
   }
   Result<Fetched> LookupRead(const std::string& path, size_t len, char* buf) override {
-    return Timed(kStat, [&] { return base_->LookupRead(path, len, buf); });
+    return Timed(kStat, [&] { return base()->LookupRead(path, len, buf); });
   }
-  bool HandsOutFds() const override { return base_->HandsOutFds(); }
   Result<int> OpenReadFd(const std::string& path, const FileVersion& expect,
                          const AttrCheck& check = nullptr) override {
     uint64_t start = clock_->NowNanos();
-    Result<int> r = base_->OpenReadFd(path, expect, check);
+    Result<int> r = base()->OpenReadFd(path, expect, check);
     if (r.status().code() == Status::Code::kNotSupported) return r;  // no request was made
     seconds_[kOpenRead]->Observe(static_cast<double>(clock_->NowNanos() - start) / 1e9);
     requests_[kOpenRead][OutcomeOf(r.status())]->Increment();
@@ -184,46 +182,46 @@ class MeteredBackend final : public Backend {
   }
 
   Result<std::string> ReadLink(const std::string& path) override {
-    return Timed(kReadLink, [&] { return base_->ReadLink(path); });
+    return Timed(kReadLink, [&] { return base()->ReadLink(path); });
   }
   Result<FsStats> StatFs() override {
-    return Timed(kStatFs, [&] { return base_->StatFs(); });
+    return Timed(kStatFs, [&] { return base()->StatFs(); });
   }
   Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path,
                                                   const OpenWriteOptions& options) override {
     Result<std::unique_ptr<WritableFile>> f =
-        Timed(kOpenWrite, [&] { return base_->OpenWrite(path, options); });
+        Timed(kOpenWrite, [&] { return base()->OpenWrite(path, options); });
     if (!f.ok()) return f.status();
     return std::unique_ptr<WritableFile>(new MeteredWritableFile(std::move(f).value(), this));
   }
   Result<FileAttr> Mkdir(const std::string& path, mode_t mode, int64_t uid, int64_t gid) override {
-    return Timed(kMkdir, [&] { return base_->Mkdir(path, mode, uid, gid); });
+    return Timed(kMkdir, [&] { return base()->Mkdir(path, mode, uid, gid); });
   }
   Result<FileAttr> Mknod(const std::string& path, mode_t mode, uint64_t rdev, int64_t uid,
                          int64_t gid) override {
-    return Timed(kMknod, [&] { return base_->Mknod(path, mode, rdev, uid, gid); });
+    return Timed(kMknod, [&] { return base()->Mknod(path, mode, rdev, uid, gid); });
   }
   Status Unlink(const std::string& path) override {
-    return Timed(kUnlink, [&] { return base_->Unlink(path); });
+    return Timed(kUnlink, [&] { return base()->Unlink(path); });
   }
   Status Rmdir(const std::string& path) override {
-    return Timed(kRmdir, [&] { return base_->Rmdir(path); });
+    return Timed(kRmdir, [&] { return base()->Rmdir(path); });
   }
   Status Rename(const std::string& from, const std::string& to, bool noreplace) override {
-    return Timed(kRename, [&] { return base_->Rename(from, to, noreplace); });
+    return Timed(kRename, [&] { return base()->Rename(from, to, noreplace); });
   }
   Result<FileAttr> Symlink(const std::string& target, const std::string& path, int64_t uid,
                            int64_t gid) override {
-    return Timed(kSymlink, [&] { return base_->Symlink(target, path, uid, gid); });
+    return Timed(kSymlink, [&] { return base()->Symlink(target, path, uid, gid); });
   }
   Result<FileAttr> Link(const std::string& from, const std::string& to) override {
-    return Timed(kLink, [&] { return base_->Link(from, to); });
+    return Timed(kLink, [&] { return base()->Link(from, to); });
   }
   Result<FileAttr> SetAttr(const std::string& path, const AttrChange& change) override {
-    return Timed(kSetAttr, [&] { return base_->SetAttr(path, change); });
+    return Timed(kSetAttr, [&] { return base()->SetAttr(path, change); });
   }
   Status SyncDir(const std::string& path) override {
-    return Timed(kSyncDir, [&] { return base_->SyncDir(path); });
+    return Timed(kSyncDir, [&] { return base()->SyncDir(path); });
   }
 
  private:
@@ -232,7 +230,6 @@ class MeteredBackend final : public Backend {
   std::atomic<uint64_t> failed_while_down_{0};
   std::mutex outage_mu_;        // orders the two log lines of an outage
   uint64_t down_since_ns_ = 0;  // guarded by outage_mu_
-  const std::unique_ptr<Backend> base_;
   Clock* const clock_;
   const std::string store_;
   // Owned by the registry; prometheus-cpp metrics are thread-safe.
@@ -241,22 +238,22 @@ class MeteredBackend final : public Backend {
 };
 
 Result<size_t> MeteredWritableFile::Write(uint64_t offset, const char* data, size_t len) {
-  return owner_->Timed(kWrite, [&] { return base_->Write(offset, data, len); });
+  return owner_->Timed(kWrite, [&] { return base()->Write(offset, data, len); });
 }
 Result<size_t> MeteredWritableFile::Read(uint64_t offset, size_t len, char* buf) {
-  return owner_->Timed(kRead, [&] { return base_->Read(offset, len, buf); });
+  return owner_->Timed(kRead, [&] { return base()->Read(offset, len, buf); });
 }
 Status MeteredWritableFile::Truncate(uint64_t size) {
-  return owner_->Timed(kTruncate, [&] { return base_->Truncate(size); });
+  return owner_->Timed(kTruncate, [&] { return base()->Truncate(size); });
 }
 Status MeteredWritableFile::Allocate(int mode, uint64_t offset, uint64_t len) {
-  return owner_->Timed(kTruncate, [&] { return base_->Allocate(mode, offset, len); });
+  return owner_->Timed(kAllocate, [&] { return base()->Allocate(mode, offset, len); });
 }
 Status MeteredWritableFile::Flush() {
-  return owner_->Timed(kFlush, [&] { return base_->Flush(); });
+  return owner_->Timed(kFlush, [&] { return base()->Flush(); });
 }
 Status MeteredWritableFile::Sync() {
-  return owner_->Timed(kSync, [&] { return base_->Sync(); });
+  return owner_->Timed(kSync, [&] { return base()->Sync(); });
 }
 
 }  // namespace
@@ -267,28 +264,6 @@ std::unique_ptr<Backend> NewMeteredBackend(std::unique_ptr<Backend> base,
   return std::make_unique<MeteredBackend>(std::move(base), registry, clock, store);
 }
 
-Result<std::unique_ptr<Backend>> NewBackend(const conf::BackendOptions& opts,
-                                            prometheus::Registry& registry, Clock* clock) {
-  Result<std::unique_ptr<Backend>> base = Status::InvalidArgument(
-      "backend.type: unknown backend \"" + opts.type + "\" (known: posix, s3, cubefs, synthetic)");
-  if (opts.type == "posix") base = NewPosixBackend(opts.root);
-  if (opts.type == "s3") base = NewS3Backend(opts.s3);
-  if (opts.type == "cubefs") base = NewCubefsBackend(opts.cubefs);
-  if (opts.type == "synthetic") base = NewSyntheticBackend(opts.synthetic);
-  if (!base.ok()) return base.status();
-  std::unique_ptr<Backend> b = std::move(base).value();
-  if (opts.inject.enabled) b = NewInjectBackend(std::move(b), opts.inject, clock);
-  return NewMeteredBackend(std::move(b), registry, clock, StoreName(opts));
-}
-
 bool StoreDown() { return g_store_down.load(std::memory_order_relaxed); }
-
-std::string StoreName(const conf::BackendOptions& opts) {
-  if (opts.type == "posix") return opts.root;
-  if (opts.type == "s3") return opts.s3.endpoint + "/" + opts.s3.bucket;
-  if (opts.type == "cubefs")
-    return "cubefs://" + opts.cubefs.master_addr + "/" + opts.cubefs.volume;
-  return opts.type;
-}
 
 }  // namespace cubetorchfs::cfs_client

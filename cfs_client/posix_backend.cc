@@ -210,6 +210,10 @@ class PosixBackend final : public Backend {
   PosixBackend(std::string root, UniqueFd root_fd)
       : root_(std::move(root)), root_fd_(std::move(root_fd)) {}
 
+  Capabilities capabilities() const override {
+    return CapabilitiesOfType(conf::BackendType::kPosix);
+  }
+
   Result<FileAttr> Stat(const std::string& path) override {
     CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "stat"));
     struct stat st;
@@ -253,7 +257,6 @@ class PosixBackend final : public Backend {
     return r.bytes;
   }
 
-  bool HandsOutFds() const override { return true; }
   Result<int> OpenReadFd(const std::string& path, const FileVersion& expect,
                          const AttrCheck& check = nullptr) override {
     struct stat st;

@@ -91,6 +91,8 @@ class S3Backend final : public Backend, public S3FileHost {
         gid_(::getgid()),
         start_ns_(static_cast<int64_t>(std::time(nullptr)) * 1'000'000'000) {}
 
+  Capabilities capabilities() const override { return CapabilitiesOfType(conf::BackendType::kS3); }
+
   Result<FileAttr> Stat(const std::string& path) override {
     if (path.empty()) {
       CTFS_RETURN_IF_ERROR(FetchListPage(s3::DirKeyPrefix(opts_.prefix, ""), "", 1).status());

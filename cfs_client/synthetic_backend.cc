@@ -45,6 +45,10 @@ class SyntheticBackend final : public Backend {
   explicit SyntheticBackend(const conf::SyntheticOptions& o)
       : o_(o), mtime_ns_(kEpochNs + static_cast<int64_t>(SplitMix64(o.seed) % 1'000'000'000)) {}
 
+  Capabilities capabilities() const override {
+    return CapabilitiesOfType(conf::BackendType::kSynthetic);
+  }
+
   Result<FileAttr> Stat(const std::string& path) override {
     CTFS_ASSIGN_OR_RETURN(Node n, Parse(path));
     return AttrOf(n);

@@ -250,7 +250,10 @@ Status ParseBackend(const YAML::Node& node, BackendOptions* o, std::vector<std::
   return ForEachKey(node, "backend", known,
                     [&](const std::string& k, const YAML::Node& v, const std::string& key) {
                       if (kS3Keys.count(k)) s3_set->push_back(k);
-                      if (k == "type") CTFS_ASSIGN(o->type, GetString(v, key));
+                      if (k == "type") {
+                        CTFS_ASSIGN_OR_RETURN(std::string name, GetString(v, key));
+                        CTFS_ASSIGN(o->type, ParseBackendType(name));
+                      }
                       if (k == "root") CTFS_ASSIGN(o->root, GetString(v, key));
                       if (k == "inject") return ParseInject(v, &o->inject);
                       if (k == "cubefs") return ParseCubefs(v, &o->cubefs);
@@ -518,36 +521,39 @@ Status Validate(const Config& c, const std::vector<std::string>& s3_set) {
                (c.prefetch.control_socket.empty() ? "the default path " : "") + Quote(sock) +
                    " is " + std::to_string(sock.size()) + " bytes; a unix socket path is at most " +
                    std::to_string(kMaxSocketPathBytes) + " bytes (sockaddr_un.sun_path)");
-  if (c.backend.type == "posix") {
-    if (c.backend.root.empty()) return Bad("backend.root", "required for the posix backend");
-    if (!s3_set.empty())
-      return Bad("backend." + s3_set.front(), "only for the s3 backend (backend.type: s3)");
-  } else if (c.backend.type == "s3") {
-    if (!c.backend.root.empty())
-      return Bad("backend.root", "not used by the s3 backend (it serves backend.bucket)");
-    CTFS_RETURN_IF_ERROR(ValidateS3(c.backend.s3));
-  } else if (c.backend.type == "cubefs") {
-    if (!c.backend.root.empty())
-      return Bad("backend.root", "not used by the cubefs backend (it serves the volume volName)");
-    if (!s3_set.empty())
-      return Bad("backend." + s3_set.front(), "only for the s3 backend (backend.type: s3)");
-    CTFS_RETURN_IF_ERROR(ValidateCubefs(c.backend.cubefs));
-  } else if (c.backend.type == "synthetic") {
-    if (!c.backend.root.empty())
-      return Bad("backend.root", "not used by the synthetic backend (it computes its tree)");
-    if (!s3_set.empty())
-      return Bad("backend." + s3_set.front(), "only for the s3 backend (backend.type: s3)");
-    const SyntheticOptions& y = c.backend.synthetic;
-    if (y.dirs == 0) return Bad("backend.synthetic.dirs", "must be at least 1");
-    if (y.min_bytes > y.max_bytes)
-      return Bad("backend.synthetic.min_bytes", "must not exceed backend.synthetic.max_bytes");
-    if (y.max_bytes > (1ull << 40))
-      return Bad("backend.synthetic.max_bytes", "must be at most 1TiB");
-    if (y.dirs * y.files_per_dir > 10'000'000'000ull)
-      return Bad("backend.synthetic.files_per_dir", "dirs x files_per_dir must be at most 10^10");
-  } else {
-    return Bad("backend.type",
-               "unknown backend \"" + c.backend.type + "\" (known: posix, s3, cubefs, synthetic)");
+  switch (c.backend.type) {
+    case BackendType::kPosix:
+      if (c.backend.root.empty()) return Bad("backend.root", "required for the posix backend");
+      if (!s3_set.empty())
+        return Bad("backend." + s3_set.front(), "only for the s3 backend (backend.type: s3)");
+      break;
+    case BackendType::kS3:
+      if (!c.backend.root.empty())
+        return Bad("backend.root", "not used by the s3 backend (it serves backend.bucket)");
+      CTFS_RETURN_IF_ERROR(ValidateS3(c.backend.s3));
+      break;
+    case BackendType::kCubefs:
+      if (!c.backend.root.empty())
+        return Bad("backend.root", "not used by the cubefs backend (it serves the volume volName)");
+      if (!s3_set.empty())
+        return Bad("backend." + s3_set.front(), "only for the s3 backend (backend.type: s3)");
+      CTFS_RETURN_IF_ERROR(ValidateCubefs(c.backend.cubefs));
+      break;
+    case BackendType::kSynthetic: {
+      if (!c.backend.root.empty())
+        return Bad("backend.root", "not used by the synthetic backend (it computes its tree)");
+      if (!s3_set.empty())
+        return Bad("backend." + s3_set.front(), "only for the s3 backend (backend.type: s3)");
+      const SyntheticOptions& y = c.backend.synthetic;
+      if (y.dirs == 0) return Bad("backend.synthetic.dirs", "must be at least 1");
+      if (y.min_bytes > y.max_bytes)
+        return Bad("backend.synthetic.min_bytes", "must not exceed backend.synthetic.max_bytes");
+      if (y.max_bytes > (1ull << 40))
+        return Bad("backend.synthetic.max_bytes", "must be at most 1TiB");
+      if (y.dirs * y.files_per_dir > 10'000'000'000ull)
+        return Bad("backend.synthetic.files_per_dir", "dirs x files_per_dir must be at most 10^10");
+      break;
+    }
   }
   if (c.cache.memory_bytes < (1u << 20)) return Bad("cache.memory_bytes", "must be at least 1MiB");
   if (c.cache.chunk_bytes < (64u << 10) || c.cache.chunk_bytes > (1ull << 30))
@@ -671,6 +677,28 @@ uint64_t PhysicalMemoryBytes() {
   const long page_size = ::sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page_size <= 0) return 0;
   return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+}
+
+Result<BackendType> ParseBackendType(const std::string& name) {
+  for (BackendType t :
+       {BackendType::kPosix, BackendType::kS3, BackendType::kCubefs, BackendType::kSynthetic})
+    if (name == BackendTypeName(t)) return t;
+  return Bad("backend.type",
+             "unknown backend \"" + name + "\" (known: posix, s3, cubefs, synthetic)");
+}
+
+const char* BackendTypeName(BackendType type) {
+  switch (type) {
+    case BackendType::kPosix:
+      return "posix";
+    case BackendType::kS3:
+      return "s3";
+    case BackendType::kCubefs:
+      return "cubefs";
+    case BackendType::kSynthetic:
+      return "synthetic";
+  }
+  return "unknown";
 }
 
 std::string ControlSocketPath(const Config& config) {

@@ -38,6 +38,12 @@ inline constexpr size_t kMaxVolNameBytes = 64;
 // and K/M/G/T) into bytes. Rejects negatives, fractions of a byte and overflow.
 Result<uint64_t> ParseSize(std::string_view text);
 
+// The backend.type named `name` ("posix", "s3", "cubefs", "synthetic"); an unknown one is an
+// error naming the key backend.type and the known types.
+Result<BackendType> ParseBackendType(const std::string& name);
+// The config's name of `type` ("posix", ...).
+const char* BackendTypeName(BackendType type);
+
 // Parses config text. `source` names it in error messages (usually the file path).
 Result<Config> ParseConfig(const std::string& text, const std::string& source = "config");
 

@@ -73,9 +73,18 @@ struct SyntheticOptions {
   uint64_t seed = 1;              // sizes, bytes and the mtime derive from it. Default: 1.
 };
 
+// backend.type: which store serves the mount. What each one can do (owners, descriptors, ...)
+// is its cfs_client::Backend::capabilities(), not a test of this type.
+enum class BackendType {
+  kPosix,      // "posix": a directory tree
+  kS3,         // "s3": an S3-compatible object store
+  kCubefs,     // "cubefs": a CubeFS volume through its C SDK
+  kSynthetic,  // "synthetic": a computed read-only tree
+};
+
 struct BackendOptions {
   // "posix" (a directory tree), "s3", "cubefs" or "synthetic". Default: posix.
-  std::string type = "posix";
+  BackendType type = BackendType::kPosix;
   std::string root;            // posix: the directory served. Required for posix.
   S3Options s3;                // s3: where the objects are.
   CubefsOptions cubefs;        // cubefs: the volume and how to reach it.

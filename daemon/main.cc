@@ -3,13 +3,11 @@
 #include <CivetServer.h>
 #include <civetweb.h>
 #include <fcntl.h>
-#include <linux/fuse.h>
 #include <malloc.h>
 #include <prometheus/exposer.h>
 #include <prometheus/registry.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -44,17 +42,16 @@
 #include "daemon/health.h"
 #include "daemon/supervisor.h"
 #include "daemon/warmup.h"
-#include "fuse/fuse_ops.h"
+#include "fs/file_system.h"
 #include "fuse/page_probe.h"
-#include "fuse/session_loop.h"
+#include "fuse/session.h"
 #include "prefetch/prefetcher.h"
 
 namespace cubetorchfs::daemon {
 namespace {
 
 using fs::FileSystem;
-using fuse::FuseContext;
-using fuse::Operations;
+using fuse::FuseSession;
 using fuse::PageProbe;
 
 constexpr int kExitBadConfig = 2;
@@ -144,23 +141,6 @@ void DetachStdio(bool keep_stderr) {
   if (null > STDERR_FILENO) ::close(null);
 }
 
-struct SessionDeleter {
-  void operator()(fuse_session* se) const { fuse_session_destroy(se); }
-};
-
-// Owns the FUSE argument vector.
-class FuseArgs {
- public:
-  explicit FuseArgs(const std::vector<std::string>& args) {
-    for (const auto& a : args) fuse_opt_add_arg(&args_, a.c_str());
-  }
-  ~FuseArgs() { fuse_opt_free_args(&args_); }
-  fuse_args* get() { return &args_; }
-
- private:
-  fuse_args args_ = FUSE_ARGS_INIT(0, nullptr);
-};
-
 prefetch::Prefetcher::Options PrefetcherOptions(const conf::Config& config,
                                                 uint64_t window_budget) {
   prefetch::Prefetcher::Options o;
@@ -179,7 +159,8 @@ prefetch::Prefetcher::Options PrefetcherOptions(const conf::Config& config,
   return o;
 }
 
-FileSystem::Options FileSystemOptions(const conf::Config& config) {
+FileSystem::Options FileSystemOptions(const conf::Config& config,
+                                      const cfs_client::Capabilities& store) {
   FileSystem::Options o;
   o.attr_timeout_s = config.fuse.attr_timeout_s;
   o.keep_cache = config.fuse.keep_cache;
@@ -192,7 +173,8 @@ FileSystem::Options FileSystemOptions(const conf::Config& config) {
   // an idle time instead.
   if (config.fuse.keep_cache && !config.fuse.flush_on_close && !config.fuse.read_only)
     o.write_back_idle_s = config.fuse.write_back_idle_s;
-  if (config.backend.type == "s3" && config.cache.disk_dir.empty())
+  // A lookup may bring a small file's bytes, unless the NVMe tier makes them moot.
+  if (store.lookup_returns_data && config.cache.disk_dir.empty())
     o.lookup_read_bytes = static_cast<size_t>(
         std::min<uint64_t>(config.backend.s3.lookup_read_bytes, config.cache.chunk_bytes));
   return o;
@@ -323,8 +305,8 @@ void SetReadAhead(const std::string& mount_point, uint64_t bytes) {
 // cannot grow, fuse.max_read is lowered to what fits (1008 KiB for a 1 MiB pipe), and
 // streaming is turned off where even that is too small.
 void FitStreamedReadsToPipes(conf::Config* config) {
-  if (config->cache.stream_min_bytes == 0 || config->backend.type != "posix" ||
-      !config->cache.disk_dir.empty())
+  if (config->cache.stream_min_bytes == 0 ||
+      !cfs_client::CapabilitiesOf(config->backend).hands_out_fds || !config->cache.disk_dir.empty())
     return;
   constexpr uint64_t kSlack = 16 << 10;
   int p[2];
@@ -373,52 +355,17 @@ void FitStreamedReadsToPipes(conf::Config* config) {
   std::_Exit(0);
 }
 
-// A descriptor of its own on the connection `fd` serves (FUSE_DEV_IOC_CLONE).
-Result<int> CloneFuseFd(int fd) {
-  int clone = ::open("/dev/fuse", O_RDWR | O_CLOEXEC);
-  if (clone < 0) return Status::FromErrno(errno, "open /dev/fuse");
-  uint32_t source = static_cast<uint32_t>(fd);
-  if (::ioctl(clone, FUSE_DEV_IOC_CLONE, &source) != 0) {
-    const int err = errno;
-    ::close(clone);
-    return Status::FromErrno(err, "clone the FUSE connection");
-  }
-  return clone;
-}
-
 // The worker's side of a takeover (supervisor.h): the FUSE_INIT of the connection, read from
 // it (the first worker, which passes a copy to the supervisor) or replayed from the copy.
-Status StartConnection(fuse_session* se, int fuse_fd, const Takeover& t) {
-  std::string init;
+Status StartConnection(FuseSession& session, const Takeover& t) {
   if (t.init_fd >= 0) {
-    CTFS_ASSIGN_OR_RETURN(init, ReadAllFd(t.init_fd));
+    CTFS_ASSIGN_OR_RETURN(std::string init, ReadAllFd(t.init_fd));
     ::close(t.init_fd);
-    if (init.size() < sizeof(fuse_in_header) + 8)
-      return Status::InvalidArgument("--takeover: the FUSE_INIT copy is truncated");
-    // A unique no request of the kernel has (they are even and count up from 2): the reply
-    // to this replayed INIT finds no request and is dropped (ENOENT, which libfuse ignores).
-    const uint64_t unique = 0x7ffffffffffffffeull;
-    std::memcpy(init.data() + offsetof(fuse_in_header, unique), &unique, sizeof unique);
-  } else {
-    // The kernel's first request on a new connection is FUSE_INIT. The buffer must hold a
-    // whole write request, as for every read of the device.
-    init.resize(4u << 20);
-    ssize_t n;
-    do n = ::read(fuse_fd, init.data(), init.size());
-    while (n < 0 && errno == EINTR);
-    if (n < 0) return Status::FromErrno(errno, "read FUSE_INIT");
-    init.resize(static_cast<size_t>(n));
-    fuse_in_header h{};
-    if (init.size() >= sizeof h) std::memcpy(&h, init.data(), sizeof h);
-    if (init.size() < sizeof h || h.opcode != FUSE_INIT)
-      return Status::IOError("the connection's first request is not FUSE_INIT");
-    if (t.channel_fd >= 0) SendMessage(t.channel_fd, kMsgInit, init);
+    return session.ProcessInit(std::move(init), /*replayed=*/true);
   }
-  fuse_buf buf{};
-  buf.size = init.size();
-  buf.mem = init.data();
-  fuse_session_process_buf(se, &buf);
-  return Status::OK();
+  CTFS_ASSIGN_OR_RETURN(std::string init, session.ReadInit());
+  if (t.channel_fd >= 0) SendMessage(t.channel_fd, kMsgInit, init);
+  return session.ProcessInit(std::move(init), /*replayed=*/false);
 }
 
 // After a crash of the process before (no state handed over), the kernel still holds its
@@ -427,7 +374,7 @@ Status StartConnection(fuse_session* se, int fuse_fd, const Takeover& t) {
 // and long entry timeouts it may not ask for minutes. So every name under the root is
 // invalidated: the kernel drops the unused names beneath it, and the next path walk looks
 // them up here. Runs beside the session loop (the kernel may send forgets meanwhile).
-void DropDentriesOfEarlierProcess(fuse_session* se, cfs_client::Backend* store) {
+void DropDentriesOfEarlierProcess(FuseSession& session, cfs_client::Backend* store) {
   constexpr size_t kMaxNames = 1u << 20;
   Result<std::vector<cfs_client::DirEntry>> root = store->List("");
   if (!root.ok()) {
@@ -438,9 +385,8 @@ void DropDentriesOfEarlierProcess(fuse_session* se, cfs_client::Backend* store) 
   }
   size_t dropped = 0;
   for (const cfs_client::DirEntry& e : *root) {
-    if (dropped == kMaxNames || fuse_session_exited(se)) break;
-    if (fuse_lowlevel_notify_inval_entry(se, fs::kRootIno, e.name.data(), e.name.size()) == 0)
-      ++dropped;
+    if (dropped == kMaxNames || session.Exited()) break;
+    if (session.InvalidateEntry(fs::kRootIno, e.name)) ++dropped;
   }
   CTFS_LOG(kInfo) << "after the restart, the kernel dropped " << dropped << " of " << root->size()
                   << " names under the root it had from the process before";
@@ -449,7 +395,7 @@ void DropDentriesOfEarlierProcess(fuse_session* se, cfs_client::Backend* store) 
 // The session a handover stops.
 std::atomic<bool> g_handover{false};
 std::atomic<bool> g_supervisor_gone{false};  // nobody to hand over to
-std::atomic<fuse_session*> g_session{nullptr};
+std::atomic<bool> g_serving{false};          // the session loop has started
 
 // Stops the loop so that the state can go to the next binary; refused while files are being
 // written (their write states cannot be handed over).
@@ -460,8 +406,7 @@ Status RequestHandover(const FileSystem& fs) {
                                         "mount; upgrade once they are closed");
   if (g_supervisor_gone.load())
     return Status::FromErrno(ESRCH, "the supervisor is gone: nothing can take the mount over");
-  if (g_session.load() == nullptr)
-    return Status::FromErrno(EAGAIN, "the mount is not served yet; try again");
+  if (!g_serving.load()) return Status::FromErrno(EAGAIN, "the mount is not served yet; try again");
   if (g_handover.exchange(true)) return Status::OK();
   CTFS_LOG(kInfo) << "handing the mount over to the next binary";
   return Status::OK();  // the loop answers what it has read, then returns
@@ -490,9 +435,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
 
   Result<std::unique_ptr<cfs_client::Backend>> backend =
       cfs_client::NewBackend(config.backend, *registry, SystemClock());
-  if (!backend.ok())
-    return Fail(kExitBadConfig, (config.backend.type == "posix" ? "backend.root: " : "") +
-                                    backend.status().message());
+  if (!backend.ok()) return Fail(kExitBadConfig, backend.status().message());  // names the key
   // The prefetch window is carved out of the RAM budget; the LRU gets the rest.
   const uint64_t window_budget = config.prefetch.enabled ? std::min(config.prefetch.window_bytes,
                                                                     config.cache.memory_bytes / 2)
@@ -518,27 +461,25 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   prefetch::Prefetcher prefetcher(PrefetcherOptions(config, window_budget), backend->get(),
                                   cache.get(), SystemClock(), registry.get(), disk.get());
   Result<std::unique_ptr<FileSystem>> fs =
-      FileSystem::New(FileSystemOptions(config), backend->get(), cache.get(), &prefetcher,
-                      SystemClock(), *registry, disk.get());
+      FileSystem::New(FileSystemOptions(config, (*backend)->capabilities()), backend->get(),
+                      cache.get(), &prefetcher, SystemClock(), *registry, disk.get());
   if (!fs.ok()) return Fail(kExitBadConfig, "backend.root: " + fs.status().message());
   prefetch::ModelFetcher model_fetcher(ModelFetcherOptions(config), backend->get(), cache.get(),
                                        disk.get());
   (*fs)->set_model_fetcher(&model_fetcher);
 
   control::ControlServer::Options control_options = ControlOptions(config, cl, registry.get());
-  // Paths in control requests are resolved for their caller beneath the root. An S3 store has
-  // no symlinks and gives every object the same owner and mode: only lexical checks there.
+  // Paths in control requests are resolved for their caller beneath the root. A store without
+  // owners or symlinks (S3) gives every object the same owner and mode: only lexical checks.
   prefetch::PathResolver::Options resolver_options;
-  resolver_options.check_store = config.backend.type != "s3";
+  resolver_options.check_store = (*backend)->capabilities().has_owners;
   FileSystem* filesystem = fs->get();
   resolver_options.known_attr = [filesystem](const std::string& path) {
     return filesystem->KnownAttr(path);
   };
   prefetch::PathResolver resolver(resolver_options, backend->get(), SystemClock());
   // Residency checks before prefetching ask the inode table, never the store.
-  prefetcher.SetAttrSource([filesystem](const std::string& path, uint64_t* fetched_ns) {
-    return filesystem->KnownAttr(path, fetched_ns);
-  });
+  prefetcher.SetAttrSource(filesystem);
   control_options.resolver = &resolver;
   std::unique_ptr<prefetch::Warmer> warmer;
   if (disk)
@@ -580,48 +521,27 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
       });
   if (!control.ok()) return Fail(kExitBadConfig, control.status().message());
 
-  FuseContext ctx(fs->get(), config.fuse, *registry);
-  FuseArgs args(FuseArgv(config, cl));
-  std::unique_ptr<fuse_session, SessionDeleter> se(
-      fuse_session_new(args.get(), &Operations(), sizeof(fuse_lowlevel_ops), &ctx));
-  if (!se) return Fail(kExitBadConfig, "-o: invalid FUSE mount options (see the line above)");
-  ctx.session = se.get();
-  fuse_session* session = se.get();
+  Result<std::unique_ptr<FuseSession>> created =
+      FuseSession::Create(filesystem, config.fuse, *registry, &page_probe, FuseArgv(config, cl));
+  if (!created.ok()) return Fail(kExitBadConfig, created.status().message());
+  FuseSession& session = **created;
   // Under keep_cache the prefetcher asks the kernel which marked files it still holds.
-  page_probe.Attach(session);
-  ctx.page_probe = &page_probe;
-  if (config.fuse.keep_cache) {
-    prefetcher.SetPageProbe([filesystem, &page_probe](const std::string& path, uint64_t size) {
-      std::optional<uint64_t> ino = filesystem->inodes().Find(path);
-      return ino.has_value() && page_probe.Resident(*ino, size);
-    });
-  }
-  filesystem->SetWrittenHook([session](uint64_t ino) {
+  fuse::MountPageCacheProbe page_cache_probe(filesystem, &page_probe);
+  if (config.fuse.keep_cache) prefetcher.SetPageProbe(&page_cache_probe);
+  filesystem->SetWrittenHook([&session](uint64_t ino) {
     // A file written through the mount was closed: the kernel drops what it cached of it
     // (other descriptors' pages, attributes), so the next reader sees what the store has.
-    // Not once the loop has stopped: the kernel may wait on a page whose read is never
-    // answered, and the write-back thread would hang the unmount.
-    if (fuse_session_exited(session)) return;
-    int err = fuse_lowlevel_notify_inval_inode(session, ino, 0, 0);
-    if (err != 0 && err != -ENOENT) CTFS_LOG(kWarn) << "invalidate inode " << ino << ": " << err;
+    // Not once the loop has stopped (InvalidateInode checks): the kernel may wait on a page
+    // whose read is never answered, and the write-back thread would hang the unmount.
+    session.InvalidateInode(ino);
   });
-  if (fuse_set_signal_handlers(se.get()) != 0)
-    return Fail(kExitFailure, "cannot set signal handlers");
+  if (Status s = session.SetSignalHandlers(); !s.ok()) return Fail(kExitFailure, s.message());
   // The supervisor mounted; this process serves the connection it holds, through a clone of
-  // the descriptor of its own (libfuse takes a mounted /dev/fuse descriptor as /dev/fd/N).
-  // The kernel keeps the requests a reader has taken with the descriptor it read them from:
-  // when this process dies, its clone closes and the requests it was answering fail at once
-  // (ECONNABORTED) instead of waiting forever on the supervisor's descriptor.
-  Result<int> clone = CloneFuseFd(takeover.fuse_fd);
-  if (!clone.ok()) return Fail(kExitFailure, config.mount_point + ": " + clone.status().ToString());
-  const std::string fd_mount = "/dev/fd/" + std::to_string(*clone);
-  if (fuse_session_mount(se.get(), fd_mount.c_str()) != 0) {
-    fuse_remove_signal_handlers(se.get());
-    return Fail(kExitFailure, config.mount_point + ": cannot serve the mount (see the line above)");
-  }
+  // the descriptor of its own (FuseSession::ServeClone).
+  if (Status s = session.ServeClone(takeover.fuse_fd); !s.ok())
+    return Fail(kExitFailure, config.mount_point + ": " + s.message());
   filesystem->inodes().SetGeneration(takeover.generation);
-  ctx.files.SetGeneration(takeover.generation);
-  ctx.dirs.SetGeneration(takeover.generation);
+  session.SetGeneration(takeover.generation);
   if (takeover.state_fd >= 0) {
     Result<std::string> state = ReadAllFd(takeover.state_fd);
     ::close(takeover.state_fd);
@@ -631,7 +551,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
     else
       CTFS_LOG(kInfo) << "took over " << filesystem->inodes().size() << " inodes";
   }
-  if (Status s = StartConnection(se.get(), *clone, takeover); !s.ok())
+  if (Status s = StartConnection(session, takeover); !s.ok())
     return Fail(kExitFailure, config.mount_point + ": " + s.ToString());
   if (takeover.init_fd < 0) SetReadAhead(config.mount_point, config.fuse.read_ahead_bytes);
 
@@ -661,12 +581,12 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   std::thread forget_old;
   if (takeover.generation > 0 && takeover.state_fd < 0 && takeover.init_fd >= 0)
     forget_old = std::thread(
-        [session, store = backend->get()] { DropDentriesOfEarlierProcess(session, store); });
-  g_session = se.get();
+        [&session, store = backend->get()] { DropDentriesOfEarlierProcess(session, store); });
+  g_serving = true;
   int rc = 0;
   for (;;) {
     // Misses wait on the store: keep many requests in flight.
-    rc = fuse::RunSessionLoop(se.get(), /*min_threads=*/4, /*max_threads=*/64, &g_handover);
+    rc = session.Serve(/*min_threads=*/4, /*max_threads=*/64, &g_handover);
     if (!g_handover.load()) break;
     // Every request taken is answered; those not yet taken wait in the kernel for the next
     // process. A file opened for writing meanwhile cannot be handed over: go on serving.
@@ -683,7 +603,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   prefetcher.SetPageProbe(nullptr);  // no more probes: what is marked is simply fetched
   page_probe.Close();                // and none still being sent
   UnmountPath(config.mount_point);   // the supervisor, if any, then just exits
-  fuse_remove_signal_handlers(se.get());
+  session.RemoveSignalHandlers();
   // Files still open for writing when the mount went away (SIGTERM with writers running):
   // what they wrote goes to the store before exit.
   if (Status s = filesystem->FlushAll(); !s.ok())
@@ -734,24 +654,10 @@ int Main(int argc, char** argv) {
     return Fail(kExitBadConfig, "mountPoint: " + config.mount_point + " is not absolute");
   }
 
-  // The backend is checked before detaching so a bad one is reported on this terminal.
-  if (config.backend.type == "posix") {
-    Result<std::string> root = RealPath(config.backend.root);
-    if (!root.ok())
-      return Fail(kExitBadConfig,
-                  "backend.root: " + config.backend.root + ": " + root.status().message());
-    config.backend.root = root.value();
-    if (auto probe = cfs_client::NewPosixBackend(config.backend.root); !probe.ok())
-      return Fail(kExitBadConfig, "backend.root: " + probe.status().message());
-  } else if (config.backend.type == "s3") {
-    if (Status probe = cfs_client::CheckS3Backend(config.backend.s3); !probe.ok())
-      return Fail(kExitBadConfig, probe.message());  // names backend.endpoint, .bucket, ...
-  } else if (const std::string& lib = config.backend.cubefs.lib;
-             lib.find('/') != std::string::npos && ::access(lib.c_str(), R_OK) != 0) {
-    // The library itself is loaded (and the volume reached) only after daemonizing: its Go
-    // runtime must not be forked. Its errors still reach this terminal (Daemonize).
-    return Fail(kExitBadConfig, "backend.cubefs.lib: " + lib + ": " + std::strerror(errno));
-  }
+  // The backend is checked before detaching so a bad one is reported on this terminal (the
+  // CubeFS SDK is loaded only after daemonizing: its errors still reach it, see Daemonize).
+  if (Status s = cfs_client::CheckBackend(&config.backend); !s.ok())
+    return Fail(kExitBadConfig, s.message());  // names backend.root, backend.endpoint, ...
 
   if (!config.cache.disk_dir.empty())  // the daemon runs from "/" once detached
     config.cache.disk_dir = std::filesystem::absolute(config.cache.disk_dir).lexically_normal();
@@ -761,7 +667,8 @@ int Main(int argc, char** argv) {
 
   LogLevel level = cl->debug ? LogLevel::kDebug : ParseLogLevel(config.log_level).value();
   std::string log_path;
-  if (!config.log_dir.empty() && (!cl->foreground || config.backend.type == "cubefs")) {
+  if (!config.log_dir.empty() &&
+      (!cl->foreground || cfs_client::CapabilitiesOf(config.backend).writes_own_logs)) {
     // The daemon's log (and the CubeFS SDK's, under it) is written as root: never into a
     // directory reached through a link, or one another user could swap or fill.
     config.log_dir = std::filesystem::absolute(config.log_dir).lexically_normal();
@@ -804,14 +711,13 @@ int Main(int argc, char** argv) {
   const int ready_fd = cl->foreground ? -1 : Daemonize();
   // The supervisor mounts and keeps the connection for as long as the mount lives; the
   // session is never destroyed (that would close it).
-  FuseArgs fuse_args(FuseArgv(config, cl.value()));
-  static const fuse_lowlevel_ops kNoOps{};
-  fuse_session* se = fuse_session_new(fuse_args.get(), &kNoOps, sizeof kNoOps, nullptr);
-  if (se == nullptr)
-    return Fail(kExitBadConfig, "-o: invalid FUSE mount options (see the line above)");
-  if (fuse_session_mount(se, config.mount_point.c_str()) != 0)
-    return Fail(kExitFailure, config.mount_point + ": mount failed (see the line above)");
-  ExitNow(Supervise(config, cl.value(), exe, args, ready_fd, fuse_session_fd(se), nullptr));
+  Result<int> fuse_fd =
+      FuseSession::MountForSupervisor(FuseArgv(config, cl.value()), config.mount_point);
+  if (!fuse_fd.ok())
+    return Fail(
+        fuse_fd.status().code() == Status::Code::kInvalidArgument ? kExitBadConfig : kExitFailure,
+        fuse_fd.status().message());
+  ExitNow(Supervise(config, cl.value(), exe, args, ready_fd, *fuse_fd, nullptr));
 }
 
 }  // namespace

@@ -292,8 +292,8 @@ Result<FileHandle> FileSystem::HandleFor(uint64_t ino) {
 std::shared_ptr<StoreStream> FileSystem::StreamFor(const std::string& path,
                                                    const cfs_client::FileAttr& attr) const {
   if (options_.stream_min_bytes == 0 || attr.size < options_.stream_min_bytes ||
-      attr.size <= options_.chunk_bytes || disk_ != nullptr || !backend_->HandsOutFds() ||
-      prefetch::ModelFetcher::IsModelFile(path))
+      attr.size <= options_.chunk_bytes || disk_ != nullptr ||
+      !backend_->capabilities().hands_out_fds || prefetch::ModelFetcher::IsModelFile(path))
     return nullptr;
   return std::make_shared<StoreStream>(path, attr.Version());
 }

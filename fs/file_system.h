@@ -119,7 +119,7 @@ struct ReadResult {
   size_t size() const;
 };
 
-class FileSystem {
+class FileSystem : public prefetch::AttrSource {
  public:
   struct Options {
     double attr_timeout_s = 1.0;
@@ -237,6 +237,11 @@ class FileSystem {
   // `fetched_ns`, if not null, receives when they were read from the store.
   std::optional<cfs_client::FileAttr> KnownAttr(const std::string& path,
                                                 uint64_t* fetched_ns = nullptr) const;
+  // The prefetcher's source of fresh attributes (prefetch::AttrSource): KnownAttr.
+  std::optional<cfs_client::FileAttr> FreshAttr(const std::string& path,
+                                                uint64_t* fetched_ns) const override {
+    return KnownAttr(path, fetched_ns);
+  }
 
   // The model-file fast path (prefetch/model_fetch.h) to tell about reads; null: none. Set before
   // the first read; must outlive the FileSystem.

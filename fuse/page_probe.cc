@@ -1,8 +1,12 @@
 #include "fuse/page_probe.h"
 
+#define FUSE_USE_VERSION 314
+#include <fuse_lowlevel.h>
 #include <unistd.h>
 
 #include <algorithm>
+
+#include "fs/file_system.h"
 
 namespace cubetorchfs::fuse {
 
@@ -57,6 +61,11 @@ void PageProbe::Close() {
   session_ = nullptr;
   for (auto& [cookie, pending] : pending_) pending->cv.notify_one();
   idle_cv_.wait(l, [&] { return sending_ == 0; });
+}
+
+bool MountPageCacheProbe::Resident(const std::string& path, uint64_t size) {
+  std::optional<uint64_t> ino = fs_->inodes().Find(path);
+  return ino.has_value() && probe_->Resident(*ino, size);
 }
 
 }  // namespace cubetorchfs::fuse

@@ -15,15 +15,21 @@
 // notifies being sent). Resident() answers false before Attach() and after Close().
 #pragma once
 
-#define FUSE_USE_VERSION 314
-#include <fuse_lowlevel.h>
-
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <unordered_map>
+
+#include "prefetch/prefetcher.h"
+
+struct fuse_session;  // libfuse's
+
+namespace cubetorchfs::fs {
+class FileSystem;
+}
 
 namespace cubetorchfs::fuse {
 
@@ -56,6 +62,19 @@ class PageProbe {
   int sending_ = 0;                  // notifies being written to the session now
   uint64_t next_cookie_ = 1;
   std::unordered_map<uint64_t, Pending*> pending_;  // cookie -> its waiter (on its stack)
+};
+
+// The prefetcher's page-cache probe for the mount (prefetch::PageCacheProbe): the inode
+// number the inode table has for a store path, then `probe` of that inode. A path the table
+// does not know is not resident. `fs` and `probe` must outlive it. Thread-safe.
+class MountPageCacheProbe final : public prefetch::PageCacheProbe {
+ public:
+  MountPageCacheProbe(const fs::FileSystem* fs, PageProbe* probe) : fs_(fs), probe_(probe) {}
+  bool Resident(const std::string& path, uint64_t size) override;
+
+ private:
+  const fs::FileSystem* const fs_;
+  PageProbe* const probe_;
 };
 
 }  // namespace cubetorchfs::fuse

@@ -63,9 +63,9 @@ void Prefetcher::RunJob(const Job& job) {
       return Status::OK();
     };
   }
-  const std::shared_ptr<const AttrSource> source = attr_source_;
+  const AttrSource* const source = attr_source_;
   l.unlock();
-  FirstLook look = LookFirst(job.path, guess, check, source.get());
+  FirstLook look = LookFirst(job.path, guess, check, source);
 
   l.lock();
   if (!look.got.ok() && look.got.status().code() == Status::Code::kPermissionDenied)
@@ -148,7 +148,7 @@ Prefetcher::FirstLook Prefetcher::LookFirst(const std::string& path, uint64_t gu
   // Fresh attributes the daemon holds: a file the RAM cache or the NVMe tier has at that
   // version costs no store request at all, and a large one only the chunks they lack.
   std::optional<cfs_client::FileAttr> known;
-  if (source) known = (*source)(path, &out.known_ns);
+  if (source) known = source->FreshAttr(path, &out.known_ns);
   out.known = known.has_value();
   const cache::Tiers tiers{ram_, disk_};
   if (known && !known->IsRegular()) {
@@ -303,14 +303,14 @@ void Prefetcher::Run(const Job& job) {
 }
 
 void Prefetcher::RunLruFill(const Job& job) {
-  std::shared_ptr<const AttrSource> source;
+  const AttrSource* source = nullptr;
   {
     std::lock_guard<std::mutex> l(mu_);
     source = attr_source_;
   }
   // Only at the version of fresh attributes, and only what the stream's owner may read.
   std::optional<cfs_client::FileAttr> known;
-  if (source) known = (*source)(job.path, nullptr);
+  if (source) known = source->FreshAttr(job.path, nullptr);
   if (!known || known->Version() != job.version || !known->IsRegular()) return;
   if (job.reader && !MayAccess(*known, *job.reader, R_OK)) {
     std::lock_guard<std::mutex> l(mu_);
@@ -335,12 +335,12 @@ void Prefetcher::RunLruFill(const Job& job) {
 }
 
 void Prefetcher::RunProbe(const Job& job) {
-  std::shared_ptr<const PageProbe> probe;
+  PageCacheProbe* probe = nullptr;
   {
     std::lock_guard<std::mutex> l(mu_);
     probe = page_probe_;
   }
-  const bool resident = probe && (*probe)(job.path, job.size);
+  const bool resident = probe != nullptr && probe->Resident(job.path, job.size);
   std::lock_guard<std::mutex> l(mu_);
   auto m = marks_.find(MarkKey(job.path));
   if (m != marks_.end()) m->second.probing = false;

@@ -298,14 +298,14 @@ Prefetcher::Op Prefetcher::PublishAs(uid_t uid, const std::string& id,
   return Op::kOk;
 }
 
-void Prefetcher::SetAttrSource(AttrSource source) {
+void Prefetcher::SetAttrSource(const AttrSource* source) {
   std::lock_guard<std::mutex> l(mu_);
-  attr_source_ = std::make_shared<const AttrSource>(std::move(source));
+  attr_source_ = source;
 }
 
-void Prefetcher::SetPageProbe(PageProbe probe) {
+void Prefetcher::SetPageProbe(PageCacheProbe* probe) {
   std::lock_guard<std::mutex> l(mu_);
-  page_probe_ = probe ? std::make_shared<const PageProbe>(std::move(probe)) : nullptr;
+  page_probe_ = probe;
 }
 
 Stats Prefetcher::GetStats(std::optional<uid_t> only) {

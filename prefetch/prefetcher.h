@@ -132,6 +132,30 @@ struct Stats {
   std::vector<StreamStats> streams;
 };
 
+// Where the prefetcher's residency checks find fresh attributes with no store request: the
+// mount's inode table. Implemented by fs::FileSystem.
+class AttrSource {
+ public:
+  virtual ~AttrSource() = default;
+  // Fresh attributes the daemon holds for store path `path` (the inode table's, within
+  // attr_timeout_s) and, if `fetched_ns` is not null, when they were read from the store;
+  // nothing if it holds none. May be called with Prefetcher::mu_ held (taken before the inode
+  // table's lock).
+  virtual std::optional<cfs_client::FileAttr> FreshAttr(const std::string& path,
+                                                        uint64_t* fetched_ns) const = 0;
+};
+
+// Asks the kernel whether its page cache holds a file of the mount. Implemented by
+// fuse::MountPageCacheProbe (the inode table's number for the path, then fuse::PageProbe's
+// FUSE_NOTIFY_RETRIEVE).
+class PageCacheProbe {
+ public:
+  virtual ~PageCacheProbe() = default;
+  // Whether the kernel's page cache holds every page of store path `path` (`size` bytes)
+  // now. Called by a worker without locks held; may block briefly. Thread-safe.
+  virtual bool Resident(const std::string& path, uint64_t size) = 0;
+};
+
 class Prefetcher {
  public:
   struct Options {
@@ -165,11 +189,6 @@ class Prefetcher {
     // Past it the oldest marks go, and those files are fetched again.
     uint64_t max_resident_marks = 1u << 21;
   };
-
-  // Fresh attributes the daemon holds for a store path (the inode table's, within
-  // attr_timeout_s), and when they were read from the store; nothing if it holds none.
-  using AttrSource = std::function<std::optional<cfs_client::FileAttr>(const std::string& path,
-                                                                       uint64_t* fetched_ns)>;
 
   // `backend`, `ram`, `clock`, `registry` (may be null) and `disk` (the NVMe tier; may be
   // null) must outlive the Prefetcher.
@@ -231,13 +250,12 @@ class Prefetcher {
                bool partial = false, size_t* taken = nullptr, Refusal* refusal = nullptr,
                std::optional<uint64_t> unread = std::nullopt);
   // Where residency checks find fresh attributes (no store request). Without one, every
-  // file is fetched. Set before streams are published.
-  void SetAttrSource(AttrSource source);
-  // Whether the kernel's page cache holds every page of `path` (`size` bytes) now. Called by
-  // a worker without locks held; may block briefly. Without one, no file is taken as
-  // page-resident (nullptr: none from now on).
-  using PageProbe = std::function<bool(const std::string& path, uint64_t size)>;
-  void SetPageProbe(PageProbe probe);
+  // file is fetched. Set before streams are published; `source` must outlive the Prefetcher.
+  void SetAttrSource(const AttrSource* source);
+  // Asks whether the kernel's page cache holds a marked file. Without one, no file is taken as
+  // page-resident (nullptr: none from now on; a probe already under way may still finish, so
+  // `probe` must outlive the Prefetcher).
+  void SetPageProbe(PageCacheProbe* probe);
 
   // Counters; the streams of user `only` if given, else all.
   Stats GetStats(std::optional<uid_t> only = std::nullopt);
@@ -447,8 +465,8 @@ class Prefetcher {
   uint64_t size_estimate_ = 128 << 10;  // running mean of prefetched file sizes
   Stats totals_;                        // reads and outcome counters (streams filled on demand)
 
-  std::shared_ptr<const AttrSource> attr_source_;
-  std::shared_ptr<const PageProbe> page_probe_;
+  const AttrSource* attr_source_ = nullptr;
+  PageCacheProbe* page_probe_ = nullptr;
   // A page-resident file, keyed by a 64-bit hash of its path (MarkKey), not the path: about
   // 80 bytes a mark with its place in mark_order_ (was 192 plus the path). Two paths with one
   // hash would share a mark, which is still checked against the file's own version and, by

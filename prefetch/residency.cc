@@ -86,7 +86,7 @@ Prefetcher::Mark* Prefetcher::FreshMarkLocked(const std::string& path) {
   // Only at the version of attributes still fresh: once they expire, the kernel asks again
   // and drops its pages if the file changed.
   std::optional<cfs_client::FileAttr> attr;
-  if (attr_source_) attr = (*attr_source_)(path, nullptr);
+  if (attr_source_) attr = attr_source_->FreshAttr(path, nullptr);
   if (attr && attr->Version() == m->second.version) return &m->second;
   EraseMarkLocked(path);
   return nullptr;

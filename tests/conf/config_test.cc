@@ -155,12 +155,39 @@ TEST(ConfigTest, CubefsBackendTakesTheCubeFsClientKeys) {
   EXPECT_EQ(c->backend.cubefs.lib, "/opt/libcfs.so");
 }
 
+TEST(ConfigTest, BackendTypeParsesEachKnownName) {
+  for (BackendType t :
+       {BackendType::kPosix, BackendType::kS3, BackendType::kCubefs, BackendType::kSynthetic}) {
+    Result<BackendType> parsed = ParseBackendType(BackendTypeName(t));
+    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+    EXPECT_EQ(*parsed, t);
+  }
+  EXPECT_STREQ(BackendTypeName(BackendType::kCubefs), "cubefs");
+  Result<Config> c = ParseConfig(kMinimal);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->backend.type, BackendType::kPosix);  // the default
+}
+
+TEST(ConfigTest, UnknownBackendTypeNamesTheKey) {
+  Result<BackendType> t = ParseBackendType("nfs");
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().message(),
+            "backend.type: unknown backend \"nfs\" (known: posix, s3, cubefs, synthetic)");
+  EXPECT_FALSE(ParseBackendType("S3").ok());  // names are case-sensitive
+  Result<Config> c = ParseConfig(R"({"volName": "v", "backend": {"type": "nfs", "root": "/d"}})");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find(
+                "backend.type: unknown backend \"nfs\" (known: posix, s3, cubefs, synthetic)"),
+            std::string::npos)
+      << c.status().message();
+}
+
 TEST(ConfigTest, S3BackendWithDefaults) {
   Result<Config> c = ParseConfig(
       R"({"volName": "ltptest", "backend": {"type": "s3", "endpoint": "http://127.0.0.1:4568/"}})");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   const S3Options& s3 = c->backend.s3;
-  EXPECT_EQ(c->backend.type, "s3");
+  EXPECT_EQ(c->backend.type, BackendType::kS3);
   EXPECT_EQ(s3.endpoint, "http://127.0.0.1:4568");  // trailing '/' dropped
   EXPECT_EQ(s3.bucket, "ltptest");                  // the volume is the bucket
   EXPECT_EQ(s3.region, "us-east-1");

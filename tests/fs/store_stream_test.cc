@@ -165,17 +165,18 @@ TEST_F(StoreStreamTest, SmallFilesModelFilesAndAZeroThresholdAreNeverStreamed) {
 }
 
 TEST_F(StoreStreamTest, OnlyABackendThatHandsOutDescriptorsStreams) {
-  EXPECT_TRUE(backend_->HandsOutFds());
+  EXPECT_TRUE(backend_->capabilities().hands_out_fds);
   conf::InjectOptions slow;
   slow.latency_us = 1;  // every byte must then pass through the daemon
   testing::FakeClock clock;
   std::unique_ptr<cfs_client::Backend> injected =
       cfs_client::NewInjectBackend(cfs_client::NewPosixBackend(root_).value(), slow, &clock);
-  EXPECT_FALSE(injected->HandsOutFds());
+  EXPECT_FALSE(injected->capabilities().hands_out_fds);
   EXPECT_TRUE(cfs_client::NewInjectBackend(cfs_client::NewPosixBackend(root_).value(), {}, &clock)
-                  ->HandsOutFds());
+                  ->capabilities()
+                  .hands_out_fds);
   testing::MemBackend mem;
-  EXPECT_FALSE(mem.HandsOutFds());
+  EXPECT_FALSE(mem.capabilities().hands_out_fds);
   fs_ =
       FileSystem::New(options_, injected.get(), cache_.get(), prefetcher_.get(), &clock_, registry_)
           .value();

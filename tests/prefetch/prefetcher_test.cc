@@ -58,23 +58,39 @@ class PrefetcherTest : public ::testing::Test {
   }
 
   // Residency checks see the attributes in known_ (as the inode table would hold them).
+  class KnownAttrs final : public AttrSource {
+   public:
+    explicit KnownAttrs(PrefetcherTest* test) : test_(test) {}
+    std::optional<cfs_client::FileAttr> FreshAttr(const std::string& path,
+                                                  uint64_t* fetched_ns) const override {
+      auto it = test_->known_.find(path);
+      if (fetched_ns != nullptr) *fetched_ns = test_->clock_.NowNanos();
+      return it == test_->known_.end() ? std::nullopt
+                                       : std::optional<cfs_client::FileAttr>(it->second);
+    }
+
+   private:
+    PrefetcherTest* const test_;
+  };
   void KnowAttrs() {
     for (int i = 0; i < 64; ++i) known_[Name(i)] = store_.Stat(Name(i)).value();
-    pf_->SetAttrSource([this](const std::string& path, uint64_t* fetched_ns) {
-      auto it = known_.find(path);
-      if (fetched_ns != nullptr) *fetched_ns = clock_.NowNanos();
-      return it == known_.end() ? std::nullopt : std::optional<cfs_client::FileAttr>(it->second);
-    });
+    pf_->SetAttrSource(&known_attrs_);
   }
 
   // The kernel's page cache, as the page probe reports it: it holds the files in held_.
-  void ProbeKernel() {
-    pf_->SetPageProbe([this](const std::string& path, uint64_t size) {
-      probes_++;
+  class HeldPages final : public PageCacheProbe {
+   public:
+    explicit HeldPages(PrefetcherTest* test) : test_(test) {}
+    bool Resident(const std::string& path, uint64_t size) override {
+      test_->probes_++;
       EXPECT_EQ(size, kFileSize);
-      return held_.count(path) > 0;
-    });
-  }
+      return test_->held_.count(path) > 0;
+    }
+
+   private:
+    PrefetcherTest* const test_;
+  };
+  void ProbeKernel() { pf_->SetPageProbe(&held_pages_); }
   void Hold(std::initializer_list<int> files) {
     held_.clear();
     for (int i : files) held_.insert(Name(i));
@@ -116,10 +132,12 @@ class PrefetcherTest : public ::testing::Test {
   FakeClock clock_;
   prometheus::Registry registry_;
   std::unique_ptr<cache::RamCache> ram_;
-  std::unique_ptr<Prefetcher> pf_;
   std::map<std::string, cfs_client::FileAttr> known_;
   std::set<std::string> held_;
   int probes_ = 0;
+  KnownAttrs known_attrs_{this};
+  HeldPages held_pages_{this};
+  std::unique_ptr<Prefetcher> pf_;  // last: it may call the two above until it is gone
 };
 
 TEST_F(PrefetcherTest, FilesTheKernelHoldsWholeAreNotFetchedAgain) {
