@@ -1,7 +1,8 @@
 // The named ways, besides a service loop's own std::thread member, that code starts threads
 // (docs/architecture.md, "Threads and locks"; a contract test checks no other code does):
 // running one work loop on several threads, with or without a periodic tick on the caller's
-// thread, and handing a slow release to a detached thread.
+// thread, one task beside the caller's work (joined when it is done), and work nobody waits
+// for on a detached thread.
 //
 // Thread safety: each may be called from any thread; a `worker` runs concurrently with itself
 // and must take its own work (e.g. from an atomic counter) and return when none is left.
@@ -64,9 +65,11 @@ inline void RunOnThreadsWithTick(int threads, const std::function<void()>& worke
   runner.join();
 }
 
-// Runs `fn` on a detached thread, for a release that may take long and that nobody waits
-// for (the last close of a big memory file frees its pages). False, and `fn` not run, if
-// the system refuses a thread: the caller does the work itself.
+// Runs `fn` on a detached thread, for work nobody waits for: a release that may take long
+// (the last close of a big memory file frees its pages), or a loop that ends with the
+// process or when its descriptor closes (the daemon's reader of its supervisor's channel).
+// False, and `fn` not run, if the system refuses a thread: the caller does without, or does
+// the work itself.
 inline bool RunDetached(std::function<void()> fn) {
   try {
     std::thread(std::move(fn)).detach();
@@ -75,5 +78,28 @@ inline bool RunDetached(std::function<void()> fn) {
     return false;
   }
 }
+
+// One task beside the caller's own work: `fn` runs on a thread of its own, joined by Join()
+// or the destructor (on this thread, before the constructor returns, if the system refuses
+// a thread).
+class Background {
+ public:
+  explicit Background(const std::function<void()>& fn) {
+    try {
+      thread_ = std::thread(fn);
+    } catch (const std::system_error&) {
+      fn();
+    }
+  }
+  ~Background() { Join(); }
+  Background(const Background&) = delete;
+  Background& operator=(const Background&) = delete;
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::thread thread_;
+};
 
 }  // namespace cubetorchfs

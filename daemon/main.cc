@@ -25,12 +25,14 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include "cache/ram_cache.h"
 #include "cfs_client/backend.h"
 #include "common/logging.h"
+#include "common/parallel.h"
 #include "common/private_dir.h"
 #include "common/reclaim.h"
 #include "common/version.h"
@@ -561,7 +563,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   if (takeover.channel_fd >= 0) {
     SendMessage(takeover.channel_fd, kMsgReady, "");
     // The supervisor asks for a handover here when it gets SIGUSR2.
-    std::thread([fd = takeover.channel_fd, filesystem] {
+    const bool reading = RunDetached([fd = takeover.channel_fd, filesystem] {
       char c = 0;
       for (;;) {
         ssize_t n = ::recv(fd, &c, 1, 0);
@@ -573,14 +575,19 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
       }
       g_supervisor_gone.store(true);
       CTFS_LOG(kWarn) << "the supervisor is gone: a crash of this process now ends the mount";
-    }).detach();
+    });
+    if (!reading)
+      CTFS_LOG(kWarn) << "no thread for the supervisor's channel: SIGUSR2 cannot upgrade this "
+                         "daemon (cubetorchfs upgrade still can)";
   }
   if (!cl.foreground) DetachStdio(/*keep_stderr=*/false);
 
   filesystem->StartWriteBack();
-  std::thread forget_old;
+  // After a crash (a new generation, no state handed over), the names the kernel holds from
+  // the earlier process are dropped beside the serving.
+  std::optional<Background> forget_old;
   if (takeover.generation > 0 && takeover.state_fd < 0 && takeover.init_fd >= 0)
-    forget_old = std::thread(
+    forget_old.emplace(
         [&session, store = backend->get()] { DropDentriesOfEarlierProcess(session, store); });
   g_serving = true;
   int rc = 0;
@@ -597,7 +604,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
     g_handover.store(false);
   }
 
-  if (forget_old.joinable()) forget_old.join();
+  if (forget_old) forget_old->Join();
   CTFS_LOG(kInfo) << "unmounting " << config.mount_point << " (session loop returned " << rc << ")";
   filesystem->StopWriteBack();       // it may notify the session: stop it while the session lives
   prefetcher.SetPageProbe(nullptr);  // no more probes: what is marked is simply fetched

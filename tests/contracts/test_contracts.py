@@ -34,16 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 # (file, form) is one occurrence, with why it is there. The list only shrinks: a new
 # occurrence fails test_threads_start_only_through_the_named_helpers, and an entry whose
 # occurrence is gone fails test_known_thread_violations_are_still_there (remove it then).
-KNOWN_VIOLATIONS: List[Tuple[str, str]] = [
-    # The reader of the supervisor's channel (upgrade requests, the supervisor's exit): an
-    # unnamed std::thread, detached, that lives as long as the process; no owner joins it.
-    ("daemon/main.cc", "temporary std::thread"),
-    ("daemon/main.cc", "detach()"),
-    # After a restart, the dentries of the earlier process are dropped on a local
-    # std::thread of Serve() (joined at unmount): a one-off task, neither a service loop
-    # member nor a helper of common/parallel.h.
-    ("daemon/main.cc", "std::thread assigned to local forget_old"),
-]
+KNOWN_VIOLATIONS: List[Tuple[str, str]] = []
 
 # Metric names the sources compose at run time (a `.Name(...)` whose argument is not a string
 # literal), as (file, the argument's text) -> the names it produces. None today: every
@@ -420,7 +411,9 @@ def test_thread_members_are_joined_by_their_owner() -> None:
 
 
 def test_the_doc_names_every_thread_helper() -> None:
-    helpers = re.findall(r"^inline\s+\w+\s+(\w+)\s*\(", (REPO / HELPERS_FILE).read_text(), re.M)
+    text = (REPO / HELPERS_FILE).read_text()
+    helpers = (re.findall(r"^inline\s+\w+\s+(\w+)\s*\(", text, re.M)
+               + re.findall(r"^class\s+(\w+)", text, re.M))
     assert "RunOnThreads" in helpers, helpers
     doc = (REPO / "docs/architecture.md").read_text()
     section = doc[doc.index("## Threads and locks"):]
