@@ -616,8 +616,6 @@ Result<Config> ParseNode(const YAML::Node& root) {
       CTFS_ASSIGN(c.backend.cubefs.access_key, GetString(v, k));
     else if (k == "secretKey")
       CTFS_ASSIGN(c.backend.cubefs.secret_key, GetString(v, k));
-    else if (k == "owner")
-      CTFS_ASSIGN(c.backend.cubefs.owner, GetString(v, k));
     else if (k == "followerRead")
       CTFS_ASSIGN(c.backend.cubefs.follower_read, GetBool(v, k));
     else if (!kCubeFsClientKeys.count(k))

@@ -57,7 +57,6 @@ struct CubefsOptions {
   std::string master_addr;     // masterAddr: "host:port[,host:port...]". Required.
   std::string access_key;      // accessKey: the volume owner's (or an authorized user's). Required.
   std::string secret_key;      // secretKey. Required.
-  std::string owner;           // owner: accepted; the SDK identifies the user by accessKey.
   std::string log_dir;         // logDir: the SDK's own logs go under it. Default: none.
   std::string log_level;       // logLevel, passed on when debug, info, warn or error.
   bool follower_read = false;  // followerRead: reads may go to follower replicas.
