@@ -113,8 +113,15 @@ class MeteredBackend final : public BackendWrapper {
     auto r = fn();
     seconds_[op]->Observe(static_cast<double>(clock_->NowNanos() - start) / 1e9);
     requests_[op][OutcomeOf(StatusOf(r))]->Increment();
-    NoteReachability(StatusOf(r), start);
+    // A file's write that fails says nothing of whether the store answers reads (a CubeFS
+    // volume without a writable data partition still serves them); it is reported to its
+    // writer. Its success does say the store answers.
+    if (StatusOf(r).ok() || !IsFileWrite(op)) NoteReachability(StatusOf(r), start);
     return r;
+  }
+
+  static bool IsFileWrite(Op op) {
+    return op == kWrite || op == kTruncate || op == kFlush || op == kSync || op == kAllocate;
   }
 
   // An outage of the store is logged once when it starts (the first request that fails to

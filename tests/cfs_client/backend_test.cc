@@ -389,5 +389,62 @@ TEST(BackendWrapperTest, MeteredFallocateHasItsOwnOp) {
   EXPECT_EQ(truncate, 1);
 }
 
+// A store whose file writes fail with IOError (CubeFS without a writable data partition) and
+// whose stats fail while `down` (the store does not answer).
+class WritesFail final : public BackendWrapper {
+ public:
+  explicit WritesFail(bool* down)
+      : BackendWrapper(std::make_unique<testing::MemBackend>()), down_(down) {}
+  Result<FileAttr> Stat(const std::string& path) override {
+    if (*down_) return Status::IOError("connection refused");
+    return base()->Stat(path);
+  }
+  Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path,
+                                                  const OpenWriteOptions& options) override {
+    class Failing final : public WritableFileWrapper {
+     public:
+      using WritableFileWrapper::WritableFileWrapper;
+      Result<size_t> Write(uint64_t, const char*, size_t) override {
+        return Status::IOError("no writable data partition");
+      }
+      Status Flush() override { return Status::IOError("no writable data partition"); }
+    };
+    Result<std::unique_ptr<WritableFile>> f = base()->OpenWrite(path, options);
+    if (!f.ok()) return f.status();
+    return std::unique_ptr<WritableFile>(std::make_unique<Failing>(std::move(f).value()));
+  }
+
+ private:
+  bool* const down_;
+};
+
+// A failed write of a file is its writer's error, not an outage of the store: only requests
+// that fail to reach the store open one (and are logged once).
+TEST(BackendWrapperTest, MeteredOutageIsNotOpenedByAFailedWrite) {
+  prometheus::Registry registry;
+  testing::FakeClock clock;
+  bool down = false;
+  std::unique_ptr<Backend> b =
+      NewMeteredBackend(std::make_unique<WritesFail>(&down), registry, &clock);
+  ASSERT_TRUE(b->Stat("").ok());
+  EXPECT_FALSE(StoreDown());
+  OpenWriteOptions ow;
+  ow.create = true;
+  std::unique_ptr<WritableFile> f = b->OpenWrite("f", ow).value();
+  clock.AdvanceSeconds(0.001);
+  EXPECT_FALSE(f->Write(0, "x", 1).ok());
+  EXPECT_FALSE(f->Flush().ok());
+  EXPECT_FALSE(StoreDown());
+  down = true;
+  clock.AdvanceSeconds(0.001);
+  EXPECT_FALSE(b->Stat("").ok());
+  EXPECT_TRUE(StoreDown());
+  down = false;
+  clock.AdvanceSeconds(0.001);
+  EXPECT_TRUE(b->Stat("").ok());
+  EXPECT_FALSE(StoreDown());
+  f->Discard();
+}
+
 }  // namespace
 }  // namespace cubetorchfs::cfs_client
