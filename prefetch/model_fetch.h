@@ -117,7 +117,9 @@ class ModelFetcher {
   cache::DiskCache* const disk_;
 
   // Guards every member below it but `workers_` (started and joined by the constructor and
-  // destructor only). A std::mutex, not an annotated Mutex: cv_ waits on it.
+  // destructor only). Held while /proc/meminfo and the cgroup limit are read (a new resident
+  // file's room); never across a store request. A std::mutex, not an annotated Mutex: cv_
+  // waits on it.
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> jobs_;
