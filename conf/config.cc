@@ -678,11 +678,14 @@ uint64_t PhysicalMemoryBytes() {
 }
 
 Result<BackendType> ParseBackendType(const std::string& name) {
+  std::string known;
   for (BackendType t :
-       {BackendType::kPosix, BackendType::kS3, BackendType::kCubefs, BackendType::kSynthetic})
+       {BackendType::kPosix, BackendType::kS3, BackendType::kCubefs, BackendType::kSynthetic}) {
     if (name == BackendTypeName(t)) return t;
-  return Bad("backend.type",
-             "unknown backend \"" + name + "\" (known: posix, s3, cubefs, synthetic)");
+    known += (known.empty() ? "" : ", ");
+    known += BackendTypeName(t);
+  }
+  return Bad("backend.type", "unknown backend \"" + name + "\" (known: " + known + ")");
 }
 
 const char* BackendTypeName(BackendType type) {

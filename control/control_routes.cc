@@ -173,9 +173,15 @@ std::optional<json> ServerImpl::ParseBody(const Request& req, std::string* why) 
 }
 
 Reply ServerImpl::Handle(Request& req, const Caller& caller, bool can_pass_fd, int sock) {
+  return Handle(
+      req, MatchRoute(req.method(), std::string_view(req.target().data(), req.target().size())),
+      caller, can_pass_fd, sock);
+}
+
+Reply ServerImpl::Handle(Request& req, const RouteMatch& m, const Caller& caller, bool can_pass_fd,
+                         int sock) {
   const unsigned v = req.version();
   const std::string_view target(req.target().data(), req.target().size());
-  const RouteMatch m = MatchRoute(req.method(), target);
   if (m.route == nullptr && !m.allowed.empty()) {
     Response res = Error(http::status::method_not_allowed, "use " + m.allowed, v);
     res.set(http::field::allow, m.allowed);

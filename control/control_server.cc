@@ -181,10 +181,16 @@ void ServerImpl::Dispatch(Request req, const Caller& caller, const asio::any_io_
   auto finish = [ex, done = std::move(done)](Reply r) mutable {
     asio::post(ex, [r = std::move(r), done = std::move(done)]() mutable { done(std::move(r)); });
   };
-  auto run = [this, caller, sock, can_pass_fd, finish = std::move(finish)](Request& rq) mutable {
+  // The route, matched once: it picks the threads (routes.h: Pool; an unknown route is
+  // answered on the API's) and the handler.
+  RouteMatch m =
+      MatchRoute(req.method(), std::string_view(req.target().data(), req.target().size()));
+  const Pool which = m.route != nullptr ? m.route->pool : Pool::kApi;
+  auto run = [this, caller, sock, can_pass_fd, m = std::move(m),
+              finish = std::move(finish)](Request& rq) mutable {
     Reply r;
     try {
-      r = Handle(rq, caller, can_pass_fd, sock);
+      r = Handle(rq, m, caller, can_pass_fd, sock);
     } catch (const std::exception& e) {  // e.g. bad_alloc: fail this request only
       r = Reply{Error(http::status::internal_server_error, e.what(), rq.version())};
     }
@@ -194,10 +200,6 @@ void ServerImpl::Dispatch(Request req, const Caller& caller, const asio::any_io_
     if (big) TrimMemory();
     finish(std::move(r));
   };
-  // The route's threads (routes.h: Pool); an unknown route is answered on the API's.
-  const RouteMatch m =
-      MatchRoute(req.method(), std::string_view(req.target().data(), req.target().size()));
-  const Pool which = m.route != nullptr ? m.route->pool : Pool::kApi;
   asio::thread_pool& pool = which == Pool::kOpen   ? open_pool_
                             : which == Pool::kData ? pool_
                                                    : api_pool_;

@@ -26,6 +26,7 @@
 
 #include "common/thread_annotations.h"
 #include "control/control_server.h"
+#include "control/routes.h"
 
 namespace prometheus {
 class Counter;
@@ -181,6 +182,9 @@ class ServerImpl final : public ControlServer {
   // Dispatch runs on a worker. `sock` and `can_pass_fd` as for Dispatch. Public for the unit
   // tests of the routes.
   Reply Handle(Request& req, const Caller& caller, bool can_pass_fd, int sock);
+  // The same for a request whose route is already matched (Dispatch matches it once, to pick
+  // the threads).
+  Reply Handle(Request& req, const RouteMatch& m, const Caller& caller, bool can_pass_fd, int sock);
 
   const Options& options() const { return options_; }
 
