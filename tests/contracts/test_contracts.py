@@ -721,3 +721,42 @@ def test_posix_pjdfstest_rows_expect_no_failures() -> None:
     readme = re.search(r"posix backend " + NUM + " of " + NUM, (REPO / "README.md").read_text())
     assert readme and {_number(readme.group(1)), _number(readme.group(2))} <= totals | {
         v[0] for v in posix.values()}, readme
+
+
+# -------------------------------------------------------------------------------- packages
+
+# What a fresh machine reaches is Debian's archive and PyPI; nothing may install or run a
+# package from npm (docs/testing.md: "nothing from npm").
+NPM_RE = re.compile(r"\b(?:npm|npx|yarn|pnpm|s3rver|nodejs)\b|\bnode\s+\S+\.js\b")
+
+
+def test_nothing_comes_from_npm() -> None:
+    """No script, test, benchmark, build or packaging file installs or runs anything from
+    npm (history in Markdown may name s3rver; code may not)."""
+    roots = ["scripts", "tests", "bench", ".ci", "packaging", "hooks"]
+    offenders = []
+    for root in roots:
+        for p in sorted((REPO / root).rglob("*")):
+            if not p.is_file() or p.suffix in {".md", ".pyc"} or "corpus" in p.parts:
+                continue
+            if p == Path(__file__).resolve():
+                continue
+            try:
+                text = p.read_text(errors="strict")
+            except (UnicodeDecodeError, OSError):
+                continue  # binary
+            for n, line in enumerate(text.splitlines(), 1):
+                if NPM_RE.search(line):
+                    offenders.append(f"{p.relative_to(REPO)}:{n}: {line.strip()[:100]}")
+    for p in REPO.rglob("CMakeLists.txt"):
+        if "build" not in p.relative_to(REPO).parts[0] and NPM_RE.search(p.read_text()):
+            offenders.append(str(p.relative_to(REPO)))
+    assert not offenders, "npm is not reachable here:\n" + "\n".join(offenders)
+
+
+def test_the_npm_pattern_catches_its_forms() -> None:
+    for line in ("npm install -g s3rver", "npx s3rver -d /tmp", "node server.js",
+                 "subprocess.run(['s3rver', '--port', '4569'])"):
+        assert NPM_RE.search(line), line
+    for line in ("a node whose page cache", "node_count = 3", "Node n = Parse(path)"):
+        assert not NPM_RE.search(line), line
