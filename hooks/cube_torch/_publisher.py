@@ -41,6 +41,7 @@ STATS_FLUSH_S = 1.0         # stats() waits this long at most for queued batches
 DOWN_COOLDOWN_S = 2.0       # a daemon that timed out is not asked again for this long
 GONE_COOLDOWN_S = 0.2       # nor one with no socket or refusing connections (restarting)
 FULL_COOLDOWN_S = 1.0       # after a 429 (queued-path limits), a stream's batches are dropped
+MAX_HELD_PATHS = 1 << 16    # a stream's paths kept while its daemon does not answer
 
 _BATCH, _CLOSE, _FLUSH, _STOP = range(4)
 
@@ -53,7 +54,7 @@ class Stream:
 
     __slots__ = ("name", "mapper", "auto_collation", "owner_pid", "publisher", "closed",
                  "daemon", "stream_id", "quiet", "recreated", "recent", "refused_until",
-                 "__weakref__")
+                 "held", "__weakref__")
 
     def __init__(self, dataset_name: str, mapper: PathMapper,
                  auto_collation: Optional[bool], unread_items: Optional[int] = None) -> None:
@@ -72,6 +73,10 @@ class Stream:
         self.stream_id: Optional[str] = None
         self.quiet = False
         self.recreated = 0
+        # While the daemon does not answer (restarting, upgrading, timed out): the paths not
+        # sent, with the count of indices they came from, oldest first. Sent before the next
+        # batch once it answers again, so that a restart loses none of the window.
+        self.held: Deque[Tuple[List[str], int]] = collections.deque()
 
     def submit(self, item: Any) -> None:
         """Queues the files of one sampler item (a batch of indices, or one index)."""
@@ -101,7 +106,8 @@ def close_stream(stream: Stream) -> None:
 
 def zero_counters() -> Dict[str, int]:
     """This process's counters: paths the daemon accepted (published) and refused (rejected);
-    indices dropped (queue full, or their stream had gone quiet); failed requests (errors);
+    indices dropped (queue full, their stream had gone quiet, or held while its daemon did not
+    answer and then over the bound or closed before it answered); failed requests (errors);
     paths not sent because they are outside the daemon's mount or no daemon serves them
     (skipped); indices the dataset could not name (unmapped); streams created."""
     return dict.fromkeys(
@@ -312,12 +318,17 @@ class Publisher:
         if time.monotonic() < self._down_until.get(stream.daemon.control_socket, 0.0):
             # It just failed us: do not wait on it again for a while. A daemon being upgraded
             # or restarted by its supervisor answers again within a second or two; the stream
-            # is then created again (a 404 below) and publishing resumes.
-            self._count("dropped", n_indices)
+            # is then created again (a 404 below), and what was held meanwhile is sent first.
+            self._hold(stream, paths, n_indices)
             return
         if time.monotonic() < stream.refused_until:
             self._count("dropped", n_indices)
             return
+        if stream.held:
+            held = [p for chunk, _ in stream.held for p in chunk]
+            n_indices += sum(n for _, n in stream.held)
+            stream.held.clear()
+            paths = held + paths
         client = self._client_for(stream.daemon)
         # At most `unread` of the stream's latest positions are still to be read: the paths of
         # the items in `recent`. Sent with each POST (less the paths of the POSTs after it),
@@ -325,6 +336,7 @@ class Publisher:
         # page cache and no read reaches the daemon: the stream then costs the daemon
         # O(lookahead) however long the epoch.
         unread = None if stream.recent is None else sum(stream.recent)
+        sent = 0
         try:
             if paths and stream.stream_id is None:
                 self._create(client, stream)
@@ -335,9 +347,14 @@ class Publisher:
                 if not self._post(client, stream, chunk,
                                   None if unread is None else max(0, unread - later)):
                     break
+                sent += len(chunk)
         except _client.ControlError as e:
             self._count("errors")
             if e.status == 0:  # no answer at all: timeout, refused, no socket
+                # What was not sent is kept for when it answers, the POST that failed too:
+                # had the daemon taken it, its paths are queued twice, and the second finds
+                # the file in the window or the caches.
+                self._hold(stream, paths[sent:], n_indices - n_indices * sent // max(1, len(paths)))
                 # A daemon being upgraded or restarted has no socket, or refuses, for well
                 # under a second: ask again soon. One that timed out may be hung: not as soon.
                 gone = e.os_errno in (errno.ENOENT, errno.ECONNREFUSED)
@@ -386,7 +403,23 @@ class Publisher:
         self._count("rejected", reply["rejected"])
         return True
 
+    def _hold(self, stream: Stream, paths: List[str], n_indices: int) -> None:
+        """Keeps `paths` (from `n_indices` indices) for the stream's next publish, dropping the
+        oldest held beyond MAX_HELD_PATHS: those are the first to have been read meanwhile."""
+        if not paths:
+            return
+        held = stream.held
+        held.append((paths, n_indices))
+        total = sum(len(chunk) for chunk, _ in held)
+        while total > MAX_HELD_PATHS and held:
+            chunk, n = held.popleft()
+            total -= len(chunk)
+            self._count("dropped", n)
+
     def _delete(self, stream: Stream) -> None:
+        if stream.held:  # its daemon never answered again while the stream lasted
+            self._count("dropped", sum(n for _, n in stream.held))
+            stream.held.clear()
         if self._open.pop(id(stream), None) is None or stream.stream_id is None:
             return
         assert stream.daemon is not None

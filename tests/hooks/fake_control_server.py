@@ -151,6 +151,34 @@ class FakeDaemon:
             self._thread.join(5)
         shutil.rmtree(self._dir, ignore_errors=True)
 
+    def go_down(self) -> None:
+        """Stops serving, cuts the open connections and removes the socket, keeping what it
+        saw: a daemon killed, to be restarted with come_back()."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        with self.lock:
+            connections, self.connections = self.connections, []
+        for c in connections:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(5)
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+
+    def come_back(self) -> None:
+        """Serves again on the same socket, as the next process would: it knows no stream."""
+        with self.lock:
+            for s in self.streams.values():
+                s.deleted = True
+        self.start()
+
     def write_control_file(self, config_dir: str, pid: Optional[int] = None,
                            mount_point: Optional[str] = None) -> str:
         path = os.path.join(config_dir, "cube_torch.config." + self.vol_name)

@@ -84,6 +84,37 @@ def test_daemon_stopped_mid_epoch(monkeypatch: pytest.MonkeyPatch, mount: Path,
     assert counters()["errors"] >= 1
 
 
+def test_paths_of_a_restarting_daemon_are_held_and_sent_when_it_is_back(
+        monkeypatch: pytest.MonkeyPatch, mount: Path, daemon: FakeDaemon) -> None:
+    """A daemon killed and restarted by its supervisor (or upgraded) mid-epoch: the batches
+    the loop went through meanwhile are sent to the next process, none dropped, so the
+    window it prefetches is whole."""
+    monkeypatch.setenv("CUBE_TORCH_LOOKAHEAD_BATCHES", "1")
+    files = make_files(mount, 60)
+    seen: List[int] = []
+    torch.manual_seed(13)
+    for j, batch in enumerate(DataLoader(FileList(files), batch_size=2, shuffle=True)):
+        seen.extend(batch.tolist())
+        if j == 3:
+            flush()
+            daemon.go_down()
+        if j == 9:
+            flush()  # the batches so far were refused (no socket) and held
+            assert counters()["errors"] >= 1 and daemon.published() == [
+                files[i] for i in seen[:len(daemon.published())]]
+            daemon.come_back()
+            time.sleep(_publisher.GONE_COOLDOWN_S + 0.05)
+        time.sleep(0.01)
+    flush()
+    assert sorted(seen) == list(range(60))
+    c = counters()
+    assert c["dropped"] == 0, c
+    first, second = daemon.all_streams()
+    # Every file the loop had not read at the crash reaches a daemon: those before it went to
+    # the first process, the rest (held while it was down) to the second, in order.
+    assert first.paths + second.paths == [files[i] for i in seen], (first.paths, second.paths)
+
+
 @pytest.mark.parametrize("mode", ["error", "garbage"])
 def test_daemon_error_replies(mode: str, mount: Path, daemon_factory) -> None:
     fake = daemon_factory(mode)
@@ -112,8 +143,10 @@ def test_slow_daemon_does_not_slow_training(mount: Path, daemon_factory) -> None
     assert elapsed < 1.5
     assert len(cube_warnings(record)) == 1
     c = counters()
-    assert c["errors"] == 1  # one 2 s timeout, then the daemon is left alone for a while
-    assert c["dropped"] == 2 * 24
+    # One 2 s timeout, then the daemon is left alone for a while: the paths of all three
+    # epochs are held for it, and dropped as each epoch's stream closes before it answers.
+    assert c["errors"] == 1
+    assert c["dropped"] == 3 * 24
     assert len(fake.requests) == 1
 
 
