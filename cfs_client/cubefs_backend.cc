@@ -54,6 +54,7 @@ using cubefs::StatInfo;
 constexpr uint64_t kVolumeDev = 0xcfcf;
 constexpr int kListBatch = 512;
 constexpr char kSdkLogDir[] = "cubefs-sdk";
+constexpr char kRemoteCacheKey[] = "enableRemoteCache";  // the SDK's switch for FlashNode reads
 
 std::string Abs(const std::string& path) { return "/" + path; }
 char* C(const std::string& s) { return const_cast<char*>(s.c_str()); }
@@ -582,6 +583,7 @@ Result<std::unique_ptr<Backend>> NewCubefsBackend(const conf::CubefsOptions& opt
       {"secretKey", opts.secret_key},
   };
   if (opts.follower_read) settings.emplace_back("followerRead", "true");
+  if (opts.remote_cache) settings.emplace_back(kRemoteCacheKey, "true");
   const std::string log_dir = PrivateLogDir(opts.log_dir);
   if (!log_dir.empty()) {
     settings.emplace_back("logDir", log_dir);
@@ -590,6 +592,15 @@ Result<std::unique_ptr<Backend>> NewCubefsBackend(const conf::CubefsOptions& opt
   for (const auto& [key, value] : settings) {
     if (int rc = sdk->set_client(id, C(key), C(value)); rc < 0) {
       sdk->close_client(id);
+      if (key == kRemoteCacheKey)  // never read around the cache the config asks for
+        return Status::InvalidArgument(
+            "backend.cubefs.remote_cache: the CubeFS SDK " +
+            (opts.lib.empty() ? std::string("libcfs.so") : opts.lib) + " refuses the setting " +
+            kRemoteCacheKey +
+            ": it needs a libcfs.so whose cfs_set_client takes enableRemoteCache (passed on to "
+            "the extent client as NeedRemoteCache); the stock SDK never reads through the "
+            "FlashNode cache. Point backend.cubefs.lib at such a build, or set remote_cache to "
+            "false");
       return Status::InvalidArgument("cubefs: the SDK refuses the setting " + key + " (" +
                                      std::strerror(-rc) + ")");
     }

@@ -229,10 +229,11 @@ Status ParseSynthetic(const YAML::Node& node, SyntheticOptions* o) {
 }
 
 Status ParseCubefs(const YAML::Node& node, CubefsOptions* o) {
-  return ForEachKey(node, "backend.cubefs", {"lib", "volume"},
+  return ForEachKey(node, "backend.cubefs", {"lib", "volume", "remote_cache"},
                     [&](const std::string& k, const YAML::Node& v, const std::string& key) {
                       if (k == "lib") CTFS_ASSIGN(o->lib, GetString(v, key));
                       if (k == "volume") CTFS_ASSIGN(o->volume, GetString(v, key));
+                      if (k == "remote_cache") CTFS_ASSIGN(o->remote_cache, GetBool(v, key));
                       return Status::OK();
                     });
 }

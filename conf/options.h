@@ -60,6 +60,9 @@ struct CubefsOptions {
   std::string log_dir;         // logDir: the SDK's own logs go under it. Default: none.
   std::string log_level;       // logLevel, passed on when debug, info, warn or error.
   bool follower_read = false;  // followerRead: reads may go to follower replicas.
+  // backend.cubefs.remote_cache: reads go through the volume's distributed cache (FlashNodes)
+  // first; the SDK must take "enableRemoteCache" or the daemon does not start. Default: off.
+  bool remote_cache = false;
 };
 
 // backend.type "synthetic": a read-only ImageNet-shaped tree computed from these keys, with

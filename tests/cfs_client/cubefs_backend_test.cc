@@ -97,6 +97,27 @@ TEST_F(CubefsBackendTest, AVolumeThatCannotBeReachedNamesMasterAddr) {
   EXPECT_EQ(b.status().message().rfind("masterAddr: ", 0), 0u) << b.status().ToString();
 }
 
+TEST_F(CubefsBackendTest, RemoteCacheIsSetOrTheStartFailsNamingTheKey) {
+  int* takes = static_cast<int*>(FakeSymbol("fake_cfs_takes_remote_cache"));
+  ASSERT_NE(takes, nullptr);
+  backend_.reset();
+  conf::CubefsOptions o = Options();
+  EXPECT_TRUE(NewCubefsBackend(o).ok());
+  EXPECT_EQ(SdkSetting("enableRemoteCache"), "");  // off unless asked for
+  o.remote_cache = true;
+  *takes = 1;  // an SDK built with remote-cache support
+  ASSERT_TRUE(NewCubefsBackend(o).ok());
+  EXPECT_EQ(SdkSetting("enableRemoteCache"), "true");
+  *takes = 0;  // the stock SDK: never read around the cache the config asks for
+  Result<std::unique_ptr<Backend>> b = NewCubefsBackend(o);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), Status::Code::kInvalidArgument);
+  const std::string& m = b.status().message();
+  EXPECT_EQ(m.rfind("backend.cubefs.remote_cache: ", 0), 0u) << m;
+  EXPECT_NE(m.find(FAKE_LIBCFS), std::string::npos) << m;
+  EXPECT_NE(m.find("enableRemoteCache"), std::string::npos) << m;
+}
+
 TEST_F(CubefsBackendTest, TheSdkLogsOnlyIntoAPrivateDirectory) {
   // Its log files are mode 0666: only a directory of the daemon's, 0700, is given.
   fs::create_directories(root_ / "log");

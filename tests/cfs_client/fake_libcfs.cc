@@ -75,6 +75,9 @@ void Fill(const struct stat& st, StatInfo* out) {
 extern "C" {
 
 int fake_cfs_leaked_inodes = 0;  // O_CREAT opens of an existing file (the SDK leaks each)
+// Nonzero: takes "enableRemoteCache", as an SDK built with remote-cache support does (the
+// stock SDK refuses it as any unknown key).
+int fake_cfs_takes_remote_cache = 0;
 
 // A setting as cfs_set_client last took it ("" if never), for the tests.
 const char* fake_cfs_setting(const char* key) {
@@ -92,7 +95,8 @@ int cfs_set_client(int64_t id, char* key, char* val) {
   if (id != 1) return -EINVAL;
   const std::string k = key;
   if (k != "masterAddr" && k != "volName" && k != "accessKey" && k != "secretKey" &&
-      k != "logDir" && k != "logLevel" && k != "followerRead")
+      k != "logDir" && k != "logLevel" && k != "followerRead" &&
+      !(k == "enableRemoteCache" && fake_cfs_takes_remote_cache != 0))
     return -EINVAL;
   std::lock_guard<std::mutex> l(g_mu);
   g_settings[k] = val;

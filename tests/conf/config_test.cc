@@ -146,6 +146,7 @@ TEST(ConfigTest, CubefsBackendTakesTheCubeFsClientKeys) {
   EXPECT_EQ(o.log_dir, "/var/log/cfs");
   EXPECT_EQ(o.log_level, "warn");
   EXPECT_TRUE(o.follower_read);
+  EXPECT_FALSE(o.remote_cache);
   EXPECT_EQ(o.lib, "");
   EXPECT_TRUE(c->unknown_top_level_keys.empty());
   c = ParseConfig(R"({"masterAddr": "h:1", "volName": "mine", "accessKey": "a", "secretKey": "s",
@@ -153,6 +154,15 @@ TEST(ConfigTest, CubefsBackendTakesTheCubeFsClientKeys) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->backend.cubefs.volume, "theirs");
   EXPECT_EQ(c->backend.cubefs.lib, "/opt/libcfs.so");
+  c = ParseConfig(R"({"masterAddr": "h:1", "volName": "v", "accessKey": "a", "secretKey": "s",
+      "backend": {"type": "cubefs", "cubefs": {"remote_cache": true}}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->backend.cubefs.remote_cache);
+  c = ParseConfig(R"({"masterAddr": "h:1", "volName": "v", "accessKey": "a", "secretKey": "s",
+      "backend": {"type": "cubefs", "cubefs": {"remote_cache": "sometimes"}}})");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("backend.cubefs.remote_cache"), std::string::npos)
+      << c.status().ToString();
 }
 
 TEST(ConfigTest, BackendTypeParsesEachKnownName) {
