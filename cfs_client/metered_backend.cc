@@ -99,6 +99,11 @@ class MeteredBackend final : public BackendWrapper {
     const prometheus::Histogram::BucketBoundaries buckets = {
         0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
         0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10};
+    read_bytes_ = &prometheus::BuildCounter()
+                       .Name("cubetorchfs_backend_read_bytes_total")
+                       .Help("Bytes of file data read from the backing store")
+                       .Register(registry)
+                       .Add({});
     for (int op = 0; op < kNumOps; ++op) {
       for (int o = 0; o < kNumOutcomes; ++o)
         requests_[op][o] = &requests.Add({{"op", kOpNames[op]}, {"status", kOutcomeNames[o]}});
@@ -169,14 +174,23 @@ class MeteredBackend final : public BackendWrapper {
   }
   Result<size_t> Read(const std::string& path, const FileVersion& expect, uint64_t offset,
                       size_t len, char* buf) override {
-    return Timed(kRead, [&] { return base()->Read(path, expect, offset, len, buf); });
+    return Counted(Timed(kRead, [&] { return base()->Read(path, expect, offset, len, buf); }));
   }
   Result<Fetched> StatRead(const std::string& path, size_t len, char* buf,
                            const AttrCheck& check = nullptr) override {
-    return Timed(kRead, [&] { return base()->StatRead(path, len, buf, check); });
+    return Counted(Timed(kRead, [&] { return base()->StatRead(path, len, buf, check); }));
   }
   Result<Fetched> LookupRead(const std::string& path, size_t len, char* buf) override {
-    return Timed(kStat, [&] { return base()->LookupRead(path, len, buf); });
+    return Counted(Timed(kStat, [&] { return base()->LookupRead(path, len, buf); }));
+  }
+  // Adds the bytes a read returned to cubetorchfs_backend_read_bytes_total.
+  Result<size_t> Counted(Result<size_t> r) {
+    if (r.ok()) read_bytes_->Increment(static_cast<double>(*r));
+    return r;
+  }
+  Result<Fetched> Counted(Result<Fetched> r) {
+    if (r.ok()) read_bytes_->Increment(static_cast<double>(r->bytes));
+    return r;
   }
   Result<int> OpenReadFd(const std::string& path, const FileVersion& expect,
                          const AttrCheck& check = nullptr) override {
@@ -242,13 +256,14 @@ class MeteredBackend final : public BackendWrapper {
   // Owned by the registry; prometheus-cpp metrics are thread-safe.
   prometheus::Counter* requests_[kNumOps][kNumOutcomes];
   prometheus::Histogram* seconds_[kNumOps];
+  prometheus::Counter* read_bytes_ = nullptr;
 };
 
 Result<size_t> MeteredWritableFile::Write(uint64_t offset, const char* data, size_t len) {
   return owner_->Timed(kWrite, [&] { return base()->Write(offset, data, len); });
 }
 Result<size_t> MeteredWritableFile::Read(uint64_t offset, size_t len, char* buf) {
-  return owner_->Timed(kRead, [&] { return base()->Read(offset, len, buf); });
+  return owner_->Counted(owner_->Timed(kRead, [&] { return base()->Read(offset, len, buf); }));
 }
 Status MeteredWritableFile::Truncate(uint64_t size) {
   return owner_->Timed(kTruncate, [&] { return base()->Truncate(size); });

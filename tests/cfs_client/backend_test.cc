@@ -389,6 +389,26 @@ TEST(BackendWrapperTest, MeteredFallocateHasItsOwnOp) {
   EXPECT_EQ(truncate, 1);
 }
 
+// Bytes read from the store are counted, whichever call read them; a failed read adds none.
+TEST(BackendWrapperTest, MeteredReadBytesCountWhatTheStoreReturned) {
+  prometheus::Registry registry;
+  testing::FakeClock clock;
+  auto store = std::make_unique<testing::MemBackend>();
+  store->PutFile("a", std::string(1000, 'a'));
+  store->PutFile("b", std::string(300, 'b'));
+  std::unique_ptr<Backend> b = NewMeteredBackend(std::move(store), registry, &clock);
+  char buf[4096];
+  ASSERT_EQ(b->StatRead("a", sizeof(buf), buf).value().bytes, 1000u);
+  const FileVersion v = b->Stat("b").value().Version();
+  ASSERT_EQ(b->Read("b", v, 100, sizeof(buf), buf).value(), 200u);
+  EXPECT_FALSE(b->StatRead("missing", sizeof(buf), buf).ok());
+  double bytes = -1;
+  for (const auto& family : registry.Collect())
+    if (family.name == "cubetorchfs_backend_read_bytes_total")
+      bytes = family.metric.at(0).counter.value;
+  EXPECT_EQ(bytes, 1200);
+}
+
 // A store whose file writes fail with IOError (CubeFS without a writable data partition) and
 // whose stats fail while `down` (the store does not answer).
 class WritesFail final : public BackendWrapper {
