@@ -34,7 +34,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     problem = cubefs_problem()
     if problem:
         pytest.skip(problem)
-    c = Cluster()
+    c = Cluster(flash=True)  # the distributed cache too (test_multinode)
     try:
         c.start()
     except Exception as e:  # noqa: BLE001: the cluster's own words say more than a trace
