@@ -67,11 +67,16 @@ class Cluster:
         if (self.run_dir / "pids").exists():  # left by a session that died: stop it first
             self._run("stop", str(self.run_dir), timeout=STOP_TIMEOUT_S)
         shutil.rmtree(self.run_dir, ignore_errors=True)
-        r = self._run("start", str(self.run_dir), *(["--flash"] if self.flash else []),
-                      timeout=START_TIMEOUT_S)
-        if r.returncode != 0:
+        for attempt in (1, 2):
+            r = self._run("start", str(self.run_dir), *(["--flash"] if self.flash else []),
+                          timeout=START_TIMEOUT_S)
+            if r.returncode == 0:
+                break
+            # Seen now and then right after another cluster stopped: "volume creation failed"
+            # for its whole minute. A second start from scratch has gone through each time.
             self.stop()
-            raise RuntimeError(f"cluster.sh start failed ({r.returncode}): {r.stderr[-2000:]}")
+            if attempt == 2:
+                raise RuntimeError(f"cluster.sh start failed ({r.returncode}): {r.stderr[-2000:]}")
         out = self._run("env", str(self.run_dir), timeout=60).stdout
         for line in out.splitlines():
             if line.startswith("export ") and "=" in line:
