@@ -54,7 +54,7 @@ class Stream:
 
     __slots__ = ("name", "mapper", "auto_collation", "owner_pid", "publisher", "closed",
                  "daemon", "stream_id", "quiet", "recreated", "recent", "refused_until",
-                 "held", "__weakref__")
+                 "held", "held_paths", "__weakref__")
 
     def __init__(self, dataset_name: str, mapper: PathMapper,
                  auto_collation: Optional[bool], unread_items: Optional[int] = None) -> None:
@@ -77,6 +77,7 @@ class Stream:
         # sent, with the count of indices they came from, oldest first. Sent before the next
         # batch once it answers again, so that a restart loses none of the window.
         self.held: Deque[Tuple[List[str], int]] = collections.deque()
+        self.held_paths = 0  # the paths in `held`
 
     def submit(self, item: Any) -> None:
         """Queues the files of one sampler item (a batch of indices, or one index)."""
@@ -328,6 +329,7 @@ class Publisher:
             held = [p for chunk, _ in stream.held for p in chunk]
             n_indices += sum(n for _, n in stream.held)
             stream.held.clear()
+            stream.held_paths = 0
             paths = held + paths
         client = self._client_for(stream.daemon)
         # At most `unread` of the stream's latest positions are still to be read: the paths of
@@ -410,16 +412,17 @@ class Publisher:
             return
         held = stream.held
         held.append((paths, n_indices))
-        total = sum(len(chunk) for chunk, _ in held)
-        while total > MAX_HELD_PATHS and held:
+        stream.held_paths += len(paths)
+        while stream.held_paths > MAX_HELD_PATHS and held:
             chunk, n = held.popleft()
-            total -= len(chunk)
+            stream.held_paths -= len(chunk)
             self._count("dropped", n)
 
     def _delete(self, stream: Stream) -> None:
         if stream.held:  # its daemon never answered again while the stream lasted
             self._count("dropped", sum(n for _, n in stream.held))
             stream.held.clear()
+            stream.held_paths = 0
         if self._open.pop(id(stream), None) is None or stream.stream_id is None:
             return
         assert stream.daemon is not None

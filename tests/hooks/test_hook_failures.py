@@ -115,6 +115,35 @@ def test_paths_of_a_restarting_daemon_are_held_and_sent_when_it_is_back(
     assert first.paths + second.paths == [files[i] for i in seen], (first.paths, second.paths)
 
 
+def test_paths_held_for_a_daemon_that_stays_down_are_bounded_oldest_dropped_first(
+        monkeypatch: pytest.MonkeyPatch, mount: Path, daemon: FakeDaemon) -> None:
+    monkeypatch.setenv("CUBE_TORCH_LOOKAHEAD_BATCHES", "1")
+    monkeypatch.setattr(_publisher, "MAX_HELD_PATHS", 6)
+    files = make_files(mount, 60)
+    seen: List[int] = []
+    torch.manual_seed(14)
+    for j, batch in enumerate(DataLoader(FileList(files), batch_size=2, shuffle=True)):
+        seen.extend(batch.tolist())
+        if j == 3:
+            flush()
+            daemon.go_down()
+        if j == 20:
+            flush()
+            daemon.come_back()
+            time.sleep(_publisher.GONE_COOLDOWN_S + 0.05)
+        time.sleep(0.01)
+    flush()
+    order = [files[i] for i in seen]
+    first, second = daemon.all_streams()
+    dropped = counters()["dropped"]
+    # Nothing published twice or out of order; what was dropped is the oldest of what was held
+    # (the files read meanwhile): the second process gets the newest 6 and everything after.
+    assert first.paths == order[:len(first.paths)]
+    assert second.paths == order[len(order) - len(second.paths):]
+    assert dropped > 0 and len(first.paths) + dropped + len(second.paths) == 60, (
+        len(first.paths), dropped, len(second.paths))
+
+
 @pytest.mark.parametrize("mode", ["error", "garbage"])
 def test_daemon_error_replies(mode: str, mount: Path, daemon_factory) -> None:
     fake = daemon_factory(mode)
