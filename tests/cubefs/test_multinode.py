@@ -131,3 +131,20 @@ def test_three_nodes_share_the_flash_cache_and_read_what_they_would_without_the_
     # node's caches or the flash cache, at most 10 % from the datanodes.
     for e, from_datanodes, total_bytes, s, fetched in shares[1:]:
         assert from_datanodes <= 0.1 * total_bytes, (e, s, fetched, total_bytes)
+
+
+def test_the_stock_sdk_with_remote_cache_stops_the_start_naming_the_key(
+        cube: CubeFactory, cluster: Cluster, tmp_path: Path) -> None:
+    """The stock libcfs.so refuses enableRemoteCache: the daemon must not read around the
+    cache the config asks for, but stop at once with exit 2 and one line saying why."""
+    overrides: dict[str, Any] = dict(cluster.native_config())
+    overrides["backend"] = dict(overrides["backend"])  # type: ignore[arg-type]
+    overrides["backend"]["cubefs"] = dict(overrides["backend"]["cubefs"],  # type: ignore[index]
+                                          remote_cache=True)
+    mount = cube.prepare(tmp_path / "root", overrides)
+    result = cube.launch(mount)
+    assert result.returncode == 2, result
+    [line] = result.stderr_lines
+    assert "backend.cubefs.remote_cache" in line and "enableRemoteCache" in line, line
+    assert str(cluster.script.parent / "bin" / "libcfs.so") in line, line
+    assert not mount.is_mounted()
