@@ -27,8 +27,9 @@ blocks; flashnodes write what they serve and what they cache, so fills = (datano
 fetched) / 2), split among the nodes in proportion to what each fetched; the epoch's time;
 and each daemon's peak RSS. Each node's RAM (--memory, 64 MiB) holds less than the files it
 reads, so what it read before comes from both its RAM and its NVMe tier. --pause adds a
-model step per batch: 0 measures the reads alone. Targets (the issue): with the flash cache, epochs 2-3 take >= 90 %
-of their bytes from node caches or the flash cache; no epoch slower with it than without.
+model step per batch: 0 measures the reads alone. Targets: with the flash cache, epochs 2-3
+take >= 90 % of their bytes from node caches or the flash cache; no epoch slower with it
+than without.
 
     bench/multinode_bench.py [--flash] [--files 1500] [--kib 100] [--json out.json]
 """
@@ -199,8 +200,9 @@ def report(results: dict[str, Any], flash: bool) -> None:
                       f"{n['store_reads']:11.0f}")
             print(f"epoch {e + 1}: {ep['seconds']:.2f} s; {ep['local_or_flash'] * 100:.1f} % of "
                   f"{ep['read'] / mb:.1f} MB from node caches or flash; flashnodes served "
-                  f"{ep['flash_served'] / mb:.1f} MB, datanodes {ep['datanodes_served'] / mb:.1f} MB"
-                  f" (+ {ep['flash_fills'] / mb:.1f} MB of flash fills)")
+                  f"{ep['flash_served'] / mb:.1f} MB, datanodes "
+                  f"{ep['datanodes_served'] / mb:.1f} MB (+ {ep['flash_fills'] / mb:.1f} MB of "
+                  "flash fills)")
 
 
 def main() -> int:

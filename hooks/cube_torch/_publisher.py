@@ -356,7 +356,8 @@ class Publisher:
                 # What was not sent is kept for when it answers, the POST that failed too:
                 # had the daemon taken it, its paths are queued twice, and the second finds
                 # the file in the window or the caches.
-                self._hold(stream, paths[sent:], n_indices - n_indices * sent // max(1, len(paths)))
+                unsent = n_indices - n_indices * sent // max(1, len(paths))
+                self._hold(stream, paths[sent:], unsent)
                 # A daemon being upgraded or restarted has no socket, or refuses, for well
                 # under a second: ask again soon. One that timed out may be hung: not as soon.
                 gone = e.os_errno in (errno.ENOENT, errno.ECONNREFUSED)

@@ -121,9 +121,10 @@ def test_three_nodes_share_the_flash_cache_and_read_what_they_would_without_the_
         fetched = sum(ranks[r]["epochs"][e]["metrics"]["store_bytes"] for r in range(NODES))
         fill = max(0.0, (s["data"] + s["flash"] - fetched) / 2)
         from_datanodes = max(0.0, s["data"] - fill)
+        from_flash = max(0.0, s["flash"] - fill)
         print(f"epoch {e + 1}: nodes fetched {fetched / 1e6:.1f} MB, datanodes served "
-              f"{from_datanodes / 1e6:.1f} MB to them, flash {max(0.0, s['flash'] - fill) / 1e6:.1f}"
-              f" MB, flash fills {fill / 1e6:.1f} MB")
+              f"{from_datanodes / 1e6:.1f} MB to them, flash {from_flash / 1e6:.1f} MB, "
+              f"flash fills {fill / 1e6:.1f} MB")
         total_bytes = sum(ranks[r]["epochs"][e]["metrics"][k] for r in range(NODES)
                           for k in ("ram_bytes", "nvme_bytes", "miss_bytes"))
         shares.append((e, from_datanodes, total_bytes, s, fetched))
