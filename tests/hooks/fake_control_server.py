@@ -136,37 +136,12 @@ class FakeDaemon:
     def stop(self) -> None:
         """Stops serving, cuts the open connections and removes the socket: a daemon gone."""
         self.release.set()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        with self.lock:
-            connections, self.connections = self.connections, []
-        for c in connections:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        if self._thread is not None:
-            self._thread.join(5)
+        self._halt()
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def go_down(self) -> None:
-        """Stops serving, cuts the open connections and removes the socket, keeping what it
-        saw: a daemon killed, to be restarted with come_back()."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        with self.lock:
-            connections, self.connections = self.connections, []
-        for c in connections:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        if self._thread is not None:
-            self._thread.join(5)
+        """As stop(), but keeps what it saw: a daemon killed, restarted by come_back()."""
+        self._halt()
         try:
             os.unlink(self.socket_path)
         except FileNotFoundError:
@@ -178,6 +153,22 @@ class FakeDaemon:
             for s in self.streams.values():
                 s.deleted = True
         self.start()
+
+    def _halt(self) -> None:
+        """Stops serving and cuts the open connections."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        with self.lock:
+            connections, self.connections = self.connections, []
+        for c in connections:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(5)
 
     def write_control_file(self, config_dir: str, pid: Optional[int] = None,
                            mount_point: Optional[str] = None) -> str:

@@ -84,6 +84,29 @@ def test_daemon_stopped_mid_epoch(monkeypatch: pytest.MonkeyPatch, mount: Path,
     assert counters()["errors"] >= 1
 
 
+def epoch_with_an_outage(daemon: FakeDaemon, files: List[str], seed: int, down_at: int,
+                         back_at: int) -> List[int]:
+    """One shuffled epoch (batches of 2, a short step each) during which the daemon goes down
+    after batch `down_at` and comes back on the same socket after batch `back_at`; returns
+    the indices in the order read."""
+    seen: List[int] = []
+    torch.manual_seed(seed)
+    for j, batch in enumerate(DataLoader(FileList(files), batch_size=2, shuffle=True)):
+        seen.extend(batch.tolist())
+        if j == down_at:
+            flush()
+            daemon.go_down()
+        if j == back_at:
+            flush()  # the batches since were refused (no socket) and held
+            assert counters()["errors"] >= 1
+            daemon.come_back()
+            time.sleep(_publisher.GONE_COOLDOWN_S + 0.05)
+        time.sleep(0.01)
+    flush()
+    assert sorted(seen) == list(range(len(files)))
+    return seen
+
+
 def test_paths_of_a_restarting_daemon_are_held_and_sent_when_it_is_back(
         monkeypatch: pytest.MonkeyPatch, mount: Path, daemon: FakeDaemon) -> None:
     """A daemon killed and restarted by its supervisor (or upgraded) mid-epoch: the batches
@@ -91,27 +114,12 @@ def test_paths_of_a_restarting_daemon_are_held_and_sent_when_it_is_back(
     window it prefetches is whole."""
     monkeypatch.setenv("CUBE_TORCH_LOOKAHEAD_BATCHES", "1")
     files = make_files(mount, 60)
-    seen: List[int] = []
-    torch.manual_seed(13)
-    for j, batch in enumerate(DataLoader(FileList(files), batch_size=2, shuffle=True)):
-        seen.extend(batch.tolist())
-        if j == 3:
-            flush()
-            daemon.go_down()
-        if j == 9:
-            flush()  # the batches so far were refused (no socket) and held
-            assert counters()["errors"] >= 1 and daemon.published() == [
-                files[i] for i in seen[:len(daemon.published())]]
-            daemon.come_back()
-            time.sleep(_publisher.GONE_COOLDOWN_S + 0.05)
-        time.sleep(0.01)
-    flush()
-    assert sorted(seen) == list(range(60))
+    seen = epoch_with_an_outage(daemon, files, seed=13, down_at=3, back_at=9)
     c = counters()
     assert c["dropped"] == 0, c
     first, second = daemon.all_streams()
-    # Every file the loop had not read at the crash reaches a daemon: those before it went to
-    # the first process, the rest (held while it was down) to the second, in order.
+    # Every file reaches a daemon, in the order read: those published before the crash the
+    # first process, the rest (held while it was down) the second.
     assert first.paths + second.paths == [files[i] for i in seen], (first.paths, second.paths)
 
 
@@ -120,20 +128,8 @@ def test_paths_held_for_a_daemon_that_stays_down_are_bounded_oldest_dropped_firs
     monkeypatch.setenv("CUBE_TORCH_LOOKAHEAD_BATCHES", "1")
     monkeypatch.setattr(_publisher, "MAX_HELD_PATHS", 6)
     files = make_files(mount, 60)
-    seen: List[int] = []
-    torch.manual_seed(14)
-    for j, batch in enumerate(DataLoader(FileList(files), batch_size=2, shuffle=True)):
-        seen.extend(batch.tolist())
-        if j == 3:
-            flush()
-            daemon.go_down()
-        if j == 20:
-            flush()
-            daemon.come_back()
-            time.sleep(_publisher.GONE_COOLDOWN_S + 0.05)
-        time.sleep(0.01)
-    flush()
-    order = [files[i] for i in seen]
+    order = [files[i] for i in epoch_with_an_outage(daemon, files, seed=14, down_at=3,
+                                                    back_at=20)]
     first, second = daemon.all_streams()
     dropped = counters()["dropped"]
     # Nothing published twice or out of order; what was dropped is the oldest of what was held
