@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,10 +52,11 @@ sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests" / "cubefs"))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 sys.modules.setdefault("pytest", types.ModuleType("pytest"))  # the harness imports it
-from benchlib import free_port, vm_hwm_mib  # noqa: E402
+from benchlib import vm_hwm_mib  # noqa: E402
 from cluster import Cluster, cubefs_problem  # noqa: E402
+from cubefs_harness import BINARY, CubeFactory, deep_merge  # noqa: E402
+from multinode_job import run_job, served  # noqa: E402
 
-BIN = Path(os.environ.get("CUBETORCHFS_BIN", REPO / "build" / "bin" / "cubetorchfs"))
 RUN_DIR = Path("/tmp/cubetorchfs-multinode-bench")
 
 
@@ -73,101 +73,42 @@ def write_dataset(root: Path, files: int, kib: int) -> None:
         (d / f"img_{i:06d}.JPEG").write_bytes(os.urandom(size))
 
 
-class Node:
-    """A cubetorchfs daemon of the bench: started with `cubetorchfs -c`, unmounted at stop."""
-
-    def __init__(self, workdir: Path, config: dict[str, Any], memory: str) -> None:
-        self.workdir = workdir
-        self.mnt = workdir / "mnt"
-        self.ctl = workdir / "ctl"
-        for d in (self.mnt, self.ctl, workdir / "log", workdir / "nvme"):
-            d.mkdir(parents=True, exist_ok=True)
-        self.vol_name = "mn-" + workdir.name
-        self.port = free_port()
-        base = {"volName": self.vol_name, "mountPoint": str(self.mnt),
-                "logDir": str(workdir / "log"), "exporterPort": self.port,
-                "prefetch": {"control_socket": str(workdir / "ctl.sock")},
-                "cache": {"memory_bytes": memory, "disk_dir": str(workdir / "nvme"),
-                          "disk_bytes": "1GiB"}}
-        config = merge(base, config)
-        (workdir / "config.json").write_text(json.dumps(config, indent=2))
-        env = dict(os.environ, CUBE_TORCH_CONFIG_DIR=str(self.ctl))
-        r = subprocess.run([str(BIN), "-c", str(workdir / "config.json"), str(self.mnt)],
-                           capture_output=True, text=True, timeout=120, env=env)
-        if r.returncode != 0:
-            raise RuntimeError(f"cubetorchfs did not start: {r.stderr.strip()}")
-        control = self.ctl / f"cube_torch.config.{self.vol_name}"
-        deadline = time.monotonic() + 60
-        while not control.exists():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no control file {control}")
-            time.sleep(0.1)
-        self.pid = json.loads(control.read_text())["pid"]
-
-    def stop(self) -> None:
-        subprocess.run(["fusermount3", "-u", str(self.mnt)], capture_output=True, timeout=60)
-        deadline = time.monotonic() + 30
-        while os.path.exists(f"/proc/{self.pid}") and time.monotonic() < deadline:
-            time.sleep(0.1)
-
-
-def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def run_system(name: str, args: argparse.Namespace, cluster: Cluster, work: Path,
                rel: str, cfs_roots: list[Path]) -> dict[str, Any]:
-    nodes: list[Node] = []
+    """Starts --nodes daemons of `name` (the test harness's CubeFactory), runs the job over
+    them and stops them; returns the summary."""
+    factory = CubeFactory(work / f"daemons-{name}")
     try:
+        mounts = []
         for i in range(args.nodes):
+            nvme = work / f"nvme-{name}{i}"
+            nvme.mkdir()
+            cache = {"cache": {"memory_bytes": args.memory, "disk_dir": str(nvme),
+                               "disk_bytes": "1GiB"}}
             if name == "native":
-                config: dict[str, Any] = dict(cluster.native_config(remote_cache=args.flash))
-                config["backend"] = {k: v for k, v in config["backend"].items() if v is not None}
+                config = deep_merge(cluster.native_config(remote_cache=args.flash), cache)
+                mounts.append(factory.mount(work / "unused", config))
             else:
-                config = {"backend": {"type": "posix", "root": str(cfs_roots[i])}}
-            nodes.append(Node(work / f"{name}{i}", config, args.memory))
-        out = work / f"job-{name}"
-        out.mkdir()
-        spec = {"nodes": [{"root": str(n.mnt / rel), "config_dir": str(n.ctl),
-                           "vol_name": n.vol_name, "metrics_port": n.port} for n in nodes],
-                "hook": True, "epochs": args.epochs, "batch": args.batch, "pause": args.pause,
-                "workers": args.workers, "seed": 7, "out": str(out),
-                "servers": {"data": cluster.server_pids("data"),
-                            "flash": cluster.server_pids("flash")}}
-        (out / "spec.json").write_text(json.dumps(spec))
+                mounts.append(factory.mount(cfs_roots[i], cache))
         log(f"{name}: {args.nodes} ranks, {args.epochs} epochs")
-        env = dict(os.environ, PYTHONPATH=str(REPO / "hooks"))
-        proc = subprocess.run([sys.executable, str(REPO / "tests" / "cubefs" / "multinode_job.py"),
-                               str(out / "spec.json")], env=env, capture_output=True, text=True,
-                              timeout=3600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"the job failed: {proc.stderr[-3000:]}")
-        ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(args.nodes)]
-        rss = [vm_hwm_mib(n.pid) for n in nodes]
+        ranks = run_job(mounts, rel, str(work / f"job-{name}"), True, timeout=3600,
+                        servers={"data": cluster.server_pids("data"),
+                                 "flash": cluster.server_pids("flash")},
+                        epochs=args.epochs, batch=args.batch, pause=args.pause,
+                        workers=args.workers)
+        rss = [vm_hwm_mib(m.learn_pid()) for m in mounts]
     finally:
-        for n in nodes:
-            n.stop()
+        factory.cleanup_all()
     return summarize(ranks, rss)
 
 
 def summarize(ranks: list[dict[str, Any]], rss: list[float]) -> dict[str, Any]:
     epochs = []
     for e in range(len(ranks[0]["epochs"])):
-        servers = ranks[0]["epochs"][e]["servers"]
         per_node = [r["epochs"][e]["metrics"] for r in ranks]
         fetched = sum(m["store_bytes"] for m in per_node)
-        if servers.get("flash"):  # wchar: datanodes = to nodes + fills; flash = hits + fills
-            fill = max(0.0, (servers["data"] + servers["flash"] - fetched) / 2)
-            flash = max(0.0, servers["flash"] - fill)
-            data = max(0.0, servers["data"] - fill)
-        else:  # no flashnodes: every byte fetched came from the datanodes
-            fill, flash, data = 0.0, 0.0, float(servers.get("data", 0))
-        # What the nodes fetched, split between the two in the proportion the servers give.
-        flash_share = flash / (flash + data) if flash + data > 0 else 0.0
-        flash, data = fetched * flash_share, fetched * (1 - flash_share)
+        came = served(ranks[0]["epochs"][e]["servers"], fetched)
+        share = came["flash"] / fetched if fetched else 0.0
         nodes = []
         for m in per_node:
             read = m["ram_bytes"] + m["nvme_bytes"] + m["miss_bytes"]
@@ -176,14 +117,14 @@ def summarize(ranks: list[dict[str, Any]], rss: list[float]) -> dict[str, Any]:
             # from RAM; what came from the store was read from RAM too: the node's caches gave
             # what was read less what was fetched.
             nodes.append({"read": read, "local": max(0.0, read - remote),
-                          "flash": remote * flash_share,
-                          "datanodes": remote * (1 - flash_share),
+                          "flash": remote * share, "datanodes": remote * (1 - share),
                           "store_reads": m["store_reads"]})
         read = sum(n["read"] for n in nodes)
         epochs.append({"seconds": max(r["epochs"][e]["seconds"] for r in ranks),
                        "nodes": nodes, "read": read, "fetched": fetched,
-                       "flash_served": flash, "datanodes_served": data, "flash_fills": fill,
-                       "local_or_flash": max(0.0, 1 - data / read) if read else 0.0})
+                       "flash_served": came["flash"], "datanodes_served": came["datanodes"],
+                       "flash_fills": came["fills"],
+                       "local_or_flash": max(0.0, 1 - came["datanodes"] / read) if read else 0.0})
     return {"epochs": epochs, "rss_mib": rss}
 
 
@@ -225,8 +166,8 @@ def main() -> int:
     if problem:
         print(f"multinode_bench: {problem}", file=sys.stderr)
         return 2
-    if not BIN.exists():
-        print(f"multinode_bench: no daemon at {BIN} (build it, or set CUBETORCHFS_BIN)",
+    if not BINARY.exists():
+        print(f"multinode_bench: no daemon at {BINARY} (build it, or set CUBETORCHFS_BIN)",
               file=sys.stderr)
         return 2
     systems = [s for s in args.systems.split(",") if s]

@@ -200,17 +200,6 @@ class Cluster:
                 pids.append(int(pid))
         return pids
 
-    def bytes_written(self, prefix: str) -> int:
-        """What the servers named `prefix` have written to sockets and files (/proc/PID/io
-        wchar): for datanodes in a read-only epoch, the bytes they served; for flashnodes the
-        bytes they served plus those they cached."""
-        total = 0
-        for pid in self.server_pids(prefix):
-            for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-                if line.startswith("wchar:"):
-                    total += int(line.split()[1])
-        return total
-
     @property
     def s3_port(self) -> int:
         return int(self.env["CUBEFS_S3_ENDPOINT"].rsplit(":", 1)[1])

@@ -126,6 +126,54 @@ def rank_main(rank: int, spec: dict[str, Any]) -> None:
                    "epochs": epochs}, f)
 
 
+# --- for the test and the bench that run this job
+
+def run_job(mounts: list[Any], rel: str, out: str, hook: bool, timeout: float,
+            servers: dict[str, list[int]] | None = None, **params: Any) -> list[dict[str, Any]]:
+    """Runs the job, one rank per mount (a CubeMount of the test harness), each reading `rel`
+    under its mount; `params` set epochs, batch, pause, workers, seed (defaults below).
+    Returns each rank's record; raises with the job's stderr if it fails."""
+    import subprocess
+    spec: dict[str, Any] = {"epochs": 3, "batch": 16, "pause": 0.0, "workers": 2, "seed": 7}
+    spec.update(params)
+    spec.update(hook=hook, out=out, nodes=[
+        {"root": str(m.path(rel)), "config_dir": str(m.config_dir), "vol_name": m.vol_name,
+         "metrics_port": m.metrics_port} for m in mounts])
+    if servers:
+        spec["servers"] = servers
+    os.makedirs(out)
+    with open(os.path.join(out, "spec.json"), "w") as f:
+        json.dump(spec, f)
+    hooks = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "hooks")
+    env = dict(os.environ, PYTHONPATH=os.path.normpath(hooks))
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__),
+                           os.path.join(out, "spec.json")],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the job failed ({proc.returncode}): {proc.stderr[-4000:]}")
+    ranks = []
+    for r in range(len(mounts)):
+        with open(os.path.join(out, f"rank{r}.json")) as f:
+            ranks.append(json.load(f))
+    return ranks
+
+
+def served(servers: dict[str, int], fetched: float) -> dict[str, float]:
+    """What the flashnodes and the datanodes served the nodes in an epoch, and what the
+    flashnodes cached, from what they wrote (`servers`: wchar) and what the nodes fetched.
+    Datanodes write what they serve, to the nodes and to flashnodes filling blocks;
+    flashnodes write what they serve and what they cache: fills = (datanodes + flash -
+    fetched) / 2. What the nodes fetched is then split in that proportion."""
+    if servers.get("flash"):
+        fills = max(0.0, (servers["data"] + servers["flash"] - fetched) / 2)
+        flash = max(0.0, servers["flash"] - fills)
+        data = max(0.0, servers["data"] - fills)
+    else:  # no flashnodes: every byte fetched came from the datanodes
+        fills, flash, data = 0.0, 0.0, float(servers.get("data", 0))
+    share = flash / (flash + data) if flash + data > 0 else 0.0
+    return {"flash": fetched * share, "datanodes": fetched * (1 - share), "fills": fills}
+
+
 def main() -> int:
     with open(sys.argv[1]) as f:
         spec = json.load(f)

@@ -7,20 +7,16 @@ DistributedSampler shares with set_epoch and `import cube_torch`, for 3 epochs."
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cluster import Cluster
-from cubefs_harness import CubeFactory, CubeMount
+from cubefs_harness import CubeFactory, CubeMount, deep_merge
+from multinode_job import run_job, served
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
 NODES = 3
 EPOCHS = 3
 FILES = 960  # 320 a rank an epoch
@@ -54,42 +50,17 @@ def start_nodes(cube: CubeFactory, cluster: Cluster, tmp_path: Path) -> list[Cub
     return nodes
 
 
-def run_job(spec: dict[str, Any], out: Path) -> list[dict[str, Any]]:
-    out.mkdir()
-    spec = dict(spec, out=str(out))
-    (out / "spec.json").write_text(json.dumps(spec))
-    env = dict(os.environ, PYTHONPATH=str(REPO / "hooks"), CUBE_TORCH_LOOKAHEAD_BATCHES="8")
-    proc = subprocess.run([sys.executable, str(HERE / "multinode_job.py"), str(out / "spec.json")],
-                          env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(len(spec["nodes"]))]
-
-
-def job_spec(roots: list[Path], nodes: list[CubeMount] | None, hook: bool,
-             cluster: Cluster | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "nodes": [{"root": str(root),
-                   "config_dir": str(nodes[i].config_dir) if nodes else "/nonexistent",
-                   "vol_name": nodes[i].vol_name if nodes else "",
-                   "metrics_port": nodes[i].metrics_port if nodes else 0}
-                  for i, root in enumerate(roots)],
-        "hook": hook, "epochs": EPOCHS, "batch": 16, "pause": 0.12, "workers": 2, "seed": 7}
-    if cluster is not None:
-        spec["servers"] = {"data": cluster.server_pids("data"),
-                           "flash": cluster.server_pids("flash")}
-    return spec
-
-
 def test_three_nodes_share_the_flash_cache_and_read_what_they_would_without_the_hook(
-        cube: CubeFactory, cluster: Cluster, cfs_mount: Path, tmp_path: Path,
-        dataset: dict[str, Any]) -> None:
+        cube: CubeFactory, cluster: Cluster, tmp_path: Path, dataset: dict[str, Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUBE_TORCH_LOOKAHEAD_BATCHES", "8")  # the job's ranks inherit it
     nodes = start_nodes(cube, cluster, tmp_path)
-    ranks = run_job(job_spec([n.path(dataset["rel"]) for n in nodes], nodes, True, cluster),
-                    tmp_path / "hook")
+    job = dict(epochs=EPOCHS, batch=16, pause=0.12, timeout=JOB_TIMEOUT_S)
+    servers = {"data": cluster.server_pids("data"), "flash": cluster.server_pids("flash")}
+    ranks = run_job(nodes, dataset["rel"], str(tmp_path / "hook"), True, servers=servers, **job)
     # The same job without the hook: the reference. Through the same mounts (cfs-client, read
     # by three ranks at once, has been seen to list some entries twice).
-    plain = run_job(job_spec([n.path(dataset["rel"]) for n in nodes], nodes, False),
-                    tmp_path / "plain")
+    plain = run_job(nodes, dataset["rel"], str(tmp_path / "plain"), False, **job)
     for r in range(NODES):
         files = ranks[r]["files"]
         held: set[int] = set()
@@ -117,17 +88,15 @@ def test_three_nodes_share_the_flash_cache_and_read_what_they_would_without_the_
     # the nodes fetch comes from them, not from the datanodes (wchar: what each kind served).
     shares = []
     for e in range(EPOCHS):
-        s = ranks[0]["epochs"][e]["servers"]
         fetched = sum(ranks[r]["epochs"][e]["metrics"]["store_bytes"] for r in range(NODES))
-        fill = max(0.0, (s["data"] + s["flash"] - fetched) / 2)
-        from_datanodes = max(0.0, s["data"] - fill)
-        from_flash = max(0.0, s["flash"] - fill)
-        print(f"epoch {e + 1}: nodes fetched {fetched / 1e6:.1f} MB, datanodes served "
-              f"{from_datanodes / 1e6:.1f} MB to them, flash {from_flash / 1e6:.1f} MB, "
-              f"flash fills {fill / 1e6:.1f} MB")
+        came = served(ranks[0]["epochs"][e]["servers"], fetched)
+        print(f"epoch {e + 1}: nodes fetched {fetched / 1e6:.1f} MB, from datanodes "
+              f"{came['datanodes'] / 1e6:.1f} MB, from flash {came['flash'] / 1e6:.1f} MB, "
+              f"flash fills {came['fills'] / 1e6:.1f} MB")
         total_bytes = sum(ranks[r]["epochs"][e]["metrics"][k] for r in range(NODES)
                           for k in ("ram_bytes", "nvme_bytes", "miss_bytes"))
-        shares.append((e, from_datanodes, total_bytes, s, fetched))
+        shares.append((e, came["datanodes"], total_bytes, ranks[0]["epochs"][e]["servers"],
+                       fetched))
     # Target: from epoch 2 on, at least 90 % of the bytes the ranks read come from their
     # node's caches or the flash cache, at most 10 % from the datanodes.
     for e, from_datanodes, total_bytes, s, fetched in shares[1:]:
@@ -138,10 +107,8 @@ def test_the_stock_sdk_with_remote_cache_stops_the_start_naming_the_key(
         cube: CubeFactory, cluster: Cluster, tmp_path: Path) -> None:
     """The stock libcfs.so refuses enableRemoteCache: the daemon must not read around the
     cache the config asks for, but stop at once with exit 2 and one line saying why."""
-    overrides: dict[str, Any] = dict(cluster.native_config())
-    overrides["backend"] = dict(overrides["backend"])  # type: ignore[arg-type]
-    overrides["backend"]["cubefs"] = dict(overrides["backend"]["cubefs"],  # type: ignore[index]
-                                          remote_cache=True)
+    overrides = deep_merge(cluster.native_config(),
+                           {"backend": {"cubefs": {"remote_cache": True}}})
     mount = cube.prepare(tmp_path / "root", overrides)
     result = cube.launch(mount)
     assert result.returncode == 2, result
