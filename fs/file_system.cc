@@ -144,6 +144,9 @@ Result<cfs_client::FileAttr> FileSystem::FreshAttr(const InodeInfo& inode) {
   if (inode.removed) return inode.attr;
   Result<cfs_client::FileAttr> attr = backend_->Stat(inode.path);
   if (attr.ok()) inodes_.SetAttr(inode.ino, attr.value(), now);
+  // A store that does not answer: what the daemon holds answers, unrenewed, so that what is
+  // cached is served through an outage and the next request asks the store again.
+  if (!attr.ok() && attr.status().code() == Status::Code::kIOError) return inode.attr;
   return attr;
 }
 
@@ -169,6 +172,17 @@ Result<Entry> FileSystem::Lookup(uint64_t parent, const std::string& name) {
   // Attributes the daemon holds and may still answer with (a listing's, say: readdirplus).
   if (std::optional<cfs_client::FileAttr> known = KnownAttr(path, &fetched_ns))
     return Entry{inodes_.Acquire(path, *known, fetched_ns), *known};
+  Result<Entry> asked = StoreLookup(path);
+  if (asked.ok() || asked.status().code() != Status::Code::kIOError) return asked;
+  // The store does not answer: a name the daemon holds (its attributes expired) is answered
+  // with them, unrenewed, as FreshAttr does; a name it does not hold fails.
+  std::optional<uint64_t> ino = inodes_.Find(path);
+  std::optional<InodeInfo> held = ino ? inodes_.Get(*ino) : std::nullopt;
+  if (!held || held->removed) return asked;
+  return Entry{inodes_.Acquire(path, held->attr, held->attr_time_ns), held->attr};
+}
+
+Result<Entry> FileSystem::StoreLookup(const std::string& path) {
   if (options_.lookup_read_bytes > 0) return LookupRead(path);
   CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, backend_->Stat(path));
   return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};

@@ -94,6 +94,7 @@ class MemBackend final : public cfs_client::Backend {
 
   Result<cfs_client::FileAttr> Stat(const std::string& path) override {
     stats_++;
+    if (down_.load()) return Status::IOError("store does not answer");
     std::lock_guard<std::mutex> l(mu_);
     auto it = nodes_.find(path);
     if (it == nodes_.end()) return Status::NotFound(path);
@@ -186,6 +187,9 @@ class MemBackend final : public cfs_client::Backend {
     fail_closes_ = n;
     close_status_ = std::move(s);
   }
+  // While down, every Stat (and so every StatRead) fails with IOError: the store does not
+  // answer.
+  void SetDown(bool down) { down_.store(down); }
   int syncs() const { return syncs_.load(); }
   int flushes() const { return flushes_.load(); }
   int closes() const { return closes_.load(); }
@@ -397,6 +401,7 @@ class MemBackend final : public cfs_client::Backend {
   bool gate_open_ = true;
   std::atomic<int> blocked_{0};
   std::atomic<int> stats_{0};
+  std::atomic<bool> down_{false};
 };
 
 }  // namespace cubetorchfs::testing

@@ -213,6 +213,31 @@ TEST_F(FileSystemTest, GetAttrIsAnsweredFromHeldAttributesUntilTheyExpire) {
   EXPECT_EQ(store_.stats(), stats + 1);
 }
 
+// A store that does not answer: what the daemon holds is served, whatever the age of its
+// attributes; what it does not hold fails; once the store answers it is asked again.
+TEST_F(FileSystemTest, WhatIsHeldIsServedWhileTheStoreDoesNotAnswer) {
+  uint64_t ino = LookupPath("d/small");
+  std::unique_ptr<FileHandle> h = OpenPath("d/small");
+  ASSERT_EQ(Bytes(fs_->Read(*h, 0, 2000).value()), Pattern(1000, 1));  // now in the cache
+  clock_.AdvanceSeconds(11);                                           // attributes expired
+  store_.SetDown(true);
+  const int stats = store_.stats();
+  EXPECT_EQ(fs_->GetAttr(ino)->size, 1000u);
+  const uint64_t dir = LookupPath("d");
+  Result<Entry> again = fs_->Lookup(dir, "small");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->ino, ino);
+  Result<OpenResult> o = fs_->Open(ino, O_RDONLY);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(Bytes(fs_->Read(*o->handle, 0, 2000).value()), Pattern(1000, 1));
+  EXPECT_GT(store_.stats(), stats);  // each was asked of the store first, not taken as fresh
+  Result<Entry> unknown = fs_->Lookup(dir, "never-looked-up");
+  EXPECT_EQ(unknown.status().code(), Status::Code::kIOError);
+  store_.SetDown(false);
+  store_.PutFile("d/small", "changed", 3);
+  EXPECT_EQ(fs_->GetAttr(ino)->size, 7u);  // still unrenewed: the store is asked again
+}
+
 TEST_F(FileSystemTest, GetAttrOfAFileBeingWrittenShowsTheBytesWritten) {
   uint64_t ino = LookupPath("d/small");
   Result<OpenResult> w = fs_->Open(ino, O_WRONLY);
