@@ -170,6 +170,12 @@ class Backend {
   // is Capabilities{}: owners checked, nothing else.
   virtual Capabilities capabilities() const { return {}; }
 
+  // True while the store is in an outage: a request failed to reach it (IOError) and none has
+  // been answered since. The metered wrapper tracks it (and probes the store, about once a
+  // second, until it answers); a bare backend never reports one. Callers that hold an answer
+  // (attributes, cached bytes) serve it instead of asking a store that is known not to answer.
+  virtual bool InOutage() const { return false; }
+
   // Attributes of `path` itself (a symlink is not followed).
   virtual Result<FileAttr> Stat(const std::string& path) = 0;
 
@@ -295,6 +301,7 @@ class BackendWrapper : public Backend {
   explicit BackendWrapper(std::unique_ptr<Backend> base) : base_(std::move(base)) {}
 
   Capabilities capabilities() const override { return base_->capabilities(); }
+  bool InOutage() const override { return base_->InOutage(); }
   Result<FileAttr> Stat(const std::string& path) override { return base_->Stat(path); }
   Result<std::vector<DirEntry>> List(const std::string& path) override { return base_->List(path); }
   Result<size_t> Read(const std::string& path, const FileVersion& expect, uint64_t offset,

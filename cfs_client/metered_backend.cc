@@ -6,11 +6,14 @@
 
 #include <array>
 #include <atomic>
-#include <mutex>
+#include <chrono>
+#include <condition_variable>
 #include <string>
+#include <thread>
 
 #include "cfs_client/backend.h"
 #include "common/logging.h"
+#include "common/thread_annotations.h"
 
 namespace cubetorchfs::cfs_client {
 namespace {
@@ -82,6 +85,9 @@ class MeteredWritableFile final : public WritableFileWrapper {
   MeteredBackend* const owner_;
 };
 
+// How often, during an outage, the store is asked whether it answers again.
+constexpr std::chrono::seconds kProbeEvery{1};
+
 // Every request is timed; capabilities() is forwarded (BackendWrapper).
 class MeteredBackend final : public BackendWrapper {
  public:
@@ -110,6 +116,22 @@ class MeteredBackend final : public BackendWrapper {
       seconds_[op] = &seconds.Add({{"op", kOpNames[op]}}, buckets);
     }
   }
+
+  ~MeteredBackend() override {
+    {
+      MutexLock l(probe_mu_);
+      stopping_ = true;
+    }
+    probe_cv_.notify_all();
+    std::thread prober;
+    {
+      MutexLock l(outage_mu_);
+      prober = std::move(prober_);
+    }
+    if (prober.joinable()) prober.join();
+  }
+
+  bool InOutage() const override { return down_.load(std::memory_order_relaxed); }
 
   // Runs one request, recording its outcome and latency.
   template <typename Fn>
@@ -149,11 +171,14 @@ class MeteredBackend final : public BackendWrapper {
       if (unreachable) failed_while_down_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    std::lock_guard l(outage_mu_);
+    MutexLock l(outage_mu_);
     if (unreachable == down_.load()) return;
     down_.store(unreachable);
     g_store_down.store(unreachable);
     if (unreachable) {
+      // Callers now serve what they hold instead of asking (InOutage), so something else must
+      // find out when the store answers again: the prober, started at the first outage.
+      if (!prober_.joinable()) prober_ = std::thread([this] { ProbeWhileDown(); });
       down_since_ns_ = clock_->NowNanos();
       failed_while_down_.store(1);
       CTFS_LOG(kError) << "store " << store_ << " does not answer: " << s.ToString()
@@ -164,6 +189,21 @@ class MeteredBackend final : public BackendWrapper {
                       << static_cast<double>(clock_->NowNanos() - down_since_ns_) / 1e9 << " s; "
                       << failed_while_down_.load() << " requests failed meanwhile";
     }
+  }
+
+  // While the store is in an outage, asks it about its root every kProbeEvery, one request at
+  // a time, until it answers (NoteReachability then ends the outage); idle otherwise.
+  void ProbeWhileDown() {
+    probe_mu_.lock();
+    while (!stopping_) {
+      probe_cv_.wait_for(probe_mu_, kProbeEvery,
+                         [this]() REQUIRES(probe_mu_) { return stopping_; });
+      if (stopping_ || !down_.load()) continue;
+      probe_mu_.unlock();
+      (void)Timed(kStat, [&] { return base()->Stat(""); });
+      probe_mu_.lock();
+    }
+    probe_mu_.unlock();
   }
 
   Result<FileAttr> Stat(const std::string& path) override {
@@ -249,8 +289,12 @@ class MeteredBackend final : public BackendWrapper {
   std::atomic<bool> down_{false};
   std::atomic<uint64_t> last_ok_ns_{0};  // when the latest answered request began
   std::atomic<uint64_t> failed_while_down_{0};
-  std::mutex outage_mu_;        // orders the two log lines of an outage
-  uint64_t down_since_ns_ = 0;  // guarded by outage_mu_
+  Mutex outage_mu_;  // orders the two log lines of an outage, and starts prober_
+  uint64_t down_since_ns_ GUARDED_BY(outage_mu_) = 0;
+  std::thread prober_ GUARDED_BY(outage_mu_);  // ProbeWhileDown, from the first outage on
+  Mutex probe_mu_;
+  std::condition_variable_any probe_cv_;  // wakes the prober to stop
+  bool stopping_ GUARDED_BY(probe_mu_) = false;
   Clock* const clock_;
   const std::string store_;
   // Owned by the registry; prometheus-cpp metrics are thread-safe.

@@ -142,6 +142,8 @@ Result<cfs_client::FileAttr> FileSystem::FreshAttr(const InodeInfo& inode) {
   if (AttrFresh(inode, now)) return inode.attr;
   // Unlinked or renamed over: its old path names another file now, if any.
   if (inode.removed) return inode.attr;
+  // The store is known not to answer: what the daemon holds answers at once, unrenewed.
+  if (backend_->InOutage()) return inode.attr;
   Result<cfs_client::FileAttr> attr = backend_->Stat(inode.path);
   if (attr.ok()) inodes_.SetAttr(inode.ino, attr.value(), now);
   // A store that does not answer: what the daemon holds answers, unrenewed, so that what is
@@ -172,13 +174,22 @@ Result<Entry> FileSystem::Lookup(uint64_t parent, const std::string& name) {
   // Attributes the daemon holds and may still answer with (a listing's, say: readdirplus).
   if (std::optional<cfs_client::FileAttr> known = KnownAttr(path, &fetched_ns))
     return Entry{inodes_.Acquire(path, *known, fetched_ns), *known};
+  // The store does not answer (known before asking, or learnt by asking): a name the daemon
+  // holds (its attributes expired) is answered with them, unrenewed, as FreshAttr does; a name
+  // it does not hold fails.
+  if (backend_->InOutage()) {
+    if (std::optional<Entry> held = HeldEntry(path)) return *held;
+  }
   Result<Entry> asked = StoreLookup(path);
   if (asked.ok() || asked.status().code() != Status::Code::kIOError) return asked;
-  // The store does not answer: a name the daemon holds (its attributes expired) is answered
-  // with them, unrenewed, as FreshAttr does; a name it does not hold fails.
+  if (std::optional<Entry> held = HeldEntry(path)) return *held;
+  return asked;
+}
+
+std::optional<Entry> FileSystem::HeldEntry(const std::string& path) {
   std::optional<uint64_t> ino = inodes_.Find(path);
   std::optional<InodeInfo> held = ino ? inodes_.Get(*ino) : std::nullopt;
-  if (!held || held->removed) return asked;
+  if (!held || held->removed) return std::nullopt;
   return Entry{inodes_.Acquire(path, held->attr, held->attr_time_ns), held->attr};
 }
 

@@ -267,6 +267,9 @@ class FileSystem : public prefetch::AttrSource {
   bool AttrFresh(const InodeInfo& inode, uint64_t now) const;  // younger than attr_timeout_s
   static std::string ChildPath(const std::string& parent, const std::string& name);
 
+  // The entry of `path` from what the daemon holds, whatever the age of its attributes (for a
+  // store that does not answer), acquired; nullopt for a name not held or removed.
+  std::optional<Entry> HeldEntry(const std::string& path);
   // Lookup of `path` in the store: Backend::LookupRead (options_.lookup_read_bytes) or Stat.
   Result<Entry> StoreLookup(const std::string& path);
   // Lookup of `path` through Backend::LookupRead (options_.lookup_read_bytes).

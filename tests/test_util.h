@@ -190,6 +190,10 @@ class MemBackend final : public cfs_client::Backend {
   // While down, every Stat (and so every StatRead) fails with IOError: the store does not
   // answer.
   void SetDown(bool down) { down_.store(down); }
+  // Reports an outage (InOutage) as a metered wrapper would once a request failed to reach the
+  // store; independent of SetDown, which makes requests fail.
+  void SetOutage(bool outage) { outage_.store(outage); }
+  bool InOutage() const override { return outage_.load(); }
   int syncs() const { return syncs_.load(); }
   int flushes() const { return flushes_.load(); }
   int closes() const { return closes_.load(); }
@@ -402,6 +406,7 @@ class MemBackend final : public cfs_client::Backend {
   std::atomic<int> blocked_{0};
   std::atomic<int> stats_{0};
   std::atomic<bool> down_{false};
+  std::atomic<bool> outage_{false};
 };
 
 }  // namespace cubetorchfs::testing

@@ -8,9 +8,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "conf/config.h"
@@ -413,10 +416,10 @@ TEST(BackendWrapperTest, MeteredReadBytesCountWhatTheStoreReturned) {
 // whose stats fail while `down` (the store does not answer).
 class WritesFail final : public BackendWrapper {
  public:
-  explicit WritesFail(bool* down)
+  explicit WritesFail(std::atomic<bool>* down)
       : BackendWrapper(std::make_unique<testing::MemBackend>()), down_(down) {}
   Result<FileAttr> Stat(const std::string& path) override {
-    if (*down_) return Status::IOError("connection refused");
+    if (down_->load()) return Status::IOError("connection refused");
     return base()->Stat(path);
   }
   Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path,
@@ -435,7 +438,7 @@ class WritesFail final : public BackendWrapper {
   }
 
  private:
-  bool* const down_;
+  std::atomic<bool>* const down_;
 };
 
 // A failed write of a file is its writer's error, not an outage of the store: only requests
@@ -443,7 +446,7 @@ class WritesFail final : public BackendWrapper {
 TEST(BackendWrapperTest, MeteredOutageIsNotOpenedByAFailedWrite) {
   prometheus::Registry registry;
   testing::FakeClock clock;
-  bool down = false;
+  std::atomic<bool> down{false};
   std::unique_ptr<Backend> b =
       NewMeteredBackend(std::make_unique<WritesFail>(&down), registry, &clock);
   ASSERT_TRUE(b->Stat("").ok());
@@ -464,6 +467,31 @@ TEST(BackendWrapperTest, MeteredOutageIsNotOpenedByAFailedWrite) {
   EXPECT_TRUE(b->Stat("").ok());
   EXPECT_FALSE(StoreDown());
   f->Discard();
+}
+
+// An outage ends when the store answers again even if nothing else asks it: callers serve
+// what they hold while InOutage(), so the metered wrapper probes the store itself.
+TEST(BackendWrapperTest, MeteredOutageEndsByItsOwnProbeWhenTheStoreAnswers) {
+  prometheus::Registry registry;
+  testing::FakeClock clock;
+  std::atomic<bool> down{false};
+  std::unique_ptr<Backend> b =
+      NewMeteredBackend(std::make_unique<WritesFail>(&down), registry, &clock);
+  EXPECT_FALSE(b->InOutage());
+  down = true;
+  clock.AdvanceSeconds(0.001);
+  EXPECT_FALSE(b->Stat("").ok());
+  EXPECT_TRUE(b->InOutage());
+  EXPECT_TRUE(StoreDown());
+  // Still down a little later: the probes fail, and the outage stays.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_TRUE(b->InOutage());
+  down = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (b->InOutage() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(b->InOutage());
+  EXPECT_FALSE(StoreDown());
 }
 
 }  // namespace
