@@ -171,9 +171,9 @@ class Backend {
   virtual Capabilities capabilities() const { return {}; }
 
   // True while the store is in an outage: a request failed to reach it (IOError) and none has
-  // been answered since. The metered wrapper tracks it (and probes the store, about once a
-  // second, until it answers); a bare backend never reports one. Callers that hold an answer
-  // (attributes, cached bytes) serve it instead of asking a store that is known not to answer.
+  // been answered since. The metered wrapper tracks it (and probes the store every 100 ms, one
+  // request at a time, until it answers); a bare backend never reports one. Callers that hold
+  // an answer (attributes, cached bytes) serve it instead of asking a store known not to answer.
   virtual bool InOutage() const { return false; }
 
   // Attributes of `path` itself (a symlink is not followed).

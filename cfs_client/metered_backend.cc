@@ -85,8 +85,10 @@ class MeteredWritableFile final : public WritableFileWrapper {
   MeteredBackend* const owner_;
 };
 
-// How often, during an outage, the store is asked whether it answers again.
-constexpr std::chrono::seconds kProbeEvery{1};
+// How often, during an outage, the store is asked whether it answers again. Short: until the
+// answer comes, held attributes are served, and a file changed in the store meanwhile is
+// opened at its old version (its uncached reads then fail with ESTALE until it is opened again).
+constexpr std::chrono::milliseconds kProbeEvery{100};
 
 // Every request is timed; capabilities() is forwarded (BackendWrapper).
 class MeteredBackend final : public BackendWrapper {
