@@ -181,6 +181,10 @@ class MeteredBackend final : public BackendWrapper {
       // Callers now serve what they hold instead of asking (InOutage), so something else must
       // find out when the store answers again: the prober, started at the first outage.
       if (!prober_.joinable()) prober_ = std::thread([this] { ProbeWhileDown(); });
+      {
+        MutexLock p(probe_mu_);  // so that the wake cannot fall between its check and its wait
+      }
+      probe_cv_.notify_all();
       down_since_ns_ = clock_->NowNanos();
       failed_while_down_.store(1);
       CTFS_LOG(kError) << "store " << store_ << " does not answer: " << s.ToString()
@@ -194,10 +198,12 @@ class MeteredBackend final : public BackendWrapper {
   }
 
   // While the store is in an outage, asks it about its root every kProbeEvery, one request at
-  // a time, until it answers (NoteReachability then ends the outage); idle otherwise.
+  // a time, until it answers (NoteReachability then ends the outage); asleep otherwise, until
+  // the next outage wakes it. Takes probe_mu_ after outage_mu_, never the other way round.
   void ProbeWhileDown() {
     probe_mu_.lock();
     while (!stopping_) {
+      probe_cv_.wait(probe_mu_, [this]() REQUIRES(probe_mu_) { return stopping_ || down_.load(); });
       probe_cv_.wait_for(probe_mu_, kProbeEvery,
                          [this]() REQUIRES(probe_mu_) { return stopping_; });
       if (stopping_ || !down_.load()) continue;
@@ -295,7 +301,7 @@ class MeteredBackend final : public BackendWrapper {
   uint64_t down_since_ns_ GUARDED_BY(outage_mu_) = 0;
   std::thread prober_ GUARDED_BY(outage_mu_);  // ProbeWhileDown, from the first outage on
   Mutex probe_mu_;
-  std::condition_variable_any probe_cv_;  // wakes the prober to stop
+  std::condition_variable_any probe_cv_;  // wakes the prober: an outage began, or stop
   bool stopping_ GUARDED_BY(probe_mu_) = false;
   Clock* const clock_;
   const std::string store_;

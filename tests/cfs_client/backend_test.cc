@@ -478,20 +478,23 @@ TEST(BackendWrapperTest, MeteredOutageEndsByItsOwnProbeWhenTheStoreAnswers) {
   std::unique_ptr<Backend> b =
       NewMeteredBackend(std::make_unique<WritesFail>(&down), registry, &clock);
   EXPECT_FALSE(b->InOutage());
-  down = true;
-  clock.AdvanceSeconds(0.001);
-  EXPECT_FALSE(b->Stat("").ok());
-  EXPECT_TRUE(b->InOutage());
-  EXPECT_TRUE(StoreDown());
-  // Still down a little later: the probes fail, and the outage stays.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  EXPECT_TRUE(b->InOutage());
-  down = false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (b->InOutage() && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  EXPECT_FALSE(b->InOutage());
-  EXPECT_FALSE(StoreDown());
+  // Twice: the second outage wakes the prober again, and ends the same way.
+  for (int outage = 0; outage < 2; ++outage) {
+    down = true;
+    clock.AdvanceSeconds(0.001);
+    EXPECT_FALSE(b->Stat("").ok());
+    EXPECT_TRUE(b->InOutage());
+    EXPECT_TRUE(StoreDown());
+    // Still down a little later: the probes fail, and the outage stays.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    EXPECT_TRUE(b->InOutage());
+    down = false;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (b->InOutage() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_FALSE(b->InOutage()) << "outage " << outage;
+    EXPECT_FALSE(StoreDown());
+  }
 }
 
 }  // namespace
