@@ -441,14 +441,22 @@ class WritesFail final : public BackendWrapper {
   std::atomic<bool>* const down_;
 };
 
-// A failed write of a file is its writer's error, not an outage of the store: only requests
-// that fail to reach the store open one (and are logged once).
-TEST(BackendWrapperTest, MeteredOutageIsNotOpenedByAFailedWrite) {
+// A metered WritesFail, and what its tests turn and read.
+struct MeteredWritesFail {
   prometheus::Registry registry;
   testing::FakeClock clock;
   std::atomic<bool> down{false};
-  std::unique_ptr<Backend> b =
+  std::unique_ptr<Backend> backend =
       NewMeteredBackend(std::make_unique<WritesFail>(&down), registry, &clock);
+};
+
+// A failed write of a file is its writer's error, not an outage of the store: only requests
+// that fail to reach the store open one (and are logged once).
+TEST(BackendWrapperTest, MeteredOutageIsNotOpenedByAFailedWrite) {
+  MeteredWritesFail m;
+  std::atomic<bool>& down = m.down;
+  testing::FakeClock& clock = m.clock;
+  Backend* b = m.backend.get();
   ASSERT_TRUE(b->Stat("").ok());
   EXPECT_FALSE(StoreDown());
   OpenWriteOptions ow;
@@ -472,11 +480,10 @@ TEST(BackendWrapperTest, MeteredOutageIsNotOpenedByAFailedWrite) {
 // An outage ends when the store answers again even if nothing else asks it: callers serve
 // what they hold while InOutage(), so the metered wrapper probes the store itself.
 TEST(BackendWrapperTest, MeteredOutageEndsByItsOwnProbeWhenTheStoreAnswers) {
-  prometheus::Registry registry;
-  testing::FakeClock clock;
-  std::atomic<bool> down{false};
-  std::unique_ptr<Backend> b =
-      NewMeteredBackend(std::make_unique<WritesFail>(&down), registry, &clock);
+  MeteredWritesFail m;
+  std::atomic<bool>& down = m.down;
+  testing::FakeClock& clock = m.clock;
+  Backend* b = m.backend.get();
   EXPECT_FALSE(b->InOutage());
   // Twice: the second outage wakes the prober again, and ends the same way.
   for (int outage = 0; outage < 2; ++outage) {
