@@ -111,12 +111,14 @@ Result<BufferRef> ReadChunk(cfs_client::Backend& backend, const std::string& pat
 std::string ChunkKey(std::string_view path, const cfs_client::FileVersion& version,
                      uint64_t chunk) {
   std::string key;
-  key.reserve(path.size() + 1 + 3 * sizeof(uint64_t));
+  key.reserve(path.size() + 1 + 5 * sizeof(uint64_t));
   key.append(path);
   key.push_back('\0');  // paths never contain NUL, so the fields cannot run together
   auto put = [&key](uint64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
   put(version.size);
   put(static_cast<uint64_t>(version.mtime_ns));
+  put(version.id);
+  put(static_cast<uint64_t>(version.ctime_ns));
   put(chunk);
   return key;
 }

@@ -14,6 +14,7 @@
 // Status::Errno for the rest).
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -33,11 +34,22 @@ class Registry;
 
 namespace cubetorchfs::cfs_client {
 
-// What identifies one version of a file's contents.
+// What identifies one version of a file's contents, and which file it is. Size and mtime are
+// what a user can set (utimes copies another file's mtime), so a version also carries what no
+// user can: the store's identity of the file (posix: st_dev and st_ino; CubeFS: its inode; 0
+// where the store has none) and its change time (posix: ctime, moved to now by every write,
+// chmod, chown, utimes, link and rename of the file; CubeFS: creation; S3: as mtime, which
+// holds a hash of the ETag). A cache keyed by path and version cannot serve one file's bytes
+// for another file at the same path, and a read through an open handle reaches the file that
+// was opened or fails with Stale (docs/security.md, "File identity").
 struct FileVersion {
   uint64_t size = 0;
   int64_t mtime_ns = 0;
+  uint64_t id = 0;
+  int64_t ctime_ns = 0;
   bool operator==(const FileVersion&) const = default;
+  // Same file (identity), whatever its contents now. True where the store has no identity.
+  bool SameFile(const FileVersion& o) const { return id == 0 || o.id == 0 || id == o.id; }
 };
 
 struct FileAttr {
@@ -59,8 +71,16 @@ struct FileAttr {
   bool IsDir() const;
   bool IsRegular() const;
   bool IsSymlink() const;
-  FileVersion Version() const { return {size, mtime_ns}; }
+  // The store identity as one number (0: none): st_ino mixed with st_dev.
+  uint64_t StoreId() const {
+    return store_ino == 0 ? 0 : store_ino ^ (store_dev * 0x9E3779B97F4A7C15ull);
+  }
+  FileVersion Version() const { return {size, mtime_ns, StoreId(), ctime_ns}; }
 };
+
+// The attributes of a posix file as fstat/fstatat gave them (the posix store's own, and what a
+// descriptor of the store's file is checked against).
+FileAttr FromStat(const struct stat& st);
 
 struct DirEntry {
   std::string name;

@@ -43,6 +43,8 @@ int64_t Nanos(const struct timespec& ts) {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
+}  // namespace
+
 FileAttr FromStat(const struct stat& st) {
   FileAttr a;
   a.mode = st.st_mode;
@@ -59,6 +61,8 @@ FileAttr FromStat(const struct stat& st) {
   a.store_ino = static_cast<uint64_t>(st.st_ino);
   return a;
 }
+
+namespace {
 
 // openat2 is used while the kernel has it; once it is missing (ENOSYS) or filtered (EPERM
 // from a seccomp profile), the component walk is used.
@@ -520,7 +524,8 @@ class PosixBackend final : public Backend {
   }
   std::string Show(const std::string& path) const { return root_ + "/" + path; }
   static std::string Describe(const FileVersion& v) {
-    return std::to_string(v.size) + " bytes, mtime " + std::to_string(v.mtime_ns) + " ns";
+    return std::to_string(v.size) + " bytes, mtime " + std::to_string(v.mtime_ns) + " ns, file " +
+           std::to_string(v.id) + ", ctime " + std::to_string(v.ctime_ns) + " ns";
   }
 
   // Attributes of the new entry `path`, given to uid/gid first where asked and possible.

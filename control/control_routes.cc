@@ -604,7 +604,7 @@ Response ServerImpl::OpenFile(const Request& req, const Caller& caller, int* fd)
     return Status::OK();
   });
   if (f.ok() && sp->attr.mode != 0 &&
-      (f->size != sp->attr.size || f->mtime_ns != sp->attr.mtime_ns)) {
+      f->version != sp->attr.Version()) {
     // Not the file just checked (replaced meanwhile): hand out nothing.
     ::close(f->fd);
     f = Status::Stale(sp->path + ": file changed while it was opened; retry");

@@ -254,7 +254,7 @@ Result<std::unique_ptr<DirHandle>> FileSystem::OpenDir(uint64_t ino) {
   handle->ino = ino;
   handle->path = inode.path;
   std::optional<std::vector<cfs_client::DirEntry>> ahead;
-  if (list_ahead_ != nullptr) ahead = list_ahead_->Take(inode.path);
+  if (list_ahead_ != nullptr) ahead = list_ahead_->Take(inode.path, inode.attr.StoreId());
   if (ahead) {
     handle->entries = std::move(*ahead);
   } else {
@@ -338,6 +338,10 @@ Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, s
     }
     if (inode && inode->write_gen != opened.write_gen) {
       CTFS_ASSIGN_OR_RETURN(FileHandle h, HandleFor(opened.ino));
+      // The inode's path now (renamed through the mount, the handle's path may name another
+      // file): the same file as opened, or nothing.
+      if (!h.version.SameFile(opened.version))
+        return Status::Stale(opened.path + ": not the file that was opened any more");
       refreshed = std::move(h);
       current = &refreshed;
     }

@@ -183,6 +183,9 @@ std::optional<std::string> InodeTable::RemoveLocked(const std::string& path) {
 void InodeTable::RenameNameLocked(uint64_t ino, const std::string& from, std::string to) {
   auto n = nodes_.find(ino);
   if (n == nodes_.end()) return;
+  // Handles opened by the old path must not read by it again: someone else's file may be
+  // renamed there next. The new generation makes them take the inode's path.
+  n->second.info.write_gen++;
   if (n->second.info.path == from) {
     n->second.info.path = std::move(to);
     return;
@@ -348,7 +351,8 @@ Status InodeTable::Restore(std::string_view bytes) {
     i.removed = v[2] != 0;
     i.write_gen = v[3];
     i.attr_time_ns = v[4];
-    if (v[5] != 0) i.opened_version = cfs_client::FileVersion{v[6], static_cast<int64_t>(v[7])};
+    // The snapshot keeps size and mtime of the last open; identity and ctime are the held
+    // attributes' (a file changed since is then seen as changed at its next open).
     cfs_client::FileAttr& a = i.attr;
     a.mode = static_cast<mode_t>(v[8]);
     a.size = v[9];
@@ -362,6 +366,9 @@ Status InodeTable::Restore(std::string_view bytes) {
     a.rdev = v[17];
     a.store_dev = v[18];
     a.store_ino = v[19];
+    if (v[5] != 0)
+      i.opened_version =
+          cfs_client::FileVersion{v[6], static_cast<int64_t>(v[7]), a.StoreId(), a.ctime_ns};
     uint64_t others = 0;
     if (!r.String(&i.path) || !r.U64(&others) || others > bytes.size())
       return Status::InvalidArgument("inode table: truncated");

@@ -49,9 +49,19 @@ std::string ListAhead::ChildPath(const std::string& dir, const std::string& name
 
 void ListAhead::OnListed(const std::string& dir, const std::vector<cfs_client::DirEntry>& entries) {
   if (options_.depth == 0) return;
-  std::vector<std::string> names;
+  std::vector<std::pair<std::string, uint64_t>> dirs;  // name, store identity
   for (const cfs_client::DirEntry& e : entries)
-    if (e.attr.IsDir()) names.push_back(e.name);
+    if (e.attr.IsDir()) dirs.emplace_back(e.name, e.attr.StoreId());
+  std::sort(dirs.begin(), dirs.end());
+  std::vector<std::string> names;
+  std::vector<uint64_t> ids;
+  names.reserve(dirs.size());
+  ids.reserve(dirs.size());
+  for (auto& [name, id] : dirs) {
+    names.push_back(std::move(name));
+    ids.push_back(id);
+  }
+  dirs = {};
   if (names.size() < 2) return;
   if (names.size() > options_.max_plan_dirs) {
     // Not silently: a scan of this tree waits on the store for each directory.
@@ -62,7 +72,6 @@ void ListAhead::OnListed(const std::string& dir, const std::vector<cfs_client::D
                       << "): they are listed as the kernel asks (said once)";
     return;
   }
-  std::sort(names.begin(), names.end());
   std::lock_guard<std::mutex> l(mu_);
   const uint64_t now = clock_->NowNanos();
   auto it = std::find_if(plans_.begin(), plans_.end(), [&](const Plan& p) { return p.dir == dir; });
@@ -71,10 +80,11 @@ void ListAhead::OnListed(const std::string& dir, const std::vector<cfs_client::D
       plans_.erase(std::min_element(plans_.begin(), plans_.end(), [](const Plan& a, const Plan& b) {
         return a.used_ns < b.used_ns;
       }));
-    plans_.push_back(Plan{dir, {}, 0, 0, 0});
+    plans_.push_back(Plan{dir, {}, {}, 0, 0, 0});
     it = plans_.end() - 1;
   }
   it->names = std::move(names);
+  it->ids = std::move(ids);
   it->next = 0;
   it->opened = 0;
   it->used_ns = now;
@@ -87,17 +97,20 @@ void ListAhead::ScheduleLocked(Plan& plan, uint64_t upto) {
   const uint64_t max_listings = options_.depth * std::max<uint64_t>(1, options_.max_plans);
   bool queued = false;
   while (plan.next < upto && listings_.size() < max_listings) {
-    std::string path = ChildPath(plan.dir, plan.names[plan.next++]);
+    const uint64_t i = plan.next++;
+    std::string path = ChildPath(plan.dir, plan.names[i]);
     auto [it, inserted] = listings_.try_emplace(path, nullptr);
     if (!inserted) continue;
     it->second = std::make_shared<Listing>();
+    it->second->dir_id = plan.ids[i];
     queue_.push_back(std::move(path));
     queued = true;
   }
   if (queued) work_cv_.notify_all();
 }
 
-std::optional<std::vector<cfs_client::DirEntry>> ListAhead::Take(const std::string& path) {
+std::optional<std::vector<cfs_client::DirEntry>> ListAhead::Take(const std::string& path,
+                                                                 uint64_t dir_id) {
   if (options_.depth == 0) return std::nullopt;
   std::unique_lock<std::mutex> l(mu_);
   const uint64_t now = clock_->NowNanos();
@@ -143,7 +156,11 @@ std::optional<std::vector<cfs_client::DirEntry>> ListAhead::Take(const std::stri
   listings_.erase(it);
   if (!listing->ok) return std::nullopt;
   held_entries_ -= listing->entries.size();
-  if (listing->changes != Changes() || now - listing->started_ns > options_.fresh_ns) {
+  // Another directory at the path than the one planned (swapped in the store, behind the
+  // mount): its listing is not this one.
+  const bool other_dir = listing->dir_id != 0 && dir_id != 0 && listing->dir_id != dir_id;
+  if (other_dir || listing->changes != Changes() ||
+      now - listing->started_ns > options_.fresh_ns) {
     CountLocked(&Stats::stale);
     return std::nullopt;
   }

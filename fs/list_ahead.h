@@ -11,7 +11,8 @@
 //
 // Staleness: a listing made ahead is the store as it was when its List began. It is handed out
 // only if nothing was changed through the mount since then (the file system's change count,
-// `changes`) and it is at most `fresh_ns` old. A change made behind the mount's back is seen as
+// `changes`), it is at most `fresh_ns` old, and the directory opened is the one planned (its
+// store identity: a directory swapped in the store by another user gets its own listing). A change made behind the mount's back is seen as
 // late as that, as it would be through the kernel's own entry cache (the entry timeout).
 //
 // Bounds: at most `max_plans` plans (the oldest goes), each of at most `max_plan_dirs` names;
@@ -74,8 +75,12 @@ class ListAhead {
   // `dir` was listed with `entries` (by OpenDir): its subdirectories become a plan.
   void OnListed(const std::string& dir, const std::vector<cfs_client::DirEntry>& entries);
   // The listing of `path` made ahead, if one is ready or being made and still good (waiting
-  // for it then); nothing if OpenDir must list `path` itself. Moves its plan ahead.
-  std::optional<std::vector<cfs_client::DirEntry>> Take(const std::string& path);
+  // for it then); nothing if OpenDir must list `path` itself. Moves its plan ahead. `dir_id`
+  // is the store identity (FileAttr::StoreId) of the directory the caller opens, as the
+  // kernel checked its permissions: a listing planned from another directory's entry (one
+  // swapped in the store since) is not handed out. 0: not known.
+  std::optional<std::vector<cfs_client::DirEntry>> Take(const std::string& path,
+                                                        uint64_t dir_id = 0);
 
   Stats GetStats() const;
 
@@ -84,12 +89,14 @@ class ListAhead {
     bool done = false;
     bool ok = false;
     uint64_t changes = 0;  // the change count when its List began
+    uint64_t dir_id = 0;   // the store identity of the directory planned (0: none)
     uint64_t started_ns = 0;
     std::vector<cfs_client::DirEntry> entries;
   };
   struct Plan {
     std::string dir;                 // "" for the store's root
     std::vector<std::string> names;  // its subdirectories, in name order
+    std::vector<uint64_t> ids;       // their store identities (FileAttr::StoreId), same order
     uint64_t next = 0;               // names[next] is the next to list
     uint64_t opened = 0;             // one past the latest of names opened (Take)
     uint64_t used_ns = 0;            // when it was made or last moved

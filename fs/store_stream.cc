@@ -19,9 +19,7 @@ int StoreStream::Fd(cfs_client::Backend& backend) {
     fd_.reset(*fd);
   }
   struct stat st;
-  if (::fstat(fd_.get(), &st) != 0 || static_cast<uint64_t>(st.st_size) != version_.size ||
-      static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec !=
-          version_.mtime_ns) {
+  if (::fstat(fd_.get(), &st) != 0 || cfs_client::FromStat(st).Version() != version_) {
     fd_.reset();
     unavailable_ = true;
     return -1;

@@ -61,7 +61,8 @@ uint64_t ModelFetcher::AvailableMemory() {
 namespace {
 
 std::string FileKey(const std::string& path, const cfs_client::FileVersion& v) {
-  return path + '\0' + std::to_string(v.size) + '\0' + std::to_string(v.mtime_ns);
+  return path + '\0' + std::to_string(v.size) + '\0' + std::to_string(v.mtime_ns) + '\0' +
+         std::to_string(v.id) + '\0' + std::to_string(v.ctime_ns);
 }
 
 }  // namespace
@@ -167,6 +168,7 @@ Result<ResidentFile> ModelFetcher::MakeResident(const std::string& path,
       out.store_file = true;
       out.size = version.size;
       out.mtime_ns = version.mtime_ns;
+      out.version = version;
       return out;
     }
     if (own.status().code() != Status::Code::kNotSupported)
@@ -302,6 +304,7 @@ Result<ResidentFile> ModelFetcher::BuildResident(const std::string& path,
   out.fd = ro.release();
   out.size = version.size;
   out.mtime_ns = version.mtime_ns;
+  out.version = version;
   out.ram_bytes = counts.ram;
   out.disk_bytes = counts.disk;
   out.backend_bytes = counts.backend;

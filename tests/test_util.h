@@ -50,6 +50,7 @@ class MemBackend final : public cfs_client::Backend {
     cfs_client::FileAttr a;
     a.mode = S_IFDIR | 0755;
     a.nlink = 2;
+    a.store_ino = identities_ ? ++next_store_ino_ : 0;
     nodes_[path] = std::make_shared<Node>(Node{a, ""});
   }
   void PutFile(const std::string& path, const std::string& data, int64_t mtime_ns = 1) {
@@ -60,12 +61,21 @@ class MemBackend final : public cfs_client::Backend {
     a.mtime_ns = mtime_ns;
     auto it = nodes_.find(path);
     if (it != nodes_.end() && it->second->attr.IsRegular()) {
+      a.store_ino = it->second->attr.store_ino;
       *it->second = Node{a, data};  // rewritten in place: open files see it
     } else {
+      // A new file: an identity of its own, as on posix (once GiveIdentities was called).
+      a.store_ino = identities_ ? ++next_store_ino_ : 0;
       nodes_[path] = std::make_shared<Node>(Node{a, data});
     }
   }
   void SetObjectStore(bool on) { object_store_ = on; }
+  // Files put from now on get a store identity (FileAttr::store_ino) each, as on posix; a
+  // rewrite in place keeps it. Off by default: versions written by hand in tests then match.
+  void GiveIdentities() {
+    std::lock_guard<std::mutex> l(mu_);
+    identities_ = true;
+  }
   int reads() const { return reads_.load(); }
   // Paths of Read calls, in order.
   std::vector<std::string> read_log() {
@@ -351,6 +361,13 @@ class MemBackend final : public cfs_client::Backend {
     std::shared_ptr<Node> n = it->second;
     nodes_.erase(it);
     nodes_[to] = std::move(n);
+    // A directory's entries move with it.
+    const std::string prefix = from + "/";
+    std::vector<std::pair<std::string, std::shared_ptr<Node>>> under;
+    for (auto c = nodes_.lower_bound(prefix);
+         c != nodes_.end() && c->first.compare(0, prefix.size(), prefix) == 0;)
+      under.emplace_back(c->first, c->second), c = nodes_.erase(c);
+    for (auto& [p, node] : under) nodes_[to + p.substr(from.size())] = std::move(node);
     return Status::OK();
   }
   Result<cfs_client::FileAttr> Symlink(const std::string&, const std::string& path, int64_t,
@@ -384,6 +401,8 @@ class MemBackend final : public cfs_client::Backend {
   }
 
   std::mutex mu_;
+  uint64_t next_store_ino_ = 1000;  // guarded by mu_
+  bool identities_ = false;          // guarded by mu_
   std::map<std::string, std::shared_ptr<Node>> nodes_;
   std::atomic<bool> object_store_{false};
   int fail_writes_ = 0;

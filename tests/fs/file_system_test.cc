@@ -184,6 +184,57 @@ TEST_F(FileSystemTest, ChangedFileIsReadFreshAfterAttrTimeout) {
   EXPECT_EQ(store_.stats(), stats + 1);
 }
 
+// Another file put at a cached file's path with the same size and mtime (utimes copies them)
+// is a different file: its identity differs, so the cached bytes are not served for it.
+TEST_F(FileSystemTest, AFileWithACopiedSizeAndMtimeIsNotServedAnotherFilesCachedBytes) {
+  store_.GiveIdentities();
+  store_.PutFile("d/secret", std::string(500, 'V'), 7);
+  const uint64_t ino = LookupPath("d/secret");
+  std::unique_ptr<FileHandle> h = std::move(fs_->Open(ino, O_RDONLY)->handle);
+  EXPECT_EQ(Bytes(fs_->Read(*h, 0, 4096).value()), std::string(500, 'V'));  // cached now
+  ASSERT_TRUE(store_.Unlink("d/secret").ok());  // in the store, behind the daemon's back
+  store_.PutFile("d/secret", std::string(500, 'A'), 7);
+  clock_.AdvanceSeconds(11);
+  Result<OpenResult> again = fs_->Open(ino, O_RDONLY);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->invalidate_inode) << "the kernel kept its pages of the other file";
+  EXPECT_EQ(Bytes(fs_->Read(*again->handle, 0, 4096).value()), std::string(500, 'A'));
+  // The first handle was opened on the other file: it reads that file's bytes (held) or
+  // nothing, never the new file's.
+  Result<ReadResult> old = fs_->Read(*h, 0, 4096);
+  if (old.ok()) {
+    EXPECT_EQ(Bytes(*old), std::string(500, 'V'));
+  }
+}
+
+// A descriptor reads the file it opened: after renames through the mount put another file of
+// the same size and mtime at the path it was opened by, it still reads its own file. Both a
+// file renamed itself and one whose directory was renamed.
+TEST_F(FileSystemTest, AnOpenHandleFollowsItsFileAcrossRenamesNotItsPath) {
+  store_.GiveIdentities();
+  for (const char* dir : {"t/x", "t/v"}) store_.AddDir(dir);
+  store_.AddDir("t");
+  store_.PutFile("t/mine", std::string(800, 'A'), 7);
+  store_.PutFile("t/theirs", std::string(800, 'V'), 7);
+  store_.PutFile("t/x/f", std::string(900, 'A'), 7);
+  store_.PutFile("t/v/f", std::string(900, 'V'), 7);
+  const uint64_t t = LookupPath("t");
+  LookupPath("t/theirs");
+  LookupPath("t/v/f");
+  std::unique_ptr<FileHandle> file = OpenPath("t/mine");
+  std::unique_ptr<FileHandle> in_dir = OpenPath("t/x/f");
+  ASSERT_TRUE(fs_->Rename(t, "mine", t, "mine_old", 0).ok());
+  ASSERT_TRUE(fs_->Rename(t, "theirs", t, "mine", 0).ok());
+  ASSERT_TRUE(fs_->Rename(t, "x", t, "x_old", 0).ok());
+  ASSERT_TRUE(fs_->Rename(t, "v", t, "x", 0).ok());
+  Result<ReadResult> got = fs_->Read(*file, 0, 4096);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(Bytes(*got), std::string(800, 'A'));
+  got = fs_->Read(*in_dir, 0, 4096);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(Bytes(*got), std::string(900, 'A'));
+}
+
 TEST_F(FileSystemTest, OpenUsesCachedAttributesUntilTheyExpire) {
   uint64_t ino = LookupPath("d/small");
   int stats = store_.stats();

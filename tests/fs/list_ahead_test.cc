@@ -142,6 +142,33 @@ TEST_F(ListAheadTest, AChangeThroughTheMountOrAgeMakesAListingMadeAheadUnusable)
   EXPECT_EQ(la_->GetStats().stale, 3u);
 }
 
+// A private directory listed ahead, then swapped in the store for another user's directory at
+// the same name: the other directory (another store identity) never gets the listing made of
+// the first.
+TEST_F(ListAheadTest, AListingIsHandedOutOnlyForTheDirectoryPlanned) {
+  store_.GiveIdentities();
+  for (const char* d : {"team", "team/a", "team/private"}) store_.AddDir(d);
+  store_.PutFile("team/private/secret-name", "x");
+  Make(/*depth=*/2);
+  OpenDir("team");
+  ASSERT_TRUE(Eventually([&] { return la_->GetStats().listed >= 2; }));
+  const uint64_t planned = store_.Stat("team/private")->StoreId();
+  ASSERT_NE(planned, 0u);
+  ASSERT_TRUE(store_.Rename("team/private", "team/private.old", false).ok());
+  store_.AddDir("team/private");  // the attacker's own, empty
+  const uint64_t swapped = store_.Stat("team/private")->StoreId();
+  ASSERT_NE(swapped, planned);
+  const uint64_t stale = la_->GetStats().stale;
+  EXPECT_FALSE(la_->Take("team/private", swapped).has_value());
+  EXPECT_GT(la_->GetStats().stale, stale);
+  // The directory planned gets its listing.
+  OpenDir("team");
+  ASSERT_TRUE(Eventually([&] { return la_->GetStats().listed >= 4; }));
+  std::optional<std::vector<cfs_client::DirEntry>> a =
+      la_->Take("team/a", store_.Stat("team/a")->StoreId());
+  EXPECT_TRUE(a.has_value());
+}
+
 TEST_F(ListAheadTest, ListingsTheScanWentPastAreDroppedAndEntriesAreBounded) {
   Make(/*depth=*/4, /*threads=*/1, /*max_entries=*/7);  // room for two classes of 3
   OpenDir("train");

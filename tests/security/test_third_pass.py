@@ -1,0 +1,82 @@
+"""The third security pass's findings, each tried as an unprivileged user against a real daemon
+(docs/security.md): a listing made ahead of a private directory, the mount helper's options,
+the daemon's descriptors, open directories' memory, idle connections to the metrics port,
+one user's reads moving another's stream, the supervisor's restarts and the listeners across
+a restart."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cubefs_harness import REPO_ROOT, CubeFactory, environment_problem
+from seclib import NOBODY, OTHER, open_cube, script_result, shell_as, start_script_as  # noqa: F401
+
+pytestmark = [
+    pytest.mark.skipif(environment_problem() is not None, reason=environment_problem() or ""),
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown, setpriv, allow_other)"),
+]
+
+
+def test_a_listing_made_ahead_is_not_handed_to_a_directory_swapped_in_the_store(
+        open_cube: CubeFactory) -> None:
+    base = open_cube.base.parent
+    src = base / "src"
+    team = src / "team"
+    for d in ("a", "b", "private"):
+        (team / d).mkdir(parents=True)
+    os.chmod(src, 0o755)
+    os.chmod(team, 0o777)
+    for d in ("a", "b"):
+        os.chmod(team / d, 0o755)
+    os.chmod(team / "private", 0o700)
+    os.chown(team / "private", OTHER, OTHER)
+    names = [f"payroll-{i:03d}.csv" for i in range(20)]
+    for n in names:
+        (team / "private" / n).write_bytes(b"salary")
+        os.chown(team / "private" / n, OTHER, OTHER)
+    mount = open_cube.mount(src, {"profile": "ai_prefetch"})
+    m = mount.mountpoint
+    # The victim's scan lists team/ with plain readdir: the daemon lists its subdirectories
+    # ahead, the private one included (as root).
+    assert shell_as(["ls", "-f", f"{m}/team"], OTHER)[0] == 0
+    time.sleep(1)
+    # The kernel forgets the names it holds under memory pressure, which the attacker may wait
+    # for; dropping them here makes that moment now.
+    Path("/proc/sys/vm/drop_caches").write_text("2")
+    # The attacker swaps, in the store, the private directory for an empty one of its own.
+    code, out = shell_as(["sh", "-c", f"mv {team}/private {team}/p.old && mkdir {team}/private"],
+                         NOBODY)
+    assert code == 0, out
+    code, out = shell_as(["ls", "-f", f"{m}/team/private"], NOBODY)
+    assert not any(n.encode() in out for n in names), out
+
+
+def test_the_mount_helper_never_expands_globs_in_options() -> None:
+    tmp_path = Path(tempfile.mkdtemp(prefix="ctfs-helper-"))
+    helper = tmp_path / "mount.cubetorchfs"
+    shutil.copy(REPO_ROOT / "packaging" / "mount.cubetorchfs", helper)
+    fake = tmp_path / "fake-daemon"
+    fake.write_text("#!/bin/sh\nfor a in \"$@\"; do echo \"[$a]\"; done\n")
+    fake.chmod(0o755)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    for n in ("secret-file-name", "other"):
+        (work / n).write_text("")
+    os.chmod(tmp_path, 0o755)
+    os.chmod(work, 0o777)
+    try:
+        code, out = shell_as(["sh", "-c", f"cd {work} && CUBETORCHFS_BIN={fake} sh {helper} "
+                              f"/etc/vol.json /mnt -o 'allow_other,*,?ther'"], NOBODY)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+    assert code == 0, out
+    assert b"secret-file-name" not in out and b"[other]" not in out, out
+    assert b"[allow_other,*,?ther]" in out, out
