@@ -603,8 +603,7 @@ Response ServerImpl::OpenFile(const Request& req, const Caller& caller, int* fd)
       return Status::PermissionDenied("permission denied");
     return Status::OK();
   });
-  if (f.ok() && sp->attr.mode != 0 &&
-      f->version != sp->attr.Version()) {
+  if (f.ok() && sp->attr.mode != 0 && f->version != sp->attr.Version()) {
     // Not the file just checked (replaced meanwhile): hand out nothing.
     ::close(f->fd);
     f = Status::Stale(sp->path + ": file changed while it was opened; retry");

@@ -159,8 +159,7 @@ std::optional<std::vector<cfs_client::DirEntry>> ListAhead::Take(const std::stri
   // Another directory at the path than the one planned (swapped in the store, behind the
   // mount): its listing is not this one.
   const bool other_dir = listing->dir_id != 0 && dir_id != 0 && listing->dir_id != dir_id;
-  if (other_dir || listing->changes != Changes() ||
-      now - listing->started_ns > options_.fresh_ns) {
+  if (other_dir || listing->changes != Changes() || now - listing->started_ns > options_.fresh_ns) {
     CountLocked(&Stats::stale);
     return std::nullopt;
   }

@@ -12,8 +12,9 @@
 // Staleness: a listing made ahead is the store as it was when its List began. It is handed out
 // only if nothing was changed through the mount since then (the file system's change count,
 // `changes`), it is at most `fresh_ns` old, and the directory opened is the one planned (its
-// store identity: a directory swapped in the store by another user gets its own listing). A change made behind the mount's back is seen as
-// late as that, as it would be through the kernel's own entry cache (the entry timeout).
+// store identity: a directory swapped in the store by another user gets its own listing). A change
+// made behind the mount's back is seen as late as that, as it would be through the kernel's own
+// entry cache (the entry timeout).
 //
 // Bounds: at most `max_plans` plans (the oldest goes), each of at most `max_plan_dirs` names;
 // listings held, ready or being made, at most `depth` a plan and `max_entries` entries in

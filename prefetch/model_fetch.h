@@ -46,7 +46,7 @@ struct ResidentFile {
   uint64_t size = 0;
   int64_t mtime_ns = 0;
   cfs_client::FileVersion version;  // of the file handed out, identity included
-  uint64_t ram_bytes = 0;  // where the bytes came from
+  uint64_t ram_bytes = 0;           // where the bytes came from
   uint64_t disk_bytes = 0;
   uint64_t backend_bytes = 0;
 };

@@ -402,7 +402,7 @@ class MemBackend final : public cfs_client::Backend {
 
   std::mutex mu_;
   uint64_t next_store_ino_ = 1000;  // guarded by mu_
-  bool identities_ = false;          // guarded by mu_
+  bool identities_ = false;         // guarded by mu_
   std::map<std::string, std::shared_ptr<Node>> nodes_;
   std::atomic<bool> object_store_{false};
   int fail_writes_ = 0;
