@@ -8,6 +8,7 @@
 #include <prometheus/registry.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -80,6 +81,26 @@ int Fail(int code, const std::string& msg) {
 
 // The supervisor's exit: the session it kept open for the mount's life is not destroyed
 // (that would close the connection before the unmount is done), so no destructors run.
+// Raises this process's descriptor limit before anything is opened: a mount made by hand or
+// from fstab gets the shell's soft limit (often 1,024), and every user's open handles, the
+// store's descriptors and the listeners share it. As root the hard limit too, up to
+// fs.nr_open (at most 2^20); otherwise the soft limit up to the hard one. Returns the limit.
+uint64_t RaiseDescriptorLimit() {
+  struct rlimit rl;
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+  rlim_t want = 1u << 20;
+  if (std::ifstream f("/proc/sys/fs/nr_open"); f) {
+    uint64_t nr_open = 0;
+    if (f >> nr_open && nr_open > 0) want = std::min<rlim_t>(want, nr_open);
+  }
+  if (rl.rlim_cur >= want) return rl.rlim_cur;
+  struct rlimit raised = {want, std::max(want, rl.rlim_max)};
+  if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) return want;
+  raised = {rl.rlim_max, rl.rlim_max};  // not allowed to raise the hard limit
+  if (rl.rlim_max > rl.rlim_cur && ::setrlimit(RLIMIT_NOFILE, &raised) == 0) return rl.rlim_max;
+  return rl.rlim_cur;
+}
+
 [[noreturn]] void ExitNow(int code) {
   std::fflush(nullptr);
   std::_Exit(code);
@@ -625,6 +646,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
 }
 
 int Main(int argc, char** argv) {
+  RaiseDescriptorLimit();
   if (argc > 1 && std::string(argv[1]) == "warmup")
     return RunWarmup(std::vector<std::string>(argv + 2, argv + argc));
   if (argc > 1 && std::string(argv[1]) == "status")

@@ -4,6 +4,7 @@
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +14,17 @@
 #include "common/logging.h"
 
 namespace cubetorchfs::fs {
+
+namespace {
+
+// A quarter of this process's descriptor limit (RLIMIT_NOFILE's soft limit), at least 16.
+uint64_t QuarterOfFdLimit() {
+  struct rlimit rl;
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return 1024;
+  return std::max<uint64_t>(16, rl.rlim_cur / 4);
+}
+
+}  // namespace
 
 size_t ReadResult::size() const {
   size_t n = 0;
@@ -55,6 +67,8 @@ FileSystem::FileSystem(const Options& options, cfs_client::Backend* backend, cac
       prefetcher_(prefetcher),
       disk_(disk),
       stream_admission_(options.stream_ghost_chunks),
+      stream_fds_(options.stream_fds_per_uid,
+                  options.stream_fds != 0 ? options.stream_fds : QuarterOfFdLimit()),
       clock_(clock),
       inodes_(root_attr, clock->NowNanos()) {
   auto& bytes = prometheus::BuildCounter()
@@ -287,7 +301,7 @@ Result<FileSystem::OpenTarget> FileSystem::RegularForOpen(uint64_t ino) {
   return OpenTarget{std::move(inode), attr};
 }
 
-Result<OpenResult> FileSystem::Open(uint64_t ino, int flags, bool track_handle) {
+Result<OpenResult> FileSystem::Open(uint64_t ino, int flags, bool track_handle, int64_t uid) {
   if ((flags & O_ACCMODE) != O_RDONLY) return OpenForWrite(ino, flags, track_handle);
   if ((flags & O_TRUNC) != 0) CTFS_RETURN_IF_ERROR(CheckWritable());
   CTFS_ASSIGN_OR_RETURN(OpenTarget target, RegularForOpen(ino));
@@ -295,8 +309,9 @@ Result<OpenResult> FileSystem::Open(uint64_t ino, int flags, bool track_handle) 
   const cfs_client::FileAttr* attr = &target.attr;
 
   OpenResult r;
-  r.handle = std::make_unique<FileHandle>(FileHandle{
-      ino, inode->path, attr->Version(), inode->write_gen, false, StreamFor(inode->path, *attr)});
+  r.handle =
+      std::make_unique<FileHandle>(FileHandle{ino, inode->path, attr->Version(), inode->write_gen,
+                                              false, StreamFor(inode->path, *attr, uid)});
   std::optional<cfs_client::FileVersion> previous = inodes_.SetOpenedVersion(ino, attr->Version());
   const bool unchanged = previous && *previous == attr->Version();
   r.keep_cache = options_.keep_cache && unchanged;
@@ -315,12 +330,12 @@ Result<FileHandle> FileSystem::HandleFor(uint64_t ino) {
 }
 
 std::shared_ptr<StoreStream> FileSystem::StreamFor(const std::string& path,
-                                                   const cfs_client::FileAttr& attr) const {
+                                                   const cfs_client::FileAttr& attr, int64_t uid) {
   if (options_.stream_min_bytes == 0 || attr.size < options_.stream_min_bytes ||
       attr.size <= options_.chunk_bytes || disk_ != nullptr ||
       !backend_->capabilities().hands_out_fds || prefetch::ModelFetcher::IsModelFile(path))
     return nullptr;
-  return std::make_shared<StoreStream>(path, attr.Version());
+  return std::make_shared<StoreStream>(path, attr.Version(), &stream_fds_, uid);
 }
 
 Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, size_t size) {

@@ -138,6 +138,10 @@ class FileSystem : public prefetch::AttrSource {
     uint64_t stream_min_bytes = 0;
     // Chunks the ghost queue of streamed reads remembers (StreamAdmission).
     size_t stream_ghost_chunks = 8192;
+    // Store descriptors streamed reads may hold open (DescriptorBudget): per user, and in all
+    // (0: a quarter of the daemon's RLIMIT_NOFILE). A handle past them reads through the cache.
+    uint64_t stream_fds_per_uid = 256;
+    uint64_t stream_fds = 0;
     // Subdirectories listed ahead of the kernel's opendir (list_ahead.h); 0: none.
     uint64_t list_ahead = 0;
     unsigned list_ahead_threads = 4;
@@ -161,7 +165,8 @@ class FileSystem : public prefetch::AttrSource {
   // For readdirplus: the inode of `entry` of `dir`, with one lookup added.
   uint64_t AcquireDirEntry(const DirHandle& dir, const cfs_client::DirEntry& entry);
   // Opens for reading, or for writing (see OpenForWrite) when `flags` ask to write.
-  Result<OpenResult> Open(uint64_t ino, int flags, bool track_handle = true);
+  // `uid`: the opener's (-1: unknown), whose share of streamed-read descriptors it uses.
+  Result<OpenResult> Open(uint64_t ino, int flags, bool track_handle = true, int64_t uid = -1);
   Result<ReadResult> Read(const FileHandle& handle, uint64_t offset, size_t size);
   // Reads regular file `path` (at `attr`'s version, the attributes a check just read) through
   // the caches, handing `piece` its bytes in order, 1 MiB at a time, without copying them (for
@@ -342,8 +347,8 @@ class FileSystem : public prefetch::AttrSource {
   // Reads through the write state of `handle.ino`, if it has one.
   std::optional<Result<ReadResult>> ReadWritten(uint64_t ino, uint64_t offset, size_t size);
   // Where reads of `path` at `attr` may be streamed (store_stream.h): its store stream, else null.
-  std::shared_ptr<StoreStream> StreamFor(const std::string& path,
-                                         const cfs_client::FileAttr& attr) const;
+  std::shared_ptr<StoreStream> StreamFor(const std::string& path, const cfs_client::FileAttr& attr,
+                                         int64_t uid = -1);
   // A read of [offset, end) of `handle` sent from the store's file (store_stream.h), if it
   // qualifies; nullopt: read it the usual way.
   std::optional<ReadResult> TryStream(const FileHandle& handle, uint64_t offset, uint64_t end);
@@ -354,6 +359,7 @@ class FileSystem : public prefetch::AttrSource {
   prefetch::Prefetcher* const prefetcher_;
   cache::DiskCache* const disk_;  // the NVMe tier, or null
   StreamAdmission stream_admission_;
+  DescriptorBudget stream_fds_;
   Clock* const clock_;
   InodeTable inodes_;
   prefetch::ModelFetcher* model_fetcher_ = nullptr;

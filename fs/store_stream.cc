@@ -7,21 +7,64 @@
 
 namespace cubetorchfs::fs {
 
+bool DescriptorBudget::Acquire(int64_t uid) {
+  MutexLock l(mu_);
+  if (held_ >= total_) return false;
+  uint64_t& mine = by_uid_[uid];
+  if (uid >= 0 && mine >= per_uid_) return false;
+  ++mine;
+  ++held_;
+  return true;
+}
+
+void DescriptorBudget::Release(int64_t uid) {
+  MutexLock l(mu_);
+  auto it = by_uid_.find(uid);
+  if (it == by_uid_.end() || it->second == 0) return;
+  if (--it->second == 0) by_uid_.erase(it);
+  --held_;
+}
+
+uint64_t DescriptorBudget::held() const {
+  MutexLock l(mu_);
+  return held_;
+}
+
+void StoreStream::GiveUpLocked() {
+  fd_.reset();
+  unavailable_ = true;
+  if (charged_) budget_->Release(uid_);
+  charged_ = false;
+}
+
+StoreStream::~StoreStream() {
+  MutexLock l(mu_);
+  fd_.reset();
+  if (charged_) budget_->Release(uid_);
+}
+
 int StoreStream::Fd(cfs_client::Backend& backend) {
   MutexLock l(mu_);
   if (unavailable_) return -1;
   if (fd_.get() < 0) {
+    if (budget_ != nullptr && !charged_) {
+      // Over the opener's share of descriptors: this handle reads through the cache.
+      if (!budget_->Acquire(uid_)) {
+        unavailable_ = true;
+        return -1;
+      }
+      charged_ = true;
+    }
     Result<int> fd = backend.OpenReadFd(path_, version_);
     if (!fd.ok()) {
-      unavailable_ = true;
+      GiveUpLocked();
       return -1;
     }
     fd_.reset(*fd);
   }
   struct stat st;
   if (::fstat(fd_.get(), &st) != 0 || cfs_client::FromStat(st).Version() != version_) {
-    fd_.reset();
-    unavailable_ = true;
+    GiveUpLocked();
     return -1;
   }
   return fd_.get();

@@ -308,7 +308,8 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   OpScope scope(req, kOpen);
   FuseContext& ctx = Ctx(req);
   // Under no_open no release will come for this handle, so it must not count as a writer.
-  Result<OpenResult> r = ctx.fs->Open(ino, fi->flags, /*track_handle=*/!ctx.no_open);
+  Result<OpenResult> r =
+      ctx.fs->Open(ino, fi->flags, /*track_handle=*/!ctx.no_open, fuse_req_ctx(req)->uid);
   if (!r.ok()) return ReplyError(req, r.status(), "open");
   if (ctx.no_open) {
     // ENOSYS to a valid open tells the kernel to stop sending opens (and releases) for every

@@ -80,3 +80,79 @@ def test_the_mount_helper_never_expands_globs_in_options() -> None:
     assert code == 0, out
     assert b"secret-file-name" not in out and b"[other]" not in out, out
     assert b"[allow_other,*,?ther]" in out, out
+
+
+# Run as the attacker: `n` handles of one readable large file, each reading one page at its own
+# offset (no readahead), so that each is a first touch the daemon streams from a store
+# descriptor of its own. Holds them until the file `done` appears (60 s at most).
+_HOLD_HANDLES = r'''
+import json, os, resource, sys, time
+spec = json.loads(sys.stdin.read())
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+fds, errors = [], 0
+for i in range(spec["n"]):
+    try:
+        fd = os.open(spec["path"], os.O_RDONLY)
+    except OSError:
+        errors += 1
+        continue
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    try:
+        os.pread(fd, 4096, i * 36864)
+    except OSError:
+        errors += 1
+    fds.append(fd)
+open(spec["ready"], "w").write(json.dumps({"open": len(fds), "errors": errors}))
+deadline = time.time() + 60
+while not os.path.exists(spec["done"]) and time.time() < deadline:
+    time.sleep(0.1)
+print(json.dumps({"open": len(fds), "errors": errors}))
+'''
+
+
+def test_one_users_open_handles_do_not_exhaust_the_daemons_descriptors(
+        open_cube: CubeFactory) -> None:
+    import resource
+    base = open_cube.base.parent
+    src = base / "src"
+    (src / "pub").mkdir(parents=True)
+    os.chmod(src, 0o755)
+    os.chmod(src / "pub", 0o755)
+    big = src / "pub" / "big.bin"
+    with open(big, "wb") as f:
+        f.truncate(40 << 20)
+    os.chmod(big, 0o644)
+    (src / "pub" / "other.txt").write_bytes(b"another user's read")
+    os.chmod(src / "pub" / "other.txt", 0o644)
+    # Started as a mount by hand or from fstab would be: under a soft limit of 1,024.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    try:
+        mount = open_cube.mount(src)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    m = mount.mountpoint
+    pid = mount.pid or mount.learn_pid()
+    assert pid
+    flags = base / "flags"
+    flags.mkdir()
+    os.chmod(flags, 0o777)
+    spec: dict[str, Any] = {"path": f"{m}/pub/big.bin", "n": 1100,
+                            "ready": str(flags / "ready"), "done": str(flags / "done")}
+    p = start_script_as(_HOLD_HANDLES, spec, NOBODY)
+    try:
+        deadline = time.time() + 90
+        while not (flags / "ready").exists() and time.time() < deadline and p.poll() is None:
+            time.sleep(0.1)
+        assert (flags / "ready").exists(), "the attacker's handles were never all open"
+        held = len(os.listdir(f"/proc/{pid}/fd"))
+        # Another user still reads and lists.
+        assert shell_as(["cat", f"{m}/pub/other.txt"], OTHER) == (0, b"another user's read")
+        code, out = shell_as(["ls", f"{m}/pub"], OTHER)
+        assert code == 0 and b"other.txt" in out, out
+        # The daemon holds a bounded number of descriptors for that user's handles.
+        assert held < 600, held
+    finally:
+        (flags / "done").write_text("")
+        script_result(p, timeout=90)
