@@ -7,11 +7,14 @@
 
 #include <fcntl.h>
 #include <malloc.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <prometheus/counter.h>
 #include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -30,6 +33,7 @@
 
 #include "common/logging.h"
 #include "common/private_dir.h"
+#include "common/unique_fd.h"
 #include "control/http_framing.h"
 #include "control/routes.h"
 #include "control/server_impl.h"
@@ -102,7 +106,8 @@ ServerImpl::ServerImpl(const Options& options, Prefetcher* prefetcher, cache::Ra
       api_pool_(kApiThreads),
       open_pool_(kPoolThreads),
       unix_acceptor_(ioc_),
-      tcp_acceptor_(ioc_) {
+      tcp_acceptor_(ioc_),
+      metrics_acceptor_(ioc_) {
   if (options_.registry != nullptr) {
     auto& rejected = prometheus::BuildCounter()
                          .Name("cubetorchfs_control_rejected_paths_total")
@@ -129,51 +134,81 @@ ServerImpl::~ServerImpl() {
 }
 
 Status ServerImpl::Listen() {
-  beast::error_code ec;
-  if (!options_.socket_path.empty()) {
-    const std::string& path = options_.socket_path;
-    // Other users reach the socket (0755), and it is made as root: not through a link, not
-    // in a directory another user could swap or fill.
-    const std::string dir = std::filesystem::path(path).parent_path().string();
-    CTFS_RETURN_IF_ERROR(EnsureDaemonDir(dir.empty() ? "." : dir, "prefetch.control_socket",
-                                         "the control socket", CreateDir::kWithParents, 0755));
-    struct stat st;
-    if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
-      // A socket someone still answers on belongs to a running daemon: never steal it.
-      asio::local::stream_protocol::socket probe(ioc_);
-      beast::error_code probe_ec;
-      probe.connect(asio::local::stream_protocol::endpoint(path), probe_ec);
-      if (!probe_ec)
-        return Status::IOError("prefetch.control_socket: " + path +
-                               " is in use by a running daemon (same volName?)");
-      ::unlink(path.c_str());
+  // Sockets not handed over are bound here (a daemon without a supervisor, the unit tests).
+  Listeners own;
+  const bool bind_unix = options_.unix_fd < 0 && !options_.socket_path.empty();
+  const bool bind_prof = options_.prof_fd < 0 && options_.prof_port != 0;
+  const bool bind_metrics = options_.metrics_fd < 0 && options_.metrics_port != 0;
+  auto bind_one = [&](const std::string& path, uint16_t prof, uint16_t metrics) -> Status {
+    Result<Listeners> b = BindListeners(path, prof, metrics);
+    if (!b.ok()) {
+      if (!options_.tolerate_listen_errors) return b.status();
+      CTFS_LOG(kError) << b.status().message() << "; serving the mount without it";
+      return Status::OK();
     }
-    asio::local::stream_protocol::endpoint ep(path);
-    unix_acceptor_.open(ep.protocol(), ec);
-    if (!ec) unix_acceptor_.bind(ep, ec);
-    if (!ec) unix_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec)
-      return Status::IOError("prefetch.control_socket: cannot listen on " + path + ": " +
-                             ec.message());
-    bound_unix_ = true;
-    // Any local user may connect: each request is checked with that user's own rights.
-    // Not through a symlink planted at the name meanwhile (glibc refuses one here).
-    ::fchmodat(AT_FDCWD, path.c_str(), 0666, AT_SYMLINK_NOFOLLOW);
+    if (b->unix_fd >= 0) own.unix_fd = b->unix_fd;
+    if (b->prof_fd >= 0) own.prof_fd = b->prof_fd;
+    if (b->metrics_fd >= 0) own.metrics_fd = b->metrics_fd;
+    return Status::OK();
+  };
+  auto close_own = [&own] {
+    for (int fd : {own.unix_fd, own.prof_fd, own.metrics_fd})
+      if (fd >= 0) ::close(fd);
+  };
+  for (Status s : {bind_unix ? bind_one(options_.socket_path, 0, 0) : Status::OK(),
+                   bind_prof ? bind_one("", options_.prof_port, 0) : Status::OK(),
+                   bind_metrics ? bind_one("", 0, options_.metrics_port) : Status::OK()}) {
+    if (!s.ok()) {
+      close_own();
+      return s;
+    }
+  }
+  bound_unix_ = own.unix_fd >= 0;
+  const int unix_fd = options_.unix_fd >= 0 ? options_.unix_fd : own.unix_fd;
+  const int prof_fd = options_.prof_fd >= 0 ? options_.prof_fd : own.prof_fd;
+  const int metrics_fd = options_.metrics_fd >= 0 ? options_.metrics_fd : own.metrics_fd;
+  beast::error_code ec;
+  if (unix_fd >= 0) {
+    unix_acceptor_.assign(asio::local::stream_protocol(), unix_fd, ec);
+    if (ec) return Status::IOError("prefetch.control_socket: " + ec.message());
     Accept(unix_acceptor_, &unix_connections_, options_.max_connections_unix);
   }
-  if (options_.prof_port != 0) {
-    asio::ip::tcp::endpoint ep(asio::ip::make_address("127.0.0.1"), options_.prof_port);
-    tcp_acceptor_.open(ep.protocol(), ec);
-    if (!ec) tcp_acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
-    if (!ec) tcp_acceptor_.bind(ep, ec);
-    if (!ec) tcp_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec)
-      return Status::IOError("profPort: cannot listen on 127.0.0.1:" +
-                             std::to_string(options_.prof_port) + ": " + ec.message());
+  if (prof_fd >= 0) {
+    tcp_acceptor_.assign(asio::ip::tcp::v4(), prof_fd, ec);
+    if (ec) return Status::IOError("profPort: " + ec.message());
     Accept(tcp_acceptor_, &tcp_connections_, options_.max_connections_tcp);
+  }
+  if (metrics_fd >= 0) {
+    metrics_acceptor_.assign(asio::ip::tcp::v4(), metrics_fd, ec);
+    if (ec) return Status::IOError("exporterPort: " + ec.message());
+    Accept(metrics_acceptor_, &metrics_connections_, options_.max_connections_tcp);
   }
   thread_ = std::thread([this] { ioc_.run(); });
   return Status::OK();
+}
+
+Response ServerImpl::HandleMetrics(const Request& req) {
+  const std::string_view target(req.target().data(), req.target().size());
+  const bool get = req.method() == http::verb::get || req.method() == http::verb::head;
+  if (target == "/healthz") {
+    if (!get) return Error(http::status::method_not_allowed, "GET only", req.version());
+    if (!options_.health) return Error(http::status::not_implemented, "no health", req.version());
+    const json report = options_.health(/*details=*/false);
+    const bool healthy = report.value("healthy", false);
+    return JsonResponse(healthy ? http::status::ok : http::status::service_unavailable, report,
+                        req.version());
+  }
+  if (target == "/metrics") {
+    if (!get) return Error(http::status::method_not_allowed, "GET only", req.version());
+    std::string text;
+    if (options_.registry != nullptr)
+      text = prometheus::TextSerializer().Serialize(options_.registry->Collect());
+    Response res = Text(http::status::ok, text, req.version());
+    res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+    return res;
+  }
+  return Error(http::status::not_found, "the metrics port serves /metrics and /healthz",
+               req.version());
 }
 
 void ServerImpl::Dispatch(Request req, const Caller& caller, const asio::any_io_executor& ex,
@@ -257,7 +292,7 @@ void ServerImpl::Accept(Acceptor& acceptor, int* count, int max) {
     if (!caller.ok()) {
       refuse = kUnknownPeer;
       CTFS_LOG(kWarn) << "control connection refused: " << caller.status().ToString();
-    } else if (!options_.others_may_use && !caller->IsRoot()) {
+    } else if (!options_.others_may_use && !caller->IsRoot() && !IsMetricsListener(count)) {
       refuse = kNotAllowed;  // the mount has no allow_other: the kernel refuses them too
     } else {
       MutexLock l(conn_mu_);
@@ -424,6 +459,16 @@ void Session<Protocol>::OnRead(beast::error_code ec) {
   stream_.expires_never();  // the handler may take long; the reply sets its own limit
   Request req = parser_->release();
   const bool keep_alive = req.keep_alive();
+  if (server_->IsMetricsListener(listener_count_)) {
+    // Metrics and health only; answered on an API worker (a scrape serializes the registry).
+    server_->RunApi([self = this->shared_from_this(), req = std::move(req), keep_alive]() mutable {
+      Response res = self->server_->HandleMetrics(req);
+      asio::post(self->stream_.get_executor(), [self, res = std::move(res), keep_alive]() mutable {
+        self->Write(std::move(res), keep_alive);
+      });
+    });
+    return;
+  }
   server_->Dispatch(
       std::move(req), caller_, stream_.get_executor(),
       [self = this->shared_from_this(), keep_alive](Reply r) {
@@ -506,6 +551,86 @@ void Session<Protocol>::Write(Response res, bool keep_alive) {
 }  // namespace cubetorchfs::control::detail
 
 namespace cubetorchfs::control {
+
+namespace {
+
+// A close-on-exec TCP socket listening on 127.0.0.1:`port`; the error names `key`.
+Result<int> ListenLoopback(uint16_t port, const char* key) {
+  const std::string where =
+      std::string(key) + ": cannot listen on 127.0.0.1:" + std::to_string(port) + ": ";
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (fd.get() < 0) return Status::IOError(where + std::strerror(errno));
+  const int one = 1;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0 ||
+      ::listen(fd.get(), SOMAXCONN) != 0)
+    return Status::IOError(where + std::strerror(errno));
+  return fd.release();
+}
+
+// A close-on-exec unix socket listening at `path` (mode 0666), its directory made as the
+// daemon's; a socket a running daemon still answers on is never taken.
+Result<int> ListenUnix(const std::string& path) {
+  // Other users reach the socket (0755), and it is made as root: not through a link, not in a
+  // directory another user could swap or fill.
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  CTFS_RETURN_IF_ERROR(EnsureDaemonDir(dir.empty() ? "." : dir, "prefetch.control_socket",
+                                       "the control socket", CreateDir::kWithParents, 0755));
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (path.size() >= sizeof a.sun_path)
+    return Status::InvalidArgument("prefetch.control_socket: " + path + " is too long");
+  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  const auto* addr = reinterpret_cast<const sockaddr*>(&a);
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+    UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (probe.get() >= 0 && ::connect(probe.get(), addr, sizeof a) == 0)
+      return Status::IOError("prefetch.control_socket: " + path +
+                             " is in use by a running daemon (same volName?)");
+    ::unlink(path.c_str());
+  }
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (fd.get() < 0 || ::bind(fd.get(), addr, sizeof a) != 0 || ::listen(fd.get(), SOMAXCONN) != 0)
+    return Status::IOError("prefetch.control_socket: cannot listen on " + path + ": " +
+                           std::strerror(errno));
+  // Any local user may connect: each request is checked with that user's own rights. Not
+  // through a symlink planted at the name meanwhile (glibc refuses one here).
+  ::fchmodat(AT_FDCWD, path.c_str(), 0666, AT_SYMLINK_NOFOLLOW);
+  return fd.release();
+}
+
+}  // namespace
+
+Result<Listeners> BindListeners(const std::string& socket_path, uint16_t prof_port,
+                                uint16_t metrics_port) {
+  Listeners l;
+  auto fail = [&l](const Status& s) -> Result<Listeners> {
+    for (int fd : {l.unix_fd, l.prof_fd, l.metrics_fd})
+      if (fd >= 0) ::close(fd);
+    return s;
+  };
+  if (!socket_path.empty()) {
+    Result<int> fd = ListenUnix(socket_path);
+    if (!fd.ok()) return fail(fd.status());
+    l.unix_fd = *fd;
+  }
+  if (prof_port != 0) {
+    Result<int> fd = ListenLoopback(prof_port, "profPort");
+    if (!fd.ok()) return fail(fd.status());
+    l.prof_fd = *fd;
+  }
+  if (metrics_port != 0) {
+    Result<int> fd = ListenLoopback(metrics_port, "exporterPort");
+    if (!fd.ok()) return fail(fd.status());
+    l.metrics_fd = *fd;
+  }
+  return l;
+}
 
 Result<std::unique_ptr<ControlServer>> ControlServer::Start(const Options& options,
                                                             prefetch::Prefetcher* prefetcher,

@@ -60,6 +60,21 @@ Status CheckJsonShape(std::string_view body, int max_depth, uint64_t max_element
 constexpr size_t kMaxPathBytes = 4096;
 constexpr size_t kMaxNameBytes = 255;
 
+// The listening sockets of a mount, bound once before the daemon detaches and kept by the
+// supervisor for every worker (docs/operations.md): nobody can take a port or the socket's
+// name while a worker restarts or upgrades. -1 where not configured.
+struct Listeners {
+  int unix_fd = -1;
+  int prof_fd = -1;
+  int metrics_fd = -1;
+};
+// Binds the unix socket at `socket_path` (its directory made as the daemon's, the socket
+// 0666; one a running daemon answers on is never taken), and 127.0.0.1:`prof_port` and
+// 127.0.0.1:`metrics_port` ("" or 0: none). Descriptors are close-on-exec. The error names the
+// config key (prefetch.control_socket, profPort, exporterPort); nothing stays bound then.
+Result<Listeners> BindListeners(const std::string& socket_path, uint16_t prof_port,
+                                uint16_t metrics_port);
+
 // Maps a published path (absolute under `mount_point`, or relative to the mount root) to a
 // store-relative path. Rejects paths outside the mount, ".." components, paths over
 // kMaxPathBytes and names over kMaxNameBytes (NameTooLong).
@@ -70,6 +85,18 @@ class ControlServer {
   struct Options {
     std::string socket_path;  // "" = no unix socket
     uint16_t prof_port = 0;   // 0 = no loopback TCP listener
+    // 127.0.0.1:exporterPort: GET /metrics (Prometheus text) and GET /healthz only, to any
+    // local user whether or not the mount has allow_other. 0 = none.
+    uint16_t metrics_port = 0;
+    // Listening sockets already bound (BindListeners, passed on by the supervisor so that no
+    // restart or upgrade ever binds again): used instead of binding socket_path, prof_port and
+    // metrics_port. -1: bind here. An inherited unix socket's file is not removed at the end.
+    int unix_fd = -1;
+    int prof_fd = -1;
+    int metrics_fd = -1;
+    // A listener that cannot be had is logged and left out instead of failing Start (a worker
+    // taking over a mount already served: a missing listener must not cost the mount).
+    bool tolerate_listen_errors = false;
     std::string mount_point;  // absolute, without a trailing slash
     // Resolves and checks request paths for their caller; null: the lexical checks only
     // (for tests of a store without owners).

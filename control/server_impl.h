@@ -169,14 +169,23 @@ class ServerImpl final : public ControlServer {
 
   // Runs `fn` on the threads of /v1/files/open (work that may block on a client).
   void RunBlocking(std::function<void()> fn) { asio::post(open_pool_, std::move(fn)); }
+  // Runs `fn` on the API's threads.
+  void RunApi(std::function<void()> fn) { asio::post(api_pool_, std::move(fn)); }
 
   // Takes `bytes` of the body memory budget for `uid`; false if it is in use. One user may
   // hold at most half of it (at least one body), so one slow sender cannot take it all.
   bool ReserveBody(uid_t uid, uint64_t bytes);
   void ReleaseBody(uid_t uid, uint64_t bytes);
 
-  // `listener_count`: unix_connections_ or tcp_connections_ (taken under conn_mu_).
+  // `listener_count`: unix_connections_, tcp_connections_ or metrics_connections_ (taken
+  // under conn_mu_).
   void ConnectionClosed(uid_t uid, int* listener_count);
+  // Whether connections counted in `listener_count` came to the metrics port.
+  bool IsMetricsListener(const int* listener_count) const {
+    return listener_count == &metrics_connections_;
+  }
+  // GET /metrics and GET /healthz, the metrics port's only routes (anything else 404).
+  Response HandleMetrics(const Request& req);
 
   // Answers `req` from `caller` on this thread, through the route table (routes.h): what
   // Dispatch runs on a worker. `sock` and `can_pass_fd` as for Dispatch. Public for the unit
@@ -274,6 +283,7 @@ class ServerImpl final : public ControlServer {
   Mutex conn_mu_;  // the connection counts
   int unix_connections_ GUARDED_BY(conn_mu_) = 0;
   int tcp_connections_ GUARDED_BY(conn_mu_) = 0;
+  int metrics_connections_ GUARDED_BY(conn_mu_) = 0;
   std::unordered_map<uid_t, int> per_uid_ GUARDED_BY(conn_mu_);
   asio::io_context ioc_;
   asio::thread_pool pool_;       // /batchdownload, /v1/warmup
@@ -281,6 +291,7 @@ class ServerImpl final : public ControlServer {
   asio::thread_pool open_pool_;  // /v1/files/open
   asio::local::stream_protocol::acceptor unix_acceptor_;
   asio::ip::tcp::acceptor tcp_acceptor_;
+  asio::ip::tcp::acceptor metrics_acceptor_;
   std::thread thread_;
   bool bound_unix_ = false;  // the socket file is ours to remove
   // The legacy endpoint's streams, one per user, and its warnings. Taken before the

@@ -1,10 +1,7 @@
 // `cubetorchfs`: mounts a store through FUSE with a RAM cache and Prometheus metrics.
 
-#include <CivetServer.h>
-#include <civetweb.h>
 #include <fcntl.h>
 #include <malloc.h>
-#include <prometheus/exposer.h>
 #include <prometheus/registry.h>
 #include <pthread.h>
 #include <signal.h>
@@ -244,28 +241,6 @@ std::vector<std::string> FuseArgv(const conf::Config& config, const CommandLine&
   return argv;
 }
 
-// GET /healthz on the metrics port, answered before prometheus-cpp's handlers see the request
-// (civetweb's begin_request). The health object outlives the listener.
-Health* g_health = nullptr;
-
-int HealthzHandler(mg_connection* conn) {
-  const mg_request_info* info = mg_get_request_info(conn);
-  if (info == nullptr || info->local_uri == nullptr ||
-      std::strcmp(info->local_uri, "/healthz") != 0)
-    return 0;  // not ours: /metrics goes on to prometheus-cpp
-  if (g_health == nullptr) return 0;
-  const nlohmann::json report = g_health->Report(/*details=*/false);
-  const bool healthy = report.value("healthy", false);
-  const std::string body =
-      report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  mg_printf(conn,
-            "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-            "Connection: close\r\n\r\n",
-            healthy ? 200 : 503, healthy ? "OK" : "Service Unavailable", body.size());
-  mg_write(conn, body.data(), body.size());
-  return healthy ? 200 : 503;
-}
-
 // Writes the control file the Python hook finds this mount by, and logs the mount; returns
 // the pid recorded in it.
 int WriteMountInfo(const conf::Config& config, const std::string& control_path,
@@ -443,18 +418,6 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
   mallopt(M_ARENA_MAX, 2);
   auto registry = std::make_shared<prometheus::Registry>();
-  std::unique_ptr<prometheus::Exposer> exposer;
-  if (config.exporter_port != 0) {
-    const std::string addr = "127.0.0.1:" + std::to_string(config.exporter_port);
-    try {
-      static CivetCallbacks callbacks;
-      callbacks.begin_request = HealthzHandler;
-      exposer = std::make_unique<prometheus::Exposer>(addr, 2, &callbacks);
-      exposer->RegisterCollectable(registry);
-    } catch (const std::exception& e) {
-      return Fail(kExitBadConfig, "exporterPort: cannot listen on " + addr + ": " + e.what());
-    }
-  }
 
   Result<std::unique_ptr<cfs_client::Backend>> backend =
       cfs_client::NewBackend(config.backend, *registry, SystemClock());
@@ -527,10 +490,17 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
                                                             static_cast<double>(st.reads.total()));
     return r;
   });
-  g_health = &health;
   control_options.health = [&health](bool details) { return health.Report(details); };
   if (takeover.channel_fd >= 0)
     control_options.upgrade = [filesystem] { return RequestHandover(*filesystem); };
+  // The listeners the supervisor bound before the mount: never bound again, so nobody can take
+  // a port or the socket's name while workers come and go. A worker taking over a mount
+  // already served goes on without a listener it cannot have rather than end the mount.
+  control_options.metrics_port = config.exporter_port;
+  control_options.unix_fd = takeover.unix_fd;
+  control_options.prof_fd = takeover.prof_fd;
+  control_options.metrics_fd = takeover.metrics_fd;
+  control_options.tolerate_listen_errors = takeover.generation > 0 || takeover.state_fd >= 0;
   Result<std::unique_ptr<control::ControlServer>> control = control::ControlServer::Start(
       control_options, &prefetcher, cache.get(),
       [filesystem](const std::string& path, const cfs_client::FileAttr& attr,
@@ -640,8 +610,8 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   if (disk) disk->Flush();  // chunks already queued reach the NVMe tier (at most 32 MiB)
   control::RemoveControlFile(control_path, pid);
   CTFS_LOG(kInfo) << "exiting";
-  // Skip the destructors: the metrics listener's shutdown waits up to 2 s for its poll loop,
-  // and everything else is memory the kernel reclaims at once. Nothing is left unwritten.
+  // Skip the destructors: everything left is memory the kernel reclaims at once. Nothing is
+  // left unwritten.
   std::_Exit(0);
 }
 
@@ -717,6 +687,13 @@ int Main(int argc, char** argv) {
     CTFS_LOG(kWarn) << "ignoring unknown top-level keys: " << keys;
   }
 
+  if (config.backend.cubefs.remote_cache && config.backend.type != conf::BackendType::kCubefs) {
+    std::cerr << "cubetorchfs: warning: backend.cubefs.remote_cache is ignored: the backend is "
+                 "not cubefs"
+              << std::endl;
+    CTFS_LOG(kWarn) << "backend.cubefs.remote_cache is ignored: the backend is not cubefs";
+  }
+
   FitStreamedReadsToPipes(&config);
   if (!cl->takeover.empty()) {  // a worker, started by the supervisor
     Result<Takeover> t = ParseTakeover(cl->takeover);
@@ -735,8 +712,39 @@ int Main(int argc, char** argv) {
   if (!cl->resume.empty()) {  // a supervisor executed by an upgrade
     Result<Takeover> t = ParseTakeover(cl->resume);
     if (!t.ok()) return Fail(kExitBadConfig, t.status().message());
-    ExitNow(Supervise(config, cl.value(), exe, args, -1, t->fuse_fd, &*t));
+    if (t->unix_fd < 0 && t->prof_fd < 0 && t->metrics_fd < 0) {
+      // Upgraded from a version whose supervisor held no listeners: bind them now, while no
+      // worker runs, and keep them from here on. One that cannot be had is left to the worker.
+      Result<control::Listeners> l = control::BindListeners(conf::ControlSocketPath(config),
+                                                            config.prof_port, config.exporter_port);
+      if (l.ok()) {
+        t->unix_fd = l->unix_fd;
+        t->prof_fd = l->prof_fd;
+        t->metrics_fd = l->metrics_fd;
+      } else {
+        CTFS_LOG(kWarn) << "supervisor: " << l.status().message()
+                        << "; each worker binds its own listeners";
+      }
+    }
+    ExitNow(Supervise(config, cl.value(), exe, args, -1, t->fuse_fd, *t, &*t));
   }
+  // The NVMe tier's directory is checked here too (the worker opens it): one another user owns
+  // or could swap is one line on this terminal, not a mount that comes and goes.
+  if (!config.cache.disk_dir.empty())
+    if (Status s = EnsurePrivateDir(config.cache.disk_dir, "cache.disk_dir", "cached data",
+                                    CreateDir::kWithParents);
+        !s.ok())
+      return Fail(kExitBadConfig, s.message());
+  // The listeners are bound here, before anything is mounted, so that a port in use or a bad
+  // socket directory is one line on this terminal and nothing mounted; the supervisor keeps
+  // them for every worker it starts (docs/operations.md, "Listeners").
+  Result<control::Listeners> bound = control::BindListeners(conf::ControlSocketPath(config),
+                                                            config.prof_port, config.exporter_port);
+  if (!bound.ok()) return Fail(kExitBadConfig, bound.status().message());
+  Takeover listeners;
+  listeners.unix_fd = bound->unix_fd;
+  listeners.prof_fd = bound->prof_fd;
+  listeners.metrics_fd = bound->metrics_fd;
   const int ready_fd = cl->foreground ? -1 : Daemonize();
   // The supervisor mounts and keeps the connection for as long as the mount lives; the
   // session is never destroyed (that would close it).
@@ -746,7 +754,7 @@ int Main(int argc, char** argv) {
     return Fail(
         fuse_fd.status().code() == Status::Code::kInvalidArgument ? kExitBadConfig : kExitFailure,
         fuse_fd.status().message());
-  ExitNow(Supervise(config, cl.value(), exe, args, ready_fd, *fuse_fd, nullptr));
+  ExitNow(Supervise(config, cl.value(), exe, args, ready_fd, *fuse_fd, listeners, nullptr));
 }
 
 }  // namespace

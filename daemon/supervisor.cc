@@ -48,12 +48,19 @@ Result<Takeover> ParseTakeover(const std::string& spec) {
       t.init_fd = static_cast<int>(v);
     else if (key == "state")
       t.state_fd = static_cast<int>(v);
+    else if (key == "unix")
+      t.unix_fd = static_cast<int>(v);
+    else if (key == "prof")
+      t.prof_fd = static_cast<int>(v);
+    else if (key == "metrics")
+      t.metrics_fd = static_cast<int>(v);
     else
       return Status::InvalidArgument("--takeover: unknown key " + key);
   }
   if (t.fuse_fd < 0 || (t.generation >> 23) != 0)
     return Status::InvalidArgument("--takeover: needs fuse=FD and a generation below 2^23");
-  for (int fd : {t.fuse_fd, t.channel_fd, t.init_fd, t.state_fd})
+  for (int fd :
+       {t.fuse_fd, t.channel_fd, t.init_fd, t.state_fd, t.unix_fd, t.prof_fd, t.metrics_fd})
     if (fd >= 0 && ::fcntl(fd, F_GETFD) < 0)
       return Status::InvalidArgument("--takeover: descriptor " + std::to_string(fd) +
                                      " is not open");
@@ -205,13 +212,24 @@ std::vector<char*> CArgs(std::vector<std::string>& args);
 class Supervisor {
  public:
   Supervisor(const conf::Config& config, const CommandLine& cl, std::string exe,
-             std::vector<std::string> argv, int ready_fd, int fuse_fd)
+             std::vector<std::string> argv, int ready_fd, int fuse_fd, const Takeover& listeners)
       : config_(config),
         cl_(cl),
         exe_(std::move(exe)),
         argv_(BaseArgv(argv)),
         ready_fd_(ready_fd),
-        fuse_fd_(fuse_fd) {}
+        fuse_fd_(fuse_fd),
+        listeners_{listeners.unix_fd, listeners.prof_fd, listeners.metrics_fd} {
+    // The socket file this supervisor's socket is bound at: removed when the mount ends, if it
+    // is still that one.
+    struct stat st;
+    const std::string path = conf::ControlSocketPath(config_);
+    if (listeners_[0] >= 0 && !path.empty() && ::lstat(path.c_str(), &st) == 0 &&
+        S_ISSOCK(st.st_mode))
+      socket_file_ = {st.st_dev, st.st_ino};
+    for (int fd : listeners_)
+      if (fd >= 0) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
 
   int Run(const Takeover* resume);
 
@@ -232,6 +250,8 @@ class Supervisor {
   const std::vector<std::string> argv_;
   int ready_fd_;
   const int fuse_fd_;
+  const int listeners_[3];  // unix, prof, metrics (-1: none), as in Takeover
+  std::pair<dev_t, ino_t> socket_file_{0, 0};
   UniqueFd signal_fd_;
   UniqueFd channel_;  // our end for the current worker
   pid_t worker_ = -1;
@@ -250,6 +270,10 @@ std::vector<std::string> Supervisor::TakeoverArgv(const char* flag, const Takeov
   spec += ",generation=" + std::to_string(t.generation);
   if (t.init_fd >= 0) spec += ",init=" + std::to_string(t.init_fd);
   if (t.state_fd >= 0) spec += ",state=" + std::to_string(t.state_fd);
+  static constexpr const char* kListenerKeys[] = {"unix", "prof", "metrics"};
+  for (int i = 0; i < 3; ++i)
+    if (listeners_[i] >= 0)
+      spec += std::string(",") + kListenerKeys[i] + "=" + std::to_string(listeners_[i]);
   std::vector<std::string> args = argv_;
   args.push_back(flag);
   args.push_back(spec);
@@ -304,7 +328,7 @@ bool Supervisor::Spawn(int state_fd) {
 
   const pid_t pid = ::fork();
   if (pid == 0) {
-    for (int fd : {fuse_fd_, sv[1], init_fd, state_fd})
+    for (int fd : {fuse_fd_, sv[1], init_fd, state_fd, listeners_[0], listeners_[1], listeners_[2]})
       if (fd >= 0) ::fcntl(fd, F_SETFD, 0);
     ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
     ::execv(exe_.c_str(), cargs.data());
@@ -360,7 +384,8 @@ void Supervisor::Reexec(int state_fd) {
   std::vector<std::string> args =
       TakeoverArgv("--resume", {fuse_fd_, -1, generation_ + 1, init.ok() ? *init : -1, state_fd});
   std::vector<char*> cargs = CArgs(args);
-  for (int fd : {fuse_fd_, state_fd, init.ok() ? *init : -1})
+  for (int fd :
+       {fuse_fd_, state_fd, init.ok() ? *init : -1, listeners_[0], listeners_[1], listeners_[2]})
     if (fd >= 0) ::fcntl(fd, F_SETFD, 0);
   ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
   CTFS_LOG(kInfo) << "supervisor: upgrading: executing " << exe_;
@@ -376,6 +401,11 @@ void Supervisor::Reexec(int state_fd) {
 
 int Supervisor::Finish(int code) {
   UnmountPath(config_.mount_point);
+  struct stat st;
+  const std::string path = conf::ControlSocketPath(config_);
+  if (socket_file_.second != 0 && ::lstat(path.c_str(), &st) == 0 &&
+      std::pair<dev_t, ino_t>{st.st_dev, st.st_ino} == socket_file_)
+    ::unlink(path.c_str());
   if (ready_fd_ >= 0) {  // never ready: the waiting parent reads the exit status instead
     ::close(ready_fd_);
     ready_fd_ = -1;
@@ -487,8 +517,8 @@ int Supervisor::Run(const Takeover* resume) {
 
 int Supervise(const conf::Config& config, const CommandLine& cl, const std::string& exe,
               const std::vector<std::string>& argv, int ready_fd, int fuse_fd,
-              const Takeover* resume) {
-  Supervisor supervisor(config, cl, exe, argv, ready_fd, fuse_fd);
+              const Takeover& listeners, const Takeover* resume) {
+  Supervisor supervisor(config, cl, exe, argv, ready_fd, fuse_fd, listeners);
   return supervisor.Run(resume);
 }
 

@@ -60,6 +60,11 @@ struct Takeover {
   uint64_t generation = 0;
   int init_fd = -1;   // a memfd holding the raw FUSE_INIT; -1: the worker reads it
   int state_fd = -1;  // a memfd holding the state handed over; -1: none
+  // The listening sockets, bound once before the mount (control::BindListeners) and kept by
+  // the supervisor for every worker; -1: none (the worker binds its own).
+  int unix_fd = -1;
+  int prof_fd = -1;
+  int metrics_fd = -1;
 };
 Result<Takeover> ParseTakeover(const std::string& spec);
 
@@ -79,10 +84,12 @@ void UnmountPath(const std::string& mount_point);
 bool SendMessage(int sock, ChannelMessage kind, const std::string& payload, int fd = -1);
 
 // Runs the supervisor until the mount ends; returns the exit status. `ready_fd` is the
-// daemonizing parent's pipe (-1 in the foreground); `fuse_fd` the mounted connection.
-// `resume`: a supervisor executed by an upgrade, with the INIT copy and the state (--resume).
+// daemonizing parent's pipe (-1 in the foreground); `fuse_fd` the mounted connection;
+// `listeners` the listening sockets every worker gets (the fields of Takeover; the unix
+// socket's file is removed when the mount ends). `resume`: a supervisor executed by an
+// upgrade, with the INIT copy and the state (--resume).
 int Supervise(const conf::Config& config, const CommandLine& cl, const std::string& exe,
               const std::vector<std::string>& argv, int ready_fd, int fuse_fd,
-              const Takeover* resume);
+              const Takeover& listeners, const Takeover* resume);
 
 }  // namespace cubetorchfs::daemon

@@ -78,7 +78,7 @@ class StoreStream {
   const int64_t uid_;
   bool charged_ = false;  // a descriptor of the budget is held (under mu_)
   // No streaming for this handle any more: the descriptor closed, its charge given back.
-  void GiveUpLocked();
+  void GiveUpLocked() REQUIRES(mu_);
   // Guards the descriptor; held across the store's open and the fstat of each call, so one
   // handle's streamed reads take it in turn. A leaf lock.
   Mutex mu_;

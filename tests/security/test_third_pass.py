@@ -156,3 +156,160 @@ def test_one_users_open_handles_do_not_exhaust_the_daemons_descriptors(
     finally:
         (flags / "done").write_text("")
         script_result(p, timeout=90)
+
+
+# Run as the attacker: tries to bind the mount's ports (and to listen at the socket's name)
+# again and again until the file `done` appears; prints how often it got one.
+_SQUAT = r'''
+import json, os, socket, sys, time
+spec = json.loads(sys.stdin.read())
+got, tries = [], 0
+deadline = time.time() + 60
+while not os.path.exists(spec["done"]) and time.time() < deadline:
+    for port in spec["ports"]:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        tries += 1
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            got.append(port)
+            time.sleep(0.5)  # hold it while the daemon would bind
+        except OSError:
+            pass
+        s.close()
+print(json.dumps({"got": got, "tries": tries}))
+'''
+
+
+def _healthz(port: int) -> int:
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
+def test_a_restart_or_an_upgrade_keeps_its_listeners_from_a_squatter(
+        open_cube: CubeFactory) -> None:
+    import signal
+
+    from cubefs_harness import free_tcp_port, wait_until
+    base = open_cube.base.parent
+    src = base / "src"
+    src.mkdir()
+    os.chmod(src, 0o755)
+    (src / "f").write_bytes(b"still served")
+    os.chmod(src / "f", 0o644)
+    prof = free_tcp_port()
+    mount = open_cube.mount(src, {"profPort": prof})
+    flags = base / "flags"
+    flags.mkdir()
+    os.chmod(flags, 0o777)
+    spec = {"ports": [prof, mount.metrics_port], "done": str(flags / "done")}
+    squatter = start_script_as(_SQUAT, spec, NOBODY)
+    try:
+        time.sleep(0.5)
+        # Crashes (within the supervisor's restart budget: 5 a minute), then an upgrade.
+        for _ in range(4):
+            pid = mount.read_control()["pid"]
+            os.kill(pid, signal.SIGKILL)
+            assert wait_until(lambda: mount.read_control().get("pid") not in (None, pid), 30), \
+                "no new daemon after kill -9"
+            time.sleep(0.3)
+        pid = mount.read_control()["pid"]
+        up = subprocess.run([str(open_cube_binary()), "upgrade", str(mount.mountpoint)],
+                            capture_output=True, text=True, timeout=60, env=mount.env())
+        assert up.returncode == 0, up.stderr
+        assert wait_until(lambda: mount.read_control().get("pid") not in (None, pid), 30)
+    finally:
+        (flags / "done").write_text("")
+        out = script_result(squatter, timeout=90)
+    assert out["got"] == [], out
+    assert mount.is_mounted()
+    assert (mount.mountpoint / "f").read_bytes() == b"still served"
+    assert _healthz(mount.metrics_port) == 200
+
+
+def open_cube_binary() -> Path:
+    from cubefs_harness import BINARY
+    return Path(BINARY)
+
+
+def test_idle_connections_to_the_metrics_port_do_not_starve_healthz(
+        open_cube: CubeFactory) -> None:
+    import socket
+    base = open_cube.base.parent
+    src = base / "src"
+    src.mkdir()
+    os.chmod(src, 0o755)
+    mount = open_cube.mount(src)
+    port = mount.metrics_port
+    idle = []
+    try:
+        for i in range(8):  # idle, and half-sent requests
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            if i % 2:
+                s.sendall(b"GET /metr")
+            idle.append(s)
+        time.sleep(0.3)
+        ok = 0
+        for _ in range(13):
+            start = time.monotonic()
+            if _healthz(port) == 200 and time.monotonic() - start < 3:
+                ok += 1
+        assert ok == 13, ok
+        import urllib.request
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            assert b"cubetorchfs_" in r.read()
+    finally:
+        for s in idle:
+            s.close()
+
+
+@pytest.mark.parametrize("what", ["profPort", "exporterPort", "disk_dir", "remote_cache"])
+def test_a_bad_listener_or_tier_directory_is_one_line_and_nothing_mounted(
+        open_cube: CubeFactory, what: str) -> None:
+    import socket
+
+    from cubefs_harness import free_tcp_port, mount_entry
+    base = open_cube.base.parent
+    src = base / "src"
+    src.mkdir()
+    port = free_tcp_port()
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", port))
+    taken.listen()
+    overrides: dict[str, Any] = {}
+    if what == "profPort":
+        overrides["profPort"] = port
+    elif what == "disk_dir":
+        tier = base / "usertier"
+        tier.mkdir()
+        os.chown(tier, NOBODY, NOBODY)  # another user could swap what the daemon writes there
+        overrides["cache"] = {"disk_dir": str(tier), "disk_bytes": "64MiB"}
+    elif what == "remote_cache":
+        overrides["backend"] = {"cubefs": {"remote_cache": True}}
+    try:
+        instance = open_cube.prepare(src, overrides)
+        if what == "exporterPort":
+            instance.metrics_port = port
+            cfg = dict(instance.config or {})
+            cfg["exporterPort"] = port
+            instance.config_path.write_text(__import__("json").dumps(cfg))
+        result = open_cube.launch(instance)
+    finally:
+        taken.close()
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    if what == "remote_cache":  # accepted, with a word
+        assert result.returncode == 0, result
+        assert any("remote_cache" in ln and "ignored" in ln for ln in lines), result.stderr
+        return
+    assert result.returncode == 2, result
+    key = "cache.disk_dir" if what == "disk_dir" else what
+    assert len(lines) == 1 and key in lines[0], result.stderr
+    assert mount_entry(instance.mountpoint) is None
