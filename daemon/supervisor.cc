@@ -19,9 +19,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <thread>
 
 #include "common/logging.h"
 #include "common/unique_fd.h"
+
+extern char** environ;
 
 namespace cubetorchfs::daemon {
 
@@ -250,6 +253,7 @@ class Supervisor {
   const std::vector<std::string> argv_;
   int ready_fd_;
   const int fuse_fd_;
+  UniqueFd self_image_;     // this process's executable, for the workers it starts
   const int listeners_[3];  // unix, prof, metrics (-1: none), as in Takeover
   std::pair<dev_t, ino_t> socket_file_{0, 0};
   UniqueFd signal_fd_;
@@ -278,6 +282,49 @@ std::vector<std::string> Supervisor::TakeoverArgv(const char* flag, const Takeov
   args.push_back(flag);
   args.push_back(spec);
   return args;
+}
+
+// Runs `exe --version` and checks it answers as a cubetorchfs within 5 s: a binary that cannot
+// start here (a missing library: exit 127, a truncated file) is never executed in the
+// supervisor's place.
+Status ProbeBinary(const std::string& exe) {
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return Status::FromErrno(errno, "pipe");
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out[1], STDOUT_FILENO);
+    const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (null >= 0) ::dup2(null, STDERR_FILENO);
+    ::execl(exe.c_str(), exe.c_str(), "--version", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  UniqueFd reader(out[0]);
+  if (pid < 0) return Status::FromErrno(errno, "fork");
+  std::string text;
+  const double deadline = NowS() + 5;
+  for (char buf[256]; text.size() < 4096;) {
+    pollfd p{reader.get(), POLLIN, 0};
+    const int left_ms = static_cast<int>((deadline - NowS()) * 1000);
+    if (left_ms <= 0 || ::poll(&p, 1, left_ms) <= 0) break;
+    const ssize_t n = ::read(reader.get(), buf, sizeof buf);
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  int status = 0;
+  if (::waitpid(pid, &status, WNOHANG) == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    return Status::IOError(exe + " --version did not answer within 5 s");
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return Status::IOError(exe + " --version " +
+                           (WIFEXITED(status)
+                                ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                                : std::string("was killed by a signal")));
+  if (text.rfind("cubetorchfs ", 0) != 0)
+    return Status::IOError(exe + " --version does not answer as cubetorchfs");
+  return Status::OK();
 }
 
 std::vector<char*> CArgs(std::vector<std::string>& args) {
@@ -331,6 +378,9 @@ bool Supervisor::Spawn(int state_fd) {
     for (int fd : {fuse_fd_, sv[1], init_fd, state_fd, listeners_[0], listeners_[1], listeners_[2]})
       if (fd >= 0) ::fcntl(fd, F_SETFD, 0);
     ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+    // The worker runs this supervisor's own image, whatever is installed at exe_ now (removed,
+    // or replaced by a package not yet upgraded to): an upgrade goes through Reexec.
+    if (self_image_.get() >= 0) ::fexecve(self_image_.get(), cargs.data(), environ);
     ::execv(exe_.c_str(), cargs.data());
     ::_exit(127);
   }
@@ -422,7 +472,16 @@ int Supervisor::OnWorkerExit(int status) {
   if (state_fd_ >= 0 && exited && code == 0) {
     const int fd = state_fd_;
     state_fd_ = -1;
-    Reexec(fd);
+    const Status probe = ProbeBinary(exe_);
+    if (probe.ok()) Reexec(fd);  // does not return
+    // The installed binary cannot run here: the running version goes on, with the state.
+    CTFS_LOG(kError) << "supervisor: upgrade abandoned: " << probe.message()
+                     << "; the running version goes on";
+    ++generation_;
+    const bool spawned = Spawn(fd);
+    ::close(fd);
+    if (!spawned) return Finish(kExitFailure);
+    return -1;
   }
   if (stopping_) return Finish(exited ? code : kExitFailure);
   if (exited && code == 0) return Finish(0);  // unmounted, or stopped by a signal of its own
@@ -437,10 +496,16 @@ int Supervisor::OnWorkerExit(int status) {
                      << " restarts in the last " << kRestartWindowS << " s: giving up";
     return Finish(kExitFailure);
   }
+  // Spaced restarts: at once after the first crash in the window, then after 0.25, 0.5, 1 and
+  // 2 s, so that a worker failing at start does not spend the budget in a few milliseconds.
+  const double wait_s =
+      restarts_.empty() ? 0
+                        : 0.125 * static_cast<double>(1 << std::min<size_t>(restarts_.size(), 4));
   restarts_.push_back(now);
   ++generation_;
   CTFS_LOG(kError) << "supervisor: worker " << how << "; starting a new one on the same "
-                   << "connection (generation " << generation_ << ")";
+                   << "connection in " << wait_s << " s (generation " << generation_ << ")";
+  if (wait_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait_s));
   if (!Spawn(-1)) return Finish(kExitFailure);
   return -1;
 }
@@ -470,6 +535,10 @@ int Supervisor::Run(const Takeover* resume) {
     if (state_fd >= 0) ::fcntl(state_fd, F_SETFD, FD_CLOEXEC);
     ::fcntl(fuse_fd_, F_SETFD, FD_CLOEXEC);
   }
+  self_image_.reset(::open("/proc/self/exe", O_RDONLY | O_CLOEXEC));
+  if (self_image_.get() < 0)
+    CTFS_LOG(kWarn) << "supervisor: /proc/self/exe: " << std::strerror(errno)
+                    << "; workers start from " << exe_;
   if (!Spawn(state_fd)) return Finish(kExitFailure);
   if (state_fd >= 0) ::close(state_fd);
 

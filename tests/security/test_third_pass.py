@@ -313,3 +313,60 @@ def test_a_bad_listener_or_tier_directory_is_one_line_and_nothing_mounted(
     key = "cache.disk_dir" if what == "disk_dir" else what
     assert len(lines) == 1 and key in lines[0], result.stderr
     assert mount_entry(instance.mountpoint) is None
+
+
+def _start_from(open_cube: CubeFactory, exe: Path, src: Path) -> Any:
+    """A mount started by the binary at `exe` (a copy the test may remove or replace)."""
+    from cubefs_harness import BINARY
+    shutil.copy(BINARY, exe)
+    instance = open_cube.prepare(src)
+    p = subprocess.run([str(exe), "-c", str(instance.config_path), str(instance.mountpoint)],
+                       capture_output=True, text=True, timeout=60, env=instance.env())
+    assert p.returncode == 0, p.stderr
+    assert instance.wait_ready()
+    instance.learn_pid()
+    return instance
+
+
+def test_a_removed_binary_does_not_turn_a_crash_into_an_unmount(open_cube: CubeFactory) -> None:
+    import signal
+
+    from cubefs_harness import wait_until
+    base = open_cube.base.parent
+    src = base / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"served")
+    exe = base / "cubetorchfs-copy"
+    mount = _start_from(open_cube, exe, src)
+    exe.unlink()  # a package removed, or replaced and not yet upgraded to
+    for _ in range(2):
+        pid = mount.read_control()["pid"]
+        os.kill(pid, signal.SIGKILL)
+        assert wait_until(lambda: mount.read_control().get("pid") not in (None, pid), 30), \
+            "no new worker after kill -9 with the binary gone"
+    assert (mount.mountpoint / "f").read_bytes() == b"served"
+
+
+def test_an_upgrade_to_a_binary_that_cannot_start_keeps_the_running_version(
+        open_cube: CubeFactory) -> None:
+    from cubefs_harness import BINARY, wait_until
+    base = open_cube.base.parent
+    src = base / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"served")
+    exe = base / "cubetorchfs-copy"
+    mount = _start_from(open_cube, exe, src)
+    held = open(mount.mountpoint / "f", "rb")  # an open file, read across the upgrade
+    try:
+        exe.unlink()
+        exe.write_text("#!/bin/sh\nexit 127\n")  # as a binary missing a library exits
+        exe.chmod(0o755)
+        pid = mount.read_control()["pid"]
+        subprocess.run([str(BINARY), "upgrade", str(mount.mountpoint), "--timeout", "30"],
+                       capture_output=True, text=True, timeout=60, env=mount.env())
+        assert wait_until(lambda: mount.read_control().get("pid") not in (None, pid), 30)
+        assert mount.is_mounted()
+        assert held.read() == b"served"
+        assert (mount.mountpoint / "f").read_bytes() == b"served"
+    finally:
+        held.close()
