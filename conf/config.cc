@@ -429,7 +429,7 @@ Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
   return ForEachKey(node, "fuse",
                     {"read_only", "entry_timeout_s", "attr_timeout_s", "negative_timeout_s",
                      "max_read", "read_ahead", "keep_cache", "flush_on_close", "write_back_idle_s",
-                     "list_ahead", "list_ahead_threads"},
+                     "list_ahead", "list_ahead_threads", "dir_memory_bytes"},
                     [&](const std::string& k, const YAML::Node& v, const std::string& key) {
                       if (k == "read_only") {
                         CTFS_ASSIGN(o->read_only, GetBool(v, key));
@@ -472,6 +472,11 @@ Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
                         CTFS_ASSIGN(n, GetUint(v, key, 64));
                         if (n == 0) return Bad(key, "must be at least 1");
                         o->list_ahead_threads = static_cast<unsigned>(n);
+                      }
+                      if (k == "dir_memory_bytes") {
+                        CTFS_ASSIGN(o->dir_memory_bytes, GetSize(v, key));
+                        if (o->dir_memory_bytes < (1u << 20))
+                          return Bad(key, "must be at least 1MiB");
                       }
                       if (k == "flush_on_close") CTFS_ASSIGN(o->flush_on_close, GetBool(v, key));
                       if (k == "write_back_idle_s")

@@ -170,6 +170,10 @@ struct FuseOptions {
   // ai_prefetch.
   uint64_t list_ahead = 0;
   unsigned list_ahead_threads = 4;  // Default: 4.
+  // The memory the listings of open directories may hold in all (each opendir keeps a
+  // snapshot until its release); one user at most half. An opendir past it fails with ENOMEM.
+  // Default: 256MiB.
+  uint64_t dir_memory_bytes = 256ull << 20;
 };
 
 struct Config {

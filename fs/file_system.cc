@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "cache/tiers.h"
+#include "common/heap_trim.h"
 #include "common/logging.h"
 
 namespace cubetorchfs::fs {
@@ -256,7 +257,50 @@ Result<std::string> FileSystem::ReadLink(uint64_t ino) {
   return backend_->ReadLink(inode.path);
 }
 
-Result<std::unique_ptr<DirHandle>> FileSystem::OpenDir(uint64_t ino) {
+namespace {
+
+// What a listing holds in memory: its vector and each entry's name outside the string.
+uint64_t ListingBytes(const std::vector<cfs_client::DirEntry>& entries) {
+  uint64_t bytes = entries.capacity() * sizeof(cfs_client::DirEntry);
+  for (const cfs_client::DirEntry& e : entries)
+    if (e.name.capacity() > 15) bytes += e.name.capacity() + 1;  // beyond the inline buffer
+  return bytes;
+}
+
+}  // namespace
+
+std::shared_ptr<void> FileSystem::ChargeDir(int64_t uid, uint64_t bytes) {
+  std::shared_ptr<DirMemory> m = dir_memory_;
+  {
+    MutexLock l(m->mu);
+    const uint64_t total = options_.dir_memory_bytes;
+    uint64_t& mine = m->by_uid[uid];
+    if (m->held + bytes > total || (uid >= 0 && mine + bytes > total / 2)) {
+      if (mine == 0) m->by_uid.erase(uid);
+      return nullptr;
+    }
+    mine += bytes;
+    m->held += bytes;
+  }
+  // The token: gives the bytes back when the last copy of the handle goes, and the freed heap
+  // to the system after a large listing.
+  return std::shared_ptr<void>(reinterpret_cast<void*>(1), [m, uid, bytes](void*) {
+    {
+      MutexLock l(m->mu);
+      m->held -= bytes;
+      auto it = m->by_uid.find(uid);
+      if (it != m->by_uid.end() && (it->second -= bytes) == 0) m->by_uid.erase(it);
+    }
+    if (bytes >= (1u << 20)) TrimHeap();
+  });
+}
+
+uint64_t FileSystem::dir_memory_held() const {
+  MutexLock l(dir_memory_->mu);
+  return dir_memory_->held;
+}
+
+Result<std::unique_ptr<DirHandle>> FileSystem::OpenDir(uint64_t ino, int64_t uid) {
   CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
   if (inode.removed) {  // removed: no entries (its old path may name another directory)
     auto handle = std::make_unique<DirHandle>();
@@ -277,6 +321,16 @@ Result<std::unique_ptr<DirHandle>> FileSystem::OpenDir(uint64_t ino) {
     handle->entries = std::move(entries).value();
   }
   if (list_ahead_ != nullptr) list_ahead_->OnListed(inode.path, handle->entries);
+  const uint64_t bytes = ListingBytes(handle->entries);
+  handle->charge = ChargeDir(uid, bytes);
+  if (handle->charge == nullptr) {
+    CTFS_LOG(kWarn) << "opendir " << inode.path << " refused: its " << handle->entries.size()
+                    << " entries (" << bytes << " bytes) would pass fuse.dir_memory_bytes ("
+                    << options_.dir_memory_bytes << " for all open directories, half per user)";
+    handle.reset();
+    TrimHeap();
+    return Status::Errno(ENOMEM, inode.path + ": open directories hold too much memory");
+  }
   return handle;
 }
 

@@ -91,6 +91,8 @@ struct DirHandle {
   uint64_t ino = 0;
   std::string path;
   std::vector<cfs_client::DirEntry> entries;  // a snapshot taken at opendir
+  // The snapshot's charge against Options::dir_memory_bytes, given back with the handle.
+  std::shared_ptr<void> charge;
 };
 
 struct OpenResult {
@@ -145,6 +147,9 @@ class FileSystem : public prefetch::AttrSource {
     // Subdirectories listed ahead of the kernel's opendir (list_ahead.h); 0: none.
     uint64_t list_ahead = 0;
     unsigned list_ahead_threads = 4;
+    // What the snapshots of open directories may hold in all; one user at most half
+    // (fuse.dir_memory_bytes). An opendir past it fails with ENOMEM.
+    uint64_t dir_memory_bytes = 256ull << 20;
   };
 
   // `backend`, `cache`, `prefetcher`, `clock`, `registry` and `disk` (may be null) must outlive
@@ -161,7 +166,9 @@ class FileSystem : public prefetch::AttrSource {
   void Forget(uint64_t ino, uint64_t nlookup);
   Result<cfs_client::FileAttr> GetAttr(uint64_t ino);
   Result<std::string> ReadLink(uint64_t ino);
-  Result<std::unique_ptr<DirHandle>> OpenDir(uint64_t ino);
+  // `uid`: the opener's (-1: unknown), whose share of dir_memory_bytes the snapshot uses.
+  Result<std::unique_ptr<DirHandle>> OpenDir(uint64_t ino, int64_t uid = -1);
+  uint64_t dir_memory_held() const;  // bytes the open directories' snapshots are charged
   // For readdirplus: the inode of `entry` of `dir`, with one lookup added.
   uint64_t AcquireDirEntry(const DirHandle& dir, const cfs_client::DirEntry& entry);
   // Opens for reading, or for writing (see OpenForWrite) when `flags` ask to write.
@@ -360,6 +367,15 @@ class FileSystem : public prefetch::AttrSource {
   cache::DiskCache* const disk_;  // the NVMe tier, or null
   StreamAdmission stream_admission_;
   DescriptorBudget stream_fds_;
+  // The memory of open directories' snapshots (Options::dir_memory_bytes), in all and by uid.
+  struct DirMemory {
+    Mutex mu;  // a leaf lock
+    uint64_t held GUARDED_BY(mu) = 0;
+    std::unordered_map<int64_t, uint64_t> by_uid GUARDED_BY(mu);
+  };
+  std::shared_ptr<DirMemory> dir_memory_ = std::make_shared<DirMemory>();
+  // Charges `bytes` of a snapshot to `uid`; null if over a bound (the token gives them back).
+  std::shared_ptr<void> ChargeDir(int64_t uid, uint64_t bytes);
   Clock* const clock_;
   InodeTable inodes_;
   prefetch::ModelFetcher* model_fetcher_ = nullptr;

@@ -232,7 +232,7 @@ void ReadLink(fuse_req_t req, fuse_ino_t ino) {
 
 void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   OpScope scope(req, kOpendir);
-  Result<std::unique_ptr<DirHandle>> dir = Ctx(req).fs->OpenDir(ino);
+  Result<std::unique_ptr<DirHandle>> dir = Ctx(req).fs->OpenDir(ino, fuse_req_ctx(req)->uid);
   if (!dir.ok()) return ReplyError(req, dir.status(), "opendir");
   fi->fh = Ctx(req).dirs.Insert(std::move(dir).value());
   fi->cache_readdir = Ctx(req).options.keep_cache;

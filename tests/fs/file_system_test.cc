@@ -235,6 +235,37 @@ TEST_F(FileSystemTest, AnOpenHandleFollowsItsFileAcrossRenamesNotItsPath) {
   EXPECT_EQ(Bytes(*got), std::string(900, 'A'));
 }
 
+// Open directories' snapshots are bounded: one user holds at most half of dir_memory_bytes,
+// all users together all of it, and what a closed directory held is given back.
+TEST_F(FileSystemTest, OpenDirectoriesHoldAtMostTheirMemoryBound) {
+  store_.AddDir("many");
+  for (int i = 0; i < 2000; ++i)
+    store_.PutFile("many/entry-with-a-long-name-" + std::to_string(i), "x");
+  FileSystem::Options o = options_;
+  o.dir_memory_bytes = 1u << 20;
+  std::unique_ptr<FileSystem> fs =
+      FileSystem::New(o, &store_, cache_.get(), prefetcher_.get(), &clock_, registry_).value();
+  const uint64_t ino = fs->Lookup(kRootIno, "many")->ino;
+  std::vector<std::unique_ptr<DirHandle>> held;
+  Status refused;
+  for (int i = 0; i < 100 && refused.ok(); ++i) {
+    Result<std::unique_ptr<DirHandle>> d = fs->OpenDir(ino, /*uid=*/1000);
+    if (d.ok())
+      held.push_back(std::move(d).value());
+    else
+      refused = d.status();
+  }
+  ASSERT_FALSE(refused.ok()) << "100 snapshots of 2,000 entries fit in 1 MiB?";
+  EXPECT_EQ(ToErrno(refused), ENOMEM);
+  EXPECT_GE(held.size(), 1u);
+  EXPECT_LE(fs->dir_memory_held(), (1u << 20) / 2);
+  // Another user is not refused for the first one's snapshots.
+  ASSERT_TRUE(fs->OpenDir(ino, /*uid=*/1001).ok());
+  held.clear();
+  EXPECT_EQ(fs->dir_memory_held(), 0u);
+  EXPECT_TRUE(fs->OpenDir(ino, /*uid=*/1000).ok());
+}
+
 TEST_F(FileSystemTest, OpenUsesCachedAttributesUntilTheyExpire) {
   uint64_t ino = LookupPath("d/small");
   int stats = store_.stats();

@@ -370,3 +370,61 @@ def test_an_upgrade_to_a_binary_that_cannot_start_keeps_the_running_version(
         assert (mount.mountpoint / "f").read_bytes() == b"served"
     finally:
         held.close()
+
+
+_OPEN_DIRS = r'''
+import json, os, sys, time
+spec = json.loads(sys.stdin.read())
+fds, errors = [], 0
+for _ in range(spec["n"]):
+    try:
+        fds.append(os.open(spec["path"], os.O_RDONLY | os.O_DIRECTORY))
+    except OSError:
+        errors += 1
+open(spec["ready"], "w").write("")
+deadline = time.time() + 60
+while not os.path.exists(spec["done"]) and time.time() < deadline:
+    time.sleep(0.1)
+for fd in fds:
+    os.close(fd)
+print(json.dumps({"open": len(fds), "errors": errors}))
+'''
+
+
+def test_open_directories_stay_within_their_memory_bound(open_cube: CubeFactory) -> None:
+    from seclib import daemon_peak_rss_bytes, daemon_rss_bytes
+    base = open_cube.base.parent
+    src = base / "src"
+    big = src / "big"
+    big.mkdir(parents=True)
+    os.chmod(src, 0o755)
+    os.chmod(big, 0o755)
+    for i in range(50_000):
+        (big / f"sample-{i:08d}-with-a-name-of-some-length.jpg").touch()
+    mount = open_cube.mount(src, {"fuse": {"dir_memory_bytes": "64MiB"}})
+    m = mount.mountpoint
+    pid = mount.pid or mount.learn_pid()
+    assert pid
+    start = daemon_rss_bytes(pid)
+    flags = base / "flags"
+    flags.mkdir()
+    os.chmod(flags, 0o777)
+    spec = {"path": f"{m}/big", "n": 60, "ready": str(flags / "ready"),
+            "done": str(flags / "done")}
+    p = start_script_as(_OPEN_DIRS, spec, NOBODY)
+    try:
+        deadline = time.time() + 120
+        while not (flags / "ready").exists() and time.time() < deadline and p.poll() is None:
+            time.sleep(0.2)
+        assert (flags / "ready").exists()
+        # Another user still lists it.
+        code, out = shell_as(["sh", "-c", f"ls {m}/big | wc -l"], OTHER)
+        assert code == 0 and out.strip() == b"50000", out
+        grown = daemon_peak_rss_bytes(pid) - start
+        # 60 snapshots of 50,000 entries would be about 900 MiB; the bound is 64 MiB (half for
+        # one user), plus what one listing being made and the kernel's replies take.
+        assert grown < 160 << 20, grown
+    finally:
+        (flags / "done").write_text("")
+        out = script_result(p, timeout=90)
+    assert out["errors"] > 0, out  # some opens were refused (ENOMEM)
