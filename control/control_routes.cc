@@ -521,14 +521,17 @@ Reply ServerImpl::BatchDownload(Request& req, const Caller& caller, int sock) {
     bool started = false;
     Status s = r.status();
     if (r.ok()) {
-      s = reader_(r->path, r->attr, [&](const char* data, size_t len) -> Status {
-        if (!started) {
-          if (!entry_head(r->attr.size)) return Status::IOError("client stopped reading");
-          started = true;
-        }
-        if (!out.Write(data, len)) return Status::IOError("client stopped reading");
-        return Status::OK();
-      });
+      s = reader_(
+          r->path, r->attr,
+          [&](const char* data, size_t len) -> Status {
+            if (!started) {
+              if (!entry_head(r->attr.size)) return Status::IOError("client stopped reading");
+              started = true;
+            }
+            if (!out.Write(data, len)) return Status::IOError("client stopped reading");
+            return Status::OK();
+          },
+          caller.uid);
     }
     if (started && !s.ok()) {  // the length is out: the reply cannot go on
       CTFS_LOG(kWarn) << "batchdownload aborted in " << p << ": " << s.ToString();

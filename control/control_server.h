@@ -123,9 +123,10 @@ class ControlServer {
   };
   // Reads regular file `store_path` at the version of `attr`, handing `piece` its bytes in
   // order (for /batchdownload/path).
-  using FileReader =
-      std::function<Status(const std::string& store_path, const cfs_client::FileAttr& attr,
-                           const std::function<Status(const char* data, size_t len)>& piece)>;
+  // `uid`: the caller's, whose streams alone the read may move.
+  using FileReader = std::function<Status(
+      const std::string& store_path, const cfs_client::FileAttr& attr,
+      const std::function<Status(const char* data, size_t len)>& piece, uid_t uid)>;
   // A file made resident for /v1/files/open; the server closes its fd after sending it.
   using OpenedFile = prefetch::ResidentFile;
   // Makes a whole file resident and returns a descriptor of it (for /v1/files/open).

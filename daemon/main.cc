@@ -505,9 +505,8 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   Result<std::unique_ptr<control::ControlServer>> control = control::ControlServer::Start(
       control_options, &prefetcher, cache.get(),
       [filesystem](const std::string& path, const cfs_client::FileAttr& attr,
-                   const std::function<Status(const char*, size_t)>& piece) {
-        return filesystem->StreamFile(path, attr, piece);
-      },
+                   const std::function<Status(const char*, size_t)>& piece,
+                   uid_t uid) { return filesystem->StreamFile(path, attr, piece, uid); },
       warmer.get(),
       [&model_fetcher](const std::string& path, const cfs_client::Backend::AttrCheck& check)
           -> Result<control::ControlServer::OpenedFile> {

@@ -392,7 +392,8 @@ std::shared_ptr<StoreStream> FileSystem::StreamFor(const std::string& path,
   return std::make_shared<StoreStream>(path, attr.Version(), &stream_fds_, uid);
 }
 
-Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, size_t size) {
+Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, size_t size,
+                                    int64_t uid) {
   const FileHandle* current = &opened;
   FileHandle refreshed;
   if (opened.ino != 0 && ever_written_.load()) {
@@ -424,7 +425,7 @@ Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, s
   // Files up to chunk_bytes are one whole-file entry; larger ones are chunks of chunk_bytes.
   const uint64_t chunk_bytes = options_.chunk_bytes;
   if (handle.stream != nullptr && &handle == &opened) {
-    if (std::optional<ReadResult> streamed = TryStream(handle, offset, end))
+    if (std::optional<ReadResult> streamed = TryStream(handle, offset, end, uid))
       return std::move(*streamed);
   }
   prefetch::ReadOutcome outcome = prefetch::ReadOutcome::kHit;
@@ -463,7 +464,7 @@ Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, s
   const size_t total = out.size();
   // ino 0: StreamFile, a read for the control API, not the kernel.
   prefetcher_->OnRead(handle.path, handle.version, offset, total, outcome,
-                      /*to_kernel=*/opened.ino != 0);
+                      /*to_kernel=*/opened.ino != 0, uid);
   bytes_backend_->Increment(static_cast<double>(backend_bytes));
   bytes_disk_->Increment(static_cast<double>(disk_bytes));
   bytes_ram_->Increment(static_cast<double>(total - backend_bytes - disk_bytes));
@@ -471,7 +472,7 @@ Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, s
 }
 
 std::optional<ReadResult> FileSystem::TryStream(const FileHandle& handle, uint64_t offset,
-                                                uint64_t end) {
+                                                uint64_t end, int64_t uid) {
   // Cold: no prefetch window or cache tier holds any of the chunks read (a chunk being
   // fetched counts as held: Get waits for it and the usual path then finds it).
   const uint64_t chunk_bytes = options_.chunk_bytes;
@@ -493,20 +494,21 @@ std::optional<ReadResult> FileSystem::TryStream(const FileHandle& handle, uint64
   ReadResult out;
   out.store = ReadResult::StoreSlice{handle.stream, fd, offset, length};
   prefetcher_->OnRead(handle.path, handle.version, offset, length, prefetch::ReadOutcome::kMiss,
-                      /*to_kernel=*/true);
+                      /*to_kernel=*/true, uid);
   bytes_backend_->Increment(static_cast<double>(length));
   bytes_streamed_->Increment(static_cast<double>(length));
   return out;
 }
 
 Status FileSystem::StreamFile(const std::string& path, const cfs_client::FileAttr& attr,
-                              const std::function<Status(const char* data, size_t len)>& piece) {
+                              const std::function<Status(const char* data, size_t len)>& piece,
+                              int64_t uid) {
   if (!attr.IsRegular()) return Status::InvalidArgument(path + ": not a regular file");
   const FileHandle handle{0, path, attr.Version(), 0, false};
   constexpr size_t kPiece = 1 << 20;
   for (uint64_t off = 0; off < attr.size;) {
     const size_t want = static_cast<size_t>(std::min<uint64_t>(kPiece, attr.size - off));
-    CTFS_ASSIGN_OR_RETURN(ReadResult r, Read(handle, off, want));
+    CTFS_ASSIGN_OR_RETURN(ReadResult r, Read(handle, off, want, uid));
     if (r.size() == 0 || r.size() > want)
       return Status::Stale(path + ": file changed in the store while read");
     for (const auto& s : r.slices)

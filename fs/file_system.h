@@ -174,12 +174,14 @@ class FileSystem : public prefetch::AttrSource {
   // Opens for reading, or for writing (see OpenForWrite) when `flags` ask to write.
   // `uid`: the opener's (-1: unknown), whose share of streamed-read descriptors it uses.
   Result<OpenResult> Open(uint64_t ino, int flags, bool track_handle = true, int64_t uid = -1);
-  Result<ReadResult> Read(const FileHandle& handle, uint64_t offset, size_t size);
+  // `uid`: the reader's (-1: unknown); only its own prefetch streams are moved by the read.
+  Result<ReadResult> Read(const FileHandle& handle, uint64_t offset, size_t size, int64_t uid = -1);
   // Reads regular file `path` (at `attr`'s version, the attributes a check just read) through
   // the caches, handing `piece` its bytes in order, 1 MiB at a time, without copying them (for
   // /batchdownload/path). An error from `piece` stops the read and is returned.
   Status StreamFile(const std::string& path, const cfs_client::FileAttr& attr,
-                    const std::function<Status(const char* data, size_t len)>& piece);
+                    const std::function<Status(const char* data, size_t len)>& piece,
+                    int64_t uid = -1);
   // A handle for reading `ino` at its current version, for reads without an open (no_open).
   Result<FileHandle> HandleFor(uint64_t ino);
   Result<cfs_client::FsStats> StatFs();
@@ -358,7 +360,8 @@ class FileSystem : public prefetch::AttrSource {
                                          int64_t uid = -1);
   // A read of [offset, end) of `handle` sent from the store's file (store_stream.h), if it
   // qualifies; nullopt: read it the usual way.
-  std::optional<ReadResult> TryStream(const FileHandle& handle, uint64_t offset, uint64_t end);
+  std::optional<ReadResult> TryStream(const FileHandle& handle, uint64_t offset, uint64_t end,
+                                      int64_t uid);
 
   const Options options_;
   cfs_client::Backend* const backend_;

@@ -338,15 +338,17 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   OpScope scope(req, kRead);
   FuseContext& ctx = Ctx(req);
+  // The reader: a read moves only its own prefetch streams.
+  const int64_t uid = fuse_req_ctx(req)->uid;
   Result<ReadResult> r = [&]() -> Result<ReadResult> {
     if (fi->fh != 0) {
       if (std::shared_ptr<FileHandle> h = ctx.files.Get(fi->fh))
-        return ctx.fs->Read(*h, static_cast<uint64_t>(off), size);
+        return ctx.fs->Read(*h, static_cast<uint64_t>(off), size, uid);
     }
     // Opened without an open request (no_open), or opened before this process took the
     // mount over (a handle number it never gave out): read the inode's current version.
     CTFS_ASSIGN_OR_RETURN(FileHandle h, ctx.fs->HandleFor(ino));
-    return ctx.fs->Read(h, static_cast<uint64_t>(off), size);
+    return ctx.fs->Read(h, static_cast<uint64_t>(off), size, uid);
   }();
   if (!r.ok()) return ReplyError(req, r.status(), "read");
   if (r->store) {

@@ -488,7 +488,8 @@ void Prefetcher::AdvanceLocked(Stream& s) {
 }
 
 void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& version,
-                        uint64_t offset, uint64_t bytes, ReadOutcome outcome, bool to_kernel) {
+                        uint64_t offset, uint64_t bytes, ReadOutcome outcome, bool to_kernel,
+                        int64_t uid) {
   const int o = static_cast<int>(outcome);
   if (reads_[o]) reads_[o]->Increment();
   std::lock_guard<std::mutex> l(mu_);
@@ -506,6 +507,7 @@ void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& 
     Stream* best = nullptr;
     uint64_t best_pos = 0;
     for (auto& [id, s] : streams_) {
+      if (uid >= 0 && static_cast<int64_t>(s.uid) != uid) continue;  // another user's stream
       auto p = s.pending.find(path);
       if (p == s.pending.end()) continue;
       const uint64_t pos = p->second.front();
@@ -532,6 +534,8 @@ void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& 
   auto it = window_.find(path);
   if (it == window_.end()) return;
   Entry& e = it->second;
+  // Fetched for another user's stream: this read is served from it, and leaves it to them.
+  if (uid >= 0 && static_cast<int64_t>(e.owner) != uid) return;
   if (e.state != State::kReady) {
     // Read on demand before its prefetch finished: once fetched, nobody needs it.
     e.was_read = true;

@@ -271,8 +271,11 @@ class Prefetcher {
                                uint64_t chunk);
   // Reports a read of [offset, offset + bytes) of `path`, and how it was served. `to_kernel`:
   // a FUSE read (the kernel may keep the pages); false for reads served to the control API.
+  // `uid`: the reader's. A read moves only that user's streams, and consumes only a window
+  // entry fetched for them: another user's read of a shared file ahead in a stream neither
+  // skips its positions nor drops what was prefetched for it. -1: unknown (any stream).
   void OnRead(const std::string& path, const cfs_client::FileVersion& version, uint64_t offset,
-              uint64_t bytes, ReadOutcome outcome, bool to_kernel = true);
+              uint64_t bytes, ReadOutcome outcome, bool to_kernel = true, int64_t uid = -1);
   // Attributes fetched with a prefetched file, while fresh: lookups then need no round trip.
   // `fetched_ns`, if not null, receives when they were read from the store.
   std::optional<cfs_client::FileAttr> WindowAttr(const std::string& path,

@@ -120,7 +120,7 @@ std::unique_ptr<detail::ServerImpl> RouteWorld::MakeServer(const ControlServer::
                                                            bool opener, bool with_warmer) {
   cfs_client::Backend* b = store.get();
   auto reader = [b](const std::string& path, const cfs_client::FileAttr& attr,
-                    const std::function<Status(const char*, size_t)>& piece) -> Status {
+                    const std::function<Status(const char*, size_t)>& piece, uid_t) -> Status {
     std::string buf(32 << 10, '\0');
     for (uint64_t off = 0; off < attr.size;) {
       Result<size_t> n = b->Read(path, attr.Version(), off, buf.size(), buf.data());

@@ -1194,5 +1194,27 @@ TEST_F(PrefetcherTest, OneUserFloodingTheWindowDoesNotStarveAnother) {
   EXPECT_GE(st.preempted, 4u);
 }
 
+// Another user's read of a file far ahead in a stream (a shared file both may read) neither
+// moves that stream's cursor past its positions nor drops what was prefetched for it.
+TEST_F(PrefetcherTest, AnotherUsersReadMovesNeitherTheStreamNorItsWindow) {
+  Make(/*window_files=*/8, /*budget=*/1 << 20, /*slack=*/2);
+  const std::string mine = pf_->CreateStream("victim", 1, 1001);
+  std::vector<std::string> paths;
+  for (int i = 0; i < 40; ++i) paths.push_back(Name(i));
+  ASSERT_EQ(pf_->PublishAs(1001, mine, paths), Prefetcher::Op::kOk);
+  EXPECT_EQ(RunAll(), 8);
+  // The attacker reads position 30 and a file already prefetched for the victim.
+  pf_->OnRead(Name(30), {kFileSize, 1}, 0, kFileSize, ReadOutcome::kMiss, true, /*uid=*/1000);
+  pf_->OnRead(Name(3), {kFileSize, 1}, 0, kFileSize, ReadOutcome::kHit, true, /*uid=*/1000);
+  Stats st = pf_->GetStats();
+  ASSERT_EQ(st.streams.size(), 1u);
+  EXPECT_EQ(st.streams[0].skipped, 0u) << "another user's read skipped the victim's positions";
+  EXPECT_EQ(st.window_files, 8u) << "another user's read dropped a file prefetched for the victim";
+  for (int i = 0; i < 8; ++i) EXPECT_TRUE(pf_->Get(Name(i), {kFileSize, 1}, 0).has_value()) << i;
+  // The victim's own read of position 30 moves its stream.
+  pf_->OnRead(Name(30), {kFileSize, 1}, 0, kFileSize, ReadOutcome::kMiss, true, /*uid=*/1001);
+  EXPECT_GT(pf_->GetStats().streams[0].skipped, 0u);
+}
+
 }  // namespace
 }  // namespace cubetorchfs::prefetch

@@ -428,3 +428,56 @@ def test_open_directories_stay_within_their_memory_bound(open_cube: CubeFactory)
         (flags / "done").write_text("")
         out = script_result(p, timeout=90)
     assert out["errors"] > 0, out  # some opens were refused (ENOMEM)
+
+
+@pytest.mark.parametrize("how", ["batchdownload", "cat"])
+def test_one_users_read_does_not_move_another_users_stream(open_cube: CubeFactory,
+                                                           how: str) -> None:
+    import json
+
+    from cubefs_harness import wait_until
+    from seclib import as_user
+    base = open_cube.base.parent
+    src = base / "src"
+    shared = src / "shared"
+    shared.mkdir(parents=True)
+    os.chmod(src, 0o755)
+    os.chmod(shared, 0o755)
+    for i in range(400):
+        (shared / f"s{i:04d}").write_bytes(bytes([i % 256]) * 2000)
+    mount = open_cube.mount(src, {"profile": "ai_prefetch",
+                                  "prefetch": {"window_files": 64}})
+    m = str(mount.mountpoint)
+    sock = mount.read_control()["control_socket"]
+    # The victim's stream: 400 shared files in order; none read yet.
+    out = as_user({"kind": "unix", "socket": sock, "target": "/v1/streams",
+                   "body": {"name": "victim", "pid": 1}}, uid=OTHER)
+    assert out["status"] == 201, out
+    sid = json.loads(out["body"])["id"]
+    paths = [f"{m}/shared/s{i:04d}" for i in range(400)]
+    out = as_user({"kind": "unix", "socket": sock, "target": f"/v1/streams/{sid}/paths",
+                   "body": {"paths": paths}}, uid=OTHER)
+    assert out["status"] == 202, out
+
+    def victim_stream() -> dict[str, Any]:
+        st = as_user({"kind": "unix", "socket": sock, "method": "GET", "target": "/v1/stats"},
+                     uid=OTHER)
+        return json.loads(st["body"])["streams"][0]
+
+    assert wait_until(lambda: victim_stream()["fetched"] >= 60, 30), victim_stream()
+    before = victim_stream()
+    # The attacker reads one shared file far ahead in the victim's stream, and one fetched.
+    for far in ("s0300", "s0005"):
+        if how == "batchdownload":
+            out = as_user({"kind": "unix", "socket": sock, "target": "/batchdownload/path",
+                           "body": [[f"{m}/shared/{far}"]]}, uid=NOBODY)
+            assert out["status"] == 200, out
+        else:
+            assert shell_as(["cat", f"{m}/shared/{far}"], NOBODY)[0] == 0
+    after = victim_stream()
+    assert after["skipped"] == before["skipped"] == 0, (before, after)
+    assert after["evicted_unread"] == before["evicted_unread"], (before, after)
+    # The victim's own reads are hits.
+    code, _ = shell_as(["sh", "-c", f"cat {m}/shared/s000[0-9] >/dev/null"], OTHER)
+    assert code == 0
+    assert victim_stream()["reads"]["hit"] >= 9, victim_stream()
