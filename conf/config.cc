@@ -429,7 +429,7 @@ Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
   return ForEachKey(node, "fuse",
                     {"read_only", "entry_timeout_s", "attr_timeout_s", "negative_timeout_s",
                      "max_read", "read_ahead", "keep_cache", "flush_on_close", "write_back_idle_s",
-                     "list_ahead", "list_ahead_threads", "dir_memory_bytes"},
+                     "list_ahead", "list_ahead_threads", "dir_memory_bytes", "max_writes_per_uid"},
                     [&](const std::string& k, const YAML::Node& v, const std::string& key) {
                       if (k == "read_only") {
                         CTFS_ASSIGN(o->read_only, GetBool(v, key));
@@ -472,6 +472,10 @@ Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
                         CTFS_ASSIGN(n, GetUint(v, key, 64));
                         if (n == 0) return Bad(key, "must be at least 1");
                         o->list_ahead_threads = static_cast<unsigned>(n);
+                      }
+                      if (k == "max_writes_per_uid") {
+                        CTFS_ASSIGN(o->max_writes_per_uid, GetUint(v, key, 1u << 20));
+                        if (o->max_writes_per_uid == 0) return Bad(key, "must be at least 1");
                       }
                       if (k == "dir_memory_bytes") {
                         CTFS_ASSIGN(o->dir_memory_bytes, GetSize(v, key));

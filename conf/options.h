@@ -174,6 +174,9 @@ struct FuseOptions {
   // snapshot until its release); one user at most half. An opendir past it fails with ENOMEM.
   // Default: 256MiB.
   uint64_t dir_memory_bytes = 256ull << 20;
+  // Files one user may have open for writing through the mount at once; an open past it
+  // fails with EMFILE. Default: 4096.
+  uint64_t max_writes_per_uid = 4096;
 };
 
 struct Config {

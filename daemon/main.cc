@@ -190,6 +190,7 @@ FileSystem::Options FileSystemOptions(const conf::Config& config,
   o.list_ahead = config.fuse.list_ahead;
   o.list_ahead_threads = config.fuse.list_ahead_threads;
   o.dir_memory_bytes = config.fuse.dir_memory_bytes;
+  o.max_writes_per_uid = config.fuse.max_writes_per_uid;
   // No close reaches the daemon when the kernel skips FLUSH: written files are closed after
   // an idle time instead.
   if (config.fuse.keep_cache && !config.fuse.flush_on_close && !config.fuse.read_only)

@@ -356,7 +356,7 @@ Result<FileSystem::OpenTarget> FileSystem::RegularForOpen(uint64_t ino) {
 }
 
 Result<OpenResult> FileSystem::Open(uint64_t ino, int flags, bool track_handle, int64_t uid) {
-  if ((flags & O_ACCMODE) != O_RDONLY) return OpenForWrite(ino, flags, track_handle);
+  if ((flags & O_ACCMODE) != O_RDONLY) return OpenForWrite(ino, flags, track_handle, uid);
   if ((flags & O_TRUNC) != 0) CTFS_RETURN_IF_ERROR(CheckWritable());
   CTFS_ASSIGN_OR_RETURN(OpenTarget target, RegularForOpen(ino));
   const InodeInfo* inode = &target.inode;

@@ -150,6 +150,9 @@ class FileSystem : public prefetch::AttrSource {
     // What the snapshots of open directories may hold in all; one user at most half
     // (fuse.dir_memory_bytes). An opendir past it fails with ENOMEM.
     uint64_t dir_memory_bytes = 256ull << 20;
+    // Files one user may have open for writing through the mount at once (each holds a store
+    // descriptor or a staging file). An open past it fails with EMFILE.
+    uint64_t max_writes_per_uid = 4096;
   };
 
   // `backend`, `cache`, `prefetcher`, `clock`, `registry` and `disk` (may be null) must outlive
@@ -212,7 +215,7 @@ class FileSystem : public prefetch::AttrSource {
                 const std::string& new_name, unsigned flags);
   // Open for writing (`flags` has O_WRONLY or O_RDWR): the handle counts as a writer when
   // `track_handle`.
-  Result<OpenResult> OpenForWrite(uint64_t ino, int flags, bool track_handle);
+  Result<OpenResult> OpenForWrite(uint64_t ino, int flags, bool track_handle, int64_t uid = -1);
   Result<size_t> Write(uint64_t ino, uint64_t offset, const char* data, size_t len);
   // close(2) of a descriptor: the written bytes reach the store (visible there).
   Status Flush(uint64_t ino);
@@ -313,7 +316,13 @@ class FileSystem : public prefetch::AttrSource {
   Result<std::string> ChildOf(uint64_t parent, const std::string& name);
   std::shared_ptr<WriteState> FindWriteState(uint64_t ino);
   // The write state of `ino`, opening the file in the store if it has none.
-  Result<std::shared_ptr<WriteState>> GetWriteState(uint64_t ino, bool add_writer);
+  Result<std::shared_ptr<WriteState>> GetWriteState(uint64_t ino, bool add_writer,
+                                                    int64_t uid = -1);
+  // Whether `uid` may open one more file for writing (EMFILE if not). REQUIRES: writes_mu_.
+  Status WriteRoomLocked(int64_t uid) const REQUIRES(writes_mu_);
+  // `st` enters writes_ for `uid`, or leaves it. REQUIRES: writes_mu_ held.
+  void CountWriteLocked(WriteState& st, int64_t uid) REQUIRES(writes_mu_);
+  void UncountWriteLocked(WriteState& st) REQUIRES(writes_mu_);
   // The write state of `ino` (opened if need be, and again if a flush of another descriptor
   // closed it meanwhile), locked.
   struct LockedWriteState {
@@ -385,6 +394,7 @@ class FileSystem : public prefetch::AttrSource {
 
   Mutex writes_mu_;  // guards writes_, orphans_, flushed_seq_ and WriteState::orphan
   std::unordered_map<uint64_t, std::shared_ptr<WriteState>> writes_ GUARDED_BY(writes_mu_);
+  std::unordered_map<int64_t, uint64_t> writes_by_uid_ GUARDED_BY(writes_mu_);
   // Write states open now, and whether any change was ever made through the mount: reads
   // skip the write-path checks entirely while both are zero.
   std::atomic<uint64_t> open_writes_{0};

@@ -28,6 +28,10 @@ Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::strin
   o.mode = mode & 07777;
   o.uid = owner.uid;
   o.gid = owner.gid;
+  {
+    MutexLock l(writes_mu_);
+    CTFS_RETURN_IF_ERROR(WriteRoomLocked(owner.uid));
+  }
   Result<std::unique_ptr<cfs_client::WritableFile>> file = backend_->OpenWrite(*path, o);
   if (file.ok()) inodes_.ExpireAttr(parent);  // its mtime and ctime moved (if it was made)
   if (!file.ok()) return file.status();
@@ -43,6 +47,7 @@ Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::strin
       st->file = std::move(file).value();
       st->path = *path;
       writes_.emplace(ino, st);
+      CountWriteLocked(*st, owner.uid);
       open_writes_++;
     } else {
       st = it->second;  // already being written: share that state (the new handle is dropped)

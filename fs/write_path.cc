@@ -69,7 +69,30 @@ std::shared_ptr<WriteState> FileSystem::FindWriteState(uint64_t ino) {
   return it == writes_.end() ? nullptr : it->second;
 }
 
-Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool add_writer) {
+Status FileSystem::WriteRoomLocked(int64_t uid) const {
+  if (uid < 0) return Status::OK();
+  auto it = writes_by_uid_.find(uid);
+  if (it == writes_by_uid_.end() || it->second < options_.max_writes_per_uid) return Status::OK();
+  return Status::Errno(EMFILE, "user " + std::to_string(uid) + " has " +
+                                   std::to_string(it->second) +
+                                   " files open for writing through the mount, the most one "
+                                   "user may");
+}
+
+void FileSystem::CountWriteLocked(WriteState& st, int64_t uid) {
+  st.uid = uid;
+  if (uid >= 0) writes_by_uid_[uid]++;
+}
+
+void FileSystem::UncountWriteLocked(WriteState& st) {
+  if (st.uid < 0) return;
+  auto it = writes_by_uid_.find(st.uid);
+  if (it != writes_by_uid_.end() && --it->second == 0) writes_by_uid_.erase(it);
+  st.uid = -1;
+}
+
+Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool add_writer,
+                                                              int64_t uid) {
   for (;;) {
     std::shared_ptr<WriteState> st;
     bool created = false;
@@ -95,7 +118,12 @@ Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool
     {
       MutexLock l(writes_mu_);
       if (writes_.count(ino)) continue;  // another caller got there first
+      if (Status room = WriteRoomLocked(uid); !room.ok()) {
+        st->closed = true;
+        return room;
+      }
       writes_.emplace(ino, st);
+      CountWriteLocked(*st, uid);
       open_writes_++;
     }
     ever_written_.store(true);
@@ -109,6 +137,7 @@ Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool
       st->closed = true;
       MutexLock l(writes_mu_);
       writes_.erase(ino);
+      UncountWriteLocked(*st);
       open_writes_--;
       return file.status();
     }
@@ -313,6 +342,7 @@ Status FileSystem::MaybeCloseLocked(uint64_t ino, WriteState& st, bool forgotten
     auto it = writes_.find(ino);
     if (it != writes_.end() && it->second.get() == &st) {
       writes_.erase(it);
+      UncountWriteLocked(st);
       open_writes_--;
     }
     if (st.orphan && --orphans_ == 0) flushed_seq_.clear();
@@ -325,7 +355,8 @@ Status FileSystem::MaybeCloseLocked(uint64_t ino, WriteState& st, bool forgotten
   return Status::OK();
 }
 
-Result<OpenResult> FileSystem::OpenForWrite(uint64_t ino, int flags, bool track_handle) {
+Result<OpenResult> FileSystem::OpenForWrite(uint64_t ino, int flags, bool track_handle,
+                                            int64_t uid) {
   (void)flags;  // O_TRUNC arrives as a setattr (atomic_o_trunc is off), O_APPEND as offsets
   CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   CTFS_ASSIGN_OR_RETURN(OpenTarget target, RegularForOpen(ino));
@@ -339,7 +370,8 @@ Result<OpenResult> FileSystem::OpenForWrite(uint64_t ino, int flags, bool track_
   r.handle->write_gen = inode->write_gen;
   r.handle->writable = track_handle;
   if (track_handle) {
-    CTFS_ASSIGN_OR_RETURN(std::shared_ptr<WriteState> st, GetWriteState(ino, /*add_writer=*/true));
+    CTFS_ASSIGN_OR_RETURN(std::shared_ptr<WriteState> st,
+                          GetWriteState(ino, /*add_writer=*/true, uid));
   }
   return r;
 }
@@ -568,6 +600,7 @@ Status FileSystem::FlushAll() {
     auto it = writes_.find(i.ino);
     if (it != writes_.end() && it->second == i.st) {
       writes_.erase(it);
+      UncountWriteLocked(st);
       open_writes_--;
     }
     if (st.orphan && --orphans_ == 0) flushed_seq_.clear();

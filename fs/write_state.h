@@ -27,6 +27,9 @@ struct WriteState {
   // Its inode was forgotten before its bytes reached the store. Guarded by
   // FileSystem::writes_mu_ (not mu: a forget marks it without waiting for an upload).
   bool orphan = false;
+  // The user whose open made it (-1: unknown), counted against Options::max_writes_per_uid
+  // while it is in writes_. Guarded by FileSystem::writes_mu_.
+  int64_t uid = -1;
   uint64_t write_seq = 0;  // FileSystem::write_seq_ at its last change
   // Clock time of its opening or last change (read by the write-back thread without mu).
   std::atomic<uint64_t> changed_ns{0};

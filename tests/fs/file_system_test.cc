@@ -266,6 +266,34 @@ TEST_F(FileSystemTest, OpenDirectoriesHoldAtMostTheirMemoryBound) {
   EXPECT_TRUE(fs->OpenDir(ino, /*uid=*/1000).ok());
 }
 
+// One user's files open for writing are bounded (each holds a store descriptor or a staging
+// file): past max_writes_per_uid its creates and opens for writing fail with EMFILE, another
+// user's do not, and a release makes room again.
+TEST_F(FileSystemTest, FilesOpenForWritingAreBoundedPerUser) {
+  FileSystem::Options o = options_;
+  o.max_writes_per_uid = 3;
+  std::unique_ptr<FileSystem> fs =
+      FileSystem::New(o, &store_, cache_.get(), prefetcher_.get(), &clock_, registry_).value();
+  const Owner attacker{1000, 1000};
+  std::vector<FileSystem::Created> held;
+  for (const char* name : {"w0", "w1", "w2"}) {
+    Result<FileSystem::Created> c = fs->Create(kRootIno, name, 0644, O_WRONLY, attacker, true);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    held.push_back(std::move(c).value());
+  }
+  Result<FileSystem::Created> over = fs->Create(kRootIno, "w3", 0644, O_WRONLY, attacker, true);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(ToErrno(over.status()), EMFILE);
+  const uint64_t d = fs->Lookup(kRootIno, "d")->ino;
+  const uint64_t small = fs->Lookup(d, "small")->ino;
+  Result<OpenResult> w = fs->Open(small, O_WRONLY, true, /*uid=*/1000);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(ToErrno(w.status()), EMFILE);
+  ASSERT_TRUE(fs->Create(kRootIno, "v0", 0644, O_WRONLY, Owner{1001, 1001}, true).ok());
+  ASSERT_TRUE(fs->Release(held[0].entry.ino, held[0].handle.get()).ok());
+  EXPECT_TRUE(fs->Create(kRootIno, "w3", 0644, O_WRONLY, attacker, true).ok());
+}
+
 TEST_F(FileSystemTest, OpenUsesCachedAttributesUntilTheyExpire) {
   uint64_t ino = LookupPath("d/small");
   int stats = store_.stats();
