@@ -239,7 +239,9 @@ class Supervisor {
  private:
   bool Spawn(int state_fd);
   // This daemon's command line with `flag` (--takeover or --resume) and the descriptors of `t`.
-  std::vector<std::string> TakeoverArgv(const char* flag, const Takeover& t) const;
+  // `with_listeners`: hand the listeners on (a binary that takes them, --supports).
+  std::vector<std::string> TakeoverArgv(const char* flag, const Takeover& t,
+                                        bool with_listeners = true) const;
   void OnMessage();
   // The worker ended with `status`; returns the exit status of the supervisor, or -1 to go on.
   int OnWorkerExit(int status);
@@ -268,14 +270,15 @@ class Supervisor {
   sigset_t old_mask_{};
 };
 
-std::vector<std::string> Supervisor::TakeoverArgv(const char* flag, const Takeover& t) const {
+std::vector<std::string> Supervisor::TakeoverArgv(const char* flag, const Takeover& t,
+                                                  bool with_listeners) const {
   std::string spec = "fuse=" + std::to_string(t.fuse_fd);
   if (t.channel_fd >= 0) spec += ",channel=" + std::to_string(t.channel_fd);
   spec += ",generation=" + std::to_string(t.generation);
   if (t.init_fd >= 0) spec += ",init=" + std::to_string(t.init_fd);
   if (t.state_fd >= 0) spec += ",state=" + std::to_string(t.state_fd);
   static constexpr const char* kListenerKeys[] = {"unix", "prof", "metrics"};
-  for (int i = 0; i < 3; ++i)
+  for (int i = 0; i < 3 && with_listeners; ++i)
     if (listeners_[i] >= 0)
       spec += std::string(",") + kListenerKeys[i] + "=" + std::to_string(listeners_[i]);
   std::vector<std::string> args = argv_;
@@ -284,18 +287,22 @@ std::vector<std::string> Supervisor::TakeoverArgv(const char* flag, const Takeov
   return args;
 }
 
-// Runs `exe --version` and checks it answers as a cubetorchfs within 5 s: a binary that cannot
-// start here (a missing library: exit 127, a truncated file) is never executed in the
-// supervisor's place.
-Status ProbeBinary(const std::string& exe) {
+// Runs `exe arg1 [arg2]` with nothing but its stdout kept, for at most 5 s; returns what it
+// printed if it exited 0, else why not.
+Result<std::string> RunBinary(const std::string& exe, const char* arg1,
+                              const char* arg2 = nullptr) {
+  const std::string what = exe + " " + arg1 + (arg2 != nullptr ? std::string(" ") + arg2 : "");
   int out[2];
   if (::pipe2(out, O_CLOEXEC) != 0) return Status::FromErrno(errno, "pipe");
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::dup2(out[1], STDOUT_FILENO);
-    const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
-    if (null >= 0) ::dup2(null, STDERR_FILENO);
-    ::execl(exe.c_str(), exe.c_str(), "--version", static_cast<char*>(nullptr));
+    const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null >= 0) {
+      ::dup2(null, STDIN_FILENO);
+      ::dup2(null, STDERR_FILENO);
+    }
+    ::execl(exe.c_str(), exe.c_str(), arg1, arg2, static_cast<char*>(nullptr));
     ::_exit(127);
   }
   ::close(out[1]);
@@ -312,16 +319,26 @@ Status ProbeBinary(const std::string& exe) {
     text.append(buf, static_cast<size_t>(n));
   }
   int status = 0;
-  if (::waitpid(pid, &status, WNOHANG) == 0) {
+  pid_t done = 0;
+  while ((done = ::waitpid(pid, &status, WNOHANG)) == 0 && NowS() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (done == 0) {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, &status, 0);
-    return Status::IOError(exe + " --version did not answer within 5 s");
+    return Status::IOError(what + " did not answer within 5 s");
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    return Status::IOError(exe + " --version " +
+    return Status::IOError(what + " " +
                            (WIFEXITED(status)
                                 ? "exited with status " + std::to_string(WEXITSTATUS(status))
                                 : std::string("was killed by a signal")));
+  return text;
+}
+
+// Checks that `exe --version` answers as a cubetorchfs: a binary that cannot start here (a
+// missing library: exit 127, a truncated file) is never executed in the supervisor's place.
+Status ProbeBinary(const std::string& exe) {
+  CTFS_ASSIGN_OR_RETURN(std::string text, RunBinary(exe, "--version"));
   if (text.rfind("cubetorchfs ", 0) != 0)
     return Status::IOError(exe + " --version does not answer as cubetorchfs");
   return Status::OK();
@@ -431,12 +448,20 @@ void Supervisor::OnMessage() {
 
 void Supervisor::Reexec(int state_fd) {
   Result<int> init = MemfdWith("cubetorchfs-init", init_);
+  // A version before the listener handover would not know what to do with them (and a port
+  // it inherited would stay taken from its own daemon): it gets none and binds its own.
+  const bool hand_listeners = RunBinary(exe_, "--supports", "listener-handover").ok();
+  if (!hand_listeners && (listeners_[0] >= 0 || listeners_[1] >= 0 || listeners_[2] >= 0))
+    CTFS_LOG(kWarn) << "supervisor: " << exe_ << " does not take listeners over; its daemon "
+                    << "binds its own";
   std::vector<std::string> args =
-      TakeoverArgv("--resume", {fuse_fd_, -1, generation_ + 1, init.ok() ? *init : -1, state_fd});
+      TakeoverArgv("--resume", {fuse_fd_, -1, generation_ + 1, init.ok() ? *init : -1, state_fd},
+                   hand_listeners);
   std::vector<char*> cargs = CArgs(args);
-  for (int fd :
-       {fuse_fd_, state_fd, init.ok() ? *init : -1, listeners_[0], listeners_[1], listeners_[2]})
+  for (int fd : {fuse_fd_, state_fd, init.ok() ? *init : -1})
     if (fd >= 0) ::fcntl(fd, F_SETFD, 0);
+  for (int fd : listeners_)
+    if (fd >= 0 && hand_listeners) ::fcntl(fd, F_SETFD, 0);
   ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
   CTFS_LOG(kInfo) << "supervisor: upgrading: executing " << exe_;
   ::execv(exe_.c_str(), cargs.data());

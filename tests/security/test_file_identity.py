@@ -105,52 +105,34 @@ def test_an_open_descriptor_never_reads_another_users_file_swapped_under_it(
         assert out["errno"] in (116, 5), out  # ESTALE (EIO where the kernel maps it)
 
 
-# Run as the attacker: a file of its own at the victim's path, with the victim's size and mtime,
-# after the victim's file was cached. Prints what the read gave.
-_CACHE_PROBE = r'''
+# Run as the attacker: moves the victim's directory team/v aside, makes its own team/v/<name>
+# with the victim's size and mtime and reads it through the mount. "probe": the victim's file
+# was cached; prints whether the read gave the victim's bytes or its own. "poison": its own
+# bytes are evil, then the victim's directory is put back; prints whether they were read (and
+# so cached under the victim's path).
+_FORGE = r'''
 import json, os, sys, time
 spec = json.loads(sys.stdin.read())
-m, where = spec["mount"], spec["where"]
-st = os.stat(f"{m}/team/v/secret2.bin")
+m, where, name, mode = spec["mount"], spec["where"], spec["name"], spec["mode"]
+st = os.stat(f"{m}/team/v/{name}")
 os.rename(f"{where}/team/v", f"{where}/team/v_real")
 os.mkdir(f"{where}/team/v")
-mine = f"{where}/team/v/secret2.bin"
+mine = f"{where}/team/v/{name}"
+fill = b"A" if mode == "probe" else b"EVIL ATTACKER BYTES "
+own = (fill * (st.st_size // len(fill) + 1))[:st.st_size]
 with open(mine, "wb") as f:
-    f.write(b"A" * st.st_size)
+    f.write(own)
 os.utime(mine, ns=(st.st_atime_ns, st.st_mtime_ns))
 time.sleep(spec["settle"])                              # the kernel's view of the swap expires
 try:
-    with open(f"{m}/team/v/secret2.bin", "rb") as f:
+    with open(f"{m}/team/v/{name}", "rb") as f:
         got = f.read()
-except OSError as e:                                    # the kernel still holds the victim's
-    print(json.dumps({"victim": False, "own": False, "errno": e.errno}))  # mode: refused
-    sys.exit(0)
-print(json.dumps({"victim": b"VICTIM-SECRET" in got, "own": got == b"A" * st.st_size}))
-'''
-
-# Run as the attacker: evil bytes cached under the victim's path, then the victim's directory
-# put back. Prints nothing of interest; the victim reads next.
-_POISON = r'''
-import json, os, sys, time
-spec = json.loads(sys.stdin.read())
-m, where = spec["mount"], spec["where"]
-st = os.stat(f"{m}/team/v/model.bin")
-os.rename(f"{where}/team/v", f"{where}/team/v_real")
-os.mkdir(f"{where}/team/v")
-mine = f"{where}/team/v/model.bin"
-evil = (b"EVIL ATTACKER BYTES " * (st.st_size // 20 + 1))[:st.st_size]
-with open(mine, "wb") as f:
-    f.write(evil)
-os.utime(mine, ns=(st.st_atime_ns, st.st_mtime_ns))
-time.sleep(spec["settle"])
-try:
-    with open(f"{m}/team/v/model.bin", "rb") as f:
-        cached = f.read() == evil                       # now cached under that path
-except OSError:
-    cached = False
-os.rename(f"{where}/team/v", f"{where}/team/v_evil")    # put the victim's directory back
-os.rename(f"{where}/team/v_real", f"{where}/team/v")
-print(json.dumps({"cached": cached}))
+except OSError:                                         # the kernel still holds the victim's
+    got = b""                                           # mode: refused
+if mode == "poison":
+    os.rename(f"{where}/team/v", f"{where}/team/v_evil")
+    os.rename(f"{where}/team/v_real", f"{where}/team/v")
+print(json.dumps({"victim": b"VICTIM-SECRET" in got, "own": got == own}))
 '''
 
 _READ = r'''
@@ -180,8 +162,8 @@ def test_a_forged_size_and_mtime_neither_reads_nor_poisons_the_cache(
     # attributes it and the kernel hold expire (1 s under the default profile; under
     # ai_prefetch the kernel refuses the attacker by the victim's mode meanwhile).
     settle = 1.5 if via == "store" else 0
-    spec = {"mount": m, "where": where, "settle": settle}
-    out = script_result(start_script_as(_CACHE_PROBE, spec, NOBODY))
+    spec = {"mount": m, "where": where, "settle": settle, "name": "secret2.bin", "mode": "probe"}
+    out = script_result(start_script_as(_FORGE, spec, NOBODY))
     assert not out["victim"], out
     if via == "mount":
         assert out["own"], out
@@ -189,9 +171,10 @@ def test_a_forged_size_and_mtime_neither_reads_nor_poisons_the_cache(
     os.rename(Path(where) / "team" / "v", Path(where) / "team" / "v_probe")
     os.rename(Path(where) / "team" / "v_real", Path(where) / "team" / "v")
     # The attacker's bytes cached under the victim's path; the victim's next read.
-    poisoned = script_result(start_script_as(_POISON, spec, NOBODY))
+    spec.update(name="model.bin", mode="poison")
+    poisoned = script_result(start_script_as(_FORGE, spec, NOBODY))
     if via == "mount":
-        assert poisoned["cached"], poisoned
+        assert poisoned["own"], poisoned
     time.sleep(settle)
     got = script_result(start_script_as(_READ, {"path": f"{m}/team/v/model.bin"}, OTHER))
     assert not got["evil"] and got["victim"], got

@@ -6,23 +6,58 @@ a restart."""
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import shutil
+import signal
+import socket
 import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cubefs_harness import REPO_ROOT, CubeFactory, environment_problem
-from seclib import NOBODY, OTHER, open_cube, script_result, shell_as, start_script_as  # noqa: F401
+from cubefs_harness import (BINARY, REPO_ROOT, CubeFactory, environment_problem, free_tcp_port,
+                            mount_entry, wait_until)
+from seclib import (NOBODY, OTHER, as_user, daemon_peak_rss_bytes, daemon_rss_bytes,  # noqa: F401
+                    open_cube, script_result, shell_as, start_script_as)
 
 pytestmark = [
     pytest.mark.skipif(environment_problem() is not None, reason=environment_problem() or ""),
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown, setpriv, allow_other)"),
 ]
+
+
+def public_store(base: Path, files: dict[str, bytes] | None = None) -> Path:
+    """base/src, traversable by every user, holding world-readable `files`."""
+    src = base / "src"
+    src.mkdir(exist_ok=True)
+    os.chmod(src, 0o755)
+    for name, data in (files or {}).items():
+        (src / name).write_bytes(data)
+        os.chmod(src / name, 0o644)
+    return src
+
+
+def flag_dir(base: Path) -> Path:
+    """A directory every user may write, for a script and the test to signal each other."""
+    flags = base / "flags"
+    flags.mkdir()
+    os.chmod(flags, 0o777)
+    return flags
+
+
+def wait_for_flag(flag: Path, p: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.time() + timeout
+    while not flag.exists() and time.time() < deadline and p.poll() is None:
+        time.sleep(0.1)
+    assert flag.exists(), f"{flag.name} never came"
+
 
 
 def test_a_listing_made_ahead_is_not_handed_to_a_directory_swapped_in_the_store(
@@ -113,7 +148,6 @@ print(json.dumps({"open": len(fds), "errors": errors}))
 
 def test_one_users_open_handles_do_not_exhaust_the_daemons_descriptors(
         open_cube: CubeFactory) -> None:
-    import resource
     base = open_cube.base.parent
     src = base / "src"
     (src / "pub").mkdir(parents=True)
@@ -135,17 +169,12 @@ def test_one_users_open_handles_do_not_exhaust_the_daemons_descriptors(
     m = mount.mountpoint
     pid = mount.pid or mount.learn_pid()
     assert pid
-    flags = base / "flags"
-    flags.mkdir()
-    os.chmod(flags, 0o777)
+    flags = flag_dir(base)
     spec: dict[str, Any] = {"path": f"{m}/pub/big.bin", "n": 1100,
                             "ready": str(flags / "ready"), "done": str(flags / "done")}
     p = start_script_as(_HOLD_HANDLES, spec, NOBODY)
     try:
-        deadline = time.time() + 90
-        while not (flags / "ready").exists() and time.time() < deadline and p.poll() is None:
-            time.sleep(0.1)
-        assert (flags / "ready").exists(), "the attacker's handles were never all open"
+        wait_for_flag(flags / "ready", p, 90)
         held = len(os.listdir(f"/proc/{pid}/fd"))
         # Another user still reads and lists.
         assert shell_as(["cat", f"{m}/pub/other.txt"], OTHER) == (0, b"another user's read")
@@ -183,8 +212,6 @@ print(json.dumps({"got": got, "tries": tries}))
 
 
 def _healthz(port: int) -> int:
-    import urllib.error
-    import urllib.request
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
             return r.status
@@ -196,20 +223,11 @@ def _healthz(port: int) -> int:
 
 def test_a_restart_or_an_upgrade_keeps_its_listeners_from_a_squatter(
         open_cube: CubeFactory) -> None:
-    import signal
-
-    from cubefs_harness import free_tcp_port, wait_until
     base = open_cube.base.parent
-    src = base / "src"
-    src.mkdir()
-    os.chmod(src, 0o755)
-    (src / "f").write_bytes(b"still served")
-    os.chmod(src / "f", 0o644)
+    src = public_store(base, {"f": b"still served"})
     prof = free_tcp_port()
     mount = open_cube.mount(src, {"profPort": prof})
-    flags = base / "flags"
-    flags.mkdir()
-    os.chmod(flags, 0o777)
+    flags = flag_dir(base)
     spec = {"ports": [prof, mount.metrics_port], "done": str(flags / "done")}
     squatter = start_script_as(_SQUAT, spec, NOBODY)
     try:
@@ -222,7 +240,7 @@ def test_a_restart_or_an_upgrade_keeps_its_listeners_from_a_squatter(
                 "no new daemon after kill -9"
             time.sleep(0.3)
         pid = mount.read_control()["pid"]
-        up = subprocess.run([str(open_cube_binary()), "upgrade", str(mount.mountpoint)],
+        up = subprocess.run([str(BINARY), "upgrade", str(mount.mountpoint)],
                             capture_output=True, text=True, timeout=60, env=mount.env())
         assert up.returncode == 0, up.stderr
         assert wait_until(lambda: mount.read_control().get("pid") not in (None, pid), 30)
@@ -235,18 +253,9 @@ def test_a_restart_or_an_upgrade_keeps_its_listeners_from_a_squatter(
     assert _healthz(mount.metrics_port) == 200
 
 
-def open_cube_binary() -> Path:
-    from cubefs_harness import BINARY
-    return Path(BINARY)
-
-
 def test_idle_connections_to_the_metrics_port_do_not_starve_healthz(
         open_cube: CubeFactory) -> None:
-    import socket
-    base = open_cube.base.parent
-    src = base / "src"
-    src.mkdir()
-    os.chmod(src, 0o755)
+    src = public_store(open_cube.base.parent)
     mount = open_cube.mount(src)
     port = mount.metrics_port
     idle = []
@@ -263,7 +272,6 @@ def test_idle_connections_to_the_metrics_port_do_not_starve_healthz(
             if _healthz(port) == 200 and time.monotonic() - start < 3:
                 ok += 1
         assert ok == 13, ok
-        import urllib.request
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             assert b"cubetorchfs_" in r.read()
     finally:
@@ -274,9 +282,6 @@ def test_idle_connections_to_the_metrics_port_do_not_starve_healthz(
 @pytest.mark.parametrize("what", ["profPort", "exporterPort", "disk_dir", "remote_cache"])
 def test_a_bad_listener_or_tier_directory_is_one_line_and_nothing_mounted(
         open_cube: CubeFactory, what: str) -> None:
-    import socket
-
-    from cubefs_harness import free_tcp_port, mount_entry
     base = open_cube.base.parent
     src = base / "src"
     src.mkdir()
@@ -300,7 +305,7 @@ def test_a_bad_listener_or_tier_directory_is_one_line_and_nothing_mounted(
             instance.metrics_port = port
             cfg = dict(instance.config or {})
             cfg["exporterPort"] = port
-            instance.config_path.write_text(__import__("json").dumps(cfg))
+            instance.config_path.write_text(json.dumps(cfg))
         result = open_cube.launch(instance)
     finally:
         taken.close()
@@ -317,7 +322,6 @@ def test_a_bad_listener_or_tier_directory_is_one_line_and_nothing_mounted(
 
 def _start_from(open_cube: CubeFactory, exe: Path, src: Path) -> Any:
     """A mount started by the binary at `exe` (a copy the test may remove or replace)."""
-    from cubefs_harness import BINARY
     shutil.copy(BINARY, exe)
     instance = open_cube.prepare(src)
     p = subprocess.run([str(exe), "-c", str(instance.config_path), str(instance.mountpoint)],
@@ -329,13 +333,8 @@ def _start_from(open_cube: CubeFactory, exe: Path, src: Path) -> Any:
 
 
 def test_a_removed_binary_does_not_turn_a_crash_into_an_unmount(open_cube: CubeFactory) -> None:
-    import signal
-
-    from cubefs_harness import wait_until
     base = open_cube.base.parent
-    src = base / "src"
-    src.mkdir()
-    (src / "f").write_bytes(b"served")
+    src = public_store(base, {"f": b"served"})
     exe = base / "cubetorchfs-copy"
     mount = _start_from(open_cube, exe, src)
     exe.unlink()  # a package removed, or replaced and not yet upgraded to
@@ -349,11 +348,8 @@ def test_a_removed_binary_does_not_turn_a_crash_into_an_unmount(open_cube: CubeF
 
 def test_an_upgrade_to_a_binary_that_cannot_start_keeps_the_running_version(
         open_cube: CubeFactory) -> None:
-    from cubefs_harness import BINARY, wait_until
     base = open_cube.base.parent
-    src = base / "src"
-    src.mkdir()
-    (src / "f").write_bytes(b"served")
+    src = public_store(base, {"f": b"served"})
     exe = base / "cubetorchfs-copy"
     mount = _start_from(open_cube, exe, src)
     held = open(mount.mountpoint / "f", "rb")  # an open file, read across the upgrade
@@ -392,7 +388,6 @@ print(json.dumps({"open": len(fds), "errors": errors}))
 
 
 def test_open_directories_stay_within_their_memory_bound(open_cube: CubeFactory) -> None:
-    from seclib import daemon_peak_rss_bytes, daemon_rss_bytes
     base = open_cube.base.parent
     src = base / "src"
     big = src / "big"
@@ -406,17 +401,12 @@ def test_open_directories_stay_within_their_memory_bound(open_cube: CubeFactory)
     pid = mount.pid or mount.learn_pid()
     assert pid
     start = daemon_rss_bytes(pid)
-    flags = base / "flags"
-    flags.mkdir()
-    os.chmod(flags, 0o777)
+    flags = flag_dir(base)
     spec = {"path": f"{m}/big", "n": 60, "ready": str(flags / "ready"),
             "done": str(flags / "done")}
     p = start_script_as(_OPEN_DIRS, spec, NOBODY)
     try:
-        deadline = time.time() + 120
-        while not (flags / "ready").exists() and time.time() < deadline and p.poll() is None:
-            time.sleep(0.2)
-        assert (flags / "ready").exists()
+        wait_for_flag(flags / "ready", p, 120)
         # Another user still lists it.
         code, out = shell_as(["sh", "-c", f"ls {m}/big | wc -l"], OTHER)
         assert code == 0 and out.strip() == b"50000", out
@@ -433,10 +423,6 @@ def test_open_directories_stay_within_their_memory_bound(open_cube: CubeFactory)
 @pytest.mark.parametrize("how", ["batchdownload", "cat"])
 def test_one_users_read_does_not_move_another_users_stream(open_cube: CubeFactory,
                                                            how: str) -> None:
-    import json
-
-    from cubefs_harness import wait_until
-    from seclib import as_user
     base = open_cube.base.parent
     src = base / "src"
     shared = src / "shared"
