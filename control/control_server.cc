@@ -189,7 +189,7 @@ Status ServerImpl::Listen() {
 
 Response ServerImpl::HandleMetrics(const Request& req) {
   const std::string_view target(req.target().data(), req.target().size());
-  const bool get = req.method() == http::verb::get || req.method() == http::verb::head;
+  const bool get = req.method() == http::verb::get;
   if (target == "/healthz") {
     if (!get) return Error(http::status::method_not_allowed, "GET only", req.version());
     if (!options_.health) return Error(http::status::not_implemented, "no health", req.version());
