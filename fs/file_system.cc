@@ -70,8 +70,11 @@ FileSystem::FileSystem(const Options& options, cfs_client::Backend* backend, cac
       stream_admission_(options.stream_ghost_chunks),
       stream_fds_(options.stream_fds_per_uid,
                   options.stream_fds != 0 ? options.stream_fds : QuarterOfFdLimit()),
+      dir_memory_(
+          std::make_shared<UserBudget>(options.dir_memory_bytes / 2, options.dir_memory_bytes)),
       clock_(clock),
-      inodes_(root_attr, clock->NowNanos()) {
+      inodes_(root_attr, clock->NowNanos()),
+      writes_by_uid_(options.max_writes_per_uid, UINT64_MAX) {
   auto& bytes = prometheus::BuildCounter()
                     .Name("cubetorchfs_read_bytes_total")
                     .Help("Bytes returned by FUSE reads, by where they came from")
@@ -269,36 +272,12 @@ uint64_t ListingBytes(const std::vector<cfs_client::DirEntry>& entries) {
 
 }  // namespace
 
-std::shared_ptr<void> FileSystem::ChargeDir(int64_t uid, uint64_t bytes) {
-  std::shared_ptr<DirMemory> m = dir_memory_;
-  {
-    MutexLock l(m->mu);
-    const uint64_t total = options_.dir_memory_bytes;
-    uint64_t& mine = m->by_uid[uid];
-    if (m->held + bytes > total || (uid >= 0 && mine + bytes > total / 2)) {
-      if (mine == 0) m->by_uid.erase(uid);
-      return nullptr;
-    }
-    mine += bytes;
-    m->held += bytes;
-  }
-  // The token: gives the bytes back when the last copy of the handle goes, and the freed heap
-  // to the system after a large listing.
-  return std::shared_ptr<void>(reinterpret_cast<void*>(1), [m, uid, bytes](void*) {
-    {
-      MutexLock l(m->mu);
-      m->held -= bytes;
-      auto it = m->by_uid.find(uid);
-      if (it != m->by_uid.end() && (it->second -= bytes) == 0) m->by_uid.erase(it);
-    }
-    if (bytes >= (1u << 20)) TrimHeap();
-  });
+DirHandle::Charge::~Charge() {
+  budget->Give(uid, bytes);
+  if (bytes >= (1u << 20)) TrimHeap();
 }
 
-uint64_t FileSystem::dir_memory_held() const {
-  MutexLock l(dir_memory_->mu);
-  return dir_memory_->held;
-}
+uint64_t FileSystem::dir_memory_held() const { return dir_memory_->held(); }
 
 Result<std::unique_ptr<DirHandle>> FileSystem::OpenDir(uint64_t ino, int64_t uid) {
   CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
@@ -321,9 +300,9 @@ Result<std::unique_ptr<DirHandle>> FileSystem::OpenDir(uint64_t ino, int64_t uid
     handle->entries = std::move(entries).value();
   }
   if (list_ahead_ != nullptr) list_ahead_->OnListed(inode.path, handle->entries);
+  handle->entries.shrink_to_fit();  // held until the release: no growth slack
   const uint64_t bytes = ListingBytes(handle->entries);
-  handle->charge = ChargeDir(uid, bytes);
-  if (handle->charge == nullptr) {
+  if (!dir_memory_->Take(uid, bytes)) {
     CTFS_LOG(kWarn) << "opendir " << inode.path << " refused: its " << handle->entries.size()
                     << " entries (" << bytes << " bytes) would pass fuse.dir_memory_bytes ("
                     << options_.dir_memory_bytes << " for all open directories, half per user)";
@@ -331,6 +310,7 @@ Result<std::unique_ptr<DirHandle>> FileSystem::OpenDir(uint64_t ino, int64_t uid
     TrimHeap();
     return Status::Errno(ENOMEM, inode.path + ": open directories hold too much memory");
   }
+  handle->charge.reset(new DirHandle::Charge{dir_memory_, uid, bytes});
   return handle;
 }
 

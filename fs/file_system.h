@@ -48,6 +48,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
+#include "common/user_budget.h"
 #include "fs/inode_table.h"
 #include "fs/list_ahead.h"
 #include "fs/store_stream.h"
@@ -92,7 +93,13 @@ struct DirHandle {
   std::string path;
   std::vector<cfs_client::DirEntry> entries;  // a snapshot taken at opendir
   // The snapshot's charge against Options::dir_memory_bytes, given back with the handle.
-  std::shared_ptr<void> charge;
+  struct Charge {
+    std::shared_ptr<UserBudget> budget;
+    int64_t uid = -1;
+    uint64_t bytes = 0;
+    ~Charge();  // gives the bytes back, and a large snapshot's heap to the system
+  };
+  std::unique_ptr<Charge> charge;
 };
 
 struct OpenResult {
@@ -140,7 +147,7 @@ class FileSystem : public prefetch::AttrSource {
     uint64_t stream_min_bytes = 0;
     // Chunks the ghost queue of streamed reads remembers (StreamAdmission).
     size_t stream_ghost_chunks = 8192;
-    // Store descriptors streamed reads may hold open (DescriptorBudget): per user, and in all
+    // Store descriptors streamed reads may hold open (a UserBudget): per user, and in all
     // (0: a quarter of the daemon's RLIMIT_NOFILE). A handle past them reads through the cache.
     uint64_t stream_fds_per_uid = 256;
     uint64_t stream_fds = 0;
@@ -149,7 +156,7 @@ class FileSystem : public prefetch::AttrSource {
     unsigned list_ahead_threads = 4;
     // What the snapshots of open directories may hold in all; one user at most half
     // (fuse.dir_memory_bytes). An opendir past it fails with ENOMEM.
-    uint64_t dir_memory_bytes = 256ull << 20;
+    uint64_t dir_memory_bytes = 512ull << 20;
     // Files one user may have open for writing through the mount at once (each holds a store
     // descriptor or a staging file). An open past it fails with EMFILE.
     uint64_t max_writes_per_uid = 4096;
@@ -318,10 +325,9 @@ class FileSystem : public prefetch::AttrSource {
   // The write state of `ino`, opening the file in the store if it has none.
   Result<std::shared_ptr<WriteState>> GetWriteState(uint64_t ino, bool add_writer,
                                                     int64_t uid = -1);
-  // Whether `uid` may open one more file for writing (EMFILE if not). REQUIRES: writes_mu_.
-  Status WriteRoomLocked(int64_t uid) const REQUIRES(writes_mu_);
-  // `st` enters writes_ for `uid`, or leaves it. REQUIRES: writes_mu_ held.
-  void CountWriteLocked(WriteState& st, int64_t uid) REQUIRES(writes_mu_);
+  // One more file open for writing for `uid` (writes_by_uid_), or EMFILE.
+  Status TakeWrite(int64_t uid);
+  // `st` leaves writes_: its user's count goes down. REQUIRES: writes_mu_ held.
   void UncountWriteLocked(WriteState& st) REQUIRES(writes_mu_);
   // The write state of `ino` (opened if need be, and again if a flush of another descriptor
   // closed it meanwhile), locked.
@@ -378,23 +384,17 @@ class FileSystem : public prefetch::AttrSource {
   prefetch::Prefetcher* const prefetcher_;
   cache::DiskCache* const disk_;  // the NVMe tier, or null
   StreamAdmission stream_admission_;
-  DescriptorBudget stream_fds_;
-  // The memory of open directories' snapshots (Options::dir_memory_bytes), in all and by uid.
-  struct DirMemory {
-    Mutex mu;  // a leaf lock
-    uint64_t held GUARDED_BY(mu) = 0;
-    std::unordered_map<int64_t, uint64_t> by_uid GUARDED_BY(mu);
-  };
-  std::shared_ptr<DirMemory> dir_memory_ = std::make_shared<DirMemory>();
-  // Charges `bytes` of a snapshot to `uid`; null if over a bound (the token gives them back).
-  std::shared_ptr<void> ChargeDir(int64_t uid, uint64_t bytes);
+  UserBudget stream_fds_;  // store descriptors of streamed reads (Options::stream_fds*)
+  // The memory of open directories' snapshots (Options::dir_memory_bytes); shared with the
+  // handles' charges, which may outlive this.
+  const std::shared_ptr<UserBudget> dir_memory_;
   Clock* const clock_;
   InodeTable inodes_;
   prefetch::ModelFetcher* model_fetcher_ = nullptr;
 
   Mutex writes_mu_;  // guards writes_, orphans_, flushed_seq_ and WriteState::orphan
   std::unordered_map<uint64_t, std::shared_ptr<WriteState>> writes_ GUARDED_BY(writes_mu_);
-  std::unordered_map<int64_t, uint64_t> writes_by_uid_ GUARDED_BY(writes_mu_);
+  UserBudget writes_by_uid_;  // write states by the user who opened them (max_writes_per_uid)
   // Write states open now, and whether any change was ever made through the mount: reads
   // skip the write-path checks entirely while both are zero.
   std::atomic<uint64_t> open_writes_{0};

@@ -28,14 +28,20 @@ Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::strin
   o.mode = mode & 07777;
   o.uid = owner.uid;
   o.gid = owner.gid;
-  {
-    MutexLock l(writes_mu_);
-    CTFS_RETURN_IF_ERROR(WriteRoomLocked(owner.uid));
-  }
+  // Taken before the store creates the file; given back unless a new write state keeps it.
+  CTFS_RETURN_IF_ERROR(TakeWrite(owner.uid));
   Result<std::unique_ptr<cfs_client::WritableFile>> file = backend_->OpenWrite(*path, o);
   if (file.ok()) inodes_.ExpireAttr(parent);  // its mtime and ctime moved (if it was made)
-  if (!file.ok()) return file.status();
-  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, (*file)->Stat());
+  if (!file.ok()) {
+    writes_by_uid_.Give(owner.uid);
+    return file.status();
+  }
+  Result<cfs_client::FileAttr> stat = (*file)->Stat();
+  if (!stat.ok()) {
+    writes_by_uid_.Give(owner.uid);
+    return stat.status();
+  }
+  const cfs_client::FileAttr attr = *stat;
   const uint64_t ino = inodes_.Acquire(*path, attr, clock_->NowNanos());
   std::shared_ptr<WriteState> st;
   {
@@ -46,11 +52,12 @@ Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::strin
       st->changed_ns = clock_->NowNanos();
       st->file = std::move(file).value();
       st->path = *path;
+      st->uid = owner.uid;  // keeps what TakeWrite took
       writes_.emplace(ino, st);
-      CountWriteLocked(*st, owner.uid);
       open_writes_++;
     } else {
       st = it->second;  // already being written: share that state (the new handle is dropped)
+      writes_by_uid_.Give(owner.uid);
     }
   }
   {

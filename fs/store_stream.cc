@@ -7,40 +7,17 @@
 
 namespace cubetorchfs::fs {
 
-bool DescriptorBudget::Acquire(int64_t uid) {
-  MutexLock l(mu_);
-  if (held_ >= total_) return false;
-  uint64_t& mine = by_uid_[uid];
-  if (uid >= 0 && mine >= per_uid_) return false;
-  ++mine;
-  ++held_;
-  return true;
-}
-
-void DescriptorBudget::Release(int64_t uid) {
-  MutexLock l(mu_);
-  auto it = by_uid_.find(uid);
-  if (it == by_uid_.end() || it->second == 0) return;
-  if (--it->second == 0) by_uid_.erase(it);
-  --held_;
-}
-
-uint64_t DescriptorBudget::held() const {
-  MutexLock l(mu_);
-  return held_;
-}
-
 void StoreStream::GiveUpLocked() {
   fd_.reset();
   unavailable_ = true;
-  if (charged_) budget_->Release(uid_);
+  if (charged_) budget_->Give(uid_);
   charged_ = false;
 }
 
 StoreStream::~StoreStream() {
   MutexLock l(mu_);
   fd_.reset();
-  if (charged_) budget_->Release(uid_);
+  if (charged_) budget_->Give(uid_);
 }
 
 int StoreStream::Fd(cfs_client::Backend& backend) {
@@ -49,7 +26,7 @@ int StoreStream::Fd(cfs_client::Backend& backend) {
   if (fd_.get() < 0) {
     if (budget_ != nullptr && !charged_) {
       // Over the opener's share of descriptors: this handle reads through the cache.
-      if (!budget_->Acquire(uid_)) {
+      if (!budget_->Take(uid_)) {
         unavailable_ = true;
         return -1;
       }

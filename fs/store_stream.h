@@ -32,33 +32,17 @@
 #include "common/status.h"
 #include "common/thread_annotations.h"
 #include "common/unique_fd.h"
+#include "common/user_budget.h"
 
 namespace cubetorchfs::fs {
-
-// Store descriptors held open for streamed reads, bounded per user and in all: a user who
-// holds a thousand handles of a large file open must not take the daemon's descriptors from
-// everyone (its reads past the bound go through the cache instead, which holds no descriptor).
-class DescriptorBudget {
- public:
-  DescriptorBudget(uint64_t per_uid, uint64_t total) : per_uid_(per_uid), total_(total) {}
-  // One descriptor for `uid` (-1: unknown, counted in the total only); false if over a bound.
-  bool Acquire(int64_t uid);
-  void Release(int64_t uid);
-  uint64_t held() const;
-
- private:
-  const uint64_t per_uid_;
-  const uint64_t total_;
-  mutable Mutex mu_;  // a leaf lock
-  uint64_t held_ GUARDED_BY(mu_) = 0;
-  std::unordered_map<int64_t, uint64_t> by_uid_ GUARDED_BY(mu_);
-};
 
 // The store's descriptor of one open file, opened on the first streamed read.
 class StoreStream {
  public:
-  // `budget` (may be null: unbounded) outlives the stream; `uid` is the opener's.
-  StoreStream(std::string path, cfs_client::FileVersion version, DescriptorBudget* budget = nullptr,
+  // `budget` (may be null: unbounded) bounds the store descriptors streams hold open, per
+  // user and in all: past it a handle reads through the cache, which holds none. It outlives
+  // the stream; `uid` is the opener's.
+  StoreStream(std::string path, cfs_client::FileVersion version, UserBudget* budget = nullptr,
               int64_t uid = -1)
       : path_(std::move(path)), version_(version), budget_(budget), uid_(uid) {}
   ~StoreStream();
@@ -74,7 +58,7 @@ class StoreStream {
  private:
   const std::string path_;
   const cfs_client::FileVersion version_;
-  DescriptorBudget* const budget_;
+  UserBudget* const budget_;
   const int64_t uid_;
   bool charged_ = false;  // a descriptor of the budget is held (under mu_)
   // No streaming for this handle any more: the descriptor closed, its charge given back.

@@ -69,25 +69,16 @@ std::shared_ptr<WriteState> FileSystem::FindWriteState(uint64_t ino) {
   return it == writes_.end() ? nullptr : it->second;
 }
 
-Status FileSystem::WriteRoomLocked(int64_t uid) const {
-  if (uid < 0) return Status::OK();
-  auto it = writes_by_uid_.find(uid);
-  if (it == writes_by_uid_.end() || it->second < options_.max_writes_per_uid) return Status::OK();
+Status FileSystem::TakeWrite(int64_t uid) {
+  if (writes_by_uid_.Take(uid)) return Status::OK();
   return Status::Errno(EMFILE, "user " + std::to_string(uid) + " has " +
-                                   std::to_string(it->second) +
+                                   std::to_string(writes_by_uid_.held(uid)) +
                                    " files open for writing through the mount, the most one "
-                                   "user may");
-}
-
-void FileSystem::CountWriteLocked(WriteState& st, int64_t uid) {
-  st.uid = uid;
-  if (uid >= 0) writes_by_uid_[uid]++;
+                                   "user may (fuse.max_writes_per_uid)");
 }
 
 void FileSystem::UncountWriteLocked(WriteState& st) {
-  if (st.uid < 0) return;
-  auto it = writes_by_uid_.find(st.uid);
-  if (it != writes_by_uid_.end() && --it->second == 0) writes_by_uid_.erase(it);
+  writes_by_uid_.Give(st.uid);
   st.uid = -1;
 }
 
@@ -118,12 +109,12 @@ Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool
     {
       MutexLock l(writes_mu_);
       if (writes_.count(ino)) continue;  // another caller got there first
-      if (Status room = WriteRoomLocked(uid); !room.ok()) {
+      if (Status room = TakeWrite(uid); !room.ok()) {
         st->closed = true;
         return room;
       }
+      st->uid = uid;
       writes_.emplace(ino, st);
-      CountWriteLocked(*st, uid);
       open_writes_++;
     }
     ever_written_.store(true);

@@ -44,6 +44,15 @@ def public_store(base: Path, files: dict[str, bytes] | None = None) -> Path:
     return src
 
 
+def public_subdir(base: Path, name: str) -> tuple[Path, Path]:
+    """base/src and base/src/`name`, both traversable by every user."""
+    src = public_store(base)
+    sub = src / name
+    sub.mkdir()
+    os.chmod(sub, 0o755)
+    return src, sub
+
+
 def flag_dir(base: Path) -> Path:
     """A directory every user may write, for a script and the test to signal each other."""
     flags = base / "flags"
@@ -389,11 +398,7 @@ print(json.dumps({"open": len(fds), "errors": errors}))
 
 def test_open_directories_stay_within_their_memory_bound(open_cube: CubeFactory) -> None:
     base = open_cube.base.parent
-    src = base / "src"
-    big = src / "big"
-    big.mkdir(parents=True)
-    os.chmod(src, 0o755)
-    os.chmod(big, 0o755)
+    src, big = public_subdir(base, "big")
     for i in range(50_000):
         (big / f"sample-{i:08d}-with-a-name-of-some-length.jpg").touch()
     mount = open_cube.mount(src, {"fuse": {"dir_memory_bytes": "64MiB"}})
@@ -425,12 +430,7 @@ def test_open_directories_stay_within_their_memory_bound(open_cube: CubeFactory)
 @pytest.mark.parametrize("how", ["batchdownload", "cat"])
 def test_one_users_read_does_not_move_another_users_stream(open_cube: CubeFactory,
                                                            how: str) -> None:
-    base = open_cube.base.parent
-    src = base / "src"
-    shared = src / "shared"
-    shared.mkdir(parents=True)
-    os.chmod(src, 0o755)
-    os.chmod(shared, 0o755)
+    src, shared = public_subdir(open_cube.base.parent, "shared")
     for i in range(400):
         (shared / f"s{i:04d}").write_bytes(bytes([i % 256]) * 2000)
     mount = open_cube.mount(src, {"profile": "ai_prefetch",
