@@ -24,7 +24,7 @@ class UserBudget {
   bool Take(int64_t uid, uint64_t n = 1);
   // Gives back `n` taken for `uid`.
   void Give(int64_t uid, uint64_t n = 1);
-  uint64_t held() const;              // in all
+  uint64_t held() const;             // in all
   uint64_t held(int64_t uid) const;  // by `uid`
 
  private:

@@ -23,9 +23,9 @@ TEST(UserBudgetTest, OneUserIsBoundedAndOthersKeepTheirShare) {
 TEST(UserBudgetTest, ATakeLargerThanWhatIsLeftTakesNothing) {
   UserBudget b(/*per_uid=*/100, /*total=*/150);
   EXPECT_TRUE(b.Take(1, 90));
-  EXPECT_FALSE(b.Take(1, 20));   // 110 > 100 for user 1
-  EXPECT_FALSE(b.Take(2, 61));   // 151 > 150 in all
-  EXPECT_TRUE(b.Take(-1, 60));   // unknown: the total only
+  EXPECT_FALSE(b.Take(1, 20));  // 110 > 100 for user 1
+  EXPECT_FALSE(b.Take(2, 61));  // 151 > 150 in all
+  EXPECT_TRUE(b.Take(-1, 60));  // unknown: the total only
   EXPECT_EQ(b.held(), 150u);
   b.Give(-1, 60);
   b.Give(1, 90);
