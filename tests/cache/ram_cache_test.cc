@@ -94,6 +94,23 @@ TEST(RamCacheTest, EvictsLeastRecentlyUsedFirst) {
   EXPECT_EQ(cache->evictions(), 1u);
 }
 
+// Keys hash to shards and each shard evicts on its own: a cache many times the size of a file
+// must still hold the whole file whatever its chunks' keys (its identity changes every run). A
+// shard holds 16 of the largest entries less their bookkeeping, so any 15 stay.
+TEST(RamCacheTest, AFewLargestEntriesStayWhateverShardTheirKeysHashTo) {
+  constexpr size_t kChunk = 64 << 10;
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    auto cache = RamCache::New({64 * kChunk, kChunk}, nullptr);
+    const cfs_client::FileVersion version{15 * kChunk, static_cast<int64_t>(rng() >> 1), rng(),
+                                           static_cast<int64_t>(rng() >> 1)};
+    for (uint64_t c = 0; c < 15; ++c)
+      cache->Insert(ChunkKey("ckpt.bin", version, c), MakeBuffer(kChunk, 'c'));
+    ASSERT_EQ(cache->evictions(), 0u) << "trial " << trial;
+    ASSERT_EQ(cache->bytes(), 15 * kChunk);
+  }
+}
+
 TEST(RamCacheTest, OversizedBufferIsNotCached) {
   auto cache = RamCache::New({128 << 10, 64 << 10}, nullptr);
   cache->Insert(Key(0), MakeBuffer(200 << 10, 'x'));
