@@ -103,7 +103,7 @@ TEST(RamCacheTest, AFewLargestEntriesStayWhateverShardTheirKeysHashTo) {
   for (int trial = 0; trial < 200; ++trial) {
     auto cache = RamCache::New({64 * kChunk, kChunk}, nullptr);
     const cfs_client::FileVersion version{15 * kChunk, static_cast<int64_t>(rng() >> 1), rng(),
-                                           static_cast<int64_t>(rng() >> 1)};
+                                          static_cast<int64_t>(rng() >> 1)};
     for (uint64_t c = 0; c < 15; ++c)
       cache->Insert(ChunkKey("ckpt.bin", version, c), MakeBuffer(kChunk, 'c'));
     ASSERT_EQ(cache->evictions(), 0u) << "trial " << trial;
