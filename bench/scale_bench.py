@@ -204,6 +204,9 @@ class Mount:
                   "prefetch": {"control_socket": str(work / "ctl.sock")}}
         if read_only:
             config["fuse"] = {"read_only": True}
+        if args.timeouts_s is not None:  # what docs/prefetch.md advises for a fixed dataset
+            config["fuse"] = {**config.get("fuse", {}), "entry_timeout_s": args.timeouts_s,
+                              "attr_timeout_s": args.timeouts_s}
         if not page_cache:
             config["fuse"] = {**config.get("fuse", {}), "keep_cache": False}
             config["prefetch"]["evict_after_read"] = False
@@ -297,6 +300,9 @@ def main() -> None:
                    help="with --synthetic: directories in the namespace (--classes are read)")
     p.add_argument("--python", default=sys.executable,
                    help="interpreter of the training processes (torch, torchvision)")
+    p.add_argument("--timeouts-s", type=float, default=None,
+                   help="fuse.entry_timeout_s and fuse.attr_timeout_s of the mounts (default: "
+                        "ai_prefetch's 300; docs/prefetch.md advises hours for a fixed dataset)")
     p.add_argument("--timeout", type=int, default=7200, help="seconds per training process")
     p.add_argument("--workdir", default="/tmp/cubetorchfs-scale-bench")
     p.add_argument("--bin", default=os.environ.get("CUBETORCHFS_BIN",

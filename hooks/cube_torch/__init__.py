@@ -1,8 +1,10 @@
 """cube_torch: tells a cubetorchfs daemon which files a PyTorch DataLoader will read next.
 
-`import cube_torch` patches DataLoader iteration and does nothing else: no thread starts and
-no socket opens until a DataLoader iterates over a dataset whose files are on a cubetorchfs
-mount. The training loop sees exactly the indices, in the order, it would without the hook.
+`import cube_torch` patches DataLoader iteration, and `open()` so that opening a file of a
+cubetorchfs mount for reading skips Python's terminal check (an ioctl round trip to the daemon
+before Python 3.14; see _open.py). No thread starts and no socket opens until a DataLoader
+iterates over a dataset whose files are on a cubetorchfs mount. The training loop sees exactly
+the indices, in the order, it would without the hook.
 
 Environment (read when used):
   CUBE_TORCH_DISABLE=1           import does nothing at all
@@ -10,6 +12,8 @@ Environment (read when used):
                                  the dataset's files)
   CUBE_TORCH_CONFIG_DIR          where the daemons' control files are (default /tmp)
   CUBE_TORCH_LOOKAHEAD_BATCHES   batches published ahead of the one being loaded (default 16)
+  CUBE_TORCH_PATCH_OPEN=0        leave open() as it is (each open of a mount's file then asks
+                                 the daemon whether it is a terminal)
   CUBE_TORCH_VERBOSE=1           print a hit-rate line every CUBE_TORCH_REPORT_S seconds
                                  (default 10)
 """
@@ -74,7 +78,8 @@ def stats() -> Dict[str, Any]:
 
 
 if not _common.disabled():
-    from . import _hook
+    from . import _hook, _open
 
     _hook.install()
     _hook.install_spawn()
+    _open.install()

@@ -261,30 +261,53 @@ def _unescape_mountinfo(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
+def mount_table(mountinfo: str = "/proc/self/mountinfo") -> Optional[List[Tuple[str, str]]]:
+    """(mount point, file system type) of every mount in `mountinfo` (the format of
+    /proc/self/mountinfo), in its order; a cubetorchfs mount's type is "fuse.cubetorchfs".
+    None if the table cannot be read."""
+    # os.read, not open(): cube_torch's open() asks this table (see _open.py).
+    try:
+        fd = os.open(mountinfo, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        parts = []
+        while True:
+            part = os.read(fd, 1 << 16)
+            if not part:
+                break
+            parts.append(part)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    text = b"".join(parts).decode("utf-8", errors="replace")
+    table: List[Tuple[str, str]] = []
+    for line in text.splitlines():
+        head, sep, tail = line.partition(" - ")
+        fields = head.split()
+        if not sep or len(fields) < 5 or not tail.split():
+            continue
+        table.append((os.path.normpath(_unescape_mountinfo(fields[4])), tail.split()[0]))
+    return table
+
+
 def mount_of(path: str, mountinfo: str = "/proc/self/mountinfo") -> Optional[Tuple[str, str]]:
     """(mount point, file system type) of the mount holding `path` (symlinks resolved), from
-    `mountinfo` (the format of /proc/self/mountinfo); a cubetorchfs mount's type is
-    "fuse.cubetorchfs". None if the table cannot be read. Touches nothing under `path`'s
-    mount but the symlinks on the way to it."""
-    try:
-        with open(mountinfo, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:
+    `mountinfo` (see mount_table). None if the table cannot be read. Touches nothing under
+    `path`'s mount but the symlinks on the way to it."""
+    table = mount_table(mountinfo)
+    if table is None:
         return None
     try:
         target = os.path.realpath(path)
     except (OSError, ValueError):
         target = os.path.normpath(os.path.abspath(path))
     best: Optional[Tuple[str, str]] = None
-    for line in text.splitlines():
-        head, sep, tail = line.partition(" - ")
-        fields = head.split()
-        if not sep or len(fields) < 5 or not tail.split():
-            continue
-        point = os.path.normpath(_unescape_mountinfo(fields[4]))
+    for point, fstype in table:
         # Later lines are mounted over earlier ones at the same point: the last one counts.
         if is_under(target, point) and (best is None or len(point) >= len(best[0])):
-            best = (point, tail.split()[0])
+            best = (point, fstype)
     return best
 
 

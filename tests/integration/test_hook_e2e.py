@@ -104,6 +104,27 @@ def test_hook_prefetches_and_keeps_the_sample_order(cube: CubeFactory, jpeg_tree
     assert m.value("cubetorchfs_prefetch_files_total", outcome="fetched") >= 470
 
 
+def test_open_of_a_mount_file_asks_the_daemon_no_terminal_question(cube: CubeFactory,
+                                                                  jpeg_tree: Path) -> None:
+    """Python before 3.14 asks every file open() opens whether it is a terminal: a FUSE ioctl,
+    a round trip to the daemon per sample. With the hook, ImageFolder's loader (PIL, through
+    open()) in two DataLoader workers sends none; with CUBE_TORCH_PATCH_OPEN=0, one a file."""
+    mount = mount_with_latency(cube, jpeg_tree, latency_us=0)
+    env = dict(mount.env(), VOL_NAME=mount.vol_name, CUBE_TORCH_LOOKAHEAD_BATCHES="4")
+    root = str(mount.path("train"))
+
+    def ioctls() -> float:
+        return mount.metrics().value("cubetorchfs_fuse_ops_total", op="ioctl")
+
+    before = ioctls()
+    assert len(run_script(EPOCH, env, root, "hook", "2")["labels"]) == 480
+    if sys.version_info < (3, 14):
+        assert ioctls() == before
+        unpatched = run_script(EPOCH, dict(env, CUBE_TORCH_PATCH_OPEN="0"), root, "hook", "2")
+        assert len(unpatched["labels"]) == 480
+        assert ioctls() - before >= 480
+
+
 TRAIN_DATA_LIST = """
 import json, sys
 import cube_torch
