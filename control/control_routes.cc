@@ -678,6 +678,7 @@ json ServerImpl::StatsJson(const Caller& caller) {
                   {"page_drops", s.page_drops},
                   {"page_pressure", s.page_pressure},
                   {"lru_filled", s.lru_filled},
+                  {"stored", s.stored},
                   {"cached", s.cached},
                   {"resident_marks", s.resident_marks},
                   {"inflight", s.inflight},

@@ -520,7 +520,8 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   if (!created.ok()) return Fail(kExitBadConfig, created.status().message());
   FuseSession& session = **created;
   // Under keep_cache the prefetcher asks the kernel which marked files it still holds.
-  fuse::MountPageCacheProbe page_cache_probe(filesystem, &page_probe);
+  fuse::MountPageCacheProbe page_cache_probe(
+      filesystem, &page_probe, [&session](uint64_t ino) { session.InvalidateInode(ino); });
   if (config.fuse.keep_cache) prefetcher.SetPageProbe(&page_cache_probe);
   filesystem->SetWrittenHook([&session](uint64_t ino) {
     // A file written through the mount was closed: the kernel drops what it cached of it

@@ -2,6 +2,7 @@
 
 #define FUSE_USE_VERSION 314
 #include <fuse_lowlevel.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,6 +49,22 @@ bool PageProbe::Retrieve(uint64_t ino, uint64_t offset, uint64_t len) {
   return pending.bytes.has_value() && *pending.bytes >= len;
 }
 
+bool PageProbe::Store(uint64_t ino, const char* data, size_t size) {
+  std::unique_lock<std::mutex> l(mu_);
+  fuse_session* const session = session_;
+  if (session == nullptr) return false;
+  sending_++;
+  l.unlock();
+  fuse_bufvec bufv = FUSE_BUFVEC_INIT(size);
+  bufv.buf[0].mem = const_cast<char*>(data);  // only read
+  // The kernel copies the bytes into the inode's pages and marks them up to date; it waits
+  // for a page a read of the kernel's own holds locked (that read is answered by the loop).
+  const int rc = fuse_lowlevel_notify_store(session, ino, 0, &bufv, FUSE_BUF_NO_SPLICE);
+  l.lock();
+  if (--sending_ == 0) idle_cv_.notify_all();
+  return rc == 0;
+}
+
 void PageProbe::OnReply(void* cookie, uint64_t bytes) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = pending_.find(reinterpret_cast<uint64_t>(cookie));
@@ -66,6 +83,27 @@ void PageProbe::Close() {
 bool MountPageCacheProbe::Resident(const std::string& path, uint64_t size) {
   std::optional<uint64_t> ino = fs_->inodes().Find(path);
   return ino.has_value() && probe_->Resident(*ino, size);
+}
+
+bool MountPageCacheProbe::Store(const std::string& path, const cfs_client::FileVersion& version,
+                                const cache::Buffer& data) {
+  if (data.size != version.size) return false;
+  std::optional<uint64_t> ino = fs_->inodes().Find(path);
+  if (!ino) return false;
+  std::optional<fs::InodeInfo> before = fs_->inodes().Get(*ino);
+  if (!before || before->removed || !S_ISREG(before->attr.mode) ||
+      before->attr.Version() != version)
+    return false;
+  if (!probe_->Store(*ino, data.data.get(), data.size)) return false;
+  // Changed through the mount (written, renamed, removed) or refreshed to another version
+  // while the bytes went to the kernel: they may be stale there, so they go again.
+  std::optional<fs::InodeInfo> after = fs_->inodes().Get(*ino);
+  if (!after || after->removed || after->write_gen != before->write_gen || after->path != path ||
+      after->attr.Version() != version) {
+    if (invalidate_) invalidate_(*ino);
+    return false;
+  }
+  return true;
 }
 
 }  // namespace cubetorchfs::fuse

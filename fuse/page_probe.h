@@ -18,6 +18,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -41,6 +42,9 @@ class PageProbe {
   // Whether the kernel's page cache holds the first and last page of inode `ino` (`size`
   // bytes).
   bool Resident(uint64_t ino, uint64_t size);
+  // Puts `size` bytes at `data` into the page cache of inode `ino` from offset 0
+  // (FUSE_NOTIFY_STORE); false if the kernel does not know the inode or the notify failed.
+  bool Store(uint64_t ino, const char* data, size_t size);
   // The kernel's answer to the retrieve `cookie`: `bytes` bytes from its offset.
   void OnReply(void* cookie, uint64_t bytes);
   // No more retrieves; waiting callers return false.
@@ -69,12 +73,21 @@ class PageProbe {
 // does not know is not resident. `fs` and `probe` must outlive it. Thread-safe.
 class MountPageCacheProbe final : public prefetch::PageCacheProbe {
  public:
-  MountPageCacheProbe(const fs::FileSystem* fs, PageProbe* probe) : fs_(fs), probe_(probe) {}
+  // `invalidate` drops the kernel's pages of an inode (FuseSession::InvalidateInode); may be
+  // empty (tests).
+  MountPageCacheProbe(const fs::FileSystem* fs, PageProbe* probe,
+                      std::function<void(uint64_t ino)> invalidate = {})
+      : fs_(fs), probe_(probe), invalidate_(std::move(invalidate)) {}
   bool Resident(const std::string& path, uint64_t size) override;
+  // Stores only while the inode table's attributes of the path (those the kernel was given)
+  // are of `version`; a change through the mount meanwhile drops what was stored.
+  bool Store(const std::string& path, const cfs_client::FileVersion& version,
+             const cache::Buffer& data) override;
 
  private:
   const fs::FileSystem* const fs_;
   PageProbe* const probe_;
+  const std::function<void(uint64_t)> invalidate_;
 };
 
 }  // namespace cubetorchfs::fuse

@@ -125,6 +125,14 @@ void Prefetcher::CompleteFetchLocked(std::unique_lock<std::mutex>& l, const std:
   if (disk_ != nullptr && !e.invalidated && write_back)
     for (size_t i = 0; i < chunks.size(); ++i)
       to_disk.emplace_back(cache::ChunkKey(path, e.attr.Version(), i), chunks[i]);
+  // A file of one chunk goes into the kernel's page cache now: its reader then reads it there,
+  // with no request to the daemon (keep_cache keeps the pages across opens).
+  const cfs_client::FileVersion version = e.attr.Version();
+  PageCacheProbe* const store = options_.keep_cache ? page_probe_ : nullptr;
+  cache::BufferRef to_store;
+  if (store != nullptr && !e.invalidated && chunks.size() == 1 && version.size > 0 &&
+      chunks[0]->size == version.size)
+    to_store = chunks[0];
   e.chunks = std::move(chunks);
   e.state = State::kReady;
   totals_.fetched++;
@@ -139,6 +147,30 @@ void Prefetcher::CompleteFetchLocked(std::unique_lock<std::mutex>& l, const std:
   for (const auto& [key, chunk] : to_disk)
     if (Status s = disk_->Put(key, *chunk); !s.ok())
       CTFS_LOG(kDebug) << "NVMe tier: " << key << ": " << s.ToString();
+  if (to_store == nullptr || !store->Store(path, version, *to_store)) return;
+  l.lock();
+  totals_.stored++;
+  if (stored_) stored_->Increment();
+  // The kernel holds it whole: marked as if it had been read (later epochs pass it over). The
+  // window gives its bytes back now, to the LRU cache as a file read is (evict_after_read
+  // off, the default: a read that reaches the daemon all the same, the kernel having dropped
+  // the pages, is served from RAM) or to nobody (it is fetched again: a miss, or an NVMe tier
+  // hit). The entry stays, empty, while a stream position wants it.
+  MarkResidentLocked(path, version);
+  auto it = window_.find(path);
+  if (it != window_.end() && it->second.state == State::kReady && !it->second.invalidated &&
+      it->second.attr.Version() == version && !it->second.chunks.empty()) {
+    Entry& w = it->second;
+    w.was_read = true;
+    w.bytes_read = std::max(w.bytes_read, version.size);
+    if (!options_.prefetch.evict_after_read)
+      ram_->Insert(cache::ChunkKey(path, version, 0), w.chunks[0]);
+    w.chunks.clear();
+    ChargeLocked(w, -static_cast<int64_t>(w.reserved));
+    MaybeReleaseLocked(path);
+    Wake();  // window room
+  }
+  l.unlock();
 }
 
 Prefetcher::FirstLook Prefetcher::LookFirst(const std::string& path, uint64_t guess,

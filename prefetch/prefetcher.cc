@@ -65,6 +65,7 @@ Prefetcher::Prefetcher(const Options& options, cfs_client::Backend* backend, cac
     probed_absent_ = &files.Add({{"outcome", "probed_absent"}});
     cached_ = &files.Add({{"outcome", "cached"}});
     lru_filled_ = &files.Add({{"outcome", "lru_filled"}});
+    stored_ = &files.Add({{"outcome", "stored"}});
     inflight_gauge_ = &prometheus::BuildGauge()
                            .Name("cubetorchfs_prefetch_inflight")
                            .Help("Prefetches running now")
@@ -220,8 +221,9 @@ Prefetcher::Op Prefetcher::PublishAs(uid_t uid, const std::string& id,
     // The readers are past every position but the `unread` latest, these paths included:
     // true whether or not the paths fit, so it frees room before the limits are checked.
     if (const uint64_t end = s->base + s->paths.size() + paths.size();
-        unread && end > *unread && end - *unread > s->high) {
-      s->high = std::min(end - *unread, s->base + s->paths.size());
+        unread && end > *unread && end - *unread > s->passed) {
+      s->passed = std::min(end - *unread, s->base + s->paths.size());
+      s->high = std::max(s->high, s->passed);
       AdvanceLocked(*s);
       Wake();  // window room freed, if any (notifying under mu_ is fine: OnRead does)
     }
@@ -452,6 +454,15 @@ void Prefetcher::MarkPositionLocked(Stream& s, uint64_t pos, PosState state) {
       positions.shrink_to_fit();  // a path published many times keeps no stale block
   }
   (state == kRead ? s.stats.read : s.stats.skipped)++;
+  // Passed by the readers with no read reaching the daemon while the kernel was known to hold
+  // the file whole (stored there, or served to it and not dropped since): a hit, read from the
+  // page cache. A read that did reach the daemon consumed its position as kRead instead, and
+  // was counted by OnRead as what it was.
+  if (state == kSkipped && marks_.count(MarkKey(path)) != 0) {
+    totals_.reads.hit++;
+    s.stats.reads.hit++;
+    if (reads_[0]) reads_[0]->Increment();
+  }
   if (attached) {  // the position holds a ref of the window entry
     DropRefLocked(path);
     if (state == kSkipped) MaybeReleaseLocked(path);
@@ -460,7 +471,7 @@ void Prefetcher::MarkPositionLocked(Stream& s, uint64_t pos, PosState state) {
 
 void Prefetcher::AdvanceLocked(Stream& s) {
   const uint64_t slack = Slack();
-  const uint64_t skip_below = s.high > slack ? s.high - slack : 0;
+  const uint64_t skip_below = std::max(s.high > slack ? s.high - slack : 0, s.passed);
   const uint64_t end = s.base + s.paths.size();
   while (s.low < end) {
     if ((s.states[s.low - s.base] & kStateMask) == kPending) {

@@ -15,6 +15,11 @@
 // RAM cache's LRU instead. With the kernel skipping open/release (no_open) there is no close
 // to wait for, so "all bytes read" is the signal.
 //
+// Stored pages: under keep_cache, a file fetched whole in one chunk is put into the kernel's
+// page cache at once (PageCacheProbe::Store, FUSE_NOTIFY_STORE) and marked page-resident; its
+// readers then never reach the daemon, and the window gives its bytes back. Positions the
+// publisher says the readers passed (`unread`) with the file marked count as hits.
+//
 // Residency: a file the next epoch can be served without the store is not fetched again.
 // With keep_cache (the kernel keeps the pages of what it was served), a file whose every byte
 // went to the kernel at a version the daemon still holds fresh attributes for (those of the
@@ -120,6 +125,7 @@ struct Stats {
   uint64_t page_drops = 0;      // reads of marked files: the kernel dropped their pages
   bool page_pressure = false;   // drops come often: files passed over go to the LRU, unprobed
   uint64_t lru_filled = 0;      // files passed over put in the LRU cache under page pressure
+  uint64_t stored = 0;          // files put into the kernel's page cache once fetched
   uint64_t cached = 0;          // files taken from the RAM cache or NVMe tier, no store request
   uint64_t resident_marks = 0;  // files now marked page-resident
   uint64_t inflight = 0;        // fetches running now
@@ -154,6 +160,15 @@ class PageCacheProbe {
   // Whether the kernel's page cache holds every page of store path `path` (`size` bytes)
   // now. Called by a worker without locks held; may block briefly. Thread-safe.
   virtual bool Resident(const std::string& path, uint64_t size) = 0;
+  // Puts `data`, the whole of store path `path` at `version`, into the kernel's page cache
+  // (FUSE_NOTIFY_STORE), so that its readers find it there with no request to the daemon.
+  // Only where the kernel knows the file's inode and was given attributes of that version;
+  // true if stored. Called by a worker without locks held. Thread-safe.
+  virtual bool Store(const std::string& path, const cfs_client::FileVersion& version,
+                     const cache::Buffer& data) {
+    (void)path, (void)version, (void)data;
+    return false;
+  }
 };
 
 class Prefetcher {
@@ -244,8 +259,9 @@ class Prefetcher {
   // `unread`, if given: at most that many of the stream's latest positions (these included)
   // are still to be read, so the readers are past every earlier one even where no read
   // reached the daemon (the kernel served it from its page cache): those positions leave the
-  // queue, as positions far behind a read do (the slack applies). A stream whose publisher
-  // says so costs O(its lookahead), not O(the epoch).
+  // queue at once (the publisher knows; no slack applies), and each whose file the kernel was
+  // known to hold whole then counts as a hit. A stream whose publisher says so costs O(its
+  // lookahead), not O(the epoch).
   Op PublishAs(uid_t uid, const std::string& id, const std::vector<std::string>& paths,
                bool partial = false, size_t* taken = nullptr, Refusal* refusal = nullptr,
                std::optional<uint64_t> unread = std::nullopt);
@@ -337,8 +353,11 @@ class Prefetcher {
     // path -> positions, ascending (a vector: most paths have one, and a deque's first block
     // alone would cost 512 bytes a path)
     std::unordered_map<std::string, std::vector<uint64_t>> pending;
-    uint64_t low = 0;           // first position neither read nor skipped
-    uint64_t high = 0;          // one past the furthest position read
+    uint64_t low = 0;   // first position neither read nor skipped
+    uint64_t high = 0;  // one past the furthest position read
+    // The publisher's word (PublishAs's `unread`): the readers are past every position before
+    // this one, read or not; those leave the queue with no slack.
+    uint64_t passed = 0;
     uint64_t next = 0;          // the next position the scheduler looks at
     uint64_t recheck = 0;       // the next position passed over to probe again (see RecheckLocked)
     uint64_t queued_bytes = 0;  // QueuedPathCost of each position in `paths`
@@ -511,6 +530,7 @@ class Prefetcher {
   prometheus::Counter* failed_ = nullptr;
   prometheus::Counter* page_resident_ = nullptr;
   prometheus::Counter* trusted_ = nullptr;
+  prometheus::Counter* stored_ = nullptr;
   prometheus::Counter* probed_absent_ = nullptr;
   prometheus::Counter* cached_ = nullptr;
   prometheus::Counter* lru_filled_ = nullptr;

@@ -169,7 +169,7 @@ def _patched_next(original: Callable[..., Any]) -> Callable[..., Any]:
             wrapper = d.get(_ATTR)
             if isinstance(wrapper, LookaheadIterator):
                 try:
-                    _publisher.close_stream(wrapper.context)
+                    _publisher.close_stream(wrapper.context, finished=wrapper.exhausted)
                 except Exception:
                     pass
             raise

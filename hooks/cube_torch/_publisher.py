@@ -94,15 +94,17 @@ class Stream:
         publisher.submit(self, indices)
 
 
-def close_stream(stream: Stream) -> None:
+def close_stream(stream: Stream, finished: bool = False) -> None:
     """Ends `stream`: no more submits; the daemon's stream is deleted after what was queued.
-    Safe from any thread, a weakref callback or a forked child (where it does nothing)."""
+    `finished`: the loop read every item (the iterator ran out), which the daemon is told
+    first: the positions no read reached it for were read from the page cache. Safe from any
+    thread, a weakref callback or a forked child (where it does nothing)."""
     if stream.closed:
         return
     stream.closed = True
     publisher = stream.publisher
     if publisher is not None and stream.owner_pid == os.getpid():
-        publisher.close(stream)
+        publisher.close(stream, finished)
 
 
 def zero_counters() -> Dict[str, int]:
@@ -186,9 +188,9 @@ class Publisher:
                 self._start_locked()
         self._queue.put((_BATCH, stream, indices))
 
-    def close(self, stream: Stream) -> None:
+    def close(self, stream: Stream, finished: bool = False) -> None:
         # SimpleQueue.put is reentrant: safe from weakref callbacks and __del__.
-        self._queue.put((_CLOSE, stream, None))
+        self._queue.put((_CLOSE, stream, finished))
 
     def flush(self, timeout: float) -> bool:
         """Waits until everything queued before the call has been handled."""
@@ -266,25 +268,38 @@ class Publisher:
             if kind == _STOP:
                 stop = True
             elif kind in (_BATCH, _CLOSE):
-                group = groups.setdefault(id(stream), (stream, [], [False]))
+                group = groups.setdefault(id(stream), (stream, [], [False, False]))
                 if kind == _BATCH:
                     group[1].append(payload)
                 else:
                     group[2][0] = True
+                    group[2][1] = bool(payload)
         for stream, batches, close in groups.values():
-            self._serve(stream, batches, close[0])
+            self._serve(stream, batches, close[0], close[1])
         if stop:
             for stream in list(self._open.values()):
                 self._delete(stream)
         return stop
 
-    def _serve(self, stream: Stream, batches: List[Tuple[Any, ...]], close: bool) -> None:
+    def _serve(self, stream: Stream, batches: List[Tuple[Any, ...]], close: bool,
+               finished: bool = False) -> None:
         if stream.quiet:
             self._count("dropped", sum(len(b) for b in batches))
         elif batches:
             self._publish(stream, self._map(stream, batches), sum(len(b) for b in batches))
+        if close and finished:
+            self._finish(stream)
         if close:
             self._delete(stream)
+
+    def _finish(self, stream: Stream) -> None:
+        """Tells the daemon the loop read every position of `stream` (unread 0)."""
+        if stream.quiet or stream.stream_id is None or stream.daemon is None or stream.held:
+            return
+        try:
+            self._client_for(stream.daemon).publish(stream.stream_id, [], 0)
+        except _client.ControlError:
+            pass  # the delete that follows says what it must
 
     def _map(self, stream: Stream, batches: List[Tuple[Any, ...]]) -> List[str]:
         paths: List[str] = []

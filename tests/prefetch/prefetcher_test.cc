@@ -91,6 +91,26 @@ class PrefetcherTest : public ::testing::Test {
     PrefetcherTest* const test_;
   };
   void ProbeKernel() { pf_->SetPageProbe(&held_pages_); }
+  // A kernel that takes what is stored (FUSE_NOTIFY_STORE) while accept_stores_ is set.
+  class StoringPages final : public PageCacheProbe {
+   public:
+    explicit StoringPages(PrefetcherTest* test) : test_(test) {}
+    bool Resident(const std::string& path, uint64_t) override {
+      test_->probes_++;
+      return test_->held_.count(path) > 0;
+    }
+    bool Store(const std::string& path, const cfs_client::FileVersion& version,
+               const cache::Buffer& data) override {
+      if (!test_->accept_stores_) return false;
+      test_->stored_[path] = std::string(data.data.get(), data.size);
+      EXPECT_EQ(version, test_->store_.Stat(path).value().Version());
+      test_->held_.insert(path);
+      return true;
+    }
+
+   private:
+    PrefetcherTest* const test_;
+  };
   void Hold(std::initializer_list<int> files) {
     held_.clear();
     for (int i : files) held_.insert(Name(i));
@@ -137,6 +157,9 @@ class PrefetcherTest : public ::testing::Test {
   int probes_ = 0;
   KnownAttrs known_attrs_{this};
   HeldPages held_pages_{this};
+  bool accept_stores_ = true;
+  std::map<std::string, std::string> stored_;
+  StoringPages storing_pages_{this};
   std::unique_ptr<Prefetcher> pf_;  // last: it may call the two above until it is gone
 };
 
@@ -161,6 +184,80 @@ TEST_F(PrefetcherTest, FilesTheKernelHoldsWholeAreNotFetchedAgain) {
   EXPECT_EQ(store_.stats(), stats);
   EXPECT_EQ(pf_->GetStats().page_resident, 5u);
   EXPECT_EQ(pf_->GetStats().window_files, 0u);
+}
+
+// A fetched file goes into the kernel's page cache at once: the readers then pass its position
+// with no read reaching the daemon (the publisher says how far they are), and that counts as a
+// hit; the window lets the file go. A file whose pages were dropped before its read reaches the
+// daemon and counts as what that read was, not as a hit. The next epoch trusts the marks.
+TEST_F(PrefetcherTest, AFetchedFileIsStoredInThePageCacheAndPassingItIsAHit) {
+  Make(/*window_files=*/16, 1 << 20, /*slack=*/2, true, /*keep_cache=*/true,
+       [] { return std::optional<uint64_t>(7); });
+  KnowAttrs();
+  pf_->SetPageProbe(&storing_pages_);
+  const std::string id = pf_->CreateStream("epoch", 1);
+  auto publish = [&](int from, int to) {
+    std::vector<std::string> paths;
+    for (int i = from; i < to; ++i) paths.push_back(Name(i));
+    // The readers have yet to read the last 8 positions published.
+    ASSERT_EQ(pf_->PublishAs(0, id, paths, false, nullptr, nullptr, /*unread=*/8),
+              Prefetcher::Op::kOk);
+  };
+  publish(0, 8);
+  EXPECT_EQ(RunAll(), 8);
+  ASSERT_EQ(stored_.size(), 8u);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(stored_[Name(i)], store_.Data(Name(i)));
+  Stats st = pf_->GetStats();
+  EXPECT_EQ(st.stored, 8u);
+  EXPECT_EQ(st.resident_marks, 8u);
+  EXPECT_EQ(st.reads.total(), 0u);
+  EXPECT_EQ(st.window_bytes, 0u);  // the kernel holds the bytes; the window keeps no copy
+  EXPECT_EQ(pf_->Get(Name(6), store_.Stat(Name(6)).value().Version(), 0), std::nullopt);
+
+  // The kernel dropped file 6's pages: its read reaches the daemon, which fetches it again (a
+  // miss), and is not counted again as a hit when the readers pass it.
+  const cfs_client::FileVersion v6 = store_.Stat(Name(6)).value().Version();
+  pf_->OnRead(Name(6), v6, 0, kFileSize, ReadOutcome::kMiss, /*to_kernel=*/true);
+  EXPECT_EQ(pf_->GetStats().reads.miss, 1u);
+
+  publish(8, 16);  // the readers are past positions 0-7 (the publisher knows: no slack)
+  st = pf_->GetStats();
+  EXPECT_EQ(st.reads.hit, 7u);
+  EXPECT_EQ(st.reads.miss, 1u);
+  ASSERT_EQ(st.streams.size(), 1u);
+  EXPECT_EQ(st.streams[0].reads.hit, 7u);
+  EXPECT_EQ(st.streams[0].skipped, 7u);
+  EXPECT_EQ(st.streams[0].read, 1u);
+  EXPECT_EQ(st.window_files, 0u);
+  RunAll();
+  publish(16, 24);  // past 8-15, all stored
+  EXPECT_EQ(pf_->GetStats().reads.hit, 7u + 8u);
+  pf_->DeleteStream(id);
+
+  // The next epoch: every file is marked and nothing was reclaimed: passed over, no store read.
+  const size_t reads = store_.read_log().size();
+  Publish(0, 16);
+  RunAll();
+  EXPECT_EQ(store_.read_log().size(), reads);
+  EXPECT_EQ(probes_, 0);
+  EXPECT_EQ(pf_->GetStats().trusted, 16u);
+}
+
+// A kernel that refuses the bytes (it forgot the inode, the attributes it holds are of another
+// version): nothing is marked, the file stays in the window for its read.
+TEST_F(PrefetcherTest, AFileTheKernelDoesNotTakeWaitsInTheWindow) {
+  Make(8, 1 << 20, 2, true, /*keep_cache=*/true, [] { return std::optional<uint64_t>(7); });
+  KnowAttrs();
+  pf_->SetPageProbe(&storing_pages_);
+  accept_stores_ = false;
+  Publish(0, 4);
+  EXPECT_EQ(RunAll(), 4);
+  Stats st = pf_->GetStats();
+  EXPECT_EQ(st.stored, 0u);
+  EXPECT_EQ(st.resident_marks, 0u);
+  EXPECT_EQ(st.window_files, 4u);
+  ReadFile(0);
+  EXPECT_EQ(pf_->GetStats().reads.hit, 1u);
 }
 
 // While the kernel reclaims no page-cache page, a marked file is passed over without a probe;
@@ -1046,16 +1143,17 @@ TEST_F(PrefetcherTest, PublishersSayingWhatIsUnreadKeepTheQueueToTheirLookahead)
         << "batch " << b;
     RunAll();
     const Stats st = pf_->GetStats();
-    // Queued: the 8 unread and the 4 of slack behind them, at most.
-    EXPECT_LE(st.queued_paths, 12u) << "batch " << b;
+    // Queued: the 8 unread at most (the publisher knows the readers passed the rest: no
+    // slack is kept behind them).
+    EXPECT_LE(st.queued_paths, 8u) << "batch " << b;
     EXPECT_EQ(st.streams[0].skipped + st.queued_paths, 4u * (b + 1)) << "batch " << b;
   }
   Stats st = pf_->GetStats();
   EXPECT_EQ(st.streams[0].published, 64u);
-  EXPECT_EQ(st.queued_paths, 12u);
+  EXPECT_EQ(st.queued_paths, 8u);
   // Files fetched for positions the readers passed without a read are given up.
   EXPECT_EQ(st.window_files, st.streams[0].fetched - st.evicted_unread);
-  EXPECT_LE(st.window_files, 12u);
+  EXPECT_LE(st.window_files, 8u);
   EXPECT_GT(st.evicted_unread, 0u);
   // Without `unread`, the same publishes pass the limit at 16 positions.
   const std::string old = pf_->CreateStream("old", 1, 1001);

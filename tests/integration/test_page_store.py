@@ -1,0 +1,122 @@
+"""Prefetched files pushed into the kernel's page cache (FUSE_NOTIFY_STORE) through a real
+mount: a published file the kernel knows is read with no READ request reaching the daemon, the
+readers passing it count as hits, and a file whose pages were dropped before its read is read
+from the daemon and counted as the miss it is, never as a hit."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cubefs_harness import CubeFactory, UnixHTTPConnection, call, environment_problem, wait_until
+from test_control_api import make_tree, publish as publish_paths, start, stats
+
+pytestmark = pytest.mark.skipif(environment_problem() is not None,
+                                reason=environment_problem() or "")
+
+
+def fuse_reads(mount: Any) -> float:
+    return mount.metrics().value("cubetorchfs_fuse_ops_total", op="read")
+
+
+def reads(mount: Any, result: str) -> float:
+    return mount.metrics().value("cubetorchfs_reads_total", result=result)
+
+
+def drop_pages(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_a_prefetched_file_is_read_from_the_page_cache_with_no_read_request(
+        cube: CubeFactory, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    files = make_tree(src, 60, size=20_000)
+    # evict_after_read: the daemon keeps no copy of a file once the kernel has it, so a read
+    # of one whose pages were dropped is fetched again, a miss. (By default the LRU cache
+    # keeps the copy, and such a read is a hit from RAM, counted as a page drop.)
+    mount, sock, _ = start(cube, src, latency_us=2000, evict_after_read=True)
+    # The scan a dataset makes: the kernel learns every inode (readdirplus).
+    for d in sorted(mount.path().iterdir()):
+        for e in os.scandir(d):
+            e.stat()
+    paths = [str(mount.path(str(f.relative_to(src)))) for f in files]
+    conn = UnixHTTPConnection(sock)
+    status, body = call(conn, "POST", "/v1/streams", {"name": "epoch", "pid": os.getpid()})
+    assert status == 201, body
+    sid = json.loads(body)["id"]
+
+    def publish(batch: list[str], unread: int) -> None:
+        status, body = call(conn, "POST", f"/v1/streams/{sid}/paths",
+                            {"paths": batch, "unread": unread})
+        assert status == 202, body
+
+    publish(paths, unread=len(paths))
+
+    def prefetch() -> dict[str, Any]:
+        return stats(sock)["global"]["prefetch"]
+    assert wait_until(lambda: prefetch()["stored"] == 60 and prefetch()["inflight"] == 0, 30), \
+        prefetch()
+    # The daemon keeps no copy: the kernel has the bytes.
+    assert prefetch()["window_bytes"] == 0, prefetch()
+    before = fuse_reads(mount)
+    hits_before = reads(mount, "hit")
+    for f, p in zip(files[10:], paths[10:]):
+        assert Path(p).read_bytes() == f.read_bytes()
+    assert fuse_reads(mount) == before, "a stored file's read reached the daemon"
+    assert mount.metrics().value("cubetorchfs_backend_requests_total", op="read",
+                                 status="ok") == 60
+
+    # Ten lose their pages before their read: each read reaches the daemon and is fetched
+    # again from the store, a miss; none is counted as a hit, then or when the readers pass.
+    misses_before = reads(mount, "miss")
+    for p in paths[:10]:
+        drop_pages(p)
+    for f, p in zip(files[:10], paths[:10]):
+        assert Path(p).read_bytes() == f.read_bytes()
+    assert fuse_reads(mount) >= before + 10
+    assert reads(mount, "miss") - misses_before == 10
+    assert reads(mount, "hit") == hits_before
+    # The publisher says the readers are past all 60, and went on over the same files again
+    # (20 times, all of them held by the kernel): every position passed with no read reaching
+    # the daemon had the file's pages in the kernel, a hit; the ten reads that reached the
+    # daemon consumed their own positions.
+    publish(paths * 20, unread=1)
+    publish(paths[:1], unread=1)  # a publish moves the readers' mark up to what came before it
+    s = stats(sock)
+    stream = [x for x in s["streams"] if x["id"] == sid][0]
+    assert stream["reads"]["miss"] == 10 and stream["read"] == 10, stream
+    assert stream["skipped"] == 1260 - 10 and stream["reads"]["hit"] == 1250, stream
+    assert reads(mount, "hit") - hits_before == 1250
+    # The repeated files were in the kernel: none fetched again. (Ten drops in a row are page
+    # pressure: files near the readers are then read into the LRU cache, lru_filled.)
+    assert s["global"]["prefetch"]["fetched"] == 60, s["global"]["prefetch"]
+
+    def store_reads_settled() -> bool:
+        pf = prefetch()
+        return mount.metrics().value("cubetorchfs_backend_requests_total", op="read",
+                                     status="ok") == 70 + pf["lru_filled"]
+    assert wait_until(store_reads_settled, 10), prefetch()
+
+
+def test_a_file_the_kernel_does_not_know_is_served_from_the_window(
+        cube: CubeFactory, tmp_path: Path) -> None:
+    """No scan: the kernel has no inode to put the pages in, so the file waits in the window
+    and its read reaches the daemon as before, a hit."""
+    src = tmp_path / "src"
+    files = make_tree(src, 8, size=20_000)
+    mount, sock, _ = start(cube, src, latency_us=2000)
+    paths = [str(mount.path(str(f.relative_to(src)))) for f in files]
+    publish_paths(sock, paths)
+    assert wait_until(lambda: stats(sock)["global"]["prefetch"]["fetched"] == 8, timeout=30)
+    assert stats(sock)["global"]["prefetch"]["stored"] == 0
+    for f, p in zip(files, paths):
+        assert Path(p).read_bytes() == f.read_bytes()
+    assert reads(mount, "hit") >= 8 and reads(mount, "miss") == 0
