@@ -650,6 +650,7 @@ json ServerImpl::StatsJson(const Caller& caller) {
                        {"published", st.published},
                        {"read", st.read},
                        {"skipped", st.skipped},
+                       {"page_cache", st.page_cache},
                        {"queued", st.queued},
                        {"queued_bytes", st.queued_bytes},
                        {"fetched", st.fetched},

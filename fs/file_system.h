@@ -256,6 +256,9 @@ class FileSystem : public prefetch::AttrSource {
   InodeTable& inodes() { return inodes_; }  // for a takeover (daemon/supervisor.h)
   // Files being written (write states open): an upgrade waits until there are none.
   uint64_t open_writes() const { return open_writes_.load(); }
+  // Whether inode `ino` has a write state (open for writing through the mount, or written and
+  // not yet closed in the store): its bytes are those written, not the store's.
+  bool BeingWritten(uint64_t ino) { return FindWriteState(ino) != nullptr; }
   // The attributes the kernel was last given for `path`, while they are younger than
   // attr_timeout_s (the kernel checks permissions against them meanwhile): nothing otherwise.
   // `fetched_ns`, if not null, receives when they were read from the store.

@@ -92,14 +92,14 @@ bool MountPageCacheProbe::Store(const std::string& path, const cfs_client::FileV
   if (!ino) return false;
   std::optional<fs::InodeInfo> before = fs_->inodes().Get(*ino);
   if (!before || before->removed || !S_ISREG(before->attr.mode) ||
-      before->attr.Version() != version)
+      before->attr.Version() != version || fs_->BeingWritten(*ino))
     return false;
   if (!probe_->Store(*ino, data.data.get(), data.size)) return false;
   // Changed through the mount (written, renamed, removed) or refreshed to another version
   // while the bytes went to the kernel: they may be stale there, so they go again.
   std::optional<fs::InodeInfo> after = fs_->inodes().Get(*ino);
   if (!after || after->removed || after->write_gen != before->write_gen || after->path != path ||
-      after->attr.Version() != version) {
+      after->attr.Version() != version || fs_->BeingWritten(*ino)) {
     if (invalidate_) invalidate_(*ino);
     return false;
   }

@@ -75,7 +75,7 @@ class MountPageCacheProbe final : public prefetch::PageCacheProbe {
  public:
   // `invalidate` drops the kernel's pages of an inode (FuseSession::InvalidateInode); may be
   // empty (tests).
-  MountPageCacheProbe(const fs::FileSystem* fs, PageProbe* probe,
+  MountPageCacheProbe(fs::FileSystem* fs, PageProbe* probe,
                       std::function<void(uint64_t ino)> invalidate = {})
       : fs_(fs), probe_(probe), invalidate_(std::move(invalidate)) {}
   bool Resident(const std::string& path, uint64_t size) override;
@@ -85,7 +85,7 @@ class MountPageCacheProbe final : public prefetch::PageCacheProbe {
              const cache::Buffer& data) override;
 
  private:
-  const fs::FileSystem* const fs_;
+  fs::FileSystem* const fs_;
   PageProbe* const probe_;
   const std::function<void(uint64_t)> invalidate_;
 };

@@ -453,15 +453,19 @@ void Prefetcher::MarkPositionLocked(Stream& s, uint64_t pos, PosState state) {
     else if (positions.capacity() > 4 * positions.size() + 8)
       positions.shrink_to_fit();  // a path published many times keeps no stale block
   }
-  (state == kRead ? s.stats.read : s.stats.skipped)++;
-  // Passed by the readers with no read reaching the daemon while the kernel was known to hold
-  // the file whole (stored there, or served to it and not dropped since): a hit, read from the
-  // page cache. A read that did reach the daemon consumed its position as kRead instead, and
-  // was counted by OnRead as what it was.
-  if (state == kSkipped && marks_.count(MarkKey(path)) != 0) {
+  if (state == kRead) {
+    s.stats.read++;
+  } else if (marks_.count(MarkKey(path)) != 0) {
+    // Passed by the readers with no read reaching the daemon while the kernel was known to
+    // hold the file whole (stored there, or served to it and not dropped since): a hit, read
+    // from the page cache. A read that did reach the daemon consumed its position as kRead
+    // instead, and was counted by OnRead as what it was.
+    s.stats.page_cache++;
     totals_.reads.hit++;
     s.stats.reads.hit++;
     if (reads_[0]) reads_[0]->Increment();
+  } else {
+    s.stats.skipped++;
   }
   if (attached) {  // the position holds a ref of the window entry
     DropRefLocked(path);

@@ -104,10 +104,13 @@ struct ReadCounts {
 struct StreamStats {
   std::string id, name;
   int pid = 0;
-  uid_t uid = 0;              // the stream's owner: the user who created it
-  uint64_t published = 0;     // positions appended
-  uint64_t read = 0;          // positions consumed by a read
-  uint64_t skipped = 0;       // positions passed over by the readers
+  uid_t uid = 0;           // the stream's owner: the user who created it
+  uint64_t published = 0;  // positions appended
+  uint64_t read = 0;       // positions consumed by a read
+  uint64_t skipped = 0;    // positions passed over by the readers, the file not held
+  // Positions the readers passed with no read reaching the daemon while the kernel held the
+  // file whole (stored there, or served to it and not dropped since): page-cache reads, hits.
+  uint64_t page_cache = 0;
   uint64_t queued = 0;        // positions not yet read or skipped
   uint64_t queued_bytes = 0;  // the memory they hold (Prefetcher::QueuedPathCost each)
   uint64_t fetched = 0, failed = 0, evicted_unread = 0;

@@ -176,12 +176,16 @@ def test_checkpoint_resumes_in_a_new_process(cube: CubeFactory, jpeg_tree: Path,
     assert ratio >= 0.99, (ratio, resumed["snapshot"]["global"], resumed["final"]["global"])
     # Its stream starts at the resumed position: the hook published each remaining file once,
     # from the first batch after the checkpoint on (the workers' first batches included), the
-    # readers read it in turn (no position passed over), and the daemon fetched the rest of the
-    # epoch, none of the K batches' files.
+    # readers read it in turn (from the daemon, or from the page cache it was put in: no
+    # position passed over unread), and the daemon fetched the rest of the epoch, none of the
+    # K batches' files.
     assert resumed["final"]["client"]["published"] == rest, resumed["final"]["client"]
     assert whole["late"] + whole["miss"] <= 2 * BATCH, whole  # not even the first batches miss
     (stream,) = resumed["streams"]
-    assert stream["skipped"] == 0 and stream["read"] >= WARMUP * BATCH, stream
+    assert stream["skipped"] == 0, stream
+    # Reads from the page cache are known from the hook's word, which allows for the batches
+    # the workers may still hold: by the snapshot the daemon knows of all but those.
+    assert stream["read"] + stream["page_cache"] >= (WARMUP - IN_FLIGHT) * BATCH, stream
     m = second.metrics()
     fetched = m.value("cubetorchfs_prefetch_files_total", outcome="fetched")
     assert rest - 8 <= fetched <= rest, m.text
