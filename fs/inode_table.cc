@@ -17,6 +17,25 @@ InodeTable::InodeTable(const cfs_client::FileAttr& root_attr, uint64_t now_ns) {
   root.nlookup = 1;
   nodes_.emplace(kRootIno, std::move(root));
   by_path_.emplace("", kRootIno);
+  HintLocked("", kRootIno);
+}
+
+uint64_t InodeTable::PathHash(std::string_view path) { return std::hash<std::string_view>{}(path); }
+
+void InodeTable::HintLocked(const std::string& path, uint64_t ino) {
+  by_hash_.Put(PathHash(path), ino);
+}
+
+void InodeTable::UnhintLocked(const std::string& path, uint64_t ino) {
+  by_hash_.EraseIf(PathHash(path), ino);
+}
+
+bool InodeTable::Names(const Node& n, std::string_view path) {
+  if (n.info.removed) return false;
+  if (n.info.path == path) return true;
+  for (const std::string& other : n.other_paths)
+    if (other == path) return true;
+  return false;
 }
 
 std::optional<InodeTable::StoreId> InodeTable::IdOf(const cfs_client::FileAttr& attr) {
@@ -39,6 +58,7 @@ uint64_t InodeTable::Acquire(const std::string& path, const cfs_client::FileAttr
       if (!n.info.removed) {
         it->second = known->second;
         n.other_paths.push_back(path);
+        HintLocked(path, it->second);
         n.nlookup++;
         n.info.attr = attr;
         n.info.attr_time_ns = now_ns;
@@ -51,6 +71,7 @@ uint64_t InodeTable::Acquire(const std::string& path, const cfs_client::FileAttr
   if (inserted) {
     n.info.ino = it->second;
     n.info.path = path;
+    HintLocked(path, it->second);
     SizeChangedLocked();
   }
   n.nlookup++;
@@ -79,6 +100,7 @@ void InodeTable::Forget(uint64_t ino, uint64_t n) {
           auto p = by_path_.find(path);
           if (p != by_path_.end() && p->second == ino)
             by_path_.erase(p);  // not a removed inode's old path
+          UnhintLocked(path, ino);
         }
         if (std::optional<StoreId> id = IdOf(node.info.attr)) {
           auto s = by_store_id_.find(*id);
@@ -128,7 +150,12 @@ std::optional<cfs_client::FileVersion> InodeTable::SetOpenedVersion(
 }
 
 std::optional<uint64_t> InodeTable::Find(const std::string& path) const {
+  const uint64_t hash = PathHash(path);
   MutexLock l(mu_);
+  if (std::optional<uint64_t> hint = by_hash_.Get(hash)) {
+    auto n = nodes_.find(*hint);
+    if (n != nodes_.end() && Names(n->second, path)) return *hint;
+  }
   auto it = by_path_.find(path);
   if (it == by_path_.end()) return std::nullopt;
   return it->second;
@@ -154,6 +181,7 @@ std::optional<std::string> InodeTable::RemoveLocked(const std::string& path) {
   if (it == by_path_.end()) return std::nullopt;
   const uint64_t ino = it->second;
   by_path_.erase(it);
+  UnhintLocked(path, ino);
   auto n = nodes_.find(ino);
   if (n == nodes_.end()) return std::nullopt;
   Node& node = n->second;
@@ -214,10 +242,12 @@ void InodeTable::Rename(const std::string& from, const std::string& to) {
   rename_visits_.fetch_add(visits, std::memory_order_relaxed);
   for (const auto& [path, ino] : moved) {
     by_path_.erase(path);
+    UnhintLocked(path, ino);
     std::string new_path = to + path.substr(from.size());
     auto stale = by_path_.find(new_path);  // an entry under the replaced directory
     if (stale != by_path_.end()) RemoveLocked(new_path);
     by_path_[new_path] = ino;
+    HintLocked(new_path, ino);
     RenameNameLocked(ino, path, std::move(new_path));
   }
 }
@@ -389,9 +419,13 @@ Status InodeTable::Restore(std::string_view bytes) {
   }
   if (!r.done() || nodes.count(kRootIno) == 0)
     return Status::InvalidArgument("inode table: no root, or bytes after the end");
+  HashHints by_hash;
+  by_hash.Reserve(by_path.size());
+  for (const auto& [path, ino] : by_path) by_hash.Put(PathHash(path), ino);
   MutexLock l(mu_);
   nodes_ = std::move(nodes);
   by_path_ = std::move(by_path);
+  by_hash_ = std::move(by_hash);
   by_store_id_ = std::move(by_store_id);
   next_ino_ = std::max(next, generation_base_ + kRootIno + 1);
   SizeChangedLocked();
