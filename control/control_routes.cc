@@ -680,6 +680,7 @@ json ServerImpl::StatsJson(const Caller& caller) {
                   {"page_pressure", s.page_pressure},
                   {"lru_filled", s.lru_filled},
                   {"stored", s.stored},
+                  {"restored", s.restored},
                   {"cached", s.cached},
                   {"resident_marks", s.resident_marks},
                   {"inflight", s.inflight},

@@ -132,12 +132,12 @@ Result<InodeInfo> FileSystem::GetInode(uint64_t ino) {
 
 std::optional<cfs_client::FileAttr> FileSystem::KnownAttr(const std::string& path,
                                                           uint64_t* fetched_ns) const {
-  std::optional<uint64_t> ino = inodes_.Find(path);
-  if (!ino) return std::nullopt;
-  std::optional<InodeInfo> info = inodes_.Get(*ino);
-  if (!info || info->removed || !AttrFresh(*info, clock_->NowNanos())) return std::nullopt;
-  if (fetched_ns != nullptr) *fetched_ns = info->attr_time_ns;
-  return info->attr;
+  std::optional<InodeTable::HeldAttr> held = inodes_.AttrOf(path);
+  if (!held) return std::nullopt;
+  if (static_cast<double>(clock_->NowNanos() - held->attr_time_ns) / 1e9 >= options_.attr_timeout_s)
+    return std::nullopt;
+  if (fetched_ns != nullptr) *fetched_ns = held->attr_time_ns;
+  return held->attr;
 }
 
 bool FileSystem::AttrFresh(const InodeInfo& inode, uint64_t now) const {

@@ -152,6 +152,10 @@ std::optional<cfs_client::FileVersion> InodeTable::SetOpenedVersion(
 std::optional<uint64_t> InodeTable::Find(const std::string& path) const {
   const uint64_t hash = PathHash(path);
   MutexLock l(mu_);
+  return FindLocked(path, hash);
+}
+
+std::optional<uint64_t> InodeTable::FindLocked(const std::string& path, uint64_t hash) const {
   if (std::optional<uint64_t> hint = by_hash_.Get(hash)) {
     auto n = nodes_.find(*hint);
     if (n != nodes_.end() && Names(n->second, path)) return *hint;
@@ -159,6 +163,16 @@ std::optional<uint64_t> InodeTable::Find(const std::string& path) const {
   auto it = by_path_.find(path);
   if (it == by_path_.end()) return std::nullopt;
   return it->second;
+}
+
+std::optional<InodeTable::HeldAttr> InodeTable::AttrOf(const std::string& path) const {
+  const uint64_t hash = PathHash(path);
+  MutexLock l(mu_);
+  std::optional<uint64_t> ino = FindLocked(path, hash);
+  if (!ino) return std::nullopt;
+  auto n = nodes_.find(*ino);
+  if (n == nodes_.end() || n->second.info.removed) return std::nullopt;
+  return HeldAttr{n->second.info.attr, n->second.info.attr_time_ns};
 }
 
 std::optional<std::string> InodeTable::Remove(const std::string& path) {

@@ -80,6 +80,13 @@ class InodeTable {
 
   // The live inode of `path`, if the kernel knows one.
   std::optional<uint64_t> Find(const std::string& path) const;
+  // The attributes held for `path` and when they were read from the store: Find and Get in
+  // one lock, with no copy of the path. Nothing for an unknown or removed path.
+  struct HeldAttr {
+    cfs_client::FileAttr attr;
+    uint64_t attr_time_ns = 0;
+  };
+  std::optional<HeldAttr> AttrOf(const std::string& path) const;
 
   // `path` was removed from the store: its inode (if any) no longer answers to the path. If
   // the inode has another name, that name is returned (and the inode's path is it now);
@@ -155,6 +162,7 @@ class InodeTable {
   // prefixes took a third of the daemon's CPU in a warm epoch.
   HashHints by_hash_ GUARDED_BY(mu_);
   static uint64_t PathHash(std::string_view path);
+  std::optional<uint64_t> FindLocked(const std::string& path, uint64_t hash) const REQUIRES(mu_);
   void HintLocked(const std::string& path, uint64_t ino) REQUIRES(mu_);
   void UnhintLocked(const std::string& path, uint64_t ino) REQUIRES(mu_);
   // Whether `path` is a live name of node `n`.

@@ -330,6 +330,8 @@ void Prefetcher::Run(const Job& job) {
     RunProbe(job);
   else if (job.fill_lru)
     RunLruFill(job);
+  else if (job.restore)
+    RunRestore(job);
   else
     RunJob(job);
 }
@@ -364,6 +366,24 @@ void Prefetcher::RunLruFill(const Job& job) {
     totals_.lru_filled++;
     if (lru_filled_) lru_filled_->Increment();
   }
+}
+
+void Prefetcher::RunRestore(const Job& job) {
+  PageCacheProbe* probe = nullptr;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    probe = page_probe_;
+  }
+  if (probe == nullptr) return;
+  // From what the daemon holds only: nothing is read from the store or handed to anyone, and
+  // the kernel still checks the reader's rights at open. Not held: left to the mark.
+  const cache::BufferRef held = cache::Tiers{ram_, disk_}.Find(
+      cache::ChunkKey(job.path, job.version, 0), static_cast<size_t>(job.version.size));
+  if (held == nullptr || !probe->Store(job.path, job.version, *held)) return;
+  std::lock_guard<std::mutex> l(mu_);
+  totals_.restored++;
+  if (restored_) restored_->Increment();
+  MarkResidentLocked(job.path, job.version);
 }
 
 void Prefetcher::RunProbe(const Job& job) {

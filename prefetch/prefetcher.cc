@@ -66,6 +66,7 @@ Prefetcher::Prefetcher(const Options& options, cfs_client::Backend* backend, cac
     cached_ = &files.Add({{"outcome", "cached"}});
     lru_filled_ = &files.Add({{"outcome", "lru_filled"}});
     stored_ = &files.Add({{"outcome", "stored"}});
+    restored_ = &files.Add({{"outcome", "restored"}});
     inflight_gauge_ = &prometheus::BuildGauge()
                            .Name("cubetorchfs_prefetch_inflight")
                            .Help("Prefetches running now")
@@ -382,7 +383,8 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
         state |= kProbed;
         const bool near = pos < s.high + RecheckLead();
         if (near) state |= kRechecked;
-        if (std::optional<Job> job = PassOverJobLocked(s, path, *mark, near)) return job;
+        if (std::optional<Job> job = PassOverJobLocked(s, path, *mark, near, /*restore=*/true))
+          return job;
         continue;
       }
       state |= kAttached;

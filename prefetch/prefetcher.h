@@ -129,6 +129,7 @@ struct Stats {
   bool page_pressure = false;   // drops come often: files passed over go to the LRU, unprobed
   uint64_t lru_filled = 0;      // files passed over put in the LRU cache under page pressure
   uint64_t stored = 0;          // files put into the kernel's page cache once fetched
+  uint64_t restored = 0;        // files passed over put back into the page cache from RAM or NVMe
   uint64_t cached = 0;          // files taken from the RAM cache or NVMe tier, no store request
   uint64_t resident_marks = 0;  // files now marked page-resident
   uint64_t inflight = 0;        // fetches running now
@@ -375,6 +376,10 @@ class Prefetcher {
     // Under page pressure: put a file passed over in the LRU cache at `version`, if `reader`
     // may read it.
     bool fill_lru = false;  // put a file passed over in the LRU cache (page pressure)
+    // Put a file passed over as page-resident back into the kernel's page cache at `version`
+    // from RAM or the NVMe tier (no store read): a mark does not prove the pages are still
+    // there (see RunRestore).
+    bool restore = false;
     cfs_client::FileVersion version;
     std::shared_ptr<const Caller> reader;
   };
@@ -407,11 +412,14 @@ class Prefetcher {
                      std::vector<cache::BufferRef>* chunks);
   void RunProbe(const Job& job);
   void RunLruFill(const Job& job);
+  void RunRestore(const Job& job);
   struct Mark;  // a file marked page-resident (defined with the members below)
   // The job for a file passed over as page-resident: put it in the LRU cache under page pressure
-  // when the readers are `near`, else probe it (none if a probe of it runs).
+  // when the readers are `near`; if its mark is trusted, put it back into the page cache from
+  // what the daemon holds (`restore`: the stream's first look at it); else probe it (none if a
+  // probe of it runs).
   std::optional<Job> PassOverJobLocked(const Stream& s, const std::string& path, Mark& mark,
-                                       bool near);
+                                       bool near, bool restore);
   // The job that puts a file passed over in the LRU cache, if it is small enough.
   std::optional<Job> LruFillJobLocked(const Stream& s, const std::string& path, const Mark& mark);
   // Position `pos` of `s` is no longer passed over: the scheduler and rechecks look again.
@@ -534,6 +542,7 @@ class Prefetcher {
   prometheus::Counter* page_resident_ = nullptr;
   prometheus::Counter* trusted_ = nullptr;
   prometheus::Counter* stored_ = nullptr;
+  prometheus::Counter* restored_ = nullptr;
   prometheus::Counter* probed_absent_ = nullptr;
   prometheus::Counter* cached_ = nullptr;
   prometheus::Counter* lru_filled_ = nullptr;

@@ -244,6 +244,38 @@ TEST_F(PrefetcherTest, AFetchedFileIsStoredInThePageCacheAndPassingItIsAHit) {
   EXPECT_EQ(pf_->GetStats().trusted, 16u);
 }
 
+// A trusted mark does not prove the pages are there: proactive reclaim (DAMON's pageout) drops
+// page cache without the kernel counting a reclaim. The next epoch puts each marked file the
+// daemon holds back into the page cache from RAM (no store read); one it does not hold is left
+// to its mark.
+TEST_F(PrefetcherTest, TrustedFilesTheDaemonHoldsArePutBackIntoThePageCache) {
+  Make(16, 1 << 20, 2, /*evict_after_read=*/false, /*keep_cache=*/true,
+       [] { return std::optional<uint64_t>(7); });
+  KnowAttrs();
+  pf_->SetPageProbe(&storing_pages_);
+  const std::string first = Publish(0, 8);
+  EXPECT_EQ(RunAll(), 8);
+  ASSERT_EQ(pf_->GetStats().stored, 8u);
+  pf_->DeleteStream(first);  // the epoch ends
+  // The LRU keeps a copy of each (evict_after_read off), but not of file 3.
+  for (int i = 0; i < 8; ++i)
+    ram_->Insert(cache::ChunkKey(Name(i), store_.Stat(Name(i)).value().Version(), 0),
+                 cache::Buffer::Allocate(kFileSize));
+  ram_->EraseFile(Name(3));
+  stored_.clear();
+  held_.clear();  // the kernel dropped every page without counting a reclaim
+  const size_t reads = store_.read_log().size();
+  Publish(0, 8);
+  RunAll();
+  const Stats st = pf_->GetStats();
+  EXPECT_EQ(st.trusted, 8u);
+  EXPECT_EQ(st.restored, 7u);
+  EXPECT_EQ(stored_.size(), 7u);
+  EXPECT_EQ(stored_.count(Name(3)), 0u);
+  EXPECT_EQ(store_.read_log().size(), reads);  // nothing read from the store
+  EXPECT_EQ(probes_, 0);
+}
+
 // A kernel that refuses the bytes (it forgot the inode, the attributes it holds are of another
 // version): nothing is marked, the file stays in the window for its read.
 TEST_F(PrefetcherTest, AFileTheKernelDoesNotTakeWaitsInTheWindow) {
