@@ -134,14 +134,13 @@ std::optional<cfs_client::FileAttr> FileSystem::KnownAttr(const std::string& pat
                                                           uint64_t* fetched_ns) const {
   std::optional<InodeTable::HeldAttr> held = inodes_.AttrOf(path);
   if (!held) return std::nullopt;
-  if (static_cast<double>(clock_->NowNanos() - held->attr_time_ns) / 1e9 >= options_.attr_timeout_s)
-    return std::nullopt;
+  if (!AttrFresh(held->attr_time_ns, clock_->NowNanos())) return std::nullopt;
   if (fetched_ns != nullptr) *fetched_ns = held->attr_time_ns;
   return held->attr;
 }
 
-bool FileSystem::AttrFresh(const InodeInfo& inode, uint64_t now) const {
-  return static_cast<double>(now - inode.attr_time_ns) / 1e9 < options_.attr_timeout_s;
+bool FileSystem::AttrFresh(uint64_t attr_time_ns, uint64_t now) const {
+  return static_cast<double>(now - attr_time_ns) / 1e9 < options_.attr_timeout_s;
 }
 
 Result<cfs_client::FileAttr> FileSystem::FreshAttr(const InodeInfo& inode) {
@@ -157,7 +156,7 @@ Result<cfs_client::FileAttr> FileSystem::FreshAttr(const InodeInfo& inode) {
       }
     }
   }
-  if (AttrFresh(inode, now)) return inode.attr;
+  if (AttrFresh(inode.attr_time_ns, now)) return inode.attr;
   // Unlinked or renamed over: its old path names another file now, if any.
   if (inode.removed) return inode.attr;
   // The store is known not to answer: what the daemon holds answers at once, unrenewed.

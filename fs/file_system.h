@@ -291,7 +291,8 @@ class FileSystem : public prefetch::AttrSource {
   // The inode's attributes: those of the bytes written so far while it is being written,
   // else those held, re-read from the store when older than attr_timeout_s.
   Result<cfs_client::FileAttr> FreshAttr(const InodeInfo& inode);
-  bool AttrFresh(const InodeInfo& inode, uint64_t now) const;  // younger than attr_timeout_s
+  // Attributes read from the store at `attr_time_ns` are younger than attr_timeout_s.
+  bool AttrFresh(uint64_t attr_time_ns, uint64_t now) const;
   static std::string ChildPath(const std::string& parent, const std::string& name);
 
   // The entry of `path` from what the daemon holds, whatever the age of its attributes (for a
