@@ -13,7 +13,6 @@
 #include <cstring>
 #include <future>
 #include <list>
-#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -206,20 +205,21 @@ class ShardedLruCache final : public RamCache {
     InsertLocked(s, key, std::move(buffer));
   }
 
-  // A file's keys (every version, every chunk) are one range of each shard's ordered index:
-  // this looks at them and at one more key a shard, not at the whole cache.
+  // A file's keys (every version, every chunk) are found through each shard's index of
+  // files: this looks at the file's own entries (and any other file's of the same path hash),
+  // not at the whole cache.
   void EraseFile(std::string_view path) override {
-    const std::string first = FirstKeyOfFile(path);
+    const uint64_t h = PathHash(path);
     uint64_t visits = 0;
     for (Shard& s : shards_) {
       MutexLock l(s.mu);
-      for (auto it = s.index.lower_bound(first); it != s.index.end();) {
+      auto [from, to] = s.files.equal_range(h);
+      std::vector<LruList::iterator> doomed;
+      for (auto it = from; it != to; ++it) {
         ++visits;
-        if (!IsKeyOfFile(it->first, path)) break;
-        auto entry = it->second;
-        ++it;
-        RemoveLocked(s, entry);
+        if (IsKeyOfFile(*it->second->key, path)) doomed.push_back(it->second);
       }
+      for (auto entry : doomed) RemoveLocked(s, entry);
     }
     erase_visits_.fetch_add(visits, std::memory_order_relaxed);
   }
@@ -230,14 +230,15 @@ class ShardedLruCache final : public RamCache {
   uint64_t evictions() const override { return evictions_.load(std::memory_order_relaxed); }
 
  private:
-  // The key lives once, in the index; an LRU entry points back at its index node. The index
-  // is ordered so a file's chunks are one range (EraseFile); a lookup is O(log n) compares
-  // of keys that differ early.
+  // The key lives once, in the index (a hash table: a lookup is one hash of the key and a
+  // compare or two, not a walk of an ordered tree comparing long common path prefixes); an LRU
+  // entry points back at it. `files` finds a file's entries for EraseFile by the hash of the
+  // key's path (the bytes before its first NUL).
   struct Entry;
   using LruList = std::list<Entry>;  // front: most recently used
-  using Index = std::map<std::string, LruList::iterator, std::less<>>;
+  using Index = std::unordered_map<std::string, LruList::iterator>;
   struct Entry {
-    Index::iterator pos;
+    const std::string* key;  // the index node's key: stable while the node lives
     BufferRef buffer;
   };
 
@@ -248,8 +249,13 @@ class ShardedLruCache final : public RamCache {
     uint64_t bytes GUARDED_BY(mu) = 0;
     LruList lru GUARDED_BY(mu);
     Index index GUARDED_BY(mu);
+    std::unordered_multimap<uint64_t, LruList::iterator> files GUARDED_BY(mu);
     std::unordered_map<std::string, SharedResult> inflight GUARDED_BY(mu);
   };
+
+  static uint64_t PathHash(std::string_view key) {
+    return std::hash<std::string_view>{}(key.substr(0, key.find('\0')));
+  }
 
   Shard& ShardOf(const std::string& key) {
     return shards_[std::hash<std::string>{}(key) % shards_.size()];
@@ -270,22 +276,30 @@ class ShardedLruCache final : public RamCache {
     if (cost > s.capacity) return;  // would evict everything and still not fit
     while (s.bytes + cost > s.capacity) {
       auto victim = std::prev(s.lru.end());
-      if (on_evict_) on_evict_(victim->pos->first, victim->buffer);
+      if (on_evict_) on_evict_(*victim->key, victim->buffer);
       RemoveLocked(s, victim);
       evictions_.fetch_add(1, std::memory_order_relaxed);
       if (evictions_counter_) evictions_counter_->Increment();
     }
     auto pos = s.index.emplace(key, s.lru.end()).first;
-    s.lru.push_front(Entry{pos, std::move(buffer)});
+    s.lru.push_front(Entry{&pos->first, std::move(buffer)});
     pos->second = s.lru.begin();
+    s.files.emplace(PathHash(key), s.lru.begin());
     s.bytes += cost;
     AddBytes(static_cast<int64_t>(size));
   }
 
   void RemoveLocked(Shard& s, LruList::iterator it) REQUIRES(s.mu) {
     const uint64_t size = it->buffer->size;
-    s.bytes -= EntryCost(it->pos->first.size(), size);
-    s.index.erase(it->pos);
+    const std::string& key = *it->key;
+    s.bytes -= EntryCost(key.size(), size);
+    auto [from, to] = s.files.equal_range(PathHash(key));
+    for (auto f = from; f != to; ++f)
+      if (f->second == it) {
+        s.files.erase(f);
+        break;
+      }
+    s.index.erase(key);  // frees the key: `it` must not be used for it after this
     s.lru.erase(it);
     AddBytes(-static_cast<int64_t>(size));
   }
@@ -310,11 +324,14 @@ class ShardedLruCache final : public RamCache {
 uint64_t RamCache::EntryCost(size_t key_bytes, size_t size) {
   // glibc's blocks: the request plus its 8-byte header, rounded up to 16, at least 32.
   auto block = [](size_t n) -> uint64_t { return std::max<uint64_t>(32, (n + 8 + 15) & ~15ull); };
-  // The index node (tree links, key, iterator), the LRU node (links, index iterator, buffer
-  // reference), the Buffer with its shared_ptr control block, the key's bytes unless short
-  // enough to sit in the string itself, and the bytes.
+  // The index node (link, key, LRU iterator, cached hash) and its bucket, the files index's
+  // node (link, path hash, LRU iterator) and its bucket, the LRU node (links, key pointer,
+  // buffer reference), the Buffer with its shared_ptr control block, the key's bytes unless
+  // short enough to sit in the string itself, and the bytes. Buckets: one pointer an entry at
+  // load factor 1, twice that just after a rehash.
   const uint64_t key_heap = key_bytes > 15 ? block(key_bytes + 1) : 0;
-  return block(32 + 32 + 8) + block(16 + 8 + 16) + block(16 + 24) + key_heap + block(size);
+  return block(8 + 32 + 8 + 8) + 16 + block(8 + 8 + 8) + 16 + block(16 + 8 + 16) + block(16 + 24) +
+         key_heap + block(size);
 }
 
 std::unique_ptr<RamCache> RamCache::New(const Options& options, prometheus::Registry* registry) {

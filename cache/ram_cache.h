@@ -60,7 +60,7 @@ std::string ChunkKey(std::string_view path, const cfs_client::FileVersion& versi
 // Whether `key` (a ChunkKey) is of the file at `path`, any version.
 bool IsKeyOfFile(std::string_view key, std::string_view path);
 // Every ChunkKey of the file at `path` sorts at or after this one (and before any other
-// file's): where an ordered index's range of the file begins.
+// file's): where an ordered index's range of the file begins (the NVMe tier's).
 std::string FirstKeyOfFile(std::string_view path);
 
 // How a GetOrFetch call was served.
@@ -105,9 +105,10 @@ class RamCache {
   virtual void Insert(const std::string& key, BufferRef buffer) = 0;
 
   // Drops every entry of the file at `path`, whatever its version (after a write through the
-  // mount, so no reader is served the old bytes). O(shards × log entries + the file's chunks).
+  // mount, so no reader is served the old bytes). O(shards + the file's chunks).
   virtual void EraseFile(std::string_view path) = 0;
-  // Index entries EraseFile has looked at, ever: the file's own and one more a shard.
+  // Index entries EraseFile has looked at, ever: the file's own (and those of any other file
+  // whose path hashes alike).
   virtual uint64_t erase_visits() const = 0;
 
   // Bytes held by cached entries; never above Options::capacity_bytes, against which each

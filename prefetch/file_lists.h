@@ -1,0 +1,106 @@
+// Registered file lists: a publisher names its dataset's files once (POST /v1/lists, each path
+// resolved and checked for the caller then), and from then on sends each epoch's order as
+// positions in that list (POST /v1/streams/{id}/positions, four bytes a file) instead of
+// paths: no JSON, no path resolution, no permission walk per published file.
+//
+// A list is an array of store paths held in one block of bytes with a 4-byte offset each; an
+// entry refused at registration is kept, empty, so that later entries keep their numbers.
+// Lists belong to their creator. What they hold is bounded per user (count and bytes) and for
+// all users (bytes), the bytes being the capacity actually allocated. A user at its own limits
+// loses its least recently used list (a publisher killed before it could delete it left one);
+// past the global bytes a registration is refused (429). A list unused for `idle_s` is dropped.
+// A publisher whose list went registers it again (410 Gone tells it).
+//
+// Rights: the directories of each path are checked when it is registered; the file itself is
+// checked, as for published paths, by the prefetcher before its bytes are fetched (so a file
+// whose mode changed since is refused then).
+//
+// Thread safety: all methods are thread-safe (one leaf mutex, never held across a request to
+// the store).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/thread_annotations.h"
+
+namespace cubetorchfs::prefetch {
+
+class FileLists {
+ public:
+  struct Options {
+    uint64_t max_lists_per_uid = 16;
+    uint64_t max_bytes_per_uid = 128ull << 20;
+    uint64_t max_bytes = 256ull << 20;  // all users
+    double idle_s = 3600;               // a list neither appended to nor used expires
+  };
+  enum class Op { kOk, kNotFound, kForbidden, kFull, kRange };
+
+  FileLists(const Options& options, Clock* clock);
+
+  // A new, empty list of `uid`; "" when that user has max_lists_per_uid already.
+  std::string Create(uid_t uid);
+  // Appends `entries` (store paths; "" for one refused at registration) to list `id` of
+  // `uid` (root may act on any). kFull (nothing appended, *why names the limit) when the list
+  // would take its owner or all users past their bytes. *first: the number of the first entry
+  // appended; *size: the list's entries after.
+  Op Append(uid_t uid, const std::string& id, const std::vector<std::string>& entries,
+            uint64_t* first, uint64_t* size, std::string* why);
+  Op Delete(uid_t uid, const std::string& id);
+  // The paths at `positions` of list `id`, in order, appended to *out; entries refused at
+  // registration are left out and counted in *refused. kRange (nothing appended) if a
+  // position is past the list's end; *size then says its entries.
+  Op Paths(uid_t uid, const std::string& id, std::span<const uint32_t> positions,
+           std::vector<std::string>* out, uint64_t* refused, uint64_t* size);
+
+  struct Stats {
+    uint64_t lists = 0, entries = 0, bytes = 0;
+  };
+  Stats GetStats(std::optional<uid_t> only = std::nullopt);
+  const Options& options() const { return options_; }
+  // Drops lists idle for idle_s (done at most once a second by the other calls).
+  void Sweep();
+
+  // The largest list: positions are 32-bit.
+  static constexpr uint64_t kMaxEntries = UINT32_MAX;
+
+ private:
+  struct List {
+    uid_t uid = 0;
+    std::string bytes;              // the paths, one after another
+    std::vector<uint32_t> offsets;  // where entry i starts; entry i ends where i + 1 starts
+    uint64_t charged = 0;           // the capacity of both, as counted against the limits
+    uint64_t last_used_ns = 0;
+  };
+  static uint64_t Charge(const List& l) {
+    return l.bytes.capacity() + l.offsets.capacity() * sizeof(uint32_t);
+  }
+  List* FindLocked(uid_t uid, const std::string& id, Op* op) REQUIRES(mu_);
+  void EraseLocked(std::map<std::string, List>::iterator it) REQUIRES(mu_);
+  void SweepLocked(uint64_t now) REQUIRES(mu_);
+  // Drops the least recently used list of `uid` other than `keep`; false if it has none.
+  bool EvictOneLocked(uid_t uid, const std::string& keep) REQUIRES(mu_);
+
+  const Options options_;
+  Clock* const clock_;
+  Mutex mu_;
+  std::map<std::string, List> lists_ GUARDED_BY(mu_);
+  struct Use {
+    uint64_t lists = 0, bytes = 0;
+  };
+  std::unordered_map<uid_t, Use> use_ GUARDED_BY(mu_);
+  uint64_t bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;
+  uint64_t last_sweep_ns_ GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace cubetorchfs::prefetch

@@ -1,0 +1,105 @@
+"""File lists: each file's path goes to the daemon once per dataset, each epoch's order as
+positions in its list; a daemon without lists, or one that lost the list, still gets every
+file in order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from cube_torch import _publisher
+from fake_control_server import FakeDaemon
+from hook_testlib import FileList, counters, flush, indices, make_files
+
+
+def epochs(dataset: FileList, n: int, batch_size: int = 4) -> List[List[int]]:
+    out = []
+    for e in range(n):
+        torch.manual_seed(100 + e)
+        out.append(indices(DataLoader(dataset, batch_size=batch_size, shuffle=True)))
+    flush()
+    return out
+
+
+def requests_to(daemon: FakeDaemon, what: str) -> int:
+    with daemon.lock:
+        return sum(1 for _, path, _ in daemon.requests if what in path)
+
+
+def test_each_path_is_registered_once_and_epochs_go_as_positions(
+        monkeypatch: pytest.MonkeyPatch, mount: Path, daemon: FakeDaemon) -> None:
+    monkeypatch.setenv("CUBE_TORCH_LOOKAHEAD_BATCHES", "2")
+    files = make_files(mount, 40)
+    orders = epochs(FileList(files), 3)
+    # Every epoch's files reach the daemon in the order read.
+    assert daemon.published() == [files[i] for order in orders for i in order]
+    c = counters()
+    assert c["registered"] == 40 and c["published"] == 120, c
+    with daemon.lock:
+        assert len(daemon.lists) == 1 and len(next(iter(daemon.lists.values()))) == 40
+        posted = [body for method, path, body in daemon.requests if path.endswith("/positions")]
+    assert requests_to(daemon, "/paths") == 0
+    # Epochs 2 and 3 sent no path at all: 8 bytes of `unread` and 4 bytes a file a request.
+    # One registration: the first epoch met every index within its first publish cycles.
+    assert 1 <= requests_to(daemon, "/v1/lists") <= 10
+    assert sum(len(b) - 8 for b in posted) == 4 * 120
+    # The positions carry `unread` as paths did.
+    assert all(u is not None for s in daemon.all_streams() for _, _, u in s.unread)
+
+
+def test_indices_with_several_files_each(mount: Path, daemon: FakeDaemon) -> None:
+    images = make_files(mount, 12, ".jpg")
+    captions = make_files(mount, 12, ".txt")
+    orders = epochs(FileList(images, captions), 2, batch_size=3)
+    assert daemon.published() == [p for order in orders for i in order
+                                  for p in (images[i], captions[i])]
+    assert counters()["registered"] == 24
+
+
+def test_a_daemon_without_lists_gets_paths(mount: Path, daemon_factory) -> None:
+    old = daemon_factory("nolists")
+    files = make_files(mount, 20)
+    orders = epochs(FileList(files), 2)
+    assert old.published() == [files[i] for order in orders for i in order]
+    # It is asked once whether it has lists, not once a batch.
+    assert requests_to(old, "/v1/lists") == 1
+    assert counters()["registered"] == 0 and counters()["errors"] == 0
+
+
+def test_positions_off_sends_paths(monkeypatch: pytest.MonkeyPatch, mount: Path,
+                                   daemon: FakeDaemon) -> None:
+    monkeypatch.setattr(_publisher, "POSITIONS", False)
+    files = make_files(mount, 20)
+    orders = epochs(FileList(files), 2)
+    assert daemon.published() == [files[i] for order in orders for i in order]
+    assert requests_to(daemon, "/v1/lists") == 0 and requests_to(daemon, "/positions") == 0
+
+
+def test_a_list_the_daemon_lost_is_registered_again(mount: Path, daemon: FakeDaemon) -> None:
+    files = make_files(mount, 24)
+    dataset = FileList(files)
+    first = epochs(dataset, 1)
+    with daemon.lock:  # expired (idle), or dropped at the user's limits
+        daemon.lists.clear()
+    second = epochs(dataset, 1)
+    assert daemon.published() == [files[i] for order in first + second for i in order]
+    c = counters()
+    assert c["registered"] == 48 and c["errors"] == 0, c
+
+
+def test_files_outside_the_mount_are_not_registered(tmp_path: Path, mount: Path,
+                                                    daemon: FakeDaemon) -> None:
+    inside = make_files(mount, 8)
+    outside = make_files(tmp_path / "elsewhere", 8)
+    files = [p for pair in zip(inside, outside) for p in pair]
+    dataset = FileList(files)
+    for _ in range(2):  # in order: the first file, which finds the daemon, is in the mount
+        assert indices(DataLoader(dataset, batch_size=4)) == list(range(16))
+    flush()
+    assert daemon.published() == 2 * inside
+    c = counters()
+    assert c["registered"] == 8 and c["skipped"] == 8, c
