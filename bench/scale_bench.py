@@ -27,8 +27,8 @@ Each round runs each system in one fresh training process: the scan (ImageFolder
 every class directory), then --epochs epochs of a DataLoader (batch --batch, --workers workers,
 shuffle, persistent workers, raw bytes). Per epoch it reports the time and its ratio to the
 local row's same epoch, the FUSE reads' hit/late/miss, the store requests and FUSE requests by
-op, the daemon's CPU per file served (/proc/PID/stat) and its VmHWM against
-cache.memory_bytes. Medians over --rounds rounds; the last lines give the ratios the targets of
+op, the daemon's CPU per file served (/proc/PID/stat), the training process's own CPU per sample
+(the hook's publisher thread apart) and the daemon's VmHWM against cache.memory_bytes. Medians over --rounds rounds; the last lines give the ratios the targets of
 docs/benchmarks.md are about.
 """
 
@@ -164,15 +164,24 @@ def child(args: argparse.Namespace) -> None:
                                          num_workers=args.workers, persistent_workers=True,
                                          collate_fn=list)
     port, pid = os.environ.get("SCALE_BENCH_PORT"), int(os.environ.get("SCALE_BENCH_PID", "0"))
+
+    def hook_cpu() -> float:  # the hook's publisher thread, so far
+        return float(cube_torch.stats()["client"].get("cpu_s", 0.0)) if args.hook else 0.0
+
     for _ in range(args.epochs):
         before = metrics(port) if port else {}
         cpu0 = cpu_seconds(pid) if pid else 0.0
+        hook0, own0 = hook_cpu(), cpu_seconds(os.getpid())
         start = time.monotonic()
         n = 0
         for batch in loader:
             n += len(batch)
         elapsed = time.monotonic() - start
-        row: dict[str, Any] = {"samples": n, "seconds": elapsed}
+        # The training process itself (its loop, the DataLoader's main side and, with the
+        # hook, the lookahead and the publisher thread); the workers are processes of their own.
+        row: dict[str, Any] = {"samples": n, "seconds": elapsed,
+                               "train_cpu": cpu_seconds(os.getpid()) - own0,
+                               "hook_cpu": hook_cpu() - hook0}
         if port:
             after = metrics(port)
             row["counters"] = {k: after[k] - before.get(k, 0.0) for k in after
@@ -270,6 +279,8 @@ def describe(row: dict[str, Any]) -> dict[str, Any]:
         "fuse": by_label(c, "cubetorchfs_fuse_ops_total", "op"),
         "prefetch": by_label(c, "cubetorchfs_prefetch_files_total", "outcome"),
         "cpu_us_per_file": 1e6 * row["daemon_cpu"] / row["samples"] if "daemon_cpu" in row else None,
+        "train_us": 1e6 * row.get("train_cpu", 0.0) / max(1, row["samples"]),
+        "hook_us": 1e6 * row.get("hook_cpu", 0.0) / max(1, row["samples"]),
     }
 
 
@@ -374,6 +385,9 @@ def main() -> None:
             secs = med(x["seconds"] for x in rows)
             rate = rows[0]["samples"] / secs
             text = f"  epoch {e + 1}: {secs:8.2f} s ({rate:,.0f} files/s)"
+            text += f", training process {med(x['train_us'] for x in rows):.1f} us/sample"
+            if system.startswith("hook"):
+                text += f" (publisher thread {med(x['hook_us'] for x in rows):.2f})"
             if local and system.startswith("hook"):
                 text += f", local/{system} {med(x['seconds'] for x in [rs[e] for rs in local]) / secs:.2f}"
             if rows[0]["mounted"]:
