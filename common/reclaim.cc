@@ -3,8 +3,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <string>
 
 #include "common/unique_fd.h"
 
@@ -50,6 +52,48 @@ std::optional<uint64_t> ReadReclaimCounter() {
     used += static_cast<size_t>(n);
   }
   return ReclaimCounterOf(std::string_view(buf, used));
+}
+
+namespace {
+
+// The first line of a small sysfs file, or "" if it cannot be read.
+std::string FirstLine(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return "";
+  char buf[256];
+  ssize_t n;
+  do {
+    n = ::read(fd.get(), buf, sizeof(buf));
+  } while (n < 0 && errno == EINTR);
+  if (n <= 0) return "";
+  std::string line(buf, static_cast<size_t>(n));
+  return line.substr(0, line.find('\n'));
+}
+
+// The numbered entries 0 .. N-1 of a DAMON sysfs directory, N from its `nr_*` file; at most
+// 64 looked at.
+uint64_t Count(const std::string& file) {
+  const std::string text = FirstLine(file);
+  uint64_t n = 0;
+  if (std::from_chars(text.data(), text.data() + text.size(), n).ec != std::errc()) return 0;
+  return std::min<uint64_t>(n, 64);
+}
+
+}  // namespace
+
+bool ProactivePageoutActive(const std::string& damon_root, const std::string& reclaim_enabled) {
+  const std::string enabled = FirstLine(reclaim_enabled);
+  if (enabled == "Y" || enabled == "1") return true;
+  for (uint64_t k = 0, nk = Count(damon_root + "/nr_kdamonds"); k < nk; ++k) {
+    const std::string kd = damon_root + "/" + std::to_string(k);
+    if (FirstLine(kd + "/state") != "on") continue;
+    for (uint64_t c = 0, nc = Count(kd + "/contexts/nr_contexts"); c < nc; ++c) {
+      const std::string ctx = kd + "/contexts/" + std::to_string(c);
+      for (uint64_t s = 0, ns = Count(ctx + "/schemes/nr_schemes"); s < ns; ++s)
+        if (FirstLine(ctx + "/schemes/" + std::to_string(s) + "/action") == "pageout") return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace cubetorchfs

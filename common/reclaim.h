@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace cubetorchfs {
@@ -18,5 +19,14 @@ std::optional<uint64_t> ReadReclaimCounter();
 
 // The same from a /proc/vmstat text (for tests); nothing if it has no pgsteal_ line.
 std::optional<uint64_t> ReclaimCounterOf(std::string_view vmstat);
+
+// Whether DAMON pages out memory by access pattern here: a kdamond that is on with a
+// `pageout` scheme (sysfs, under `damon_root`), or the DAMON_RECLAIM module enabled
+// (`reclaim_enabled`: its parameter file). Such reclaim drops page-cache pages it finds
+// unused, without /proc/vmstat's pgsteal counting them (seen on 6.18 with a 60 s scheme), so
+// the counter above cannot vouch for pages kept across epochs.
+bool ProactivePageoutActive(
+    const std::string& damon_root = "/sys/kernel/mm/damon/admin/kdamonds",
+    const std::string& reclaim_enabled = "/sys/module/damon_reclaim/parameters/enabled");
 
 }  // namespace cubetorchfs

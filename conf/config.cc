@@ -346,8 +346,9 @@ Status ParsePrefetch(const YAML::Node& node, PrefetchOptions* o) {
   return ForEachKey(
       node, "prefetch",
       {"enabled", "max_inflight", "window_files", "window_bytes", "evict_after_read",
-       "trust_page_cache", "control_socket", "max_streams_per_uid", "max_queued_paths_per_uid",
-       "max_queued_paths", "max_queued_path_bytes_per_uid", "max_queued_path_bytes"},
+       "trust_page_cache", "restore_pages", "control_socket", "max_streams_per_uid",
+       "max_queued_paths_per_uid", "max_queued_paths", "max_queued_path_bytes_per_uid",
+       "max_queued_path_bytes", "max_lists_per_uid", "max_list_bytes_per_uid", "max_list_bytes"},
       [&](const std::string& k, const YAML::Node& v, const std::string& key) {
         if (k == "enabled") CTFS_ASSIGN(o->enabled, GetBool(v, key));
         if (k == "max_inflight") {
@@ -360,10 +361,23 @@ Status ParsePrefetch(const YAML::Node& node, PrefetchOptions* o) {
         if (k == "window_bytes") CTFS_ASSIGN(o->window_bytes, GetSize(v, key));
         if (k == "evict_after_read") CTFS_ASSIGN(o->evict_after_read, GetBool(v, key));
         if (k == "trust_page_cache") CTFS_ASSIGN(o->trust_page_cache, GetBool(v, key));
+        if (k == "restore_pages") {
+          using R = PrefetchOptions::RestorePages;
+          if (v.IsScalar() && v.Scalar() == "auto") {
+            o->restore_pages = R::kAuto;
+          } else {
+            bool on = false;
+            if (!v.IsScalar() || !(v.Scalar() == "true" || v.Scalar() == "false"))
+              return Bad(key, "must be auto, true or false");
+            CTFS_ASSIGN(on, GetBool(v, key));
+            o->restore_pages = on ? R::kAlways : R::kNever;
+          }
+        }
         if (k == "control_socket") CTFS_ASSIGN(o->control_socket, GetString(v, key));
         uint64_t* limit = k == "max_streams_per_uid"        ? &o->max_streams_per_uid
                           : k == "max_queued_paths_per_uid" ? &o->max_queued_paths_per_uid
                           : k == "max_queued_paths"         ? &o->max_queued_paths
+                          : k == "max_lists_per_uid"        ? &o->max_lists_per_uid
                                                             : nullptr;
         if (limit != nullptr) {
           CTFS_ASSIGN(*limit, GetUint(v, key, 1ull << 26));
@@ -380,6 +394,15 @@ Status ParsePrefetch(const YAML::Node& node, PrefetchOptions* o) {
             return Bad(key,
                        "must be at least 64KiB (a path of 4096 bytes queued holds about 8KiB)");
           if (*bytes > (4ull << 30)) return Bad(key, "must be at most 4GiB");
+        }
+        // A registered list's paths: at most 4 GiB (32-bit offsets), room for one long path.
+        uint64_t* list = k == "max_list_bytes_per_uid" ? &o->max_list_bytes_per_uid
+                         : k == "max_list_bytes"       ? &o->max_list_bytes
+                                                       : nullptr;
+        if (list != nullptr) {
+          CTFS_ASSIGN(*list, GetSize(v, key));
+          if (*list < (64u << 10)) return Bad(key, "must be at least 64KiB");
+          if (*list > (4ull << 30)) return Bad(key, "must be at most 4GiB");
         }
         return Status::OK();
       });

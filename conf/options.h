@@ -117,6 +117,12 @@ struct PrefetchOptions {
   // that drop pages themselves with POSIX_FADV_DONTNEED, which the count misses).
   // Default: true.
   bool trust_page_cache = true;
+  // Under keep_cache, put a trusted file back into the page cache from the daemon's RAM or
+  // NVMe copy as a stream reaches it (one FUSE_NOTIFY_STORE, no store request): kAuto while
+  // DAMON pages out memory here (it drops page cache unnoticed by /proc/vmstat), kAlways,
+  // kNever. Default: kAuto.
+  enum class RestorePages { kAuto, kAlways, kNever };
+  RestorePages restore_pages = RestorePages::kAuto;
   // Default: /run/cubetorchfs/<volName>.sock (conf::ControlSocketPath). At most 107 bytes.
   std::string control_socket;
   uint64_t max_streams_per_uid = 64;             // streams one user may have. Default: 64.
@@ -126,6 +132,12 @@ struct PrefetchOptions {
   // users. Default: 32 MiB and 64 MiB.
   uint64_t max_queued_path_bytes_per_uid = 32ull << 20;
   uint64_t max_queued_path_bytes = 64ull << 20;
+  // Registered file lists (POST /v1/lists): how many one user may hold, and the memory they
+  // hold (about 4 bytes plus the path each), one user and all users. Default: 16, 128 MiB and
+  // 256 MiB.
+  uint64_t max_lists_per_uid = 16;
+  uint64_t max_list_bytes_per_uid = 128ull << 20;
+  uint64_t max_list_bytes = 256ull << 20;
 };
 
 // The control server's limits (docs/security.md): what one outsider can make it hold.

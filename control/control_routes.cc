@@ -201,8 +201,23 @@ Reply ServerImpl::Handle(Request& req, const RouteMatch& m, const Caller& caller
       return {CreateStream(req, caller)};
     case RouteId::kPublishPaths:
       return {PublishPaths(req, caller, m.id)};
+    case RouteId::kPublishPositions:
+      return {PublishPositions(req, caller, m.id)};
     case RouteId::kDeleteStream:
       return {DeleteStream(caller, m.id, v)};
+    case RouteId::kCreateList:
+      return {AppendList(req, caller, "")};
+    case RouteId::kAppendList:
+      return {AppendList(req, caller, m.id)};
+    case RouteId::kDeleteList: {
+      const prefetch::FileLists::Op op = lists_.Delete(caller.uid, m.id);
+      if (op == prefetch::FileLists::Op::kNotFound)
+        return {Error(http::status::not_found, "unknown file list " + m.id, v)};
+      if (op != prefetch::FileLists::Op::kOk) return {ListError(op, m.id, v)};
+      Response res{http::status::no_content, v};
+      res.prepare_payload();
+      return {res};
+    }
     case RouteId::kStats:
       return {JsonResponse(http::status::ok, StatsJson(caller), v)};
     case RouteId::kOpenFile: {
@@ -317,7 +332,19 @@ Response ServerImpl::CreateStream(const Request& req, const Caller& caller) {
       return Error(http::status::bad_request, "\"pid\" must be an integer", v);
     pid = body["pid"].get<int>();
   }
-  const std::string id = prefetcher_->CreateStream(name, pid, caller.uid, ReaderFor(caller));
+  std::string list;
+  if (body.contains("list")) {
+    if (!body["list"].is_string())
+      return Error(http::status::bad_request, "\"list\" must be a string", v);
+    list = body["list"].get<std::string>();
+    // The list must be the caller's now; its positions are checked again at each publish.
+    uint64_t size = 0, refused = 0;
+    std::vector<std::string> none;
+    if (auto op = lists_.Paths(caller.uid, list, {}, &none, &refused, &size);
+        op != prefetch::FileLists::Op::kOk)
+      return ListError(op, list, v);
+  }
+  const std::string id = prefetcher_->CreateStream(name, pid, caller.uid, ReaderFor(caller), list);
   if (id.empty()) return StreamsFull(v);
   return JsonResponse(http::status::created, json{{"id", id}}, v);
 }
@@ -427,6 +454,125 @@ Response ServerImpl::PublishPaths(const Request& req, const Caller& caller, cons
   if (op != Prefetcher::Op::kOk) return StreamError(op, id, v, refusal);
   return JsonResponse(http::status::accepted,
                       json{{"accepted", paths->size()}, {"rejected", rejected}}, v);
+}
+
+Response ServerImpl::ListError(prefetch::FileLists::Op op, const std::string& id, unsigned v,
+                               const std::string& why) {
+  using Op = prefetch::FileLists::Op;
+  switch (op) {
+    case Op::kForbidden:
+      return Error(http::status::forbidden, "file list " + id + " belongs to another user", v);
+    case Op::kFull:
+      return Error(http::status::too_many_requests, why, v);
+    default:
+      // Gone, not "not found": the publisher's list expired (idle) or the daemon restarted;
+      // it registers the list again.
+      return ErrorFrom(http::status::gone,
+                       Status::Stale("file list " + id +
+                                     " is unknown (expired, deleted or never made): register "
+                                     "it again"),
+                       v);
+  }
+}
+
+Response ServerImpl::AppendList(const Request& req, const Caller& caller, const std::string& id) {
+  using Op = prefetch::FileLists::Op;
+  const unsigned v = req.version();
+  const std::string& body = req.body();
+  if (!body.empty() && body.back() != '\0')
+    return Error(http::status::bad_request,
+                 "body must be paths each followed by a NUL byte (the last one too)", v);
+  // Each path resolved and its directories checked for the caller, once: positions later
+  // name it with no path work. A refused one keeps its place, empty, so numbers hold.
+  std::vector<std::string> entries;
+  uint64_t rejected = 0;
+  std::string why;
+  for (size_t at = 0; at < body.size();) {
+    const size_t end = body.find('\0', at);
+    if (entries.size() >= options_.max_json_elements)
+      return Error(http::status::bad_request,
+                   "more than " + std::to_string(options_.max_json_elements) +
+                       " paths in one request (control.max_json_elements)",
+                   v);
+    Result<PathResolver::Resolved> r =
+        Check(body.substr(at, end - at), caller, false, PathResolver::Depth::kDirectories);
+    if (r.ok()) {
+      entries.push_back(std::move(r->path));
+    } else {
+      entries.emplace_back();
+      ++rejected;
+      if (why.empty()) why = r.status().message();
+    }
+    at = end + 1;
+  }
+  std::string list = id;
+  if (list.empty()) {
+    list = lists_.Create(caller.uid);
+    if (list.empty())
+      return Error(http::status::too_many_requests,
+                   "too many file lists for this user: at most " +
+                       std::to_string(lists_.options().max_lists_per_uid) +
+                       " (prefetch.max_lists_per_uid)",
+                   v);
+  }
+  uint64_t first = 0, size = 0;
+  std::string full;
+  const Op op = lists_.Append(caller.uid, list, entries, &first, &size, &full);
+  if (op != Op::kOk) {
+    if (id.empty()) (void)lists_.Delete(caller.uid, list);
+    return ListError(op, list, v, full);
+  }
+  json reply{{"id", list}, {"first", first}, {"size", size}, {"rejected", rejected}};
+  if (rejected > 0) reply["error"] = why;
+  return JsonResponse(id.empty() ? http::status::created : http::status::ok, reply, v);
+}
+
+Response ServerImpl::PublishPositions(const Request& req, const Caller& caller,
+                                      const std::string& id) {
+  using Op = prefetch::FileLists::Op;
+  const unsigned v = req.version();
+  std::string list;
+  if (Prefetcher::Op op = prefetcher_->StreamList(caller.uid, id, &list); op != Prefetcher::Op::kOk)
+    return StreamError(op, id, v);
+  if (list.empty())
+    return Error(http::status::bad_request,
+                 "stream " + id + " was created without a file list: publish paths to it", v);
+  const std::string& body = req.body();
+  if (body.size() < 8 || (body.size() - 8) % 4 != 0)
+    return Error(http::status::bad_request,
+                 "body must be an 8-byte unread count then 4-byte positions, little-endian", v);
+  const auto* b = reinterpret_cast<const unsigned char*>(body.data());
+  uint64_t u = 0;
+  for (int i = 7; i >= 0; --i) u = (u << 8) | b[i];
+  std::optional<uint64_t> unread;
+  if (u != UINT64_MAX) unread = u;  // all ones: not said
+  const size_t n = (body.size() - 8) / 4;
+  if (n > options_.max_json_elements)
+    return Error(http::status::bad_request,
+                 "more than " + std::to_string(options_.max_json_elements) +
+                     " positions in one request (control.max_json_elements)",
+                 v);
+  std::vector<uint32_t> positions(n);
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char* p = b + 8 + 4 * i;
+    positions[i] =
+        uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+  }
+  std::vector<std::string> paths;
+  uint64_t refused = 0, size = 0;
+  const Op op = lists_.Paths(caller.uid, list, positions, &paths, &refused, &size);
+  if (op == Op::kRange)
+    return Error(http::status::bad_request,
+                 "a position is past the end of file list " + list + " (" + std::to_string(size) +
+                     " entries)",
+                 v);
+  if (op != Op::kOk) return ListError(op, list, v);
+  Prefetcher::Refusal refusal;
+  const Prefetcher::Op pop =
+      prefetcher_->PublishAs(caller.uid, id, paths, false, nullptr, &refusal, unread);
+  if (pop != Prefetcher::Op::kOk) return StreamError(pop, id, v, refusal);
+  return JsonResponse(http::status::accepted,
+                      json{{"accepted", paths.size()}, {"rejected", refused}}, v);
 }
 
 Response ServerImpl::LegacyPrefetch(const Request& req, const Caller& caller) {
@@ -641,6 +787,8 @@ Response ServerImpl::OpenFile(const Request& req, const Caller& caller, int* fd)
 
 json ServerImpl::StatsJson(const Caller& caller) {
   Stats s = caller.IsRoot() ? prefetcher_->GetStats() : prefetcher_->GetStats(caller.uid);
+  const prefetch::FileLists::Stats lists =
+      caller.IsRoot() ? lists_.GetStats() : lists_.GetStats(caller.uid);
   json streams = json::array();
   for (const auto& st : s.streams) {
     streams.push_back({{"id", st.id},
@@ -664,40 +812,42 @@ json ServerImpl::StatsJson(const Caller& caller) {
     rejected[RejectName(static_cast<Reject>(r))] = rejected_counts_[r].load();
   json refused = json::object();
   for (int r = 0; r < kRefuseReasons; ++r) refused[kRefuseNames[r]] = refused_counts_[r].load();
-  return json{{"global",
-               {{"reads", CountsJson(s.reads)},
-                {"hit_ratio", RatioJson(s.reads)},
-                {"prefetch",
-                 {{"fetched", s.fetched},
-                  {"failed", s.failed},
-                  {"evicted_unread", s.evicted_unread},
-                  {"preempted", s.preempted},
-                  {"denied", s.denied},
-                  {"page_resident", s.page_resident},
-                  {"trusted", s.trusted},
-                  {"probed_absent", s.probed_absent},
-                  {"page_drops", s.page_drops},
-                  {"page_pressure", s.page_pressure},
-                  {"lru_filled", s.lru_filled},
-                  {"stored", s.stored},
-                  {"restored", s.restored},
-                  {"cached", s.cached},
-                  {"resident_marks", s.resident_marks},
-                  {"inflight", s.inflight},
-                  {"window_files", s.window_files},
-                  {"window_bytes", s.window_bytes},
-                  {"window_budget_bytes", s.window_budget_bytes},
-                  {"queued_paths", s.queued_paths},
-                  {"queued_bytes", s.queued_bytes},
-                  {"queued_users", s.queued_users}}},
-                {"cache", {{"ram_bytes", ram_->bytes() + s.window_bytes}}},
-                {"files_open",
-                 {{"opened", files_opened_.load()},
-                  {"failed", files_open_failed_.load()},
-                  {"store_files", files_open_store_.load()},
-                  {"bytes", files_open_bytes_.load()}}},
-                {"control", {{"rejected_paths", rejected}, {"refused", refused}}}}},
-              {"streams", streams}};
+  return json{
+      {"global",
+       {{"reads", CountsJson(s.reads)},
+        {"hit_ratio", RatioJson(s.reads)},
+        {"prefetch",
+         {{"fetched", s.fetched},
+          {"failed", s.failed},
+          {"evicted_unread", s.evicted_unread},
+          {"preempted", s.preempted},
+          {"denied", s.denied},
+          {"page_resident", s.page_resident},
+          {"trusted", s.trusted},
+          {"probed_absent", s.probed_absent},
+          {"page_drops", s.page_drops},
+          {"page_pressure", s.page_pressure},
+          {"lru_filled", s.lru_filled},
+          {"stored", s.stored},
+          {"restored", s.restored},
+          {"cached", s.cached},
+          {"resident_marks", s.resident_marks},
+          {"inflight", s.inflight},
+          {"window_files", s.window_files},
+          {"window_bytes", s.window_bytes},
+          {"window_budget_bytes", s.window_budget_bytes},
+          {"queued_paths", s.queued_paths},
+          {"queued_bytes", s.queued_bytes},
+          {"queued_users", s.queued_users}}},
+        {"cache", {{"ram_bytes", ram_->bytes() + s.window_bytes}}},
+        {"files_open",
+         {{"opened", files_opened_.load()},
+          {"failed", files_open_failed_.load()},
+          {"store_files", files_open_store_.load()},
+          {"bytes", files_open_bytes_.load()}}},
+        {"control", {{"rejected_paths", rejected}, {"refused", refused}}},
+        {"lists", {{"lists", lists.lists}, {"entries", lists.entries}, {"bytes", lists.bytes}}}}},
+      {"streams", streams}};
 }
 
 }  // namespace detail

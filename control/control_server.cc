@@ -102,6 +102,7 @@ ServerImpl::ServerImpl(const Options& options, Prefetcher* prefetcher, cache::Ra
       reader_(std::move(reader)),
       warmer_(warmer),
       opener_(std::move(opener)),
+      lists_(options.lists, SystemClock()),
       pool_(kPoolThreads),
       api_pool_(kApiThreads),
       open_pool_(kPoolThreads),

@@ -37,6 +37,7 @@
 #include "cfs_client/backend.h"
 #include "common/status.h"
 #include "prefetch/access.h"
+#include "prefetch/file_lists.h"
 #include "prefetch/model_fetch.h"
 #include "prefetch/prefetcher.h"
 #include "prefetch/warmer.h"
@@ -110,6 +111,8 @@ class ControlServer {
     int max_connections_tcp = 128;
     int max_connections_per_uid = 64;  // on both listeners together
     double idle_timeout_s = 30;        // to send a request, or to take a reply's bytes
+    // Registered file lists (POST /v1/lists): their limits.
+    prefetch::FileLists::Options lists;
     // The mount lets users other than root in (allow_other). Without it the kernel refuses
     // them the mount, so the control API refuses them too.
     bool others_may_use = true;

@@ -16,18 +16,22 @@
 namespace cubetorchfs::control::detail {
 
 enum class RouteId {
-  kCreateStream,    // POST /v1/streams
-  kPublishPaths,    // POST /v1/streams/{id}/paths
-  kDeleteStream,    // DELETE /v1/streams/{id}
-  kStats,           // GET /v1/stats
-  kOpenFile,        // POST /v1/files/open
-  kWarmup,          // POST /v1/warmup
-  kHealth,          // GET /v1/health
-  kUpgrade,         // POST /v1/admin/upgrade
-  kLegacyPrefetch,  // POST /prefetch/read/path
-  kRegisterPid,     // POST /register/pid
-  kUnregisterPid,   // POST /unregister/pid
-  kBatchDownload,   // POST /batchdownload/path
+  kCreateStream,      // POST /v1/streams
+  kPublishPaths,      // POST /v1/streams/{id}/paths
+  kPublishPositions,  // POST /v1/streams/{id}/positions
+  kDeleteStream,      // DELETE /v1/streams/{id}
+  kCreateList,        // POST /v1/lists
+  kAppendList,        // POST /v1/lists/{id}
+  kDeleteList,        // DELETE /v1/lists/{id}
+  kStats,             // GET /v1/stats
+  kOpenFile,          // POST /v1/files/open
+  kWarmup,            // POST /v1/warmup
+  kHealth,            // GET /v1/health
+  kUpgrade,           // POST /v1/admin/upgrade
+  kLegacyPrefetch,    // POST /prefetch/read/path
+  kRegisterPid,       // POST /register/pid
+  kUnregisterPid,     // POST /unregister/pid
+  kBatchDownload,     // POST /batchdownload/path
 };
 
 // The worker threads a route runs on. Opens of big files take long and get their own, so that
@@ -47,7 +51,11 @@ struct RouteSpec {
 inline constexpr RouteSpec kRoutes[] = {
     {RouteId::kCreateStream,   boost::beast::http::verb::post,    "/v1/streams",            Pool::kApi,  false},
     {RouteId::kPublishPaths,   boost::beast::http::verb::post,    "/v1/streams/{id}/paths", Pool::kApi,  false},
+    {RouteId::kPublishPositions, boost::beast::http::verb::post,  "/v1/streams/{id}/positions", Pool::kApi, false},
     {RouteId::kDeleteStream,   boost::beast::http::verb::delete_, "/v1/streams/{id}",       Pool::kApi,  false},
+    {RouteId::kCreateList,     boost::beast::http::verb::post,    "/v1/lists",              Pool::kApi,  false},
+    {RouteId::kAppendList,     boost::beast::http::verb::post,    "/v1/lists/{id}",         Pool::kApi,  false},
+    {RouteId::kDeleteList,     boost::beast::http::verb::delete_, "/v1/lists/{id}",         Pool::kApi,  false},
     {RouteId::kStats,          boost::beast::http::verb::get,     "/v1/stats",              Pool::kApi,  false},
     {RouteId::kOpenFile,       boost::beast::http::verb::post,    "/v1/files/open",         Pool::kOpen, true},
     {RouteId::kWarmup,         boost::beast::http::verb::post,    "/v1/warmup",             Pool::kData, false},

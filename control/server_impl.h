@@ -254,6 +254,13 @@ class ServerImpl final : public ControlServer {
       PathResolver::Depth depth = PathResolver::Depth::kDirectories, bool fresh = false,
       json* object = nullptr);
   Response PublishPaths(const Request& req, const Caller& caller, const std::string& id);
+  // POST /v1/streams/{id}/positions: an 8-byte `unread` then 4-byte positions in the stream's
+  // list, little-endian.
+  Response PublishPositions(const Request& req, const Caller& caller, const std::string& id);
+  // POST /v1/lists (`id` empty: a new list) and POST /v1/lists/{id}: NUL-separated paths.
+  Response AppendList(const Request& req, const Caller& caller, const std::string& id);
+  Response ListError(prefetch::FileLists::Op op, const std::string& id, unsigned v,
+                     const std::string& why = "");
   Response LegacyPrefetch(const Request& req, const Caller& caller);
   // Streams the reply with chunked transfer encoding straight from the caches: memory held is
   // one chunk of the file being sent plus a small buffer, whatever the reply's size.
@@ -270,6 +277,7 @@ class ServerImpl final : public ControlServer {
   const FileReader reader_;
   Warmer* const warmer_;
   const FileOpener opener_;
+  prefetch::FileLists lists_;
   std::atomic<uint64_t> files_opened_{0}, files_open_failed_{0}, files_open_bytes_{0},
       files_open_store_{0};
   Mutex body_mu_;  // the body memory budget

@@ -176,6 +176,16 @@ prefetch::Prefetcher::Options PrefetcherOptions(const conf::Config& config,
   o.keep_cache = config.fuse.keep_cache;
   // Marked files are passed over without a page probe while the kernel reclaims no page.
   if (config.prefetch.trust_page_cache) o.reclaim_counter = ReadReclaimCounter;
+  switch (config.prefetch.restore_pages) {
+    case conf::PrefetchOptions::RestorePages::kAuto:
+      o.restore_needed = [] { return ProactivePageoutActive(); };
+      break;
+    case conf::PrefetchOptions::RestorePages::kAlways:
+      break;  // unset: always
+    case conf::PrefetchOptions::RestorePages::kNever:
+      o.restore_needed = [] { return false; };
+      break;
+  }
   return o;
 }
 
@@ -226,6 +236,9 @@ control::ControlServer::Options ControlOptions(const conf::Config& config, const
   o.max_connections_tcp = static_cast<int>(config.control.max_connections_tcp);
   o.max_connections_per_uid = static_cast<int>(config.control.max_connections_per_uid);
   o.idle_timeout_s = config.control.idle_timeout_s;
+  o.lists.max_lists_per_uid = config.prefetch.max_lists_per_uid;
+  o.lists.max_bytes_per_uid = config.prefetch.max_list_bytes_per_uid;
+  o.lists.max_bytes = config.prefetch.max_list_bytes;
   o.others_may_use = HasMountOption(cl.mount_options, "allow_other");
   return o;
 }

@@ -46,7 +46,8 @@ std::string FileLists::Create(uid_t uid) {
   return id;
 }
 
-FileLists::List* FileLists::FindLocked(uid_t uid, const std::string& id, Op* op) {
+FileLists::List* FileLists::FindLocked(uid_t uid, const std::string& id, uint64_t now, Op* op) {
+  SweepLocked(now);
   auto it = lists_.find(id);
   if (it == lists_.end()) {
     *op = Op::kNotFound;
@@ -67,9 +68,8 @@ FileLists::Op FileLists::Append(uid_t uid, const std::string& id,
   for (const auto& e : entries) add += e.size();
   MutexLock l(mu_);
   const uint64_t now = clock_->NowNanos();
-  SweepLocked(now);
   Op op = Op::kOk;
-  List* list = FindLocked(uid, id, &op);
+  List* list = FindLocked(uid, id, now, &op);
   if (list == nullptr) return op;
   const uint64_t count = list->offsets.size() - 1;
   *first = count;
@@ -100,8 +100,8 @@ FileLists::Op FileLists::Append(uid_t uid, const std::string& id,
   }
   if (bytes_ + more > options_.max_bytes) {
     *why = "the file lists of all users would take more than prefetch.max_list_bytes (" +
-           std::to_string(options_.max_bytes) + " bytes; " + std::to_string(bytes_) +
-           " held, " + std::to_string(more) + " more asked)";
+           std::to_string(options_.max_bytes) + " bytes; " + std::to_string(bytes_) + " held, " +
+           std::to_string(more) + " more asked)";
     return Op::kFull;
   }
   list->bytes.reserve(bytes_cap);
@@ -155,16 +155,13 @@ FileLists::Op FileLists::Paths(uid_t uid, const std::string& id,
                                std::span<const uint32_t> positions, std::vector<std::string>* out,
                                uint64_t* refused, uint64_t* size) {
   MutexLock l(mu_);
-  const uint64_t now = clock_->NowNanos();
-  SweepLocked(now);
   Op op = Op::kOk;
-  List* list = FindLocked(uid, id, &op);
+  List* list = FindLocked(uid, id, clock_->NowNanos(), &op);
   if (list == nullptr) return op;
-  const uint64_t count = list->offsets.size() - 1;
-  *size = count;
+  *size = list->offsets.size() - 1;
   for (uint32_t p : positions)
-    if (p >= count) return Op::kRange;
-  list->last_used_ns = now;
+    if (p >= *size) return Op::kRange;
+  list->last_used_ns = clock_->NowNanos();
   out->reserve(out->size() + positions.size());
   const char* base = list->bytes.data();
   for (uint32_t p : positions) {

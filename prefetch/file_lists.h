@@ -84,7 +84,8 @@ class FileLists {
   static uint64_t Charge(const List& l) {
     return l.bytes.capacity() + l.offsets.capacity() * sizeof(uint32_t);
   }
-  List* FindLocked(uid_t uid, const std::string& id, Op* op) REQUIRES(mu_);
+  // List `id` if `uid` may use it (after dropping idle lists); else null and *op says why.
+  List* FindLocked(uid_t uid, const std::string& id, uint64_t now, Op* op) REQUIRES(mu_);
   void EraseLocked(std::map<std::string, List>::iterator it) REQUIRES(mu_);
   void SweepLocked(uint64_t now) REQUIRES(mu_);
   // Drops the least recently used list of `uid` other than `keep`; false if it has none.

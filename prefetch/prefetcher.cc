@@ -110,7 +110,8 @@ uint64_t Prefetcher::Slack() const {
 }
 
 std::string Prefetcher::CreateStream(const std::string& name, int pid, uid_t uid,
-                                     std::shared_ptr<const Caller> reader) {
+                                     std::shared_ptr<const Caller> reader,
+                                     const std::string& list) {
   std::lock_guard<std::mutex> l(mu_);
   uint64_t owned = 0;
   for (const auto& [sid, st] : streams_) owned += st.uid == uid;
@@ -123,6 +124,7 @@ std::string Prefetcher::CreateStream(const std::string& name, int pid, uid_t uid
   s.pid = pid;
   s.uid = uid;
   s.reader = std::move(reader);
+  s.list = list;
   s.last_active_ns = clock_->NowNanos();
   s.stats.id = id;
   s.stats.name = name;
@@ -145,6 +147,15 @@ Prefetcher::Op Prefetcher::CheckStream(uid_t uid, const std::string& id) {
   const Stream* s = StreamById(id);
   if (s == nullptr) return Op::kNotFound;
   return uid != 0 && s->uid != uid ? Op::kForbidden : Op::kOk;
+}
+
+Prefetcher::Op Prefetcher::StreamList(uid_t uid, const std::string& id, std::string* list) {
+  std::lock_guard<std::mutex> l(mu_);
+  const Stream* s = StreamById(id);
+  if (s == nullptr) return Op::kNotFound;
+  if (uid != 0 && s->uid != uid) return Op::kForbidden;
+  *list = s->list;
+  return Op::kOk;
 }
 
 Prefetcher::Op Prefetcher::DeleteStreamAs(uid_t uid, const std::string& id) {
@@ -442,8 +453,10 @@ bool Prefetcher::PreemptLocked(const std::unordered_map<uid_t, bool>& wanting, u
 }
 
 void Prefetcher::MarkPositionLocked(Stream& s, uint64_t pos, PosState state) {
-  const std::string path = s.paths[pos - s.base];
-  const bool attached = (s.states[pos - s.base] & kAttached) != 0;
+  // A reference: nothing below touches the stream's deques.
+  const std::string& path = s.paths[pos - s.base];
+  const uint8_t before = s.states[pos - s.base];
+  const bool attached = (before & kAttached) != 0;
   s.states[pos - s.base] = state;
   auto p = s.pending.find(path);
   if (p != s.pending.end()) {
@@ -457,7 +470,9 @@ void Prefetcher::MarkPositionLocked(Stream& s, uint64_t pos, PosState state) {
   }
   if (state == kRead) {
     s.stats.read++;
-  } else if (marks_.count(MarkKey(path)) != 0) {
+  } else if ((before & kProbed) != 0 || marks_.count(MarkKey(path)) != 0) {
+    // (kProbed: the scheduler passed it over on its mark, which it would have cleared had the
+    // mark gone since: no second look at the marks needed.)
     // Passed by the readers with no read reaching the daemon while the kernel was known to
     // hold the file whole (stored there, or served to it and not dropped since): a hit, read
     // from the page cache. A read that did reach the daemon consumed its position as kRead
@@ -652,8 +667,23 @@ void Prefetcher::SweepLocked() {
 }
 
 void Prefetcher::WorkerLoop() {
+  std::vector<Job> batch;
   std::unique_lock<std::mutex> l(mu_);
   while (!stop_) {
+    if (options_.restore_needed &&
+        (restore_asked_ns_ == 0 || clock_->NowNanos() - restore_asked_ns_ > 10 * kSecond)) {
+      restore_asked_ns_ = clock_->NowNanos();
+      l.unlock();
+      const bool needed = options_.restore_needed();  // a few sysfs reads
+      l.lock();
+      if (needed != restore_) {
+        CTFS_LOG(kInfo) << (needed ? "page cache is dropped unseen (DAMON pageout): trusted "
+                                     "files are put back into it as streams reach them"
+                                   : "no unseen page-cache drops: trusted files are passed over "
+                                     "with no restore");
+        restore_ = needed;
+      }
+    }
     if (clock_->NowNanos() - last_sweep_ns_ > kSecond) {
       SweepLocked();
       if (freed_queued_bytes_ >= kTrimAfterBytes) {  // streams expired or were deleted
@@ -668,10 +698,24 @@ void Prefetcher::WorkerLoop() {
       work_cv_.wait_for(l, std::chrono::seconds(1));
       continue;
     }
+    batch.clear();
+    batch.push_back(std::move(*job));
+    // Restores are short and never wait on the store: a run of them is taken at once, where
+    // waking another worker for each cost more than the restore (a warm epoch is one restore
+    // a file). A fetch ends the run: it waits on the store, so others look further meanwhile.
+    bool more = true;
+    while (batch.back().restore && batch.size() < kRestoreRun) {
+      std::optional<Job> next = NextJobLocked();
+      if (!next) {
+        more = false;
+        break;
+      }
+      batch.push_back(std::move(*next));
+    }
     // Chain: another idle worker looks for more work (wakeups are one at a time).
-    work_cv_.notify_one();
+    if (more) work_cv_.notify_one();
     l.unlock();
-    Run(*job);
+    for (const Job& j : batch) Run(j);
     l.lock();
   }
 }

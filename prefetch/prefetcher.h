@@ -203,6 +203,10 @@ class Prefetcher {
     // cannot tell. While it has not moved since a file was marked, the mark is trusted: the
     // file is passed over with no page probe. Unset: every marked file is probed.
     std::function<std::optional<uint64_t>()> reclaim_counter;
+    // Whether trusted files must be put back into the page cache as a stream reaches them
+    // (something drops page cache unseen by reclaim_counter: ProactivePageoutActive). Asked
+    // every 10 s by a worker, with no lock held. Unset: always.
+    std::function<bool()> restore_needed;
     // Files remembered as page-resident: about 80 bytes each (MarkKey), 160 MiB at this
     // bound, enough for an epoch of ImageNet's 1,281,167 files to be passed over as resident.
     // Past it the oldest marks go, and those files are fetched again.
@@ -223,8 +227,10 @@ class Prefetcher {
   // `reader`, if given, is the user each file is checked against before its bytes are
   // fetched (read permission, as the kernel would check it); a file it may not read is
   // counted `denied` and not fetched.
+  // `list`: the registered file list (FileLists) its positions name, if any.
   std::string CreateStream(const std::string& name, int pid, uid_t uid = 0,
-                           std::shared_ptr<const Caller> reader = nullptr);
+                           std::shared_ptr<const Caller> reader = nullptr,
+                           const std::string& list = "");
   uint64_t max_streams_per_uid() const { return options_.max_streams_per_uid; }
   bool DeleteStream(const std::string& id);  // false: unknown stream
   // Appends store-relative paths, in read order. False: unknown stream.
@@ -256,6 +262,8 @@ class Prefetcher {
   Op DeleteStreamAs(uid_t uid, const std::string& id);
   // Whether stream `id` exists and `uid` may act on it (kOk, kNotFound or kForbidden).
   Op CheckStream(uid_t uid, const std::string& id);
+  // The same, and the file list the stream was created with ("" if none) in *list.
+  Op StreamList(uid_t uid, const std::string& id, std::string* list);
   // kFull when the paths would take the stream's owner past one of its limits (per user, or
   // its fair share of the global ones) or all users past a global one; nothing is published
   // then, and *refusal (if given) says which limit. With `partial`, as many as fit are
@@ -348,6 +356,7 @@ class Prefetcher {
 
   struct Stream {
     std::string id, name;
+    std::string list;  // the registered file list its positions name, if any
     int pid = 0;
     uid_t uid = 0;
     std::shared_ptr<const Caller> reader;
@@ -465,6 +474,7 @@ class Prefetcher {
                      uint64_t share_bytes);
   Stream* StreamById(const std::string& id);
   void WorkerLoop();
+  static constexpr size_t kRestoreRun = 64;  // restore jobs one worker takes at once
   uint64_t Slack() const;
   void Wake();  // after any change that may make work or room
 
@@ -495,6 +505,8 @@ class Prefetcher {
   uint64_t freed_queued_bytes_ = 0;           // by deleted streams, since the last heap trim
   uint64_t inflight_ = 0;
   uint64_t last_sweep_ns_ = 0;
+  bool restore_ = true;                 // RunRestore's jobs are made (options_.restore_needed)
+  uint64_t restore_asked_ns_ = 0;       // when restore_needed was last asked
   uint64_t size_estimate_ = 128 << 10;  // running mean of prefetched file sizes
   Stats totals_;                        // reads and outcome counters (streams filled on demand)
 

@@ -56,7 +56,7 @@ std::optional<Prefetcher::Job> Prefetcher::PassOverJobLocked(const Stream& s,
     if (trusted_) trusted_->Increment();
     // Once, when the stream first reaches the file (a window ahead of the readers at most:
     // well within any reclaim's idea of unused), not again as they come near.
-    if (!restore || mark.version.size == 0 || mark.version.size > options_.chunk_bytes)
+    if (!restore || !restore_ || mark.version.size == 0 || mark.version.size > options_.chunk_bytes)
       return std::nullopt;
     rr_after_ = s.id;
     Job job{path, false, mark.version.size};

@@ -26,6 +26,7 @@ import json
 import os
 import re
 import socket
+import struct
 import stat
 import threading
 import urllib.parse
@@ -380,15 +381,18 @@ class ControlClient:
                 pass
             self._conn = None
 
-    def request(self, method: str, url: str, body: Any = None) -> Reply:
-        """One request; raises ControlError for anything but a 2xx reply with valid JSON."""
-        payload = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+    def request(self, method: str, url: str, body: Any = None, raw: Optional[bytes] = None) -> Reply:
+        """One request; raises ControlError for anything but a 2xx reply with valid JSON.
+        `raw`: a binary body (application/octet-stream) instead of JSON `body`."""
+        payload = raw if raw is not None else (
+            None if body is None else json.dumps(body, separators=(",", ":")).encode())
+        kind = "application/octet-stream" if raw is not None else "application/json"
         for attempt in (0, 1):
             reused = self._conn is not None
             if self._conn is None:
                 self._conn = UnixHTTPConnection(self.socket_path, self.timeout)
             try:
-                headers = {"Content-Type": "application/json"} if payload is not None else {}
+                headers = {"Content-Type": kind} if payload is not None else {}
                 self._conn.request(method, url, body=payload, headers=headers)
                 resp = self._conn.getresponse()
                 data = resp.read(MAX_REPLY_BYTES + 1)
@@ -434,8 +438,12 @@ class ControlClient:
 
     # --- the /v1 API ---
 
-    def create_stream(self, name: str, pid: int) -> str:
-        reply = self.request("POST", "/v1/streams", {"name": name, "pid": pid})
+    def create_stream(self, name: str, pid: int, list_id: Optional[str] = None) -> str:
+        """A new stream; `list_id`: the registered file list its positions name."""
+        body: Dict[str, Any] = {"name": name, "pid": pid}
+        if list_id is not None:
+            body["list"] = list_id
+        reply = self.request("POST", "/v1/streams", body)
         sid = reply.body.get("id") if isinstance(reply.body, dict) else None
         if not isinstance(sid, (str, int)) or isinstance(sid, bool) or str(sid) == "":
             raise ControlError("POST /v1/streams: reply without an id", reply.status)
@@ -458,6 +466,44 @@ class ControlClient:
         except (TypeError, ValueError):
             raise ControlError("POST paths: bad counts in reply", reply.status) from None
         return {"accepted": accepted, "rejected": rejected}
+
+    def register_list(self, paths: Sequence[str], list_id: Optional[str] = None) -> Dict[str, Any]:
+        """Registers `paths` as a new file list, or appends them to list `list_id`. Returns
+        {"id", "first", "size", "rejected"}: the list, the number of the first path sent, the
+        list's length after, and how many of these the daemon refused (they keep their
+        numbers; positions naming them are ignored)."""
+        raw = b"".join(os.fsencode(p) + b"\0" for p in paths)
+        url = "/v1/lists" if list_id is None else f"/v1/lists/{_quote(list_id)}"
+        reply = self.request("POST", url, raw=raw)
+        body = reply.body if isinstance(reply.body, dict) else {}
+        try:
+            out = {"id": str(body["id"]), "first": int(body["first"]), "size": int(body["size"]),
+                   "rejected": int(body.get("rejected", 0))}
+        except (KeyError, TypeError, ValueError):
+            raise ControlError(f"POST {url}: reply without id, first and size",
+                               reply.status) from None
+        if out["size"] != out["first"] + len(paths):
+            raise ControlError(f"POST {url}: the list has {out['size']} entries, expected "
+                               f"{out['first'] + len(paths)}", reply.status)
+        return out
+
+    def delete_list(self, list_id: str) -> None:
+        self.request("DELETE", f"/v1/lists/{_quote(list_id)}")
+
+    def publish_positions(self, stream_id: str, positions: bytes,
+                          unread: Optional[int] = None) -> Dict[str, int]:
+        """Publishes `positions` (little-endian 32-bit numbers in the stream's file list, as
+        array('I').tobytes() makes them on a little-endian machine) to a stream created with a
+        list. Returns {"accepted": n, "rejected": m}."""
+        head = struct.pack("<Q", (1 << 64) - 1 if unread is None else int(unread))
+        url = f"/v1/streams/{_quote(stream_id)}/positions"
+        reply = self.request("POST", url, raw=head + positions)
+        body = reply.body if isinstance(reply.body, dict) else {}
+        try:
+            return {"accepted": int(body.get("accepted", len(positions) // 4)),
+                    "rejected": int(body.get("rejected", 0))}
+        except (TypeError, ValueError):
+            raise ControlError("POST positions: bad counts in reply", reply.status) from None
 
     def delete_stream(self, stream_id: str) -> None:
         self.request("DELETE", f"/v1/streams/{_quote(stream_id)}")

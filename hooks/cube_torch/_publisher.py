@@ -18,16 +18,19 @@ gets a fresh publisher only if it iterates a DataLoader of its own.
 
 from __future__ import annotations
 
+import array
 import atexit
 import collections
 import errno
 import itertools
+import operator
 import os
 import queue
 import sys
 import threading
 import time
-from typing import Any, Deque, Dict, Iterable, List, Optional, Tuple
+import weakref
+from typing import Any, Deque, Dict, Iterable, List, Optional, Set, Tuple
 
 from . import _client, _common, _report
 from ._paths import PathMapper
@@ -42,6 +45,10 @@ DOWN_COOLDOWN_S = 2.0       # a daemon that timed out is not asked again for thi
 GONE_COOLDOWN_S = 0.2       # nor one with no socket or refusing connections (restarting)
 FULL_COOLDOWN_S = 1.0       # after a 429 (queued-path limits), a stream's batches are dropped
 MAX_HELD_PATHS = 1 << 16    # a stream's paths kept while its daemon does not answer
+MAX_POSITIONS_PER_POST = 1 << 17  # the daemon's control.max_json_elements by default
+MAX_REGISTERED_INDEX = 1 << 31  # dataset indices past this are published as paths
+# CUBE_TORCH_POSITIONS=0: publish paths (JSON) as before file lists, e.g. to compare.
+POSITIONS = os.environ.get("CUBE_TORCH_POSITIONS", "1") != "0"
 
 _BATCH, _CLOSE, _FLUSH, _STOP = range(4)
 
@@ -54,7 +61,7 @@ class Stream:
 
     __slots__ = ("name", "mapper", "auto_collation", "owner_pid", "publisher", "closed",
                  "daemon", "stream_id", "quiet", "recreated", "recent", "refused_until",
-                 "held", "held_paths", "__weakref__")
+                 "held", "held_paths", "list_id", "__weakref__")
 
     def __init__(self, dataset_name: str, mapper: PathMapper,
                  auto_collation: Optional[bool], unread_items: Optional[int] = None) -> None:
@@ -78,6 +85,7 @@ class Stream:
         # batch once it answers again, so that a restart loses none of the window.
         self.held: Deque[Tuple[List[str], int]] = collections.deque()
         self.held_paths = 0  # the paths in `held`
+        self.list_id: Optional[str] = None  # the file list the daemon's stream was made with
 
     def submit(self, item: Any) -> None:
         """Queues the files of one sampler item (a batch of indices, or one index)."""
@@ -114,7 +122,8 @@ def zero_counters() -> Dict[str, int]:
     paths not sent because they are outside the daemon's mount or no daemon serves them
     (skipped); indices the dataset could not name (unmapped); streams created."""
     return dict.fromkeys(
-        ("published", "rejected", "dropped", "errors", "skipped", "unmapped", "streams"), 0)
+        ("published", "rejected", "dropped", "errors", "skipped", "unmapped", "streams",
+         "registered"), 0)
 
 
 def _chunks(paths: List[str], max_bytes: int) -> Iterable[List[str]]:
@@ -128,6 +137,47 @@ def _chunks(paths: List[str], max_bytes: int) -> Iterable[List[str]]:
         size += n
     if start < len(paths):
         yield paths[start:]
+
+
+class _Registry:
+    """One dataset's file list on one daemon: dataset index -> its entries in the list.
+    `first[i]` is 1 + the entry of index i's only file, 0 for an index not registered yet,
+    and -1 for one with none or several files (their entries in `other`). About 8 bytes an
+    index, where a dict of paths would hold some 150."""
+
+    __slots__ = ("list_id", "size", "first", "other")
+
+    def __init__(self) -> None:
+        self.list_id: Optional[str] = None
+        self.size = 0  # entries in the list
+        self.first = array.array("q")
+        self.other: Dict[int, Tuple[int, int]] = {}  # index -> (first entry, count)
+
+    def reset(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def known(self, i: int) -> bool:
+        return i < len(self.first) and self.first[i] != 0
+
+    def add(self, i: int, count: int) -> None:
+        """Index i's `count` files are the next entries of the list."""
+        have = len(self.first)
+        if i >= have:  # grown by half at least: amortized O(1) an index
+            self.first.frombytes(bytes(8 * (max(i + 1, have + have // 2 + 1024) - have)))
+        if count == 1:
+            self.first[i] = self.size + 1
+        else:
+            self.first[i] = -1
+            self.other[i] = (self.size, count)
+        self.size += count
+
+    def extend(self, out: array.array, i: int) -> None:
+        e = self.first[i]
+        if e > 0:
+            out.append(e - 1)
+        else:
+            start, count = self.other[i]
+            out.extend(range(start, start + count))
 
 
 class _MountFilter:
@@ -167,6 +217,7 @@ class Publisher:
         self._thread: Optional[threading.Thread] = None
         self._stopped = False
         self._counters = zero_counters()
+        self._cpu_s = 0.0  # the publisher thread's CPU time, as of its latest cycle
         # Publisher thread only:
         self._clients: Dict[str, _client.ControlClient] = {}
         self._down_until: Dict[str, float] = {}  # control socket -> monotonic time
@@ -175,6 +226,10 @@ class Publisher:
         self._reporter = _report.Reporter()
         self._next_report = 0.0
         self.last_daemon: Optional[_client.Daemon] = None  # the daemon of the latest stream
+        # A dataset's (mapper's) file list on each daemon, for as long as the mapper lives.
+        self._registries: "weakref.WeakKeyDictionary[Any, Dict[str, _Registry]]" = (
+            weakref.WeakKeyDictionary())
+        self._no_lists: Set[str] = set()  # control sockets of daemons without file lists
 
     # --- the training side ---
 
@@ -211,9 +266,11 @@ class Publisher:
         self._queue.put((_STOP, None, None))
         thread.join(timeout)
 
-    def counters(self) -> Dict[str, int]:
+    def counters(self) -> Dict[str, Any]:
         with self._lock:
-            return dict(self._counters)
+            out: Dict[str, Any] = dict(self._counters)
+            out["cpu_s"] = self._cpu_s
+            return out
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
@@ -235,6 +292,8 @@ class Publisher:
             except Exception as e:  # a bug here must not kill the thread silently
                 self._warn(f"internal error, publishing stopped for some batches: {e!r}")
             finally:
+                with self._lock:  # this thread's CPU so far (counters(): "cpu_s")
+                    self._cpu_s = time.thread_time()
                 for kind, _, payload in items:
                     if kind == _FLUSH:
                         payload.set()
@@ -279,13 +338,28 @@ class Publisher:
         if stop:
             for stream in list(self._open.values()):
                 self._delete(stream)
+            self._delete_lists()
         return stop
+
+    def _delete_lists(self) -> None:
+        """Deletes this process's file lists on their daemons (best effort: they also expire)."""
+        for per_daemon in list(self._registries.values()):
+            for sock, reg in per_daemon.items():
+                if reg.list_id is None:
+                    continue
+                client = self._clients.get(sock)
+                if client is not None:
+                    try:
+                        client.delete_list(reg.list_id)
+                    except _client.ControlError:
+                        pass
+                reg.reset()
 
     def _serve(self, stream: Stream, batches: List[Tuple[Any, ...]], close: bool,
                finished: bool = False) -> None:
         if stream.quiet:
             self._count("dropped", sum(len(b) for b in batches))
-        elif batches:
+        elif batches and not self._publish_positions(stream, batches):
             self._publish(stream, self._map(stream, batches), sum(len(b) for b in batches))
         if close and finished:
             self._finish(stream)
@@ -297,7 +371,11 @@ class Publisher:
         if stream.quiet or stream.stream_id is None or stream.daemon is None or stream.held:
             return
         try:
-            self._client_for(stream.daemon).publish(stream.stream_id, [], 0)
+            client = self._client_for(stream.daemon)
+            if stream.list_id is not None:
+                client.publish_positions(stream.stream_id, b"", 0)
+            else:
+                client.publish(stream.stream_id, [], 0)
         except _client.ControlError:
             pass  # the delete that follows says what it must
 
@@ -373,21 +451,253 @@ class Publisher:
                 # the file in the window or the caches.
                 unsent = n_indices - n_indices * sent // max(1, len(paths))
                 self._hold(stream, paths[sent:], unsent)
-                # A daemon being upgraded or restarted has no socket, or refuses, for well
-                # under a second: ask again soon. One that timed out may be hung: not as soon.
-                gone = e.os_errno in (errno.ENOENT, errno.ECONNREFUSED)
-                self._down_until[stream.daemon.control_socket] = time.monotonic() + (
-                    GONE_COOLDOWN_S if gone else DOWN_COOLDOWN_S)
-                if not _common.has_warned("daemon"):  # the probe only for a message shown
-                    self._warn(f"{e}; " + _daemon_silent_message(stream.daemon.mount_point,
-                                                                  stream.name))
+                self._silent(stream, e)
                 return
             stream.quiet = True
             self._warn(f"{e}; the files of {stream.name} are no longer published "
                        "(training goes on, reading from the store)")
 
-    def _create(self, client: _client.ControlClient, stream: Stream) -> None:
-        stream.stream_id = client.create_stream(stream.name, stream.owner_pid)
+    # --- registered file lists: positions instead of paths ---
+
+    def _registry(self, stream: Stream) -> Optional[_Registry]:
+        """The file list of the stream's dataset on its daemon (made on first use), or None
+        where positions cannot be used: no daemon yet, a daemon without lists, a mapper that
+        cannot be weakly referenced, paths held while the daemon did not answer, or a stream
+        the daemon made for paths."""
+        daemon = stream.daemon
+        if daemon is None or stream.held or not POSITIONS:
+            return None
+        if stream.stream_id is not None and stream.list_id is None:
+            return None  # made for paths (after an outage): it keeps them until it ends
+        if daemon.control_socket in self._no_lists:
+            return None
+        try:
+            per_daemon = self._registries.get(stream.mapper)
+            if per_daemon is None:
+                per_daemon = self._registries[stream.mapper] = {}
+        except TypeError:  # not weak-referenceable
+            return None
+        reg = per_daemon.get(daemon.control_socket)
+        if reg is None:
+            reg = per_daemon[daemon.control_socket] = _Registry()
+        return reg
+
+    def _discover_for(self, stream: Stream, batches: List[Tuple[Any, ...]]) -> bool:
+        """Finds the stream's daemon from the first file its items name; False if none."""
+        if stream.daemon is not None:
+            return True
+        for batch in batches:
+            for index in batch:
+                try:
+                    paths = stream.mapper(index)
+                except Exception:
+                    continue
+                if paths:
+                    stream.daemon = self._discover(paths[0])
+                    if stream.daemon is None:
+                        stream.quiet = True
+                        self._count("skipped", sum(len(b) for b in batches))
+                    return stream.daemon is not None
+        return False
+
+    def _publish_positions(self, stream: Stream, batches: List[Tuple[Any, ...]]) -> bool:
+        """Publishes `batches` as positions in the dataset's registered file list: each file's
+        path is sent once per dataset (and daemon), each epoch's order as 4 bytes a file.
+        False when the batches must go as paths instead (nothing was sent then)."""
+        if not self._discover_for(stream, batches):
+            return stream.quiet  # quiet: counted as skipped already
+        assert stream.daemon is not None
+        reg = self._registry(stream)
+        if reg is None:
+            return False
+        if time.monotonic() < self._down_until.get(stream.daemon.control_socket, 0.0):
+            return False  # held as paths by _publish
+        n_indices = sum(len(b) for b in batches)
+        if time.monotonic() < stream.refused_until:
+            self._count("dropped", n_indices)
+            return True
+        client = self._client_for(stream.daemon)
+        recent = None if stream.recent is None else list(stream.recent)
+        for attempt in (0, 1):
+            if recent is not None and stream.recent is not None:
+                stream.recent.clear()  # as before these batches: a failed try leaves none
+                stream.recent.extend(recent)
+            try:
+                positions = self._positions(client, stream, reg, batches)
+                if positions is None:
+                    return False
+                self._send_positions(client, stream, reg, positions)
+                return True
+            except _client.ControlError as e:
+                if e.status in (404, 405) and e.code == "not_supported":
+                    # A daemon from before file lists: paths, as before, from now on.
+                    self._no_lists.add(stream.daemon.control_socket)
+                    return False
+                if e.status == 410 and attempt == 0:
+                    # The list expired or the daemon restarted: register it again.
+                    reg.reset()
+                    self._forget_stream(client, stream)
+                    continue
+                if recent is not None and stream.recent is not None:
+                    stream.recent.clear()
+                    stream.recent.extend(recent)
+                if e.status == 0:
+                    # No answer: _publish holds the batches' paths until it answers again.
+                    self._count("errors")
+                    self._silent(stream, e)
+                    return False
+                if e.status in (404, 410, 422):
+                    return False  # _publish recreates or counts them as it does
+                self._count("errors")
+                stream.quiet = True
+                self._warn(f"{e}; the files of {stream.name} are no longer published "
+                           "(training goes on, reading from the store)")
+                return True
+        return False
+
+    def _positions(self, client: _client.ControlClient, stream: Stream, reg: "_Registry",
+                   batches: List[Tuple[Any, ...]]) -> Optional[array.array]:
+        """The positions of `batches`' files, registering the files of indices not yet
+        registered; None if an index is not a small non-negative integer."""
+        try:
+            flat = [operator.index(i) for batch in batches for i in batch]
+        except TypeError:
+            return None
+        if any(i < 0 or i >= MAX_REGISTERED_INDEX for i in flat):
+            return None
+        new = [i for i in dict.fromkeys(flat) if not reg.known(i)]
+        if new:
+            self._register(client, stream, reg, new)
+        positions = array.array("I")
+        recent = stream.recent
+        at = 0
+        for batch in batches:
+            before = len(positions)
+            for _ in batch:
+                reg.extend(positions, flat[at])
+                at += 1
+            if recent is not None:
+                recent.append(len(positions) - before)
+        return positions
+
+    def _register(self, client: _client.ControlClient, stream: Stream, reg: "_Registry",
+                  indices: List[int]) -> None:
+        """Maps `indices` to the paths inside the daemon's mount and registers them."""
+        assert stream.daemon is not None
+        mount = stream.daemon.mount_point
+        files: List[Tuple[int, List[str]]] = []
+        unmapped = skipped = 0
+        for i in indices:
+            try:
+                raw = stream.mapper(i)
+            except Exception:
+                unmapped += 1
+                raw = ()
+            paths = [q for q in (self._filter.inside(p, mount) for p in raw) if q is not None]
+            skipped += len(raw) - len(paths)
+            files.append((i, paths))
+        if unmapped:
+            self._count("unmapped", unmapped)
+        if skipped:
+            self._count("skipped", skipped)
+        # Sent in runs of about MAX_POST_BYTES, never splitting one index's files.
+        run: List[Tuple[int, List[str]]] = []
+        size = 0
+        for item in files + [(-1, [])]:
+            n = sum(len(p) + 1 for p in item[1])
+            if item[0] < 0 or (run and size + n > MAX_POST_BYTES):
+                paths = [p for _, ps in run for p in ps]
+                if paths:
+                    reply = client.register_list(paths, reg.list_id)
+                    if reply["first"] != reg.size:
+                        raise _client.ControlError(
+                            f"file list {reply['id']}: numbered from {reply['first']}, "
+                            f"expected {reg.size}", 410)
+                    reg.list_id = reply["id"]
+                    self._count("registered", len(paths))
+                    if reply["rejected"]:
+                        self._count("rejected", reply["rejected"])
+                for i, ps in run:
+                    reg.add(i, len(ps))
+                run, size = [], 0
+            if item[0] >= 0:
+                run.append(item)
+                size += n
+
+    def _send_positions(self, client: _client.ControlClient, stream: Stream, reg: "_Registry",
+                        positions: array.array) -> None:
+        if not len(positions):
+            return
+        if stream.stream_id is not None and stream.list_id != reg.list_id:
+            self._forget_stream(client, stream)  # made for a list that is gone
+        if stream.stream_id is None:
+            stream.list_id = reg.list_id
+            self._create(client, stream, paths_only_if_gone=False)
+        assert stream.stream_id is not None
+        if sys.byteorder != "little":
+            positions = array.array("I", positions)
+            positions.byteswap()
+        unread = None if stream.recent is None else sum(stream.recent)
+        later = len(positions)
+        for start in range(0, len(positions), MAX_POSITIONS_PER_POST):
+            chunk = positions[start:start + MAX_POSITIONS_PER_POST]
+            later -= len(chunk)
+            try:
+                reply = client.publish_positions(
+                    stream.stream_id, chunk.tobytes(),
+                    None if unread is None else max(0, unread - later))
+            except _client.ControlError as e:
+                if e.status == 429:
+                    self._count("rejected", len(chunk))
+                    stream.refused_until = time.monotonic() + FULL_COOLDOWN_S
+                    self._warn(f"{e}; some files of {stream.name} are not prefetched "
+                               "(training goes on, reading them from the store)")
+                    return
+                if e.status == 404 and stream.recreated < MAX_STREAM_RECREATES:
+                    stream.recreated += 1  # the daemon expired the stream (idle)
+                    self._create(client, stream, paths_only_if_gone=False)
+                    reply = client.publish_positions(
+                        stream.stream_id, chunk.tobytes(),
+                        None if unread is None else max(0, unread - later))
+                else:
+                    raise
+            self._count("published", reply["accepted"])
+            self._count("rejected", reply["rejected"])
+
+    def _forget_stream(self, client: _client.ControlClient, stream: Stream) -> None:
+        """Deletes the daemon's stream (best effort): the next publish makes a new one."""
+        if stream.stream_id is not None:
+            try:
+                client.delete_stream(stream.stream_id)
+            except _client.ControlError:
+                pass
+        self._open.pop(id(stream), None)
+        stream.stream_id = None
+        stream.list_id = None
+
+    def _silent(self, stream: Stream, e: _client.ControlError) -> None:
+        """The stream's daemon did not answer (`e`): it is left alone for a while."""
+        assert stream.daemon is not None
+        # A daemon being upgraded or restarted has no socket, or refuses, for well under a
+        # second: ask again soon. One that timed out may be hung: not as soon.
+        gone = e.os_errno in (errno.ENOENT, errno.ECONNREFUSED)
+        self._down_until[stream.daemon.control_socket] = time.monotonic() + (
+            GONE_COOLDOWN_S if gone else DOWN_COOLDOWN_S)
+        if not _common.has_warned("daemon"):  # the probe only for a message shown
+            self._warn(f"{e}; " + _daemon_silent_message(stream.daemon.mount_point,
+                                                          stream.name))
+
+    def _create(self, client: _client.ControlClient, stream: Stream,
+                paths_only_if_gone: bool = True) -> None:
+        """Creates the daemon's stream, with the stream's file list if it has one. If that list
+        is gone (410): a stream for paths, or the 410 raised (`paths_only_if_gone` false)."""
+        try:
+            stream.stream_id = client.create_stream(stream.name, stream.owner_pid, stream.list_id)
+        except _client.ControlError as e:
+            if e.status != 410 or stream.list_id is None or not paths_only_if_gone:
+                raise
+            stream.list_id = None  # its list is gone (the daemon restarted): paths only
+            stream.stream_id = client.create_stream(stream.name, stream.owner_pid)
         self._open[id(stream)] = stream
         self.last_daemon = stream.daemon
         self._count("streams")
@@ -631,7 +941,8 @@ def stats() -> Dict[str, Any]:
     publisher = _publisher
     if publisher is not None and publisher._pid == os.getpid():
         publisher.flush(STATS_FLUSH_S)  # counters then cover every batch handed over so far
-    counters = publisher.counters() if publisher is not None else zero_counters()
+    counters: Dict[str, Any] = (publisher.counters() if publisher is not None
+                                else dict(zero_counters(), cpu_s=0.0))
     out: Dict[str, Any] = {}
     try:
         daemon = publisher.last_daemon if publisher is not None else None

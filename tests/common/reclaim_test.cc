@@ -1,6 +1,9 @@
 #include "common/reclaim.h"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
+#include <filesystem>
+#include <fstream>
 
 #include <cstdio>
 #include <string>
@@ -35,6 +38,50 @@ TEST(ReclaimTest, ReadsThisKernelsCounterWhereItHasOne) {
   while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
   std::fclose(f);
   EXPECT_EQ(ReadReclaimCounter().has_value(), ReclaimCounterOf(text).has_value());
+}
+
+// DAMON's sysfs, as the kernel lays it out, in a temporary directory.
+class PageoutTest : public ::testing::Test {
+ protected:
+  PageoutTest() {
+    char tmpl[] = "/tmp/ctfs-damon.XXXXXX";
+    root_ = ::mkdtemp(tmpl);
+  }
+  ~PageoutTest() override { std::filesystem::remove_all(root_); }
+  void Put(const std::string& rel, const std::string& text) {
+    const std::filesystem::path p = root_ / rel;
+    std::filesystem::create_directories(p.parent_path());
+    std::ofstream(p) << text << "\n";
+  }
+  bool Active() {
+    return ProactivePageoutActive((root_ / "kdamonds").string(), (root_ / "enabled").string());
+  }
+  std::filesystem::path root_;
+};
+
+TEST_F(PageoutTest, APageoutSchemeOfARunningKdamondCounts) {
+  EXPECT_FALSE(Active());  // no DAMON at all
+  Put("kdamonds/nr_kdamonds", "2");
+  Put("kdamonds/0/state", "off");
+  Put("kdamonds/0/contexts/nr_contexts", "1");
+  Put("kdamonds/0/contexts/0/schemes/nr_schemes", "1");
+  Put("kdamonds/0/contexts/0/schemes/0/action", "pageout");
+  EXPECT_FALSE(Active());  // off
+  Put("kdamonds/1/state", "on");
+  Put("kdamonds/1/contexts/nr_contexts", "1");
+  Put("kdamonds/1/contexts/0/schemes/nr_schemes", "2");
+  Put("kdamonds/1/contexts/0/schemes/0/action", "stat");
+  Put("kdamonds/1/contexts/0/schemes/1/action", "lru_prio");
+  EXPECT_FALSE(Active());  // on, but nothing paged out
+  Put("kdamonds/1/contexts/0/schemes/1/action", "pageout");
+  EXPECT_TRUE(Active());
+}
+
+TEST_F(PageoutTest, TheDamonReclaimModuleCounts) {
+  Put("enabled", "N");
+  EXPECT_FALSE(Active());
+  Put("enabled", "Y");
+  EXPECT_TRUE(Active());
 }
 
 }  // namespace

@@ -57,11 +57,13 @@ TEST(ConfigTest, FullJsonFromTheInterfaceDoc) {
     "cache": {"memory_bytes": "4GiB", "disk_dir": "", "disk_bytes": 0, "chunk_bytes": "4MiB"},
     "prefetch": {"enabled": true, "max_inflight": 64, "window_files": 4096,
                  "window_bytes": "1GiB", "evict_after_read": true, "trust_page_cache": false,
+                 "restore_pages": false,
                  "control_socket": ""},
     "fuse": {"read_only": false, "entry_timeout_s": 300, "attr_timeout_s": 300,
              "negative_timeout_s": 5, "max_read": "1MiB"}})");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_FALSE(c->prefetch.trust_page_cache);
+  EXPECT_EQ(c->prefetch.restore_pages, PrefetchOptions::RestorePages::kNever);
   EXPECT_EQ(c->exporter_port, 9500);
   EXPECT_EQ(c->prof_port, 17410);
   EXPECT_EQ(c->mount_point, "/cfs/mnt");
@@ -110,6 +112,7 @@ TEST(ConfigTest, FlushOnCloseAndWriteBackIdle) {
   EXPECT_DOUBLE_EQ(d->fuse.write_back_idle_s, 1.0);
   EXPECT_FALSE(d->prefetch.evict_after_read);
   EXPECT_TRUE(d->prefetch.trust_page_cache);
+  EXPECT_EQ(d->prefetch.restore_pages, PrefetchOptions::RestorePages::kAuto);
   Result<Config> c = ParseConfig(
       R"({"volName": "v", "backend": {"root": "/d"},
           "fuse": {"flush_on_close": false, "write_back_idle_s": 0.25}})");

@@ -237,6 +237,106 @@ TEST_F(RoutesTest, PublishPaths) {
   EXPECT_NE(ErrorText(a).find("prefetch.max_queued_paths_per_uid"), std::string::npos);
 }
 
+// NUL-terminated paths: the body of POST /v1/lists.
+std::string ListBody(const std::vector<std::string>& paths) {
+  std::string body;
+  for (const auto& p : paths) body += p + '\0';
+  return body;
+}
+
+// The body of POST /v1/streams/{id}/positions: `unread` (all ones: none), then the positions.
+std::string PositionsBody(const std::vector<uint32_t>& positions, uint64_t unread = UINT64_MAX) {
+  std::string body;
+  for (int i = 0; i < 8; ++i) body.push_back(static_cast<char>((unread >> (8 * i)) & 0xff));
+  for (uint32_t p : positions)
+    for (int i = 0; i < 4; ++i) body.push_back(static_cast<char>((p >> (8 * i)) & 0xff));
+  return body;
+}
+
+TEST_F(RoutesTest, RegisteredListsAndPositions) {
+  // Registered once: each path resolved and checked for the caller; a refused one keeps its
+  // number, empty.
+  Answer a = Ask(Stranger(), http::verb::post, "/v1/lists",
+                 ListBody({std::string(testing::kMount) + "/data/a.jpg", "private/inner.bin",
+                           "data/cls/c.jpg", "/elsewhere/x.jpg"}));
+  ASSERT_EQ(a.status, 201u) << a.text;
+  const std::string list = a.body.value("id", "");
+  EXPECT_EQ(a.body["first"], 0);
+  EXPECT_EQ(a.body["size"], 4);
+  EXPECT_EQ(a.body["rejected"], 2);
+  EXPECT_NE(a.body.value("error", "").find("permission denied"), std::string::npos) << a.text;
+  a = Ask(Stranger(), http::verb::post, "/v1/lists/" + list, ListBody({"data/empty"}));
+  ASSERT_EQ(a.status, 200u) << a.text;
+  EXPECT_EQ(a.body["first"], 4);
+  EXPECT_EQ(a.body["size"], 5);
+  // Lists belong to their creator.
+  EXPECT_ERROR(Ask(Other(), http::verb::post, "/v1/lists/" + list, ListBody({"data/a.jpg"})), 403,
+               "permission_denied");
+  EXPECT_ERROR(Post(Other(), "/v1/streams", {{"list", list}}), 403, "permission_denied");
+  // A stream made with the list takes positions in it, with `unread` as for paths.
+  a = Post(Stranger(), "/v1/streams", {{"name", "ImageFolder:1"}, {"list", list}});
+  ASSERT_EQ(a.status, 201u) << a.text;
+  const std::string id = a.body.value("id", "");
+  const std::string target = "/v1/streams/" + id + "/positions";
+  a = Ask(Stranger(), http::verb::post, target, PositionsBody({2, 0, 1, 4}, 4));
+  ASSERT_EQ(a.status, 202u) << a.text;
+  EXPECT_EQ(a.body["accepted"], 3);
+  EXPECT_EQ(a.body["rejected"], 1);  // entry 1: refused at registration
+  const json st = Ask(Stranger(), http::verb::get, "/v1/stats").body;
+  ASSERT_EQ(st["streams"].size(), 1u);
+  EXPECT_EQ(st["streams"][0]["published"], 3);
+  EXPECT_EQ(st["global"]["lists"]["lists"], 1);
+  EXPECT_EQ(st["global"]["lists"]["entries"], 5);
+  world_.prefetcher->RunOneJob();
+  EXPECT_GE(world_.prefetcher->GetStats().fetched, 1u);  // data/cls/c.jpg first
+  // Malformed: not 8 + 4n bytes; a position past the end; a stream without a list.
+  EXPECT_ERROR(Ask(Stranger(), http::verb::post, target, "1234"), 400, "invalid_argument");
+  EXPECT_ERROR(Ask(Stranger(), http::verb::post, target, PositionsBody({0}) + "x"), 400,
+               "invalid_argument");
+  a = Ask(Stranger(), http::verb::post, target, PositionsBody({5}));
+  EXPECT_ERROR(a, 400, "invalid_argument");
+  EXPECT_NE(ErrorText(a).find("past the end"), std::string::npos) << a.text;
+  const std::string plain = NewStream(Stranger());
+  EXPECT_ERROR(
+      Ask(Stranger(), http::verb::post, "/v1/streams/" + plain + "/positions", PositionsBody({0})),
+      400, "invalid_argument");
+  EXPECT_ERROR(Ask(Other(), http::verb::post, target, PositionsBody({0})), 403,
+               "permission_denied");
+  // A body of paths must end each with a NUL.
+  EXPECT_ERROR(Ask(Stranger(), http::verb::post, "/v1/lists", "data/a.jpg"), 400,
+               "invalid_argument");
+  // Deleted: positions and new streams are told the list is gone (410), so the publisher
+  // registers it again.
+  EXPECT_ERROR(Ask(Other(), http::verb::delete_, "/v1/lists/" + list), 403, "permission_denied");
+  EXPECT_EQ(Ask(Stranger(), http::verb::delete_, "/v1/lists/" + list).status, 204u);
+  EXPECT_ERROR(Ask(Stranger(), http::verb::delete_, "/v1/lists/" + list), 404, "not_found");
+  EXPECT_ERROR(Ask(Stranger(), http::verb::post, target, PositionsBody({0})), 410, "stale");
+  EXPECT_ERROR(Post(Stranger(), "/v1/streams", {{"list", list}}), 410, "stale");
+  EXPECT_ERROR(Ask(Stranger(), http::verb::post, "/v1/lists/" + list, ListBody({"data/a.jpg"})),
+               410, "stale");
+}
+
+TEST_F(RoutesTest, FileListLimits) {
+  // More paths in one request than control.max_json_elements (64 here): refused.
+  std::vector<std::string> many(65, "data/a.jpg");
+  EXPECT_ERROR(Ask(Stranger(), http::verb::post, "/v1/lists", ListBody(many)), 400,
+               "invalid_argument");
+  // At its count of lists a user loses its least recently used one, not another user's.
+  const std::string theirs =
+      Ask(Other(), http::verb::post, "/v1/lists", ListBody({"data/a.jpg"})).body.value("id", "");
+  std::vector<std::string> mine;
+  for (int i = 0; i < 17; ++i) {
+    const Answer a = Ask(Stranger(), http::verb::post, "/v1/lists", ListBody({"data/a.jpg"}));
+    ASSERT_EQ(a.status, 201u) << a.text;
+    mine.push_back(a.body.value("id", ""));
+  }
+  EXPECT_ERROR(Ask(Stranger(), http::verb::post, "/v1/lists/" + mine[0], ListBody({})), 410,
+               "stale");
+  EXPECT_EQ(Ask(Stranger(), http::verb::post, "/v1/lists/" + mine[1], ListBody({})).status, 200u);
+  EXPECT_EQ(Ask(Other(), http::verb::post, "/v1/lists/" + theirs, ListBody({})).status, 200u);
+  EXPECT_EQ(Ask(Stranger(), http::verb::get, "/v1/stats").body["global"]["lists"]["lists"], 16);
+}
+
 TEST_F(RoutesTest, DeleteStream) {
   const std::string id = NewStream(Stranger());
   EXPECT_ERROR(Ask(Other(), http::verb::delete_, "/v1/streams/" + id), 403, "permission_denied");

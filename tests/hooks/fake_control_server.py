@@ -2,7 +2,9 @@
 
 `FakeDaemon(mount_point, mode=...)` serves on a fresh socket under /tmp (unix socket paths are
 limited to 108 bytes, pytest's tmp_path can be longer) until `stop()`; `write_control_file`
-announces it. Modes: "ok"; "error" (every request gets 500 with a JSON error); "garbage" (2xx
+announces it. File lists and positions are served as the daemon serves them (`published()`
+gives the paths positions name). Modes: "ok"; "nolists" (a daemon from before file lists:
+404 for them); "error" (every request gets 500 with a JSON error); "garbage" (2xx
 replies whose body is not JSON); "slow" (each reply waits up to 5 s, or until stop()).
 """
 
@@ -60,6 +62,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _body(self) -> Any:
         n = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(n) if n else b""
+        if self.headers.get("Content-Type") == "application/octet-stream":
+            return raw
         try:
             return json.loads(raw) if raw else None
         except ValueError:
@@ -82,7 +86,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             fake.release.wait(5.0)
         if fake.mode == "error":
             return self._reply(500, {"error": "injected failure"})
-        if fake.mode == "full" and method == "POST" and self.path.endswith("/paths"):
+        if fake.mode == "nolists" and (self.path.startswith("/v1/lists")
+                                       or self.path.endswith("/positions")):
+            return self._reply(404, {"error": "no route " + self.path, "code": "not_supported",
+                                     "errno": 95})
+        if fake.mode == "full" and method == "POST" and (self.path.endswith("/paths")
+                                                         or self.path.endswith("/positions")):
             with fake.lock:
                 refuse = fake.refuse > 0
                 fake.refuse -= refuse
@@ -115,6 +124,8 @@ class FakeDaemon:
         self.release = threading.Event()
         self.requests: List[Tuple[str, str, Any]] = []
         self.streams: Dict[str, FakeStream] = {}
+        self.lists: Dict[str, List[Optional[str]]] = {}  # None: an entry refused
+        self.stream_lists: Dict[str, str] = {}
         self.reads = {"hit": 0, "late": 0, "miss": 0}
         self.connections: List[socket.socket] = []
         self._dir = tempfile.mkdtemp(prefix="ctfake")
@@ -148,10 +159,12 @@ class FakeDaemon:
             pass
 
     def come_back(self) -> None:
-        """Serves again on the same socket, as the next process would: it knows no stream."""
+        """Serves again on the same socket, as the next process would: it knows no stream or
+        file list."""
         with self.lock:
             for s in self.streams.values():
                 s.deleted = True
+            self.lists.clear()
         self.start()
 
     def _halt(self) -> None:
@@ -189,9 +202,59 @@ class FakeDaemon:
                 if not isinstance(body, dict) or not isinstance(body.get("name"), str) \
                         or not isinstance(body.get("pid"), int):
                     return 400, {"error": "malformed"}
+                list_id = body.get("list")
+                if list_id is not None and list_id not in self.lists:
+                    return 410, {"error": "file list gone", "code": "stale", "errno": 116}
                 sid = str(len(self.streams) + 1)
                 self.streams[sid] = FakeStream(sid, body["name"], body["pid"])
+                if list_id is not None:
+                    self.stream_lists[sid] = list_id
                 return 201, {"id": sid}
+            if method == "POST" and parts[:2] == ["v1", "lists"] and len(parts) <= 3:
+                if not isinstance(body, bytes) or (body and not body.endswith(b"\0")):
+                    return 400, {"error": "malformed"}
+                names = [os.fsdecode(p) for p in body.split(b"\0")[:-1]] if body else []
+                if len(parts) == 2:
+                    lid = "l" + str(len(self.lists) + 1 + len(self.requests))
+                    self.lists[lid] = []
+                else:
+                    lid = parts[2]
+                    if lid not in self.lists:
+                        return 410, {"error": "file list gone", "code": "stale", "errno": 116}
+                entries = self.lists[lid]
+                first = len(entries)
+                inside = [p if p.startswith(self.mount_point + "/") else None for p in names]
+                entries.extend(inside)
+                return (201 if len(parts) == 2 else 200), {
+                    "id": lid, "first": first, "size": len(entries),
+                    "rejected": sum(1 for p in inside if p is None)}
+            if method == "DELETE" and parts[:2] == ["v1", "lists"] and len(parts) == 3:
+                if self.lists.pop(parts[2], None) is None:
+                    return 404, {"error": "unknown file list", "code": "not_found", "errno": 2}
+                return 204, None
+            if len(parts) == 4 and parts[:2] == ["v1", "streams"] and parts[3] == "positions" \
+                    and method == "POST":
+                s = self.streams.get(parts[2])
+                if s is None or s.deleted:
+                    return 404, {"error": "unknown stream", "code": "not_found", "errno": 2}
+                lid = self.stream_lists.get(s.id)
+                if lid is None:
+                    return 400, {"error": "stream without a list"}
+                if lid not in self.lists:
+                    return 410, {"error": "file list gone", "code": "stale", "errno": 116}
+                if not isinstance(body, bytes) or len(body) < 8 or (len(body) - 8) % 4:
+                    return 400, {"error": "malformed"}
+                entries = self.lists[lid]
+                u = int.from_bytes(body[:8], "little")
+                positions = [int.from_bytes(body[i:i + 4], "little")
+                             for i in range(8, len(body), 4)]
+                if any(p >= len(entries) for p in positions):
+                    return 400, {"error": "position past the end"}
+                good = [entries[p] for p in positions if entries[p] is not None]
+                s.paths.extend(good)
+                s.posts += 1
+                s.unread.append((time.monotonic(), len(s.paths), None if u == (1 << 64) - 1 else u))
+                return 202, {"accepted": len(good), "rejected": len(positions) - len(good)}
             if len(parts) == 4 and parts[:2] == ["v1", "streams"] and parts[3] == "paths" \
                     and method == "POST":
                 s = self.streams.get(parts[2])

@@ -107,19 +107,25 @@ def test_stats_sends_the_queued_paths_first_and_returns_the_daemon_reply(
     assert stream.name.startswith("FileList:") and stream.pid == os.getpid()
     assert stream.paths == [files[i] for i in order]
     assert stream.deleted
+    # The files go into the dataset's file list as their indices are first met, the order as
+    # positions in it.
     sent = [(method, path) for method, path, _ in daemon.requests]
-    posts = sum(1 for x in sent if x == ("POST", f"/v1/streams/{stream.id}/paths"))
-    assert posts >= 1 and sent == ([("POST", "/v1/streams")]
-                                   + [("POST", f"/v1/streams/{stream.id}/paths")] * posts
-                                   + [("DELETE", f"/v1/streams/{stream.id}"),
-                                      ("GET", "/v1/stats")]), sent
+    (list_id,) = daemon.lists
+    middle = sent[2:-2]
+    posts = sum(1 for x in middle if x == ("POST", f"/v1/streams/{stream.id}/positions"))
+    assert posts >= 1 and sent[:2] == [("POST", "/v1/lists"), ("POST", "/v1/streams")] \
+        and set(middle) <= {("POST", f"/v1/streams/{stream.id}/positions"),
+                            ("POST", f"/v1/lists/{list_id}")} \
+        and sent[-2:] == [("DELETE", f"/v1/streams/{stream.id}"), ("GET", "/v1/stats")], sent
     # What stats() returns: the daemon's reply as served, plus the client's own counters,
     # which agree with what the daemon accepted.
     assert s["global"]["reads"] == {"hit": 9, "late": 1, "miss": 2}
     assert s["global"]["hit_ratio"] == 0.75
     assert s["streams"] == []  # the daemon lists live streams only
+    assert s["client"]["cpu_s"] > 0
+    del s["client"]["cpu_s"]
     assert s["client"] == {"published": 8, "rejected": 0, "dropped": 0, "errors": 0,
-                           "skipped": 0, "unmapped": 0, "streams": 1}
+                           "skipped": 0, "unmapped": 0, "streams": 1, "registered": 8}
 
 
 def test_stats_without_a_daemon() -> None:

@@ -100,6 +100,11 @@ def test_hook_prefetches_and_keeps_the_sample_order(cube: CubeFactory, jpeg_tree
     assert ratio >= 0.99, (ratio, with_hook["snapshot"], with_hook["final"])
     streams = with_hook["snapshot"]["streams"]
     assert len(streams) == 1 and streams[0]["published"] >= 16 * 4, streams
+    # Each file's path went to the daemon once, in the dataset's file list; the epoch's order
+    # went as positions in it.
+    client = with_hook["final"]["client"]
+    assert client["registered"] == 480 and client["published"] == 480, client
+    assert with_hook["final"]["global"]["lists"]["entries"] == 480, with_hook["final"]["global"]
     m = hooked.metrics()
     assert m.value("cubetorchfs_prefetch_files_total", outcome="fetched") >= 470
 
