@@ -1,66 +1,36 @@
-// The prefetcher: streams of published paths, a fetch-ahead window, and read accounting.
+// The prefetcher: streams of published files, the fetch-ahead window, page-cache residency,
+// and read accounting. docs/prefetch.md says what each does for a user, docs/security.md how
+// queued positions are bounded and shared, docs/metrics.md what each counter means.
 //
-// A stream is the ordered list of files one DataLoader iterator will read, published by the
-// cube_torch hook ahead of the reads. Workers fetch those files, in stream order, into the
-// prefetch window: a part of the RAM budget (window_budget_bytes) that holds files fetched but
-// not yet read. The window is bounded by files (`window_files` positions ahead of the
-// stream's cursor, and entries in all) and by bytes; when it is full, fetching waits, so
-// prefetching never pushes out a file that has not been read yet.
+// Streams. A stream is the ordered list of files one DataLoader pass will read, published
+// ahead of the reads (as paths, or as positions in a registered file list that the control
+// server turns into paths: FileLists). Its cursor follows the reads that reach the daemon and
+// the publisher's `unread` (the readers are past every earlier position, even where the
+// kernel served them from its page cache); positions `slack` behind the furthest read are
+// skipped. Queued positions are bounded per user and for all users (count and bytes,
+// QueuedPathCost), the global limits shared fairly; a publish past one is refused whole.
 //
-// The cursor follows actual reads: a read at offset 0 of a published file consumes its
-// earliest pending position in a stream. Positions far behind the furthest read (`slack`
-// positions: out-of-order DataLoader workers stay within it) are treated as skipped and are
-// not fetched. A file leaves the window once every byte of it has been read and no stream
-// position still wants it (evict-after-read); with evict_after_read off it moves into the
-// RAM cache's LRU instead. With the kernel skipping open/release (no_open) there is no close
-// to wait for, so "all bytes read" is the signal.
+// Window. Workers fetch stream files in order into the window, a part of the RAM budget
+// bounded by files and bytes; when it is full fetching waits, so prefetching never pushes
+// out an unread file. A file fetched whole in one chunk under keep_cache is put into the
+// kernel's page cache (PageCacheProbe::Store) and the window gives its bytes to the LRU.
+// A file leaves the window once read whole and wanted by no position.
 //
-// Stored pages: under keep_cache, a file fetched whole in one chunk is put into the kernel's
-// page cache at once (PageCacheProbe::Store, FUSE_NOTIFY_STORE) and marked page-resident; its
-// readers then never reach the daemon, and the window gives its bytes back. Positions the
-// publisher says the readers passed (`unread`) with the file marked count as hits.
+// Residency. A file the kernel was served whole (or was given) at the version of the
+// daemon's fresh attributes is marked page-resident and passed over next epoch. A mark is
+// trusted while the kernel's count of reclaimed pages has not moved; a trusted file the
+// daemon holds is put back into the page cache as the stream reaches it when page cache is
+// dropped unseen (restore_needed: DAMON pageout). An untrusted mark is probed
+// (FUSE_NOTIFY_RETRIEVE), and probed again as the readers come near; under frequent page
+// drops, files passed over go to the LRU cache instead. Marks are bounded.
 //
-// Residency: a file the next epoch can be served without the store is not fetched again.
-// With keep_cache (the kernel keeps the pages of what it was served), a file whose every byte
-// went to the kernel at a version the daemon still holds fresh attributes for (those of the
-// inode table, within attr_timeout_s) is marked page-resident. While the kernel's count of
-// reclaimed pages (Options::reclaim_counter) has not moved since the mark, the file is passed
-// over with no question (trusted). Otherwise: the kernel drops pages under memory pressure
-// without telling, and in no fixed order, so a mark only says the kernel may hold the file: when
-// the scheduler reaches a marked file it asks the kernel (the page probe, FUSE_NOTIFY_RETRIEVE)
-// whether every page is still there. If so it passes over the file and the readers' opens and reads
-// never reach the daemon; if not the mark is dropped and the file is fetched. As the readers come
-// within 2 x max_inflight positions of a file passed over, it is probed once more (the first probe
-// may have been a whole window earlier). A read of a marked file (pages dropped after the probes)
-// drops its mark, and the files passed over within that distance ahead of the readers that were
-// served to the kernel before it are asked about again. Under memory pressure the kernel drops
-// pages between the last probe and the read: when kPressureDrops reads of marked files (page drops)
-// come within kPressureSpanNs, the files passed over are not probed again as the readers come near
-// but put in the LRU cache (at most 2 x max_inflight of them ahead of the readers, so the LRU holds
-// them until read), until kPressureHoldNs pass with no new drop. Warming a file the kernel still
-// holds costs a store read; missing one costs its reader a round trip on its critical path. With no
-// PageProbe set (SetPageProbe), nothing is taken as page-resident, trusted or not. Marks are
-// bounded (max_resident_marks, the oldest go first). A file the RAM cache or the NVMe tier holds at
-// the version of those fresh attributes is taken from there with no store request.
+// Accounting. Each FUSE read of a regular file is a hit (no wait), late (waited on a fetch in
+// flight) or miss (fetched on demand); a position the readers passed while the kernel held
+// the file whole is a hit read from the page cache.
 //
-// Queued paths: every published position not yet read or skipped holds its path (twice: in
-// the stream's order and in its index of pending files) until the readers pass it. What they
-// hold is bounded per user and for all users, by count and by bytes, the bytes being the
-// memory a position really costs (QueuedPathCost). The global limits are shared fairly: while
-// k users have positions queued (the publisher included), one may hold at most a (k + 1)-th
-// of each global limit: a user alone gets half, a second one a third, and a third user with
-// nothing queued finds at least a sixth (two users cannot starve a third). A publish that
-// would pass a limit is refused whole (kFull), naming the limit (Refusal). Memory is given
-// back when a stream ends or expires: its queue is freed and, after 1 MiB or more, the heap
-// trimmed (TrimHeap).
-//
-// Read accounting: every FUSE read of a regular file is reported with OnRead() as hit (no
-// wait on the backend), late (waited on a prefetch in flight) or miss (fetched synchronously),
-// globally and for the stream the file belongs to.
-//
-// Thread safety: all public methods are thread-safe. One mutex guards streams and window;
-// it is never held across a backend call (it is held while /proc/vmstat is read, at most
-// every 50 ms). The attribute source (the inode table) is asked under it. Lock order:
+// Thread safety: all public methods are thread-safe. One mutex guards streams, window and
+// marks; it is never held across a backend call (it is held while /proc/vmstat is read, at
+// most every 50 ms). The attribute source (the inode table) is asked under it. Lock order:
 // Prefetcher::mu_ before the inode table's mutex and before any RamCache shard lock
 // (RamCache never calls back).
 #pragma once

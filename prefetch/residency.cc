@@ -143,13 +143,17 @@ void Prefetcher::MarkResidentLocked(const std::string& path,
   if (!options_.keep_cache || options_.max_resident_marks == 0) return;
   SampleReclaimLocked(clock_->NowNanos());
   const uint64_t key = MarkKey(path);
-  marks_.erase(key);
-  while (marks_.size() >= options_.max_resident_marks) DropOldestMarkLocked();
   const uint64_t seq = next_mark_seq_++;
-  Mark mark;
-  mark.version = version;
-  mark.seq = seq;
-  marks_[key] = mark;
+  auto it = marks_.find(key);
+  if (it == marks_.end()) {
+    while (marks_.size() >= options_.max_resident_marks) DropOldestMarkLocked();
+    it = marks_.try_emplace(key).first;
+  }
+  // Made again in place (a restore re-marks every file of a warm epoch): no node freed and
+  // allocated; its old place in mark_order_ is skipped (another seq).
+  it->second = Mark{};
+  it->second.version = version;
+  it->second.seq = seq;
   mark_order_.emplace_back(seq, key);
   if (mark_order_.size() > 2 * marks_.size() + 1024) {
     // Most entries are of marks gone or made again since: keep the live ones, in order.

@@ -145,10 +145,11 @@ class _Registry:
     and -1 for one with none or several files (their entries in `other`). About 8 bytes an
     index, where a dict of paths would hold some 150."""
 
-    __slots__ = ("list_id", "size", "first", "other")
+    __slots__ = ("list_id", "size", "first", "other", "refused")
 
     def __init__(self) -> None:
         self.list_id: Optional[str] = None
+        self.refused = False  # the daemon refused it (429): this dataset publishes paths
         self.size = 0  # entries in the list
         self.first = array.array("q")
         self.other: Dict[int, Tuple[int, int]] = {}  # index -> (first entry, count)
@@ -182,15 +183,35 @@ class _Registry:
 
 class _MountFilter:
     """Maps dataset paths to absolute paths inside one mount; None for paths outside it.
-    A path that is outside as written is retried with its directory's symlinks resolved
-    (memoized per directory)."""
+    A path that is outside as written is retried with its directory's symlinks resolved.
+    Both are memoized per directory: a dataset's files share a few thousand directories, so a
+    path costs a split and a dict lookup, not a normpath and an abspath."""
 
     _MAX_DIRS = 1 << 16
 
     def __init__(self) -> None:
-        self._dirs: Dict[str, str] = {}
+        self._dirs: Dict[str, str] = {}  # directory -> the same with its symlinks resolved
+        # (absolute directory as written, mount point) -> its normalized form inside the
+        # mount, or "" when it is outside (as written and resolved)
+        self._inside: Dict[Tuple[str, str], str] = {}
 
     def inside(self, path: str, mount_point: str) -> Optional[str]:
+        head, sep, tail = path.rpartition("/")
+        if sep and head.startswith("/") and tail not in ("", ".", ".."):
+            key = (head, mount_point)
+            d = self._inside.get(key)
+            if d is None:
+                if len(self._inside) >= self._MAX_DIRS:
+                    self._inside.clear()
+                q = self._slow(path, mount_point)
+                d = "" if q is None else q[:len(q) - len(tail) - 1]
+                if q is not None and not _client.is_under(d, mount_point):
+                    return q  # the mount point itself: its directory is outside
+                self._inside[key] = d
+            return d + "/" + tail if d else None
+        return self._slow(path, mount_point)
+
+    def _slow(self, path: str, mount_point: str) -> Optional[str]:
         p = os.path.normpath(os.path.abspath(path))
         if _client.is_under(p, mount_point):
             return p
@@ -480,7 +501,7 @@ class Publisher:
         reg = per_daemon.get(daemon.control_socket)
         if reg is None:
             reg = per_daemon[daemon.control_socket] = _Registry()
-        return reg
+        return None if reg.refused else reg
 
     def _discover_for(self, stream: Stream, batches: List[Tuple[Any, ...]]) -> bool:
         """Finds the stream's daemon from the first file its items name; False if none."""
@@ -546,7 +567,7 @@ class Publisher:
                     self._count("errors")
                     self._silent(stream, e)
                     return False
-                if e.status in (404, 410, 422):
+                if e.status in (404, 410, 422, 429):
                     return False  # _publish recreates or counts them as it does
                 self._count("errors")
                 stream.quiet = True
@@ -608,7 +629,14 @@ class Publisher:
             if item[0] < 0 or (run and size + n > MAX_POST_BYTES):
                 paths = [p for _, ps in run for p in ps]
                 if paths:
-                    reply = client.register_list(paths, reg.list_id)
+                    try:
+                        reply = client.register_list(paths, reg.list_id)
+                    except _client.ControlError as e:
+                        if e.status == 429:  # over the daemon's list limits: paths instead
+                            reg.refused = True
+                            self._warn(f"{e}; the files of {stream.name} are published as "
+                                       "paths (training goes on)")
+                        raise
                     if reply["first"] != reg.size:
                         raise _client.ControlError(
                             f"file list {reply['id']}: numbered from {reply['first']}, "

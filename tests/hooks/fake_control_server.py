@@ -4,7 +4,7 @@
 limited to 108 bytes, pytest's tmp_path can be longer) until `stop()`; `write_control_file`
 announces it. File lists and positions are served as the daemon serves them (`published()`
 gives the paths positions name). Modes: "ok"; "nolists" (a daemon from before file lists:
-404 for them); "error" (every request gets 500 with a JSON error); "garbage" (2xx
+404 for them); "listsfull" (429 for every registration); "error" (every request gets 500 with a JSON error); "garbage" (2xx
 replies whose body is not JSON); "slow" (each reply waits up to 5 s, or until stop()).
 """
 
@@ -90,6 +90,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                                        or self.path.endswith("/positions")):
             return self._reply(404, {"error": "no route " + self.path, "code": "not_supported",
                                      "errno": 95})
+        if fake.mode == "listsfull" and self.path.startswith("/v1/lists"):
+            return self._reply(429, {"error": "the file lists of all users would take more "
+                                     "than prefetch.max_list_bytes", "code": "io_error",
+                                     "errno": 5})
         if fake.mode == "full" and method == "POST" and (self.path.endswith("/paths")
                                                          or self.path.endswith("/positions")):
             with fake.lock:

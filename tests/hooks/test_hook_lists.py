@@ -4,6 +4,7 @@ file in order."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import List
 
@@ -13,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from cube_torch import _publisher
 from fake_control_server import FakeDaemon
-from hook_testlib import FileList, counters, flush, indices, make_files
+from hook_testlib import FileList, counters, cube_warnings, flush, indices, make_files
 
 
 def epochs(dataset: FileList, n: int, batch_size: int = 4) -> List[List[int]]:
@@ -103,3 +104,14 @@ def test_files_outside_the_mount_are_not_registered(tmp_path: Path, mount: Path,
     assert daemon.published() == 2 * inside
     c = counters()
     assert c["registered"] == 8 and c["skipped"] == 8, c
+
+
+def test_a_daemon_whose_lists_are_full_gets_paths(mount: Path, daemon_factory) -> None:
+    full = daemon_factory("listsfull")
+    files = make_files(mount, 20)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        orders = epochs(FileList(files), 2)
+    assert full.published() == [files[i] for order in orders for i in order]
+    assert requests_to(full, "/v1/lists") == 1  # refused once: paths from then on
+    assert len(cube_warnings(record)) == 1

@@ -38,6 +38,8 @@ def request(conn):
     body = spec.get("body")
     if body is not None and not isinstance(body, str):
         body = json.dumps(body)
+    if "body_b64" in spec:  # a binary body
+        body = base64.b64decode(spec["body_b64"])
     try:
         conn.request(spec.get("method", "POST"), spec["target"], body=body,
                      headers=spec.get("headers", {}))

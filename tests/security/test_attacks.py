@@ -141,6 +141,43 @@ def test_store_symlinks_never_lead_out_of_the_root(open_cube: CubeFactory) -> No
     assert mount.metrics().value("cubetorchfs_control_rejected_paths_total", reason="symlink") >= 8
 
 
+def test_rights_changed_after_a_list_is_registered_are_checked_before_each_fetch(
+        open_cube: CubeFactory) -> None:
+    """A registered file list resolves each path (and checks its directories) once; a file
+    whose mode changed since, or that the user never could read, is still refused before its
+    bytes are fetched, whenever its position is published."""
+    import base64
+    import struct
+    base = open_cube.base.parent
+    src = make_store(base)
+    mount, sock, _ = start(open_cube, src)
+    m = str(mount.mountpoint)
+    names = [f"{m}/pub/f010", f"{m}/pub/f011", f"{m}/private.bin", f"{m}/closed/f"]
+    body = b"".join(os.fsencode(p) + b"\0" for p in names)
+    out = as_user({"kind": "unix", "socket": sock, "target": "/v1/lists",
+                   "body_b64": base64.b64encode(body).decode()})
+    assert out["status"] == 201, out
+    reg = json.loads(out["body"])
+    assert (reg["size"], reg["rejected"]) == (4, 1), reg  # closed/: no search permission
+    os.chmod(src / "pub" / "f011", 0o600)  # after registration: now root's alone
+    out = as_user({"kind": "unix", "socket": sock, "target": "/v1/streams",
+                   "body": {"name": "n", "list": reg["id"]}})
+    assert out["status"] == 201, out
+    sid = json.loads(out["body"])["id"]
+    positions = struct.pack("<Q4I", 4, 0, 1, 2, 3)
+    out = as_user({"kind": "unix", "socket": sock, "target": f"/v1/streams/{sid}/positions",
+                   "body_b64": base64.b64encode(positions).decode()})
+    assert json.loads(out["body"]) == {"accepted": 3, "rejected": 1}, out
+    assert wait_until(lambda: (stats(sock)["global"]["prefetch"]["fetched"]
+                               + stats(sock)["global"]["prefetch"]["denied"]) >= 3, timeout=10)
+    p = stats(sock)["global"]["prefetch"]
+    assert (p["fetched"], p["denied"]) == (1, 2), p  # f010 only
+    # Another user may not use the list, nor see it in its stats.
+    out = as_user({"kind": "unix", "socket": sock, "target": "/v1/streams",
+                   "body": {"name": "n", "list": reg["id"]}}, uid=OTHER)
+    assert out["status"] == 403, out
+
+
 def test_non_root_user_gets_nothing_of_root_only_files(open_cube: CubeFactory) -> None:
     base = open_cube.base.parent
     src = make_store(base)
