@@ -472,7 +472,12 @@ class ControlClient:
         {"id", "first", "size", "rejected"}: the list, the number of the first path sent, the
         list's length after, and how many of these the daemon refused (they keep their
         numbers; positions naming them are ignored)."""
-        raw = b"".join(os.fsencode(p) + b"\0" for p in paths)
+        return self.register_list_raw(b"".join(os.fsencode(p) + b"\0" for p in paths),
+                                      len(paths), list_id)
+
+    def register_list_raw(self, raw: bytes, count: int,
+                          list_id: Optional[str] = None) -> Dict[str, Any]:
+        """register_list() of `count` paths already encoded, each followed by a NUL."""
         url = "/v1/lists" if list_id is None else f"/v1/lists/{_quote(list_id)}"
         reply = self.request("POST", url, raw=raw)
         body = reply.body if isinstance(reply.body, dict) else {}
@@ -482,9 +487,9 @@ class ControlClient:
         except (KeyError, TypeError, ValueError):
             raise ControlError(f"POST {url}: reply without id, first and size",
                                reply.status) from None
-        if out["size"] != out["first"] + len(paths):
+        if out["size"] != out["first"] + count:
             raise ControlError(f"POST {url}: the list has {out['size']} entries, expected "
-                               f"{out['first'] + len(paths)}", reply.status)
+                               f"{out['first'] + count}", reply.status)
         return out
 
     def delete_list(self, list_id: str) -> None:

@@ -69,8 +69,10 @@ class _RowMapper:
         if not isinstance(row, (tuple, list)):
             p = as_path(row)
             return () if p is None else (p,)
-        fields = row[:1] if self._first_only else row
-        return tuple(p for p in map(as_path, fields) if p is not None)
+        if self._first_only:  # the common case (ImageFolder), without a generator
+            p = as_path(row[0]) if row else None
+            return () if p is None else (p,)
+        return tuple(p for p in map(as_path, row) if p is not None)
 
 
 class _SubsetMapper:

@@ -603,54 +603,64 @@ class Publisher:
 
     def _register(self, client: _client.ControlClient, stream: Stream, reg: "_Registry",
                   indices: List[int]) -> None:
-        """Maps `indices` to the paths inside the daemon's mount and registers them."""
+        """Maps `indices` to the paths inside the daemon's mount and registers them, in
+        requests of about MAX_POST_BYTES that never split one index's files."""
         assert stream.daemon is not None
         mount = stream.daemon.mount_point
-        files: List[Tuple[int, List[str]]] = []
+        mapper, inside, fsencode = stream.mapper, self._filter.inside, os.fsencode
+        payload = bytearray()
+        run: List[Tuple[int, int]] = []  # (index, its files) in `payload`
         unmapped = skipped = 0
         for i in indices:
             try:
-                raw = stream.mapper(i)
+                raw = mapper(i)
             except Exception:
                 unmapped += 1
                 raw = ()
-            paths = [q for q in (self._filter.inside(p, mount) for p in raw) if q is not None]
-            skipped += len(raw) - len(paths)
-            files.append((i, paths))
+            n = 0
+            for p in raw:
+                q = inside(p, mount)
+                if q is None:
+                    skipped += 1
+                    continue
+                payload += fsencode(q)
+                payload += b"\0"
+                n += 1
+            run.append((i, n))
+            if len(payload) >= MAX_POST_BYTES:
+                self._send_run(client, stream, reg, payload, run)
+                payload, run = bytearray(), []
+        if run:
+            self._send_run(client, stream, reg, payload, run)
         if unmapped:
             self._count("unmapped", unmapped)
         if skipped:
             self._count("skipped", skipped)
-        # Sent in runs of about MAX_POST_BYTES, never splitting one index's files.
-        run: List[Tuple[int, List[str]]] = []
-        size = 0
-        for item in files + [(-1, [])]:
-            n = sum(len(p) + 1 for p in item[1])
-            if item[0] < 0 or (run and size + n > MAX_POST_BYTES):
-                paths = [p for _, ps in run for p in ps]
-                if paths:
-                    try:
-                        reply = client.register_list(paths, reg.list_id)
-                    except _client.ControlError as e:
-                        if e.status == 429:  # over the daemon's list limits: paths instead
-                            reg.refused = True
-                            self._warn(f"{e}; the files of {stream.name} are published as "
-                                       "paths (training goes on)")
-                        raise
-                    if reply["first"] != reg.size:
-                        raise _client.ControlError(
-                            f"file list {reply['id']}: numbered from {reply['first']}, "
-                            f"expected {reg.size}", 410)
-                    reg.list_id = reply["id"]
-                    self._count("registered", len(paths))
-                    if reply["rejected"]:
-                        self._count("rejected", reply["rejected"])
-                for i, ps in run:
-                    reg.add(i, len(ps))
-                run, size = [], 0
-            if item[0] >= 0:
-                run.append(item)
-                size += n
+
+    def _send_run(self, client: _client.ControlClient, stream: Stream, reg: "_Registry",
+                  payload: bytearray, run: List[Tuple[int, int]]) -> None:
+        """Appends `payload` (NUL-terminated paths: the files of the indices of `run`) to the
+        registry's list, then numbers those indices' files."""
+        count = sum(n for _, n in run)
+        if count:
+            try:
+                reply = client.register_list_raw(bytes(payload), count, reg.list_id)
+            except _client.ControlError as e:
+                if e.status == 429:  # over the daemon's list limits: paths instead
+                    reg.refused = True
+                    self._warn(f"{e}; the files of {stream.name} are published as "
+                               "paths (training goes on)")
+                raise
+            if reply["first"] != reg.size:
+                raise _client.ControlError(
+                    f"file list {reply['id']}: numbered from {reply['first']}, "
+                    f"expected {reg.size}", 410)
+            reg.list_id = reply["id"]
+            self._count("registered", count)
+            if reply["rejected"]:
+                self._count("rejected", reply["rejected"])
+        for i, n in run:
+            reg.add(i, n)
 
     def _send_positions(self, client: _client.ControlClient, stream: Stream, reg: "_Registry",
                         positions: array.array) -> None:
