@@ -299,7 +299,7 @@ class ShardedLruCache final : public RamCache {
         s.files.erase(f);
         break;
       }
-    s.index.erase(key);  // frees the key: `it` must not be used for it after this
+    s.index.erase(s.index.find(key));  // frees the key: not used after this
     s.lru.erase(it);
     AddBytes(-static_cast<int64_t>(size));
   }
