@@ -45,7 +45,9 @@ DOWN_COOLDOWN_S = 2.0       # a daemon that timed out is not asked again for thi
 GONE_COOLDOWN_S = 0.2       # nor one with no socket or refusing connections (restarting)
 FULL_COOLDOWN_S = 1.0       # after a 429 (queued-path limits), a stream's batches are dropped
 MAX_HELD_PATHS = 1 << 16    # a stream's paths kept while its daemon does not answer
-MAX_POSITIONS_PER_POST = 1 << 17  # the daemon's control.max_json_elements by default
+# Positions, and paths registered, in one request: the daemon's control.max_json_elements by
+# default.
+MAX_POSITIONS_PER_POST = 1 << 17
 MAX_REGISTERED_INDEX = 1 << 31  # dataset indices past this are published as paths
 # CUBE_TORCH_POSITIONS=0: publish paths (JSON) as before file lists, e.g. to compare.
 POSITIONS = os.environ.get("CUBE_TORCH_POSITIONS", "1") != "0"
@@ -610,6 +612,7 @@ class Publisher:
         mapper, inside, fsencode = stream.mapper, self._filter.inside, os.fsencode
         payload = bytearray()
         run: List[Tuple[int, int]] = []  # (index, its files) in `payload`
+        in_run = 0  # files in `payload`: at most the daemon's paths a request
         unmapped = skipped = 0
         for i in indices:
             try:
@@ -617,19 +620,24 @@ class Publisher:
             except Exception:
                 unmapped += 1
                 raw = ()
-            n = 0
+            encoded = []
             for p in raw:
                 q = inside(p, mount)
                 if q is None:
                     skipped += 1
-                    continue
-                payload += fsencode(q)
-                payload += b"\0"
-                n += 1
-            run.append((i, n))
-            if len(payload) >= MAX_POST_BYTES:
+                else:
+                    encoded.append(fsencode(q))
+            n = len(encoded)
+            size = sum(len(e) + 1 for e in encoded)
+            if run and (len(payload) + size > MAX_POST_BYTES
+                        or in_run + n > MAX_POSITIONS_PER_POST):
                 self._send_run(client, stream, reg, payload, run)
-                payload, run = bytearray(), []
+                payload, run, in_run = bytearray(), [], 0
+            for e in encoded:
+                payload += e
+                payload += b"\0"
+            run.append((i, n))
+            in_run += n
         if run:
             self._send_run(client, stream, reg, payload, run)
         if unmapped:

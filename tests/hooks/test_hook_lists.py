@@ -115,3 +115,21 @@ def test_a_daemon_whose_lists_are_full_gets_paths(mount: Path, daemon_factory) -
     assert full.published() == [files[i] for order in orders for i in order]
     assert requests_to(full, "/v1/lists") == 1  # refused once: paths from then on
     assert len(cube_warnings(record)) == 1
+
+
+def test_registrations_stay_within_the_daemons_paths_a_request(
+        monkeypatch: pytest.MonkeyPatch, mount: Path, daemon: FakeDaemon) -> None:
+    monkeypatch.setattr(_publisher, "MAX_POSITIONS_PER_POST", 5)
+    monkeypatch.setenv("CUBE_TORCH_LOOKAHEAD_BATCHES", "8")
+    images = make_files(mount, 24, ".jpg")
+    captions = make_files(mount, 24, ".txt")
+    orders = epochs(FileList(images, captions), 1, batch_size=8)
+    assert daemon.published() == [p for order in orders for i in order
+                                  for p in (images[i], captions[i])]
+    with daemon.lock:
+        sizes = [body.count(b"\0") for _, path, body in daemon.requests
+                 if path.startswith("/v1/lists")]
+        posted = [(len(body) - 8) // 4 for _, path, body in daemon.requests
+                  if path.endswith("/positions")]
+    assert sum(sizes) == 48 and max(sizes) <= 5 and all(n % 2 == 0 for n in sizes), sizes
+    assert max(posted) <= 5, posted
