@@ -238,3 +238,50 @@ def test_no_daemon_means_training_as_usual(tmp_path: Path, jpeg_tree: Path) -> N
     env = dict(os.environ, CUBE_TORCH_CONFIG_DIR=str(tmp_path), VOL_NAME="nothing-here")
     out = run_script(EPOCH, env, str(jpeg_tree), "hook", "0")
     assert len(out["labels"]) == 480
+
+
+RAW_EPOCH = """
+import json, sys
+import cube_torch
+import torch, torchvision
+root = sys.argv[1]
+def raw(path):
+    with open(path, "rb") as f:
+        return f.read()
+torch.manual_seed(int(sys.argv[2]))
+ds = torchvision.datasets.ImageFolder(root, loader=raw)
+loader = torch.utils.data.DataLoader(ds, batch_size=16, shuffle=True, num_workers=2,
+                                     collate_fn=list)
+n = sum(len(b) for b in loader)
+print(json.dumps({"samples": n, "client": cube_torch.stats()["client"]}))
+"""
+
+
+def test_a_warm_epoch_on_a_writable_mount_costs_no_getattr_or_read_per_file(
+        cube: CubeFactory, jpeg_tree: Path) -> None:
+    """The mount a user gets without reading docs/config.md: read-write, `ai_prefetch`. Its
+    second epoch (another training process: the kernel keeps the pages) reaches the daemon
+    with no GETATTR, LOOKUP or READ per file. The FLUSH at each close() is still sent: the
+    kernel skips OPEN under keep_cache, so no open reply can say "no flush" (docs/prefetch.md);
+    it is counted here, at most one per file."""
+    mount = cube.mount(jpeg_tree.parent, {"profile": "ai_prefetch",
+                                          "fuse": {"entry_timeout_s": 3600,
+                                                   "attr_timeout_s": 3600}})
+    env = dict(mount.env(), VOL_NAME=mount.vol_name)
+    root = str(mount.path("train"))
+    first = run_script(RAW_EPOCH, env, root, "1")
+    assert first["samples"] == 480 and first["client"]["registered"] == 480, first
+    before = mount.metrics()
+    second = run_script(RAW_EPOCH, env, root, "2")
+    after = mount.metrics()
+    assert second["samples"] == 480
+
+    def ops(op: str) -> float:
+        return (after.value("cubetorchfs_fuse_ops_total", op=op)
+                - before.value("cubetorchfs_fuse_ops_total", op=op))
+
+    assert ops("getattr") < 48 and ops("lookup") < 48 and ops("read") < 48, (
+        ops("getattr"), ops("lookup"), ops("read"))
+    assert ops("flush") <= 480, ops("flush")
+    assert (after.value("cubetorchfs_backend_requests_total", op="read")
+            == before.value("cubetorchfs_backend_requests_total", op="read"))
