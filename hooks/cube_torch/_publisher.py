@@ -48,7 +48,10 @@ MAX_HELD_PATHS = 1 << 16    # a stream's paths kept while its daemon does not an
 # Positions, and paths registered, in one request: the daemon's control.max_json_elements by
 # default.
 MAX_POSITIONS_PER_POST = 1 << 17
-MAX_REGISTERED_INDEX = 1 << 31  # dataset indices past this are published as paths
+# Dataset indices past this are published as paths: the registry keeps 4 bytes an index up to
+# the largest one met (16 MiB here), and the daemon's default list limit (128 MiB a user)
+# holds about 2.8 M ImageNet-length paths anyway.
+MAX_REGISTERED_INDEX = 1 << 22
 # CUBE_TORCH_POSITIONS=0: publish paths (JSON) as before file lists, e.g. to compare.
 POSITIONS = os.environ.get("CUBE_TORCH_POSITIONS", "1") != "0"
 
@@ -144,8 +147,11 @@ def _chunks(paths: List[str], max_bytes: int) -> Iterable[List[str]]:
 class _Registry:
     """One dataset's file list on one daemon: dataset index -> its entries in the list.
     `first[i]` is 1 + the entry of index i's only file, 0 for an index not registered yet,
-    and -1 for one with none or several files (their entries in `other`). About 8 bytes an
-    index, where a dict of paths would hold some 150."""
+    and OTHER for one with none or several files (their entries in `other`). 4 bytes an
+    index up to the largest met (at most MAX_REGISTERED_INDEX), where a dict of paths would
+    hold some 150."""
+
+    OTHER = 0xFFFFFFFF
 
     __slots__ = ("list_id", "size", "first", "other", "refused")
 
@@ -153,7 +159,7 @@ class _Registry:
         self.list_id: Optional[str] = None
         self.refused = False  # the daemon refused it (429): this dataset publishes paths
         self.size = 0  # entries in the list
-        self.first = array.array("q")
+        self.first = array.array("I")
         self.other: Dict[int, Tuple[int, int]] = {}  # index -> (first entry, count)
 
     def reset(self) -> None:
@@ -166,17 +172,18 @@ class _Registry:
         """Index i's `count` files are the next entries of the list."""
         have = len(self.first)
         if i >= have:  # grown by half at least: amortized O(1) an index
-            self.first.frombytes(bytes(8 * (max(i + 1, have + have // 2 + 1024) - have)))
-        if count == 1:
+            grown = min(max(i + 1, have + have // 2 + 1024), MAX_REGISTERED_INDEX)
+            self.first.frombytes(bytes(4 * (grown - have)))
+        if count == 1 and self.size + 1 < self.OTHER:
             self.first[i] = self.size + 1
         else:
-            self.first[i] = -1
+            self.first[i] = self.OTHER
             self.other[i] = (self.size, count)
         self.size += count
 
     def extend(self, out: array.array, i: int) -> None:
         e = self.first[i]
-        if e > 0:
+        if e != self.OTHER:
             out.append(e - 1)
         else:
             start, count = self.other[i]
@@ -655,6 +662,7 @@ class Publisher:
                 reply = client.register_list_raw(bytes(payload), count, reg.list_id)
             except _client.ControlError as e:
                 if e.status == 429:  # over the daemon's list limits: paths instead
+                    reg.reset()  # frees its index array
                     reg.refused = True
                     self._warn(f"{e}; the files of {stream.name} are published as "
                                "paths (training goes on)")

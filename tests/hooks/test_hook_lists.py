@@ -133,3 +133,17 @@ def test_registrations_stay_within_the_daemons_paths_a_request(
                   if path.endswith("/positions")]
     assert sum(sizes) == 48 and max(sizes) <= 5 and all(n % 2 == 0 for n in sizes), sizes
     assert max(posted) <= 5, posted
+
+
+def test_indices_past_the_registry_bound_go_as_paths(monkeypatch: pytest.MonkeyPatch,
+                                                     mount: Path, daemon: FakeDaemon) -> None:
+    """A dataset of more indices than the registry keeps (4 bytes each, up to the largest met)
+    is published as paths for the batches that name them: every file still arrives, in order."""
+    monkeypatch.setattr(_publisher, "MAX_REGISTERED_INDEX", 10)
+    files = make_files(mount, 20)
+    dataset = FileList(files)
+    assert indices(DataLoader(dataset, batch_size=5)) == list(range(20))
+    flush()
+    assert daemon.published() == files
+    assert counters()["registered"] <= 10  # none past the bound (batches may coalesce)
+    assert requests_to(daemon, "/paths") >= 1
