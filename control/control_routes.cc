@@ -449,11 +449,12 @@ Response ServerImpl::PublishPaths(const Request& req, const Caller& caller, cons
   }
   if (paths->empty() && rejected > 0) return Error(http::status::unprocessable_entity, why, v);
   Prefetcher::Refusal refusal;
+  const size_t accepted = paths->size();
   const Prefetcher::Op op =
-      prefetcher_->PublishAs(caller.uid, id, *paths, false, nullptr, &refusal, unread);
+      prefetcher_->PublishAs(caller.uid, id, std::move(*paths), false, nullptr, &refusal, unread);
   if (op != Prefetcher::Op::kOk) return StreamError(op, id, v, refusal);
-  return JsonResponse(http::status::accepted,
-                      json{{"accepted", paths->size()}, {"rejected", rejected}}, v);
+  return JsonResponse(http::status::accepted, json{{"accepted", accepted}, {"rejected", rejected}},
+                      v);
 }
 
 Response ServerImpl::ListError(prefetch::FileLists::Op op, const std::string& id, unsigned v,
@@ -568,11 +569,12 @@ Response ServerImpl::PublishPositions(const Request& req, const Caller& caller,
                  v);
   if (op != Op::kOk) return ListError(op, list, v);
   Prefetcher::Refusal refusal;
+  const size_t accepted = paths.size();
   const Prefetcher::Op pop =
-      prefetcher_->PublishAs(caller.uid, id, paths, false, nullptr, &refusal, unread);
+      prefetcher_->PublishAs(caller.uid, id, std::move(paths), false, nullptr, &refusal, unread);
   if (pop != Prefetcher::Op::kOk) return StreamError(pop, id, v, refusal);
-  return JsonResponse(http::status::accepted,
-                      json{{"accepted", paths.size()}, {"rejected", refused}}, v);
+  return JsonResponse(http::status::accepted, json{{"accepted", accepted}, {"rejected", refused}},
+                      v);
 }
 
 Response ServerImpl::LegacyPrefetch(const Request& req, const Caller& caller) {

@@ -38,7 +38,31 @@ void Prefetcher::FailLocked(std::unordered_map<std::string, Entry>::iterator it)
   Wake();
 }
 
-void Prefetcher::RunJob(const Job& job) {
+void Prefetcher::StartFetchLocked(Job& job) {
+  // Most files are small: one request brings attributes and data. Reserve a guess at the
+  // size first (the budget holds even while the data is in flight); a bigger file falls back
+  // to reserving its real size and reading it in chunks.
+  job.guess = std::min({options_.chunk_bytes, options_.window_budget_bytes - window_bytes_,
+                        (size_estimate_ + size_estimate_ / 4 + 4095) / 4096 * 4096});
+  Entry& e = window_.at(job.path);
+  ChargeLocked(e, static_cast<int64_t>(job.guess));
+  job.reader = e.reader;
+  job.source = attr_source_;
+}
+
+void Prefetcher::RunJob(const Job& job, std::vector<Stored>* stored) {
+  // The owner's read permission is checked on the attributes before any byte is fetched.
+  cfs_client::Backend::AttrCheck check;
+  if (job.reader) {
+    check = [&job](const cfs_client::FileAttr& a) -> Status {
+      if (!MayAccess(a, *job.reader, R_OK))
+        return Status::PermissionDenied(job.path + ": the stream's owner may not read it");
+      return Status::OK();
+    };
+  }
+  FirstLook look = LookFirst(job.path, job.guess, check, job.source);
+  const uint64_t guess = job.guess;
+
   std::unique_lock<std::mutex> l(mu_);
   // Entries that are not ready are erased only here, so the element stays put.
   Entry* e = &window_.at(job.path);
@@ -47,27 +71,6 @@ void Prefetcher::RunJob(const Job& job) {
     EraseLocked(window_.find(job.path));
     Wake();
   };
-  // Most files are small: one request brings attributes and data. Reserve a guess at the
-  // size first (the budget holds even while the data is in flight); a bigger file falls back
-  // to reserving its real size and reading it in chunks.
-  const uint64_t guess =
-      std::min({options_.chunk_bytes, options_.window_budget_bytes - window_bytes_,
-                (size_estimate_ + size_estimate_ / 4 + 4095) / 4096 * 4096});
-  ChargeLocked(*e, static_cast<int64_t>(guess));
-  // The owner's read permission is checked on the attributes before any byte is fetched.
-  cfs_client::Backend::AttrCheck check;
-  if (e->reader) {
-    check = [reader = e->reader, &job](const cfs_client::FileAttr& a) -> Status {
-      if (!MayAccess(a, *reader, R_OK))
-        return Status::PermissionDenied(job.path + ": the stream's owner may not read it");
-      return Status::OK();
-    };
-  }
-  const AttrSource* const source = attr_source_;
-  l.unlock();
-  FirstLook look = LookFirst(job.path, guess, check, source);
-
-  l.lock();
   if (!look.got.ok() && look.got.status().code() == Status::Code::kPermissionDenied)
     totals_.denied++;
   if (!look.got.ok()) {
@@ -114,12 +117,12 @@ void Prefetcher::RunJob(const Job& job) {
     FailLocked(window_.find(job.path));
     return;
   }
-  CompleteFetchLocked(l, job.path, *e, std::move(chunks), /*write_back=*/!had_copy);
+  CompleteFetchLocked(l, job.path, *e, std::move(chunks), /*write_back=*/!had_copy, stored);
 }
 
 void Prefetcher::CompleteFetchLocked(std::unique_lock<std::mutex>& l, const std::string& path,
                                      Entry& e, std::vector<cache::BufferRef> chunks,
-                                     bool write_back) {
+                                     bool write_back, std::vector<Stored>* stored) {
   // Kept on the NVMe tier for later runs and epochs.
   std::vector<std::pair<std::string, cache::BufferRef>> to_disk;
   if (disk_ != nullptr && !e.invalidated && write_back)
@@ -140,15 +143,28 @@ void Prefetcher::CompleteFetchLocked(std::unique_lock<std::mutex>& l, const std:
   if (Stream* s = StreamById(e.first_stream)) s->stats.fetched++;
   FinishFetchLocked(e);
   MaybeReleaseLocked(path);  // may erase e
-  Wake();
+  // The worker takes the next job itself (WorkerLoop): only a fetch waiting for room is told.
+  room_cv_.notify_all();
   l.unlock();
   // Written by the worker that fetched it, not queued: prefetching outruns the tier's writer
   // queue, which would drop files; this way the tier's write speed paces prefetching.
   for (const auto& [key, chunk] : to_disk)
     if (Status s = disk_->Put(key, *chunk); !s.ok())
       CTFS_LOG(kDebug) << "NVMe tier: " << key << ": " << s.ToString();
-  if (to_store == nullptr || !store->Store(path, version, *to_store)) return;
-  l.lock();
+  // Stored after the entry is ready: a reader whose READ holds the page lock waits on it.
+  if (to_store != nullptr && store->Store(path, version, *to_store))
+    stored->push_back(Stored{path, version, /*restored=*/false});
+}
+
+void Prefetcher::AfterStoreLocked(const Stored& done) {
+  const std::string& path = done.path;
+  const cfs_client::FileVersion& version = done.version;
+  if (done.restored) {
+    totals_.restored++;
+    if (restored_) restored_->Increment();
+    MarkResidentLocked(path, version);
+    return;
+  }
   totals_.stored++;
   if (stored_) stored_->Increment();
   // The kernel holds it whole: marked as if it had been read (later epochs pass it over). The
@@ -168,9 +184,8 @@ void Prefetcher::CompleteFetchLocked(std::unique_lock<std::mutex>& l, const std:
     w.chunks.clear();
     ChargeLocked(w, -static_cast<int64_t>(w.reserved));
     MaybeReleaseLocked(path);
-    Wake();  // window room
+    room_cv_.notify_all();  // window room (the worker looks for its next job next)
   }
-  l.unlock();
 }
 
 Prefetcher::FirstLook Prefetcher::LookFirst(const std::string& path, uint64_t guess,
@@ -325,15 +340,15 @@ void Prefetcher::EraseLocked(std::unordered_map<std::string, Entry>::iterator it
   window_.erase(it);
 }
 
-void Prefetcher::Run(const Job& job) {
+void Prefetcher::Run(const Job& job, std::vector<Stored>* stored) {
   if (job.probe)
     RunProbe(job);
   else if (job.fill_lru)
     RunLruFill(job);
   else if (job.restore)
-    RunRestore(job);
+    RunRestore(job, stored);
   else
-    RunJob(job);
+    RunJob(job, stored);
 }
 
 void Prefetcher::RunLruFill(const Job& job) {
@@ -368,22 +383,16 @@ void Prefetcher::RunLruFill(const Job& job) {
   }
 }
 
-void Prefetcher::RunRestore(const Job& job) {
-  PageCacheProbe* probe = nullptr;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    probe = page_probe_;
-  }
+void Prefetcher::RunRestore(const Job& job, std::vector<Stored>* stored) {
+  // page_probe_ was set when the job was made (SetPageProbe's probe outlives the Prefetcher).
+  PageCacheProbe* const probe = job.probe_to;
   if (probe == nullptr) return;
   // From what the daemon holds only: nothing is read from the store or handed to anyone, and
   // the kernel still checks the reader's rights at open. Not held: left to the mark.
   const cache::BufferRef held = cache::Tiers{ram_, disk_}.Find(
       cache::ChunkKey(job.path, job.version, 0), static_cast<size_t>(job.version.size));
   if (held == nullptr || !probe->Store(job.path, job.version, *held)) return;
-  std::lock_guard<std::mutex> l(mu_);
-  totals_.restored++;
-  if (restored_) restored_->Increment();
-  MarkResidentLocked(job.path, job.version);
+  stored->push_back(Stored{job.path, job.version, /*restored=*/true});
 }
 
 void Prefetcher::RunProbe(const Job& job) {
@@ -407,11 +416,12 @@ void Prefetcher::RunProbe(const Job& job) {
     totals_.probed_absent++;
     if (probed_absent_) probed_absent_->Increment();
   }
+  const uint64_t key = MarkKey(job.path);
   for (auto& [id, s] : streams_) {
-    auto p = s.pending.find(job.path);
+    auto p = s.pending.find(key);
     if (p == s.pending.end()) continue;
     for (uint64_t pos : p->second)
-      if (pos >= s.base) UnprobeLocked(s, pos);
+      if (pos >= s.base && s.paths[pos - s.base] == job.path) UnprobeLocked(s, pos);
   }
   Wake();
 }

@@ -29,11 +29,11 @@ uint64_t StringHeapBytes(size_t len) {
 
 // A queued position's fixed part, with libstdc++ and glibc (x86-64 and aarch64): the path's
 // std::string in the stream's deque (32) and its state byte (1), plus the deque blocks'
-// headers; in the index of pending files, the node (next pointer, key, positions vector,
-// cached hash: 72, a 80-byte block), the positions vector's block (32), and buckets (8 each,
-// kept at most 4 per entry: 32). PrefetcherTest.QueuedPathCostCoversWhatPublishAllocates
-// measures it against malloc's own count.
-constexpr uint64_t kQueuedPathOverhead = 192;
+// headers; in the index of pending files, keyed by the path's 64-bit hash, the node (next
+// pointer, key, positions vector: 40, a 48-byte block), the positions vector's block (32),
+// and buckets (8 each, kept at most 4 per entry: 32). 145 in all, rounded up.
+// PrefetcherTest.QueuedPathCostCoversWhatPublishAllocates measures it against malloc's count.
+constexpr uint64_t kQueuedPathOverhead = 160;
 // The index of pending files is rehashed smaller when it has this many buckets or more and
 // over 4 per entry (its bucket array is never given back otherwise).
 constexpr size_t kShrinkBuckets = 1024;
@@ -100,8 +100,8 @@ Prefetcher::~Prefetcher() {
 }
 
 uint64_t Prefetcher::QueuedPathCost(size_t path_bytes) {
-  // The path twice: the stream's copy and the key of the index of pending files.
-  return kQueuedPathOverhead + 2 * StringHeapBytes(path_bytes);
+  // The path once: the stream's copy (the index of pending files is keyed by its hash).
+  return kQueuedPathOverhead + StringHeapBytes(path_bytes);
 }
 
 uint64_t Prefetcher::Slack() const {
@@ -220,9 +220,8 @@ bool Prefetcher::Publish(const std::string& id, const std::vector<std::string>& 
 }
 
 Prefetcher::Op Prefetcher::PublishAs(uid_t uid, const std::string& id,
-                                     const std::vector<std::string>& paths, bool partial,
-                                     size_t* taken, Refusal* refusal,
-                                     std::optional<uint64_t> unread) {
+                                     std::vector<std::string> paths, bool partial, size_t* taken,
+                                     Refusal* refusal, std::optional<uint64_t> unread) {
   if (taken != nullptr) *taken = 0;
   if (refusal != nullptr) *refusal = Refusal{};
   {
@@ -291,11 +290,10 @@ Prefetcher::Op Prefetcher::PublishAs(uid_t uid, const std::string& id,
     if (over != nullptr && n == 0) return Op::kFull;
     if (taken != nullptr) *taken = n;
     for (size_t i = 0; i < n; ++i) {
-      const std::string& path = paths[i];
       const uint64_t pos = s->base + s->paths.size();
-      s->paths.push_back(path);
+      s->pending[MarkKey(paths[i])].push_back(pos);
+      s->paths.push_back(std::move(paths[i]));  // the caller's copy: no allocation under mu_
       s->states.push_back(kPending);
-      s->pending[path].push_back(pos);
     }
     if (n > 0) {
       s->queued_bytes += bytes;
@@ -452,13 +450,24 @@ bool Prefetcher::PreemptLocked(const std::unordered_map<uid_t, bool>& wanting, u
   return false;
 }
 
+std::optional<uint64_t> Prefetcher::FirstPendingLocked(const Stream& s, uint64_t key,
+                                                       std::string_view path) {
+  auto p = s.pending.find(key);
+  if (p == s.pending.end()) return std::nullopt;
+  // Ascending; another path of the same hash shares the entry (never seen, but possible).
+  for (uint64_t pos : p->second)
+    if (s.paths[pos - s.base] == path) return pos;
+  return std::nullopt;
+}
+
 void Prefetcher::MarkPositionLocked(Stream& s, uint64_t pos, PosState state) {
   // A reference: nothing below touches the stream's deques.
   const std::string& path = s.paths[pos - s.base];
+  const uint64_t key = MarkKey(path);
   const uint8_t before = s.states[pos - s.base];
   const bool attached = (before & kAttached) != 0;
   s.states[pos - s.base] = state;
-  auto p = s.pending.find(path);
+  auto p = s.pending.find(key);
   if (p != s.pending.end()) {
     auto& positions = p->second;
     auto found = std::find(positions.begin(), positions.end(), pos);
@@ -470,7 +479,7 @@ void Prefetcher::MarkPositionLocked(Stream& s, uint64_t pos, PosState state) {
   }
   if (state == kRead) {
     s.stats.read++;
-  } else if ((before & kProbed) != 0 || marks_.count(MarkKey(path)) != 0) {
+  } else if ((before & kProbed) != 0 || marks_.count(key) != 0) {
     // (kProbed: the scheduler passed it over on its mark, which it would have cleared had the
     // mark gone since: no second look at the marks needed.)
     // Passed by the readers with no read reaching the daemon while the kernel was known to
@@ -538,11 +547,12 @@ void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& 
     // nearest to it.
     Stream* best = nullptr;
     uint64_t best_pos = 0;
+    const uint64_t key = MarkKey(path);
     for (auto& [id, s] : streams_) {
       if (uid >= 0 && static_cast<int64_t>(s.uid) != uid) continue;  // another user's stream
-      auto p = s.pending.find(path);
-      if (p == s.pending.end()) continue;
-      const uint64_t pos = p->second.front();
+      std::optional<uint64_t> first = FirstPendingLocked(s, key, path);
+      if (!first) continue;
+      const uint64_t pos = *first;
       if (best == nullptr || pos - s.low < best_pos - best->low) {
         best = &s;
         best_pos = pos;
@@ -631,9 +641,13 @@ bool Prefetcher::RunOneJob() {
   {
     std::lock_guard<std::mutex> l(mu_);
     job = NextJobLocked();
+    if (job && job->IsFetch()) StartFetchLocked(*job);
   }
   if (!job) return false;
-  Run(*job);
+  std::vector<Stored> stored;
+  Run(*job, &stored);
+  std::lock_guard<std::mutex> l(mu_);
+  for (const Stored& done : stored) AfterStoreLocked(done);
   return true;
 }
 
@@ -668,8 +682,12 @@ void Prefetcher::SweepLocked() {
 
 void Prefetcher::WorkerLoop() {
   std::vector<Job> batch;
+  std::vector<Stored> stored;  // by the last batch, recorded at the next lock
+  bool woken = true;           // came from waiting for work (not from finishing a job)
   std::unique_lock<std::mutex> l(mu_);
   while (!stop_) {
+    for (const Stored& done : stored) AfterStoreLocked(done);
+    stored.clear();
     if (options_.restore_needed &&
         (restore_asked_ns_ == 0 || clock_->NowNanos() - restore_asked_ns_ > 10 * kSecond)) {
       restore_asked_ns_ = clock_->NowNanos();
@@ -696,6 +714,7 @@ void Prefetcher::WorkerLoop() {
     std::optional<Job> job = NextJobLocked();
     if (!job) {
       work_cv_.wait_for(l, std::chrono::seconds(1));
+      woken = true;
       continue;
     }
     batch.clear();
@@ -712,10 +731,14 @@ void Prefetcher::WorkerLoop() {
       }
       batch.push_back(std::move(*next));
     }
-    // Chain: another idle worker looks for more work (wakeups are one at a time).
-    if (more) work_cv_.notify_one();
+    if (batch.back().IsFetch()) StartFetchLocked(batch.back());
+    // Chain: another idle worker looks for more work (wakeups are one at a time). A worker
+    // back from a fetch takes the next one itself, with no wakeup: the number of fetches in
+    // flight grows as workers are woken, and holds as each finishes and takes another.
+    if (more && (woken || batch.back().restore)) work_cv_.notify_one();
+    woken = false;
     l.unlock();
-    for (const Job& j : batch) Run(j);
+    for (const Job& j : batch) Run(j, &stored);
     l.lock();
   }
 }

@@ -244,7 +244,7 @@ class Prefetcher {
   // queue at once (the publisher knows; no slack applies), and each whose file the kernel was
   // known to hold whole then counts as a hit. A stream whose publisher says so costs O(its
   // lookahead), not O(the epoch).
-  Op PublishAs(uid_t uid, const std::string& id, const std::vector<std::string>& paths,
+  Op PublishAs(uid_t uid, const std::string& id, std::vector<std::string> paths,
                bool partial = false, size_t* taken = nullptr, Refusal* refusal = nullptr,
                std::optional<uint64_t> unread = std::nullopt);
   // Where residency checks find fresh attributes (no store request). Without one, every
@@ -333,9 +333,10 @@ class Prefetcher {
     uint64_t base = 0;  // position of paths.front()
     std::deque<std::string> paths;
     std::deque<uint8_t> states;
-    // path -> positions, ascending (a vector: most paths have one, and a deque's first block
-    // alone would cost 512 bytes a path)
-    std::unordered_map<std::string, std::vector<uint64_t>> pending;
+    // MarkKey(path) -> its positions, ascending (a vector: most paths have one, and a deque's
+    // first block alone would cost 512 bytes a path). Keyed by hash, not by a second copy of
+    // the path: a position's own path in `paths` confirms it (FirstPendingLocked).
+    std::unordered_map<uint64_t, std::vector<uint64_t>> pending;
     uint64_t low = 0;   // first position neither read nor skipped
     uint64_t high = 0;  // one past the furthest position read
     // The publisher's word (PublishAs's `unread`): the readers are past every position before
@@ -359,14 +360,32 @@ class Prefetcher {
     // from RAM or the NVMe tier (no store read): a mark does not prove the pages are still
     // there (see RunRestore).
     bool restore = false;
+    PageCacheProbe* probe_to = nullptr;  // where a restore puts the file
     cfs_client::FileVersion version;
     std::shared_ptr<const Caller> reader;
+    // A fetch (StartFetchLocked): the bytes charged for its first request, and where it finds
+    // fresh attributes.
+    uint64_t guess = 0;
+    const AttrSource* source = nullptr;
+    bool IsFetch() const { return !probe && !fill_lru && !restore; }
+  };
+  // A file put into the kernel's page cache by a fetch or a restore, recorded (AfterStoreLocked)
+  // when its worker next takes the lock: one lock a file, not two.
+  struct Stored {
+    std::string path;
+    cfs_client::FileVersion version;
+    bool restored = false;
   };
 
   // REQUIRES: mu_ held.
   std::optional<Job> NextJobLocked();
-  void Run(const Job& job);  // RunProbe, RunLruFill or RunJob
-  void RunJob(const Job& job);
+  // Charges a fetch's first request to the window. REQUIRES: mu_ held.
+  void StartFetchLocked(Job& job);
+  // RunProbe, RunLruFill, RunRestore or RunJob, with no lock held; files they stored are
+  // added to `stored`.
+  void Run(const Job& job, std::vector<Stored>* stored);
+  void RunJob(const Job& job, std::vector<Stored>* stored);
+  void AfterStoreLocked(const Stored& done);
   // What the first look at a file to prefetch found (no lock held): its attributes with the
   // whole file, or only the attributes of one too large for `guess` bytes; or an error.
   struct FirstLook {
@@ -385,13 +404,14 @@ class Prefetcher {
   // `e` (of `path`) is ready with `chunks`, queued for the NVMe tier if `write_back`; unlocks
   // `l` before writing them there. REQUIRES: mu_ held (through `l`).
   void CompleteFetchLocked(std::unique_lock<std::mutex>& l, const std::string& path, Entry& e,
-                           std::vector<cache::BufferRef> chunks, bool write_back);
+                           std::vector<cache::BufferRef> chunks, bool write_back,
+                           std::vector<Stored>* stored);
   // The chunks of `path` at `version`, from the tiers or the store, on parallel threads.
   Status FetchChunks(const std::string& path, const cfs_client::FileVersion& version,
                      std::vector<cache::BufferRef>* chunks);
   void RunProbe(const Job& job);
   void RunLruFill(const Job& job);
-  void RunRestore(const Job& job);
+  void RunRestore(const Job& job, std::vector<Stored>* stored);
   struct Mark;  // a file marked page-resident (defined with the members below)
   // The job for a file passed over as page-resident: put it in the LRU cache under page pressure
   // when the readers are `near`; if its mark is trusted, put it back into the page cache from
@@ -407,6 +427,9 @@ class Prefetcher {
   std::optional<Job> RecheckLocked(Stream& s);
   uint64_t RecheckLead() const;  // positions ahead of the readers where rechecks happen
   void MarkPositionLocked(Stream& s, uint64_t pos, PosState state);
+  // The first pending position of `path` (hash `key`) in `s`, if any.
+  static std::optional<uint64_t> FirstPendingLocked(const Stream& s, uint64_t key,
+                                                    std::string_view path);
   // The mark of `path` if it is marked at the version of its fresh attributes (else the
   // mark, if any, is dropped).
   Mark* FreshMarkLocked(const std::string& path);

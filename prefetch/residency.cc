@@ -62,6 +62,7 @@ std::optional<Prefetcher::Job> Prefetcher::PassOverJobLocked(const Stream& s,
     Job job{path, false, mark.version.size};
     job.restore = true;
     job.version = mark.version;
+    job.probe_to = page_probe_;
     return job;
   }
   mark.probing = true;

@@ -1024,10 +1024,10 @@ TEST_F(PrefetcherTest, QueuedPathsAreLimitedInBytesPerUserAndForAll) {
             Prefetcher::Op::kOk);
   EXPECT_EQ(taken, 100u);
   EXPECT_EQ(why.limit, Prefetcher::Limit::kUserBytes);
-  // Costs follow the heap blocks of the two copies of the path, plus a fixed part.
+  // Costs follow the heap block of the stream's one copy of the path, plus a fixed part.
   EXPECT_EQ(Prefetcher::QueuedPathCost(10), Prefetcher::QueuedPathCost(0));
-  EXPECT_EQ(Prefetcher::QueuedPathCost(4000) - Prefetcher::QueuedPathCost(0), 2u * 4016);
-  EXPECT_GE(Prefetcher::QueuedPathCost(40), 250u);  // about 250 for dataset paths
+  EXPECT_EQ(Prefetcher::QueuedPathCost(4000) - Prefetcher::QueuedPathCost(0), 4016u);
+  EXPECT_GE(Prefetcher::QueuedPathCost(40), 200u);  // about 220 for dataset paths
 }
 
 TEST_F(PrefetcherTest, RefusalsNameTheLimitHit) {
@@ -1115,7 +1115,7 @@ TEST_F(PrefetcherTest, TwoUsersCannotStarveAThirdOfMemory) {
   EXPECT_EQ(taken, 200u);
   EXPECT_EQ(why.limit, Prefetcher::Limit::kShareBytes);
   // Room is left for the third: 100 long paths, or many more short ones.
-  EXPECT_EQ(pf_->PublishAs(1002, c, LongPaths(2000, 20)), Prefetcher::Op::kOk);
+  EXPECT_EQ(pf_->PublishAs(1002, c, LongPaths(1500, 20)), Prefetcher::Op::kOk);
   EXPECT_EQ(pf_->PublishAs(1002, c, LongPaths(80, 4000, 5000), false, nullptr, &why),
             Prefetcher::Op::kFull);
   EXPECT_EQ(why.limit, Prefetcher::Limit::kPoolBytes);
@@ -1223,13 +1223,13 @@ TEST_F(PrefetcherTest, MemoryIsGivenBackWhenStreamsEndOrExpire) {
   EXPECT_EQ(trims, 0);
   // A deleted one of 1 MiB or more is.
   id = pf_->CreateStream("big", 1, 1000);
-  ASSERT_EQ(pf_->PublishAs(1000, id, LongPaths(200, 4000)), Prefetcher::Op::kOk);
+  ASSERT_EQ(pf_->PublishAs(1000, id, LongPaths(300, 4000)), Prefetcher::Op::kOk);
   EXPECT_GE(pf_->GetStats().queued_bytes, Prefetcher::kTrimAfterBytes);
   EXPECT_EQ(pf_->DeleteStreamAs(1000, id), Prefetcher::Op::kOk);
   EXPECT_EQ(trims, 1);
   // So is one that expires.
   id = pf_->CreateStream("idle", 1, 1000);
-  ASSERT_EQ(pf_->PublishAs(1000, id, LongPaths(200, 4000)), Prefetcher::Op::kOk);
+  ASSERT_EQ(pf_->PublishAs(1000, id, LongPaths(300, 4000)), Prefetcher::Op::kOk);
   clock_.AdvanceSeconds(30);
   pf_->Sweep();
   EXPECT_EQ(trims, 1);
@@ -1248,7 +1248,7 @@ TEST_F(PrefetcherTest, MemoryIsGivenBackWhenStreamsEndOrExpire) {
   };
   pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
   id = pf_->CreateStream("big", 1, 1000);
-  ASSERT_EQ(pf_->PublishAs(1000, id, LongPaths(200, 4000)), Prefetcher::Op::kOk);
+  ASSERT_EQ(pf_->PublishAs(1000, id, LongPaths(300, 4000)), Prefetcher::Op::kOk);
   EXPECT_EQ(pf_->DeleteStreamAs(1000, id), Prefetcher::Op::kOk);
   EXPECT_EQ(trims, 3);
   pf_->Sweep();
