@@ -156,7 +156,7 @@ void Prefetcher::CompleteFetchLocked(std::unique_lock<std::mutex>& l, const std:
     stored->push_back(Stored{path, version, /*restored=*/false});
 }
 
-void Prefetcher::AfterStoreLocked(const Stored& done) {
+void Prefetcher::AfterStoreLocked(const Stored& done, std::vector<LruInsert>* to_lru) {
   const std::string& path = done.path;
   const cfs_client::FileVersion& version = done.version;
   if (done.restored) {
@@ -180,7 +180,7 @@ void Prefetcher::AfterStoreLocked(const Stored& done) {
     w.was_read = true;
     w.bytes_read = std::max(w.bytes_read, version.size);
     if (!options_.prefetch.evict_after_read)
-      ram_->Insert(cache::ChunkKey(path, version, 0), w.chunks[0]);
+      to_lru->push_back({cache::ChunkKey(path, version, 0), std::move(w.chunks[0])});
     w.chunks.clear();
     ChargeLocked(w, -static_cast<int64_t>(w.reserved));
     MaybeReleaseLocked(path);

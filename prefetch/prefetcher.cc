@@ -646,9 +646,20 @@ bool Prefetcher::RunOneJob() {
   if (!job) return false;
   std::vector<Stored> stored;
   Run(*job, &stored);
-  std::lock_guard<std::mutex> l(mu_);
-  for (const Stored& done : stored) AfterStoreLocked(done);
+  std::unique_lock<std::mutex> l(mu_);
+  RecordStoredLocked(l, &stored);
   return true;
+}
+
+void Prefetcher::RecordStoredLocked(std::unique_lock<std::mutex>& l, std::vector<Stored>* stored) {
+  if (stored->empty()) return;
+  std::vector<LruInsert> to_lru;
+  for (const Stored& done : *stored) AfterStoreLocked(done, &to_lru);
+  stored->clear();
+  if (to_lru.empty()) return;
+  l.unlock();
+  for (auto& [key, chunk] : to_lru) ram_->Insert(key, std::move(chunk));
+  l.lock();
 }
 
 void Prefetcher::Sweep() {
@@ -686,8 +697,8 @@ void Prefetcher::WorkerLoop() {
   bool woken = true;           // came from waiting for work (not from finishing a job)
   std::unique_lock<std::mutex> l(mu_);
   while (!stop_) {
-    for (const Stored& done : stored) AfterStoreLocked(done);
-    stored.clear();
+    RecordStoredLocked(l, &stored);
+    if (stop_) break;
     if (options_.restore_needed &&
         (restore_asked_ns_ == 0 || clock_->NowNanos() - restore_asked_ns_ > 10 * kSecond)) {
       restore_asked_ns_ = clock_->NowNanos();

@@ -385,7 +385,15 @@ class Prefetcher {
   // added to `stored`.
   void Run(const Job& job, std::vector<Stored>* stored);
   void RunJob(const Job& job, std::vector<Stored>* stored);
-  void AfterStoreLocked(const Stored& done);
+  // A chunk for the RAM cache's LRU, inserted once mu_ is released.
+  struct LruInsert {
+    std::string key;
+    cache::BufferRef chunk;
+  };
+  void AfterStoreLocked(const Stored& done, std::vector<LruInsert>* to_lru);
+  // Records `stored` (AfterStoreLocked) and clears it; releases `l` while the chunks go to the
+  // LRU, then takes it again. REQUIRES: mu_ held (through `l`).
+  void RecordStoredLocked(std::unique_lock<std::mutex>& l, std::vector<Stored>* stored);
   // What the first look at a file to prefetch found (no lock held): its attributes with the
   // whole file, or only the attributes of one too large for `guess` bytes; or an error.
   struct FirstLook {
