@@ -391,7 +391,11 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
         // this near the readers, it is not probed again as they come.
         state |= kProbed;
         const bool near = pos < s.high + RecheckLead();
-        if (near) state |= kRechecked;
+        // Probed this near the readers, or trusted (no reclaim since it was marked) with no
+        // page pressure, it is not looked at again as they come: a second look would only
+        // check the same mark (a reclaim meanwhile leaves its reader a read from RAM).
+        const uint64_t now = clock_->NowNanos();
+        if (near || (!PressureLocked(now) && TrustedLocked(*mark, now))) state |= kRechecked;
         if (std::optional<Job> job = PassOverJobLocked(s, path, *mark, near, /*restore=*/true))
           return job;
         continue;
