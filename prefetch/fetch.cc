@@ -403,15 +403,15 @@ void Prefetcher::RunProbe(const Job& job) {
   }
   const bool resident = probe != nullptr && probe->Resident(job.path, job.size);
   std::lock_guard<std::mutex> l(mu_);
-  auto m = marks_.find(MarkKey(job.path));
-  if (m != marks_.end()) m->second.probing = false;
-  if (resident && m != marks_.end()) {
+  Mark* m = marks_.Find(MarkKey(job.path));
+  if (m != nullptr) m->probing = false;
+  if (resident && m != nullptr) {
     totals_.page_resident++;
     if (page_resident_) page_resident_->Increment();
     return;
   }
   // Pages are gone (or the mark went meanwhile): the positions passed over want the file.
-  if (m != marks_.end()) {
+  if (m != nullptr) {
     EraseMarkLocked(job.path);
     totals_.probed_absent++;
     if (probed_absent_) probed_absent_->Increment();

@@ -386,7 +386,8 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
         state |= kAttached;
         continue;
       }
-      if (Mark* mark = page_probe_ ? FreshMarkLocked(path) : nullptr) {
+      cfs_client::FileVersion version;
+      if (Mark* mark = page_probe_ ? FreshMarkLocked(path, &version) : nullptr) {
         // The kernel may hold it: pass over it unless the probe finds a page missing. Probed
         // this near the readers, it is not probed again as they come.
         state |= kProbed;
@@ -396,7 +397,8 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
         // check the same mark (a reclaim meanwhile leaves its reader a read from RAM).
         const uint64_t now = clock_->NowNanos();
         if (near || (!PressureLocked(now) && TrustedLocked(*mark, now))) state |= kRechecked;
-        if (std::optional<Job> job = PassOverJobLocked(s, path, *mark, near, /*restore=*/true))
+        if (std::optional<Job> job =
+                PassOverJobLocked(s, path, *mark, version, near, /*restore=*/true))
           return job;
         continue;
       }
@@ -483,7 +485,7 @@ void Prefetcher::MarkPositionLocked(Stream& s, uint64_t pos, PosState state) {
   }
   if (state == kRead) {
     s.stats.read++;
-  } else if ((before & kProbed) != 0 || marks_.count(key) != 0) {
+  } else if ((before & kProbed) != 0 || marks_.Find(key) != nullptr) {
     // (kProbed: the scheduler passed it over on its mark, which it would have cleared had the
     // mark gone since: no second look at the marks needed.)
     // Passed by the readers with no read reaching the daemon while the kernel was known to

@@ -55,6 +55,7 @@
 #include "common/clock.h"
 #include "conf/options.h"
 #include "prefetch/access.h"
+#include "prefetch/mark_table.h"
 
 namespace prometheus {
 class Registry;
@@ -177,7 +178,7 @@ class Prefetcher {
     // (something drops page cache unseen by reclaim_counter: ProactivePageoutActive). Asked
     // every 10 s by a worker, with no lock held. Unset: always.
     std::function<bool()> restore_needed;
-    // Files remembered as page-resident: about 80 bytes each (MarkKey), 160 MiB at this
+    // Files remembered as page-resident: 43 to 87 bytes each (MarkTable), 160 MiB at this
     // bound, enough for an epoch of ImageNet's 1,281,167 files to be passed over as resident.
     // Past it the oldest marks go, and those files are fetched again.
     uint64_t max_resident_marks = 1u << 21;
@@ -305,6 +306,8 @@ class Prefetcher {
   // Probed again as the readers came near.
   static constexpr uint8_t kRechecked = 16;
 
+  using Mark = MarkTable::Mark;  // a file marked page-resident (marks_ below)
+
   struct Entry {
     State state = State::kStat;
     cfs_client::FileAttr attr;
@@ -420,15 +423,16 @@ class Prefetcher {
   void RunProbe(const Job& job);
   void RunLruFill(const Job& job);
   void RunRestore(const Job& job, std::vector<Stored>* stored);
-  struct Mark;  // a file marked page-resident (defined with the members below)
   // The job for a file passed over as page-resident: put it in the LRU cache under page pressure
   // when the readers are `near`; if its mark is trusted, put it back into the page cache from
   // what the daemon holds (`restore`: the stream's first look at it); else probe it (none if a
   // probe of it runs).
   std::optional<Job> PassOverJobLocked(const Stream& s, const std::string& path, Mark& mark,
-                                       bool near, bool restore);
+                                       const cfs_client::FileVersion& version, bool near,
+                                       bool restore);
   // The job that puts a file passed over in the LRU cache, if it is small enough.
-  std::optional<Job> LruFillJobLocked(const Stream& s, const std::string& path, const Mark& mark);
+  std::optional<Job> LruFillJobLocked(const Stream& s, const std::string& path,
+                                      const cfs_client::FileVersion& version);
   // Position `pos` of `s` is no longer passed over: the scheduler and rechecks look again.
   void UnprobeLocked(Stream& s, uint64_t pos);
   // A probe of the next file passed over that the readers are near, if any.
@@ -439,8 +443,9 @@ class Prefetcher {
   static std::optional<uint64_t> FirstPendingLocked(const Stream& s, uint64_t key,
                                                     std::string_view path);
   // The mark of `path` if it is marked at the version of its fresh attributes (else the
-  // mark, if any, is dropped).
-  Mark* FreshMarkLocked(const std::string& path);
+  // mark, if any, is dropped); *version: that version. The pointer is valid until the next
+  // mark is made or dropped.
+  Mark* FreshMarkLocked(const std::string& path, cfs_client::FileVersion* version);
   // Records that the kernel was served all of `path` at `version`.
   void MarkResidentLocked(const std::string& path, const cfs_client::FileVersion& version);
   // A read of `path` reached the daemon: if it was marked, its pages are gone, and older
@@ -513,18 +518,13 @@ class Prefetcher {
 
   const AttrSource* attr_source_ = nullptr;
   PageCacheProbe* page_probe_ = nullptr;
-  // A page-resident file, keyed by a 64-bit hash of its path (MarkKey), not the path: about
-  // 80 bytes a mark with its place in mark_order_ (was 192 plus the path). Two paths with one
-  // hash would share a mark, which is still checked against the file's own version and, by
-  // the probe, against the kernel's pages of that file: a collision costs a probe, never a
-  // wrong byte.
-  struct Mark {
-    cfs_client::FileVersion version;
-    uint64_t seq : 63 = 0;
-    uint64_t probing : 1 = 0;  // a probe of it is running
-  };
+  // A page-resident file (Mark), keyed by a 64-bit hash of its path (MarkKey), not the path, in a
+  // flat table (MarkTable): 24 to 55 bytes a mark, plus 16 for its place in mark_order_. Two
+  // paths with one hash would share a mark, which is still checked against the file's own
+  // version and, by the probe, against the kernel's pages of that file: a collision costs a
+  // probe, never a wrong byte.
   static uint64_t MarkKey(std::string_view path);
-  std::unordered_map<uint64_t, Mark> marks_;  // page-resident files
+  MarkTable marks_;  // page-resident files
   // (seq, key) of every mark made, oldest first; an entry whose mark went or was made again
   // (another seq) is skipped when met, and the deque compacted when half of it is such.
   std::deque<std::pair<uint64_t, uint64_t>> mark_order_;

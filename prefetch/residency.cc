@@ -28,12 +28,14 @@ std::optional<Prefetcher::Job> Prefetcher::RecheckLocked(Stream& s) {
       continue;
     state |= kRechecked;
     const std::string& path = s.paths[pos - s.base];
-    Mark* mark = FreshMarkLocked(path);
+    cfs_client::FileVersion version;
+    Mark* mark = FreshMarkLocked(path, &version);
     if (mark == nullptr) {  // its attributes expired or changed meanwhile: fetch it
       UnprobeLocked(s, pos);
       continue;
     }
-    if (std::optional<Job> job = PassOverJobLocked(s, path, *mark, /*near=*/true, false))
+    if (std::optional<Job> job =
+            PassOverJobLocked(s, path, *mark, version, /*near=*/true, /*restore=*/false))
       return job;
   }
   return std::nullopt;
@@ -41,9 +43,10 @@ std::optional<Prefetcher::Job> Prefetcher::RecheckLocked(Stream& s) {
 
 std::optional<Prefetcher::Job> Prefetcher::PassOverJobLocked(const Stream& s,
                                                              const std::string& path, Mark& mark,
+                                                             const cfs_client::FileVersion& version,
                                                              bool near, bool restore) {
   const uint64_t now = clock_->NowNanos();
-  if (near && PressureLocked(now)) return LruFillJobLocked(s, path, mark);
+  if (near && PressureLocked(now)) return LruFillJobLocked(s, path, version);
   if (mark.probing) return std::nullopt;  // a probe of it runs: its answer serves this position
   if (TrustedLocked(mark, now)) {
     // No page-cache page was reclaimed since the kernel was served the file, as far as the
@@ -56,30 +59,29 @@ std::optional<Prefetcher::Job> Prefetcher::PassOverJobLocked(const Stream& s,
     if (trusted_) trusted_->Increment();
     // Once, when the stream first reaches the file (a window ahead of the readers at most:
     // well within any reclaim's idea of unused), not again as they come near.
-    if (!restore || !restore_ || mark.version.size == 0 || mark.version.size > options_.chunk_bytes)
+    if (!restore || !restore_ || version.size == 0 || version.size > options_.chunk_bytes)
       return std::nullopt;
     rr_after_ = s.id;
-    Job job{path, false, mark.version.size};
+    Job job{path, false, version.size};
     job.restore = true;
-    job.version = mark.version;
+    job.version = version;
     job.probe_to = page_probe_;
     return job;
   }
   mark.probing = true;
   rr_after_ = s.id;
-  return Job{path, true, mark.version.size};
+  return Job{path, true, version.size};
 }
 
-std::optional<Prefetcher::Job> Prefetcher::LruFillJobLocked(const Stream& s,
-                                                            const std::string& path,
-                                                            const Mark& mark) {
+std::optional<Prefetcher::Job> Prefetcher::LruFillJobLocked(
+    const Stream& s, const std::string& path, const cfs_client::FileVersion& version) {
   // A probe now may be stale by the read: the file goes to the LRU cache instead, where the
   // read finds it if the kernel drops it meanwhile. Large files are left to their reads.
-  if (mark.version.size > options_.chunk_bytes) return std::nullopt;
+  if (version.size > options_.chunk_bytes) return std::nullopt;
   rr_after_ = s.id;
-  Job job{path, false, mark.version.size};
+  Job job{path, false, version.size};
   job.fill_lru = true;
-  job.version = mark.version;
+  job.version = version;
   job.reader = s.reader;
   return job;
 }
@@ -92,29 +94,34 @@ void Prefetcher::UnprobeLocked(Stream& s, uint64_t pos) {
 
 uint64_t Prefetcher::MarkKey(std::string_view path) { return std::hash<std::string_view>{}(path); }
 
-Prefetcher::Mark* Prefetcher::FreshMarkLocked(const std::string& path) {
-  auto m = marks_.find(MarkKey(path));
-  if (m == marks_.end()) return nullptr;
+Prefetcher::Mark* Prefetcher::FreshMarkLocked(const std::string& path,
+                                              cfs_client::FileVersion* version) {
+  const uint64_t key = MarkKey(path);
+  Mark* m = marks_.Find(key);
+  if (m == nullptr) return nullptr;
   // Only at the version of attributes still fresh: once they expire, the kernel asks again
   // and drops its pages if the file changed.
   std::optional<cfs_client::FileAttr> attr;
   if (attr_source_) attr = attr_source_->FreshAttr(path, nullptr);
-  if (attr && attr->Version() == m->second.version) return &m->second;
-  EraseMarkLocked(path);
+  if (attr && MarkTable::VersionDigest(attr->Version()) == m->version) {
+    *version = attr->Version();
+    return m;
+  }
+  marks_.Erase(key);
   return nullptr;
 }
 
 void Prefetcher::EraseMarkLocked(const std::string& path) {
-  marks_.erase(MarkKey(path));  // its mark_order_ entry is skipped when met
+  marks_.Erase(MarkKey(path));  // its mark_order_ entry is skipped when met
 }
 
 void Prefetcher::DropOldestMarkLocked() {
   while (!mark_order_.empty()) {
     const auto [seq, key] = mark_order_.front();
     mark_order_.pop_front();
-    auto m = marks_.find(key);
-    if (m != marks_.end() && m->second.seq == seq) {
-      marks_.erase(m);
+    const Mark* m = marks_.Find(key);
+    if (m != nullptr && m->seq == seq) {
+      marks_.Erase(key);
       return;
     }
   }
@@ -145,23 +152,21 @@ void Prefetcher::MarkResidentLocked(const std::string& path,
   SampleReclaimLocked(clock_->NowNanos());
   const uint64_t key = MarkKey(path);
   const uint64_t seq = next_mark_seq_++;
-  auto it = marks_.find(key);
-  if (it == marks_.end()) {
+  if (marks_.Find(key) == nullptr)
     while (marks_.size() >= options_.max_resident_marks) DropOldestMarkLocked();
-    it = marks_.try_emplace(key).first;
-  }
-  // Made again in place (a restore re-marks every file of a warm epoch): no node freed and
-  // allocated; its old place in mark_order_ is skipped (another seq).
-  it->second = Mark{};
-  it->second.version = version;
-  it->second.seq = seq;
+  // Made again in place (a restore re-marks every file of a warm epoch); its old place in
+  // mark_order_ is skipped (another seq).
+  Mark& mark = marks_.Insert(key);
+  mark = Mark{};
+  mark.version = MarkTable::VersionDigest(version);
+  mark.seq = seq;
   mark_order_.emplace_back(seq, key);
   if (mark_order_.size() > 2 * marks_.size() + 1024) {
     // Most entries are of marks gone or made again since: keep the live ones, in order.
     std::deque<std::pair<uint64_t, uint64_t>> live;
     for (const auto& [sq, k] : mark_order_) {
-      auto m = marks_.find(k);
-      if (m != marks_.end() && m->second.seq == sq) live.emplace_back(sq, k);
+      const Mark* m = marks_.Find(k);
+      if (m != nullptr && m->seq == sq) live.emplace_back(sq, k);
     }
     mark_order_.swap(live);
   }
@@ -191,14 +196,14 @@ void Prefetcher::NotePageDropLocked(uint64_t now) {
 }
 
 void Prefetcher::NoteNotResidentLocked(const std::string& path, uint64_t now) {
-  auto m = marks_.find(MarkKey(path));
-  if (m == marks_.end()) return;
+  const Mark* m = marks_.Find(MarkKey(path));
+  if (m == nullptr) return;
   NotePageDropLocked(now);
   // The kernel was served this file whole, yet asks for it: its pages were dropped, maybe
   // after a probe found them. The page cache drops what it was served earliest first, so the
   // files passed over whose marks are older still may have gone the same way since their
   // probe: they are asked about again.
-  const uint64_t seq = m->second.seq;
+  const uint64_t seq = m->seq;
   EraseMarkLocked(path);
   bool again = false;
   for (auto& [id, s] : streams_) {
@@ -207,8 +212,8 @@ void Prefetcher::NoteNotResidentLocked(const std::string& path, uint64_t now) {
         std::min<uint64_t>({s.next, s.base + s.paths.size(), s.high + RecheckLead()});
     for (uint64_t pos = std::max(s.low, s.high); pos < end; ++pos) {
       if ((s.states[pos - s.base] & kProbed) == 0) continue;
-      auto other = marks_.find(MarkKey(s.paths[pos - s.base]));
-      if (other == marks_.end() || other->second.seq > seq || other->second.probing) continue;
+      const Mark* other = marks_.Find(MarkKey(s.paths[pos - s.base]));
+      if (other == nullptr || other->seq > seq || other->probing) continue;
       UnprobeLocked(s, pos);
       again = true;
     }
