@@ -28,8 +28,8 @@ class MarkTable {
   // pass over a file the kernel itself checks by its attributes; the daemon serves no byte by it).
   static uint64_t VersionDigest(const cfs_client::FileVersion& v) {
     uint64_t h = 0x9e3779b97f4a7c15ull;
-    for (uint64_t x : {v.size, static_cast<uint64_t>(v.mtime_ns), v.id,
-                       static_cast<uint64_t>(v.ctime_ns)}) {
+    for (uint64_t x :
+         {v.size, static_cast<uint64_t>(v.mtime_ns), v.id, static_cast<uint64_t>(v.ctime_ns)}) {
       h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
       h *= 0xff51afd7ed558ccdull;
       h ^= h >> 33;
