@@ -412,7 +412,7 @@ void Prefetcher::RunProbe(const Job& job) {
   }
   // Pages are gone (or the mark went meanwhile): the positions passed over want the file.
   if (m != nullptr) {
-    EraseMarkLocked(job.path);
+    marks_.Erase(MarkKey(job.path));
     totals_.probed_absent++;
     if (probed_absent_) probed_absent_->Increment();
   }

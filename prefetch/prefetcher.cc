@@ -42,7 +42,12 @@ constexpr size_t kShrinkBuckets = 1024;
 
 Prefetcher::Prefetcher(const Options& options, cfs_client::Backend* backend, cache::RamCache* ram,
                        Clock* clock, prometheus::Registry* registry, cache::DiskCache* disk)
-    : options_(options), backend_(backend), ram_(ram), disk_(disk), clock_(clock) {
+    : options_(options),
+      backend_(backend),
+      ram_(ram),
+      disk_(disk),
+      clock_(clock),
+      marks_({options.keep_cache ? options.max_resident_marks : 0, options.reclaim_counter}) {
   if (registry != nullptr) {
     auto& reads = prometheus::BuildCounter()
                       .Name("cubetorchfs_reads_total")
@@ -324,7 +329,8 @@ Stats Prefetcher::GetStats(std::optional<uid_t> only) {
   std::lock_guard<std::mutex> l(mu_);
   Stats out = totals_;
   out.resident_marks = marks_.size();
-  out.page_pressure = PressureLocked(clock_->NowNanos());
+  out.page_pressure = marks_.Pressure(clock_->NowNanos());
+  out.page_drops = marks_.drops();
   out.inflight = inflight_;
   out.window_files = window_.size();
   out.window_bytes = window_bytes_;
@@ -396,7 +402,7 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
         // page pressure, it is not looked at again as they come: a second look would only
         // check the same mark (a reclaim meanwhile leaves its reader a read from RAM).
         const uint64_t now = clock_->NowNanos();
-        if (near || (!PressureLocked(now) && TrustedLocked(*mark, now))) state |= kRechecked;
+        if (near || (!marks_.Pressure(now) && marks_.Trusted(*mark, now))) state |= kRechecked;
         if (std::optional<Job> job =
                 PassOverJobLocked(s, path, *mark, version, near, /*restore=*/true))
           return job;
@@ -635,7 +641,7 @@ std::optional<cfs_client::FileAttr> Prefetcher::WindowAttr(const std::string& pa
 
 void Prefetcher::Invalidate(const std::string& path) {
   std::lock_guard<std::mutex> l(mu_);
-  EraseMarkLocked(path);
+  marks_.Erase(MarkKey(path));
   auto it = window_.find(path);
   if (it == window_.end()) return;
   it->second.invalidated = true;

@@ -16,13 +16,12 @@
 // kernel's page cache (PageCacheProbe::Store) and the window gives its bytes to the LRU.
 // A file leaves the window once read whole and wanted by no position.
 //
-// Residency. A file the kernel was served whole (or was given) at the version of the
-// daemon's fresh attributes is marked page-resident and passed over next epoch. A mark is
-// trusted while the kernel's count of reclaimed pages has not moved; a trusted file the
-// daemon holds is put back into the page cache as the stream reaches it when page cache is
-// dropped unseen (restore_needed: DAMON pageout). An untrusted mark is probed
-// (FUSE_NOTIFY_RETRIEVE), and probed again as the readers come near; under frequent page
-// drops, files passed over go to the LRU cache instead. Marks are bounded.
+// Residency (ResidentMarks holds the marks, their trust and page pressure). A file the kernel
+// was served whole (or was given) at the version of the daemon's fresh attributes is marked
+// page-resident and passed over next epoch. A trusted file the daemon holds is put back into
+// the page cache as the stream reaches it when page cache is dropped unseen (restore_needed:
+// DAMON pageout). An untrusted mark is probed (FUSE_NOTIFY_RETRIEVE), and probed again as the
+// readers come near; under page pressure, files passed over go to the LRU cache instead.
 //
 // Accounting. Each FUSE read of a regular file is a hit (no wait), late (waited on a fetch in
 // flight) or miss (fetched on demand); a position the readers passed while the kernel held
@@ -55,7 +54,7 @@
 #include "common/clock.h"
 #include "conf/options.h"
 #include "prefetch/access.h"
-#include "prefetch/mark_table.h"
+#include "prefetch/resident_marks.h"
 
 namespace prometheus {
 class Registry;
@@ -306,7 +305,7 @@ class Prefetcher {
   // Probed again as the readers came near.
   static constexpr uint8_t kRechecked = 16;
 
-  using Mark = MarkTable::Mark;  // a file marked page-resident (marks_ below)
+  using Mark = ResidentMarks::Mark;  // a file marked page-resident (marks_ below)
 
   struct Entry {
     State state = State::kStat;
@@ -454,9 +453,6 @@ class Prefetcher {
   // Records a page drop; on entering pressure, the files passed over within RecheckLead() of
   // the readers are taken up again, to be put in the LRU cache (LruFillJobLocked).
   void NotePageDropLocked(uint64_t now);
-  bool PressureLocked(uint64_t now) const { return now < pressure_until_ns_; }
-  void EraseMarkLocked(const std::string& path);
-  void DropOldestMarkLocked();
   void AdvanceLocked(Stream& s);
   void DropRefLocked(const std::string& path);
   void ReleaseLocked(std::unordered_map<std::string, Entry>::iterator it);
@@ -518,32 +514,8 @@ class Prefetcher {
 
   const AttrSource* attr_source_ = nullptr;
   PageCacheProbe* page_probe_ = nullptr;
-  // A page-resident file (Mark), keyed by a 64-bit hash of its path (MarkKey), not the path, in a
-  // flat table (MarkTable): 24 to 55 bytes a mark, plus 16 for its place in mark_order_. Two
-  // paths with one hash would share a mark, which is still checked against the file's own
-  // version and, by the probe, against the kernel's pages of that file: a collision costs a
-  // probe, never a wrong byte.
-  static uint64_t MarkKey(std::string_view path);
-  MarkTable marks_;  // page-resident files
-  // (seq, key) of every mark made, oldest first; an entry whose mark went or was made again
-  // (another seq) is skipped when met, and the deque compacted when half of it is such.
-  std::deque<std::pair<uint64_t, uint64_t>> mark_order_;
-  uint64_t next_mark_seq_ = 0;
-  // Marks of seq >= trust_from_seq_ were made after the last reclaim seen: trusted. The
-  // counter is read at most every kReclaimSampleNs, at marking and at passing over.
-  static constexpr uint64_t kReclaimSampleNs = 50'000'000;
-  // True if `mark` may be trusted without a probe (samples the counter when due).
-  bool TrustedLocked(const Mark& mark, uint64_t now);
-  void SampleReclaimLocked(uint64_t now);
-  std::optional<uint64_t> last_reclaim_;
-  uint64_t reclaim_sampled_ns_ = 0;
-  bool reclaim_sampled_ = false;
-  uint64_t trust_from_seq_ = UINT64_MAX;  // nothing trusted until a first sample
-  static constexpr size_t kPressureDrops = 4;
-  static constexpr uint64_t kPressureSpanNs = 10'000'000'000;
-  static constexpr uint64_t kPressureHoldNs = 60'000'000'000;
-  std::deque<uint64_t> drop_times_;  // the last kPressureDrops page drops
-  uint64_t pressure_until_ns_ = 0;
+  static uint64_t MarkKey(std::string_view path) { return ResidentMarks::Key(path); }
+  ResidentMarks marks_;  // page-resident files, their trust, and page pressure
 
   std::vector<std::thread> workers_;
 

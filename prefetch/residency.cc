@@ -46,9 +46,9 @@ std::optional<Prefetcher::Job> Prefetcher::PassOverJobLocked(const Stream& s,
                                                              const cfs_client::FileVersion& version,
                                                              bool near, bool restore) {
   const uint64_t now = clock_->NowNanos();
-  if (near && PressureLocked(now)) return LruFillJobLocked(s, path, version);
+  if (near && marks_.Pressure(now)) return LruFillJobLocked(s, path, version);
   if (mark.probing) return std::nullopt;  // a probe of it runs: its answer serves this position
-  if (TrustedLocked(mark, now)) {
+  if (marks_.Trusted(mark, now)) {
     // No page-cache page was reclaimed since the kernel was served the file, as far as the
     // kernel counts. Proactive reclaim is not counted: DAMON's pageout scheme (on this
     // project's VMs: page cache unused for 60 s) dropped 2-40 % of a warm epoch's files
@@ -92,8 +92,6 @@ void Prefetcher::UnprobeLocked(Stream& s, uint64_t pos) {
   s.recheck = std::min(s.recheck, pos);
 }
 
-uint64_t Prefetcher::MarkKey(std::string_view path) { return std::hash<std::string_view>{}(path); }
-
 Prefetcher::Mark* Prefetcher::FreshMarkLocked(const std::string& path,
                                               cfs_client::FileVersion* version) {
   const uint64_t key = MarkKey(path);
@@ -111,75 +109,13 @@ Prefetcher::Mark* Prefetcher::FreshMarkLocked(const std::string& path,
   return nullptr;
 }
 
-void Prefetcher::EraseMarkLocked(const std::string& path) {
-  marks_.Erase(MarkKey(path));  // its mark_order_ entry is skipped when met
-}
-
-void Prefetcher::DropOldestMarkLocked() {
-  while (!mark_order_.empty()) {
-    const auto [seq, key] = mark_order_.front();
-    mark_order_.pop_front();
-    const Mark* m = marks_.Find(key);
-    if (m != nullptr && m->seq == seq) {
-      marks_.Erase(key);
-      return;
-    }
-  }
-}
-
-void Prefetcher::SampleReclaimLocked(uint64_t now) {
-  if (!options_.reclaim_counter) return;
-  if (reclaim_sampled_ && now - reclaim_sampled_ns_ < kReclaimSampleNs) return;
-  const std::optional<uint64_t> c = options_.reclaim_counter();
-  if (!reclaim_sampled_ || !c || !last_reclaim_ || *c != *last_reclaim_) {
-    // The first sample (what came before is unknown), a counter that cannot be read, or
-    // pages reclaimed since the last sample: only marks made from now on are trusted.
-    trust_from_seq_ = c ? next_mark_seq_ : UINT64_MAX;
-  }
-  last_reclaim_ = c;
-  reclaim_sampled_ = true;
-  reclaim_sampled_ns_ = now;
-}
-
-bool Prefetcher::TrustedLocked(const Mark& mark, uint64_t now) {
-  SampleReclaimLocked(now);
-  return mark.seq >= trust_from_seq_;
-}
-
 void Prefetcher::MarkResidentLocked(const std::string& path,
                                     const cfs_client::FileVersion& version) {
-  if (!options_.keep_cache || options_.max_resident_marks == 0) return;
-  SampleReclaimLocked(clock_->NowNanos());
-  const uint64_t key = MarkKey(path);
-  const uint64_t seq = next_mark_seq_++;
-  if (marks_.Find(key) == nullptr)
-    while (marks_.size() >= options_.max_resident_marks) DropOldestMarkLocked();
-  // Made again in place (a restore re-marks every file of a warm epoch); its old place in
-  // mark_order_ is skipped (another seq).
-  Mark& mark = marks_.Insert(key);
-  mark = Mark{};
-  mark.version = MarkTable::VersionDigest(version);
-  mark.seq = seq;
-  mark_order_.emplace_back(seq, key);
-  if (mark_order_.size() > 2 * marks_.size() + 1024) {
-    // Most entries are of marks gone or made again since: keep the live ones, in order.
-    std::deque<std::pair<uint64_t, uint64_t>> live;
-    for (const auto& [sq, k] : mark_order_) {
-      const Mark* m = marks_.Find(k);
-      if (m != nullptr && m->seq == sq) live.emplace_back(sq, k);
-    }
-    mark_order_.swap(live);
-  }
+  marks_.Make(MarkKey(path), version, clock_->NowNanos());
 }
 
 void Prefetcher::NotePageDropLocked(uint64_t now) {
-  totals_.page_drops++;
-  drop_times_.push_back(now);
-  if (drop_times_.size() > kPressureDrops) drop_times_.pop_front();
-  if (drop_times_.size() < kPressureDrops || now - drop_times_.front() > kPressureSpanNs) return;
-  const bool entering = !PressureLocked(now);
-  pressure_until_ns_ = now + kPressureHoldNs;
-  if (!entering) return;
+  if (!marks_.NoteDrop(now)) return;  // pressure did not begin now
   // Files passed over and already rechecked near the readers are taken up again, to be put in the
   // LRU cache.
   for (auto& [id, s] : streams_) {
@@ -204,7 +140,7 @@ void Prefetcher::NoteNotResidentLocked(const std::string& path, uint64_t now) {
   // files passed over whose marks are older still may have gone the same way since their
   // probe: they are asked about again.
   const uint64_t seq = m->seq;
-  EraseMarkLocked(path);
+  marks_.Erase(MarkKey(path));
   bool again = false;
   for (auto& [id, s] : streams_) {
     // Only the files the readers are about to reach: the rest are rechecked as they come.
