@@ -175,6 +175,22 @@ std::optional<InodeTable::HeldAttr> InodeTable::AttrOf(const std::string& path) 
   return HeldAttr{n->second.info.attr, n->second.info.attr_time_ns};
 }
 
+std::optional<InodeTable::PageState> InodeTable::PageStateOf(const std::string& path,
+                                                             uint64_t ino) const {
+  const uint64_t hash = ino == 0 ? PathHash(path) : 0;
+  MutexLock l(mu_);
+  if (ino == 0) {
+    std::optional<uint64_t> found = FindLocked(path, hash);
+    if (!found) return std::nullopt;
+    ino = *found;
+  }
+  auto n = nodes_.find(ino);
+  if (n == nodes_.end() || n->second.info.removed || n->second.info.path != path)
+    return std::nullopt;
+  const InodeInfo& i = n->second.info;
+  return PageState{ino, i.attr.Version(), i.write_gen, S_ISREG(i.attr.mode)};
+}
+
 std::optional<std::string> InodeTable::Remove(const std::string& path) {
   if (path.empty()) return std::nullopt;
   MutexLock l(mu_);

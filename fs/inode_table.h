@@ -87,6 +87,16 @@ class InodeTable {
     uint64_t attr_time_ns = 0;
   };
   std::optional<HeldAttr> AttrOf(const std::string& path) const;
+  // What putting bytes into the kernel's page cache for `path` checks before and after:
+  // the live inode `path` names (`ino` 0: look it up by path; else that inode, if it still
+  // answers to `path`), its version and its write generation. One lock, no copy of the path.
+  struct PageState {
+    uint64_t ino = 0;
+    cfs_client::FileVersion version;
+    uint64_t write_gen = 0;
+    bool regular = false;
+  };
+  std::optional<PageState> PageStateOf(const std::string& path, uint64_t ino = 0) const;
 
   // `path` was removed from the store: its inode (if any) no longer answers to the path. If
   // the inode has another name, that name is returned (and the inode's path is it now);

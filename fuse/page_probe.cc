@@ -88,19 +88,18 @@ bool MountPageCacheProbe::Resident(const std::string& path, uint64_t size) {
 bool MountPageCacheProbe::Store(const std::string& path, const cfs_client::FileVersion& version,
                                 const cache::Buffer& data) {
   if (data.size != version.size) return false;
-  std::optional<uint64_t> ino = fs_->inodes().Find(path);
-  if (!ino) return false;
-  std::optional<fs::InodeInfo> before = fs_->inodes().Get(*ino);
-  if (!before || before->removed || !S_ISREG(before->attr.mode) ||
-      before->attr.Version() != version || fs_->BeingWritten(*ino))
+  // (The inode's path, not one of its other names: a file with hard links is left alone.)
+  std::optional<fs::InodeTable::PageState> before = fs_->inodes().PageStateOf(path);
+  if (!before || !before->regular || before->version != version || fs_->BeingWritten(before->ino))
     return false;
-  if (!probe_->Store(*ino, data.data.get(), data.size)) return false;
+  const uint64_t ino = before->ino;
+  if (!probe_->Store(ino, data.data.get(), data.size)) return false;
   // Changed through the mount (written, renamed, removed) or refreshed to another version
   // while the bytes went to the kernel: they may be stale there, so they go again.
-  std::optional<fs::InodeInfo> after = fs_->inodes().Get(*ino);
-  if (!after || after->removed || after->write_gen != before->write_gen || after->path != path ||
-      after->attr.Version() != version || fs_->BeingWritten(*ino)) {
-    if (invalidate_) invalidate_(*ino);
+  std::optional<fs::InodeTable::PageState> after = fs_->inodes().PageStateOf(path, ino);
+  if (!after || after->write_gen != before->write_gen || after->version != version ||
+      fs_->BeingWritten(ino)) {
+    if (invalidate_) invalidate_(ino);
     return false;
   }
   return true;

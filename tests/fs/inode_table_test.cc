@@ -31,6 +31,29 @@ TEST(InodeTableTest, SamePathSameInodeUntilForgotten) {
   EXPECT_NE(again, a);
 }
 
+// What a store into the page cache checks: the inode the path names now, its version and
+// write generation; nothing once the path names another inode, is removed or renamed.
+TEST(InodeTableTest, PageStateFollowsThePath) {
+  InodeTable t(cfs_client::FileAttr{S_IFDIR | 0755}, 0);
+  const uint64_t a = t.Acquire("d/a", Attr(3), 10);
+  std::optional<InodeTable::PageState> s = t.PageStateOf("d/a");
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->ino, a);
+  EXPECT_EQ(s->version, Attr(3).Version());
+  EXPECT_TRUE(s->regular);
+  EXPECT_EQ(t.PageStateOf("d/a", a)->write_gen, s->write_gen);
+  t.BumpWriteGen(a);
+  EXPECT_NE(t.PageStateOf("d/a", a)->write_gen, s->write_gen);
+  EXPECT_FALSE(t.PageStateOf("d/b").has_value());
+  EXPECT_FALSE(t.PageStateOf("d/b", a).has_value());  // `a` does not answer to d/b
+  t.Rename("d/a", "d/c");
+  EXPECT_FALSE(t.PageStateOf("d/a", a).has_value());
+  EXPECT_EQ(t.PageStateOf("d/c")->ino, a);
+  t.Remove("d/c");
+  EXPECT_FALSE(t.PageStateOf("d/c", a).has_value());
+  EXPECT_FALSE(t.PageStateOf("d/c").has_value());
+}
+
 cfs_client::FileAttr Linked(uint64_t store_ino, uint32_t nlink) {
   cfs_client::FileAttr a = Attr(5);
   a.store_dev = 7;
