@@ -165,9 +165,6 @@ class _Registry:
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]
 
-    def known(self, i: int) -> bool:
-        return i < len(self.first) and self.first[i] != 0
-
     def add(self, i: int, count: int) -> None:
         """Index i's `count` files are the next entries of the list."""
         have = len(self.first)
@@ -593,13 +590,22 @@ class Publisher:
             flat = [operator.index(i) for batch in batches for i in batch]
         except TypeError:
             return None
-        if any(i < 0 or i >= MAX_REGISTERED_INDEX for i in flat):
+        if flat and (min(flat) < 0 or max(flat) >= MAX_REGISTERED_INDEX):
             return None
-        new = [i for i in dict.fromkeys(flat) if not reg.known(i)]
+        first = reg.first
+        have = len(first)
+        new = [i for i in dict.fromkeys(flat) if i >= have or not first[i]]
         if new:
             self._register(client, stream, reg, new)
-        positions = array.array("I")
+            first = reg.first
         recent = stream.recent
+        entries = [first[i] for i in flat]
+        if reg.OTHER not in entries:  # one file an index (most datasets): no loop in Python
+            positions = array.array("I", [e - 1 for e in entries])
+            if recent is not None:
+                recent.extend(len(batch) for batch in batches)
+            return positions
+        positions = array.array("I")
         at = 0
         for batch in batches:
             before = len(positions)
@@ -627,15 +633,23 @@ class Publisher:
             except Exception:
                 unmapped += 1
                 raw = ()
-            encoded = []
-            for p in raw:
-                q = inside(p, mount)
+            if len(raw) == 1:  # most datasets: one file an index, no inner loop
+                q = inside(raw[0], mount)
                 if q is None:
                     skipped += 1
+                    encoded: List[bytes] = []
                 else:
-                    encoded.append(fsencode(q))
+                    encoded = [fsencode(q)]
+            else:
+                encoded = []
+                for p in raw:
+                    q = inside(p, mount)
+                    if q is None:
+                        skipped += 1
+                    else:
+                        encoded.append(fsencode(q))
             n = len(encoded)
-            size = sum(len(e) + 1 for e in encoded)
+            size = n + sum(map(len, encoded))
             if run and (len(payload) + size > MAX_POST_BYTES
                         or in_run + n > MAX_POSITIONS_PER_POST):
                 self._send_run(client, stream, reg, payload, run)
