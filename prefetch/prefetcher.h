@@ -177,7 +177,7 @@ class Prefetcher {
     // (something drops page cache unseen by reclaim_counter: ProactivePageoutActive). Asked
     // every 10 s by a worker, with no lock held. Unset: always.
     std::function<bool()> restore_needed;
-    // Files remembered as page-resident: 43 to 87 bytes each (MarkTable), 160 MiB at this
+    // Files remembered as page-resident: 48 to 96 bytes each (ResidentMarks), 160 MiB at this
     // bound, enough for an epoch of ImageNet's 1,281,167 files to be passed over as resident.
     // Past it the oldest marks go, and those files are fetched again.
     uint64_t max_resident_marks = 1u << 21;

@@ -101,7 +101,7 @@ Prefetcher::Mark* Prefetcher::FreshMarkLocked(const std::string& path,
   // and drops its pages if the file changed.
   std::optional<cfs_client::FileAttr> attr;
   if (attr_source_) attr = attr_source_->FreshAttr(path, nullptr);
-  if (attr && MarkTable::VersionDigest(attr->Version()) == m->version) {
+  if (attr && ResidentMarks::VersionDigest(attr->Version()) == m->version) {
     *version = attr->Version();
     return m;
   }

@@ -6,6 +6,17 @@ namespace cubetorchfs::prefetch {
 
 uint64_t ResidentMarks::Key(std::string_view path) { return std::hash<std::string_view>{}(path); }
 
+uint64_t ResidentMarks::VersionDigest(const cfs_client::FileVersion& v) {
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  for (uint64_t x :
+       {v.size, static_cast<uint64_t>(v.mtime_ns), v.id, static_cast<uint64_t>(v.ctime_ns)}) {
+    h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+  }
+  return h;
+}
+
 void ResidentMarks::Make(uint64_t key, const cfs_client::FileVersion& version, uint64_t now) {
   if (options_.max_marks == 0) return;
   SampleReclaim(now);
@@ -16,7 +27,7 @@ void ResidentMarks::Make(uint64_t key, const cfs_client::FileVersion& version, u
   // order_ is skipped (another seq).
   Mark& mark = table_.Insert(key);
   mark = Mark{};
-  mark.version = MarkTable::VersionDigest(version);
+  mark.version = VersionDigest(version);
   mark.seq = seq;
   order_.emplace_back(seq, key);
   if (order_.size() > 2 * table_.size() + 1024) {

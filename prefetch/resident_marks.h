@@ -4,7 +4,8 @@
 // what each means for a user.
 //
 // A mark is keyed by a 64-bit hash of the store path (Key), not the path, in a flat table
-// (MarkTable): 43 to 87 bytes a mark with its place in the age order. Two paths with one hash
+// (FlatHashTable: 24-byte slots, 3/8 to 3/4 full): 48 to 96 bytes a mark with its place in
+// the age order (computed from the sizes, not measured). Two paths with one hash
 // share a mark, which is still checked against the file's own version (by the prefetcher) and
 // by a probe against the kernel's pages of that file: a collision costs a probe, never a
 // wrong byte. Past `max_marks` the oldest marks go.
@@ -24,13 +25,21 @@
 #include <utility>
 
 #include "cfs_client/backend.h"
-#include "prefetch/mark_table.h"
+#include "common/flat_hash_table.h"
 
 namespace cubetorchfs::prefetch {
 
 class ResidentMarks {
  public:
-  using Mark = MarkTable::Mark;
+  struct Mark {
+    uint64_t version = 0;  // VersionDigest of the version the kernel was given
+    uint64_t seq : 63 = 0;
+    uint64_t probing : 1 = 0;  // a probe of it is running
+  };
+  // A 64-bit digest of a file version: marks compare versions by it (a false match would only
+  // pass over a file the kernel itself checks by its attributes; the daemon serves no byte
+  // by it).
+  static uint64_t VersionDigest(const cfs_client::FileVersion& v);
   struct Options {
     uint64_t max_marks = 1u << 21;  // 0: nothing is ever marked
     // The kernel's count of reclaimed page-cache pages, or nothing if it cannot tell. Unset:
@@ -67,7 +76,7 @@ class ResidentMarks {
   static constexpr uint64_t kPressureHoldNs = 60'000'000'000;
 
   const Options options_;
-  MarkTable table_;
+  FlatHashTable<Mark> table_;
   // (seq, key) of every mark made, oldest first; an entry whose mark went or was made again
   // (another seq) is skipped when met, and the deque compacted when half of it is such.
   std::deque<std::pair<uint64_t, uint64_t>> order_;
