@@ -28,13 +28,13 @@ void Prefetcher::FinishFetchLocked(Entry& e) {
   e.promise.reset();
 }
 
-void Prefetcher::FailLocked(std::unordered_map<std::string, Entry>::iterator it) {
+void Prefetcher::FailLocked(Window::iterator it) {
   Entry& e = it->second;
   totals_.failed++;
   if (failed_) failed_->Increment();
   if (Stream* s = StreamById(e.first_stream)) s->stats.failed++;
   FinishFetchLocked(e);
-  EraseLocked(it);
+  window_.Erase(it);
   Wake();
 }
 
@@ -42,10 +42,10 @@ void Prefetcher::StartFetchLocked(Job& job) {
   // Most files are small: one request brings attributes and data. Reserve a guess at the
   // size first (the budget holds even while the data is in flight); a bigger file falls back
   // to reserving its real size and reading it in chunks.
-  job.guess = std::min({options_.chunk_bytes, options_.window_budget_bytes - window_bytes_,
+  job.guess = std::min({options_.chunk_bytes, window_.budget() - window_.bytes(),
                         (size_estimate_ + size_estimate_ / 4 + 4095) / 4096 * 4096});
   Entry& e = window_.at(job.path);
-  ChargeLocked(e, static_cast<int64_t>(job.guess));
+  window_.Charge(e, static_cast<int64_t>(job.guess));
   job.reader = e.reader;
   job.source = attr_source_;
 }
@@ -68,7 +68,7 @@ void Prefetcher::RunJob(const Job& job, std::vector<Stored>* stored) {
   Entry* e = &window_.at(job.path);
   auto abandon = [&] {
     FinishFetchLocked(*e);
-    EraseLocked(window_.find(job.path));
+    window_.Erase(window_.find(job.path));
     Wake();
   };
   if (!look.got.ok() && look.got.status().code() == Status::Code::kPermissionDenied)
@@ -101,7 +101,7 @@ void Prefetcher::RunJob(const Job& job, std::vector<Stored>* stored) {
       look.first->Shrink(size);
       chunks.push_back(std::move(look.first));
     }
-    ChargeLocked(*e, static_cast<int64_t>(size) - static_cast<int64_t>(e->reserved));
+    window_.Charge(*e, static_cast<int64_t>(size) - static_cast<int64_t>(e->reserved));
   } else {
     look.first.reset();
     if (!WaitForRoomLocked(l, *e, size)) {
@@ -182,7 +182,7 @@ void Prefetcher::AfterStoreLocked(const Stored& done, std::vector<LruInsert>* to
     if (!options_.prefetch.evict_after_read)
       to_lru->push_back({cache::ChunkKey(path, version, 0), std::move(w.chunks[0])});
     w.chunks.clear();
-    ChargeLocked(w, -static_cast<int64_t>(w.reserved));
+    window_.Charge(w, -static_cast<int64_t>(w.reserved));
     MaybeReleaseLocked(path);
     room_cv_.notify_all();  // window room (the worker looks for its next job next)
   }
@@ -238,19 +238,17 @@ Prefetcher::FirstLook Prefetcher::LookFirst(const std::string& path, uint64_t gu
 bool Prefetcher::WaitForRoomLocked(std::unique_lock<std::mutex>& l, Entry& e, uint64_t size) {
   if (size > options_.window_budget_bytes) return false;  // never fits: left to demand reads
   // Wait for room: the window never pushes out a file that has not been read.
-  ChargeLocked(e, -static_cast<int64_t>(e.reserved));
+  window_.Charge(e, -static_cast<int64_t>(e.reserved));
   e.waiting_for_room = true;  // readers fetch it themselves rather than wait on this
   // Release readers already waiting on the first request: room may only come from their
   // own reads of other files, so they must not wait here.
   e.promise->set_value();
   e.promise = std::make_shared<std::promise<void>>();
   e.done = e.promise->get_future().share();
-  room_cv_.wait(l, [&] {
-    return stop_ || e.refs == 0 || window_bytes_ + size <= options_.window_budget_bytes;
-  });
+  room_cv_.wait(l, [&] { return stop_ || e.refs == 0 || window_.Fits(size); });
   e.waiting_for_room = false;
   if (stop_ || e.refs == 0) return false;
-  ChargeLocked(e, static_cast<int64_t>(size));
+  window_.Charge(e, static_cast<int64_t>(size));
   return true;
 }
 
@@ -302,7 +300,7 @@ void Prefetcher::MaybeReleaseLocked(const std::string& path) {
   ReleaseLocked(it);
 }
 
-void Prefetcher::ReleaseLocked(std::unordered_map<std::string, Entry>::iterator it) {
+void Prefetcher::ReleaseLocked(Window::iterator it) {
   Entry& e = it->second;
   if (!e.was_read) {
     totals_.evicted_unread++;
@@ -321,23 +319,8 @@ void Prefetcher::ReleaseLocked(std::unordered_map<std::string, Entry>::iterator 
       disk_->PutAsync(key, e.chunks[i]);
     }
   }
-  EraseLocked(it);
+  window_.Erase(it);
   Wake();
-}
-
-void Prefetcher::ChargeLocked(Entry& e, int64_t bytes) {
-  e.reserved = static_cast<uint64_t>(static_cast<int64_t>(e.reserved) + bytes);
-  window_bytes_ = static_cast<uint64_t>(static_cast<int64_t>(window_bytes_) + bytes);
-  Use& u = use_[e.owner];
-  u.bytes = static_cast<uint64_t>(static_cast<int64_t>(u.bytes) + bytes);
-  if (window_gauge_) window_gauge_->Increment(static_cast<double>(bytes));
-}
-
-void Prefetcher::EraseLocked(std::unordered_map<std::string, Entry>::iterator it) {
-  ChargeLocked(it->second, -static_cast<int64_t>(it->second.reserved));
-  auto u = use_.find(it->second.owner);
-  if (u != use_.end() && --u->second.files == 0 && u->second.bytes == 0) use_.erase(u);
-  window_.erase(it);
 }
 
 void Prefetcher::Run(const Job& job, std::vector<Stored>* stored) {

@@ -20,24 +20,6 @@ constexpr uint64_t kSecond = 1'000'000'000;
 // A file read only in part is released this long after its last read.
 constexpr uint64_t kPartialReadIdleNs = 30 * kSecond;
 
-// The heap block glibc's malloc gives a std::string of `len` bytes (none up to 15: they are
-// stored inline): the bytes and the NUL plus an 8-byte header, in 16-byte steps, 32 at least.
-uint64_t StringHeapBytes(size_t len) {
-  if (len < 16) return 0;
-  return std::max<uint64_t>(32, (static_cast<uint64_t>(len) + 1 + 8 + 15) & ~uint64_t{15});
-}
-
-// A queued position's fixed part, with libstdc++ and glibc (x86-64 and aarch64): the path's
-// std::string in the stream's deque (32) and its state byte (1), plus the deque blocks'
-// headers; in the index of pending files, keyed by the path's 64-bit hash, the node (next
-// pointer, key, positions vector: 40, a 48-byte block), the positions vector's block (32),
-// and buckets (8 each, kept at most 4 per entry: 32). 145 in all, rounded up.
-// PrefetcherTest.QueuedPathCostCoversWhatPublishAllocates measures it against malloc's count.
-constexpr uint64_t kQueuedPathOverhead = 160;
-// The index of pending files is rehashed smaller when it has this many buckets or more and
-// over 4 per entry (its bucket array is never given back otherwise).
-constexpr size_t kShrinkBuckets = 1024;
-
 }  // namespace
 
 Prefetcher::Prefetcher(const Options& options, cfs_client::Backend* backend, cache::RamCache* ram,
@@ -47,6 +29,9 @@ Prefetcher::Prefetcher(const Options& options, cfs_client::Backend* backend, cac
       ram_(ram),
       disk_(disk),
       clock_(clock),
+      window_(options.prefetch.window_files, options.window_budget_bytes),
+      queued_({options.max_queued_paths_per_uid, options.max_queued_path_bytes_per_uid,
+               options.max_queued_paths, options.max_queued_path_bytes}),
       marks_({options.keep_cache ? options.max_resident_marks : 0, options.reclaim_counter}) {
   if (registry != nullptr) {
     auto& reads = prometheus::BuildCounter()
@@ -83,6 +68,7 @@ Prefetcher::Prefetcher(const Options& options, cfs_client::Backend* backend, cac
                          .Help("Bytes held by each cache tier")
                          .Register(*registry)
                          .Add({{"tier", "ram"}});
+    window_.set_gauge(window_gauge_);
   }
   totals_.window_budget_bytes = options_.window_budget_bytes;
   if (options_.start_workers && options_.prefetch.enabled) {
@@ -102,11 +88,6 @@ Prefetcher::~Prefetcher() {
   // Wake any reader still waiting on a fetch that will not run now.
   for (auto& [path, e] : window_)
     if (e.state != State::kReady && e.promise) e.promise->set_value();
-}
-
-uint64_t Prefetcher::QueuedPathCost(size_t path_bytes) {
-  // The path once: the stream's copy (the index of pending files is keyed by its hash).
-  return kQueuedPathOverhead + StringHeapBytes(path_bytes);
 }
 
 uint64_t Prefetcher::Slack() const {
@@ -140,7 +121,7 @@ std::string Prefetcher::CreateStream(const std::string& name, int pid, uid_t uid
   return id;
 }
 
-Prefetcher::Stream* Prefetcher::StreamById(const std::string& id) {
+Stream* Prefetcher::StreamById(const std::string& id) {
   auto it = streams_.find(id);
   return it == streams_.end() ? nullptr : &it->second;
 }
@@ -176,17 +157,6 @@ Prefetcher::Op Prefetcher::DeleteStreamAs(uid_t uid, const std::string& id) {
   return Op::kOk;
 }
 
-void Prefetcher::UnqueueLocked(const Stream& s, uint64_t paths, uint64_t bytes) {
-  if (paths == 0 && bytes == 0) return;
-  queued_all_.paths -= paths;
-  queued_all_.bytes -= bytes;
-  auto q = queued_.find(s.uid);
-  if (q == queued_.end()) return;
-  q->second.paths -= paths;
-  q->second.bytes -= bytes;
-  if (q->second.paths == 0) queued_.erase(q);
-}
-
 void Prefetcher::MaybeTrimHeap() {
   uint64_t freed = 0;
   {
@@ -210,7 +180,7 @@ void Prefetcher::DeleteStreamLocked(std::map<std::string, Stream>::iterator it) 
                   << s.stats.published << " published files read)";
   if (rr_after_ == s.id) rr_after_.clear();
   // Its queue goes with it: the memory is given back (MaybeTrimHeap, once unlocked).
-  UnqueueLocked(s, s.paths.size(), s.queued_bytes);
+  queued_.Remove(s.uid, s.paths.size(), s.queued_bytes);
   freed_queued_bytes_ += s.queued_bytes;
   streams_.erase(it);
   for (const auto& path : attached) {
@@ -243,71 +213,31 @@ Prefetcher::Op Prefetcher::PublishAs(uid_t uid, const std::string& id,
       AdvanceLocked(*s);
       Wake();  // window room freed, if any (notifying under mu_ is fine: OnRead does)
     }
-    // What the stream's owner and all users hold, and each limit on it. The global limits
-    // are shared: with `users` users queuing (the owner included), one may hold a
-    // (users + 1)-th of each, which leaves a share for a user with nothing queued yet.
-    const auto mine_it = queued_.find(s->uid);
-    const Queued mine = mine_it == queued_.end() ? Queued{} : mine_it->second;
-    const uint64_t users = queued_.size() + (mine_it == queued_.end() ? 1 : 0);
-    struct Bound {
-      Limit limit;
-      uint64_t value, held;
-      bool bytes;
-    };
-    const Bound bounds[] = {
-        {Limit::kUserPaths, options_.max_queued_paths_per_uid, mine.paths, false},
-        {Limit::kUserBytes, options_.max_queued_path_bytes_per_uid, mine.bytes, true},
-        {Limit::kSharePaths, options_.max_queued_paths / (users + 1), mine.paths, false},
-        {Limit::kShareBytes, options_.max_queued_path_bytes / (users + 1), mine.bytes, true},
-        {Limit::kPoolPaths, options_.max_queued_paths, queued_all_.paths, false},
-        {Limit::kPoolBytes, options_.max_queued_path_bytes, queued_all_.bytes, true},
-    };
-    // The first limit that `more` positions costing `more_bytes` would pass, if any.
-    auto passed = [&bounds](uint64_t more, uint64_t more_bytes) -> const Bound* {
-      for (const Bound& b : bounds)
-        if (b.held + (b.bytes ? more_bytes : more) > b.value) return &b;
-      return nullptr;
-    };
+    // As many as fit, in order; or all or none (nothing is never refused).
     size_t n = 0;
     uint64_t bytes = 0;
-    const Bound* over = nullptr;
-    uint64_t asked_paths = paths.size(), asked_bytes = 0;  // what passed it
+    std::optional<Refusal> over;
     if (partial) {
-      // As many as fit, in order.
       for (; n < paths.size(); ++n) {
         const uint64_t cost = QueuedPathCost(paths[n].size());
-        if ((over = passed(n + 1, bytes + cost)) != nullptr) {
-          asked_paths = n + 1;
-          asked_bytes = bytes + cost;
-          break;
-        }
+        if ((over = queued_.Check(s->uid, n + 1, bytes + cost))) break;
         bytes += cost;
       }
-    } else if (!paths.empty()) {  // all or none (nothing is never refused)
+    } else if (!paths.empty()) {
       for (const auto& path : paths) bytes += QueuedPathCost(path.size());
-      over = passed(paths.size(), bytes);
-      asked_bytes = bytes;
-      n = over == nullptr ? paths.size() : 0;
+      over = queued_.Check(s->uid, paths.size(), bytes);
+      n = over ? 0 : paths.size();
     }
-    if (over != nullptr && refusal != nullptr)
-      *refusal = Refusal{over->limit, over->value, over->held,
-                         over->bytes ? asked_bytes : asked_paths, users};
-    if (over != nullptr && n == 0) return Op::kFull;
+    if (over && refusal != nullptr) *refusal = *over;
+    if (over && n == 0) return Op::kFull;
     if (taken != nullptr) *taken = n;
+    // The caller's copies move in: no allocation under mu_ but the index's.
     for (size_t i = 0; i < n; ++i) {
-      const uint64_t pos = s->base + s->paths.size();
-      s->pending[MarkKey(paths[i])].push_back(pos);
-      s->paths.push_back(std::move(paths[i]));  // the caller's copy: no allocation under mu_
-      s->states.push_back(kPending);
+      const uint64_t key = MarkKey(paths[i]);
+      s->Append(std::move(paths[i]), key);
     }
-    if (n > 0) {
-      s->queued_bytes += bytes;
-      Queued& q = queued_[s->uid];
-      q.paths += n;
-      q.bytes += bytes;
-      queued_all_.paths += n;
-      queued_all_.bytes += bytes;
-    }
+    s->queued_bytes += bytes;
+    queued_.Add(s->uid, n, bytes);
     s->stats.published += n;
     s->last_active_ns = clock_->NowNanos();
   }
@@ -333,10 +263,10 @@ Stats Prefetcher::GetStats(std::optional<uid_t> only) {
   out.page_drops = marks_.drops();
   out.inflight = inflight_;
   out.window_files = window_.size();
-  out.window_bytes = window_bytes_;
-  out.queued_paths = queued_all_.paths;
-  out.queued_bytes = queued_all_.bytes;
-  out.queued_users = queued_.size();
+  out.window_bytes = window_.bytes();
+  out.queued_paths = queued_.paths();
+  out.queued_bytes = queued_.bytes();
+  out.queued_users = queued_.users();
   for (const auto& [id, s] : streams_) {
     if (only && s.uid != *only) continue;
     StreamStats st = s.stats;
@@ -358,19 +288,14 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
   const uint64_t share_files = std::max<uint64_t>(1, options_.prefetch.window_files / users);
   const uint64_t share_bytes = options_.window_budget_bytes / users;
   auto over_share = [&](uid_t uid) {
-    if (users < 2) return false;
-    auto u = use_.find(uid);
-    return u != use_.end() && (u->second.files >= share_files || u->second.bytes >= share_bytes);
+    return users >= 2 && window_.AtShare(uid, share_files, share_bytes);
   };
   // Probes take no room in the window.
   for (auto& [id, s] : streams_)
     if (std::optional<Job> job = RecheckLocked(s)) return job;
-  if (window_.size() >= options_.prefetch.window_files ||
-      window_bytes_ >= options_.window_budget_bytes) {
+  if (window_.Full()) {
     if (users < 2 || !PreemptLocked(wanting, share_files, share_bytes)) return std::nullopt;
-    if (window_.size() >= options_.prefetch.window_files ||
-        window_bytes_ >= options_.window_budget_bytes)
-      return std::nullopt;
+    if (window_.Full()) return std::nullopt;
   }
   // Round-robin over streams so one DataLoader cannot starve another.
   auto it = streams_.upper_bound(rr_after_);
@@ -409,12 +334,10 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
         continue;
       }
       state |= kAttached;
-      Entry& e = window_[path];
+      Entry& e = window_.Add(path, s.uid);
       e.refs = 1;
       e.first_stream = s.id;
-      e.owner = s.uid;
       e.reader = s.reader;
-      use_[s.uid].files++;
       e.promise = std::make_shared<std::promise<void>>();
       e.done = e.promise->get_future().share();
       inflight_++;
@@ -433,43 +356,20 @@ bool Prefetcher::PreemptLocked(const std::unordered_map<uid_t, bool>& wanting, u
                                uint64_t share_bytes) {
   // Only for a user under its share who has files to fetch.
   bool someone_under = false;
-  for (const auto& [uid, w] : wanting) {
-    auto u = use_.find(uid);
-    if (u == use_.end() || (u->second.files < share_files && u->second.bytes < share_bytes))
-      someone_under = true;
-  }
+  for (const auto& [uid, w] : wanting)
+    if (!window_.AtShare(uid, share_files, share_bytes)) someone_under = true;
   if (!someone_under) return false;
   // The user furthest over its share gives up one fetched file nobody has read yet.
-  uid_t victim = 0;
-  uint64_t worst = 0;
-  for (const auto& [uid, u] : use_) {
-    const uint64_t over =
-        std::max(u.files > share_files ? (u.files - share_files) * share_bytes : 0,
-                 u.bytes > share_bytes ? (u.bytes - share_bytes) * share_files : 0);
-    if (over > worst) {
-      worst = over;
-      victim = uid;
-    }
-  }
-  if (worst == 0) return false;
+  const std::optional<uid_t> victim = window_.FurthestOver(share_files, share_bytes);
+  if (!victim) return false;
   for (auto it = window_.begin(); it != window_.end(); ++it) {
-    if (it->second.owner != victim || it->second.state != State::kReady || it->second.was_read)
+    if (it->second.owner != *victim || it->second.state != State::kReady || it->second.was_read)
       continue;
     totals_.preempted++;
     ReleaseLocked(it);
     return true;
   }
   return false;
-}
-
-std::optional<uint64_t> Prefetcher::FirstPendingLocked(const Stream& s, uint64_t key,
-                                                       std::string_view path) {
-  auto p = s.pending.find(key);
-  if (p == s.pending.end()) return std::nullopt;
-  // Ascending; another path of the same hash shares the entry (never seen, but possible).
-  for (uint64_t pos : p->second)
-    if (s.paths[pos - s.base] == path) return pos;
-  return std::nullopt;
 }
 
 void Prefetcher::MarkPositionLocked(Stream& s, uint64_t pos, PosState state) {
@@ -479,16 +379,7 @@ void Prefetcher::MarkPositionLocked(Stream& s, uint64_t pos, PosState state) {
   const uint8_t before = s.states[pos - s.base];
   const bool attached = (before & kAttached) != 0;
   s.states[pos - s.base] = state;
-  auto p = s.pending.find(key);
-  if (p != s.pending.end()) {
-    auto& positions = p->second;
-    auto found = std::find(positions.begin(), positions.end(), pos);
-    if (found != positions.end()) positions.erase(found);
-    if (positions.empty())
-      s.pending.erase(p);
-    else if (positions.capacity() > 4 * positions.size() + 8)
-      positions.shrink_to_fit();  // a path published many times keeps no stale block
-  }
+  s.Unpend(key, pos);
   if (state == kRead) {
     s.stats.read++;
   } else if ((before & kProbed) != 0 || marks_.Find(key) != nullptr) {
@@ -523,21 +414,8 @@ void Prefetcher::AdvanceLocked(Stream& s) {
     s.low++;
   }
   // Positions behind the cursor are never looked at again.
-  uint64_t popped = 0, bytes = 0;
-  while (s.base < s.low) {
-    bytes += QueuedPathCost(s.paths.front().size());
-    s.paths.pop_front();
-    s.states.pop_front();
-    s.base++;
-    popped++;
-  }
-  s.queued_bytes -= bytes;
-  UnqueueLocked(s, popped, bytes);
-  // The deques free their blocks as they empty; the index of pending files keeps its buckets:
-  // rehashed to fit when mostly empty, so what a stream holds follows what it has queued
-  // (QueuedPathCost counts 4 buckets a path).
-  if (s.pending.bucket_count() >= kShrinkBuckets && s.pending.bucket_count() > 4 * s.pending.size())
-    s.pending.rehash(0);
+  const auto [popped, bytes] = s.PopConsumed();
+  queued_.Remove(s.uid, popped, bytes);
 }
 
 void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& version,
@@ -562,7 +440,7 @@ void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& 
     const uint64_t key = MarkKey(path);
     for (auto& [id, s] : streams_) {
       if (uid >= 0 && static_cast<int64_t>(s.uid) != uid) continue;  // another user's stream
-      std::optional<uint64_t> first = FirstPendingLocked(s, key, path);
+      std::optional<uint64_t> first = s.FirstPending(key, path);
       if (!first) continue;
       const uint64_t pos = *first;
       if (best == nullptr || pos - s.low < best_pos - best->low) {

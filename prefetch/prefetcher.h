@@ -1,16 +1,18 @@
 // The prefetcher: streams of published files, the fetch-ahead window, page-cache residency,
-// and read accounting. docs/prefetch.md says what each does for a user, docs/security.md how
-// queued positions are bounded and shared, docs/metrics.md what each counter means.
+// and read accounting. Each part owns its state (Stream, QueuedPaths, Window, ResidentMarks);
+// the prefetcher schedules the work across them under one mutex. docs/prefetch.md says what each
+// does for a user, docs/security.md how queued positions are bounded and shared, docs/metrics.md
+// what each counter means.
 //
-// Streams. A stream is the ordered list of files one DataLoader pass will read, published
+// Streams (Stream). A stream is the ordered list of files one DataLoader pass will read, published
 // ahead of the reads (as paths, or as positions in a registered file list that the control
 // server turns into paths: FileLists). Its cursor follows the reads that reach the daemon and
 // the publisher's `unread` (the readers are past every earlier position, even where the
 // kernel served them from its page cache); positions `slack` behind the furthest read are
 // skipped. Queued positions are bounded per user and for all users (count and bytes,
-// QueuedPathCost), the global limits shared fairly; a publish past one is refused whole.
+// QueuedPaths), the global limits shared fairly; a publish past one is refused whole.
 //
-// Window. Workers fetch stream files in order into the window, a part of the RAM budget
+// Window (Window). Workers fetch stream files in order into the window, a part of the RAM budget
 // bounded by files and bytes; when it is full fetching waits, so prefetching never pushes
 // out an unread file. A file fetched whole in one chunk under keep_cache is put into the
 // kernel's page cache (PageCacheProbe::Store) and the window gives its bytes to the LRU.
@@ -27,18 +29,15 @@
 // flight) or miss (fetched on demand); a position the readers passed while the kernel held
 // the file whole is a hit read from the page cache.
 //
-// Thread safety: all public methods are thread-safe. One mutex guards streams, window and
-// marks; it is never held across a backend call (it is held while /proc/vmstat is read, at
-// most every 50 ms). The attribute source (the inode table) is asked under it. Lock order:
-// Prefetcher::mu_ before the inode table's mutex and before any RamCache shard lock
-// (RamCache never calls back).
+// Thread safety: all public methods are thread-safe. One mutex guards every part; it is never held
+// across a backend call (it is held while /proc/vmstat is read, at most every 50 ms). The attribute
+// source (the inode table) is asked under it. Lock order: Prefetcher::mu_ before the inode table's
+// mutex and before any RamCache shard lock (RamCache never calls back).
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -54,7 +53,10 @@
 #include "common/clock.h"
 #include "conf/options.h"
 #include "prefetch/access.h"
+#include "prefetch/queued_paths.h"
 #include "prefetch/resident_marks.h"
+#include "prefetch/stream.h"
+#include "prefetch/window.h"
 
 namespace prometheus {
 class Registry;
@@ -63,29 +65,6 @@ class Gauge;
 }  // namespace prometheus
 
 namespace cubetorchfs::prefetch {
-
-enum class ReadOutcome { kHit = 0, kLate = 1, kMiss = 2 };
-
-struct ReadCounts {
-  uint64_t hit = 0, late = 0, miss = 0;
-  uint64_t total() const { return hit + late + miss; }
-};
-
-struct StreamStats {
-  std::string id, name;
-  int pid = 0;
-  uid_t uid = 0;           // the stream's owner: the user who created it
-  uint64_t published = 0;  // positions appended
-  uint64_t read = 0;       // positions consumed by a read
-  uint64_t skipped = 0;    // positions passed over by the readers, the file not held
-  // Positions the readers passed with no read reaching the daemon while the kernel held the
-  // file whole (stored there, or served to it and not dropped since): page-cache reads, hits.
-  uint64_t page_cache = 0;
-  uint64_t queued = 0;        // positions not yet read or skipped
-  uint64_t queued_bytes = 0;  // the memory they hold (Prefetcher::QueuedPathCost each)
-  uint64_t fetched = 0, failed = 0, evicted_unread = 0;
-  ReadCounts reads;  // outcome of the first read of each of its files
-};
 
 struct Stats {
   ReadCounts reads;  // every FUSE read of a regular file
@@ -207,28 +186,10 @@ class Prefetcher {
   bool Publish(const std::string& id, const std::vector<std::string>& paths);
   // The same, on behalf of user `uid`: a stream belongs to its creator (root may act on any).
   enum class Op { kOk, kNotFound, kForbidden, kFull };  // kFull: a queued-path limit
-  // The queued-path limit a publish would have passed.
-  enum class Limit {
-    kNone,
-    kUserPaths,   // max_queued_paths_per_uid
-    kUserBytes,   // max_queued_path_bytes_per_uid
-    kSharePaths,  // max_queued_paths / (users + 1): the user's fair share of the global count
-    kShareBytes,  // max_queued_path_bytes / (users + 1)
-    kPoolPaths,   // max_queued_paths: all users together
-    kPoolBytes,   // max_queued_path_bytes
-  };
-  struct Refusal {
-    Limit limit = Limit::kNone;
-    uint64_t value = 0;  // the limit: paths or bytes
-    uint64_t held = 0;   // what the user (all users, for kPool*) held already
-    uint64_t asked = 0;  // what the publish would have added (paths or bytes)
-    uint64_t users = 0;  // users with positions queued, the publisher included
-  };
-  // What one queued position costs in memory for a path of `path_bytes`: its copies (the
-  // stream's, and the key of its index of pending files) with their heap blocks as glibc
-  // sizes them, plus the structures around them (measured with libstdc++: see the .cc). A
-  // repeated path shares its index entry and costs less: this is an upper bound.
-  static uint64_t QueuedPathCost(size_t path_bytes);
+  using Limit = QueuedPaths::Limit;  // the queued-path limit a publish would have passed
+  using Refusal = QueuedPaths::Refusal;
+  // What one queued position costs in memory for a path of `path_bytes` (an upper bound).
+  static uint64_t QueuedPathCost(size_t path_bytes) { return QueuedPaths::Cost(path_bytes); }
   Op DeleteStreamAs(uid_t uid, const std::string& id);
   // Whether stream `id` exists and `uid` may act on it (kOk, kNotFound or kForbidden).
   Op CheckStream(uid_t uid, const std::string& id);
@@ -292,64 +253,9 @@ class Prefetcher {
   static constexpr uint64_t kTrimAfterBytes = 1 << 20;  // queued-path memory freed, then trim
 
  private:
-  // kStat: the first request (attributes and, for most files, all the data) is running;
-  // kFetching: the rest of a large file is being read; kReady: all bytes are in memory.
-  enum class State { kStat, kFetching, kReady };
-  enum PosState : uint8_t { kPending = 0, kRead = 1, kSkipped = 2 };
-  // A position's byte: its PosState, and whether the scheduler attached it to a window entry
-  // (holding one of its refs).
-  static constexpr uint8_t kStateMask = 3;
-  static constexpr uint8_t kAttached = 4;
-  // Passed over: the file is marked page-resident and the probe found it whole, or is asking.
-  static constexpr uint8_t kProbed = 8;
-  // Probed again as the readers came near.
-  static constexpr uint8_t kRechecked = 16;
-
+  using State = Window::State;
+  using Entry = Window::Entry;
   using Mark = ResidentMarks::Mark;  // a file marked page-resident (marks_ below)
-
-  struct Entry {
-    State state = State::kStat;
-    cfs_client::FileAttr attr;
-    uint64_t attr_time_ns = 0;
-    uint64_t reserved = 0;  // bytes counted against the window budget
-    std::vector<cache::BufferRef> chunks;
-    uint32_t refs = 0;        // pending stream positions that want this file
-    uint64_t bytes_read = 0;  // since its latest read at offset 0
-    uint64_t last_read_ns = 0;
-    bool was_read = false;
-    bool waiting_for_room = false;  // a large file waiting for window room before its fetch
-    bool invalidated = false;       // written through the mount since fetched: never served
-    std::string first_stream;       // the stream whose position created it (for its counters)
-    uid_t owner = 0;                // that stream's owner, whose share of the window it uses
-    std::shared_ptr<const Caller> reader;  // whose read permission the fetch checks
-    std::shared_future<void> done;         // ready when the fetch ends, either way
-    std::shared_ptr<std::promise<void>> promise;
-  };
-
-  struct Stream {
-    std::string id, name;
-    std::string list;  // the registered file list its positions name, if any
-    int pid = 0;
-    uid_t uid = 0;
-    std::shared_ptr<const Caller> reader;
-    uint64_t base = 0;  // position of paths.front()
-    std::deque<std::string> paths;
-    std::deque<uint8_t> states;
-    // MarkKey(path) -> its positions, ascending (a vector: most paths have one, and a deque's
-    // first block alone would cost 512 bytes a path). Keyed by hash, not by a second copy of
-    // the path: a position's own path in `paths` confirms it (FirstPendingLocked).
-    std::unordered_map<uint64_t, std::vector<uint64_t>> pending;
-    uint64_t low = 0;   // first position neither read nor skipped
-    uint64_t high = 0;  // one past the furthest position read
-    // The publisher's word (PublishAs's `unread`): the readers are past every position before
-    // this one, read or not; those leave the queue with no slack.
-    uint64_t passed = 0;
-    uint64_t next = 0;          // the next position the scheduler looks at
-    uint64_t recheck = 0;       // the next position passed over to probe again (see RecheckLocked)
-    uint64_t queued_bytes = 0;  // QueuedPathCost of each position in `paths`
-    uint64_t last_active_ns = 0;
-    StreamStats stats;
-  };
 
   struct Job {
     std::string path;
@@ -438,9 +344,6 @@ class Prefetcher {
   std::optional<Job> RecheckLocked(Stream& s);
   uint64_t RecheckLead() const;  // positions ahead of the readers where rechecks happen
   void MarkPositionLocked(Stream& s, uint64_t pos, PosState state);
-  // The first pending position of `path` (hash `key`) in `s`, if any.
-  static std::optional<uint64_t> FirstPendingLocked(const Stream& s, uint64_t key,
-                                                    std::string_view path);
   // The mark of `path` if it is marked at the version of its fresh attributes (else the
   // mark, if any, is dropped); *version: that version. The pointer is valid until the next
   // mark is made or dropped.
@@ -455,21 +358,15 @@ class Prefetcher {
   void NotePageDropLocked(uint64_t now);
   void AdvanceLocked(Stream& s);
   void DropRefLocked(const std::string& path);
-  void ReleaseLocked(std::unordered_map<std::string, Entry>::iterator it);
-  void FailLocked(std::unordered_map<std::string, Entry>::iterator it);
+  void ReleaseLocked(Window::iterator it);
+  void FailLocked(Window::iterator it);
   void DeleteStreamLocked(std::map<std::string, Stream>::iterator it);
-  // `paths` positions of `s` costing `bytes` leave the queue. REQUIRES: mu_ held.
-  void UnqueueLocked(const Stream& s, uint64_t paths, uint64_t bytes);
   // Trims the heap if queued paths of kTrimAfterBytes or more were freed since the last
   // trim. REQUIRES: mu_ not held.
   void MaybeTrimHeap();
   void SweepLocked();
   void MaybeReleaseLocked(const std::string& path);
   void FinishFetchLocked(Entry& e);
-  // Adds `bytes` (may be negative) to what `e` holds of the window.
-  void ChargeLocked(Entry& e, int64_t bytes);
-  // Removes an entry, giving back what it held.
-  void EraseLocked(std::unordered_map<std::string, Entry>::iterator it);
   // Gives up one ready, unread entry of the user furthest over its share, when a user under
   // its share has files to fetch. True if one was released.
   bool PreemptLocked(const std::unordered_map<uid_t, bool>& wanting, uint64_t share_files,
@@ -493,18 +390,9 @@ class Prefetcher {
   uint64_t next_stream_id_ = 1;
   std::map<std::string, Stream> streams_;
   std::string rr_after_;  // round-robin: the stream served last
-  std::unordered_map<std::string, Entry> window_;
-  uint64_t window_bytes_ = 0;
-  struct Use {
-    uint64_t files = 0, bytes = 0;
-  };
-  std::unordered_map<uid_t, Use> use_;  // what each user's streams hold of the window
-  struct Queued {
-    uint64_t paths = 0, bytes = 0;
-  };
-  std::unordered_map<uid_t, Queued> queued_;  // users with positions queued: what they hold
-  Queued queued_all_;                         // the same, all users
-  uint64_t freed_queued_bytes_ = 0;           // by deleted streams, since the last heap trim
+  Window window_;
+  QueuedPaths queued_;
+  uint64_t freed_queued_bytes_ = 0;  // by deleted streams, since the last heap trim
   uint64_t inflight_ = 0;
   uint64_t last_sweep_ns_ = 0;
   bool restore_ = true;                 // RunRestore's jobs are made (options_.restore_needed)
