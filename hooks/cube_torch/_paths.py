@@ -47,6 +47,18 @@ class _ListMapper:
     def __init__(self, columns: Sequence[Sequence[Any]]) -> None:
         self._columns = tuple(columns)
 
+    def singles(self, indices: List[int]) -> Optional[List[str]]:
+        """The one path of each of `indices` (non-negative ints), with one list of str paths;
+        None when that does not hold for all of them: map them one by one then."""
+        if len(self._columns) != 1:
+            return None
+        column = self._columns[0]
+        try:
+            out = [column[i] for i in indices]
+        except (IndexError, KeyError, TypeError):
+            return None
+        return out if not out or set(map(type, out)) == {str} else None
+
     def __call__(self, index: Any) -> Paths:
         i = operator.index(index)
         out = []
@@ -63,6 +75,22 @@ class _RowMapper:
     def __init__(self, rows: Sequence[Any], first_only: bool) -> None:
         self._rows = rows
         self._first_only = first_only
+
+    def singles(self, indices: List[int]) -> Optional[List[str]]:
+        """The first field of each of `indices`' rows (non-negative ints) where every row is a
+        tuple starting with a str path (ImageFolder's samples), in a few passes with no call a
+        row; None otherwise: map them one by one then."""
+        if not self._first_only:
+            return None
+        rows = self._rows
+        try:
+            picked = [rows[i] for i in indices]
+            if picked and set(map(type, picked)) != {tuple}:
+                return None
+            out = [r[0] for r in picked]
+        except (IndexError, KeyError, TypeError):
+            return None
+        return out if not out or set(map(type, out)) == {str} else None
 
     def __call__(self, index: Any) -> Paths:
         row = self._rows[operator.index(index)]

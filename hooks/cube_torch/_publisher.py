@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Deque, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Deque, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 from . import _client, _common, _report
 from ._paths import PathMapper
@@ -165,18 +165,25 @@ class _Registry:
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]
 
-    def add(self, i: int, count: int) -> None:
-        """Index i's `count` files are the next entries of the list."""
+    def add(self, run: List[Tuple[int, int]]) -> None:
+        """Each (index, count) of `run` in turn: the index's `count` files are the next
+        entries of the list."""
+        if not run:
+            return
         have = len(self.first)
-        if i >= have:  # grown by half at least: amortized O(1) an index
-            grown = min(max(i + 1, have + have // 2 + 1024), MAX_REGISTERED_INDEX)
+        top = max(run)[0]
+        if top >= have:  # grown by half at least: amortized O(1) an index
+            grown = min(max(top + 1, have + have // 2 + 1024), MAX_REGISTERED_INDEX)
             self.first.frombytes(bytes(4 * (grown - have)))
-        if count == 1 and self.size + 1 < self.OTHER:
-            self.first[i] = self.size + 1
-        else:
-            self.first[i] = self.OTHER
-            self.other[i] = (self.size, count)
-        self.size += count
+        first, other, size, OTHER = self.first, self.other, self.size, self.OTHER
+        for i, count in run:
+            if count == 1 and size + 1 < OTHER:
+                first[i] = size + 1
+            else:
+                first[i] = OTHER
+                other[i] = (size, count)
+            size += count
+        self.size = size
 
     def extend(self, out: array.array, i: int) -> None:
         e = self.first[i]
@@ -623,6 +630,11 @@ class Publisher:
         assert stream.daemon is not None
         mount = stream.daemon.mount_point
         mapper, inside, fsencode = stream.mapper, self._filter.inside, os.fsencode
+        singles = getattr(mapper, "singles", None)
+        paths = singles(indices) if singles is not None else None
+        if paths is not None:  # one str path an index (ImageFolder and lists of paths)
+            self._register_singles(client, stream, reg, indices, [inside(p, mount) for p in paths])
+            return
         payload = bytearray()
         run: List[Tuple[int, int]] = []  # (index, its files) in `payload`
         in_run = 0  # files in `payload`: at most the daemon's paths a request
@@ -666,11 +678,34 @@ class Publisher:
         if skipped:
             self._count("skipped", skipped)
 
+    def _register_singles(self, client: _client.ControlClient, stream: Stream, reg: "_Registry",
+                          indices: List[int], inside: List[Optional[str]]) -> None:
+        """_register for indices of one path each, `inside` their paths in the mount (None:
+        outside it, skipped): each request's paths are encoded at once, not one by one."""
+        skipped = inside.count(None)
+        start = 0
+        while start < len(indices):
+            end = min(len(indices), start + MAX_POSITIONS_PER_POST)
+            while True:
+                kept = [q for q in inside[start:end] if q is not None]
+                payload = os.fsencode("\0".join(kept) + "\0") if kept else b""
+                if len(payload) <= MAX_POST_BYTES or end - start == 1:
+                    break
+                end = start + (end - start) // 2  # long paths: fewer a request
+            run = [(i, 0 if q is None else 1)
+                   for i, q in zip(indices[start:end], inside[start:end])]
+            self._send_run(client, stream, reg, payload, run, len(kept))
+            start = end
+        if skipped:
+            self._count("skipped", skipped)
+
     def _send_run(self, client: _client.ControlClient, stream: Stream, reg: "_Registry",
-                  payload: bytearray, run: List[Tuple[int, int]]) -> None:
+                  payload: Union[bytes, bytearray], run: List[Tuple[int, int]],
+                  count: Optional[int] = None) -> None:
         """Appends `payload` (NUL-terminated paths: the files of the indices of `run`) to the
         registry's list, then numbers those indices' files."""
-        count = sum(n for _, n in run)
+        if count is None:
+            count = sum(n for _, n in run)
         if count:
             try:
                 reply = client.register_list_raw(bytes(payload), count, reg.list_id)
@@ -689,8 +724,7 @@ class Publisher:
             self._count("registered", count)
             if reply["rejected"]:
                 self._count("rejected", reply["rejected"])
-        for i, n in run:
-            reg.add(i, n)
+        reg.add(run)
 
     def _send_positions(self, client: _client.ControlClient, stream: Stream, reg: "_Registry",
                         positions: array.array) -> None:

@@ -147,3 +147,40 @@ def test_indices_past_the_registry_bound_go_as_paths(monkeypatch: pytest.MonkeyP
     assert daemon.published() == files
     assert counters()["registered"] <= 10  # none past the bound (batches may coalesce)
     assert requests_to(daemon, "/paths") >= 1
+
+
+class Samples(torch.utils.data.Dataset):
+    """An ImageFolder look-alike: `samples[i]` is (path, class); item i is i."""
+
+    def __init__(self, samples: list) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> int:
+        with open(self.samples[i][0], "rb") as f:
+            f.read()
+        return i
+
+
+@pytest.mark.parametrize("shape", ["tuples", "one_list_row"])
+def test_one_file_an_index_registers_in_bounded_requests(
+        monkeypatch: pytest.MonkeyPatch, mount: Path, daemon: FakeDaemon, shape: str) -> None:
+    """Rows of one path each are mapped and encoded in bulk; a row of another shape maps them
+    one by one. Either way each request keeps the daemon's bounds, paths and bytes."""
+    monkeypatch.setattr(_publisher, "MAX_POSITIONS_PER_POST", 5)
+    files = make_files(mount, 30)
+    monkeypatch.setattr(_publisher, "MAX_POST_BYTES", 3 * (len(files[0]) + 1))
+    monkeypatch.setenv("CUBE_TORCH_LOOKAHEAD_BATCHES", "8")
+    samples: list = [(f, 0) for f in files]
+    if shape == "one_list_row":
+        samples[7] = [files[7], 0]
+    orders = epochs(Samples(samples), 2, batch_size=6)
+    assert daemon.published() == [files[i] for order in orders for i in order]
+    with daemon.lock:
+        bodies = [body for _, path, body in daemon.requests if path.startswith("/v1/lists")]
+    sizes = [b.count(b"\0") for b in bodies]
+    assert sum(sizes) == 30 and max(sizes) <= 3, sizes
+    assert max(len(b) for b in bodies) <= 3 * (len(files[0]) + 1)
+    assert counters()["registered"] == 30
