@@ -555,6 +555,9 @@ namespace cubetorchfs::control {
 
 namespace {
 
+// How long a new daemon waits for the one before it (same control socket) to let it go.
+constexpr auto kSocketReleaseWait = std::chrono::seconds(5);
+
 // A close-on-exec TCP socket listening on 127.0.0.1:`port`; the error names `key`.
 Result<int> ListenLoopback(uint16_t port, const char* key) {
   const std::string where =
@@ -589,10 +592,17 @@ Result<int> ListenUnix(const std::string& path) {
   const auto* addr = reinterpret_cast<const sockaddr*>(&a);
   struct stat st;
   if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
-    UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (probe.get() >= 0 && ::connect(probe.get(), addr, sizeof a) == 0)
-      return Status::IOError("prefetch.control_socket: " + path +
-                             " is in use by a running daemon (same volName?)");
+    // A daemon whose mount was just unmounted still answers while it shuts down: a mount right
+    // after an umount waits for it, up to kSocketReleaseWait.
+    const auto give_up = std::chrono::steady_clock::now() + kSocketReleaseWait;
+    for (;;) {
+      UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+      if (probe.get() < 0 || ::connect(probe.get(), addr, sizeof a) != 0) break;
+      if (std::chrono::steady_clock::now() >= give_up)
+        return Status::IOError("prefetch.control_socket: " + path +
+                               " is in use by a running daemon (same volName?)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
     ::unlink(path.c_str());
   }
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
