@@ -412,7 +412,8 @@ Status ParseControl(const YAML::Node& node, ControlOptions* o) {
   CTFS_RETURN_IF_ERROR(ForEachKey(
       node, "control",
       {"max_body_bytes", "body_memory_bytes", "max_json_elements", "max_json_depth",
-       "max_connections_unix", "max_connections_tcp", "max_connections_per_uid", "idle_timeout_s"},
+       "max_connections_unix", "max_connections_tcp", "max_connections_per_uid", "idle_timeout_s",
+       "batch_max_bytes"},
       [&](const std::string& k, const YAML::Node& v, const std::string& key) -> Status {
         // A count or size in [min, max]; the bytes an outsider's requests may make the daemon
         // hold are capped at 4 GiB.
@@ -434,6 +435,7 @@ Status ParseControl(const YAML::Node& node, ControlOptions* o) {
         if (k == "max_connections_per_uid")
           return get(&o->max_connections_per_uid, 1, 65536, false);
         if (k == "idle_timeout_s") CTFS_ASSIGN(o->idle_timeout_s, GetDouble(v, key, 0.1, 3600));
+        if (k == "batch_max_bytes") return get(&o->batch_max_bytes, 1 << 20, 1ull << 30, true);
         return Status::OK();
       }));
   if (o->body_memory_bytes < o->max_body_bytes)

@@ -146,10 +146,13 @@ struct ControlOptions {
   uint64_t body_memory_bytes = 32ull << 20;  // all bodies held at once. Default: 32 MiB.
   uint64_t max_json_elements = 1u << 17;     // values in one body. Default: 131072.
   uint64_t max_json_depth = 16;              // nesting of one body. Default: 16.
-  uint64_t max_connections_unix = 256;       // on the unix socket. Default: 256.
-  uint64_t max_connections_tcp = 128;        // on 127.0.0.1:profPort. Default: 128.
-  uint64_t max_connections_per_uid = 64;     // one user, both listeners. Default: 64.
-  double idle_timeout_s = 30;                // to send a request or take a reply. Default: 30 s.
+  // The bytes of one POST /v1/files/batch (the batch mode's memory file): files past it are
+  // left to the mount. Default: 64 MiB.
+  uint64_t batch_max_bytes = 64ull << 20;
+  uint64_t max_connections_unix = 256;    // on the unix socket. Default: 256.
+  uint64_t max_connections_tcp = 128;     // on 127.0.0.1:profPort. Default: 128.
+  uint64_t max_connections_per_uid = 64;  // one user, both listeners. Default: 64.
+  double idle_timeout_s = 30;             // to send a request or take a reply. Default: 30 s.
 };
 
 struct FuseOptions {

@@ -240,6 +240,11 @@ Reply ServerImpl::Handle(Request& req, const RouteMatch& m, const Caller& caller
       return {RegisterPids(req, caller, m.route->pattern)};
     case RouteId::kBatchDownload:
       return BatchDownload(req, caller, sock);
+    case RouteId::kBatchFiles: {
+      Reply r;
+      r.res = BatchFiles(req, caller, &r.fd);
+      return r;
+    }
   }
   return {Error(http::status::internal_server_error, "a route without a handler", v)};
 }
@@ -847,6 +852,11 @@ json ServerImpl::StatsJson(const Caller& caller) {
           {"failed", files_open_failed_.load()},
           {"store_files", files_open_store_.load()},
           {"bytes", files_open_bytes_.load()}}},
+        {"files_batch",
+         {{"batches", batches_.load()},
+          {"files", batch_files_.load()},
+          {"bytes", batch_bytes_.load()},
+          {"refused", batch_refused_.load()}}},
         {"control", {{"rejected_paths", rejected}, {"refused", refused}}},
         {"lists", {{"lists", lists.lists}, {"entries", lists.entries}, {"bytes", lists.bytes}}}}},
       {"streams", streams}};

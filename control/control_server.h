@@ -106,6 +106,7 @@ class ControlServer {
     uint64_t max_body_bytes = 16ull << 20;     // one request's body
     uint64_t body_memory_bytes = 32ull << 20;  // all bodies being read or handled at once
     uint64_t max_json_elements = 1u << 17;     // values in one body
+    uint64_t batch_max_bytes = 64ull << 20;    // one POST /v1/files/batch's memory file
     int max_json_depth = 16;                   // nesting of one body
     int max_connections_unix = 256;
     int max_connections_tcp = 128;

@@ -32,6 +32,7 @@ enum class RouteId {
   kRegisterPid,       // POST /register/pid
   kUnregisterPid,     // POST /unregister/pid
   kBatchDownload,     // POST /batchdownload/path
+  kBatchFiles,        // POST /v1/files/batch
 };
 
 // The worker threads a route runs on. Opens of big files take long and get their own, so that
@@ -65,6 +66,7 @@ inline constexpr RouteSpec kRoutes[] = {
     {RouteId::kRegisterPid,    boost::beast::http::verb::post,    "/register/pid",          Pool::kApi,  false},
     {RouteId::kUnregisterPid,  boost::beast::http::verb::post,    "/unregister/pid",        Pool::kApi,  false},
     {RouteId::kBatchDownload,  boost::beast::http::verb::post,    "/batchdownload/path",    Pool::kData, false},
+    {RouteId::kBatchFiles,     boost::beast::http::verb::post,    "/v1/files/batch",        Pool::kData, true},
 };
 // clang-format on
 

@@ -268,6 +268,9 @@ class ServerImpl final : public ControlServer {
   Response Warmup(const Request& req, const Caller& caller);
   // POST /v1/files/open {"path": str}: the file made resident, and its descriptor in *fd.
   Response OpenFile(const Request& req, const Caller& caller, int* fd);
+  // POST /v1/files/batch (batch_files.cc): the files named, in one sealed memory file.
+  static constexpr size_t kMaxBatchFiles = 4096;
+  Response BatchFiles(const Request& req, const Caller& caller, int* fd);
   // Counters; a user other than root sees only its own streams.
   json StatsJson(const Caller& caller);
 
@@ -280,6 +283,9 @@ class ServerImpl final : public ControlServer {
   prefetch::FileLists lists_;
   std::atomic<uint64_t> files_opened_{0}, files_open_failed_{0}, files_open_bytes_{0},
       files_open_store_{0};
+  // POST /v1/files/batch: requests answered, files and bytes given, requests refused for
+  // want of memory.
+  std::atomic<uint64_t> batches_{0}, batch_files_{0}, batch_bytes_{0}, batch_refused_{0};
   Mutex body_mu_;  // the body memory budget
   uint64_t body_bytes_ GUARDED_BY(body_mu_) = 0;
   std::unordered_map<uid_t, uint64_t> body_by_uid_ GUARDED_BY(body_mu_);

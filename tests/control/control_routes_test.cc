@@ -2,6 +2,7 @@
 // real ServerImpl over the world of route_world.h: its status codes and error bodies, as
 // docs/control-api.md gives them, for root and for other users. Also the route table itself:
 // matching, and that the routes documented are the routes served.
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -404,6 +405,79 @@ TEST_F(RoutesTest, OpenFile) {
   a = Ask(Root(), http::verb::post, "/v1/files/open", R"({"path": "data/a.jpg"})", true,
           no_opener.get());
   EXPECT_ERROR(a, 501, "not_supported");
+}
+
+// POST /v1/files/batch: each file checked for the caller, the readable ones in one sealed,
+// read-only memory file, in order; the others named with why.
+TEST_F(RoutesTest, BatchFiles) {
+  auto paths = [](std::initializer_list<const char*> names) {
+    std::string body;
+    for (const char* n : names) {
+      body += n;
+      body += '\0';
+    }
+    return body;
+  };
+  Answer a = Ask(Stranger(), http::verb::post, "/v1/files/batch",
+                 paths({"data/a.jpg", "data/secret.bin", "data/nosuch", "data/cls",
+                        "data/to_secret", "data/abs", "data/model.safetensors", "data/rel.jpg"}));
+  ASSERT_EQ(a.status, 200u) << a.text;
+  ASSERT_GE(a.fd, 0);
+  const json& files = a.body["files"];
+  ASSERT_EQ(files.size(), 8u) << a.text;
+  EXPECT_EQ(files[0]["offset"], 0);
+  EXPECT_EQ(files[0]["size"], 1000);
+  EXPECT_EQ(files[1].value("code", ""), "permission_denied") << a.text;  // 0600, another user's
+  EXPECT_EQ(files[2].value("code", ""), "not_found") << a.text;
+  EXPECT_EQ(files[3].value("code", ""), "not_a_file") << a.text;
+  EXPECT_EQ(files[4].value("code", ""), "permission_denied") << a.text;  // to the secret
+  EXPECT_EQ(files[5].value("code", ""), "permission_denied") << a.text;  // out of the store
+  EXPECT_EQ(files[6]["offset"], 1000);
+  EXPECT_EQ(files[6]["size"], 4096);
+  EXPECT_EQ(files[7]["offset"], 5096) << a.text;  // a.jpg: a symlink inside the store, resolved
+  EXPECT_EQ(a.body["bytes"], 6096);
+  std::string got(6096, '\0');
+  ASSERT_EQ(::pread(a.fd, got.data(), got.size(), 0), 6096);
+  EXPECT_EQ(got, std::string(1000, 'a') + std::string(4096, 'm') + std::string(1000, 'a'));
+  // Read-only and sealed: nobody changes what another reader of it sees.
+  EXPECT_EQ(::fcntl(a.fd, F_GETFL) & O_ACCMODE, O_RDONLY);
+  const int seals = ::fcntl(a.fd, F_GET_SEALS);
+  EXPECT_EQ(seals & (F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL),
+            F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL);
+  // Root may read the secret.
+  a = Ask(Root(), http::verb::post, "/v1/files/batch", paths({"data/secret.bin"}));
+  ASSERT_EQ(a.status, 200u);
+  EXPECT_EQ(a.body["files"][0]["offset"], 0) << a.text;
+
+  // Only over the unix socket; a body of NUL-terminated paths; at most 4,096 of them.
+  a = Ask(Stranger(), http::verb::post, "/v1/files/batch", paths({"data/a.jpg"}),
+          /*over_unix=*/false);
+  EXPECT_ERROR(a, 400, "invalid_argument");
+  EXPECT_EQ(a.fd, -1);
+  EXPECT_ERROR(Ask(Stranger(), http::verb::post, "/v1/files/batch", "data/a.jpg"), 400,
+               "invalid_argument");
+  EXPECT_ERROR(Ask(Stranger(), http::verb::post, "/v1/files/batch", ""), 400, "invalid_argument");
+  std::string many;
+  for (int i = 0; i < 4097; ++i) many += std::string("data/a.jpg") + '\0';
+  EXPECT_ERROR(Ask(Stranger(), http::verb::post, "/v1/files/batch", many), 400, "invalid_argument");
+
+  // Past control.batch_max_bytes, files are left to the mount.
+  ControlServer::Options small = Options();
+  small.batch_max_bytes = 2000;
+  auto bounded = world_.MakeServer(small);
+  a = Ask(Stranger(), http::verb::post, "/v1/files/batch",
+          paths({"data/a.jpg", "data/model.safetensors", "data/a.jpg"}), true, bounded.get());
+  ASSERT_EQ(a.status, 200u) << a.text;
+  EXPECT_EQ(a.body["files"][0]["offset"], 0);
+  EXPECT_EQ(a.body["files"][1].value("code", ""), "over_batch_bytes") << a.text;
+  EXPECT_EQ(a.body["files"][2]["offset"], 1000);  // the same file twice: given twice
+  EXPECT_EQ(a.body["bytes"], 2000);
+
+  a = Ask(Root(), http::verb::get, "/v1/stats");
+  EXPECT_EQ(a.body["global"]["files_batch"]["batches"], 2) << a.text;
+  EXPECT_EQ(a.body["global"]["files_batch"]["files"], 4);
+  EXPECT_EQ(a.body["global"]["files_batch"]["bytes"],
+            6096 + testing::kSecret.size() + std::string(" in a 0600 file").size());
 }
 
 TEST_F(RoutesTest, Warmup) {
