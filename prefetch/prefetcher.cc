@@ -456,11 +456,23 @@ void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& 
       uint64_t* stream_counts[3] = {&best->stats.reads.hit, &best->stats.reads.late,
                                     &best->stats.reads.miss};
       (*stream_counts[o])++;
-      best->high = std::max(best->high, best_pos + 1);
       best->last_active_ns = now;
+      // The scheduler looks at most window_files positions past the cursor: a worker is woken
+      // when the read moved that horizon with positions waiting past it. Window room a read
+      // frees wakes one where it is freed (ReleaseLocked). Waking one on every read cost a
+      // futex wake-up and two thread switches a file where reads reach the daemon.
+      // Passed-over files the readers come near are probed again (RecheckLocked): a worker is
+      // woken each time the readers cover half the lead of those probes.
+      const uint64_t high_before = best->high;
+      best->high = std::max(best->high, best_pos + 1);
+      const uint64_t half_lead = std::max<uint64_t>(1, RecheckLead() / 2);
+      const bool recheck =
+          page_probe_ != nullptr && best->high / half_lead != high_before / half_lead;
+      const uint64_t horizon = best->low + options_.prefetch.window_files;
+      const bool at_horizon = best->next >= horizon && horizon < best->end();
       MarkPositionLocked(*best, best_pos, kRead);
       AdvanceLocked(*best);
-      Wake();
+      if ((at_horizon && best->low + options_.prefetch.window_files > horizon) || recheck) Wake();
     }
   }
   auto it = window_.find(path);
