@@ -13,6 +13,9 @@
           (`prefetch.evict_after_read: false`): every read reaches the daemon, and after the first
           epoch is served from its RAM. Its epochs 2-3 measure the daemon's CPU per small file
           served from RAM, all hits; run it with --workers 1 and 2 to see it grow with readers
+  batch   the hook-ro row in the hook's batch mode (USE_BATCH_DOWNLOAD=1): each DataLoader
+          worker takes its batch's files from the daemon in one request and reads them from
+          memory, with no FUSE request per file
   nohook  the same mount without the hook, over the first --nohook-classes classes only (at
           1 ms a request a full cold epoch without prefetching takes hours)
 
@@ -288,6 +291,11 @@ def fmt_ops(ops: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:,.0f}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])) or "none"
 
 
+def hooked(system: str) -> bool:
+    """Whether `system`'s training process imports cube_torch."""
+    return system.startswith("hook") or system == "batch"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -302,7 +310,7 @@ def main() -> None:
     p.add_argument("--latency-us", type=int, default=1000, help="added to every store request")
     p.add_argument("--memory-bytes", default="4GiB", help="the daemon's cache.memory_bytes")
     p.add_argument("--systems", nargs="+", default=["local", "hook", "nohook"],
-                   choices=["local", "hook", "hook-ro", "hook-ram", "nohook"])
+                   choices=["local", "hook", "hook-ro", "hook-ram", "batch", "nohook"])
     p.add_argument("--nohook-classes", type=int, default=50,
                    help="classes the no-hook mount reads (its epochs are store-bound)")
     p.add_argument("--synthetic", action="store_true",
@@ -346,10 +354,12 @@ def main() -> None:
                 rows = run_child(args, data, False, subset, dict(os.environ))
             else:
                 mwork = Path(tempfile.mkdtemp(prefix="mount-", dir=work))
-                m = Mount(args, data, mwork, read_only=system in ("hook-ro", "hook-ram"),
+                m = Mount(args, data, mwork, read_only=system in ("hook-ro", "hook-ram", "batch"),
                           page_cache=system != "hook-ram")
+                if system == "batch":
+                    m.env["USE_BATCH_DOWNLOAD"] = "1"
                 try:
-                    rows = run_child(args, m.mnt, system.startswith("hook"), subset, m.env)
+                    rows = run_child(args, m.mnt, hooked(system), subset, m.env)
                     hwm.setdefault(system, []).append(vm_hwm_mib(m.pid))
                 finally:
                     m.close()
@@ -375,7 +385,7 @@ def main() -> None:
     local = results.get("local")
     for system, rounds in results.items():
         line = f"{system:7} scan {med(scans[system]):7.2f} s"
-        if local and system.startswith("hook"):
+        if local and hooked(system):
             line += f" (local/{system} {med(scans['local']) / med(scans[system]):.2f})"
         if system in hwm:
             line += f"; VmHWM {max(hwm[system]):,.0f} MiB against cache.memory_bytes {args.memory_bytes}"
@@ -386,9 +396,9 @@ def main() -> None:
             rate = rows[0]["samples"] / secs
             text = f"  epoch {e + 1}: {secs:8.2f} s ({rate:,.0f} files/s)"
             text += f", training process {med(x['train_us'] for x in rows):.1f} us/sample"
-            if system.startswith("hook"):
+            if hooked(system):
                 text += f" (publisher thread {med(x['hook_us'] for x in rows):.2f})"
-            if local and system.startswith("hook"):
+            if local and hooked(system):
                 text += f", local/{system} {med(x['seconds'] for x in [rs[e] for rs in local]) / secs:.2f}"
             if rows[0]["mounted"]:
                 hits = [x["hit"] for x in rows if x["hit"] is not None]
@@ -398,7 +408,7 @@ def main() -> None:
                 text += (f"\n    reads {fmt_ops(mid['reads'])}\n    store {fmt_ops(mid['store'])}"
                          f"\n    FUSE {fmt_ops(mid['fuse'])}\n    prefetch {fmt_ops(mid['prefetch'])}")
             print(text)
-    for name in ("hook", "hook-ro", "hook-ram"):
+    for name in ("hook", "hook-ro", "hook-ram", "batch"):
         if not local or name not in results:
             continue
         ratios = [f"scan {med(scans['local']) / med(scans[name]):.2f}"]

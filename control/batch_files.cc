@@ -70,10 +70,10 @@ Response ServerImpl::BatchFiles(const Request& req, const Caller& caller, int* f
       continue;
     }
     if (total + r->attr.size > options_.batch_max_bytes) {
-      f.missing = json{{"error", asked + ": past the batch's " +
-                                     std::to_string(options_.batch_max_bytes) +
-                                     " bytes (control.batch_max_bytes)"},
-                       {"code", "over_batch_bytes"}};
+      f.missing =
+          json{{"error", asked + ": past the batch's " + std::to_string(options_.batch_max_bytes) +
+                             " bytes (control.batch_max_bytes)"},
+               {"code", "over_batch_bytes"}};
       continue;
     }
     f.path = std::move(r->path);
@@ -109,7 +109,8 @@ Response ServerImpl::BatchFiles(const Request& req, const Caller& caller, int* f
           while (len > 0) {
             const ssize_t n = ::pwrite(mfd.get(), data, len, static_cast<off_t>(at));
             if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) return Status::IOError(std::string("writing the batch: ") + std::strerror(errno));
+            if (n <= 0)
+              return Status::IOError(std::string("writing the batch: ") + std::strerror(errno));
             data += n;
             len -= static_cast<size_t>(n);
             at += static_cast<uint64_t>(n);
@@ -127,7 +128,8 @@ Response ServerImpl::BatchFiles(const Request& req, const Caller& caller, int* f
     given++;
     served_bytes += f.attr.size;
   }
-  if (::fcntl(mfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0)
+  if (::fcntl(mfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) !=
+      0)
     return Error(http::status::service_unavailable,
                  std::string("sealing the batch: ") + std::strerror(errno), v);
   // A read-only open file description of the same memory for the caller.

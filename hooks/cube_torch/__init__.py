@@ -14,6 +14,9 @@ Environment (read when used):
   CUBE_TORCH_LOOKAHEAD_BATCHES   batches published ahead of the one being loaded (default 16)
   CUBE_TORCH_PATCH_OPEN=0        leave open() as it is (each open of a mount's file then asks
                                  the daemon whether it is a terminal)
+  USE_BATCH_DOWNLOAD=1, or       the batch mode: DataLoader workers take each batch's files
+  CUBE_TORCH_MODE=batch          from the daemon in one request and serve the dataset's opens
+                                 of them from memory (see _batch.py)
   CUBE_TORCH_VERBOSE=1           print a hit-rate line every CUBE_TORCH_REPORT_S seconds
                                  (default 10)
 """
@@ -78,8 +81,8 @@ def stats() -> Dict[str, Any]:
 
 
 if not _common.disabled():
-    from . import _hook, _open
+    from . import _batch, _hook, _open
 
     _hook.install()
     _hook.install_spawn()
-    _open.install()
+    _open.install(_batch.serve_open if _batch.install() else None)

@@ -11,7 +11,8 @@ Every other call reaches the original `open()` unchanged.
 
 `builtins.open` and `io.open` (one function, as before) are replaced at `import cube_torch`,
 and in every process that imports it (spawned DataLoader workers do); CUBE_TORCH_PATCH_OPEN=0
-leaves them alone. The mounts are read from /proc/self/mountinfo at most once a second. A
+leaves them alone, unless the batch mode (_batch.py) is chosen: its files are served from
+memory through the same replacement. The mounts are read from /proc/self/mountinfo at most once a second. A
 relative path counts as on a mount if the working directory was on one at that reading.
 """
 
@@ -37,6 +38,7 @@ READ_MODES = frozenset({"r", "rb", "br", "rt", "tr"})
 
 _mountinfo = "/proc/self/mountinfo"
 _original: Optional[Callable[..., Any]] = None
+_serve: Optional[Callable[..., Any]] = None  # the batch mode's files (install's `serve`)
 _lock = threading.Lock()
 # (monotonic time of the next reading, mount points as prefixes, cwd on a mount)
 _state: Tuple[float, Tuple[str, ...], bool] = (0.0, (), False)
@@ -75,13 +77,18 @@ def installed() -> bool:
     return _original is not None and builtins.open is not _original
 
 
-def install() -> bool:
+def install(serve: Optional[Callable[..., Any]] = None) -> bool:
     """Replaces builtins.open and io.open; False where nothing is to gain (Python 3.14 and later
-    skip the check for regular files) or CUBE_TORCH_PATCH_OPEN=0."""
-    global _original
-    if sys.version_info >= (3, 14) or os.environ.get("CUBE_TORCH_PATCH_OPEN", "1").strip().lower() \
-            in ("0", "false", "no", "off"):
+    skip the check for regular files, or CUBE_TORCH_PATCH_OPEN=0) and no `serve` is given.
+    `serve(path, mode, encoding, errors, newline)`: the batch mode's files (_batch.serve_open),
+    a file object or None; asked first for each open of a str path for reading."""
+    global _original, _serve
+    check = sys.version_info < (3, 14) and os.environ.get("CUBE_TORCH_PATCH_OPEN", "1").strip() \
+        .lower() not in ("0", "false", "no", "off")
+    if not check and serve is None:
         return False
+    if serve is not None:
+        _serve = serve
     if installed():
         return True
     original = builtins.open
@@ -92,11 +99,18 @@ def install() -> bool:
              errors: Optional[str] = None, newline: Optional[str] = None, closefd: bool = True,
              opener: Optional[Callable[..., int]] = None) -> Any:
         global skipped_checks
-        if buffering == -1 and type(mode) is str and mode in READ_MODES:
+        serve = _serve
+        if type(mode) is str and mode in READ_MODES and (
+                serve is not None or (check and buffering == -1)):
             path = file if type(file) is str else _paths.as_path(file)
-            if path is not None and on_mount(path):
-                buffering = MOUNT_BLKSIZE
-                skipped_checks += 1
+            if path is not None:
+                if serve is not None and opener is None:
+                    served = serve(path, mode, encoding, errors, newline)
+                    if served is not None:
+                        return served
+                if check and buffering == -1 and on_mount(path):
+                    buffering = MOUNT_BLKSIZE
+                    skipped_checks += 1
         return original(file, mode, buffering, encoding, errors, newline, closefd, opener)
 
     builtins.open = open
@@ -105,7 +119,8 @@ def install() -> bool:
 
 
 def uninstall() -> None:
-    global _original
+    global _original, _serve
+    _serve = None
     if _original is not None:
         builtins.open = _original
         io.open = _original
