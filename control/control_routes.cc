@@ -349,7 +349,16 @@ Response ServerImpl::CreateStream(const Request& req, const Caller& caller) {
         op != prefetch::FileLists::Op::kOk)
       return ListError(op, list, v);
   }
-  const std::string id = prefetcher_->CreateStream(name, pid, caller.uid, ReaderFor(caller), list);
+  // "mode": "batch": the hook's batch mode reads the files through /v1/files/batch, not the
+  // mount's page cache (Stream::page_cache).
+  bool page_cache = true;
+  if (body.contains("mode")) {
+    if (!body["mode"].is_string() || (body["mode"] != "prefetch" && body["mode"] != "batch"))
+      return Error(http::status::bad_request, "\"mode\" must be \"prefetch\" or \"batch\"", v);
+    page_cache = body["mode"] == "prefetch";
+  }
+  const std::string id =
+      prefetcher_->CreateStream(name, pid, caller.uid, ReaderFor(caller), list, page_cache);
   if (id.empty()) return StreamsFull(v);
   return JsonResponse(http::status::created, json{{"id", id}}, v);
 }

@@ -131,7 +131,7 @@ void Prefetcher::CompleteFetchLocked(std::unique_lock<std::mutex>& l, const std:
   // A file of one chunk goes into the kernel's page cache now: its reader then reads it there,
   // with no request to the daemon (keep_cache keeps the pages across opens).
   const cfs_client::FileVersion version = e.attr.Version();
-  PageCacheProbe* const store = options_.keep_cache ? page_probe_ : nullptr;
+  PageCacheProbe* const store = options_.keep_cache && e.store ? page_probe_ : nullptr;
   cache::BufferRef to_store;
   if (store != nullptr && !e.invalidated && chunks.size() == 1 && version.size > 0 &&
       chunks[0]->size == version.size)

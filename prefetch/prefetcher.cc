@@ -96,8 +96,8 @@ uint64_t Prefetcher::Slack() const {
 }
 
 std::string Prefetcher::CreateStream(const std::string& name, int pid, uid_t uid,
-                                     std::shared_ptr<const Caller> reader,
-                                     const std::string& list) {
+                                     std::shared_ptr<const Caller> reader, const std::string& list,
+                                     bool page_cache) {
   std::lock_guard<std::mutex> l(mu_);
   uint64_t owned = 0;
   for (const auto& [sid, st] : streams_) owned += st.uid == uid;
@@ -111,6 +111,7 @@ std::string Prefetcher::CreateStream(const std::string& name, int pid, uid_t uid
   s.uid = uid;
   s.reader = std::move(reader);
   s.list = list;
+  s.page_cache = page_cache;
   s.last_active_ns = clock_->NowNanos();
   s.stats.id = id;
   s.stats.name = name;
@@ -318,7 +319,7 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
         continue;
       }
       cfs_client::FileVersion version;
-      if (Mark* mark = page_probe_ ? FreshMarkLocked(path, &version) : nullptr) {
+      if (Mark* mark = page_probe_ && s.page_cache ? FreshMarkLocked(path, &version) : nullptr) {
         // The kernel may hold it: pass over it unless the probe finds a page missing. Probed
         // this near the readers, it is not probed again as they come.
         state |= kProbed;
@@ -338,6 +339,7 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
       e.refs = 1;
       e.first_stream = s.id;
       e.reader = s.reader;
+      e.store = s.page_cache;
       e.promise = std::make_shared<std::promise<void>>();
       e.done = e.promise->get_future().share();
       inflight_++;

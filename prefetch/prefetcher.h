@@ -177,9 +177,10 @@ class Prefetcher {
   // fetched (read permission, as the kernel would check it); a file it may not read is
   // counted `denied` and not fetched.
   // `list`: the registered file list (FileLists) its positions name, if any.
+  // `page_cache`: the readers read through the mount's page cache (Stream::page_cache).
   std::string CreateStream(const std::string& name, int pid, uid_t uid = 0,
                            std::shared_ptr<const Caller> reader = nullptr,
-                           const std::string& list = "");
+                           const std::string& list = "", bool page_cache = true);
   uint64_t max_streams_per_uid() const { return options_.max_streams_per_uid; }
   bool DeleteStream(const std::string& id);  // false: unknown stream
   // Appends store-relative paths, in read order. False: unknown stream.

@@ -62,6 +62,10 @@ struct Stream {
   int pid = 0;
   uid_t uid = 0;
   std::shared_ptr<const Caller> reader;
+  // The readers read through the mount's page cache. False for the hook's batch mode, whose
+  // workers take the files from the daemon (POST /v1/files/batch): nothing is put into the
+  // page cache for it, and no file is passed over as held there.
+  bool page_cache = true;
   uint64_t base = 0;  // position of paths.front()
   std::deque<std::string> paths;
   std::deque<uint8_t> states;

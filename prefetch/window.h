@@ -43,6 +43,7 @@ class Window {
     bool was_read = false;
     bool waiting_for_room = false;  // a large file waiting for room before its fetch
     bool invalidated = false;       // written through the mount since fetched: never served
+    bool store = true;              // put into the page cache once fetched (Stream::page_cache)
     std::string first_stream;       // the stream whose position created it (for its counters)
     uid_t owner = 0;                // that stream's owner, whose share of the window it uses
     std::shared_ptr<const Caller> reader;  // whose read permission the fetch checks

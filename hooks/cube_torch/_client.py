@@ -438,11 +438,16 @@ class ControlClient:
 
     # --- the /v1 API ---
 
-    def create_stream(self, name: str, pid: int, list_id: Optional[str] = None) -> str:
-        """A new stream; `list_id`: the registered file list its positions name."""
+    def create_stream(self, name: str, pid: int, list_id: Optional[str] = None,
+                      mode: Optional[str] = None) -> str:
+        """A new stream; `list_id`: the registered file list its positions name; `mode`:
+        "batch" when the workers take the files through /v1/files/batch (the daemon then
+        puts nothing into the page cache for it)."""
         body: Dict[str, Any] = {"name": name, "pid": pid}
         if list_id is not None:
             body["list"] = list_id
+        if mode is not None:
+            body["mode"] = mode
         reply = self.request("POST", "/v1/streams", body)
         sid = reply.body.get("id") if isinstance(reply.body, dict) else None
         if not isinstance(sid, (str, int)) or isinstance(sid, bool) or str(sid) == "":

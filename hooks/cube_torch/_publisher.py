@@ -32,7 +32,7 @@ import time
 import weakref
 from typing import Any, Deque, Dict, Iterable, List, Optional, Set, Tuple, Union
 
-from . import _client, _common, _report
+from . import _batch, _client, _common, _report
 from ._paths import PathMapper
 
 MAX_QUEUED_BATCHES = 1024   # batches waiting for the publisher thread
@@ -793,13 +793,16 @@ class Publisher:
                 paths_only_if_gone: bool = True) -> None:
         """Creates the daemon's stream, with the stream's file list if it has one. If that list
         is gone (410): a stream for paths, or the 410 raised (`paths_only_if_gone` false)."""
+        # A daemon from before stream modes ignores the mode: a stream as in the prefetch mode.
+        mode = "batch" if _batch.enabled() else None
         try:
-            stream.stream_id = client.create_stream(stream.name, stream.owner_pid, stream.list_id)
+            stream.stream_id = client.create_stream(stream.name, stream.owner_pid,
+                                                    stream.list_id, mode)
         except _client.ControlError as e:
             if e.status != 410 or stream.list_id is None or not paths_only_if_gone:
                 raise
             stream.list_id = None  # its list is gone (the daemon restarted): paths only
-            stream.stream_id = client.create_stream(stream.name, stream.owner_pid)
+            stream.stream_id = client.create_stream(stream.name, stream.owner_pid, None, mode)
         self._open[id(stream)] = stream
         self.last_daemon = stream.daemon
         self._count("streams")

@@ -197,6 +197,11 @@ TEST_F(RoutesTest, CreateStream) {
   EXPECT_ERROR(Post(Root(), "/v1/streams", json::array()), 400, "invalid_argument");
   EXPECT_ERROR(Post(Root(), "/v1/streams", {{"name", 5}}), 400, "invalid_argument");
   EXPECT_ERROR(Post(Root(), "/v1/streams", {{"pid", "x"}}), 400, "invalid_argument");
+  // A stream's mode: "prefetch" (the default) or "batch".
+  EXPECT_EQ(Post(Root(), "/v1/streams", {{"mode", "batch"}}).status, 201u);
+  EXPECT_EQ(Post(Root(), "/v1/streams", {{"mode", "prefetch"}}).status, 201u);
+  EXPECT_ERROR(Post(Root(), "/v1/streams", {{"mode", "fast"}}), 400, "invalid_argument");
+  EXPECT_ERROR(Post(Root(), "/v1/streams", {{"mode", 1}}), 400, "invalid_argument");
   EXPECT_ERROR(Ask(Root(), http::verb::post, "/v1/streams", "{not json"), 400, "invalid_argument");
   // Over the JSON depth limit: refused before it is parsed.
   a = Ask(Root(), http::verb::post, "/v1/streams", std::string(40, '[') + std::string(40, ']'));

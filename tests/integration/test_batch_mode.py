@@ -81,6 +81,9 @@ def test_workers_take_each_batch_in_one_request(cube: CubeFactory, jpeg_tree: Pa
     assert batch["served"] == 480, batch["served"]
     files = batch["stats"]["global"]["files_batch"]
     assert files["batches"] == 30 and files["files"] == 480, files
+    # A batch-mode stream: nothing put into the page cache, which its workers never read.
+    prefetch = batch["stats"]["global"]["prefetch"]
+    assert prefetch["stored"] == 0 and prefetch["fetched"] >= 470, prefetch
     assert fuse_reads(mount) - before <= 480, fuse_reads(mount) - before
 
 

@@ -190,6 +190,34 @@ TEST_F(PrefetcherTest, FilesTheKernelHoldsWholeAreNotFetchedAgain) {
 // with no read reaching the daemon (the publisher says how far they are), and that counts as a
 // hit; the window lets the file go. A file whose pages were dropped before its read reaches the
 // daemon and counts as what that read was, not as a hit. The next epoch trusts the marks.
+// A batch-mode stream (its workers read the files through /v1/files/batch, not the mount):
+// nothing is put into the page cache for it, and a file the kernel holds is fetched into RAM
+// all the same, where the batch request finds it.
+TEST_F(PrefetcherTest, ABatchModeStreamStoresNothingInThePageCacheAndPassesNothingOver) {
+  Make(/*window_files=*/16, 1 << 20, /*slack=*/2, /*evict_after_read=*/false,
+       /*keep_cache=*/true, [] { return std::optional<uint64_t>(7); });
+  KnowAttrs();
+  pf_->SetPageProbe(&storing_pages_);
+  // A prefetch-mode stream first: files 0-3 stored and marked page-resident.
+  std::string id = pf_->CreateStream("prefetch", 1);
+  ASSERT_TRUE(pf_->Publish(id, {Name(0), Name(1), Name(2), Name(3)}));
+  EXPECT_EQ(RunAll(), 4);
+  EXPECT_EQ(stored_.size(), 4u);
+  pf_->DeleteStream(id);
+
+  id = pf_->CreateStream("batch", 1, 0, nullptr, "", /*page_cache=*/false);
+  ASSERT_TRUE(pf_->Publish(id, {Name(0), Name(1), Name(4), Name(5)}));
+  EXPECT_EQ(RunAll(), 4);  // marked or not, each file is taken into the window (0 and 1 from RAM)
+  EXPECT_EQ(stored_.size(), 4u);  // and none stored
+  Stats st = pf_->GetStats();
+  EXPECT_EQ(st.stored, 4u);
+  EXPECT_EQ(st.trusted, 0u);
+  EXPECT_EQ(st.fetched, 8u);
+  EXPECT_EQ(st.window_files, 4u);
+  for (int i : {0, 1, 4, 5})
+    EXPECT_NE(pf_->Get(Name(i), store_.Stat(Name(i)).value().Version(), 0), std::nullopt) << i;
+}
+
 TEST_F(PrefetcherTest, AFetchedFileIsStoredInThePageCacheAndPassingItIsAHit) {
   Make(/*window_files=*/16, 1 << 20, /*slack=*/2, true, /*keep_cache=*/true,
        [] { return std::optional<uint64_t>(7); });
