@@ -318,6 +318,9 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
         state |= kAttached;
         continue;
       }
+      // A batch-mode stream's file the RAM cache holds is left there for the batch request to
+      // find: no trip through the window (the position stays pending until it is read).
+      if (!s.page_cache && HeldInRamLocked(path)) continue;
       cfs_client::FileVersion version;
       if (Mark* mark = page_probe_ && s.page_cache ? FreshMarkLocked(path, &version) : nullptr) {
         // The kernel may hold it: pass over it unless the probe finds a page missing. Probed
@@ -352,6 +355,13 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
   for (auto& [id, s] : streams_)
     if (std::optional<Job> job = RecheckLocked(s)) return job;
   return std::nullopt;
+}
+
+bool Prefetcher::HeldInRamLocked(const std::string& path) {
+  if (attr_source_ == nullptr) return false;
+  std::optional<cfs_client::FileAttr> a = attr_source_->FreshAttr(path, nullptr);
+  if (!a || !a->IsRegular() || a->size == 0 || a->size > options_.chunk_bytes) return false;
+  return ram_->Get(cache::ChunkKey(path, a->Version(), 0)) != nullptr;
 }
 
 bool Prefetcher::PreemptLocked(const std::unordered_map<uid_t, bool>& wanting, uint64_t share_files,

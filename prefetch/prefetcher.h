@@ -373,6 +373,8 @@ class Prefetcher {
   bool PreemptLocked(const std::unordered_map<uid_t, bool>& wanting, uint64_t share_files,
                      uint64_t share_bytes);
   Stream* StreamById(const std::string& id);
+  // Whether the RAM cache holds all of `path` at the version of its fresh attributes.
+  bool HeldInRamLocked(const std::string& path);
   void WorkerLoop();
   static constexpr size_t kRestoreRun = 64;  // restore jobs one worker takes at once
   uint64_t Slack() const;

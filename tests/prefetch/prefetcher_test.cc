@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 
+#include "cache/tiers.h"
 #include "control/control_server.h"
 #include "tests/test_util.h"
 
@@ -191,8 +192,8 @@ TEST_F(PrefetcherTest, FilesTheKernelHoldsWholeAreNotFetchedAgain) {
 // hit; the window lets the file go. A file whose pages were dropped before its read reaches the
 // daemon and counts as what that read was, not as a hit. The next epoch trusts the marks.
 // A batch-mode stream (its workers read the files through /v1/files/batch, not the mount):
-// nothing is put into the page cache for it, and a file the kernel holds is fetched into RAM
-// all the same, where the batch request finds it.
+// nothing is put into the page cache for it, a file the kernel holds counts for nothing, and a
+// file the RAM cache holds is left there, where the batch request finds it.
 TEST_F(PrefetcherTest, ABatchModeStreamStoresNothingInThePageCacheAndPassesNothingOver) {
   Make(/*window_files=*/16, 1 << 20, /*slack=*/2, /*evict_after_read=*/false,
        /*keep_cache=*/true, [] { return std::optional<uint64_t>(7); });
@@ -207,15 +208,30 @@ TEST_F(PrefetcherTest, ABatchModeStreamStoresNothingInThePageCacheAndPassesNothi
 
   id = pf_->CreateStream("batch", 1, 0, nullptr, "", /*page_cache=*/false);
   ASSERT_TRUE(pf_->Publish(id, {Name(0), Name(1), Name(4), Name(5)}));
-  EXPECT_EQ(RunAll(), 4);  // marked or not, each file is taken into the window (0 and 1 from RAM)
-  EXPECT_EQ(stored_.size(), 4u);  // and none stored
+  // 0 and 1, marked page-resident, are in the RAM cache too (the window gave them to it when
+  // it stored them): left there for the batch request. 4 and 5 are fetched, and not stored.
+  EXPECT_EQ(RunAll(), 2);
+  EXPECT_EQ(stored_.size(), 4u);
   Stats st = pf_->GetStats();
   EXPECT_EQ(st.stored, 4u);
   EXPECT_EQ(st.trusted, 0u);
-  EXPECT_EQ(st.fetched, 8u);
-  EXPECT_EQ(st.window_files, 4u);
-  for (int i : {0, 1, 4, 5})
+  EXPECT_EQ(st.fetched, 6u);
+  EXPECT_EQ(st.window_files, 2u);
+  for (int i : {4, 5})
     EXPECT_NE(pf_->Get(Name(i), store_.Stat(Name(i)).value().Version(), 0), std::nullopt) << i;
+  for (int i : {0, 1})
+    EXPECT_NE(ram_->Get(cache::ChunkKey(Name(i), store_.Stat(Name(i)).value().Version(), 0)),
+              nullptr)
+        << i;
+  for (int i : {0, 1, 4, 5}) ReadFile(i);  // served from the window, then kept in RAM
+  pf_->DeleteStream(id);
+
+  // The next batch-mode epoch: every file is in the RAM cache, where the batch request finds
+  // it; none goes through the window again.
+  id = pf_->CreateStream("batch", 1, 0, nullptr, "", /*page_cache=*/false);
+  ASSERT_TRUE(pf_->Publish(id, {Name(0), Name(1), Name(4), Name(5)}));
+  EXPECT_EQ(RunAll(), 0);
+  EXPECT_EQ(pf_->GetStats().window_files, 0u);
 }
 
 TEST_F(PrefetcherTest, AFetchedFileIsStoredInThePageCacheAndPassingItIsAHit) {
