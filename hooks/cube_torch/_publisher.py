@@ -794,7 +794,7 @@ class Publisher:
         """Creates the daemon's stream, with the stream's file list if it has one. If that list
         is gone (410): a stream for paths, or the 410 raised (`paths_only_if_gone` false)."""
         # A daemon from before stream modes ignores the mode: a stream as in the prefetch mode.
-        mode = "batch" if _batch.enabled() else None
+        mode = "batch" if _batch.installed() else None
         try:
             stream.stream_id = client.create_stream(stream.name, stream.owner_pid,
                                                     stream.list_id, mode)
