@@ -102,6 +102,7 @@ VENV_PY="$(scripts/venv.sh)/bin/python"
 echo "== hook and loader tests under $("$VENV_PY" -c 'import torch; print("torch", torch.__version__)') (project venv)"
 timeout 600 "$VENV_PY" -m pytest -q -rs -p no:cacheprovider tests/hooks
 timeout 900 "$VENV_PY" -m pytest -q -rs -p no:cacheprovider tests/integration/test_hook_e2e.py \
+  tests/integration/test_batch_mode.py \
   tests/integration/test_epochs.py tests/integration/test_model_mount.py \
   tests/integration/test_s3.py::test_prefetch_through_cube_torch_on_an_s3_mount \
   tests/integration/test_s3.py::test_model_load_from_an_s3_mount
