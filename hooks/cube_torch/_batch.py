@@ -91,11 +91,23 @@ def serve_open(path: str, mode: str, encoding: Optional[str], errors: Optional[s
     return io.TextIOWrapper(f, encoding=encoding, errors=errors, newline=newline)
 
 
+# directory -> the daemon whose mount holds it (None: none), memoized: a dataset's files share
+# a few thousand directories, and daemon_for resolves symlinks (syscalls) on each call.
+_dir_daemon: Dict[str, Optional[_client.Daemon]] = {}
+_MAX_DIRS = 1 << 16
+
+
 def _daemon_for(path: str) -> Optional[_client.Daemon]:
     global _daemons
     if _daemons is None:
         _daemons = _client.live_daemons(_common.config_dir(), _common.vol_name() or None)
-    return _client.daemon_for(path, _daemons)
+    head = path.rpartition("/")[0]
+    if head in _dir_daemon:
+        return _dir_daemon[head]
+    if len(_dir_daemon) >= _MAX_DIRS:
+        _dir_daemon.clear()
+    d = _dir_daemon[head] = _client.daemon_for(path, _daemons)
+    return d
 
 
 def _request(daemon: _client.Daemon, raw: bytes) -> Tuple[Dict[str, Any], Optional[int]]:
@@ -155,12 +167,17 @@ def _begin(dataset: Any, indices: List[Any]) -> None:
     mapper = _paths.mapper_for(dataset)
     if mapper is None:
         return
-    paths: List[str] = []
-    for i in indices:
-        try:
-            paths.extend(mapper(i))
-        except Exception:
-            continue
+    singles = getattr(mapper, "singles", None)
+    paths: Optional[List[str]] = None
+    if singles is not None and all(type(i) is int and i >= 0 for i in indices):
+        paths = singles(indices)  # one path an index, mapped in bulk (as the publisher does)
+    if paths is None:
+        paths = []
+        for i in indices:
+            try:
+                paths.extend(mapper(i))
+            except Exception:
+                continue
     # Grouped by the daemon whose mount holds them; each path sent as the dataset names it,
     # made absolute (the daemon takes absolute paths under its mount point).
     by_daemon: Dict[str, Tuple[_client.Daemon, List[str], List[str]]] = {}
