@@ -5,15 +5,18 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "cache/ram_cache.h"
 #include "common/logging.h"
 #include "common/unique_fd.h"
 #include "control/server_impl.h"
 #include "prefetch/model_fetch.h"
+#include "prefetch/prefetcher.h"
 
 namespace cubetorchfs::control::detail {
 
@@ -97,28 +100,82 @@ Response ServerImpl::BatchFiles(const Request& req, const Caller& caller, int* f
   if (::ftruncate(mfd.get(), static_cast<off_t>(total)) != 0)
     return Error(http::status::service_unavailable,
                  std::string("sizing the batch's memory file: ") + std::strerror(errno), v);
+  // The bytes go into the memory file through a gathering buffer: one write for many small
+  // files rather than one each. A write that fails fails the request (the client reads the
+  // batch through the mount).
+  auto write_at = [&](uint64_t at, const char* data, size_t len) -> Status {
+    while (len > 0) {
+      const ssize_t n = ::pwrite(mfd.get(), data, len, static_cast<off_t>(at));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return Status::IOError(std::string("writing the batch: ") + std::strerror(errno));
+      data += n;
+      len -= static_cast<size_t>(n);
+      at += static_cast<uint64_t>(n);
+    }
+    return Status::OK();
+  };
+  std::string pending;
+  uint64_t pending_at = 0;
+  Status written;       // the first write that failed
+  auto flush = [&]() {  // into `written`
+    if (written.ok() && !pending.empty())
+      written = write_at(pending_at, pending.data(), pending.size());
+    pending.clear();
+  };
+  auto put = [&](uint64_t at, const char* data, size_t len) -> Status {
+    if (!pending.empty() && pending_at + pending.size() != at) flush();
+    if (!written.ok()) return written;
+    if (len >= kBatchGather) {  // a large piece: written where it is
+      flush();
+      if (written.ok()) written = write_at(at, data, len);
+      return written;
+    }
+    if (pending.empty()) pending_at = at;
+    pending.append(data, len);
+    if (pending.size() >= kBatchGather) flush();
+    return written;
+  };
+  pending.reserve(static_cast<size_t>(std::min<uint64_t>(total, kBatchGather)));
+  // Small files the prefetch window or the RAM cache holds whole are copied from there, and
+  // their reads reported to the prefetcher together; the others are read as the mount reads
+  // them (fetched from the store if need be).
+  std::vector<prefetch::Prefetcher::WholeRead> reads;
+  reads.reserve(files.size());
+  const uint64_t whole = prefetcher_->chunk_bytes();
   uint64_t given = 0, served_bytes = 0;
   for (File& f : files) {
     if (f.path.empty()) continue;
-    uint64_t at = f.offset;
-    const uint64_t end = f.offset + f.attr.size;
-    Status s = reader_(
-        f.path, f.attr,
-        [&](const char* data, size_t len) -> Status {
-          if (len > end - at) return Status::Stale(f.path + ": longer than its attributes say");
-          while (len > 0) {
-            const ssize_t n = ::pwrite(mfd.get(), data, len, static_cast<off_t>(at));
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0)
-              return Status::IOError(std::string("writing the batch: ") + std::strerror(errno));
-            data += n;
-            len -= static_cast<size_t>(n);
-            at += static_cast<uint64_t>(n);
-          }
-          return Status::OK();
-        },
-        caller.uid);
-    if (s.ok() && at != end) s = Status::Stale(f.path + ": shorter than its attributes say");
+    const cfs_client::FileVersion version = f.attr.Version();
+    cache::BufferRef held;
+    prefetch::ReadOutcome outcome = prefetch::ReadOutcome::kHit;
+    if (f.attr.size > 0 && f.attr.size <= whole) {
+      if (std::optional<prefetch::Prefetcher::WindowHit> w = prefetcher_->Get(f.path, version, 0)) {
+        held = std::move(w->buffer);
+        if (w->waited) outcome = prefetch::ReadOutcome::kLate;
+      } else {
+        held = ram_->Get(cache::ChunkKey(f.path, version, 0));
+      }
+      if (held != nullptr && held->size < f.attr.size) held = nullptr;  // not the whole file
+    }
+    Status s;
+    if (held != nullptr) {
+      s = put(f.offset, held->data.get(), f.attr.size);
+      if (s.ok()) reads.push_back({&f.path, version, outcome});
+    } else {
+      uint64_t at = f.offset;
+      const uint64_t end = f.offset + f.attr.size;
+      s = reader_(
+          f.path, f.attr,
+          [&](const char* data, size_t len) -> Status {
+            if (len > end - at) return Status::Stale(f.path + ": longer than its attributes say");
+            CTFS_RETURN_IF_ERROR(put(at, data, len));
+            at += len;
+            return Status::OK();
+          },
+          caller.uid);
+      if (s.ok() && at != end) s = Status::Stale(f.path + ": shorter than its attributes say");
+    }
+    if (!written.ok()) break;
     if (!s.ok()) {
       CTFS_LOG(kDebug) << "files/batch " << f.path << ": " << s.ToString();
       f.missing = Missing(s, CodeOf(s));
@@ -128,6 +185,9 @@ Response ServerImpl::BatchFiles(const Request& req, const Caller& caller, int* f
     given++;
     served_bytes += f.attr.size;
   }
+  flush();
+  if (!written.ok()) return Error(http::status::service_unavailable, written.message(), v);
+  prefetcher_->OnWholeReads(reads, static_cast<int64_t>(caller.uid));
   if (::fcntl(mfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) !=
       0)
     return Error(http::status::service_unavailable,

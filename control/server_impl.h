@@ -270,6 +270,8 @@ class ServerImpl final : public ControlServer {
   Response OpenFile(const Request& req, const Caller& caller, int* fd);
   // POST /v1/files/batch (batch_files.cc): the files named, in one sealed memory file.
   static constexpr size_t kMaxBatchFiles = 4096;
+  // POST /v1/files/batch writes its memory file in pieces of about this size.
+  static constexpr size_t kBatchGather = 1 << 20;
   Response BatchFiles(const Request& req, const Caller& caller, int* fd);
   // Counters; a user other than root sees only its own streams.
   json StatsJson(const Caller& caller);

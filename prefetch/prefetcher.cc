@@ -212,7 +212,7 @@ Prefetcher::Op Prefetcher::PublishAs(uid_t uid, const std::string& id,
       s->passed = std::min(end - *unread, s->base + s->paths.size());
       s->high = std::max(s->high, s->passed);
       AdvanceLocked(*s);
-      Wake();  // window room freed, if any (notifying under mu_ is fine: OnRead does)
+      Wake();  // window room freed, if any (notifying under mu_ is fine)
     }
     // As many as fit, in order; or all or none (nothing is never refused).
     size_t n = 0;
@@ -435,10 +435,38 @@ void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& 
                         int64_t uid) {
   const int o = static_cast<int>(outcome);
   if (reads_[o]) reads_[o]->Increment();
-  std::lock_guard<std::mutex> l(mu_);
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    wake = OnReadLocked(path, version, offset, bytes, outcome, to_kernel, uid, clock_->NowNanos());
+  }
+  if (wake) Wake();
+}
+
+void Prefetcher::OnWholeReads(const std::vector<WholeRead>& reads, int64_t uid) {
+  if (reads.empty()) return;
+  uint64_t by_outcome[3] = {0, 0, 0};
+  for (const WholeRead& r : reads) by_outcome[static_cast<int>(r.outcome)]++;
+  for (int o = 0; o < 3; ++o)
+    if (reads_[o] && by_outcome[o] > 0) reads_[o]->Increment(static_cast<double>(by_outcome[o]));
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    const uint64_t now = clock_->NowNanos();
+    for (const WholeRead& r : reads)
+      wake |= OnReadLocked(*r.path, r.version, 0, r.version.size, r.outcome,
+                           /*to_kernel=*/false, uid, now);
+  }
+  if (wake) Wake();
+}
+
+bool Prefetcher::OnReadLocked(const std::string& path, const cfs_client::FileVersion& version,
+                              uint64_t offset, uint64_t bytes, ReadOutcome outcome, bool to_kernel,
+                              int64_t uid, uint64_t now) {
+  const int o = static_cast<int>(outcome);
   uint64_t* counts[3] = {&totals_.reads.hit, &totals_.reads.late, &totals_.reads.miss};
   (*counts[o])++;
-  const uint64_t now = clock_->NowNanos();
+  bool wake = false;
   // Page residency is about the kernel: a read served to the control API says nothing of it.
   if (to_kernel && offset == 0) NoteNotResidentLocked(path, now);
   // A read of the whole file at once (most small files): the kernel now holds its pages.
@@ -484,14 +512,14 @@ void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& 
       const bool at_horizon = best->next >= horizon && horizon < best->end();
       MarkPositionLocked(*best, best_pos, kRead);
       AdvanceLocked(*best);
-      if ((at_horizon && best->low + options_.prefetch.window_files > horizon) || recheck) Wake();
+      wake = (at_horizon && best->low + options_.prefetch.window_files > horizon) || recheck;
     }
   }
   auto it = window_.find(path);
-  if (it == window_.end()) return;
+  if (it == window_.end()) return wake;
   Entry& e = it->second;
   // Fetched for another user's stream: this read is served from it, and leaves it to them.
-  if (uid >= 0 && static_cast<int64_t>(e.owner) != uid) return;
+  if (uid >= 0 && static_cast<int64_t>(e.owner) != uid) return wake;
   if (e.state != State::kReady) {
     // Read on demand before its prefetch finished: once fetched, nobody needs it.
     e.was_read = true;
@@ -503,6 +531,7 @@ void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& 
     if (to_kernel && e.bytes_read >= e.attr.size) MarkResidentLocked(path, version);
   }
   MaybeReleaseLocked(path);
+  return wake;
 }
 
 std::optional<Prefetcher::WindowHit> Prefetcher::Get(const std::string& path,

@@ -236,6 +236,16 @@ class Prefetcher {
   // skips its positions nor drops what was prefetched for it. -1: unknown (any stream).
   void OnRead(const std::string& path, const cfs_client::FileVersion& version, uint64_t offset,
               uint64_t bytes, ReadOutcome outcome, bool to_kernel = true, int64_t uid = -1);
+  // Whole files read by one control request (POST /v1/files/batch), reported as OnRead does
+  // with one acquisition of the lock for all.
+  struct WholeRead {
+    const std::string* path;
+    cfs_client::FileVersion version;
+    ReadOutcome outcome;
+  };
+  void OnWholeReads(const std::vector<WholeRead>& reads, int64_t uid);
+  // The size up to which a file is one whole-file entry of the RAM cache (chunk 0).
+  uint64_t chunk_bytes() const { return options_.chunk_bytes; }
   // Attributes fetched with a prefetched file, while fresh: lookups then need no round trip.
   // `fetched_ns`, if not null, receives when they were read from the store.
   std::optional<cfs_client::FileAttr> WindowAttr(const std::string& path,
@@ -375,6 +385,10 @@ class Prefetcher {
   Stream* StreamById(const std::string& id);
   // Whether the RAM cache holds all of `path` at the version of its fresh attributes.
   bool HeldInRamLocked(const std::string& path);
+  // OnRead's work under mu_; true if a worker is to be woken.
+  bool OnReadLocked(const std::string& path, const cfs_client::FileVersion& version,
+                    uint64_t offset, uint64_t bytes, ReadOutcome outcome, bool to_kernel,
+                    int64_t uid, uint64_t now);
   void WorkerLoop();
   static constexpr size_t kRestoreRun = 64;  // restore jobs one worker takes at once
   uint64_t Slack() const;

@@ -478,11 +478,32 @@ TEST_F(RoutesTest, BatchFiles) {
   EXPECT_EQ(a.body["files"][2]["offset"], 1000);  // the same file twice: given twice
   EXPECT_EQ(a.body["bytes"], 2000);
 
+  // A file the RAM cache holds whole at its version is copied from there (the cached bytes
+  // stand out here), and many small files go into the memory file in order, past the pieces
+  // it is written in.
+  const cfs_client::FileAttr attr = world_.store->Stat("data/a.jpg").value();
+  std::shared_ptr<cache::Buffer> cached = cache::Buffer::Allocate(1000);
+  std::memset(cached->data.get(), 'R', 1000);
+  world_.ram->Insert(cache::ChunkKey("data/a.jpg", attr.Version(), 0), std::move(cached));
+  std::string body;
+  for (int i = 0; i < 1100; ++i)
+    body += (i % 2 ? std::string("data/a.jpg") : std::string("data/model.safetensors")) + '\0';
+  a = Ask(Stranger(), http::verb::post, "/v1/files/batch", body);
+  ASSERT_EQ(a.status, 200u) << a.text.substr(0, 300);
+  EXPECT_EQ(a.body["bytes"], 550 * (1000 + 4096));
+  std::string want;
+  for (int i = 0; i < 550; ++i) want += std::string(4096, 'm') + std::string(1000, 'R');
+  got.assign(want.size(), '\0');
+  ASSERT_EQ(::pread(a.fd, got.data(), got.size(), 0), static_cast<ssize_t>(want.size()));
+  EXPECT_TRUE(got == want);
+  ::close(a.fd);
+
   a = Ask(Root(), http::verb::get, "/v1/stats");
-  EXPECT_EQ(a.body["global"]["files_batch"]["batches"], 2) << a.text;
-  EXPECT_EQ(a.body["global"]["files_batch"]["files"], 4);
-  EXPECT_EQ(a.body["global"]["files_batch"]["bytes"],
-            6096 + testing::kSecret.size() + std::string(" in a 0600 file").size());
+  EXPECT_EQ(a.body["global"]["files_batch"]["batches"], 3) << a.text;
+  EXPECT_EQ(a.body["global"]["files_batch"]["files"], 4 + 1100);
+  EXPECT_EQ(
+      a.body["global"]["files_batch"]["bytes"],
+      6096 + testing::kSecret.size() + std::string(" in a 0600 file").size() + 550 * (1000 + 4096));
 }
 
 TEST_F(RoutesTest, Warmup) {

@@ -232,6 +232,22 @@ TEST_F(PrefetcherTest, ABatchModeStreamStoresNothingInThePageCacheAndPassesNothi
   ASSERT_TRUE(pf_->Publish(id, {Name(0), Name(1), Name(4), Name(5)}));
   EXPECT_EQ(RunAll(), 0);
   EXPECT_EQ(pf_->GetStats().window_files, 0u);
+  // The batch request reports its files' reads together (one acquisition of the lock): each
+  // consumes its position in the stream, as the read it was; another user's reads move nothing.
+  const std::vector<std::string> names = {Name(0), Name(1), Name(4), Name(5)};
+  std::vector<Prefetcher::WholeRead> reads;
+  for (const std::string& n : names)
+    reads.push_back({&n, store_.Stat(n).value().Version(),
+                     n == Name(5) ? ReadOutcome::kLate : ReadOutcome::kHit});
+  pf_->OnWholeReads(reads, /*uid=*/2);
+  st = pf_->GetStats();
+  ASSERT_EQ(st.streams.size(), 1u);
+  EXPECT_EQ(st.streams[0].queued, 4u);
+  pf_->OnWholeReads(reads, /*uid=*/0);  // the stream's user
+  st = pf_->GetStats();
+  EXPECT_EQ(st.streams[0].queued, 0u);
+  EXPECT_EQ(st.streams[0].reads.hit, 3u);
+  EXPECT_EQ(st.streams[0].reads.late, 1u);
 }
 
 TEST_F(PrefetcherTest, AFetchedFileIsStoredInThePageCacheAndPassingItIsAHit) {
