@@ -591,6 +591,42 @@ Response ServerImpl::PublishPositions(const Request& req, const Caller& caller,
                       v);
 }
 
+std::optional<Response> ServerImpl::PublishLegacy(const Caller& caller,
+                                                  const std::vector<std::string>& all, bool batch,
+                                                  unsigned v) {
+  // One legacy stream per user and kind: users never share a stream. A batch stream's files
+  // are fetched for /batchdownload/path, which sends them, not into the kernel's page cache.
+  MutexLock l(legacy_mu_);
+  std::string& id = (batch ? legacy_batch_streams_ : legacy_streams_)[caller.uid];
+  // The original package expects its answer whatever happens: past the per-user limits, as
+  // many paths as fit are published (prefetching is best effort).
+  size_t taken = 0;
+  Prefetcher::Refusal refusal;
+  Prefetcher::Op op = id.empty()
+                          ? Prefetcher::Op::kNotFound
+                          : prefetcher_->PublishAs(caller.uid, id, all, true, &taken, &refusal);
+  if (op == Prefetcher::Op::kNotFound) {
+    id = prefetcher_->CreateStream(batch ? "cube_torch legacy batch" : "cube_torch legacy", 0,
+                                   caller.uid, ReaderFor(caller), "", /*page_cache=*/!batch);
+    if (id.empty()) {
+      (batch ? legacy_batch_streams_ : legacy_streams_).erase(caller.uid);
+      if (batch) return std::nullopt;  // the files are read as asked, one after another
+      return StreamsFull(v);
+    }
+    op = prefetcher_->PublishAs(caller.uid, id, all, true, &taken, &refusal);
+  }
+  if (op == Prefetcher::Op::kFull || taken < all.size()) {
+    if (dropped_warnings_++ < 3 || dropped_warnings_ % 1000 == 0)
+      CTFS_LOG(kWarn) << "legacy prefetch of uid " << caller.uid << ": " << all.size() - taken
+                      << " paths over the queued-path limits dropped"
+                      << (refusal.limit != Prefetcher::Limit::kNone ? ": " + FullMessage(refusal)
+                                                                    : "");
+  } else if (op != Prefetcher::Op::kOk && !batch) {
+    return StreamError(op, id, v);
+  }
+  return std::nullopt;
+}
+
 Response ServerImpl::LegacyPrefetch(const Request& req, const Caller& caller) {
   const unsigned v = req.version();
   std::string why;
@@ -605,35 +641,8 @@ Response ServerImpl::LegacyPrefetch(const Request& req, const Caller& caller) {
     if (!paths) return Error(http::status::bad_request, why, v);
     all.insert(all.end(), paths->begin(), paths->end());
   }
-  {
-    // One legacy stream per user: users never share a stream.
-    MutexLock l(legacy_mu_);
-    std::string& id = legacy_streams_[caller.uid];
-    // The original package expects "prefetching." whatever happens: past the per-user
-    // limits, as many paths as fit are published (prefetching is best effort).
-    size_t taken = 0;
-    Prefetcher::Refusal refusal;
-    Prefetcher::Op op = id.empty()
-                            ? Prefetcher::Op::kNotFound
-                            : prefetcher_->PublishAs(caller.uid, id, all, true, &taken, &refusal);
-    if (op == Prefetcher::Op::kNotFound) {
-      id = prefetcher_->CreateStream("cube_torch legacy", 0, caller.uid, ReaderFor(caller));
-      if (id.empty()) {
-        legacy_streams_.erase(caller.uid);
-        return StreamsFull(v);
-      }
-      op = prefetcher_->PublishAs(caller.uid, id, all, true, &taken, &refusal);
-    }
-    if (op == Prefetcher::Op::kFull || taken < all.size()) {
-      if (dropped_warnings_++ < 3 || dropped_warnings_ % 1000 == 0)
-        CTFS_LOG(kWarn) << "legacy prefetch of uid " << caller.uid << ": " << all.size() - taken
-                        << " paths over the queued-path limits dropped"
-                        << (refusal.limit != Prefetcher::Limit::kNone ? ": " + FullMessage(refusal)
-                                                                      : "");
-    } else if (op != Prefetcher::Op::kOk) {
-      return StreamError(op, id, v);
-    }
-  }
+  if (std::optional<Response> failed = PublishLegacy(caller, all, /*batch=*/false, v))
+    return std::move(*failed);
   return Text(http::status::ok, "prefetching.\n", v);
 }
 
@@ -665,29 +674,55 @@ Reply ServerImpl::BatchDownload(Request& req, const Caller& caller, int sock) {
   head += "\r\n";
   if (!out.Raw(head)) return Reply{{}, -1, true, false};
   // Framing: u64 version=0, u64 count, then per file u64 path_len | path | u64 data_len |
-  // data, all big-endian. A file that cannot be read is sent with no data.
+  // data, all big-endian. The files that cannot be read (or are empty) come last, with no data:
+  // the original client stops at the first empty one, and has every other by then.
   std::string frame;
   PutU64(frame, 0);
   PutU64(frame, paths.size());
   if (!out.Write(frame.data(), frame.size())) return Reply{{}, -1, true, false};
+  // Each path checked for the caller as the mount would check its open, then all of them
+  // published to the caller's batch stream: the prefetcher's workers fetch them side by side
+  // while this thread sends them in order (each read waits for its own fetch).
+  struct Asked {
+    const std::string* name;
+    Result<PathResolver::Resolved> resolved;
+  };
+  std::vector<Asked> asked;
+  asked.reserve(paths.size());
+  std::vector<std::string> fetch;
+  for (const std::string& p : paths) {
+    Result<PathResolver::Resolved> r = Check(p, caller, /*fresh=*/false);
+    if (r.ok() && r->attr.mode == 0) r = Check(p, caller, /*fresh=*/true);  // unchecked store
+    if (r.ok() && !r->attr.IsRegular()) r = Status::InvalidArgument(p + ": not a regular file");
+    if (r.ok() && r->attr.size > 0) fetch.push_back(r->path);
+    asked.push_back({&p, std::move(r)});
+  }
+  if (!fetch.empty()) (void)PublishLegacy(caller, fetch, /*batch=*/true, v);
+  fetch.clear();
+  auto entry_head = [&](const std::string& p, uint64_t len) {
+    frame.clear();
+    PutU64(frame, p.size());
+    frame += p;
+    PutU64(frame, len);
+    return out.Write(frame.data(), frame.size());
+  };
   uint64_t warned = 0;
-  for (const auto& p : paths) {
-    Result<PathResolver::Resolved> r = Check(p, caller, /*fresh=*/true);
-    auto entry_head = [&](uint64_t len) {
-      frame.clear();
-      PutU64(frame, p.size());
-      frame += p;
-      PutU64(frame, len);
-      return out.Write(frame.data(), frame.size());
-    };
+  std::vector<const std::string*> empty;
+  for (Asked& a : asked) {
+    const std::string& p = *a.name;
+    Status s = a.resolved.status();
     bool started = false;
-    Status s = r.status();
-    if (r.ok()) {
+    if (s.ok() && a.resolved->attr.size == 0) {
+      empty.push_back(&p);
+      continue;
+    }
+    if (s.ok()) {
+      const PathResolver::Resolved& r = *a.resolved;
       s = reader_(
-          r->path, r->attr,
+          r.path, r.attr,
           [&](const char* data, size_t len) -> Status {
             if (!started) {
-              if (!entry_head(r->attr.size)) return Status::IOError("client stopped reading");
+              if (!entry_head(p, r.attr.size)) return Status::IOError("client stopped reading");
               started = true;
             }
             if (!out.Write(data, len)) return Status::IOError("client stopped reading");
@@ -699,9 +734,16 @@ Reply ServerImpl::BatchDownload(Request& req, const Caller& caller, int sock) {
       CTFS_LOG(kWarn) << "batchdownload aborted in " << p << ": " << s.ToString();
       return Reply{{}, -1, true, false};
     }
-    if (!s.ok() && warned++ < 3) CTFS_LOG(kWarn) << "batchdownload " << p << ": " << s.ToString();
-    if (!started && !entry_head(0)) return Reply{{}, -1, true, false};
+    if (!s.ok()) {
+      if (warned++ < 3) CTFS_LOG(kWarn) << "batchdownload " << p << ": " << s.ToString();
+      empty.push_back(&p);
+      continue;
+    }
+    // Each file leaves as soon as it is read: the client serves it from then on.
+    if (!out.Flush()) return Reply{{}, -1, true, false};
   }
+  for (const std::string* p : empty)
+    if (!entry_head(*p, 0)) return Reply{{}, -1, true, false};
   if (!out.Finish()) return Reply{{}, -1, true, false};
   return Reply{{}, -1, true, keep_alive};
 }

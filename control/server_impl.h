@@ -262,6 +262,10 @@ class ServerImpl final : public ControlServer {
   Response ListError(prefetch::FileLists::Op op, const std::string& id, unsigned v,
                      const std::string& why = "");
   Response LegacyPrefetch(const Request& req, const Caller& caller);
+  // Publishes store paths `all` to the caller's legacy stream (`batch`: the one whose files
+  // /batchdownload/path sends). An error to answer, if any (none for `batch`: best effort).
+  std::optional<Response> PublishLegacy(const Caller& caller, const std::vector<std::string>& all,
+                                        bool batch, unsigned v);
   // Streams the reply with chunked transfer encoding straight from the caches: memory held is
   // one chunk of the file being sent plus a small buffer, whatever the reply's size.
   Reply BatchDownload(Request& req, const Caller& caller, int sock);
@@ -314,6 +318,7 @@ class ServerImpl final : public ControlServer {
   // prefetcher's lock (a publish runs under it).
   Mutex legacy_mu_;
   std::unordered_map<uid_t, std::string> legacy_streams_ GUARDED_BY(legacy_mu_);
+  std::unordered_map<uid_t, std::string> legacy_batch_streams_ GUARDED_BY(legacy_mu_);
   uint64_t dropped_warnings_ GUARDED_BY(legacy_mu_) = 0;
 };
 

@@ -645,6 +645,37 @@ TEST_F(RoutesTest, BatchDownloadStreamsFramedFilesAndNothingPrivate) {
   EXPECT_EQ(at, body.size());
   EXPECT_EQ(wire.find(testing::kSecret), std::string::npos);
 
+  // The files that cannot be sent come after all the others (the original client stops at
+  // the first empty one), and the readable ones were published to the user's batch stream,
+  // whose workers fetch them side by side while they are sent in order.
+  wire.clear();
+  r = ask(Stranger(), R"([["data/nosuch", "data/a.jpg", "data/secret.bin", "data/rel.jpg"]])",
+          &wire);
+  EXPECT_TRUE(r.sent);
+  const std::string second = wire.substr(wire.find("\r\n\r\n") + 4);
+  std::vector<std::pair<std::string, uint64_t>> entries;
+  auto get64 = [&second](size_t from) {
+    uint64_t v = 0;
+    for (size_t i = 0; i < 8; ++i) v = (v << 8) | static_cast<unsigned char>(second[from + i]);
+    return v;
+  };
+  EXPECT_EQ(get64(8), 4u);
+  for (at = 16; at < second.size();) {
+    const uint64_t path_len = get64(at);
+    const std::string name = second.substr(at + 8, path_len);
+    at += 8 + path_len;
+    entries.emplace_back(name, get64(at));
+    at += 8 + get64(at);
+  }
+  const std::vector<std::pair<std::string, uint64_t>> in_order = {
+      {"data/a.jpg", 1000}, {"data/rel.jpg", 1000}, {"data/nosuch", 0}, {"data/secret.bin", 0}};
+  EXPECT_EQ(entries, in_order);
+  const json streams = Ask(Root(), http::verb::get, "/v1/stats").body["streams"];
+  bool published = false;
+  for (const json& st : streams)
+    if (st.value("name", "") == "cube_torch legacy batch") published = true;
+  EXPECT_TRUE(published) << streams.dump();
+
   // A malformed body gets an ordinary error reply, not a streamed one.
   wire.clear();
   r = ask(Stranger(), R"(["data/a.jpg"])", &wire);
