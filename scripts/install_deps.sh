@@ -40,6 +40,8 @@ PACKAGES=(
   # tests, demo and benchmarks under Debian's python3 (torch 1.13)
   python3 python3-torch python3-torchvision python3-pytest python3-numpy python3-pil
   python3-venv python3-pip
+  # cv2.imread in the hook's batch mode (tests/integration/test_batch_mode.py)
+  python3-opencv
   bindfs curl prometheus s3fs rclone
 )
 

@@ -24,6 +24,7 @@ import io
 import mmap
 import os
 import socket
+import sys
 import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -89,6 +90,41 @@ def serve_open(path: str, mode: str, encoding: Optional[str], errors: Optional[s
     if binary:
         return f
     return io.TextIOWrapper(f, encoding=encoding, errors=errors, newline=newline)
+
+
+_cv2_original: Optional[Any] = None
+
+
+def _patch_cv2() -> None:
+    """Serves cv2.imread of the batch's files from memory (cv2.imdecode of the bytes), once
+    cv2 is imported; a no-op after the first time. Called in workers before each batch."""
+    global _cv2_original
+    cv2 = sys.modules.get("cv2")
+    if cv2 is None or _cv2_original is not None:
+        return
+    original = getattr(cv2, "imread", None)
+    decode = getattr(cv2, "imdecode", None)
+    if original is None or decode is None or getattr(original, "_cube_torch_batch", False):
+        return
+    import numpy
+    color = getattr(cv2, "IMREAD_COLOR", 1)
+
+    def imread(filename: Any, *args: Any, **kwargs: Any) -> Any:
+        # imread(filename[, flags]) alone: other forms (an output array) go to OpenCV as asked.
+        if len(args) + len(kwargs) <= 1 and (not kwargs or "flags" in kwargs) and (
+                not args or isinstance(args[0], int)):
+            path = filename if type(filename) is str else _paths.as_path(filename)
+            data = take(path) if path is not None else None
+            if data is not None:
+                flags = args[0] if args else kwargs.get("flags", color)
+                # An image OpenCV cannot decode gives None, as imread does.
+                return decode(numpy.frombuffer(data, dtype=numpy.uint8), flags)
+        return original(filename, *args, **kwargs)
+
+    imread._cube_torch_batch = True  # type: ignore[attr-defined]
+    imread.__wrapped__ = original  # type: ignore[attr-defined]
+    cv2.imread = imread
+    _cv2_original = original
 
 
 # directory -> the daemon whose mount holds it (None: none), memoized: a dataset's files share
@@ -260,6 +296,8 @@ def install() -> bool:
         if get_worker_info() is None:  # the main process (num_workers=0): nothing changes
             return original(self, possibly_batched_index)
         indices = list(possibly_batched_index) if self.auto_collation else [possibly_batched_index]
+        if _cv2_original is None:
+            _patch_cv2()
         begin(self.dataset, indices)
         try:
             return original(self, possibly_batched_index)

@@ -35,7 +35,7 @@ import sys
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from . import _client, _common, _paths, _publisher
+from . import _batch, _client, _common, _paths, _publisher
 from ._lookahead import LookaheadIterator, StatefulLookaheadIterator, stateful
 
 _ATTR = "_sampler_iter"
@@ -133,8 +133,28 @@ def installed(base: Optional[type] = None) -> bool:
     return base is not None and _ORIGINALS in base.__dict__
 
 
+class WorkerEntry:
+    """A DataLoader's worker_init_fn wrapped so that its workers import cube_torch before they
+    run, in the batch mode. Workers started with `spawn` or `forkserver` run a fresh
+    interpreter that imports only what the dataset needs; unpickling this object there imports
+    the package, which installs the batch mode (the environment that chose it is inherited)."""
+
+    def __init__(self, fn: Optional[Callable[[int], Any]]) -> None:
+        self.fn = fn
+
+    def __call__(self, worker_id: int) -> Any:
+        return self.fn(worker_id) if self.fn is not None else None
+
+
 def _patched_init(original: Callable[..., Any]) -> Callable[..., Any]:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        loader = args[0] if args else kwargs.get("loader")
+        if (_batch.installed() and getattr(loader, "num_workers", 0) > 0
+                and not isinstance(getattr(loader, "worker_init_fn", None), WorkerEntry)):
+            try:
+                loader.worker_init_fn = WorkerEntry(loader.worker_init_fn)
+            except Exception:  # a loader that refuses it: its workers go without the batch mode
+                pass
         original(self, *args, **kwargs)
         _attach(self)
     return __init__
