@@ -199,6 +199,12 @@ class ShardedLruCache final : public RamCache {
     return GetLocked(s, key);
   }
 
+  bool Contains(const std::string& key) override {
+    Shard& s = ShardOf(key);
+    MutexLock l(s.mu);
+    return s.index.find(key) != s.index.end();
+  }
+
   void Insert(const std::string& key, BufferRef buffer) override {
     Shard& s = ShardOf(key);
     MutexLock l(s.mu);

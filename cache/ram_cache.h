@@ -99,6 +99,9 @@ class RamCache {
 
   // The cached buffer for `key`, or null. Counts as a use for LRU order.
   virtual BufferRef Get(const std::string& key) = 0;
+  // Whether `key` is cached; not a use (the LRU order is left as it is, which costs no
+  // write to the entry's neighbours).
+  virtual bool Contains(const std::string& key) = 0;
 
   // Caches `buffer` under `key`, replacing any entry, evicting least recently used entries
   // as needed. A buffer larger than a shard's share of the budget is not cached.

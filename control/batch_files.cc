@@ -85,8 +85,10 @@ Response ServerImpl::BatchFiles(const Request& req, const Caller& caller, int* f
     total += f.attr.size;
   }
   // The memory file is charged to the daemon's cgroup while the client holds it: none when
-  // memory is short (the client reads through the mount).
-  if (total > 0 && total > prefetch::ModelFetcher::AvailableMemory() / 10 * 9) {
+  // memory is short (the client reads through the mount). Asking the kernel costs more than
+  // copying a small batch (it reads /proc/meminfo and the cgroup's files): batches of up to
+  // kBatchUnchecked bytes are not checked.
+  if (total > kBatchUnchecked && total > prefetch::ModelFetcher::AvailableMemory() / 10 * 9) {
     batch_refused_++;
     return Error(http::status::service_unavailable,
                  "not enough free memory for a batch of " + std::to_string(total) +

@@ -276,6 +276,8 @@ class ServerImpl final : public ControlServer {
   static constexpr size_t kMaxBatchFiles = 4096;
   // POST /v1/files/batch writes its memory file in pieces of about this size.
   static constexpr size_t kBatchGather = 1 << 20;
+  // A batch this small is built without asking how much memory is left.
+  static constexpr uint64_t kBatchUnchecked = 4 << 20;
   Response BatchFiles(const Request& req, const Caller& caller, int* fd);
   // Counters; a user other than root sees only its own streams.
   json StatsJson(const Caller& caller);

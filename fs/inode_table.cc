@@ -165,14 +165,24 @@ std::optional<uint64_t> InodeTable::FindLocked(const std::string& path, uint64_t
   return it->second;
 }
 
+const InodeTable::Node* InodeTable::FindNodeLocked(const std::string& path, uint64_t hash) const {
+  // FindLocked, with the node the hint leads to kept: no second lookup of it.
+  if (std::optional<uint64_t> hint = by_hash_.Get(hash)) {
+    auto n = nodes_.find(*hint);
+    if (n != nodes_.end() && Names(n->second, path)) return &n->second;
+  }
+  auto it = by_path_.find(path);
+  if (it == by_path_.end()) return nullptr;
+  auto n = nodes_.find(it->second);
+  return n == nodes_.end() ? nullptr : &n->second;
+}
+
 std::optional<InodeTable::HeldAttr> InodeTable::AttrOf(const std::string& path) const {
   const uint64_t hash = PathHash(path);
   MutexLock l(mu_);
-  std::optional<uint64_t> ino = FindLocked(path, hash);
-  if (!ino) return std::nullopt;
-  auto n = nodes_.find(*ino);
-  if (n == nodes_.end() || n->second.info.removed) return std::nullopt;
-  return HeldAttr{n->second.info.attr, n->second.info.attr_time_ns};
+  const Node* n = FindNodeLocked(path, hash);
+  if (n == nullptr || n->info.removed) return std::nullopt;
+  return HeldAttr{n->info.attr, n->info.attr_time_ns};
 }
 
 std::optional<InodeTable::PageState> InodeTable::PageStateOf(const std::string& path,

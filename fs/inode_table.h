@@ -173,6 +173,7 @@ class InodeTable {
   HashHints by_hash_ GUARDED_BY(mu_);
   static uint64_t PathHash(std::string_view path);
   std::optional<uint64_t> FindLocked(const std::string& path, uint64_t hash) const REQUIRES(mu_);
+  const Node* FindNodeLocked(const std::string& path, uint64_t hash) const REQUIRES(mu_);
   void HintLocked(const std::string& path, uint64_t ino) REQUIRES(mu_);
   void UnhintLocked(const std::string& path, uint64_t ino) REQUIRES(mu_);
   // Whether `path` is a live name of node `n`.

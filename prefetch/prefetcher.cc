@@ -361,7 +361,7 @@ bool Prefetcher::HeldInRamLocked(const std::string& path) {
   if (attr_source_ == nullptr) return false;
   std::optional<cfs_client::FileAttr> a = attr_source_->FreshAttr(path, nullptr);
   if (!a || !a->IsRegular() || a->size == 0 || a->size > options_.chunk_bytes) return false;
-  return ram_->Get(cache::ChunkKey(path, a->Version(), 0)) != nullptr;
+  return ram_->Contains(cache::ChunkKey(path, a->Version(), 0));
 }
 
 bool Prefetcher::PreemptLocked(const std::unordered_map<uid_t, bool>& wanting, uint64_t share_files,

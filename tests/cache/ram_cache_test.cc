@@ -94,6 +94,18 @@ TEST(RamCacheTest, EvictsLeastRecentlyUsedFirst) {
   EXPECT_EQ(cache->evictions(), 1u);
 }
 
+// Contains answers whether a key is cached without making it recent: the oldest entry is
+// still the one evicted.
+TEST(RamCacheTest, ContainsIsNotAUse) {
+  auto cache = RamCache::New({(256 << 10) + 4096, 256 << 10}, nullptr);
+  for (int i = 0; i < 4; ++i) cache->Insert(Key(i), MakeBuffer(64 << 10, 'a'));
+  EXPECT_TRUE(cache->Contains(Key(0)));
+  EXPECT_FALSE(cache->Contains(Key(5)));
+  cache->Insert(Key(4), MakeBuffer(64 << 10, 'b'));
+  EXPECT_FALSE(cache->Contains(Key(0)));
+  EXPECT_TRUE(cache->Contains(Key(1)));
+}
+
 // Keys hash to shards and each shard evicts on its own: a cache many times the size of a file
 // must still hold the whole file whatever its chunks' keys (its identity changes every run). A
 // shard holds 16 of the largest entries less their bookkeeping, so any 15 stay.
