@@ -136,15 +136,16 @@ def control_socket_trusted(sock: str) -> bool:
         return True
     except OSError:
         return False
-    owner = _owner(st.st_uid)
+    # The owner's name only for a warning: looking it up reads the user database.
     if stat.S_ISLNK(st.st_mode):
-        _untrusted(sock, f"control socket {sock}: a symlink (owned by {owner})")
+        _untrusted(sock, f"control socket {sock}: a symlink (owned by {_owner(st.st_uid)})")
         return False
     if not stat.S_ISSOCK(st.st_mode):
-        _untrusted(sock, f"control socket {sock}: not a socket (owned by {owner})")
+        _untrusted(sock, f"control socket {sock}: not a socket (owned by {_owner(st.st_uid)})")
         return False
     if not _trusted_uid(st.st_uid):
-        _untrusted(sock, f"control socket {sock}: owned by {owner}, neither root nor you")
+        _untrusted(sock, f"control socket {sock}: owned by {_owner(st.st_uid)}, neither root "
+                         "nor you")
         return False
     parent = os.path.dirname(sock) or "."
     try:
