@@ -3,7 +3,10 @@
 
   local   the files read straight from the local disk (the reference)
   nohook  through a cubetorchfs mount whose posix backend adds --latency-us per request
-  hook    the same mount, with `import cube_torch` in the training process
+  hook    the same mount, with `import cube_torch` in the training process (the prefetch mode)
+  batch   the hook row in the hook's batch mode (USE_BATCH_DOWNLOAD=1): each DataLoader worker
+          takes its batch's files from the daemon in one request, with no FUSE read per file
+          (--systems; not measured by default)
 
 Each measurement is --epochs epochs (default 1) in one fresh training process, on a fresh
 mount (empty cache) after dropping the kernel's page cache: a cold first epoch, the case
@@ -262,6 +265,9 @@ def main() -> None:
                         "(e.g. 1e9 or 1GB/s; 0: no cap)")
     p.add_argument("--capped-only", action="store_true",
                    help="with a cap, measure only the capped mounts (default: uncapped and capped)")
+    p.add_argument("--systems", nargs="+", default=["nohook", "hook"],
+                   choices=["nohook", "hook", "batch"],
+                   help="what is measured against the local disk (always measured)")
     p.add_argument("--memory-bytes", default="4GiB", help="the daemon's cache.memory_bytes")
     p.add_argument("--nvme", action="store_true",
                    help="mount with an NVMe tier (cache.disk_dir) large enough for the dataset")
@@ -287,7 +293,7 @@ def main() -> None:
             p.error("--capped-only needs --store-concurrency or --store-bandwidth")
         caps = [StoreCap()]
     # One local row per round, then nohook and hook under each store setting.
-    systems = [("local", None)] + [(s, cap) for cap in caps for s in ("nohook", "hook")]
+    systems = [("local", None)] + [(s, cap) for cap in caps for s in args.systems]
     cgroup = None
     if args.train_memory_limit:
         cgroup = MemoryCgroup(args.train_memory_limit)
@@ -315,7 +321,9 @@ def main() -> None:
                                 work = Path(tempfile.mkdtemp(prefix="epoch-", dir=args.workdir))
                                 m = Mount(args.bin, data, work, latency, args.memory_bytes, cap, args.nvme)
                                 try:
-                                    rows = run_epochs(m.mnt, variant, system == "hook", m.env,
+                                    env = dict(m.env, USE_BATCH_DOWNLOAD="1") \
+                                        if system == "batch" else m.env
+                                    rows = run_epochs(m.mnt, variant, system != "nohook", env,
                                                       args.epochs, persistent, cgroup)
                                     extra = f", daemon CPU {m.cpu_seconds():.2f} s"
                                     rss.append(m.peak_rss_mib())
@@ -365,18 +373,24 @@ def main() -> None:
             for persistent in args.persistent:
                 for cap in caps:
                     for e in range(args.epochs):
+                        measured = ["local"] + args.systems
                         rate = {s: statistics.median(rs[e]["rate"] for rs in results[(variant, latency, persistent, str(cap) if s != "local" else "", s)])
-                                for s in ("local", "nohook", "hook")}
+                                for s in measured}
                         free = {s: statistics.median(rs[e]["loop_rate"] for rs in results[(variant, latency, persistent, str(cap) if s != "local" else "", s)])
-                                for s in ("local", "nohook", "hook")}
+                                for s in measured}
                         where = (f"{variant}@{latency}us" + (f" pers={persistent}" if len(args.persistent) > 1 or args.epochs > 1 else "")
                                  + ("" if len(caps) == 1 and not cap.inject() else f" {cap}")
                                  + (f" epoch {e + 1}" if args.epochs > 1 else ""))
-                        summary.append(f"{where} hook/local={rate['hook'] / rate['local']:.2f} "
-                                       f"hook/nohook={rate['hook'] / rate['nohook']:.2f} "
-                                       f"[scan-free: hook/local={free['hook'] / free['local']:.2f} "
-                                       f"hook/nohook={free['hook'] / free['nohook']:.2f}]")
-    hits = [x["hit_ratio"] for k, rounds in results.items() if k[4] == "hook" for rs in rounds for x in rs
+                        for s in args.systems:
+                            if s == "nohook":
+                                continue
+                            line = f"{where} {s}/local={rate[s] / rate['local']:.2f} "
+                            bracket = f"[scan-free: {s}/local={free[s] / free['local']:.2f}"
+                            if "nohook" in rate:
+                                line += f"{s}/nohook={rate[s] / rate['nohook']:.2f} "
+                                bracket += f" {s}/nohook={free[s] / free['nohook']:.2f}"
+                            summary.append(line + bracket + "]")
+    hits = [x["hit_ratio"] for k, rounds in results.items() if k[4] in ("hook", "batch") for rs in rounds for x in rs
             if "hit_ratio" in x]
     print(f"hook hit ratio per epoch: min {min(hits):.3f} median {statistics.median(hits):.3f}" if hits else
           "hook hit ratio: no FUSE reads reached the daemon", end="")
