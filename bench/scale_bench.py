@@ -31,7 +31,8 @@ every class directory), then --epochs epochs of a DataLoader (batch --batch, --w
 shuffle, persistent workers, raw bytes). Per epoch it reports the time and its ratio to the
 local row's same epoch, the FUSE reads' hit/late/miss, the store requests and FUSE requests by
 op, the daemon's CPU per file served (/proc/PID/stat), the training process's own CPU per sample
-(the hook's publisher thread apart) and the daemon's VmHWM against cache.memory_bytes. Medians over --rounds rounds; the last lines give the ratios the targets of
+(the hook's publisher thread apart), the DataLoader workers' CPU per sample and their largest
+VmHWM, and the daemon's VmHWM against cache.memory_bytes. Medians over --rounds rounds; the last lines give the ratios the targets of
 docs/benchmarks.md are about.
 """
 
@@ -171,10 +172,22 @@ def child(args: argparse.Namespace) -> None:
     def hook_cpu() -> float:  # the hook's publisher thread, so far
         return float(cube_torch.stats()["client"].get("cpu_s", 0.0)) if args.hook else 0.0
 
+    def workers() -> list[int]:  # the DataLoader's worker processes (persistent)
+        it = getattr(loader, "_iterator", None)
+        return [w.pid for w in getattr(it, "_workers", []) if w.pid]
+
+    def peak_mib(worker: int) -> float:
+        for line in Path(f"/proc/{worker}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
     for _ in range(args.epochs):
         before = metrics(port) if port else {}
         cpu0 = cpu_seconds(pid) if pid else 0.0
         hook0, own0 = hook_cpu(), cpu_seconds(os.getpid())
+        # The workers' CPU so far (none before the first epoch: they start with it).
+        workers0 = sum(cpu_seconds(w) for w in workers())
         start = time.monotonic()
         n = 0
         for batch in loader:
@@ -184,7 +197,10 @@ def child(args: argparse.Namespace) -> None:
         # hook, the lookahead and the publisher thread); the workers are processes of their own.
         row: dict[str, Any] = {"samples": n, "seconds": elapsed,
                                "train_cpu": cpu_seconds(os.getpid()) - own0,
-                               "hook_cpu": hook_cpu() - hook0}
+                               "hook_cpu": hook_cpu() - hook0,
+                               "workers_cpu": sum(cpu_seconds(w) for w in workers()) - workers0,
+                               "worker_hwm_mib": max((peak_mib(w) for w in workers()),
+                                                     default=0.0)}
         if port:
             after = metrics(port)
             row["counters"] = {k: after[k] - before.get(k, 0.0) for k in after
@@ -284,6 +300,8 @@ def describe(row: dict[str, Any]) -> dict[str, Any]:
         "cpu_us_per_file": 1e6 * row["daemon_cpu"] / row["samples"] if "daemon_cpu" in row else None,
         "train_us": 1e6 * row.get("train_cpu", 0.0) / max(1, row["samples"]),
         "hook_us": 1e6 * row.get("hook_cpu", 0.0) / max(1, row["samples"]),
+        "workers_us": 1e6 * row.get("workers_cpu", 0.0) / max(1, row["samples"]),
+        "worker_hwm_mib": row.get("worker_hwm_mib", 0.0),
     }
 
 
@@ -398,6 +416,8 @@ def main() -> None:
             text += f", training process {med(x['train_us'] for x in rows):.1f} us/sample"
             if hooked(system):
                 text += f" (publisher thread {med(x['hook_us'] for x in rows):.2f})"
+            text += (f", workers {med(x['workers_us'] for x in rows):.1f} us/sample "
+                     f"(VmHWM {max(x['worker_hwm_mib'] for x in rows):,.0f} MiB each at most)")
             if local and hooked(system):
                 text += f", local/{system} {med(x['seconds'] for x in [rs[e] for rs in local]) / secs:.2f}"
             if rows[0]["mounted"]:

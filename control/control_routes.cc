@@ -369,7 +369,8 @@ void ServerImpl::CountRejected(Reject r) {
 }
 
 Result<PathResolver::Resolved> ServerImpl::Check(const std::string& p, const Caller& caller,
-                                                 bool fresh, PathResolver::Depth depth) {
+                                                 bool fresh, PathResolver::Depth depth,
+                                                 PathResolver::Searched* searched) {
   Result<std::string> sp = ToStorePath(options_.mount_point, p);
   if (!sp.ok()) {
     CountRejected(Reject::kOutside);
@@ -377,7 +378,8 @@ Result<PathResolver::Resolved> ServerImpl::Check(const std::string& p, const Cal
   }
   if (options_.resolver == nullptr) return PathResolver::Resolved{sp.value(), {}};
   Reject why = Reject::kNone;
-  Result<PathResolver::Resolved> r = options_.resolver->Resolve(*sp, caller, fresh, &why, depth);
+  Result<PathResolver::Resolved> r =
+      options_.resolver->Resolve(*sp, caller, fresh, &why, depth, searched);
   if (!r.ok()) {
     CountRejected(why);
     // Say what a user may know: the path asked for, not where the store keeps it.
@@ -409,12 +411,14 @@ std::optional<std::vector<std::string>> ServerImpl::StorePaths(const json& paths
   }
   std::vector<std::string> out;
   out.reserve(paths.size());
+  PathResolver::Searched searched;  // each directory checked once per request
   for (const auto& p : paths) {
     if (!p.is_string()) {
       *why = "paths must be an array of strings";
       return std::nullopt;
     }
-    Result<PathResolver::Resolved> r = Check(p.get_ref<const std::string&>(), caller, fresh, depth);
+    Result<PathResolver::Resolved> r =
+        Check(p.get_ref<const std::string&>(), caller, fresh, depth, &searched);
     if (r.ok()) {
       out.push_back(std::move(r->path));
     } else {
@@ -502,6 +506,7 @@ Response ServerImpl::AppendList(const Request& req, const Caller& caller, const 
   std::vector<std::string> entries;
   uint64_t rejected = 0;
   std::string why;
+  PathResolver::Searched searched;
   for (size_t at = 0; at < body.size();) {
     const size_t end = body.find('\0', at);
     if (entries.size() >= options_.max_json_elements)
@@ -509,8 +514,8 @@ Response ServerImpl::AppendList(const Request& req, const Caller& caller, const 
                    "more than " + std::to_string(options_.max_json_elements) +
                        " paths in one request (control.max_json_elements)",
                    v);
-    Result<PathResolver::Resolved> r =
-        Check(body.substr(at, end - at), caller, false, PathResolver::Depth::kDirectories);
+    Result<PathResolver::Resolved> r = Check(body.substr(at, end - at), caller, false,
+                                             PathResolver::Depth::kDirectories, &searched);
     if (r.ok()) {
       entries.push_back(std::move(r->path));
     } else {
@@ -690,8 +695,10 @@ Reply ServerImpl::BatchDownload(Request& req, const Caller& caller, int sock) {
   std::vector<Asked> asked;
   asked.reserve(paths.size());
   std::vector<std::string> fetch;
+  PathResolver::Searched searched;
   for (const std::string& p : paths) {
-    Result<PathResolver::Resolved> r = Check(p, caller, /*fresh=*/false);
+    Result<PathResolver::Resolved> r =
+        Check(p, caller, /*fresh=*/false, PathResolver::Depth::kFile, &searched);
     if (r.ok() && r->attr.mode == 0) r = Check(p, caller, /*fresh=*/true);  // unchecked store
     if (r.ok() && !r->attr.IsRegular()) r = Status::InvalidArgument(p + ": not a regular file");
     if (r.ok() && r->attr.size > 0) fetch.push_back(r->path);

@@ -240,8 +240,10 @@ class ServerImpl final : public ControlServer {
   void CountRejected(Reject r);
   // The store path of request path `p` as `caller` may read it (resolved beneath the root);
   // an error, counted, otherwise. `fresh`: the request hands out bytes, so nothing cached.
+  // `searched`: the directories this request found searchable so far (PathResolver::Searched).
   Result<PathResolver::Resolved> Check(const std::string& p, const Caller& caller, bool fresh,
-                                       PathResolver::Depth depth = PathResolver::Depth::kFile);
+                                       PathResolver::Depth depth = PathResolver::Depth::kFile,
+                                       PathResolver::Searched* searched = nullptr);
   // Converts `paths` (a JSON array) to store paths beneath directories the caller may search;
   // counts rejected ones. The files themselves are checked when fetched (the stream's reader).
   std::optional<std::vector<std::string>> StorePaths(

@@ -266,7 +266,8 @@ Result<PathResolver::Resolved> PathResolver::ResolveLexical(const std::string& p
 }
 
 Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, const Caller& caller,
-                                                     bool fresh, Reject* why, Depth depth) {
+                                                     bool fresh, Reject* why, Depth depth,
+                                                     Searched* searched) {
   *why = Reject::kNone;
   auto fail = [why](Reject r, Status s) {
     *why = r;
@@ -278,10 +279,14 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
   constexpr int kMaxSteps = 4096;
   int steps = 0;
   // The root itself must be searchable.
-  Result<cfs_client::FileAttr> root = StatCached("", false);
-  if (!root.ok()) return fail(Reject::kStore, root.status());
-  if (!MayAccess(*root, caller, X_OK))
-    return fail(Reject::kPermission, Status::PermissionDenied(path + ": permission denied"));
+  if (searched == nullptr || !searched->root) {
+    Result<cfs_client::FileAttr> root = StatCached("", false);
+    if (!root.ok()) return fail(Reject::kStore, root.status());
+    if (!MayAccess(*root, caller, X_OK))
+      return fail(Reject::kPermission, Status::PermissionDenied(path + ": permission denied"));
+    if (searched != nullptr) searched->root = true;
+  }
+  constexpr size_t kMaxSearched = 4096;
   std::string done;  // resolved so far: real directories only
   int links = 0;
   while (std::optional<std::string> next = todo.Next()) {
@@ -299,6 +304,10 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
     // The last component is the file once nothing is left to resolve.
     const bool last = todo.Last();
     if (last && depth == Depth::kDirectories) return Resolved{cur, {}};
+    if (!last && searched != nullptr && searched->dirs.count(cur) != 0) {  // a real directory
+      done = cur;
+      continue;
+    }
     // Directories as the mount sees them; the file (and whether it is a link) as of now.
     Result<cfs_client::FileAttr> a = StatCached(cur, fresh && last);
     if (!a.ok()) {
@@ -323,6 +332,7 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
                     Status::NotDirectory(path + ": " + cur + " is not a directory"));
       if (!MayAccess(*a, caller, X_OK))
         return fail(Reject::kPermission, Status::PermissionDenied(path + ": permission denied"));
+      if (searched != nullptr && searched->dirs.size() < kMaxSearched) searched->dirs.insert(cur);
       done = cur;
       continue;
     }

@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "cfs_client/backend.h"
@@ -93,8 +94,15 @@ class PathResolver {
   // Directories are checked as the mount sees them (known_attr, else attributes at most ttl_s
   // old: the kernel too checks permissions on attributes it caches); `fresh`: the file's
   // attributes come from the store now. On failure, *why says why.
+  // Directories found searchable for one caller during one request (the root, then each
+  // directory checked): a request naming many files of a few directories checks each of them
+  // once. Never shared between callers or requests.
+  struct Searched {
+    bool root = false;
+    std::unordered_set<std::string> dirs;
+  };
   Result<Resolved> Resolve(const std::string& path, const Caller& caller, bool fresh, Reject* why,
-                           Depth depth = Depth::kFile);
+                           Depth depth = Depth::kFile, Searched* searched = nullptr);
   bool checks_store() const { return options_.check_store; }
 
  private:

@@ -215,5 +215,30 @@ TEST_F(PathResolverTest, TheCallersRightsDecide) {
   EXPECT_EQ(Why("data/none", User(1000)), Reject::kNotFound);
 }
 
+// One request's memo of searchable directories answers exactly as resolving each path on its
+// own: a directory enters it only once checked for this caller, a symlinked one never (its
+// target is resolved each time), and a directory not in it is checked as usual.
+TEST_F(PathResolverTest, ARequestsSearchedDirectoriesChangeNoAnswer) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to own the files";
+  const std::vector<std::string> paths = {"data/cls/img",       "data/alias/img", "closed/f",
+                                          "data/escape/secret", "data/private",   "data/cls/img",
+                                          "closed/f",           "data/none",      "data/alias/img"};
+  for (const Caller& who : {User(1000), User(0)}) {
+    PathResolver::Searched searched;
+    for (const std::string& p : paths) {
+      Reject alone = Why(p, who);
+      Reject why = Reject::kNone;
+      Result<PathResolver::Resolved> r =
+          resolver_->Resolve(p, who, true, &why, PathResolver::Depth::kFile, &searched);
+      EXPECT_EQ(why, alone) << p;
+      EXPECT_EQ(r.ok(), alone == Reject::kNone) << p;
+    }
+    EXPECT_TRUE(searched.root);
+    EXPECT_EQ(searched.dirs.count("data/alias"), 0u);  // a symlink: never taken as searched
+    EXPECT_EQ(searched.dirs.count("data/cls"), 1u);
+    EXPECT_EQ(searched.dirs.count("closed"), who.uid == 0 ? 1u : 0u);
+  }
+}
+
 }  // namespace
 }  // namespace cubetorchfs::prefetch
