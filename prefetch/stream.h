@@ -81,6 +81,9 @@ struct Stream {
   uint64_t recheck = 0;       // the next position passed over to probe again
   uint64_t queued_bytes = 0;  // QueuedPaths::Cost of each position in `paths`
   uint64_t last_active_ns = 0;
+  // Reads in a row that were hits (a batch-mode stream's requests found the file in RAM or
+  // in the window): see Prefetcher::NextJobLocked.
+  uint64_t hits_in_a_row = 0;
   StreamStats stats;
 
   uint64_t end() const { return base + paths.size(); }

@@ -250,6 +250,31 @@ TEST_F(PrefetcherTest, ABatchModeStreamStoresNothingInThePageCacheAndPassesNothi
   EXPECT_EQ(st.streams[0].reads.late, 1u);
 }
 
+// A batch-mode stream whose requests found a window's worth of files in a row in RAM rests:
+// nothing is looked up ahead of it. A read that is not a hit (the request read the file from
+// the store) wakes the look-ahead again, from where the readers are.
+TEST_F(PrefetcherTest, ABatchModeStreamThatOnlyHitsRestsUntilAMiss) {
+  Make(/*window_files=*/4, 1 << 20, /*slack=*/2, /*evict_after_read=*/false);
+  KnowAttrs();
+  const std::string id = pf_->CreateStream("batch", 1, 0, nullptr, "", /*page_cache=*/false);
+  ASSERT_TRUE(pf_->Publish(id, {Name(0), Name(1), Name(2), Name(3)}));
+  EXPECT_EQ(RunAll(), 4);
+  std::vector<std::string> names;
+  for (int i = 0; i < 8; ++i) names.push_back(Name(i));
+  auto report = [&](int from, int to, ReadOutcome outcome) {
+    std::vector<Prefetcher::WholeRead> reads;
+    for (int i = from; i < to; ++i)
+      reads.push_back({&names[i], store_.Stat(names[i]).value().Version(), outcome});
+    pf_->OnWholeReads(reads, 0);
+  };
+  report(0, 4, ReadOutcome::kHit);  // four hits in a row: a window's worth
+  ASSERT_TRUE(pf_->Publish(id, {Name(4), Name(5), Name(6), Name(7)}));
+  EXPECT_EQ(RunAll(), 0);            // resting: 4-7 are not looked at
+  report(4, 5, ReadOutcome::kMiss);  // 4 was read from the store by the request
+  EXPECT_EQ(RunAll(), 3);            // 5, 6 and 7 fetched ahead again
+  EXPECT_EQ(pf_->GetStats().fetched, 7u);
+}
+
 TEST_F(PrefetcherTest, AFetchedFileIsStoredInThePageCacheAndPassingItIsAHit) {
   Make(/*window_files=*/16, 1 << 20, /*slack=*/2, true, /*keep_cache=*/true,
        [] { return std::optional<uint64_t>(7); });
