@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -15,7 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -78,16 +79,44 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"root": root, "digests": digests}
 
 
-def start_training(mount: CubeMount, workdir: Path, epochs: int,
-                   pause: float) -> tuple[subprocess.Popen[str], Path]:
+def start_training(mount: CubeMount, workdir: Path, epochs: int, pause: float,
+                   **extra_env: str) -> tuple[subprocess.Popen[str], Path]:
     progress = workdir / f"progress.{time.monotonic_ns()}"
     progress.write_text("0")
     env = dict(mount.env(), VOL_NAME=mount.vol_name, PYTHONPATH=str(REPO / "hooks"),
-               CUBE_TORCH_LOOKAHEAD_BATCHES="4")
+               CUBE_TORCH_LOOKAHEAD_BATCHES="4", **extra_env)
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(TRAIN),
                              str(mount.path("train")), str(progress), str(epochs), str(pause)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, progress
+
+
+@contextlib.contextmanager
+def training(mount: CubeMount, workdir: Path, epochs: int, pause: float,
+             **extra_env: str) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """start_training, with the training killed at the end if it still runs."""
+    proc, progress = start_training(mount, workdir, epochs, pause, **extra_env)
+    try:
+        yield proc, progress
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def wait_for_batches(proc: subprocess.Popen[str], progress: Path, at: int, what: str) -> None:
+    """Waits until the training has done `at` batches, and is still running."""
+    assert wait_until(lambda: batches_done(progress) >= at or proc.poll() is not None, 120), \
+        "training made no progress"
+    assert proc.poll() is None, f"training ended before {what}: " + proc.stderr.read()
+
+
+def kill_daemon(mount: CubeMount) -> None:
+    """kill -9 of the daemon serving `mount`; returns once the supervisor started another."""
+    pid = mount.read_control()["pid"]
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: mount.read_control().get("pid") != pid, 30), \
+        "no new daemon after kill -9"
 
 
 def batches_done(progress: Path) -> int:
@@ -202,28 +231,42 @@ def test_training_survives_kill_9_of_the_daemon(cube: CubeFactory, store: dict[s
                                                 tmp_path: Path, profile: str) -> None:
     mount = mount_profile(cube, store, profile)
     first = mount.read_control()
-    proc, progress = start_training(mount, tmp_path, epochs=2, pause=0.03)
-    try:
+    with training(mount, tmp_path, epochs=2, pause=0.03) as (proc, progress):
         for k, at in enumerate((12, 36)):
-            assert wait_until(lambda: batches_done(progress) >= at or proc.poll() is not None,
-                              120), "training made no progress"
-            assert proc.poll() is None, "training ended before the crash: " + proc.stderr.read()
-            pid = mount.read_control()["pid"]
-            os.kill(pid, signal.SIGKILL)
-            assert wait_until(lambda: mount.read_control().get("pid") != pid, 30), \
-                "no new daemon after kill -9"
+            wait_for_batches(proc, progress, at, "the crash")
+            kill_daemon(mount)
             assert mount.read_control()["generation"] == k + 1
         result = finish(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     errors = check_samples(result, store["digests"], 2)
     # Only the samples in flight at each crash may fail (the loop skips them): at most what the
     # 2 workers have asked for, prefetch_factor 2 batches each, per crash. Nothing else does.
     assert errors[0] <= 2 * (2 * 2 * BATCH) and errors[1] == 0, errors
     assert mount.is_mounted() and mount.read_control()["supervisor_pid"] == first["supervisor_pid"]
     second = assert_second_epoch_published(result)
+
+
+def test_the_batch_mode_trains_across_an_upgrade_and_a_kill_9(cube: CubeFactory,
+                                                              store: dict[str, Any],
+                                                              tmp_path: Path) -> None:
+    """The hook's batch mode (each worker's batches from POST /v1/files/batch): an upgrade
+    costs no sample; a crash costs at most the samples in flight, whose batch requests fail
+    and are read through the mount (the daemon is asked again 5 s later)."""
+    mount = mount_profile(cube, store, "ai_prefetch")
+    with training(mount, tmp_path, epochs=2, pause=0.03, USE_BATCH_DOWNLOAD="1") as (proc,
+                                                                                    progress):
+        wait_for_batches(proc, progress, 10, "the upgrade")
+        upgraded = upgrade(mount)
+        assert upgraded.returncode == 0 and "upgraded" in upgraded.stdout, upgraded
+        wait_for_batches(proc, progress, 30, "the crash")
+        kill_daemon(mount)
+        result = finish(proc)
+    errors = check_samples(result, store["digests"], 2)
+    assert errors[0] <= 2 * (2 * 2 * BATCH) and errors[1] == 0, errors
+    assert mount.read_control()["generation"] == 2
+    # The second epoch's batches came from the third daemon's batch requests.
+    second = epoch_stats(result, 1)
+    batches = second["after"]["global"]["files_batch"]["files"]
+    assert batches >= FILES - 4 * BATCH, second
 
 
 def test_upgrade_is_refused_while_a_file_is_open_for_writing(cube: CubeFactory,
