@@ -612,7 +612,8 @@ std::optional<Response> ServerImpl::PublishLegacy(const Caller& caller,
                           : prefetcher_->PublishAs(caller.uid, id, all, true, &taken, &refusal);
   if (op == Prefetcher::Op::kNotFound) {
     id = prefetcher_->CreateStream(batch ? "cube_torch legacy batch" : "cube_torch legacy", 0,
-                                   caller.uid, ReaderFor(caller), "", /*page_cache=*/!batch);
+                                   caller.uid, ReaderFor(caller), "", /*page_cache=*/!batch,
+                                   /*claims_share=*/!batch);
     if (id.empty()) {
       (batch ? legacy_batch_streams_ : legacy_streams_).erase(caller.uid);
       if (batch) return std::nullopt;  // the files are read as asked, one after another

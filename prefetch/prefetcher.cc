@@ -97,7 +97,7 @@ uint64_t Prefetcher::Slack() const {
 
 std::string Prefetcher::CreateStream(const std::string& name, int pid, uid_t uid,
                                      std::shared_ptr<const Caller> reader, const std::string& list,
-                                     bool page_cache) {
+                                     bool page_cache, bool claims_share) {
   std::lock_guard<std::mutex> l(mu_);
   uint64_t owned = 0;
   for (const auto& [sid, st] : streams_) owned += st.uid == uid;
@@ -112,6 +112,7 @@ std::string Prefetcher::CreateStream(const std::string& name, int pid, uid_t uid
   s.reader = std::move(reader);
   s.list = list;
   s.page_cache = page_cache;
+  s.claims_share = claims_share;
   s.last_active_ns = clock_->NowNanos();
   s.stats.id = id;
   s.stats.name = name;
@@ -283,8 +284,10 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
   // The window is shared fairly among the users whose streams have files to fetch: each
   // gets an equal part of its files and bytes, and one over its part gives way to one under.
   std::unordered_map<uid_t, bool> wanting;
+  // A stream that claims no share takes room only where it is free: it never makes another
+  // user give up a file.
   for (auto& [id, s] : streams_)
-    if (std::max(s.next, s.low) < s.base + s.paths.size()) wanting[s.uid] = true;
+    if (s.claims_share && std::max(s.next, s.low) < s.base + s.paths.size()) wanting[s.uid] = true;
   const uint64_t users = std::max<uint64_t>(1, wanting.size());
   const uint64_t share_files = std::max<uint64_t>(1, options_.prefetch.window_files / users);
   const uint64_t share_bytes = options_.window_budget_bytes / users;

@@ -180,7 +180,8 @@ class Prefetcher {
   // `page_cache`: the readers read through the mount's page cache (Stream::page_cache).
   std::string CreateStream(const std::string& name, int pid, uid_t uid = 0,
                            std::shared_ptr<const Caller> reader = nullptr,
-                           const std::string& list = "", bool page_cache = true);
+                           const std::string& list = "", bool page_cache = true,
+                           bool claims_share = true);
   uint64_t max_streams_per_uid() const { return options_.max_streams_per_uid; }
   bool DeleteStream(const std::string& id);  // false: unknown stream
   // Appends store-relative paths, in read order. False: unknown stream.

@@ -66,6 +66,10 @@ struct Stream {
   // workers take the files from the daemon (POST /v1/files/batch): nothing is put into the
   // page cache for it, and no file is passed over as held there.
   bool page_cache = true;
+  // Whether its user counts in the window's fair shares. False for the streams of
+  // /batchdownload/path, whose files are fetched ahead only into room nobody else wants: a
+  // user asking for a file must not make another user's prefetched files go.
+  bool claims_share = true;
   uint64_t base = 0;  // position of paths.front()
   std::deque<std::string> paths;
   std::deque<uint8_t> states;

@@ -1410,6 +1410,24 @@ TEST_F(PrefetcherTest, OneUserFloodingTheWindowDoesNotStarveAnother) {
   EXPECT_GE(st.preempted, 4u);
 }
 
+// A stream that claims no share (/batchdownload/path's) takes only free room: it never makes
+// another user give up a prefetched file, and gets room again once some is free.
+TEST_F(PrefetcherTest, AStreamClaimingNoShareTakesOnlyFreeRoom) {
+  Make(/*window_files=*/8, /*budget=*/1 << 20, /*slack=*/4);
+  const std::string full = pf_->CreateStream("full", 1, 1000);
+  std::vector<std::string> many;
+  for (int i = 0; i < 8; ++i) many.push_back(Name(i));
+  ASSERT_EQ(pf_->PublishAs(1000, full, many), Prefetcher::Op::kOk);
+  EXPECT_EQ(RunAll(), 8);
+  const std::string asker = pf_->CreateStream("legacy batch", 0, 1001, nullptr, "",
+                                              /*page_cache=*/false, /*claims_share=*/false);
+  ASSERT_EQ(pf_->PublishAs(1001, asker, {Name(50), Name(51)}), Prefetcher::Op::kOk);
+  EXPECT_EQ(RunAll(), 0);
+  EXPECT_EQ(pf_->GetStats().preempted, 0u);
+  pf_->DeleteStream(full);  // room again
+  EXPECT_EQ(RunAll(), 2);
+}
+
 // Another user's read of a file far ahead in a stream (a shared file both may read) neither
 // moves that stream's cursor past its positions nor drops what was prefetched for it.
 TEST_F(PrefetcherTest, AnotherUsersReadMovesNeitherTheStreamNorItsWindow) {
