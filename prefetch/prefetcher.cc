@@ -308,12 +308,12 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
     Stream& s = it->second;
     if (over_share(s.uid)) continue;
     s.next = std::max(s.next, s.low);
-    // A batch-mode stream whose requests found a window's worth of files in a row in RAM:
-    // each file ahead would be looked up only to be found there too (an inode-table and an
-    // LRU lookup each: a fifth of the daemon's CPU in a warm epoch). Nothing is looked at
-    // ahead of it until a read is not a hit (the batch request then read the file from the
-    // store itself); the look-ahead starts again from where the readers are.
-    if (!s.page_cache && s.hits_in_a_row >= options_.prefetch.window_files) continue;
+    // A batch-mode stream whose requests found a window's worth of files in a row in RAM,
+    // none through the window: each file ahead would be looked up only to be found there too
+    // (an inode-table and an LRU lookup each: a fifth of the daemon's CPU in a warm epoch).
+    // Nothing is looked at ahead of it until a read is not such a hit (the batch request
+    // read the file from the store itself); the look-ahead starts again where the readers are.
+    if (s.Resting(options_.prefetch.window_files)) continue;
     const uint64_t limit = s.low + options_.prefetch.window_files;
     const uint64_t end = s.base + s.paths.size();
     while (s.next < end && s.next < limit) {
@@ -505,10 +505,12 @@ bool Prefetcher::OnReadLocked(const std::string& path, const cfs_client::FileVer
       uint64_t* stream_counts[3] = {&best->stats.reads.hit, &best->stats.reads.late,
                                     &best->stats.reads.miss};
       (*stream_counts[o])++;
-      const bool was_resting =
-          !best->page_cache && best->hits_in_a_row >= options_.prefetch.window_files;
-      best->hits_in_a_row = outcome == ReadOutcome::kHit ? best->hits_in_a_row + 1 : 0;
-      if (was_resting && outcome != ReadOutcome::kHit) wake = true;  // look ahead again
+      // A hit the window did not serve: the file was in RAM with no look-ahead needed. A read
+      // the window served, or one that waited or missed, says the look-ahead is wanted.
+      const bool was_resting = best->Resting(options_.prefetch.window_files);
+      const bool from_ram = outcome == ReadOutcome::kHit && it == window_.end();
+      best->hits_in_a_row = from_ram ? best->hits_in_a_row + 1 : 0;
+      if (was_resting && !from_ram) wake = true;  // look ahead again
       best->last_active_ns = now;
       // The scheduler looks at most window_files positions past the cursor: a worker is woken
       // when the read moved that horizon with positions waiting past it. Window room a read

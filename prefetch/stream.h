@@ -85,12 +85,15 @@ struct Stream {
   uint64_t recheck = 0;       // the next position passed over to probe again
   uint64_t queued_bytes = 0;  // QueuedPaths::Cost of each position in `paths`
   uint64_t last_active_ns = 0;
-  // Reads in a row that were hits (a batch-mode stream's requests found the file in RAM or
-  // in the window): see Prefetcher::NextJobLocked.
+  // Reads in a row that found the file in RAM, not through the prefetch window: see
+  // Prefetcher::NextJobLocked.
   uint64_t hits_in_a_row = 0;
   StreamStats stats;
 
   uint64_t end() const { return base + paths.size(); }
+  // A batch-mode stream whose readers found `window_files` files in a row in RAM with no
+  // look-ahead: the prefetcher looks nothing up ahead of it until one is not.
+  bool Resting(uint64_t window_files) const { return !page_cache && hits_in_a_row >= window_files; }
   uint8_t& state(uint64_t pos) { return states[pos - base]; }
   const std::string& path(uint64_t pos) const { return paths[pos - base]; }
   // Appends a position of `path` (hash `key`), moved from.

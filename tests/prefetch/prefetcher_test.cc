@@ -250,29 +250,39 @@ TEST_F(PrefetcherTest, ABatchModeStreamStoresNothingInThePageCacheAndPassesNothi
   EXPECT_EQ(st.streams[0].reads.late, 1u);
 }
 
-// A batch-mode stream whose requests found a window's worth of files in a row in RAM rests:
-// nothing is looked up ahead of it. A read that is not a hit (the request read the file from
-// the store) wakes the look-ahead again, from where the readers are.
-TEST_F(PrefetcherTest, ABatchModeStreamThatOnlyHitsRestsUntilAMiss) {
+// A batch-mode stream whose requests found a window's worth of files in a row in RAM, none
+// through the window, rests: nothing is looked up ahead of it. Hits the window served do not
+// count (the look-ahead made them). A read that is not such a hit (the request read the file
+// from the store) wakes the look-ahead again, from where the readers are.
+TEST_F(PrefetcherTest, ABatchModeStreamThatOnlyHitsRamRestsUntilAMiss) {
   Make(/*window_files=*/4, 1 << 20, /*slack=*/2, /*evict_after_read=*/false);
   KnowAttrs();
-  const std::string id = pf_->CreateStream("batch", 1, 0, nullptr, "", /*page_cache=*/false);
-  ASSERT_TRUE(pf_->Publish(id, {Name(0), Name(1), Name(2), Name(3)}));
-  EXPECT_EQ(RunAll(), 4);
   std::vector<std::string> names;
-  for (int i = 0; i < 8; ++i) names.push_back(Name(i));
+  for (int i = 0; i < 12; ++i) names.push_back(Name(i));
   auto report = [&](int from, int to, ReadOutcome outcome) {
     std::vector<Prefetcher::WholeRead> reads;
     for (int i = from; i < to; ++i)
       reads.push_back({&names[i], store_.Stat(names[i]).value().Version(), outcome});
     pf_->OnWholeReads(reads, 0);
   };
-  report(0, 4, ReadOutcome::kHit);  // four hits in a row: a window's worth
+  std::string id = pf_->CreateStream("batch", 1, 0, nullptr, "", /*page_cache=*/false);
+  ASSERT_TRUE(pf_->Publish(id, {Name(0), Name(1), Name(2), Name(3)}));
+  EXPECT_EQ(RunAll(), 4);
+  report(0, 4, ReadOutcome::kHit);  // served by the window: the look-ahead is at work
+  ASSERT_TRUE(pf_->Publish(id, {Name(8), Name(9)}));
+  EXPECT_EQ(RunAll(), 2);  // so it goes on
+  pf_->DeleteStream(id);
+
+  // The next epoch: 0-3 are in RAM (the window left them there), and found there.
+  id = pf_->CreateStream("batch", 1, 0, nullptr, "", /*page_cache=*/false);
+  ASSERT_TRUE(pf_->Publish(id, {Name(0), Name(1), Name(2), Name(3)}));
+  EXPECT_EQ(RunAll(), 0);
+  report(0, 4, ReadOutcome::kHit);  // four RAM hits in a row: a window's worth
   ASSERT_TRUE(pf_->Publish(id, {Name(4), Name(5), Name(6), Name(7)}));
   EXPECT_EQ(RunAll(), 0);            // resting: 4-7 are not looked at
   report(4, 5, ReadOutcome::kMiss);  // 4 was read from the store by the request
   EXPECT_EQ(RunAll(), 3);            // 5, 6 and 7 fetched ahead again
-  EXPECT_EQ(pf_->GetStats().fetched, 7u);
+  EXPECT_EQ(pf_->GetStats().fetched, 9u);
 }
 
 TEST_F(PrefetcherTest, AFetchedFileIsStoredInThePageCacheAndPassingItIsAHit) {
