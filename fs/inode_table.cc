@@ -156,17 +156,12 @@ std::optional<uint64_t> InodeTable::Find(const std::string& path) const {
 }
 
 std::optional<uint64_t> InodeTable::FindLocked(const std::string& path, uint64_t hash) const {
-  if (std::optional<uint64_t> hint = by_hash_.Get(hash)) {
-    auto n = nodes_.find(*hint);
-    if (n != nodes_.end() && Names(n->second, path)) return *hint;
-  }
-  auto it = by_path_.find(path);
-  if (it == by_path_.end()) return std::nullopt;
-  return it->second;
+  const Node* n = FindNodeLocked(path, hash);
+  if (n == nullptr) return std::nullopt;
+  return n->info.ino;
 }
 
 const InodeTable::Node* InodeTable::FindNodeLocked(const std::string& path, uint64_t hash) const {
-  // FindLocked, with the node the hint leads to kept: no second lookup of it.
   if (std::optional<uint64_t> hint = by_hash_.Get(hash)) {
     auto n = nodes_.find(*hint);
     if (n != nodes_.end() && Names(n->second, path)) return &n->second;
@@ -189,16 +184,15 @@ std::optional<InodeTable::PageState> InodeTable::PageStateOf(const std::string& 
                                                              uint64_t ino) const {
   const uint64_t hash = ino == 0 ? PathHash(path) : 0;
   MutexLock l(mu_);
+  const Node* n = nullptr;
   if (ino == 0) {
-    std::optional<uint64_t> found = FindLocked(path, hash);
-    if (!found) return std::nullopt;
-    ino = *found;
+    n = FindNodeLocked(path, hash);
+  } else if (auto it = nodes_.find(ino); it != nodes_.end()) {
+    n = &it->second;
   }
-  auto n = nodes_.find(ino);
-  if (n == nodes_.end() || n->second.info.removed || n->second.info.path != path)
-    return std::nullopt;
-  const InodeInfo& i = n->second.info;
-  return PageState{ino, i.attr.Version(), i.write_gen, S_ISREG(i.attr.mode)};
+  if (n == nullptr || n->info.removed || n->info.path != path) return std::nullopt;
+  const InodeInfo& i = n->info;
+  return PageState{i.ino, i.attr.Version(), i.write_gen, S_ISREG(i.attr.mode)};
 }
 
 std::optional<std::string> InodeTable::Remove(const std::string& path) {

@@ -172,6 +172,7 @@ class InodeTable {
   // prefixes took a third of the daemon's CPU in a warm epoch.
   HashHints by_hash_ GUARDED_BY(mu_);
   static uint64_t PathHash(std::string_view path);
+  // The node named `path` (of hash PathHash(path)), or null; FindLocked: its number.
   std::optional<uint64_t> FindLocked(const std::string& path, uint64_t hash) const REQUIRES(mu_);
   const Node* FindNodeLocked(const std::string& path, uint64_t hash) const REQUIRES(mu_);
   void HintLocked(const std::string& path, uint64_t ino) REQUIRES(mu_);
