@@ -38,6 +38,15 @@ const char* CodeOf(const Status& s) {
 
 }  // namespace
 
+Result<PathResolver::Resolved> ServerImpl::CheckToRead(const std::string& p, const Caller& caller,
+                                                       PathResolver::Searched* searched) {
+  Result<PathResolver::Resolved> r =
+      Check(p, caller, /*fresh=*/false, PathResolver::Depth::kFile, searched);
+  if (r.ok() && r->attr.mode == 0) r = Check(p, caller, /*fresh=*/true);  // unchecked store
+  if (r.ok() && !r->attr.IsRegular()) return Status::InvalidArgument(p + ": not a regular file");
+  return r;
+}
+
 Response ServerImpl::BatchFiles(const Request& req, const Caller& caller, int* fd) {
   const unsigned v = req.version();
   const std::string& body = req.body();
@@ -63,15 +72,9 @@ Response ServerImpl::BatchFiles(const Request& req, const Caller& caller, int* f
     File& f = files.emplace_back();
     const std::string asked = body.substr(at, end - at);
     at = end + 1;
-    Result<PathResolver::Resolved> r =
-        Check(asked, caller, /*fresh=*/false, PathResolver::Depth::kFile, &searched);
-    if (r.ok() && r->attr.mode == 0) r = Check(asked, caller, /*fresh=*/true);  // unchecked store
+    Result<PathResolver::Resolved> r = CheckToRead(asked, caller, &searched);
     if (!r.ok()) {
       f.missing = Missing(r.status(), CodeOf(r.status()));
-      continue;
-    }
-    if (!r->attr.IsRegular()) {
-      f.missing = Missing(Status::InvalidArgument(asked + ": not a regular file"), "not_a_file");
       continue;
     }
     if (total + r->attr.size > options_.batch_max_bytes) {
@@ -153,11 +156,15 @@ Response ServerImpl::BatchFiles(const Request& req, const Caller& caller, int* f
     cache::BufferRef held;
     prefetch::ReadOutcome outcome = prefetch::ReadOutcome::kHit;
     if (f.attr.size > 0 && f.attr.size <= whole) {
-      if (std::optional<prefetch::Prefetcher::WindowHit> w = prefetcher_->Get(f.path, version, 0)) {
-        held = std::move(w->buffer);
-        if (w->waited) outcome = prefetch::ReadOutcome::kLate;
-      } else {
-        held = ram_->Get(cache::ChunkKey(f.path, version, 0));
+      // The RAM cache first: its lock is one shard's, the window's is the prefetcher's, which
+      // every reader and publisher shares (and a warm epoch's files are in RAM, not there).
+      held = ram_->Get(cache::ChunkKey(f.path, version, 0));
+      if (held == nullptr) {
+        if (std::optional<prefetch::Prefetcher::WindowHit> w =
+                prefetcher_->Get(f.path, version, 0)) {
+          held = std::move(w->buffer);
+          if (w->waited) outcome = prefetch::ReadOutcome::kLate;
+        }
       }
       if (held != nullptr && held->size < f.attr.size) held = nullptr;  // not the whole file
     }

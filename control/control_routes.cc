@@ -698,10 +698,7 @@ Reply ServerImpl::BatchDownload(Request& req, const Caller& caller, int sock) {
   std::vector<std::string> fetch;
   PathResolver::Searched searched;
   for (const std::string& p : paths) {
-    Result<PathResolver::Resolved> r =
-        Check(p, caller, /*fresh=*/false, PathResolver::Depth::kFile, &searched);
-    if (r.ok() && r->attr.mode == 0) r = Check(p, caller, /*fresh=*/true);  // unchecked store
-    if (r.ok() && !r->attr.IsRegular()) r = Status::InvalidArgument(p + ": not a regular file");
+    Result<PathResolver::Resolved> r = CheckToRead(p, caller, &searched);
     if (r.ok() && r->attr.size > 0) fetch.push_back(r->path);
     asked.push_back({&p, std::move(r)});
   }

@@ -244,6 +244,11 @@ class ServerImpl final : public ControlServer {
   Result<PathResolver::Resolved> Check(const std::string& p, const Caller& caller, bool fresh,
                                        PathResolver::Depth depth = PathResolver::Depth::kFile,
                                        PathResolver::Searched* searched = nullptr);
+  // A file a request hands the caller the bytes of (/v1/files/batch, /batchdownload/path),
+  // checked as the mount checks an open: the attributes the mount holds, else fresh ones (a
+  // store that is not checked); a regular file the caller may read, or why not.
+  Result<PathResolver::Resolved> CheckToRead(const std::string& p, const Caller& caller,
+                                             PathResolver::Searched* searched);
   // Converts `paths` (a JSON array) to store paths beneath directories the caller may search;
   // counts rejected ones. The files themselves are checked when fetched (the stream's reader).
   std::optional<std::vector<std::string>> StorePaths(

@@ -69,8 +69,8 @@ const char* RejectName(Reject r);
 class PathResolver {
  public:
   struct Options {
-    // How long a directory's or file's attributes may answer a later check of a published
-    // path (prefetch only: requests that hand out bytes or descriptors always ask the store).
+    // How long a directory's or file's attributes may answer a later check, when the mount
+    // holds none (/v1/files/open and /v1/warmup ask the store for the file itself).
     double ttl_s = 2.0;
     size_t max_cached = 65536;  // attributes kept; all are dropped when full
     // false for stores without symlinks or per-file owners (S3): only the lexical checks
