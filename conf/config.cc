@@ -454,7 +454,8 @@ Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
   return ForEachKey(node, "fuse",
                     {"read_only", "entry_timeout_s", "attr_timeout_s", "negative_timeout_s",
                      "max_read", "read_ahead", "keep_cache", "flush_on_close", "write_back_idle_s",
-                     "list_ahead", "list_ahead_threads", "dir_memory_bytes", "max_writes_per_uid"},
+                     "list_ahead", "list_ahead_threads", "dir_memory_bytes", "max_writes_per_uid",
+                     "io_uring"},
                     [&](const std::string& k, const YAML::Node& v, const std::string& key) {
                       if (k == "read_only") {
                         CTFS_ASSIGN(o->read_only, GetBool(v, key));
@@ -506,6 +507,15 @@ Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
                         CTFS_ASSIGN(o->dir_memory_bytes, GetSize(v, key));
                         if (o->dir_memory_bytes < (1u << 20))
                           return Bad(key, "must be at least 1MiB");
+                      }
+                      if (k == "io_uring") {
+                        const std::string m = v.IsScalar() ? v.Scalar() : "";
+                        if (m == "auto") o->io_uring = FuseOptions::IoUring::kAuto;
+                        else if (m == "on" || m == "true") o->io_uring = FuseOptions::IoUring::kOn;
+                        else if (m == "off" || m == "false")
+                          o->io_uring = FuseOptions::IoUring::kOff;
+                        else
+                          return Bad(key, "must be auto, on or off, got " + Quote(m));
                       }
                       if (k == "flush_on_close") CTFS_ASSIGN(o->flush_on_close, GetBool(v, key));
                       if (k == "write_back_idle_s")

@@ -192,6 +192,11 @@ struct FuseOptions {
   // Files one user may have open for writing through the mount at once; an open past it
   // fails with EMFILE. Default: 4096.
   uint64_t max_writes_per_uid = 4096;
+  // The transport of requests (docs/operations.md): kAuto takes FUSE over io_uring when the
+  // kernel offers it (root set /sys/module/fuse/parameters/enable_uring), else /dev/fuse; kOn
+  // requires io_uring (the mount fails without it); kOff always /dev/fuse. Default: kAuto.
+  enum class IoUring { kAuto, kOn, kOff };
+  IoUring io_uring = IoUring::kAuto;
 };
 
 struct Config {

@@ -375,9 +375,12 @@ Status StartConnection(FuseSession& session, const Takeover& t) {
   if (t.init_fd >= 0) {
     CTFS_ASSIGN_OR_RETURN(std::string init, ReadAllFd(t.init_fd));
     ::close(t.init_fd);
+    CTFS_ASSIGN_OR_RETURN(init, session.PrepareInit(std::move(init), /*replayed=*/true));
     return session.ProcessInit(std::move(init), /*replayed=*/true);
   }
   CTFS_ASSIGN_OR_RETURN(std::string init, session.ReadInit());
+  // The copy the supervisor keeps records the transport chosen (FuseSession::PrepareInit).
+  CTFS_ASSIGN_OR_RETURN(init, session.PrepareInit(std::move(init), /*replayed=*/false));
   if (t.channel_fd >= 0) SendMessage(t.channel_fd, kMsgInit, init);
   return session.ProcessInit(std::move(init), /*replayed=*/false);
 }
@@ -410,6 +413,7 @@ void DropDentriesOfEarlierProcess(FuseSession& session, cfs_client::Backend* sto
 std::atomic<bool> g_handover{false};
 std::atomic<bool> g_supervisor_gone{false};  // nobody to hand over to
 std::atomic<bool> g_serving{false};          // the session loop has started
+std::atomic<bool> g_io_uring{false};         // the connection is on FUSE over io_uring
 
 // Stops the loop so that the state can go to the next binary; refused while files are being
 // written (their write states cannot be handed over).
@@ -420,6 +424,12 @@ Status RequestHandover(const FileSystem& fs) {
                                         "mount; upgrade once they are closed");
   if (g_supervisor_gone.load())
     return Status::FromErrno(ESRCH, "the supervisor is gone: nothing can take the mount over");
+  if (g_io_uring.load())
+    return Status::FromErrno(
+        EOPNOTSUPP,
+        "this mount is served through FUSE over io_uring, whose requests the kernel cannot "
+        "move from one process to the next without losing some (docs/operations.md); mount "
+        "with fuse.io_uring: off to upgrade in place");
   if (!g_serving.load()) return Status::FromErrno(EAGAIN, "the mount is not served yet; try again");
   if (g_handover.exchange(true)) return Status::OK();
   CTFS_LOG(kInfo) << "handing the mount over to the next binary";
@@ -506,7 +516,11 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
                                                             static_cast<double>(st.reads.total()));
     return r;
   });
-  control_options.health = [&health](bool details) { return health.Report(details); };
+  control_options.health = [&health](bool details) {
+    nlohmann::json r = health.Report(details);
+    r["transport"] = g_io_uring.load() ? "io_uring" : "/dev/fuse";
+    return r;
+  };
   if (takeover.channel_fd >= 0)
     control_options.upgrade = [filesystem] { return RequestHandover(*filesystem); };
   // The listeners the supervisor bound before the mount: never bound again, so nobody can take
@@ -560,8 +574,12 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
     else
       CTFS_LOG(kInfo) << "took over " << filesystem->inodes().size() << " inodes";
   }
+  // After a crash on io_uring, requests queued meanwhile are fetched once a queue is kicked.
+  if (takeover.generation > 0 && takeover.state_fd < 0) session.SetKickPath(config.mount_point);
   if (Status s = StartConnection(session, takeover); !s.ok())
-    return Fail(kExitFailure, config.mount_point + ": " + s.ToString());
+    return Fail(s.code() == Status::Code::kInvalidArgument ? kExitBadConfig : kExitFailure,
+                config.mount_point + ": " + s.ToString());
+  g_io_uring.store(std::string(session.transport()) == "io_uring");
   if (takeover.init_fd < 0) SetReadAhead(config.mount_point, config.fuse.read_ahead_bytes);
 
   const std::string control_path = control::ControlFilePath(config.vol_name);

@@ -164,7 +164,10 @@ void Init(void* userdata, fuse_conn_info* conn) {
   // Drop the kernel's cached pages when the attributes show the file changed.
   if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
   // Streamed reads (fs/store_stream.h) reach the kernel by splice, not through our memory.
-  if (conn->capable & FUSE_CAP_SPLICE_WRITE) conn->want |= FUSE_CAP_SPLICE_WRITE;
+  // Not over io_uring: a reply goes to the entry's buffer, never to the device.
+  if ((conn->capable & FUSE_CAP_SPLICE_WRITE) && !ctx->io_uring)
+    conn->want |= FUSE_CAP_SPLICE_WRITE;
+  if (ctx->io_uring) conn->want &= ~(FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE);
   conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
   // O_TRUNC must reach us as a setattr: under no_open the open that would carry it is
   // never sent, and the kernel would truncate only its own page cache.
@@ -182,7 +185,8 @@ void Init(void* userdata, fuse_conn_info* conn) {
   // LOOKUP each.
   if (ctx->options.keep_cache) conn->want &= ~FUSE_CAP_READDIRPLUS_AUTO;
   CTFS_LOG(kInfo) << "FUSE session started: protocol " << conn->proto_major << "."
-                  << conn->proto_minor << ", max_read " << ctx->options.max_read;
+                  << conn->proto_minor << ", max_read " << ctx->options.max_read
+                  << ", transport " << (ctx->io_uring ? "io_uring" : "/dev/fuse");
 }
 
 void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {

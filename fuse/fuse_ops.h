@@ -6,6 +6,7 @@
 #define FUSE_USE_VERSION 314
 #include <fuse_lowlevel.h>
 
+#include <atomic>
 #include <memory>
 
 #include "fs/file_system.h"
@@ -40,6 +41,11 @@ struct FuseContext {
   fuse_session* session = nullptr;  // set once after fuse_session_new
   // The kernel may skip open/release and keep its page cache (set once in init).
   bool no_open = false;
+  // Requests come through FUSE over io_uring (fuse/uring_loop.h), not /dev/fuse reads: set
+  // before the connection's INIT is processed, never changed after.
+  bool io_uring = false;
+  // The next reply written is to FUSE_INIT, and takes FUSE_OVER_IO_URING (session.cc).
+  std::atomic<bool> patch_init{false};
   // Answers the kernel's retrieve replies (set once after the session starts; may be null).
   PageProbe* page_probe = nullptr;
   // The open files and directories, by the number the kernel holds (handle_table.h).

@@ -2,7 +2,9 @@
 
 #include <fcntl.h>
 #include <linux/fuse.h>
+#include <liburing.h>
 #include <sys/ioctl.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,7 +14,9 @@
 #include "common/logging.h"
 #include "fuse/fuse_ops.h"
 #include "fuse/page_probe.h"
+#include "fuse/kernel_abi.h"
 #include "fuse/session_loop.h"
+#include "fuse/uring_loop.h"
 
 namespace cubetorchfs::fuse {
 namespace {
@@ -44,6 +48,73 @@ Result<int> CloneFuseFd(int fd) {
   }
   return clone;
 }
+
+uint32_t Load32(const std::string& b, size_t off) {
+  uint32_t v = 0;
+  std::memcpy(&v, b.data() + off, sizeof v);
+  return v;
+}
+
+// The kernel's INIT offers FUSE over io_uring (it does once root set enable_uring).
+bool OffersIoUring(const std::string& init) {
+  const size_t in = sizeof(fuse_in_header);
+  if (init.size() < in + abi::kInitInMinSize) return false;
+  const uint32_t flags = Load32(init, in + abi::kInitInFlags);
+  const uint32_t flags2 = Load32(init, in + abi::kInitInFlags2);
+  return (flags & abi::kInitExt) && (flags2 & (abi::kOverIoUring >> 32));
+}
+
+void ClearIoUringOffer(std::string* init) {
+  const size_t off = sizeof(fuse_in_header) + abi::kInitInFlags2;
+  uint32_t flags2 = Load32(*init, off) & ~static_cast<uint32_t>(abi::kOverIoUring >> 32);
+  std::memcpy(init->data() + off, &flags2, sizeof flags2);
+}
+
+// Whether this process may create the io_uring an entry needs (kernel.io_uring_disabled, a
+// seccomp filter, an old kernel).
+Status ProbeIoUring() {
+  io_uring ring{};
+  io_uring_params p{};
+  p.flags = IORING_SETUP_SQE128;
+  const int r = io_uring_queue_init_params(2, &ring, &p);
+  if (r < 0) return Status::FromErrno(-r, "io_uring_setup");
+  io_uring_queue_exit(&ring);
+  return Status::OK();
+}
+
+// libfuse's I/O on the device (fuse_session_custom_io): a reply to a request that came by
+// io_uring goes to its entry; the reply to FUSE_INIT takes FUSE_OVER_IO_URING when chosen;
+// everything else goes to the device as libfuse would write it.
+ssize_t ReadDevice(int fd, void* buf, size_t len, void*) { return ::read(fd, buf, len); }
+
+ssize_t WritevDevice(int fd, struct iovec* iov, int count, void* userdata) {
+  if (UringReply* r = CurrentUringReply(); r != nullptr && StoreUringReply(r, iov, count)) {
+    ssize_t n = 0;
+    for (int i = 0; i < count; ++i) n += static_cast<ssize_t>(iov[i].iov_len);
+    return n;
+  }
+  auto* ctx = static_cast<FuseContext*>(userdata);
+  if (ctx != nullptr && ctx->patch_init.exchange(false) && count == 2 &&
+      iov[1].iov_len >= abi::kInitOutSize) {
+    std::string out(static_cast<const char*>(iov[1].iov_base), iov[1].iov_len);
+    uint32_t flags = Load32(out, abi::kInitOutFlags);
+    if (flags & abi::kInitExt) {
+      uint32_t flags2 = Load32(out, abi::kInitOutFlags2) |
+                        static_cast<uint32_t>(abi::kOverIoUring >> 32);
+      std::memcpy(out.data() + abi::kInitOutFlags2, &flags2, sizeof flags2);
+    }
+    iovec patched[2] = {iov[0], {out.data(), out.size()}};
+    return ::writev(fd, patched, 2);
+  }
+  return ::writev(fd, iov, count);
+}
+
+ssize_t SpliceToDevice(int fdin, off_t* offin, int fdout, off_t* offout, size_t len,
+                       unsigned int flags, void*) {
+  return ::splice(fdin, offin, fdout, offout, len, flags);
+}
+
+const fuse_custom_io kDeviceIo = {WritevDevice, ReadDevice, nullptr, SpliceToDevice};
 
 }  // namespace
 
@@ -92,12 +163,11 @@ void FuseSession::RemoveSignalHandlers() { fuse_remove_signal_handlers(se_); }
 Status FuseSession::ServeClone(int fuse_fd) {
   Result<int> clone = CloneFuseFd(fuse_fd);
   if (!clone.ok()) return Status::IOError(clone.status().ToString());
-  // libfuse takes a mounted /dev/fuse descriptor as /dev/fd/N.
-  std::string fd_mount = "/dev/fd/";
-  fd_mount += std::to_string(*clone);
-  if (fuse_session_mount(se_, fd_mount.c_str()) != 0) {
+  // libfuse's I/O through our hooks (above), so that replies can go to io_uring entries.
+  if (int r = fuse_session_custom_io(se_, &kDeviceIo, *clone); r != 0) {
+    ::close(*clone);
     RemoveSignalHandlers();
-    return Status::IOError("cannot serve the mount (see the line above)");
+    return Status::FromErrno(-r, "cannot serve the mount");
   }
   fd_ = *clone;
   return Status::OK();
@@ -119,6 +189,41 @@ Result<std::string> FuseSession::ReadInit() {
     return Status::IOError("the connection's first request is not FUSE_INIT");
   return init;
 }
+
+Result<std::string> FuseSession::PrepareInit(std::string init, bool replayed) {
+  using Mode = conf::FuseOptions::IoUring;
+  const Mode mode = ctx_->options.io_uring;
+  const bool offered = OffersIoUring(init);
+  if (replayed) {
+    // The copy offers io_uring only where the first process took it.
+    ctx_->io_uring = offered;
+    if (offered && mode == Mode::kOff)
+      CTFS_LOG(kWarn) << "this mount's connection is on FUSE over io_uring since it was "
+                         "mounted; fuse.io_uring: off takes effect at the next mount";
+    return init;
+  }
+  if (offered && mode != Mode::kOff) {
+    if (Status s = ProbeIoUring(); s.ok()) {
+      ctx_->io_uring = true;
+    } else if (mode == Mode::kOn) {
+      return Status::InvalidArgument("fuse.io_uring is on but this process cannot use io_uring (" +
+                                     s.ToString() + ")");
+    } else {
+      CTFS_LOG(kWarn) << "the kernel offers FUSE over io_uring but this process cannot use "
+                      << "io_uring (" << s.ToString() << "): serving through /dev/fuse";
+    }
+  } else if (mode == Mode::kOn) {
+    return Status::InvalidArgument(
+        "fuse.io_uring is on but the kernel does not offer FUSE over io_uring (Linux 6.14+ "
+        "with CONFIG_FUSE_IO_URING, and as root: echo Y > "
+        "/sys/module/fuse/parameters/enable_uring)");
+  }
+  if (!ctx_->io_uring && offered) ClearIoUringOffer(&init);
+  ctx_->patch_init.store(ctx_->io_uring);
+  return init;
+}
+
+const char* FuseSession::transport() const { return ctx_->io_uring ? "io_uring" : "/dev/fuse"; }
 
 Status FuseSession::ProcessInit(std::string init, bool replayed) {
   if (replayed) {
@@ -142,7 +247,33 @@ void FuseSession::SetGeneration(uint64_t generation) {
 }
 
 int FuseSession::Serve(int min_threads, int max_threads, const std::atomic<bool>* stop) {
-  return RunSessionLoop(se_, min_threads, max_threads, stop);
+  if (ctx_->io_uring && uring_ == nullptr) {
+    UringLoopOptions o;
+    o.fuse_fd = fd_;
+    o.max_write = ctx_->options.max_read;
+    const int queues = UringQueueCount();
+    o.min_per_queue = std::max(1, (min_threads + queues - 1) / queues);
+    o.max_per_queue = std::max(2, (max_threads + queues - 1) / queues);
+    o.kick_path = kick_path_;
+    Result<std::unique_ptr<UringLoop>> loop = UringLoop::Start(se_, o);
+    if (loop.ok()) {
+      uring_ = std::move(*loop);
+      CTFS_LOG(kInfo) << "serving through FUSE over io_uring: " << queues << " queues, "
+                      << uring_->threads() << " entries";
+    } else {
+      // The kernel then sends every request by /dev/fuse (uring_loop.cc).
+      CTFS_LOG(kError) << loop.status().ToString() << "; serving through /dev/fuse";
+      ctx_->io_uring = false;
+    }
+  }
+  // Over io_uring the device still brings FORGET and INTERRUPT: a few threads read it.
+  const int rc = uring_ != nullptr ? RunSessionLoop(se_, 1, 2, stop)
+                                   : RunSessionLoop(se_, min_threads, max_threads, stop);
+  if (uring_ != nullptr && (stop == nullptr || !stop->load())) {
+    uring_->Stop();
+    uring_->Join();
+  }
+  return rc;
 }
 
 bool FuseSession::Exited() const { return fuse_session_exited(se_) != 0; }

@@ -36,6 +36,7 @@ namespace cubetorchfs::fuse {
 
 struct FuseContext;
 class PageProbe;
+class UringLoop;
 
 class FuseSession {
  public:
@@ -76,6 +77,12 @@ class FuseSession {
   // The first request of a new connection, FUSE_INIT, read from it, as raw bytes (for the
   // supervisor to keep and hand to later workers).
   Result<std::string> ReadInit();
+  // Chooses the connection's transport from its FUSE_INIT (`options.io_uring`, what the kernel
+  // offers) before ProcessInit, and returns the copy of the INIT to keep for later processes:
+  // where /dev/fuse was chosen the copy no longer offers io_uring. A `replayed` copy that
+  // offers it names a connection on io_uring, which a process must go on serving that way.
+  // InvalidArgument: fuse.io_uring is on and the kernel does not offer it.
+  Result<std::string> PrepareInit(std::string init, bool replayed);
   // Gives the session the connection's FUSE_INIT: read by ReadInit, or a copy of an earlier
   // process's (`replayed`: the kernel sends INIT once per connection; the reply to the copy
   // finds no request and is dropped). Either way the session then knows the connection's
@@ -89,6 +96,12 @@ class FuseSession {
   // Runs the request loop (session_loop.h) until `stop` is set or the session exits (signal,
   // unmount); every request read is answered. 0, or the negative errno that ended it.
   int Serve(int min_threads, int max_threads, const std::atomic<bool>* stop);
+
+  // "io_uring" or "/dev/fuse" once PrepareInit has chosen (docs/operations.md).
+  const char* transport() const;
+  // After a crash of the process before, on io_uring: where the queues are kicked once
+  // registered (uring_loop.h). Empty: no kick.
+  void SetKickPath(std::string path) { kick_path_ = std::move(path); }
 
   // The loop has stopped for good (signal, unmount): the kernel's requests go unanswered.
   bool Exited() const;
@@ -106,6 +119,8 @@ class FuseSession {
   const std::unique_ptr<FuseContext> ctx_;  // the session's userdata: outlives se_
   fuse_session* const se_;
   int fd_ = -1;  // the clone this process serves
+  std::string kick_path_;
+  std::unique_ptr<UringLoop> uring_;  // the io_uring queues, once Serve started them
 };
 
 }  // namespace cubetorchfs::fuse

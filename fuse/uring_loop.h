@@ -1,0 +1,79 @@
+// FUSE over io_uring (Linux 6.14+): the kernel hands requests to per-CPU queues of entries
+// the daemon registered, each a pair of buffers, and takes the reply and the next request in
+// one io_uring command (COMMIT_AND_FETCH) instead of a read() and a writev() on /dev/fuse.
+//
+// Threads: each serves one entry of one queue through an io_uring of its own, pinned to that
+// queue's CPU. A thread busy with a request (a miss waits on the store) holds its entry, so the
+// kernel gives the queue's next request to another entry: a queue starts with min_per_queue
+// threads and grows to max_per_queue while all of its threads are busy.
+//
+// Requests arrive as the kernel's fuse_in_header in the header buffer, the first argument in
+// op_in and the rest in the payload. The entry's memory is laid out so that header and first
+// argument are copied (at most 168 bytes) in front of the payload, and libfuse gets the
+// request whole without a copy of its payload. libfuse's reply (session.cc's writev hook) is
+// copied into the entry's buffers and committed when the handler returns. FORGET, INTERRUPT
+// and notifications still travel through /dev/fuse (the kernel's design), served by the
+// session loop beside this one.
+//
+// The connection stays on io_uring once the kernel has seen a queue of every CPU registered;
+// what a crash or an upgrade does then is in docs/operations.md.
+//
+// Thread safety: Start once; Stop from any thread; Join once.
+#pragma once
+
+#define FUSE_USE_VERSION 314
+#include <fuse_lowlevel.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+
+namespace cubetorchfs::fuse {
+
+struct UringLoopOptions {
+  int fuse_fd = -1;             // this process's descriptor of the connection
+  size_t max_write = 1u << 20;  // the connection's max_write: the payload buffer's size
+  int min_per_queue = 1;
+  int max_per_queue = 32;
+  // Statfs on this path from each queue's CPU once the queues are registered, so that
+  // requests the kernel queued while no entry was registered (after a crash of the process
+  // before) are fetched without waiting for more traffic. Empty: none.
+  std::string kick_path;
+};
+
+// The queues the kernel keeps: one for each possible CPU (/sys/devices/system/cpu/possible).
+int UringQueueCount();
+
+// What every entry of a registered reply is: where libfuse's reply to the request a thread is
+// serving goes (session.cc's writev hook). Null when the thread serves no io_uring request.
+struct UringReply;
+UringReply* CurrentUringReply();
+// Copies a reply (fuse_out_header first) into the current entry: false if it does not fit or
+// is not for the request the entry holds (the caller then writes it to /dev/fuse).
+bool StoreUringReply(UringReply* r, const struct iovec* iov, int count);
+
+class UringLoop {
+ public:
+  // Registers min_per_queue entries on every queue and starts their threads. An error means
+  // the kernel refused the first registration (the caller serves through /dev/fuse).
+  static Result<std::unique_ptr<UringLoop>> Start(fuse_session* se, const UringLoopOptions& o);
+  ~UringLoop();
+
+  // Asks every thread to stop after its current request; Join waits for them. A thread also
+  // stops when the connection ends (unmount): then the session is made to exit.
+  void Stop();
+  void Join();
+  int threads() const;
+
+  struct Shared;
+
+ private:
+  explicit UringLoop(std::shared_ptr<Shared> shared);
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace cubetorchfs::fuse
