@@ -424,12 +424,6 @@ Status RequestHandover(const FileSystem& fs) {
                                         "mount; upgrade once they are closed");
   if (g_supervisor_gone.load())
     return Status::FromErrno(ESRCH, "the supervisor is gone: nothing can take the mount over");
-  if (g_io_uring.load())
-    return Status::FromErrno(
-        EOPNOTSUPP,
-        "this mount is served through FUSE over io_uring, whose requests the kernel cannot "
-        "move from one process to the next without losing some (docs/operations.md); mount "
-        "with fuse.io_uring: off to upgrade in place");
   if (!g_serving.load()) return Status::FromErrno(EAGAIN, "the mount is not served yet; try again");
   if (g_handover.exchange(true)) return Status::OK();
   CTFS_LOG(kInfo) << "handing the mount over to the next binary";
@@ -575,7 +569,13 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
       CTFS_LOG(kInfo) << "took over " << filesystem->inodes().size() << " inodes";
   }
   // After a crash on io_uring, requests queued meanwhile are fetched once a queue is kicked.
-  if (takeover.generation > 0 && takeover.state_fd < 0) session.SetKickPath(config.mount_point);
+  if (takeover.generation > 0) session.SetKickPath(config.mount_point);
+  // On io_uring, the entries live in a memfd the supervisor keeps for the next process.
+  session.SetUringMemory(takeover.ring_fd, [fd = takeover.channel_fd](int memfd) {
+    if (fd >= 0 && !SendMessage(fd, kMsgRing, "", memfd))
+      CTFS_LOG(kWarn) << "the supervisor did not take the io_uring entries: a crash of this "
+                         "process leaves the requests it holds unanswered";
+  });
   if (Status s = StartConnection(session, takeover); !s.ok())
     return Fail(s.code() == Status::Code::kInvalidArgument ? kExitBadConfig : kExitFailure,
                 config.mount_point + ": " + s.ToString());

@@ -57,13 +57,15 @@ Result<Takeover> ParseTakeover(const std::string& spec) {
       t.prof_fd = static_cast<int>(v);
     else if (key == "metrics")
       t.metrics_fd = static_cast<int>(v);
+    else if (key == "ring")
+      t.ring_fd = static_cast<int>(v);
     else
       return Status::InvalidArgument("--takeover: unknown key " + key);
   }
   if (t.fuse_fd < 0 || (t.generation >> 23) != 0)
     return Status::InvalidArgument("--takeover: needs fuse=FD and a generation below 2^23");
-  for (int fd :
-       {t.fuse_fd, t.channel_fd, t.init_fd, t.state_fd, t.unix_fd, t.prof_fd, t.metrics_fd})
+  for (int fd : {t.fuse_fd, t.channel_fd, t.init_fd, t.state_fd, t.unix_fd, t.prof_fd, t.metrics_fd,
+                 t.ring_fd})
     if (fd >= 0 && ::fcntl(fd, F_GETFD) < 0)
       return Status::InvalidArgument("--takeover: descriptor " + std::to_string(fd) +
                                      " is not open");
@@ -266,6 +268,7 @@ class Supervisor {
   bool served_ = false;    // some worker reported ready
   bool stopping_ = false;  // SIGTERM passed on: no restart
   int state_fd_ = -1;      // handed over by the worker, for the next binary
+  int ring_fd_ = -1;       // the workers' io_uring entries (kMsgRing), for every next worker
   std::vector<double> restarts_;
   sigset_t old_mask_{};
 };
@@ -277,6 +280,7 @@ std::vector<std::string> Supervisor::TakeoverArgv(const char* flag, const Takeov
   spec += ",generation=" + std::to_string(t.generation);
   if (t.init_fd >= 0) spec += ",init=" + std::to_string(t.init_fd);
   if (t.state_fd >= 0) spec += ",state=" + std::to_string(t.state_fd);
+  if (ring_fd_ >= 0) spec += ",ring=" + std::to_string(ring_fd_);
   static constexpr const char* kListenerKeys[] = {"unix", "prof", "metrics"};
   for (int i = 0; i < 3 && with_listeners; ++i)
     if (listeners_[i] >= 0)
@@ -392,7 +396,8 @@ bool Supervisor::Spawn(int state_fd) {
 
   const pid_t pid = ::fork();
   if (pid == 0) {
-    for (int fd : {fuse_fd_, sv[1], init_fd, state_fd, listeners_[0], listeners_[1], listeners_[2]})
+    for (int fd : {fuse_fd_, sv[1], init_fd, state_fd, listeners_[0], listeners_[1], listeners_[2],
+                   ring_fd_})
       if (fd >= 0) ::fcntl(fd, F_SETFD, 0);
     ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
     // The worker runs this supervisor's own image, whatever is installed at exe_ now (removed,
@@ -433,6 +438,14 @@ void Supervisor::OnMessage() {
       NotifySystemd("READY=1\nSTATUS=serving " + config_.mount_point + " (generation " +
                     std::to_string(generation_) + ")\nMAINPID=" + std::to_string(::getpid()));
       break;
+    case kMsgRing:
+      if (fd >= 0) {
+        if (ring_fd_ >= 0) ::close(ring_fd_);
+        ring_fd_ = fd;
+        ::fcntl(ring_fd_, F_SETFD, FD_CLOEXEC);
+        fd = -1;
+      }
+      break;
     case kMsgState:
       if (fd >= 0) {
         if (state_fd_ >= 0) ::close(state_fd_);
@@ -458,7 +471,7 @@ void Supervisor::Reexec(int state_fd) {
       TakeoverArgv("--resume", {fuse_fd_, -1, generation_ + 1, init.ok() ? *init : -1, state_fd},
                    hand_listeners);
   std::vector<char*> cargs = CArgs(args);
-  for (int fd : {fuse_fd_, state_fd, init.ok() ? *init : -1})
+  for (int fd : {fuse_fd_, state_fd, init.ok() ? *init : -1, ring_fd_})
     if (fd >= 0) ::fcntl(fd, F_SETFD, 0);
   for (int fd : listeners_)
     if (fd >= 0 && hand_listeners) ::fcntl(fd, F_SETFD, 0);
@@ -558,6 +571,8 @@ int Supervisor::Run(const Takeover* resume) {
     }
     state_fd = resume->state_fd;
     if (state_fd >= 0) ::fcntl(state_fd, F_SETFD, FD_CLOEXEC);
+    ring_fd_ = resume->ring_fd;
+    if (ring_fd_ >= 0) ::fcntl(ring_fd_, F_SETFD, FD_CLOEXEC);
     ::fcntl(fuse_fd_, F_SETFD, FD_CLOEXEC);
   }
   self_image_.reset(::open("/proc/self/exe", O_RDONLY | O_CLOEXEC));

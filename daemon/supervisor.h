@@ -51,6 +51,7 @@ enum ChannelMessage : char {
   kMsgReady = 'R',    // worker -> supervisor: the mount is served
   kMsgState = 'S',    // worker -> supervisor: handed over; a memfd of the state is attached
   kMsgUpgrade = 'U',  // supervisor -> worker: hand over (SIGUSR2 reached the supervisor)
+  kMsgRing = 'Q',     // worker -> supervisor: the memfd of its io_uring entries (uring_loop.h)
 };
 
 // What a worker is given by its supervisor (parsed from --takeover).
@@ -65,6 +66,8 @@ struct Takeover {
   int unix_fd = -1;
   int prof_fd = -1;
   int metrics_fd = -1;
+  // The memfd of the io_uring entries of the processes before (fuse/uring_loop.h); -1: none.
+  int ring_fd = -1;
 };
 Result<Takeover> ParseTakeover(const std::string& spec);
 

@@ -185,8 +185,8 @@ void Init(void* userdata, fuse_conn_info* conn) {
   // LOOKUP each.
   if (ctx->options.keep_cache) conn->want &= ~FUSE_CAP_READDIRPLUS_AUTO;
   CTFS_LOG(kInfo) << "FUSE session started: protocol " << conn->proto_major << "."
-                  << conn->proto_minor << ", max_read " << ctx->options.max_read
-                  << ", transport " << (ctx->io_uring ? "io_uring" : "/dev/fuse");
+                  << conn->proto_minor << ", max_read " << ctx->options.max_read << ", transport "
+                  << (ctx->io_uring ? "io_uring" : "/dev/fuse");
 }
 
 void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {

@@ -25,8 +25,8 @@ constexpr uint32_t kUringCmdCommitAndFetch = 2;  // FUSE_IO_URING_CMD_COMMIT_AND
 // struct fuse_uring_ent_in_out
 struct UringEntInOut {
   uint64_t flags;
-  uint64_t commit_id;    // the request's unique, given back at commit
-  uint32_t payload_sz;   // bytes of arguments in the payload buffer (both ways)
+  uint64_t commit_id;   // the request's unique, given back at commit
+  uint32_t payload_sz;  // bytes of arguments in the payload buffer (both ways)
   uint32_t padding;
   uint64_t reserved;
 };

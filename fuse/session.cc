@@ -1,8 +1,8 @@
 #include "fuse/session.h"
 
 #include <fcntl.h>
-#include <linux/fuse.h>
 #include <liburing.h>
+#include <linux/fuse.h>
 #include <sys/ioctl.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -13,8 +13,8 @@
 
 #include "common/logging.h"
 #include "fuse/fuse_ops.h"
-#include "fuse/page_probe.h"
 #include "fuse/kernel_abi.h"
+#include "fuse/page_probe.h"
 #include "fuse/session_loop.h"
 #include "fuse/uring_loop.h"
 
@@ -99,8 +99,8 @@ ssize_t WritevDevice(int fd, struct iovec* iov, int count, void* userdata) {
     std::string out(static_cast<const char*>(iov[1].iov_base), iov[1].iov_len);
     uint32_t flags = Load32(out, abi::kInitOutFlags);
     if (flags & abi::kInitExt) {
-      uint32_t flags2 = Load32(out, abi::kInitOutFlags2) |
-                        static_cast<uint32_t>(abi::kOverIoUring >> 32);
+      uint32_t flags2 =
+          Load32(out, abi::kInitOutFlags2) | static_cast<uint32_t>(abi::kOverIoUring >> 32);
       std::memcpy(out.data() + abi::kInitOutFlags2, &flags2, sizeof flags2);
     }
     iovec patched[2] = {iov[0], {out.data(), out.size()}};
@@ -255,11 +255,41 @@ int FuseSession::Serve(int min_threads, int max_threads, const std::atomic<bool>
     o.min_per_queue = std::max(1, (min_threads + queues - 1) / queues);
     o.max_per_queue = std::max(2, (max_threads + queues - 1) / queues);
     o.kick_path = kick_path_;
-    Result<std::unique_ptr<UringLoop>> loop = UringLoop::Start(se_, o);
+    if (uring_slots_ == nullptr) {
+      const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+      // The kernel's size: max(8 KiB, max_write, max_pages pages), max_pages from libfuse's
+      // INIT reply (max_write rounded up to pages).
+      const size_t payload = std::max<size_t>(8192, (o.max_write + page - 1) / page * page);
+      const int slots = queues * o.max_per_queue;
+      Result<std::shared_ptr<UringSlots>> m = UringSlots::Open(uring_memory_fd_, slots, payload);
+      if (!m.ok() && uring_memory_fd_ >= 0) {
+        CTFS_LOG(kWarn) << m.status().ToString() << ": requests the process before had taken "
+                        << "stay unanswered until the mount ends";
+        m = UringSlots::Open(-1, slots, payload);
+      }
+      uring_memory_fd_ = -1;
+      if (m.ok()) {
+        uring_slots_ = *m;
+        if (!uring_slots_->adopted() && on_uring_memory_) on_uring_memory_(uring_slots_->fd());
+      } else {
+        CTFS_LOG(kError) << m.status().ToString();
+      }
+    }
+    o.slots = uring_slots_;
+    Result<std::unique_ptr<UringLoop>> loop =
+        uring_slots_ != nullptr ? UringLoop::Start(se_, o) : Status::IOError("no entry memory");
     if (loop.ok()) {
       uring_ = std::move(*loop);
+      const UringAdoption a = uring_->adoption();
       CTFS_LOG(kInfo) << "serving through FUSE over io_uring: " << queues << " queues, "
                       << uring_->threads() << " entries";
+      if (a.slots > 0)
+        CTFS_LOG(kInfo) << "took over " << a.slots
+                        << " io_uring entries of the process before: " << a.served
+                        << " requests it never took, " << a.retried
+                        << " it had begun (done again), " << a.committed
+                        << " replies it had not committed; " << a.aborted
+                        << " changes it had begun failed with ECONNABORTED";
     } else {
       // The kernel then sends every request by /dev/fuse (uring_loop.cc).
       CTFS_LOG(kError) << loop.status().ToString() << "; serving through /dev/fuse";
@@ -269,9 +299,14 @@ int FuseSession::Serve(int min_threads, int max_threads, const std::atomic<bool>
   // Over io_uring the device still brings FORGET and INTERRUPT: a few threads read it.
   const int rc = uring_ != nullptr ? RunSessionLoop(se_, 1, 2, stop)
                                    : RunSessionLoop(se_, min_threads, max_threads, stop);
-  if (uring_ != nullptr && (stop == nullptr || !stop->load())) {
-    uring_->Stop();
+  if (uring_ != nullptr) {
+    // A handover leaves what the entries are given meanwhile to the next process.
+    if (stop != nullptr && stop->load())
+      uring_->Drain(/*wait_ms=*/500);
+    else
+      uring_->Stop();
     uring_->Join();
+    uring_.reset();
   }
   return rc;
 }

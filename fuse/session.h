@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,7 @@ namespace cubetorchfs::fuse {
 struct FuseContext;
 class PageProbe;
 class UringLoop;
+class UringSlots;
 
 class FuseSession {
  public:
@@ -102,6 +104,13 @@ class FuseSession {
   // After a crash of the process before, on io_uring: where the queues are kicked once
   // registered (uring_loop.h). Empty: no kick.
   void SetKickPath(std::string path) { kick_path_ = std::move(path); }
+  // On io_uring: the memfd of the entries an earlier process left (-1: none; taken), and what
+  // to do with the memfd of entries this process creates (give it to the supervisor, which
+  // hands it to the next process). See uring_loop.h.
+  void SetUringMemory(int fd, std::function<void(int)> on_created) {
+    uring_memory_fd_ = fd;
+    on_uring_memory_ = std::move(on_created);
+  }
 
   // The loop has stopped for good (signal, unmount): the kernel's requests go unanswered.
   bool Exited() const;
@@ -120,7 +129,10 @@ class FuseSession {
   fuse_session* const se_;
   int fd_ = -1;  // the clone this process serves
   std::string kick_path_;
-  std::unique_ptr<UringLoop> uring_;  // the io_uring queues, once Serve started them
+  std::unique_ptr<UringLoop> uring_;  // the io_uring queues, while Serve runs them
+  std::shared_ptr<UringSlots> uring_slots_;
+  int uring_memory_fd_ = -1;
+  std::function<void(int)> on_uring_memory_;
 };
 
 }  // namespace cubetorchfs::fuse

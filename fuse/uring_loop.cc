@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/sysinfo.h>
 #include <sys/uio.h>
@@ -43,6 +44,23 @@ constexpr size_t kFront = 4096;
 
 thread_local UringReply* t_reply = nullptr;
 
+// A reply in in_out is marked in the bytes a request's fuse_in_header has its nodeid in (a
+// reply's fuse_out_header is 16 bytes): the kernel's next request overwrites the mark, and no
+// nodeid is all ones. So the next process can tell a reply from a request (adoption).
+constexpr size_t kReplyMarkAt = 16;
+constexpr uint64_t kReplyMark = ~0ull;
+
+void PutOutHeader(abi::UringReqHeader* h, const fuse_out_header& out) {
+  std::memcpy(h->in_out, &out, sizeof out);
+  std::memcpy(h->in_out + kReplyMarkAt, &kReplyMark, sizeof kReplyMark);
+}
+
+bool HoldsReply(const abi::UringReqHeader* h) {
+  uint64_t mark = 0;
+  std::memcpy(&mark, h->in_out + kReplyMarkAt, sizeof mark);
+  return mark == kReplyMark;
+}
+
 // Interrupts a thread's wait for its next request; the handler does nothing.
 int WakeSignal() { return SIGRTMIN + 3; }
 void NoOp(int) {}
@@ -57,7 +75,8 @@ int ParseCpuList(const std::string& s) {
     const std::string part = s.substr(i, end - i);
     const size_t dash = part.find('-');
     try {
-      highest = std::max(highest, std::stoi(dash == std::string::npos ? part : part.substr(dash + 1)));
+      highest =
+          std::max(highest, std::stoi(dash == std::string::npos ? part : part.substr(dash + 1)));
     } catch (...) {
       return -1;
     }
@@ -152,10 +171,177 @@ bool StoreUringReply(UringReply* r, const struct iovec* iov, int count) {
     std::memcpy(p, iov[i].iov_base, iov[i].iov_len);
     p += iov[i].iov_len;
   }
-  std::memcpy(r->header->in_out, &out, sizeof out);
+  PutOutHeader(r->header, out);
   r->header->ring_ent_in_out.payload_sz = static_cast<uint32_t>(total);
   r->stored = true;
   return true;
+}
+
+namespace {
+
+// Where a slot's thread is; written by the thread, read by the next process (adoption).
+enum SlotState : uint32_t {
+  kFree = 0,     // never registered
+  kWaiting = 1,  // register or commit submitted: waiting for a request (last_commit: committed)
+  kServing = 2,  // serving the request `serving` (its header and payload are in the slot)
+  kReplied = 3,  // the reply to `serving` is in the slot; its commit may or may not be submitted
+};
+
+struct SlotInfo {
+  std::atomic<uint32_t> state;
+  std::atomic<int32_t> qid;
+  std::atomic<uint64_t> last_commit;
+  std::atomic<uint64_t> serving;
+  uint64_t reserved;
+};
+static_assert(sizeof(SlotInfo) == 32);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+constexpr uint64_t kMagic = 0x676e697275667463ull;  // "ctfuring"
+constexpr uint32_t kVersion = 1;
+// Far from where the kernel places mappings (near 0x7f...) and the heap (near 0x55...).
+constexpr uintptr_t kBase = 0x6e0000000000ull;
+
+}  // namespace
+
+struct UringSlots::Table {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t slots;
+  uint64_t payload_size;
+  uint64_t base;
+  uint64_t table_bytes;
+  uint64_t reserved[3];
+  // The slots' states follow the table.
+  SlotInfo* slot() { return reinterpret_cast<SlotInfo*>(this + 1); }
+};
+static_assert(sizeof(UringSlots::Table) == 64);
+
+namespace {
+
+size_t Stride(size_t payload_size) { return kFront + payload_size; }
+
+size_t TableBytes(uint32_t slots) {
+  return (sizeof(UringSlots::Table) + slots * sizeof(SlotInfo) + 4095) / 4096 * 4096;
+}
+
+void* MapAt(uintptr_t base, size_t bytes, int fd) {
+  void* p = ::mmap(reinterpret_cast<void*>(base), bytes, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
+  if (p == MAP_FAILED) return nullptr;
+  if (reinterpret_cast<uintptr_t>(p) != base) {  // a kernel that took the address as a hint
+    ::munmap(p, bytes);
+    errno = EEXIST;
+    return nullptr;
+  }
+  return p;
+}
+
+// Opcodes that change nothing, or nothing that doing them twice would change: a request of
+// these an earlier process had begun is served again from its slot.
+bool SafeToRedo(uint32_t opcode) {
+  switch (opcode) {
+    case FUSE_LOOKUP:
+    case FUSE_GETATTR:
+    case FUSE_READLINK:
+    case FUSE_OPEN:
+    case FUSE_READ:
+    case FUSE_STATFS:
+    case FUSE_RELEASE:
+    case FUSE_FSYNC:
+    case FUSE_GETXATTR:
+    case FUSE_LISTXATTR:
+    case FUSE_FLUSH:
+    case FUSE_OPENDIR:
+    case FUSE_READDIR:
+    case FUSE_RELEASEDIR:
+    case FUSE_FSYNCDIR:
+    case FUSE_ACCESS:
+    case FUSE_READDIRPLUS:
+    case FUSE_LSEEK:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+Result<std::shared_ptr<UringSlots>> UringSlots::Open(int fd, int slots, size_t payload_size) {
+  std::shared_ptr<UringSlots> s(new UringSlots());
+  if (fd >= 0) {
+    Table head{};
+    if (::pread(fd, &head, sizeof head, 0) != static_cast<ssize_t>(sizeof head) ||
+        head.magic != kMagic || head.version != kVersion || head.slots == 0 || head.slots > 65536 ||
+        head.payload_size < 8192 || head.payload_size > (64u << 20) ||
+        head.table_bytes != TableBytes(head.slots)) {
+      ::close(fd);
+      return Status::IOError(
+          "the io_uring entries handed over are not in a format this "
+          "version knows");
+    }
+    const size_t bytes = head.table_bytes + head.slots * Stride(head.payload_size);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < bytes) {
+      ::close(fd);
+      return Status::IOError("the io_uring entries handed over are truncated");
+    }
+    void* p = MapAt(head.base, bytes, fd);
+    if (p == nullptr) {
+      const int err = errno;
+      ::close(fd);
+      return Status::FromErrno(err, "map the io_uring entries handed over at their address");
+    }
+    s->fd_ = fd;
+    s->adopted_ = true;
+    s->base_ = p;
+    s->bytes_ = bytes;
+    s->table_ = static_cast<Table*>(p);
+    return s;
+  }
+  const uint32_t n = static_cast<uint32_t>(std::clamp(slots, 1, 65536));
+  const size_t table_bytes = TableBytes(n);
+  const size_t bytes = table_bytes + n * Stride(payload_size);
+  const int m = ::memfd_create("cubetorchfs-uring", MFD_CLOEXEC);
+  if (m < 0) return Status::FromErrno(errno, "memfd_create");
+  if (::ftruncate(m, static_cast<off_t>(bytes)) != 0) {
+    const int err = errno;
+    ::close(m);
+    return Status::FromErrno(err, "size the io_uring entries' memfd");
+  }
+  void* p = nullptr;
+  uintptr_t base = kBase;
+  for (int attempt = 0; attempt < 16 && p == nullptr; ++attempt, base += (1ull << 40))
+    p = MapAt(base, bytes, m);
+  if (p == nullptr) {
+    const int err = errno;
+    ::close(m);
+    return Status::FromErrno(err, "map the io_uring entries");
+  }
+  auto* t = static_cast<Table*>(p);
+  t->magic = kMagic;
+  t->version = kVersion;
+  t->slots = n;
+  t->payload_size = payload_size;
+  t->base = reinterpret_cast<uintptr_t>(p);
+  t->table_bytes = table_bytes;
+  s->fd_ = m;
+  s->base_ = p;
+  s->bytes_ = bytes;
+  s->table_ = t;
+  return s;
+}
+
+UringSlots::~UringSlots() {
+  // The kernel's entries keep these addresses for the connection's life: never unmapped.
+  if (fd_ >= 0) ::close(fd_);
+}
+
+int UringSlots::count() const { return static_cast<int>(table_->slots); }
+size_t UringSlots::payload_size() const { return table_->payload_size; }
+char* UringSlots::slot(int i) const {
+  return static_cast<char*>(base_) + table_->table_bytes +
+         static_cast<size_t>(i) * Stride(table_->payload_size);
 }
 
 struct UringLoop::Shared {
@@ -164,108 +350,223 @@ struct UringLoop::Shared {
   int queues = 0;
   size_t payload_size = 0;
   std::atomic<bool> stop{false};
+  std::atomic<bool> draining{false};
+  std::chrono::steady_clock::time_point drain_end;
   std::unique_ptr<std::atomic<int>[]> busy;     // per queue: threads serving a request
   std::unique_ptr<std::atomic<int>[]> started;  // per queue: threads started
-  std::mutex mu;                                // guards threads and running
+  std::mutex mu;                                // guards threads, running, taken
   std::condition_variable cv;
   std::vector<std::thread> threads;
+  std::vector<bool> taken;  // slots a thread of this loop serves
   int running = 0;
+  std::atomic<int> adopted_served{0}, adopted_retried{0}, adopted_aborted{0}, adopted_committed{0},
+      adopted_slots{0};
+  std::weak_ptr<Shared> self_weak;
 
   bool Ending() const { return stop.load() || fuse_session_exited(se); }
+  SlotInfo& Info(int slot) { return o.slots->table()->slot()[slot]; }
 
-  // Starts a thread for queue `qid`; its registration's result goes to `registered`.
-  void StartLocked(const std::shared_ptr<Shared>& self, int qid,
-                   std::promise<Status>* registered) {
+  // Starts a thread for queue `qid` on a free slot (`adopt`: the slot `slot` of an earlier
+  // process); its first command's result goes to `registered`. False: no slot left.
+  bool StartLocked(int qid, int slot, bool adopt, std::promise<Status>* registered) {
+    if (slot < 0) {  // (a given slot was reserved by the caller)
+      for (int i = 0; i < static_cast<int>(taken.size()) && slot < 0; ++i)
+        if (!taken[i] && Info(i).state.load() == kFree) slot = i;
+      for (int i = 0; i < static_cast<int>(taken.size()) && slot < 0; ++i)
+        if (!taken[i]) slot = i;  // a slot an earlier process left: its entry is gone
+      if (slot < 0) return false;
+    }
+    taken[slot] = true;
     ++running;
     started[qid].fetch_add(1);
-    threads.emplace_back([self, qid, registered] { self->Serve(qid, registered); });
+    threads.emplace_back([self = self_weak.lock(), qid, slot, adopt, registered] {
+      self->Serve(qid, slot, adopt, registered);
+    });
+    return true;
   }
 
-  void Serve(int qid, std::promise<Status>* registered) {
+  void Serve(int qid, int slot, bool adopt, std::promise<Status>* registered) {
     PinTo(qid);
-    Status s = Run(qid, registered);
-    if (!s.ok() && registered == nullptr && !Ending())
-      CTFS_LOG(kError) << "io_uring queue " << qid << ": " << s.ToString();
+    Status s = Run(qid, slot, adopt, registered);
+    if (!s.ok() && !Ending()) CTFS_LOG(kError) << "io_uring queue " << qid << ": " << s.ToString();
     std::lock_guard l(mu);
     --running;
     cv.notify_all();
   }
 
-  Status Run(int qid, std::promise<Status>* registered) {
-    auto report = [&registered](Status s) {
-      if (registered != nullptr) registered->set_value(s);
-      registered = nullptr;
-      return s;
-    };
-    io_uring ring{};
-    if (Status s = InitRing(&ring); !s.ok()) return report(s);
-    // Never unmapped: the kernel keeps the addresses for the connection's life.
-    void* mem = ::mmap(nullptr, kFront + payload_size, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED) {
-      io_uring_queue_exit(&ring);
-      return report(Status::FromErrno(errno, "mmap an io_uring entry"));
-    }
-    auto* header = static_cast<abi::UringReqHeader*>(mem);
-    char* payload = static_cast<char*>(mem) + kFront;
-    iovec iov[2] = {{header, sizeof *header}, {payload, payload_size}};
-    io_uring_sqe* sqe = Command(&ring, o.fuse_fd, abi::kUringCmdRegister, 0, qid);
+  // A fresh registration of the slot's buffers on queue `qid`.
+  bool Register(io_uring* ring, int qid, int slot, iovec* iov) {
+    auto* header = static_cast<abi::UringReqHeader*>(iov[0].iov_base);
+    // What the slot holds from before must never read as a request given to it.
+    header->ring_ent_in_out.commit_id = 0;
+    std::memset(header->in_out, 0, sizeof(fuse_in_header));
+    SlotInfo& info = Info(slot);
+    info.qid.store(qid);
+    info.last_commit.store(0);
+    info.state.store(kWaiting);
+    io_uring_sqe* sqe = Command(ring, o.fuse_fd, abi::kUringCmdRegister, 0, qid);
+    if (sqe == nullptr) return false;
     sqe->addr = reinterpret_cast<uint64_t>(iov);
     sqe->len = 2;
-    int r = io_uring_submit(&ring);
+    return true;
+  }
+
+  bool Commit(io_uring* ring, int qid, int slot, uint64_t commit_id) {
+    SlotInfo& info = Info(slot);
+    io_uring_sqe* sqe = Command(ring, o.fuse_fd, abi::kUringCmdCommitAndFetch, commit_id, qid);
+    if (sqe == nullptr) return false;
+    info.state.store(kReplied);
+    return true;
+  }
+
+  Status Run(int qid, int slot, bool adopt, std::promise<Status>* registered) {
+    auto report = [&registered](const Status& s) {
+      if (registered != nullptr) registered->set_value(s);
+      registered = nullptr;
+    };
+    io_uring ring{};
+    if (Status s = InitRing(&ring); !s.ok()) {
+      report(s);
+      return s;
+    }
+    char* mem = o.slots->slot(slot);
+    auto* header = reinterpret_cast<abi::UringReqHeader*>(mem);
+    char* payload = mem + kFront;
+    iovec iov[2] = {{header, sizeof *header}, {payload, payload_size}};
+    SlotInfo& info = Info(slot);
+    // An adopted slot: what the process before left in it.
+    bool adopting = false;
+    uint64_t pending = 0;
+    if (adopt) {
+      const uint32_t state = info.state.load();
+      const uint64_t given = header->ring_ent_in_out.commit_id;
+      fuse_in_header in{};
+      std::memcpy(&in, header->in_out, sizeof in);
+      const uint64_t serving = info.serving.load(), last = info.last_commit.load();
+      const bool reply = HoldsReply(header);
+      if (!reply && given != 0 && in.unique == given) {
+        if (state == kServing && given == serving) {  // begun, not answered
+          pending = Handle(qid, slot, header, payload, /*redo=*/true);
+        } else if (given != last && given != serving) {  // given to it, never taken
+          pending = Handle(qid, slot, header, payload, /*redo=*/false);
+          adopted_served.fetch_add(1);
+        }
+      } else if (reply && given != 0 && in.unique == given &&
+                 !(state == kWaiting && given == last)) {
+        pending = given;  // answered; the commit may not have been made
+        adopted_committed.fetch_add(1);
+      }
+      adopting = pending != 0;
+    }
+    const bool queued =
+        adopting ? Commit(&ring, qid, slot, pending) : Register(&ring, qid, slot, iov);
+    int r = queued ? io_uring_submit(&ring) : -EBUSY;
     if (r < 0) {
       io_uring_queue_exit(&ring);
-      return report(Status::FromErrno(-r, "io_uring_submit (register)"));
+      Status s = Status::FromErrno(-r, "io_uring_submit");
+      report(s);
+      return s;
+    }
+    if (adopting) {
+      info.last_commit.store(pending);
+      info.state.store(kWaiting);
     }
     // A refused registration completes at once; an accepted one only with a request.
     io_uring_cqe* cqe = nullptr;
     __kernel_timespec zero{};
-    r = io_uring_wait_cqe_timeout(&ring, &cqe, &zero);
-    if (r == 0 && cqe->res < 0) {
+    if (!adopting && io_uring_wait_cqe_timeout(&ring, &cqe, &zero) == 0 && cqe->res < 0) {
       const int err = -cqe->res;
       io_uring_cqe_seen(&ring, cqe);
       io_uring_queue_exit(&ring);
-      return report(Status::FromErrno(err, "register an io_uring entry"));
+      Status s = Status::FromErrno(err, "register an io_uring entry");
+      report(s);
+      return s;
     }
-    if (registered != nullptr) registered->set_value(Status::OK());
-    registered = nullptr;
+    report(Status::OK());
     for (;;) {
-      r = io_uring_wait_cqe(&ring, &cqe);
+      if (draining.load()) {
+        const auto left = drain_end - std::chrono::steady_clock::now();
+        if (left <= std::chrono::steady_clock::duration::zero()) break;
+        __kernel_timespec ts{};
+        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+        ts.tv_sec = ns / 1000000000;
+        ts.tv_nsec = ns % 1000000000;
+        r = io_uring_wait_cqe_timeout(&ring, &cqe, &ts);
+      } else {
+        r = io_uring_wait_cqe(&ring, &cqe);
+      }
       if (r == -EINTR || r == -EAGAIN || r == -ETIME) {
-        if (Ending()) break;
+        if (stop.load() || fuse_session_exited(se)) break;
         continue;
       }
       if (r < 0) return Status::FromErrno(-r, "io_uring_wait_cqe");
       const int res = cqe->res;
       io_uring_cqe_seen(&ring, cqe);
       if (res < 0) {
+        // An adopted commit whose request is gone (answered after all, or ended by the
+        // kernel): the slot gets a fresh entry.
+        if (adopting && (res == -ENOENT || res == -EIO)) {
+          adopting = false;
+          if (!Register(&ring, qid, slot, iov) || io_uring_submit(&ring) < 0)
+            return Status::IOError("cannot register a fresh io_uring entry");
+          continue;
+        }
         // The connection ended (unmount, abort): the session is over.
         if (res == -ENOTCONN || res == -ECONNABORTED || res == -ECANCELED) {
-          if (!stop.load()) fuse_session_exit(se);
+          if (!stop.load() && !draining.load()) fuse_session_exit(se);
           break;
         }
-        return Status::FromErrno(-res, "io_uring entry");
+        return Status::FromErrno(-res, "io_uring entry (slot " + std::to_string(slot) +
+                                           ", last commit " +
+                                           std::to_string(info.last_commit.load()) + ")");
       }
-      const uint64_t commit_id = Handle(qid, header, payload);
-      sqe = Command(&ring, o.fuse_fd, abi::kUringCmdCommitAndFetch, commit_id, qid);
+      adopting = false;
+      // Handing over: the request stays in the slot, untouched, for the next process.
+      if (draining.load()) break;
+      if (HoldsReply(header)) {
+        fuse_out_header out;
+        std::memcpy(&out, header->in_out, sizeof out);
+        CTFS_LOG(kError) << "io_uring: slot " << slot << " (queue " << qid
+                         << ") was given a request its buffer does not hold: last commit "
+                         << info.last_commit.load() << ", reply unique " << out.unique
+                         << ", ring commit id " << header->ring_ent_in_out.commit_id;
+      }
+      const uint64_t commit_id = Handle(qid, slot, header, payload, /*redo=*/false);
+      if (!Commit(&ring, qid, slot, commit_id)) return Status::IOError("no SQE for a commit");
       r = io_uring_submit(&ring);
       if (r < 0) return Status::FromErrno(-r, "io_uring_submit (commit)");
+      info.last_commit.store(commit_id);
+      info.state.store(kWaiting);
     }
     io_uring_queue_exit(&ring);
     return Status::OK();
   }
 
-  // Serves the request in the entry's buffers; returns the id to commit its reply with.
-  uint64_t Handle(int qid, abi::UringReqHeader* header, char* payload) {
+  // Serves the request in the slot; returns the id to commit its reply with. `redo`: a request
+  // the process before had begun (SafeToRedo decides whether it is done again).
+  uint64_t Handle(int qid, int slot, abi::UringReqHeader* header, char* payload, bool redo) {
     fuse_in_header in;
     std::memcpy(&in, header->in_out, sizeof in);
     const uint64_t commit_id = header->ring_ent_in_out.commit_id;
     const uint32_t payload_sz = header->ring_ent_in_out.payload_sz;
+    SlotInfo& info = Info(slot);
+    info.serving.store(commit_id);
+    info.state.store(kServing);
     UringReply reply{header, payload, payload_size, in.unique};
+    if (redo && !SafeToRedo(in.opcode)) {
+      adopted_aborted.fetch_add(1);
+      Fail(&reply, ECONNABORTED);  // as the kernel answers what a dead /dev/fuse reader held
+      return commit_id;
+    }
+    if (redo) adopted_retried.fetch_add(1);
     if (in.len < sizeof in || payload_sz > payload_size || in.len - sizeof in < payload_sz ||
         in.len - sizeof in - payload_sz > sizeof header->op_in) {
+      uint64_t mark = 0;
+      std::memcpy(&mark, header->in_out + kReplyMarkAt, sizeof mark);
       CTFS_LOG(kError) << "io_uring: malformed request (len " << in.len << ", payload "
-                       << payload_sz << ")";
+                       << payload_sz << ", opcode " << in.opcode << ", unique " << in.unique
+                       << ", commit id " << commit_id << ", slot " << slot << ", redo " << redo
+                       << ", mark " << std::hex << mark << std::dec << ")";
       Fail(&reply, EIO);
       return commit_id;
     }
@@ -277,8 +578,8 @@ struct UringLoop::Shared {
     if (busy[qid].fetch_add(1) + 1 >= started[qid].load() &&
         started[qid].load() < o.max_per_queue) {
       std::lock_guard l(mu);
-      if (started[qid].load() < o.max_per_queue && !Ending())
-        StartLocked(self_weak.lock(), qid, nullptr);
+      if (started[qid].load() < o.max_per_queue && !Ending() && !draining.load())
+        StartLocked(qid, -1, false, nullptr);
     }
     t_reply = &reply;
     fuse_buf buf{};
@@ -298,11 +599,9 @@ struct UringLoop::Shared {
     out.len = sizeof out;
     out.error = -err;
     out.unique = r->unique;
-    std::memcpy(r->header->in_out, &out, sizeof out);
+    PutOutHeader(r->header, out);
     r->header->ring_ent_in_out.payload_sz = 0;
   }
-
-  std::weak_ptr<Shared> self_weak;
 };
 
 UringLoop::UringLoop(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
@@ -312,8 +611,8 @@ UringLoop::~UringLoop() {
   Join();
 }
 
-Result<std::unique_ptr<UringLoop>> UringLoop::Start(fuse_session* se,
-                                                    const UringLoopOptions& o) {
+Result<std::unique_ptr<UringLoop>> UringLoop::Start(fuse_session* se, const UringLoopOptions& o) {
+  if (o.slots == nullptr) return Status::InvalidArgument("io_uring: no entry memory");
   struct sigaction sa {};
   sa.sa_handler = NoOp;
   sigemptyset(&sa.sa_mask);
@@ -322,35 +621,57 @@ Result<std::unique_ptr<UringLoop>> UringLoop::Start(fuse_session* se,
   sh->self_weak = sh;
   sh->se = se;
   sh->o = o;
+  sh->queues = UringQueueCount();
   sh->o.min_per_queue = std::max(1, o.min_per_queue);
   sh->o.max_per_queue = std::max(sh->o.min_per_queue, o.max_per_queue);
-  sh->queues = UringQueueCount();
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  // The kernel's size: max(8 KiB, max_write, max_pages pages), max_pages from libfuse's INIT
-  // reply (max_write rounded up to pages).
-  sh->payload_size = std::max<size_t>(8192, (o.max_write + page - 1) / page * page);
+  sh->payload_size = o.slots->payload_size();
+  sh->taken.assign(static_cast<size_t>(o.slots->count()), false);
   sh->busy = std::make_unique<std::atomic<int>[]>(static_cast<size_t>(sh->queues));
   sh->started = std::make_unique<std::atomic<int>[]>(static_cast<size_t>(sh->queues));
   std::unique_ptr<UringLoop> loop(new UringLoop(sh));
-  // Every queue's first entry before any other: the kernel uses the ring once each has one.
   std::vector<std::unique_ptr<std::promise<Status>>> registered;
-  for (int round = 0; round < sh->o.min_per_queue; ++round) {
-    for (int qid = 0; qid < sh->queues; ++qid) {
-      registered.push_back(std::make_unique<std::promise<Status>>());
-      std::future<Status> f = registered.back()->get_future();
-      {
-        std::lock_guard l(sh->mu);
-        sh->StartLocked(sh, qid, registered.back().get());
-      }
-      Status s = f.get();
-      if (!s.ok()) {
-        loop->Stop();
-        loop->Join();
-        ResetToDevFuse(o.fuse_fd);
-        return Status::IOError("FUSE over io_uring, queue " + std::to_string(qid) + ": " +
-                               s.ToString());
-      }
+  auto start = [&](int qid, int slot, bool adopt) -> Status {
+    registered.push_back(std::make_unique<std::promise<Status>>());
+    std::future<Status> f = registered.back()->get_future();
+    {
+      std::lock_guard l(sh->mu);
+      if (!sh->StartLocked(qid, slot, adopt, registered.back().get()))
+        return Status::IOError("no io_uring slot left");
     }
+    return f.get();
+  };
+  Status failed = Status::OK();
+  // First the slots an earlier process left with a queue: their requests are answered and
+  // their entries adopted (or registered afresh). They are reserved before any thread starts,
+  // so that one growing meanwhile (a request served during adoption) takes none of them.
+  std::vector<int> adopt;
+  {
+    std::lock_guard l(sh->mu);
+    std::vector<int> per_queue(static_cast<size_t>(sh->queues), 0);
+    for (int i = 0; i < o.slots->count(); ++i) {
+      SlotInfo& info = sh->Info(i);
+      const int qid = info.qid.load();
+      if (info.state.load() == kFree || qid < 0 || qid >= sh->queues) continue;
+      if (per_queue[qid]++ >= sh->o.max_per_queue) continue;
+      sh->taken[i] = true;
+      adopt.push_back(i);
+    }
+  }
+  for (int i : adopt) {
+    if (!failed.ok()) break;
+    sh->adopted_slots.fetch_add(1);
+    failed = start(sh->Info(i).qid.load(), i, /*adopt=*/true);
+  }
+  // Then every queue's entries up to min_per_queue, each queue's first before any second:
+  // the kernel uses the ring once each queue has one.
+  for (int round = 0; round < sh->o.min_per_queue && failed.ok(); ++round)
+    for (int qid = 0; qid < sh->queues && failed.ok(); ++qid)
+      if (sh->started[qid].load() <= round) failed = start(qid, -1, /*adopt=*/false);
+  if (!failed.ok()) {
+    loop->Stop();
+    loop->Join();
+    ResetToDevFuse(o.fuse_fd);
+    return Status::IOError("FUSE over io_uring: " + failed.ToString());
   }
   if (!o.kick_path.empty()) {
     for (int qid = 0; qid < sh->queues; ++qid) {
@@ -362,6 +683,31 @@ Result<std::unique_ptr<UringLoop>> UringLoop::Start(fuse_session* se,
     }
   }
   return loop;
+}
+
+UringAdoption UringLoop::adoption() const {
+  return {shared_->adopted_served.load(), shared_->adopted_retried.load(),
+          shared_->adopted_aborted.load(), shared_->adopted_committed.load(),
+          shared_->adopted_slots.load()};
+}
+
+void UringLoop::Drain(int wait_ms) {
+  shared_->drain_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  shared_->draining.store(true);
+  // Threads waiting for a request wake and wait again with the deadline (again and again: one
+  // that had not yet begun to wait when the signal came would otherwise wait on).
+  for (;;) {
+    std::vector<pthread_t> live;
+    {
+      std::lock_guard l(shared_->mu);
+      if (shared_->running == 0) return;
+      for (auto& t : shared_->threads) live.push_back(t.native_handle());
+    }
+    for (pthread_t t : live) ::pthread_kill(t, WakeSignal());
+    std::unique_lock l(shared_->mu);
+    shared_->cv.wait_for(l, std::chrono::milliseconds(50),
+                         [this] { return shared_->running == 0; });
+  }
 }
 
 void UringLoop::Stop() {

@@ -15,8 +15,13 @@
 // and notifications still travel through /dev/fuse (the kernel's design), served by the
 // session loop beside this one.
 //
-// The connection stays on io_uring once the kernel has seen a queue of every CPU registered;
-// what a crash or an upgrade does then is in docs/operations.md.
+// The connection stays on io_uring once the kernel has seen a queue of every CPU registered.
+// The kernel holds a request it gave an entry until a COMMIT_AND_FETCH names it, from any
+// process, and reads the reply from the entry's buffers at the addresses registered, in the
+// committing process. So the entries live in a memfd (UringSlots) the supervisor keeps and
+// every process maps at the same address: after a crash or an upgrade, the next process finds
+// in it the requests the last one had taken or been given and not answered, answers them and
+// commits them, which adopts the entry (docs/operations.md).
 //
 // Thread safety: Start once; Stop from any thread; Join once.
 #pragma once
@@ -34,6 +39,35 @@
 
 namespace cubetorchfs::fuse {
 
+// The entries' memory: a table of slot states, then each slot's header page and payload,
+// in a memfd mapped at one fixed address in every process that serves the connection.
+class UringSlots {
+ public:
+  // Maps the memfd `fd` of an earlier process (adopting its slots) or, with `fd` < 0, a new
+  // one of `slots` slots for payloads of `payload_size`. The descriptor is kept (fd()).
+  // IOError: the memfd is not one of ours, or its address is taken in this process.
+  static Result<std::shared_ptr<UringSlots>> Open(int fd, int slots, size_t payload_size);
+  ~UringSlots();
+  UringSlots(const UringSlots&) = delete;
+  UringSlots& operator=(const UringSlots&) = delete;
+
+  int fd() const { return fd_; }
+  bool adopted() const { return adopted_; }
+  int count() const;
+  size_t payload_size() const;
+  struct Table;
+  Table* table() const { return table_; }
+  char* slot(int i) const;
+
+ private:
+  UringSlots() = default;
+  int fd_ = -1;
+  bool adopted_ = false;
+  void* base_ = nullptr;
+  size_t bytes_ = 0;
+  Table* table_ = nullptr;
+};
+
 struct UringLoopOptions {
   int fuse_fd = -1;             // this process's descriptor of the connection
   size_t max_write = 1u << 20;  // the connection's max_write: the payload buffer's size
@@ -43,6 +77,17 @@ struct UringLoopOptions {
   // requests the kernel queued while no entry was registered (after a crash of the process
   // before) are fetched without waiting for more traffic. Empty: none.
   std::string kick_path;
+  // The entries' memory (required); an adopted one's unanswered requests are served first.
+  std::shared_ptr<UringSlots> slots;
+};
+
+// What the last Start found in adopted slots (docs/operations.md).
+struct UringAdoption {
+  int served = 0;     // requests given to the process before and never taken: served now
+  int retried = 0;    // taken and not answered, safe to redo (reads, lookups): served again
+  int aborted = 0;    // taken and not answered, changes (write, unlink...): ECONNABORTED
+  int committed = 0;  // answered and not yet committed: committed now
+  int slots = 0;      // slots of the processes before taken up
 };
 
 // The queues the kernel keeps: one for each possible CPU (/sys/devices/system/cpu/possible).
@@ -66,8 +111,12 @@ class UringLoop {
   // Asks every thread to stop after its current request; Join waits for them. A thread also
   // stops when the connection ends (unmount): then the session is made to exit.
   void Stop();
+  // For a handover: every thread answers what it is serving, then stops as soon as its entry
+  // is given a request (left in the slot for the next process) or after `wait_ms`.
+  void Drain(int wait_ms);
   void Join();
   int threads() const;
+  UringAdoption adoption() const;
 
   struct Shared;
 
