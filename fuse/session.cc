@@ -291,7 +291,9 @@ int FuseSession::Serve(int min_threads, int max_threads, const std::atomic<bool>
                         << " replies it had not committed; " << a.aborted
                         << " changes it had begun failed with ECONNABORTED";
     } else {
-      // The kernel then sends every request by /dev/fuse (uring_loop.cc).
+      // The kernel then sends every request by /dev/fuse (Start has told it where it failed
+      // a registration; here for the failures before one).
+      if (uring_slots_ == nullptr) ResetToDevFuse(fd_);
       CTFS_LOG(kError) << loop.status().ToString() << "; serving through /dev/fuse";
       ctx_->io_uring = false;
     }

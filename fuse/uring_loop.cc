@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/parallel.h"
 #include "fuse/kernel_abi.h"
 
 namespace cubetorchfs::fuse {
@@ -109,8 +110,10 @@ io_uring_sqe* Command(io_uring* ring, int fd, uint32_t op, uint64_t commit_id, i
 
 Status InitRing(io_uring* ring);
 
-// Makes the kernel give the connection up for io_uring (requests then come by /dev/fuse): a
-// registration it refuses does that, and one with a single buffer is refused.
+}  // namespace
+
+// A registration the kernel refuses makes it give the connection up for io_uring, and one with
+// a single buffer is refused.
 void ResetToDevFuse(int fuse_fd) {
   io_uring ring{};
   if (!InitRing(&ring).ok()) {
@@ -126,6 +129,8 @@ void ResetToDevFuse(int fuse_fd) {
   io_uring_submit_and_wait(&ring, 1);
   io_uring_queue_exit(&ring);
 }
+
+namespace {
 
 Status InitRing(io_uring* ring) {
   io_uring_params p{};
@@ -313,6 +318,10 @@ Result<std::shared_ptr<UringSlots>> UringSlots::Open(int fd, int slots, size_t p
   uintptr_t base = kBase;
   for (int attempt = 0; attempt < 16 && p == nullptr; ++attempt, base += (1ull << 40))
     p = MapAt(base, bytes, m);
+  if (p == nullptr) {  // (a sanitizer's shadow there): wherever the kernel puts it
+    p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, m, 0);
+    if (p == MAP_FAILED) p = nullptr;
+  }
   if (p == nullptr) {
     const int err = errno;
     ::close(m);
@@ -354,9 +363,9 @@ struct UringLoop::Shared {
   std::chrono::steady_clock::time_point drain_end;
   std::unique_ptr<std::atomic<int>[]> busy;     // per queue: threads serving a request
   std::unique_ptr<std::atomic<int>[]> started;  // per queue: threads started
-  std::mutex mu;                                // guards threads, running, taken
+  std::mutex mu;                                // guards threads_, running, taken
   std::condition_variable cv;
-  std::vector<std::thread> threads;
+  std::vector<std::thread> threads_;
   std::vector<bool> taken;  // slots a thread of this loop serves
   int running = 0;
   std::atomic<int> adopted_served{0}, adopted_retried{0}, adopted_aborted{0}, adopted_committed{0},
@@ -364,6 +373,18 @@ struct UringLoop::Shared {
   std::weak_ptr<Shared> self_weak;
 
   bool Ending() const { return stop.load() || fuse_session_exited(se); }
+
+  // Joins the threads started so far (after Stop or Drain: no more start).
+  void JoinAll() {
+    std::vector<std::thread> joining;
+    {
+      std::lock_guard l(mu);
+      joining = std::move(threads_);
+      threads_.clear();
+    }
+    for (auto& t : joining)
+      if (t.joinable()) t.join();
+  }
   SlotInfo& Info(int slot) { return o.slots->table()->slot()[slot]; }
 
   // Starts a thread for queue `qid` on a free slot (`adopt`: the slot `slot` of an earlier
@@ -379,7 +400,7 @@ struct UringLoop::Shared {
     taken[slot] = true;
     ++running;
     started[qid].fetch_add(1);
-    threads.emplace_back([self = self_weak.lock(), qid, slot, adopt, registered] {
+    threads_.emplace_back([self = self_weak.lock(), qid, slot, adopt, registered] {
       self->Serve(qid, slot, adopt, registered);
     });
     return true;
@@ -675,11 +696,11 @@ Result<std::unique_ptr<UringLoop>> UringLoop::Start(fuse_session* se, const Urin
   }
   if (!o.kick_path.empty()) {
     for (int qid = 0; qid < sh->queues; ++qid) {
-      std::thread([path = o.kick_path, qid] {
+      RunDetached([path = o.kick_path, qid] {
         PinTo(qid);
         struct statfs st {};
         ::statfs(path.c_str(), &st);
-      }).detach();
+      });
     }
   }
   return loop;
@@ -701,7 +722,7 @@ void UringLoop::Drain(int wait_ms) {
     {
       std::lock_guard l(shared_->mu);
       if (shared_->running == 0) return;
-      for (auto& t : shared_->threads) live.push_back(t.native_handle());
+      for (auto& t : shared_->threads_) live.push_back(t.native_handle());
     }
     for (pthread_t t : live) ::pthread_kill(t, WakeSignal());
     std::unique_lock l(shared_->mu);
@@ -717,7 +738,7 @@ void UringLoop::Stop() {
     {
       std::lock_guard l(shared_->mu);
       if (shared_->running == 0) return;
-      for (auto& t : shared_->threads) live.push_back(t.native_handle());
+      for (auto& t : shared_->threads_) live.push_back(t.native_handle());
     }
     for (pthread_t t : live) ::pthread_kill(t, WakeSignal());
     std::unique_lock l(shared_->mu);
@@ -726,15 +747,7 @@ void UringLoop::Stop() {
   }
 }
 
-void UringLoop::Join() {
-  std::vector<std::thread> threads;
-  {
-    std::lock_guard l(shared_->mu);
-    threads.swap(shared_->threads);
-  }
-  for (auto& t : threads)
-    if (t.joinable()) t.join();
-}
+void UringLoop::Join() { shared_->JoinAll(); }
 
 int UringLoop::threads() const {
   int n = 0;

@@ -93,6 +93,10 @@ struct UringAdoption {
 // The queues the kernel keeps: one for each possible CPU (/sys/devices/system/cpu/possible).
 int UringQueueCount();
 
+// Makes the kernel send the connection's requests by /dev/fuse again, where FUSE_INIT took
+// io_uring but no queue can be served: without it, they would wait for entries forever.
+void ResetToDevFuse(int fuse_fd);
+
 // What every entry of a registered reply is: where libfuse's reply to the request a thread is
 // serving goes (session.cc's writev hook). Null when the thread serves no io_uring request.
 struct UringReply;

@@ -126,6 +126,29 @@ TEST(ConfigTest, FlushOnCloseAndWriteBackIdle) {
       << bad.status().ToString();
 }
 
+TEST(ConfigTest, FuseIoUringIsAutoOnOrOff) {
+  using IoUring = FuseOptions::IoUring;
+  Result<Config> d = ParseConfig(kMinimal);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->fuse.io_uring, IoUring::kAuto);
+  for (const auto& [text, want] :
+       {std::pair{"\"auto\"", IoUring::kAuto}, std::pair{"\"on\"", IoUring::kOn},
+        std::pair{"true", IoUring::kOn}, std::pair{"\"off\"", IoUring::kOff},
+        std::pair{"false", IoUring::kOff}}) {
+    Result<Config> c = ParseConfig(std::string(R"({"volName": "v", "backend": {"root": "/d"},
+        "fuse": {"io_uring": )") + text +
+                                   "}}");
+    ASSERT_TRUE(c.ok()) << text << ": " << c.status().ToString();
+    EXPECT_EQ(c->fuse.io_uring, want) << text;
+  }
+  Result<Config> bad =
+      ParseConfig(R"({"volName": "v", "backend": {"root": "/d"}, "fuse": {"io_uring": "fast"}})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("fuse.io_uring"), std::string::npos)
+      << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find("auto, on or off"), std::string::npos);
+}
+
 TEST(ConfigTest, UnknownTopLevelKeysAreCollectedNotFatal) {
   Result<Config> c =
       ParseConfig(R"({"volName": "v", "backend": {"root": "/d"}, "bogus": 1, "zzz": 2})");
