@@ -652,7 +652,10 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
 int Main(int argc, char** argv) {
   // What an upgrading supervisor asks of the binary it is about to execute (supervisor.cc).
   if (argc == 3 && std::string(argv[1]) == "--supports")
-    return std::string(argv[2]) == "listener-handover" ? 0 : 1;
+    return std::string(argv[2]) == "listener-handover" ||
+                   std::string(argv[2]) == "io_uring-adoption"
+               ? 0
+               : 1;
   RaiseDescriptorLimit();
   if (argc > 1 && std::string(argv[1]) == "warmup")
     return RunWarmup(std::vector<std::string>(argv + 2, argv + argc));

@@ -510,7 +510,11 @@ int Supervisor::OnWorkerExit(int status) {
   if (state_fd_ >= 0 && exited && code == 0) {
     const int fd = state_fd_;
     state_fd_ = -1;
-    const Status probe = ProbeBinary(exe_);
+    Status probe = ProbeBinary(exe_);
+    // A mount on FUSE over io_uring needs a binary that serves it that way (one before would
+    // read /dev/fuse while every request waits in the io_uring queues).
+    if (probe.ok() && ring_fd_ >= 0 && !RunBinary(exe_, "--supports", "io_uring-adoption").ok())
+      probe = Status::IOError(exe_ + " cannot serve a mount on FUSE over io_uring");
     if (probe.ok()) Reexec(fd);  // does not return
     // The installed binary cannot run here: the running version goes on, with the state.
     CTFS_LOG(kError) << "supervisor: upgrade abandoned: " << probe.message()

@@ -23,7 +23,8 @@ TEST(UringSlotsTest, ANewMemfdHoldsDisjointSlotsOfThePayloadSize) {
   // The slots are the memfd's: what one process writes, the next one reads.
   std::memcpy((*s)->slot(3) + 4096, "payload", 7);
   char back[7];
-  const off_t at = static_cast<off_t>((*s)->slot(3) + 4096 - reinterpret_cast<char*>((*s)->table()));
+  const off_t at =
+      static_cast<off_t>((*s)->slot(3) + 4096 - reinterpret_cast<char*>((*s)->table()));
   ASSERT_EQ(::pread((*s)->fd(), back, sizeof back, at), 7);
   EXPECT_EQ(std::string(back, 7), "payload");
 }

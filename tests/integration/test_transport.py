@@ -9,6 +9,8 @@ import errno
 import hashlib
 import json
 import os
+import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -17,7 +19,8 @@ from typing import Any, Iterator
 import pytest
 
 import test_fleet as fleet
-from cubefs_harness import BINARY, CubeFactory, CubeMount, environment_problem, run_command
+from cubefs_harness import (BINARY, CubeFactory, CubeMount, environment_problem, run_command,
+                            wait_until)
 
 pytestmark = pytest.mark.skipif(environment_problem() is not None,
                                 reason=environment_problem() or "")
@@ -213,3 +216,33 @@ def test_io_uring_on_fails_clearly_where_the_kernel_does_not_offer_it(
         assert r.returncode == 2 and "fuse.io_uring" in r.stderr, r.stderr
     finally:
         set_uring(before)
+
+
+def test_an_upgrade_to_a_binary_without_io_uring_is_abandoned(cube: CubeFactory, tmp_path: Path,
+                                                               uring: None) -> None:
+    """A binary that does not serve io_uring mounts would read /dev/fuse while every request
+    waits in the queues: the supervisor asks it first and goes on with the running version."""
+    root = tmp_path / "store"
+    digests = make_tree(root, files=20)
+    installed = tmp_path / "bin" / "cubetorchfs"
+    installed.parent.mkdir()
+    shutil.copy2(BINARY, installed)
+    mount = cube.prepare(root, {"fuse": {"io_uring": "on"}})
+    r = subprocess.run([str(installed), "-c", str(mount.config_path), str(mount.mountpoint)],
+                       env=mount.env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert mount.wait_ready()
+    mount.learn_pid()
+    assert transport(mount) == "io_uring"
+    # An "older" binary: it runs, but knows nothing of io_uring.
+    installed.unlink()
+    installed.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo cubetorchfs 0.0.9; exit 0; }\n"
+                         "exit 1\n")
+    installed.chmod(0o755)
+    first = mount.read_control()["pid"]
+    fleet.upgrade(mount)
+    assert wait_until(lambda: mount.read_control().get("pid") != first, 30)
+    assert "cannot serve a mount on FUSE over io_uring" in log_text(mount)
+    assert transport(mount) == "io_uring"
+    for rel, sha in digests.items():
+        assert hashlib.sha256(mount.path(rel).read_bytes()).hexdigest() == sha, rel
