@@ -207,6 +207,18 @@ constexpr uint32_t kVersion = 1;
 // Far from where the kernel places mappings (near 0x7f...) and the heap (near 0x55...).
 constexpr uintptr_t kBase = 0x6e0000000000ull;
 
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kThreadSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+constexpr bool kThreadSanitizer = true;
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
+
 }  // namespace
 
 struct UringSlots::Table {
@@ -316,7 +328,10 @@ Result<std::shared_ptr<UringSlots>> UringSlots::Open(int fd, int slots, size_t p
   }
   void* p = nullptr;
   uintptr_t base = kBase;
-  for (int attempt = 0; attempt < 16 && p == nullptr; ++attempt, base += (1ull << 40))
+  // (Not under ThreadSanitizer: it moves a hint outside its application ranges to 0, which
+  // MAP_FIXED_NOREPLACE then takes literally.)
+  for (int attempt = 0; attempt < 16 && p == nullptr && !kThreadSanitizer;
+       ++attempt, base += (1ull << 40))
     p = MapAt(base, bytes, m);
   if (p == nullptr) {  // (a sanitizer's shadow there): wherever the kernel puts it
     p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, m, 0);
