@@ -411,9 +411,9 @@ void DropDentriesOfEarlierProcess(FuseSession& session, cfs_client::Backend* sto
 
 // The session a handover stops.
 std::atomic<bool> g_handover{false};
-std::atomic<bool> g_supervisor_gone{false};  // nobody to hand over to
-std::atomic<bool> g_serving{false};          // the session loop has started
-std::atomic<bool> g_io_uring{false};         // the connection is on FUSE over io_uring
+std::atomic<bool> g_supervisor_gone{false};          // nobody to hand over to
+std::atomic<bool> g_serving{false};                  // the session loop has started
+std::atomic<const FuseSession*> g_session{nullptr};  // once created, for the health report
 
 // Stops the loop so that the state can go to the next binary; refused while files are being
 // written (their write states cannot be handed over).
@@ -512,7 +512,8 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   });
   control_options.health = [&health](bool details) {
     nlohmann::json r = health.Report(details);
-    r["transport"] = g_io_uring.load() ? "io_uring" : "/dev/fuse";
+    const FuseSession* session = g_session.load();
+    r["transport"] = session != nullptr ? session->transport() : "/dev/fuse";
     return r;
   };
   if (takeover.channel_fd >= 0)
@@ -579,7 +580,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   if (Status s = StartConnection(session, takeover); !s.ok())
     return Fail(s.code() == Status::Code::kInvalidArgument ? kExitBadConfig : kExitFailure,
                 config.mount_point + ": " + s.ToString());
-  g_io_uring.store(std::string(session.transport()) == "io_uring");
+  g_session.store(&session);
   if (takeover.init_fd < 0) SetReadAhead(config.mount_point, config.fuse.read_ahead_bytes);
 
   const std::string control_path = control::ControlFilePath(config.vol_name);

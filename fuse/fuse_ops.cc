@@ -165,9 +165,10 @@ void Init(void* userdata, fuse_conn_info* conn) {
   if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
   // Streamed reads (fs/store_stream.h) reach the kernel by splice, not through our memory.
   // Not over io_uring: a reply goes to the entry's buffer, never to the device.
-  if ((conn->capable & FUSE_CAP_SPLICE_WRITE) && !ctx->io_uring)
+  if (ctx->io_uring)
+    conn->want &= ~(FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE);
+  else if (conn->capable & FUSE_CAP_SPLICE_WRITE)
     conn->want |= FUSE_CAP_SPLICE_WRITE;
-  if (ctx->io_uring) conn->want &= ~(FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE);
   conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
   // O_TRUNC must reach us as a setattr: under no_open the open that would carry it is
   // never sent, and the kernel would truncate only its own page cache.

@@ -42,8 +42,8 @@ struct FuseContext {
   // The kernel may skip open/release and keep its page cache (set once in init).
   bool no_open = false;
   // Requests come through FUSE over io_uring (fuse/uring_loop.h), not /dev/fuse reads: set
-  // before the connection's INIT is processed, never changed after.
-  bool io_uring = false;
+  // before the connection's INIT is processed; cleared if the queues cannot be set up.
+  std::atomic<bool> io_uring{false};
   // The next reply written is to FUSE_INIT, and takes FUSE_OVER_IO_URING (session.cc).
   std::atomic<bool> patch_init{false};
   // Answers the kernel's retrieve replies (set once after the session starts; may be null).

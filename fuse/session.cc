@@ -1,7 +1,6 @@
 #include "fuse/session.h"
 
 #include <fcntl.h>
-#include <liburing.h>
 #include <linux/fuse.h>
 #include <sys/ioctl.h>
 #include <sys/uio.h>
@@ -70,18 +69,6 @@ void ClearIoUringOffer(std::string* init) {
   std::memcpy(init->data() + off, &flags2, sizeof flags2);
 }
 
-// Whether this process may create the io_uring an entry needs (kernel.io_uring_disabled, a
-// seccomp filter, an old kernel).
-Status ProbeIoUring() {
-  io_uring ring{};
-  io_uring_params p{};
-  p.flags = IORING_SETUP_SQE128;
-  const int r = io_uring_queue_init_params(2, &ring, &p);
-  if (r < 0) return Status::FromErrno(-r, "io_uring_setup");
-  io_uring_queue_exit(&ring);
-  return Status::OK();
-}
-
 // libfuse's I/O on the device (fuse_session_custom_io): a reply to a request that came by
 // io_uring goes to its entry; the reply to FUSE_INIT takes FUSE_OVER_IO_URING when chosen;
 // everything else goes to the device as libfuse would write it.
@@ -94,8 +81,9 @@ ssize_t WritevDevice(int fd, struct iovec* iov, int count, void* userdata) {
     return n;
   }
   auto* ctx = static_cast<FuseContext*>(userdata);
-  if (ctx != nullptr && ctx->patch_init.exchange(false) && count == 2 &&
-      iov[1].iov_len >= abi::kInitOutSize) {
+  // (A load first: the exchange, once, is the only write to that line.)
+  if (ctx != nullptr && ctx->patch_init.load(std::memory_order_relaxed) &&
+      ctx->patch_init.exchange(false) && count == 2 && iov[1].iov_len >= abi::kInitOutSize) {
     std::string out(static_cast<const char*>(iov[1].iov_base), iov[1].iov_len);
     uint32_t flags = Load32(out, abi::kInitOutFlags);
     if (flags & abi::kInitExt) {
@@ -194,6 +182,7 @@ Result<std::string> FuseSession::PrepareInit(std::string init, bool replayed) {
   using Mode = conf::FuseOptions::IoUring;
   const Mode mode = ctx_->options.io_uring;
   const bool offered = OffersIoUring(init);
+  replayed_ = replayed;
   if (replayed) {
     // The copy offers io_uring only where the first process took it.
     ctx_->io_uring = offered;
@@ -203,7 +192,7 @@ Result<std::string> FuseSession::PrepareInit(std::string init, bool replayed) {
     return init;
   }
   if (offered && mode != Mode::kOff) {
-    if (Status s = ProbeIoUring(); s.ok()) {
+    if (Status s = CanUseIoUring(); s.ok()) {
       ctx_->io_uring = true;
     } else if (mode == Mode::kOn) {
       return Status::InvalidArgument("fuse.io_uring is on but this process cannot use io_uring (" +
@@ -223,7 +212,9 @@ Result<std::string> FuseSession::PrepareInit(std::string init, bool replayed) {
   return init;
 }
 
-const char* FuseSession::transport() const { return ctx_->io_uring ? "io_uring" : "/dev/fuse"; }
+const char* FuseSession::transport() const {
+  return ctx_->io_uring.load(std::memory_order_relaxed) ? "io_uring" : "/dev/fuse";
+}
 
 Status FuseSession::ProcessInit(std::string init, bool replayed) {
   if (replayed) {
@@ -250,16 +241,16 @@ int FuseSession::Serve(int min_threads, int max_threads, const std::atomic<bool>
   if (ctx_->io_uring && uring_ == nullptr) {
     UringLoopOptions o;
     o.fuse_fd = fd_;
-    o.max_write = ctx_->options.max_read;
     const int queues = UringQueueCount();
     o.min_per_queue = std::max(1, (min_threads + queues - 1) / queues);
     o.max_per_queue = std::max(2, (max_threads + queues - 1) / queues);
     o.kick_path = kick_path_;
     if (uring_slots_ == nullptr) {
-      const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
       // The kernel's size: max(8 KiB, max_write, max_pages pages), max_pages from libfuse's
-      // INIT reply (max_write rounded up to pages).
-      const size_t payload = std::max<size_t>(8192, (o.max_write + page - 1) / page * page);
+      // INIT reply (max_write, which is fuse.max_read, rounded up to pages).
+      const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+      const size_t payload =
+          std::max<size_t>(8192, (ctx_->options.max_read + page - 1) / page * page);
       const int slots = queues * o.max_per_queue;
       Result<std::shared_ptr<UringSlots>> m = UringSlots::Open(uring_memory_fd_, slots, payload);
       if (!m.ok() && uring_memory_fd_ >= 0) {
@@ -278,7 +269,20 @@ int FuseSession::Serve(int min_threads, int max_threads, const std::atomic<bool>
     o.slots = uring_slots_;
     Result<std::unique_ptr<UringLoop>> loop =
         uring_slots_ != nullptr ? UringLoop::Start(se_, o) : Status::IOError("no entry memory");
-    if (loop.ok()) {
+    if (!loop.ok()) {
+      // Start has told the kernel to send requests by /dev/fuse where it failed a
+      // registration; here for the failures before one. A connection served over io_uring
+      // before cannot go back: its requests would wait forever, so the mount ends instead.
+      if (uring_slots_ == nullptr) ResetToDevFuse(fd_);
+      if (replayed_) {
+        CTFS_LOG(kError) << loop.status().ToString() << ": this mount was served over io_uring "
+                         << "and cannot go back to /dev/fuse; ending it";
+        fuse_session_exit(se_);
+        return -EIO;
+      }
+      CTFS_LOG(kError) << loop.status().ToString() << "; serving through /dev/fuse";
+      ctx_->io_uring = false;
+    } else {
       uring_ = std::move(*loop);
       const UringAdoption a = uring_->adoption();
       CTFS_LOG(kInfo) << "serving through FUSE over io_uring: " << queues << " queues, "
@@ -290,12 +294,6 @@ int FuseSession::Serve(int min_threads, int max_threads, const std::atomic<bool>
                         << " it had begun (done again), " << a.committed
                         << " replies it had not committed; " << a.aborted
                         << " changes it had begun failed with ECONNABORTED";
-    } else {
-      // The kernel then sends every request by /dev/fuse (Start has told it where it failed
-      // a registration; here for the failures before one).
-      if (uring_slots_ == nullptr) ResetToDevFuse(fd_);
-      CTFS_LOG(kError) << loop.status().ToString() << "; serving through /dev/fuse";
-      ctx_->io_uring = false;
     }
   }
   // Over io_uring the device still brings FORGET and INTERRUPT: a few threads read it.

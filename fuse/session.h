@@ -129,6 +129,7 @@ class FuseSession {
   fuse_session* const se_;
   int fd_ = -1;  // the clone this process serves
   std::string kick_path_;
+  bool replayed_ = false;             // the INIT was a copy: the connection was served before
   std::unique_ptr<UringLoop> uring_;  // the io_uring queues, while Serve runs them
   std::shared_ptr<UringSlots> uring_slots_;
   int uring_memory_fd_ = -1;

@@ -108,30 +108,6 @@ io_uring_sqe* Command(io_uring* ring, int fd, uint32_t op, uint64_t commit_id, i
   return sqe;
 }
 
-Status InitRing(io_uring* ring);
-
-}  // namespace
-
-// A registration the kernel refuses makes it give the connection up for io_uring, and one with
-// a single buffer is refused.
-void ResetToDevFuse(int fuse_fd) {
-  io_uring ring{};
-  if (!InitRing(&ring).ok()) {
-    CTFS_LOG(kError) << "io_uring: cannot create a ring to hand the connection back to "
-                        "/dev/fuse; requests may wait until the mount is aborted";
-    return;
-  }
-  static char scratch[sizeof(abi::UringReqHeader)];
-  iovec iov{scratch, sizeof scratch};
-  io_uring_sqe* sqe = Command(&ring, fuse_fd, abi::kUringCmdRegister, 0, 0);
-  sqe->addr = reinterpret_cast<uint64_t>(&iov);
-  sqe->len = 1;
-  io_uring_submit_and_wait(&ring, 1);
-  io_uring_queue_exit(&ring);
-}
-
-namespace {
-
 Status InitRing(io_uring* ring) {
   io_uring_params p{};
   p.flags = IORING_SETUP_SQE128 | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_COOP_TASKRUN;
@@ -146,6 +122,32 @@ Status InitRing(io_uring* ring) {
 }
 
 }  // namespace
+
+Status CanUseIoUring() {
+  io_uring ring{};
+  CTFS_RETURN_IF_ERROR(InitRing(&ring));
+  io_uring_queue_exit(&ring);
+  return Status::OK();
+}
+
+// A registration the kernel refuses makes it give the connection up for io_uring, and one with
+// a single buffer is refused.
+void ResetToDevFuse(int fuse_fd) {
+  io_uring ring{};
+  if (!InitRing(&ring).ok()) {
+    CTFS_LOG(kError) << "io_uring: cannot create a ring to hand the connection back to "
+                        "/dev/fuse; requests may wait until the mount is aborted";
+    return;
+  }
+  // The kernel refuses it before reading the buffer.
+  iovec iov{nullptr, 0};
+  if (io_uring_sqe* sqe = Command(&ring, fuse_fd, abi::kUringCmdRegister, 0, 0)) {
+    sqe->addr = reinterpret_cast<uint64_t>(&iov);
+    sqe->len = 1;
+    io_uring_submit_and_wait(&ring, 1);
+  }
+  io_uring_queue_exit(&ring);
+}
 
 int UringQueueCount() {
   std::ifstream in("/sys/devices/system/cpu/possible");
@@ -192,18 +194,20 @@ enum SlotState : uint32_t {
   kReplied = 3,  // the reply to `serving` is in the slot; its commit may or may not be submitted
 };
 
-struct SlotInfo {
+// A cache line each: the threads of neighbouring slots run on different CPUs and store here
+// for every request. The stores are releases (a plain store on x86): only the next process
+// reads them, after this one is gone, and must see them after the buffer writes before them.
+struct alignas(64) SlotInfo {
   std::atomic<uint32_t> state;
   std::atomic<int32_t> qid;
   std::atomic<uint64_t> last_commit;
   std::atomic<uint64_t> serving;
-  uint64_t reserved;
 };
-static_assert(sizeof(SlotInfo) == 32);
+static_assert(sizeof(SlotInfo) == 64);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 constexpr uint64_t kMagic = 0x676e697275667463ull;  // "ctfuring"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;                    // 1: 32-byte slot states
 // Far from where the kernel places mappings (near 0x7f...) and the heap (near 0x55...).
 constexpr uintptr_t kBase = 0x6e0000000000ull;
 
@@ -312,7 +316,6 @@ Result<std::shared_ptr<UringSlots>> UringSlots::Open(int fd, int slots, size_t p
     s->fd_ = fd;
     s->adopted_ = true;
     s->base_ = p;
-    s->bytes_ = bytes;
     s->table_ = static_cast<Table*>(p);
     return s;
   }
@@ -351,7 +354,6 @@ Result<std::shared_ptr<UringSlots>> UringSlots::Open(int fd, int slots, size_t p
   t->table_bytes = table_bytes;
   s->fd_ = m;
   s->base_ = p;
-  s->bytes_ = bytes;
   s->table_ = t;
   return s;
 }
@@ -376,9 +378,13 @@ struct UringLoop::Shared {
   std::atomic<bool> stop{false};
   std::atomic<bool> draining{false};
   std::chrono::steady_clock::time_point drain_end;
-  std::unique_ptr<std::atomic<int>[]> busy;     // per queue: threads serving a request
-  std::unique_ptr<std::atomic<int>[]> started;  // per queue: threads started
-  std::mutex mu;                                // guards threads_, running, taken
+  // Per queue, a cache line each (every request counts itself busy on its queue's):
+  struct alignas(64) QueueCount {
+    std::atomic<int> busy{0};     // threads serving a request
+    std::atomic<int> started{0};  // threads started
+  };
+  std::unique_ptr<QueueCount[]> count;
+  std::mutex mu;  // guards threads_, running, taken
   std::condition_variable cv;
   std::vector<std::thread> threads_;
   std::vector<bool> taken;  // slots a thread of this loop serves
@@ -388,6 +394,22 @@ struct UringLoop::Shared {
   std::weak_ptr<Shared> self_weak;
 
   bool Ending() const { return stop.load() || fuse_session_exited(se); }
+
+  // Signals every thread until all have returned: one that had not yet begun to wait when a
+  // signal came would otherwise wait on.
+  void WakeUntilGone() {
+    for (;;) {
+      std::vector<pthread_t> live;
+      {
+        std::lock_guard l(mu);
+        if (running == 0) return;
+        for (auto& t : threads_) live.push_back(t.native_handle());
+      }
+      for (pthread_t t : live) ::pthread_kill(t, WakeSignal());
+      std::unique_lock l(mu);
+      cv.wait_for(l, std::chrono::milliseconds(10), [this] { return running == 0; });
+    }
+  }
 
   // Joins the threads started so far (after Stop or Drain: no more start).
   void JoinAll() {
@@ -414,7 +436,7 @@ struct UringLoop::Shared {
     }
     taken[slot] = true;
     ++running;
-    started[qid].fetch_add(1);
+    count[qid].started.fetch_add(1);
     threads_.emplace_back([self = self_weak.lock(), qid, slot, adopt, registered] {
       self->Serve(qid, slot, adopt, registered);
     });
@@ -437,9 +459,9 @@ struct UringLoop::Shared {
     header->ring_ent_in_out.commit_id = 0;
     std::memset(header->in_out, 0, sizeof(fuse_in_header));
     SlotInfo& info = Info(slot);
-    info.qid.store(qid);
-    info.last_commit.store(0);
-    info.state.store(kWaiting);
+    info.qid.store(qid, std::memory_order_release);
+    info.last_commit.store(0, std::memory_order_release);
+    info.state.store(kWaiting, std::memory_order_release);
     io_uring_sqe* sqe = Command(ring, o.fuse_fd, abi::kUringCmdRegister, 0, qid);
     if (sqe == nullptr) return false;
     sqe->addr = reinterpret_cast<uint64_t>(iov);
@@ -451,7 +473,7 @@ struct UringLoop::Shared {
     SlotInfo& info = Info(slot);
     io_uring_sqe* sqe = Command(ring, o.fuse_fd, abi::kUringCmdCommitAndFetch, commit_id, qid);
     if (sqe == nullptr) return false;
-    info.state.store(kReplied);
+    info.state.store(kReplied, std::memory_order_release);
     return true;
   }
 
@@ -504,8 +526,8 @@ struct UringLoop::Shared {
       return s;
     }
     if (adopting) {
-      info.last_commit.store(pending);
-      info.state.store(kWaiting);
+      info.last_commit.store(pending, std::memory_order_release);
+      info.state.store(kWaiting, std::memory_order_release);
     }
     // A refused registration completes at once; an accepted one only with a request.
     io_uring_cqe* cqe = nullptr;
@@ -571,8 +593,8 @@ struct UringLoop::Shared {
       if (!Commit(&ring, qid, slot, commit_id)) return Status::IOError("no SQE for a commit");
       r = io_uring_submit(&ring);
       if (r < 0) return Status::FromErrno(-r, "io_uring_submit (commit)");
-      info.last_commit.store(commit_id);
-      info.state.store(kWaiting);
+      info.last_commit.store(commit_id, std::memory_order_release);
+      info.state.store(kWaiting, std::memory_order_release);
     }
     io_uring_queue_exit(&ring);
     return Status::OK();
@@ -586,8 +608,8 @@ struct UringLoop::Shared {
     const uint64_t commit_id = header->ring_ent_in_out.commit_id;
     const uint32_t payload_sz = header->ring_ent_in_out.payload_sz;
     SlotInfo& info = Info(slot);
-    info.serving.store(commit_id);
-    info.state.store(kServing);
+    info.serving.store(commit_id, std::memory_order_release);
+    info.state.store(kServing, std::memory_order_release);
     UringReply reply{header, payload, payload_size, in.unique};
     if (redo && !SafeToRedo(in.opcode)) {
       adopted_aborted.fetch_add(1);
@@ -611,10 +633,11 @@ struct UringLoop::Shared {
     static_assert(kFront >= sizeof(abi::UringReqHeader) + sizeof(fuse_in_header) + 128);
     std::memcpy(start, &in, sizeof in);
     std::memcpy(start + sizeof in, header->op_in, arg0);
-    if (busy[qid].fetch_add(1) + 1 >= started[qid].load() &&
-        started[qid].load() < o.max_per_queue) {
+    QueueCount& c = count[qid];
+    if (const int started = c.started.load();
+        c.busy.fetch_add(1) + 1 >= started && started < o.max_per_queue) {
       std::lock_guard l(mu);
-      if (started[qid].load() < o.max_per_queue && !Ending() && !draining.load())
+      if (c.started.load() < o.max_per_queue && !Ending() && !draining.load())
         StartLocked(qid, -1, false, nullptr);
     }
     t_reply = &reply;
@@ -623,7 +646,7 @@ struct UringLoop::Shared {
     buf.size = in.len;
     fuse_session_process_buf(se, &buf);
     t_reply = nullptr;
-    busy[qid].fetch_sub(1);
+    c.busy.fetch_sub(1);
     // No reply (a retrieve's notify reply takes none, fuse_reply_none) or one that did not
     // fit: the entry is committed all the same, or it would never fetch again.
     if (!reply.stored) Fail(&reply, in.opcode == FUSE_NOTIFY_REPLY ? 0 : EIO);
@@ -662,8 +685,7 @@ Result<std::unique_ptr<UringLoop>> UringLoop::Start(fuse_session* se, const Urin
   sh->o.max_per_queue = std::max(sh->o.min_per_queue, o.max_per_queue);
   sh->payload_size = o.slots->payload_size();
   sh->taken.assign(static_cast<size_t>(o.slots->count()), false);
-  sh->busy = std::make_unique<std::atomic<int>[]>(static_cast<size_t>(sh->queues));
-  sh->started = std::make_unique<std::atomic<int>[]>(static_cast<size_t>(sh->queues));
+  sh->count = std::make_unique<Shared::QueueCount[]>(static_cast<size_t>(sh->queues));
   std::unique_ptr<UringLoop> loop(new UringLoop(sh));
   std::vector<std::unique_ptr<std::promise<Status>>> registered;
   auto start = [&](int qid, int slot, bool adopt) -> Status {
@@ -699,10 +721,15 @@ Result<std::unique_ptr<UringLoop>> UringLoop::Start(fuse_session* se, const Urin
     failed = start(sh->Info(i).qid.load(), i, /*adopt=*/true);
   }
   // Then every queue's entries up to min_per_queue, each queue's first before any second:
-  // the kernel uses the ring once each queue has one.
-  for (int round = 0; round < sh->o.min_per_queue && failed.ok(); ++round)
-    for (int qid = 0; qid < sh->queues && failed.ok(); ++qid)
-      if (sh->started[qid].load() <= round) failed = start(qid, -1, /*adopt=*/false);
+  // the kernel uses the ring once each queue has one. Past that, a refused entry costs only
+  // itself: the kernel may already use the ring, and the connection cannot go back.
+  for (int qid = 0; qid < sh->queues && failed.ok(); ++qid)
+    if (sh->count[qid].started.load() == 0) failed = start(qid, -1, /*adopt=*/false);
+  for (int round = 1; round < sh->o.min_per_queue && failed.ok(); ++round)
+    for (int qid = 0; qid < sh->queues; ++qid)
+      if (sh->count[qid].started.load() <= round)
+        if (Status s = start(qid, -1, /*adopt=*/false); !s.ok())
+          CTFS_LOG(kWarn) << "io_uring queue " << qid << ": an entry fewer: " << s.ToString();
   if (!failed.ok()) {
     loop->Stop();
     loop->Join();
@@ -730,43 +757,19 @@ UringAdoption UringLoop::adoption() const {
 void UringLoop::Drain(int wait_ms) {
   shared_->drain_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
   shared_->draining.store(true);
-  // Threads waiting for a request wake and wait again with the deadline (again and again: one
-  // that had not yet begun to wait when the signal came would otherwise wait on).
-  for (;;) {
-    std::vector<pthread_t> live;
-    {
-      std::lock_guard l(shared_->mu);
-      if (shared_->running == 0) return;
-      for (auto& t : shared_->threads_) live.push_back(t.native_handle());
-    }
-    for (pthread_t t : live) ::pthread_kill(t, WakeSignal());
-    std::unique_lock l(shared_->mu);
-    shared_->cv.wait_for(l, std::chrono::milliseconds(50),
-                         [this] { return shared_->running == 0; });
-  }
+  shared_->WakeUntilGone();  // waiting threads wait again, with the deadline
 }
 
 void UringLoop::Stop() {
   shared_->stop.store(true);
-  for (;;) {
-    std::vector<pthread_t> live;
-    {
-      std::lock_guard l(shared_->mu);
-      if (shared_->running == 0) return;
-      for (auto& t : shared_->threads_) live.push_back(t.native_handle());
-    }
-    for (pthread_t t : live) ::pthread_kill(t, WakeSignal());
-    std::unique_lock l(shared_->mu);
-    shared_->cv.wait_for(l, std::chrono::milliseconds(10),
-                         [this] { return shared_->running == 0; });
-  }
+  shared_->WakeUntilGone();
 }
 
 void UringLoop::Join() { shared_->JoinAll(); }
 
 int UringLoop::threads() const {
   int n = 0;
-  for (int q = 0; q < shared_->queues; ++q) n += shared_->started[q].load();
+  for (int q = 0; q < shared_->queues; ++q) n += shared_->count[q].started.load();
   return n;
 }
 

@@ -64,13 +64,11 @@ class UringSlots {
   int fd_ = -1;
   bool adopted_ = false;
   void* base_ = nullptr;
-  size_t bytes_ = 0;
   Table* table_ = nullptr;
 };
 
 struct UringLoopOptions {
-  int fuse_fd = -1;             // this process's descriptor of the connection
-  size_t max_write = 1u << 20;  // the connection's max_write: the payload buffer's size
+  int fuse_fd = -1;  // this process's descriptor of the connection
   int min_per_queue = 1;
   int max_per_queue = 32;
   // Statfs on this path from each queue's CPU once the queues are registered, so that
@@ -93,6 +91,10 @@ struct UringAdoption {
 // The queues the kernel keeps: one for each possible CPU (/sys/devices/system/cpu/possible).
 int UringQueueCount();
 
+// Whether this process may create the io_uring an entry needs (kernel.io_uring_disabled, a
+// seccomp filter, an old kernel).
+Status CanUseIoUring();
+
 // Makes the kernel send the connection's requests by /dev/fuse again, where FUSE_INIT took
 // io_uring but no queue can be served: without it, they would wait for entries forever.
 void ResetToDevFuse(int fuse_fd);
@@ -107,8 +109,10 @@ bool StoreUringReply(UringReply* r, const struct iovec* iov, int count);
 
 class UringLoop {
  public:
-  // Registers min_per_queue entries on every queue and starts their threads. An error means
-  // the kernel refused the first registration (the caller serves through /dev/fuse).
+  // Answers and adopts what the slots hold from an earlier process, registers min_per_queue
+  // entries on every queue and starts their threads. An error means an adoption or a queue's
+  // first registration failed: the kernel has then been told to send requests by /dev/fuse,
+  // which it does unless it already used the ring (a connection served over io_uring before).
   static Result<std::unique_ptr<UringLoop>> Start(fuse_session* se, const UringLoopOptions& o);
   ~UringLoop();
 
