@@ -139,7 +139,7 @@ def mount_all(workdir: Path, data: Path, binary: str, uring: bool) -> tuple[list
     mounts.append(mnt)
     if not wait_until(lambda: is_mounted(mnt), 10):
         raise RuntimeError("bindfs did not mount")
-    bindfs_pid = int(run(["pgrep", "-n", "-x", "bindfs"]).stdout.split()[0])
+    bindfs_pid = int(run(["pgrep", "-n", "-f", f"^bindfs .* {mnt}$"]).stdout.split()[0])
     systems.append(System("bindfs", mnt, bindfs_pid, None))
     for name, mode in (("cube-devfuse", "off"), ("cube-io_uring", "on")):
         if mode == "on" and not uring:
@@ -188,7 +188,9 @@ def main() -> int:
     data = workdir / "data"
     generate(data, args.small_files, args.mean_kb * 1000, int(args.large_gib * GIB))
     small = sorted(str(p.relative_to(data)) for p in (data / "small").rglob("*.bin"))
+    small_bytes = sum((data / p).stat().st_size for p in small)
     large = "large/large.bin"
+    large_bytes = (data / large).stat().st_size
 
     uring_before = URING_PARAM.read_text().strip() if URING_PARAM.exists() else None
     uring = uring_before == "Y"
@@ -211,7 +213,7 @@ def main() -> int:
             read_paths([str(s.root / p) for p in small] + [str(s.root / large)])
         for r in range(args.rounds):
             for n in readers:
-                slices = [[str(Path(p)) for p in small[i::n]] for i in range(n)]
+                slices = [small[i::n] for i in range(n)]
                 with multiprocessing.Pool(n) as pool:
                     for s in systems:
                         paths = [[str(s.root / p) for p in part] for part in slices]
@@ -223,12 +225,13 @@ def main() -> int:
                         rates.setdefault(("small", n, s.name), []).append(len(small) / dt)
                         cpu.setdefault(("small", n, s.name), []).append(
                             ((c1 - c0) / len(small), (c1 - c0) / (q1 - q0) if s.port else None))
-                        assert total > 0
+                        assert total == small_bytes, f"{s.name}: read {total} of {small_bytes}"
             for s in systems:
                 c0 = cpu_seconds(s.pid)
                 t0 = time.perf_counter()
                 total = read_paths([str(s.root / large)])
                 dt = time.perf_counter() - t0
+                assert total == large_bytes, f"{s.name}: read {total} of {large_bytes}"
                 rates.setdefault(("large", 1, s.name), []).append(total / dt)
                 cpu.setdefault(("large", 1, s.name), []).append(
                     ((cpu_seconds(s.pid) - c0) / (total / GIB), None))
