@@ -455,7 +455,7 @@ Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
       node, "fuse",
       {"read_only", "entry_timeout_s", "attr_timeout_s", "negative_timeout_s", "max_read",
        "read_ahead", "keep_cache", "flush_on_close", "write_back_idle_s", "list_ahead",
-       "list_ahead_threads", "dir_memory_bytes", "max_writes_per_uid", "io_uring"},
+       "list_ahead_threads", "dir_memory_bytes", "max_writes_per_uid", "io_uring", "passthrough"},
       [&](const std::string& k, const YAML::Node& v, const std::string& key) {
         if (k == "read_only") {
           CTFS_ASSIGN(o->read_only, GetBool(v, key));
@@ -507,16 +507,18 @@ Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
           CTFS_ASSIGN(o->dir_memory_bytes, GetSize(v, key));
           if (o->dir_memory_bytes < (1u << 20)) return Bad(key, "must be at least 1MiB");
         }
-        if (k == "io_uring") {
+        if (k == "io_uring" || k == "passthrough") {
           const std::string m = v.IsScalar() ? v.Scalar() : "";
+          FuseOptions::Mode mode;
           if (m == "auto")
-            o->io_uring = FuseOptions::IoUring::kAuto;
+            mode = FuseOptions::Mode::kAuto;
           else if (m == "on" || m == "true")
-            o->io_uring = FuseOptions::IoUring::kOn;
+            mode = FuseOptions::Mode::kOn;
           else if (m == "off" || m == "false")
-            o->io_uring = FuseOptions::IoUring::kOff;
+            mode = FuseOptions::Mode::kOff;
           else
             return Bad(key, "must be auto, on or off, got " + Quote(m));
+          (k == "io_uring" ? o->io_uring : o->passthrough) = mode;
         }
         if (k == "flush_on_close") CTFS_ASSIGN(o->flush_on_close, GetBool(v, key));
         if (k == "write_back_idle_s")

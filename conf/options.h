@@ -195,8 +195,15 @@ struct FuseOptions {
   // The transport of requests (docs/operations.md): kAuto takes FUSE over io_uring when the
   // kernel offers it (root set /sys/module/fuse/parameters/enable_uring), else /dev/fuse; kOn
   // requires io_uring (the mount fails without it); kOff always /dev/fuse. Default: kAuto.
-  enum class IoUring { kAuto, kOn, kOff };
+  enum class Mode { kAuto, kOn, kOff };
+  using IoUring = Mode;
   IoUring io_uring = IoUring::kAuto;
+  // FUSE passthrough (docs/config.md): kAuto lets the kernel read large files of a posix
+  // store straight from the store's file (those cache.stream_min_bytes streams) when it
+  // offers passthrough and the daemon has CAP_SYS_ADMIN; kOn requires it (the mount fails
+  // without it); kOff never. Profiles with keep_cache (ai_prefetch) send no opens, so never
+  // use it. Default: kAuto.
+  Mode passthrough = Mode::kAuto;
 };
 
 struct Config {

@@ -155,7 +155,11 @@ void PrintReport(const Daemon& d, const json& r) {
   std::cout << "  pid " << r.value("pid", 0) << ", supervisor " << r.value("supervisor_pid", 0)
             << ", generation " << r.value("generation", 0) << " (restarts and upgrades so far)"
             << ", up " << Duration(Num(r, "uptime_s")) << "\n";
-  if (r.contains("transport")) std::cout << "  transport: " << r.value("transport", "?") << "\n";
+  if (r.contains("transport")) {
+    std::cout << "  transport: " << r.value("transport", "?");
+    if (r.value("passthrough", false)) std::cout << ", large files by passthrough";
+    std::cout << "\n";
+  }
   const json store = r.value("store", json::object());
   std::cout << "  store " << store.value("name", "?") << ": ";
   if (store.value("reachable", false)) {

@@ -33,6 +33,7 @@
 #include "common/parallel.h"
 #include "common/private_dir.h"
 #include "common/reclaim.h"
+#include "common/snapshot_bytes.h"
 #include "common/version.h"
 #include "conf/config.h"
 #include "control/control_file.h"
@@ -346,10 +347,34 @@ void FitStreamedReadsToPipes(conf::Config* config) {
 }
 
 // Hands this process's state to the supervisor, which executes the next binary, and exits.
-[[noreturn]] void HandOver(FileSystem& fs, prefetch::Prefetcher& prefetcher, PageProbe& page_probe,
-                           std::unique_ptr<control::ControlServer>& control, cache::DiskCache* disk,
-                           const Takeover& takeover) {
-  const std::string state = fs.inodes().Serialize();
+// The state handed over: the inode table's bytes, framed with the passthrough table where it
+// has opens (a table with none keeps the frame an earlier version reads).
+constexpr uint64_t kFramedStateMagic = 0x31455453'53465443ull;  // "CTFSSTE1"
+
+std::string FrameState(std::string inodes, const std::string& passthrough) {
+  if (passthrough.empty()) return inodes;
+  std::string out;
+  PutU64(&out, kFramedStateMagic);
+  PutString(&out, inodes);
+  PutString(&out, passthrough);
+  return out;
+}
+
+// The inode table's bytes of a state handed over; `passthrough` gets the rest.
+Result<std::string> UnframeState(std::string state, std::string* passthrough) {
+  SnapshotReader r(state);
+  uint64_t magic = 0;
+  if (!r.U64(&magic) || magic != kFramedStateMagic) return state;
+  std::string inodes;
+  if (!r.String(&inodes) || !r.String(passthrough) || !r.done())
+    return Status::InvalidArgument("state handed over: truncated");
+  return inodes;
+}
+
+[[noreturn]] void HandOver(FileSystem& fs, FuseSession& session, prefetch::Prefetcher& prefetcher,
+                           PageProbe& page_probe, std::unique_ptr<control::ControlServer>& control,
+                           cache::DiskCache* disk, const Takeover& takeover) {
+  const std::string state = FrameState(fs.inodes().Serialize(), session.PassthroughState());
   fs.StopWriteBack();
   prefetcher.SetPageProbe(nullptr);
   page_probe.Close();
@@ -514,6 +539,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
     nlohmann::json r = health.Report(details);
     const FuseSession* session = g_session.load();
     r["transport"] = session != nullptr ? session->transport() : "/dev/fuse";
+    r["passthrough"] = session != nullptr && session->passthrough();
     return r;
   };
   if (takeover.channel_fd >= 0)
@@ -563,7 +589,10 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   if (takeover.state_fd >= 0) {
     Result<std::string> state = ReadAllFd(takeover.state_fd);
     ::close(takeover.state_fd);
+    std::string passthrough;
+    if (state.ok()) state = UnframeState(std::move(*state), &passthrough);
     Status restored = state.ok() ? filesystem->inodes().Restore(*state) : state.status();
+    if (restored.ok()) session.SetPassthroughState(std::move(passthrough));
     if (!restored.ok())  // the kernel's inode numbers then get ESTALE, as after a crash
       CTFS_LOG(kError) << "state handed over not used: " << restored.ToString();
     else
@@ -624,7 +653,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
     // Every request taken is answered; those not yet taken wait in the kernel for the next
     // process. A file opened for writing meanwhile cannot be handed over: go on serving.
     if (filesystem->open_writes() == 0) {
-      HandOver(*filesystem, prefetcher, page_probe, *control, disk.get(), takeover);
+      HandOver(*filesystem, session, prefetcher, page_probe, *control, disk.get(), takeover);
     }
     CTFS_LOG(kWarn) << "upgrade abandoned: a file was opened for writing meanwhile";
     g_handover.store(false);

@@ -76,6 +76,8 @@ struct FileHandle {
   bool writable = false;   // counted as a writer of the inode until released
   // Set at open when cold reads of this file may be streamed from the store (store_stream.h).
   std::shared_ptr<StoreStream> stream;
+  // The kernel reads this open from the store's file itself (fuse/passthrough.h).
+  bool passthrough = false;
 };
 
 // The user a FUSE request comes from, as the owner of what it creates (a file, a directory, a
@@ -192,6 +194,11 @@ class FileSystem : public prefetch::AttrSource {
   Status StreamFile(const std::string& path, const cfs_client::FileAttr& attr,
                     const std::function<Status(const char* data, size_t len)>& piece,
                     int64_t uid = -1);
+  // The store's file of a handle the kernel may read straight from it (FUSE passthrough): one
+  // whose cold reads would be streamed (StreamFor), opened for reading, with no written bytes
+  // that have not reached the store. A descriptor of the file at the handle's version (opened
+  // as every store file is: beneath the root, no symlink followed), or -1.
+  int PassthroughFd(const FileHandle& handle);
   // A handle for reading `ino` at its current version, for reads without an open (no_open).
   Result<FileHandle> HandleFor(uint64_t ino);
   Result<cfs_client::FsStats> StatFs();

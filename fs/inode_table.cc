@@ -1,6 +1,7 @@
 #include "fs/inode_table.h"
 
 #include "common/logging.h"
+#include "common/snapshot_bytes.h"
 #include "common/thread_annotations.h"
 
 #include <algorithm>
@@ -321,35 +322,6 @@ namespace {
 
 constexpr uint64_t kSnapshotMagic = 0x31544E49'53465443ull;  // "CTFSINT1"
 
-void PutU64(std::string* out, uint64_t v) { out->append(reinterpret_cast<const char*>(&v), 8); }
-void PutString(std::string* out, const std::string& v) {
-  PutU64(out, v.size());
-  out->append(v);
-}
-
-// Reads what PutU64 and PutString wrote; every read checks the bytes left.
-class Reader {
- public:
-  explicit Reader(std::string_view bytes) : rest_(bytes) {}
-  bool U64(uint64_t* v) {
-    if (rest_.size() < 8) return false;
-    std::memcpy(v, rest_.data(), 8);
-    rest_.remove_prefix(8);
-    return true;
-  }
-  bool String(std::string* v) {
-    uint64_t n = 0;
-    if (!U64(&n) || n > rest_.size()) return false;
-    v->assign(rest_.substr(0, n));
-    rest_.remove_prefix(n);
-    return true;
-  }
-  bool done() const { return rest_.empty(); }
-
- private:
-  std::string_view rest_;
-};
-
 }  // namespace
 
 void InodeTable::SetGeneration(uint64_t generation) {
@@ -397,7 +369,7 @@ std::string InodeTable::Serialize() const {
 }
 
 Status InodeTable::Restore(std::string_view bytes) {
-  Reader r(bytes);
+  SnapshotReader r(bytes);
   uint64_t magic = 0, next = 0, count = 0;
   if (!r.U64(&magic) || magic != kSnapshotMagic || !r.U64(&next) || !r.U64(&count))
     return Status::InvalidArgument("inode table: not a table this version wrote");

@@ -599,6 +599,18 @@ Status FileSystem::FlushAll() {
   return first;
 }
 
+int FileSystem::PassthroughFd(const FileHandle& handle) {
+  if (handle.stream == nullptr || handle.writable) return -1;
+  if (ever_written_.load()) {
+    if (std::shared_ptr<WriteState> st = FindWriteState(handle.ino)) {
+      std::lock_guard<std::mutex> sl(st->mu);
+      if (!st->closed) return -1;  // bytes written through the mount the store lacks yet
+    }
+  }
+  Result<int> fd = backend_->OpenReadFd(handle.path, handle.version);
+  return fd.ok() ? *fd : -1;
+}
+
 std::optional<Result<ReadResult>> FileSystem::ReadWritten(uint64_t ino, uint64_t offset,
                                                           size_t size) {
   std::shared_ptr<WriteState> st = FindWriteState(ino);

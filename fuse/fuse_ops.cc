@@ -1,6 +1,7 @@
 #include "fuse/fuse_ops.h"
 
 #include <prometheus/counter.h>
+#include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 #include <sys/stat.h>
@@ -12,6 +13,7 @@
 
 #include "common/logging.h"
 #include "fuse/page_probe.h"
+#include "fuse/passthrough.h"
 
 namespace cubetorchfs::fuse {
 
@@ -74,10 +76,23 @@ struct OpMetrics {
       count[op] = &ops.Add({{"op", kOpNames[op]}});
       seconds[op] = &secs.Add({{"op", kOpNames[op]}}, buckets);
     }
+    passthrough.opens = &prometheus::BuildCounter()
+                             .Name("cubetorchfs_passthrough_opens_total")
+                             .Help("Opens the kernel reads straight from the store's file")
+                             .Register(registry)
+                             .Add({});
+    passthrough.backing_files = &prometheus::BuildGauge()
+                                     .Name("cubetorchfs_passthrough_backing_files")
+                                     .Help("Store files registered for passthrough opens")
+                                     .Register(registry)
+                                     .Add({});
   }
   prometheus::Counter* count[kNumOps];
   prometheus::Histogram* seconds[kNumOps];
+  Passthrough::Metrics passthrough;
 };
+
+Passthrough::Metrics PassthroughMetrics(const FuseContext& ctx) { return ctx.metrics->passthrough; }
 
 FuseContext::FuseContext(FileSystem* filesystem, const conf::FuseOptions& opts,
                          prometheus::Registry& registry)
@@ -187,7 +202,10 @@ void Init(void* userdata, fuse_conn_info* conn) {
   if (ctx->options.keep_cache) conn->want &= ~FUSE_CAP_READDIRPLUS_AUTO;
   CTFS_LOG(kInfo) << "FUSE session started: protocol " << conn->proto_major << "."
                   << conn->proto_minor << ", max_read " << ctx->options.max_read << ", transport "
-                  << (ctx->io_uring ? "io_uring" : "/dev/fuse");
+                  << (ctx->io_uring ? "io_uring" : "/dev/fuse")
+                  << (ctx->passthrough != nullptr && ctx->passthrough->enabled()
+                          ? ", large files by passthrough"
+                          : "");
 }
 
 void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -330,12 +348,30 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     int err = fuse_lowlevel_notify_inval_inode(ctx.session, ino, 0, 0);
     if (err != 0 && err != -ENOENT) CTFS_LOG(kWarn) << "invalidate inode " << ino << ": " << err;
   }
-  fi->keep_cache = r->keep_cache;
+  Passthrough::Answer pt;
+  if (ctx.passthrough != nullptr) {
+    // Read by the kernel from the store's file, or as usual (passthrough.h has the rules).
+    FileHandle& h = *r->handle;
+    const bool writes = (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC) != 0;
+    Result<Passthrough::Answer> a =
+        ctx.passthrough->Open(ino, writes, h.version.id, [&] { return ctx.fs->PassthroughFd(h); });
+    if (!a.ok()) {
+      Status ignored = ctx.fs->Release(ino, r->handle.get());
+      (void)ignored;
+      return ReplyError(req, a.status(), "open");
+    }
+    pt = *a;
+    h.passthrough = pt.mode == Passthrough::Mode::kPassthrough;
+  }
+  // A passthrough open keeps no page cache of ours (the kernel refuses the two together).
+  fi->keep_cache = pt.backing_id != 0 ? 0 : r->keep_cache;
   fi->fh = ctx.files.Insert(std::move(r->handle));
+  PassthroughReply reply(pt.backing_id);
   if (fuse_reply_open(req, fi) == -ENOENT) {
     // The caller was interrupted: no release will come for this handle, which may count as
     // a writer of the file.
     std::shared_ptr<FileHandle> h = ctx.files.Take(fi->fh);
+    if (ctx.passthrough != nullptr) ctx.passthrough->Undo(ino, pt.mode);
     Status ignored = ctx.fs->Release(ino, h.get());
     (void)ignored;
   }
@@ -378,10 +414,20 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
 
 void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   OpScope scope(req, kRelease);
+  FuseContext& ctx = Ctx(req);
+  std::shared_ptr<FileHandle> handle = ctx.files.Take(fi->fh);
+  if (ctx.passthrough != nullptr) {
+    // A number this process never gave out: its mode is the table's to infer.
+    ctx.passthrough->Release(ino, handle == nullptr
+                                      ? std::nullopt
+                                      : std::optional<Passthrough::Mode>(
+                                            handle->passthrough ? Passthrough::Mode::kPassthrough
+                                                                : Passthrough::Mode::kCached));
+  }
   // A number this process never gave out was opened before a takeover: nothing to release.
-  if (std::shared_ptr<FileHandle> handle = Ctx(req).files.Take(fi->fh)) {
+  if (handle != nullptr) {
     // close(2) already got flush's answer; an error here (logged) keeps the bytes for later.
-    Status ignored = Ctx(req).fs->Release(ino, handle.get());
+    Status ignored = ctx.fs->Release(ino, handle.get());
     (void)ignored;
   }
   fuse_reply_err(req, 0);
@@ -416,10 +462,21 @@ void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fu
     fuse_reply_create(req, &param, fi);
     return;
   }
+  if (ctx.passthrough != nullptr) {
+    // Counted as an open for writing (an inode with passthrough opens refuses it).
+    Result<Passthrough::Answer> a =
+        ctx.passthrough->Open(c->entry.ino, /*writable=*/true, 0, [] { return -1; });
+    if (!a.ok()) {
+      Status ignored = ctx.fs->Release(c->entry.ino, c->handle.get());
+      (void)ignored;
+      return ReplyError(req, a.status(), "create");
+    }
+  }
   fi->fh = ctx.files.Insert(std::move(c->handle));
   if (fuse_reply_create(req, &param, fi) == -ENOENT) {
     // The caller was interrupted: no release will come for this handle.
     std::shared_ptr<FileHandle> h = ctx.files.Take(fi->fh);
+    if (ctx.passthrough != nullptr) ctx.passthrough->Undo(c->entry.ino, Passthrough::Mode::kCached);
     Status ignored = ctx.fs->Release(c->entry.ino, h.get());
     (void)ignored;
   }

@@ -11,6 +11,7 @@
 
 #include "fs/file_system.h"
 #include "fuse/handle_table.h"
+#include "fuse/passthrough.h"
 
 namespace prometheus {
 class Registry;
@@ -44,8 +45,14 @@ struct FuseContext {
   // Requests come through FUSE over io_uring (fuse/uring_loop.h), not /dev/fuse reads: set
   // before the connection's INIT is processed; cleared if the queues cannot be set up.
   std::atomic<bool> io_uring{false};
-  // The next reply written is to FUSE_INIT, and takes FUSE_OVER_IO_URING (session.cc).
+  // The next reply written is to FUSE_INIT, and takes these flags2 bits (FUSE_OVER_IO_URING,
+  // FUSE_PASSTHROUGH; session.cc).
   std::atomic<bool> patch_init{false};
+  uint32_t init_flags2 = 0;
+  // The connection takes passthrough opens (passthrough.h): set before INIT is processed,
+  // where the connection has passthrough (even if fuse.passthrough is off now: an earlier
+  // process's passthrough opens still rule what this one may answer).
+  std::unique_ptr<Passthrough> passthrough;
   // Answers the kernel's retrieve replies (set once after the session starts; may be null).
   PageProbe* page_probe = nullptr;
   // The open files and directories, by the number the kernel holds (handle_table.h).
@@ -55,5 +62,8 @@ struct FuseContext {
 };
 
 const fuse_lowlevel_ops& Operations();
+
+// The passthrough metrics of the session (registered with its operations' metrics).
+Passthrough::Metrics PassthroughMetrics(const FuseContext& ctx);
 
 }  // namespace cubetorchfs::fuse

@@ -3,6 +3,8 @@
 // Linux 6.9). Values from the kernel's include/uapi/linux/fuse.h; sizes are checked below.
 #pragma once
 
+#include <linux/ioctl.h>
+
 #include <cstdint>
 
 namespace cubetorchfs::fuse::abi {
@@ -17,6 +19,20 @@ constexpr uint64_t kOverIoUring = 1ull << 41;  // FUSE_OVER_IO_URING
 constexpr size_t kInitInFlags = 12, kInitInFlags2 = 16, kInitInMinSize = 64;
 constexpr size_t kInitOutFlags = 12, kInitOutFlags2 = 32, kInitOutMaxStackDepth = 36,
                  kInitOutSize = 64;
+
+// Passthrough: registering a backing file on the connection's device, and the open reply that
+// names it (struct fuse_open_out: fh, open_flags, backing_id).
+struct BackingMap {  // struct fuse_backing_map
+  int32_t fd;
+  uint32_t flags;
+  uint64_t padding;
+};
+constexpr unsigned long kDevIocBackingOpen = _IOW(229, 1, BackingMap);  // FUSE_DEV_IOC_BACKING_OPEN
+constexpr unsigned long kDevIocBackingClose = _IOW(229, 2, uint32_t);  // FUSE_DEV_IOC_BACKING_CLOSE
+constexpr uint32_t kFopenPassthrough = 1u << 7;                        // FOPEN_PASSTHROUGH
+constexpr size_t kOpenOutFlags = 8, kOpenOutBackingId = 12, kOpenOutSize = 16;
+// The depth of file systems stacked under this one: 1, a backing file on a plain file system.
+constexpr uint32_t kPassthroughStackDepth = 1;
 
 // FUSE over io_uring: the uring_cmd operations on a /dev/fuse descriptor.
 constexpr uint32_t kUringCmdRegister = 1;        // FUSE_IO_URING_CMD_REGISTER
@@ -49,5 +65,6 @@ struct UringCmdReq {
 static_assert(sizeof(UringEntInOut) == 32);
 static_assert(sizeof(UringReqHeader) == 288);
 static_assert(sizeof(UringCmdReq) == 24);
+static_assert(sizeof(BackingMap) == 16);
 
 }  // namespace cubetorchfs::fuse::abi

@@ -8,12 +8,14 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 
 #include "common/logging.h"
 #include "fuse/fuse_ops.h"
 #include "fuse/kernel_abi.h"
 #include "fuse/page_probe.h"
+#include "fuse/passthrough.h"
 #include "fuse/session_loop.h"
 #include "fuse/uring_loop.h"
 
@@ -54,19 +56,52 @@ uint32_t Load32(const std::string& b, size_t off) {
   return v;
 }
 
-// The kernel's INIT offers FUSE over io_uring (it does once root set enable_uring).
-bool OffersIoUring(const std::string& init) {
+// The kernel's INIT offers `flag` (one of the 64-bit set's upper half: FUSE over io_uring,
+// which it offers once root set enable_uring; passthrough).
+bool Offers(const std::string& init, uint64_t flag) {
   const size_t in = sizeof(fuse_in_header);
   if (init.size() < in + abi::kInitInMinSize) return false;
   const uint32_t flags = Load32(init, in + abi::kInitInFlags);
   const uint32_t flags2 = Load32(init, in + abi::kInitInFlags2);
-  return (flags & abi::kInitExt) && (flags2 & (abi::kOverIoUring >> 32));
+  return (flags & abi::kInitExt) && (flags2 & static_cast<uint32_t>(flag >> 32));
 }
 
-void ClearIoUringOffer(std::string* init) {
+void ClearOffer(std::string* init, uint64_t flag) {
   const size_t off = sizeof(fuse_in_header) + abi::kInitInFlags2;
-  uint32_t flags2 = Load32(*init, off) & ~static_cast<uint32_t>(abi::kOverIoUring >> 32);
+  uint32_t flags2 = Load32(*init, off) & ~static_cast<uint32_t>(flag >> 32);
   std::memcpy(init->data() + off, &flags2, sizeof flags2);
+}
+
+// CAP_SYS_ADMIN in this process's effective set: the kernel registers backing files only for
+// it (FUSE_DEV_IOC_BACKING_OPEN).
+bool HasCapSysAdmin() {
+  FILE* f = std::fopen("/proc/self/status", "re");
+  if (f == nullptr) return false;
+  char line[256];
+  unsigned long long eff = 0;
+  bool found = false;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::sscanf(line, "CapEff: %llx", &eff) == 1) found = true;
+  std::fclose(f);
+  return found && ((eff >> 21) & 1);  // CAP_SYS_ADMIN is 21
+}
+
+// libfuse's reply to an open (fuse_open_out), with FOPEN_PASSTHROUGH and `backing_id`.
+struct PatchedOpen {
+  char out[abi::kOpenOutSize];
+  iovec iov[2];
+};
+bool PatchOpenReply(struct iovec* iov, int count, int32_t backing_id, PatchedOpen* p) {
+  if (count != 2 || iov[1].iov_len != abi::kOpenOutSize) return false;
+  std::memcpy(p->out, iov[1].iov_base, sizeof p->out);
+  uint32_t flags = 0;
+  std::memcpy(&flags, p->out + abi::kOpenOutFlags, sizeof flags);
+  flags |= abi::kFopenPassthrough;
+  std::memcpy(p->out + abi::kOpenOutFlags, &flags, sizeof flags);
+  std::memcpy(p->out + abi::kOpenOutBackingId, &backing_id, sizeof backing_id);
+  p->iov[0] = iov[0];
+  p->iov[1] = {p->out, sizeof p->out};
+  return true;
 }
 
 // libfuse's I/O on the device (fuse_session_custom_io): a reply to a request that came by
@@ -75,6 +110,10 @@ void ClearIoUringOffer(std::string* init) {
 ssize_t ReadDevice(int fd, void* buf, size_t len, void*) { return ::read(fd, buf, len); }
 
 ssize_t WritevDevice(int fd, struct iovec* iov, int count, void* userdata) {
+  PatchedOpen patched_open;
+  if (const int32_t id = PassthroughReply::Current();
+      id != 0 && PatchOpenReply(iov, count, id, &patched_open))
+    iov = patched_open.iov;
   if (UringReply* r = CurrentUringReply(); r != nullptr && StoreUringReply(r, iov, count)) {
     ssize_t n = 0;
     for (int i = 0; i < count; ++i) n += static_cast<ssize_t>(iov[i].iov_len);
@@ -87,9 +126,11 @@ ssize_t WritevDevice(int fd, struct iovec* iov, int count, void* userdata) {
     std::string out(static_cast<const char*>(iov[1].iov_base), iov[1].iov_len);
     uint32_t flags = Load32(out, abi::kInitOutFlags);
     if (flags & abi::kInitExt) {
-      uint32_t flags2 =
-          Load32(out, abi::kInitOutFlags2) | static_cast<uint32_t>(abi::kOverIoUring >> 32);
+      uint32_t flags2 = Load32(out, abi::kInitOutFlags2) | ctx->init_flags2;
       std::memcpy(out.data() + abi::kInitOutFlags2, &flags2, sizeof flags2);
+      if (ctx->init_flags2 & static_cast<uint32_t>(abi::kPassthrough >> 32))
+        std::memcpy(out.data() + abi::kInitOutMaxStackDepth, &abi::kPassthroughStackDepth,
+                    sizeof abi::kPassthroughStackDepth);
     }
     iovec patched[2] = {iov[0], {out.data(), out.size()}};
     return ::writev(fd, patched, 2);
@@ -179,9 +220,20 @@ Result<std::string> FuseSession::ReadInit() {
 }
 
 Result<std::string> FuseSession::PrepareInit(std::string init, bool replayed) {
-  using Mode = conf::FuseOptions::IoUring;
+  CTFS_ASSIGN_OR_RETURN(init, PrepareIoUring(std::move(init), replayed));
+  CTFS_ASSIGN_OR_RETURN(init, PreparePassthrough(std::move(init), replayed));
+  uint32_t add = 0;
+  if (!replayed && ctx_->io_uring) add |= static_cast<uint32_t>(abi::kOverIoUring >> 32);
+  if (!replayed && ctx_->passthrough) add |= static_cast<uint32_t>(abi::kPassthrough >> 32);
+  ctx_->init_flags2 = add;
+  ctx_->patch_init.store(add != 0);
+  return init;
+}
+
+Result<std::string> FuseSession::PrepareIoUring(std::string init, bool replayed) {
+  using Mode = conf::FuseOptions::Mode;
   const Mode mode = ctx_->options.io_uring;
-  const bool offered = OffersIoUring(init);
+  const bool offered = Offers(init, abi::kOverIoUring);
   replayed_ = replayed;
   if (replayed) {
     // The copy offers io_uring only where the first process took it.
@@ -207,9 +259,64 @@ Result<std::string> FuseSession::PrepareInit(std::string init, bool replayed) {
         "with CONFIG_FUSE_IO_URING, and as root: echo Y > "
         "/sys/module/fuse/parameters/enable_uring)");
   }
-  if (!ctx_->io_uring && offered) ClearIoUringOffer(&init);
-  ctx_->patch_init.store(ctx_->io_uring);
+  if (!ctx_->io_uring && offered) ClearOffer(&init, abi::kOverIoUring);
   return init;
+}
+
+Result<std::string> FuseSession::PreparePassthrough(std::string init, bool replayed) {
+  using Mode = conf::FuseOptions::Mode;
+  const Mode mode = ctx_->options.passthrough;
+  const bool offered = Offers(init, abi::kPassthrough);
+  bool take = false;
+  if (replayed) {
+    // The copy offers passthrough only where the first process took it (or where a process
+    // that knew nothing of it kept the kernel's offer: the first registration then fails, and
+    // says so once).
+    take = offered;
+  } else if (offered && mode != Mode::kOff && !ctx_->options.keep_cache) {
+    if (HasCapSysAdmin()) {
+      take = true;
+    } else if (mode == Mode::kOn) {
+      return Status::InvalidArgument(
+          "fuse.passthrough is on but the daemon lacks CAP_SYS_ADMIN, which the kernel "
+          "requires to register backing files");
+    } else {
+      CTFS_LOG(kInfo) << "passthrough not used: the daemon lacks CAP_SYS_ADMIN; large files "
+                         "are read through the daemon";
+    }
+  } else if (mode == Mode::kOn && !offered) {
+    return Status::InvalidArgument(
+        "fuse.passthrough is on but the kernel does not offer FUSE passthrough (Linux 6.9+ "
+        "with CONFIG_FUSE_PASSTHROUGH)");
+  }
+  if (!take) {
+    if (offered) ClearOffer(&init, abi::kPassthrough);
+    if (!passthrough_state_.empty())
+      CTFS_LOG(kWarn) << "passthrough state handed over, but this connection has no passthrough";
+    return init;
+  }
+  ctx_->passthrough =
+      std::make_unique<Passthrough>(Passthrough::Ioctls(fd_), PassthroughMetrics(*ctx_));
+  if (mode == Mode::kOff || ctx_->options.keep_cache) ctx_->passthrough->Disable();
+  if (!passthrough_state_.empty()) {
+    if (Status s = ctx_->passthrough->Restore(passthrough_state_); !s.ok())
+      CTFS_LOG(kError) << "passthrough state handed over not used: " << s.ToString();
+    else
+      CTFS_LOG(kInfo) << "took over " << ctx_->passthrough->backings()
+                      << " passthrough registrations";
+    passthrough_state_.clear();
+  }
+  return init;
+}
+
+std::string FuseSession::PassthroughState() const {
+  return ctx_->passthrough != nullptr && !ctx_->passthrough->empty()
+             ? ctx_->passthrough->Serialize()
+             : std::string();
+}
+
+bool FuseSession::passthrough() const {
+  return ctx_->passthrough != nullptr && ctx_->passthrough->enabled();
 }
 
 const char* FuseSession::transport() const {

@@ -101,6 +101,13 @@ class FuseSession {
 
   // "io_uring" or "/dev/fuse" once PrepareInit has chosen (docs/operations.md).
   const char* transport() const;
+  // Large files are read through passthrough (fuse/passthrough.h) once PrepareInit has chosen.
+  bool passthrough() const;
+  // The passthrough table (fuse/passthrough.h), for the next process of the mount; "" where
+  // the connection has no passthrough. SetPassthroughState: the table an earlier process
+  // handed over, taken by PrepareInit.
+  std::string PassthroughState() const;
+  void SetPassthroughState(std::string bytes) { passthrough_state_ = std::move(bytes); }
   // After a crash of the process before, on io_uring: where the queues are kicked once
   // registered (uring_loop.h). Empty: no kick.
   void SetKickPath(std::string path) { kick_path_ = std::move(path); }
@@ -124,11 +131,14 @@ class FuseSession {
 
  private:
   FuseSession(std::unique_ptr<FuseContext> ctx, fuse_session* se);
+  Result<std::string> PrepareIoUring(std::string init, bool replayed);
+  Result<std::string> PreparePassthrough(std::string init, bool replayed);
 
   const std::unique_ptr<FuseContext> ctx_;  // the session's userdata: outlives se_
   fuse_session* const se_;
   int fd_ = -1;  // the clone this process serves
   std::string kick_path_;
+  std::string passthrough_state_;     // handed over, until PrepareInit
   bool replayed_ = false;             // the INIT was a copy: the connection was served before
   std::unique_ptr<UringLoop> uring_;  // the io_uring queues, while Serve runs them
   std::shared_ptr<UringSlots> uring_slots_;

@@ -1,0 +1,139 @@
+// FUSE passthrough (Linux 6.9+): opens the kernel reads and maps straight from a backing file,
+// with no request to this daemon (docs/architecture.md#passthrough).
+//
+// The daemon registers the store's file with the connection (FUSE_DEV_IOC_BACKING_OPEN, which
+// needs CAP_SYS_ADMIN) and answers the open with FOPEN_PASSTHROUGH and the registration's id
+// (the writev hook of session.cc patches both into libfuse's reply). The kernel's rules
+// (fs/fuse/iomode.c), which every answer here keeps:
+//   - while an inode has passthrough opens, every open of it must be a passthrough open, with
+//     the same registration (another one: EBUSY; a cached or direct-I/O open: EIO);
+//   - a passthrough open of an inode with cached opens fails (ETXTBSY, EIO to the caller).
+// So this table counts, per inode, the opens it answered each way, and answers:
+//   - an open that may be passed through (read-only, large, a store file of this host, no
+//     write state: FileSystem::PassthroughFd), of an inode with no other open: passthrough;
+//   - a read-only open of an inode with passthrough opens: passthrough, with the same
+//     registration, where the store still has the same file (written in place since: the kernel
+//     reads what the file holds now); a file replaced in the store meanwhile: EBUSY, until
+//     the old opens close (never the old file's bytes under the new file's name);
+//   - an open for writing of an inode with passthrough opens: ETXTBSY, until they close (the
+//     write contract, docs/writing.md, needs the writes; a passthrough writer would bypass it);
+//   - everything else: as without passthrough.
+// The registration is given back when the inode's last passthrough open is released.
+//
+// A handover (upgrade) passes the table to the next process (Serialize, Restore): inode
+// numbers survive it, and so do the kernel's opens. After a crash the next process numbers
+// inodes anew, so the kernel's passthrough opens of the old ones (which need no daemon) never
+// meet its answers; their registrations stay until the unmount.
+//
+// Thread safety: all methods may be called concurrently. The table is sharded by inode.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "common/status.h"
+#include "common/thread_annotations.h"
+
+namespace prometheus {
+class Counter;
+class Gauge;
+}  // namespace prometheus
+
+namespace cubetorchfs::fuse {
+
+// cubetorchfs_passthrough_opens_total and _backing_files (null: not counted).
+struct PassthroughCounters {
+  prometheus::Counter* opens = nullptr;
+  prometheus::Gauge* backing_files = nullptr;
+};
+
+class Passthrough {
+ public:
+  // The kernel's side: register an open descriptor (its id, > 0), and drop a registration.
+  struct Device {
+    std::function<Result<int32_t>(int fd)> open;
+    std::function<void(int32_t id)> close;
+  };
+  // The ioctls on `fuse_fd`, a descriptor of the connection.
+  static Device Ioctls(int fuse_fd);
+
+  using Metrics = PassthroughCounters;
+  explicit Passthrough(Device device, Metrics metrics = {})
+      : device_(std::move(device)), metrics_(metrics) {}
+
+  enum class Mode : uint8_t { kCached, kPassthrough };
+  struct Answer {
+    Mode mode = Mode::kCached;
+    int32_t backing_id = 0;  // kPassthrough: the registration to name in the reply
+  };
+
+  // The answer to an open of `ino`. `writable`: opened for writing. `file`: the store file's
+  // identity (FileVersion::id) now. `backing`: opens the store's file when this open may be
+  // passed through, -1 when it may not (called only where a registration is needed; the
+  // descriptor is closed here). Errno(EBUSY | ETXTBSY): the kernel's rules forbid this open now.
+  Result<Answer> Open(uint64_t ino, bool writable, uint64_t file,
+                      const std::function<int()>& backing);
+  // The open answered `mode` was not delivered (the caller gave up): it never counted.
+  void Undo(uint64_t ino, Mode mode) { Release(ino, mode); }
+  // A handle of `ino` opened `mode` was released. A handle an earlier process opened (its
+  // mode unknown) counts as passthrough while the inode has passthrough opens: the kernel lets
+  // no other kind coexist with them.
+  void Release(uint64_t ino, std::optional<Mode> mode);
+
+  // No more registrations (the kernel refused one: no CAP_SYS_ADMIN, or a connection without
+  // passthrough). Opens already passed through go on.
+  void Disable() { enabled_.store(false); }
+  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
+
+  // Registrations held (one per inode with passthrough opens).
+  size_t backings() const;
+  // No inode has an open this table counted.
+  bool empty() const;
+  uint64_t opens() const { return opens_.load(std::memory_order_relaxed); }
+
+  // The table, for the next process of the mount (daemon/main.cc's handover).
+  std::string Serialize() const;
+  Status Restore(std::string_view bytes);
+
+ private:
+  struct Inode {
+    int32_t backing_id = 0;  // > 0 while passthrough opens exist
+    uint64_t file = 0;       // the store file registered
+    uint32_t passthrough = 0;
+    uint32_t other = 0;
+  };
+  struct Shard {
+    mutable Mutex mu;
+    std::unordered_map<uint64_t, Inode> inodes GUARDED_BY(mu);
+  };
+  static constexpr size_t kShards = 16;
+  Shard& ShardOf(uint64_t ino) { return shards_[ino % kShards]; }
+
+  void Count(int opens, int backing_files);
+
+  const Device device_;
+  const Metrics metrics_;
+  std::atomic<bool> enabled_{true};
+  std::atomic<uint64_t> opens_{0};
+  std::array<Shard, kShards> shards_;
+};
+
+// The registration the open reply being written on this thread names (session.cc's writev
+// hook reads it): set for the scope of a fuse_reply_open.
+class PassthroughReply {
+ public:
+  explicit PassthroughReply(int32_t backing_id);
+  ~PassthroughReply();
+  PassthroughReply(const PassthroughReply&) = delete;
+  PassthroughReply& operator=(const PassthroughReply&) = delete;
+  // 0: the reply on this thread names none.
+  static int32_t Current();
+};
+
+}  // namespace cubetorchfs::fuse

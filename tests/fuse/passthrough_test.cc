@@ -1,0 +1,129 @@
+#include "fuse/passthrough.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <set>
+
+namespace cubetorchfs::fuse {
+namespace {
+
+using Mode = Passthrough::Mode;
+
+// The kernel's side, counted: registrations live, given back, and a refusal to inject.
+struct FakeDevice {
+  std::set<int32_t> live;
+  int32_t next = 1;
+  int refuse = 0;  // errno of the next registrations, 0: accepted
+  int opened_fds = 0;
+  Passthrough::Device device() {
+    return {[this](int) -> Result<int32_t> {
+              if (refuse != 0) return Status::FromErrno(refuse, "register");
+              live.insert(next);
+              return next++;
+            },
+            [this](int32_t id) { EXPECT_EQ(live.erase(id), 1u) << "given back twice: " << id; }};
+  }
+  // A descriptor for the table to register (and close).
+  std::function<int()> backing() {
+    return [this] {
+      ++opened_fds;
+      return ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    };
+  }
+};
+
+const std::function<int()> kNotEligible = [] { return -1; };
+
+TEST(PassthroughTest, OpensOfOneInodeShareOneRegistrationUntilTheLastCloses) {
+  FakeDevice dev;
+  Passthrough pt(dev.device());
+  Result<Passthrough::Answer> a = pt.Open(7, false, 100, dev.backing());
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->mode, Mode::kPassthrough);
+  // A second reader, even one not eligible itself (the file shrank, say): same registration,
+  // and no second store open.
+  Result<Passthrough::Answer> b = pt.Open(7, false, 100, kNotEligible);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->mode, Mode::kPassthrough);
+  EXPECT_EQ(b->backing_id, a->backing_id);
+  EXPECT_EQ(dev.opened_fds, 1);
+  EXPECT_EQ(pt.backings(), 1u);
+  pt.Release(7, Mode::kPassthrough);
+  EXPECT_EQ(dev.live.size(), 1u);
+  pt.Release(7, Mode::kPassthrough);
+  EXPECT_TRUE(dev.live.empty());
+  EXPECT_TRUE(pt.empty());
+  EXPECT_EQ(pt.opens(), 2u);
+}
+
+TEST(PassthroughTest, WritersAndReplacedFilesAreRefusedWhilePassthroughOpensExist) {
+  FakeDevice dev;
+  Passthrough pt(dev.device());
+  ASSERT_TRUE(pt.Open(7, false, 100, dev.backing()).ok());
+  Result<Passthrough::Answer> w = pt.Open(7, true, 100, kNotEligible);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(ToErrno(w.status()), ETXTBSY);
+  Result<Passthrough::Answer> r = pt.Open(7, false, 101, dev.backing());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(ToErrno(r.status()), EBUSY);
+  pt.Release(7, Mode::kPassthrough);
+  // Closed: the writer may open now (as a cached open), and a reader then reads cached too.
+  Result<Passthrough::Answer> w2 = pt.Open(7, true, 101, kNotEligible);
+  ASSERT_TRUE(w2.ok());
+  EXPECT_EQ(w2->mode, Mode::kCached);
+  Result<Passthrough::Answer> r2 = pt.Open(7, false, 101, dev.backing());
+  ASSERT_TRUE(r2.ok());
+  EXPECT_EQ(r2->mode, Mode::kCached);
+  EXPECT_EQ(dev.opened_fds, 1);  // no registration while a cached open exists
+  pt.Release(7, Mode::kCached);
+  pt.Release(7, Mode::kCached);
+  EXPECT_TRUE(pt.empty());
+}
+
+TEST(PassthroughTest, ARefusalDisablesItOnceAndOpensGoOnCached) {
+  FakeDevice dev;
+  dev.refuse = EPERM;
+  Passthrough pt(dev.device());
+  Result<Passthrough::Answer> a = pt.Open(7, false, 100, dev.backing());
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->mode, Mode::kCached);
+  EXPECT_FALSE(pt.enabled());
+  ASSERT_TRUE(pt.Open(8, false, 100, dev.backing()).ok());
+  EXPECT_EQ(dev.opened_fds, 1);  // disabled: no more store opens for it
+}
+
+TEST(PassthroughTest, TheTableSurvivesAHandoverAndInfersTheModeOfOldHandles) {
+  FakeDevice dev;
+  Passthrough before(dev.device());
+  ASSERT_TRUE(before.Open(7, false, 100, dev.backing()).ok());
+  ASSERT_TRUE(before.Open(7, false, 100, kNotEligible).ok());
+  ASSERT_TRUE(before.Open(9, true, 200, kNotEligible).ok());
+  const std::string bytes = before.Serialize();
+
+  Passthrough after(dev.device());
+  ASSERT_TRUE(after.Restore(bytes).ok());
+  EXPECT_EQ(after.backings(), 1u);
+  // The writer of inode 9 is known: a reader of 9 is not passed through.
+  Result<Passthrough::Answer> r9 = after.Open(9, false, 200, dev.backing());
+  ASSERT_TRUE(r9.ok());
+  EXPECT_EQ(r9->mode, Mode::kCached);
+  // Handles the earlier process opened (mode unknown) release inode 7's registration.
+  after.Release(7, std::nullopt);
+  after.Release(7, std::nullopt);
+  EXPECT_TRUE(dev.live.empty());
+  after.Release(9, std::nullopt);
+  after.Release(9, Mode::kCached);
+  EXPECT_TRUE(after.empty());
+
+  // Bytes of another kind are refused, whole.
+  Passthrough other(dev.device());
+  EXPECT_FALSE(other.Restore("not a table").ok());
+  EXPECT_FALSE(other.Restore(bytes.substr(0, bytes.size() - 3)).ok());
+  EXPECT_TRUE(other.empty());
+}
+
+}  // namespace
+}  // namespace cubetorchfs::fuse
