@@ -428,12 +428,14 @@ def test_a_cold_large_file_streams_and_a_reread_is_cached(cube: CubeFactory,
     """cache.stream_min_bytes (32 MiB): a cold read of a large file goes from the store's file
     to the kernel, not into the RAM cache; reading the same bytes again caches them and a third
     read is served from RAM. A file rewritten in the store is streamed at its new version.
-    stream_min_bytes 0 turns streaming off."""
+    stream_min_bytes 0 turns streaming off. Passthrough off: where the kernel has it, such an
+    open is the kernel's to read (test_passthrough.py); streaming is what reads these files
+    where it does not, and under profiles that send no opens."""
     rng = random.Random(7)
     src = tmp_path / "src"
     data = rng.randbytes(40 * MIB + 777)
     write_files(src, {"ckpt.bin": data, "small.bin": rng.randbytes(MIB)})
-    big_cache = {"cache": {"memory_bytes": "512MiB"}}
+    big_cache = {"cache": {"memory_bytes": "512MiB"}, "fuse": {"passthrough": "off"}}
     mount = cube.mount(src, deep_merge(big_cache, ZERO_TIMEOUTS))
     streamed = "cubetorchfs_read_streamed_bytes_total"
 
