@@ -25,7 +25,7 @@ esac
 
 PACKAGES=(
   # build
-  cmake g++ make pkg-config
+  cmake g++ make pkg-config ccache
   fuse3 libfuse3-dev liburing-dev libboost-dev librocksdb-dev libcurl4-openssl-dev libyaml-cpp-dev
   prometheus-cpp-dev libcivetweb-dev libssl-dev libgtest-dev libgmock-dev nlohmann-json3-dev
   # the Debian package (scripts/package.sh) and its checks

@@ -27,12 +27,35 @@ case "$SANITIZE" in
   *) echo "test.sh: --sanitize takes address or thread, not '$SANITIZE'" >&2; exit 2 ;;
 esac
 
+# Each phase's time, printed at the end whatever the outcome (docs/testing.md keeps a record).
+PHASES=()
+PHASE=""
+PHASE_START=$SECONDS
+REPORTS=""
+phase() {  # ends the running phase and starts the next, which it announces
+  [ -n "$PHASE" ] && PHASES+=("$(printf '%6d s  %s' $((SECONDS - PHASE_START)) "$PHASE")")
+  PHASE="$1"
+  PHASE_START=$SECONDS
+  echo "== $1"
+}
+finish() {
+  local rc=$?
+  [ -n "$REPORTS" ] && rm -rf "$REPORTS"
+  phase "(end)" >/dev/null
+  echo "== time per phase (scripts/test.sh${SANITIZE:+ --sanitize $SANITIZE}; exit $rc)"
+  printf '%s\n' "${PHASES[@]}"
+  printf '%6d s  total\n' "$SECONDS"
+}
+trap finish EXIT
+
+phase "dependencies (scripts/install_deps.sh)"
 scripts/install_deps.sh
+phase "build (build/, Release, warnings as errors)"
 scripts/build.sh -DCUBETORCHFS_WERROR=ON
 
 if [ -n "$SANITIZE" ]; then
   dir="build-${SANITIZE:0:1}san"   # build-asan, build-tsan
-  echo "== $SANITIZE sanitizer build ($dir)"
+  phase "$SANITIZE sanitizer build ($dir)"
   cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUBETORCHFS_SANITIZE="$SANITIZE" \
     -DCUBETORCHFS_WERROR=ON -DCUBETORCH_CUDA=OFF >/dev/null
   if [ "$SANITIZE" = address ]; then
@@ -41,20 +64,20 @@ if [ -n "$SANITIZE" ]; then
     cmake --build "$dir" -j"$(nproc)" --target unit_tests
   fi
   reports="$(mktemp -d /tmp/cubetorchfs-sanitize.XXXXXX)"
-  trap 'rm -rf "$reports"' EXIT
+  REPORTS="$reports"
   export ASAN_OPTIONS="log_path=$reports/asan:detect_leaks=1:halt_on_error=1"
   export UBSAN_OPTIONS="log_path=$reports/ubsan:print_stacktrace=1:halt_on_error=1"
   export TSAN_OPTIONS="log_path=$reports/tsan:halt_on_error=0:second_deadlock_stack=1"
   status=0
   if [ "$SANITIZE" = address ]; then
-    echo "== unit tests under ASan + UBSan"
+    phase "unit tests under ASan + UBSan"
     (cd "$dir" && ctest --output-on-failure --timeout 600 -j2) || status=1
-    echo "== integration tests, the daemon under ASan + UBSan"
+    phase "integration tests, the daemon under ASan + UBSan"
     # The Python side loads build/'s uninstrumented loader library; only the daemon swaps.
     CUBETORCHFS_BIN="$PWD/$dir/bin/cubetorchfs" PYTHONPATH="$PWD/hooks" \
       timeout 1500 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/integration || status=1
   else
-    echo "== unit tests under TSan"
+    phase "unit tests under TSan"
     # All of them (10 s): the prefetcher, the caches, the file system and write path, the
     # model fetcher and the loader's threads among them.
     "$dir/bin/unit_tests" --gtest_brief=1 || status=1
@@ -68,49 +91,50 @@ if [ -n "$SANITIZE" ]; then
   exit "$status"
 fi
 
-echo "== format check (clang-format)"
+phase "format check (clang-format)"
 scripts/format.sh --check
-echo "== lock annotations (clang -Wthread-safety)"
+phase "lock annotations (clang -Wthread-safety)"
 scripts/thread_safety.sh build
 
-echo "== unit tests (ctest)"
+phase "unit tests (ctest)"
 (cd build && ctest --output-on-failure --timeout 300 -j2)
 
-echo "== fuzzing the control plane (libFuzzer, 20 s a target; bench/fuzz_bench.sh)"
+phase "fuzzing the control plane (libFuzzer, 20 s a target; bench/fuzz_bench.sh)"
 # The request reader, the JSON body limits and the routes, built with clang into build-fuzz/
 # (a first build there takes about 5 minutes on 2 cores, later ones seconds). A crash, a leak,
 # an allocation over 256 MiB or a broken invariant fails the run; its reproducer is in
 # build-fuzz/fuzz-artifacts/.
 bench/fuzz_bench.sh --time 20
 
-echo "== contract tests (pytest: the docs' metrics, routes, thread rules and pjdfstest counts against the sources; no build needed)"
+phase "contract tests (pytest: the docs' metrics, routes, thread rules and pjdfstest counts against the sources; no build needed)"
 timeout 120 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/contracts
 
-echo "== hook, loader and integration tests (pytest) under Debian's python3 and torch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)')"
+phase "hook and loader tests (pytest) under Debian's python3 and torch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)')"
 export CUBETORCHFS_BIN="$PWD/build/bin/cubetorchfs"
 export PYTHONPATH="$PWD/hooks${PYTHONPATH:+:$PYTHONPATH}"
 # Separate runs: the hook tests patch DataLoader in their own process. -rs prints every skip's
 # reason. With CI set, a skip for want of FUSE, the daemon binary or libcubetorch_io is a
 # failure (tests/ci_skips.py); other skips (no GPU...) stay skips.
 timeout 600 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/hooks
+phase "integration tests (pytest, real mounts) under Debian's python3"
 timeout 1200 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/integration
 # The same hook and loader suite, and the integration tests that train or load, under the
 # project venv's current torch 2.x (scripts/requirements-venv.txt): their children run with
 # the interpreter of the pytest process. The tests that need the venv whatever the pytest
 # interpreter (moto, torchdata, DCP) ran above.
 VENV_PY="$(scripts/venv.sh)/bin/python"
-echo "== hook and loader tests under $("$VENV_PY" -c 'import torch; print("torch", torch.__version__)') (project venv)"
+phase "hook and loader tests under $("$VENV_PY" -c 'import torch; print("torch", torch.__version__)') (project venv)"
 timeout 600 "$VENV_PY" -m pytest -q -rs -p no:cacheprovider tests/hooks
 timeout 900 "$VENV_PY" -m pytest -q -rs -p no:cacheprovider tests/integration/test_hook_e2e.py \
   tests/integration/test_batch_mode.py \
   tests/integration/test_epochs.py tests/integration/test_model_mount.py \
   tests/integration/test_s3.py::test_prefetch_through_cube_torch_on_an_s3_mount \
   tests/integration/test_s3.py::test_model_load_from_an_s3_mount
-echo "== security tests (pytest: attacks by an unprivileged user against a real daemon)"
+phase "security tests (pytest: attacks by an unprivileged user against a real daemon)"
 timeout 900 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/security
-echo "== CubeFS tests (a live loopback cluster; each test skips without ../shared/cubefs)"
+phase "CubeFS tests (a live loopback cluster; each test skips without ../shared/cubefs)"
 timeout 1200 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/cubefs
-echo "== POSIX conformance (pjdfstest over a default-profile mount of a posix store, on each transport side by side)"
+phase "POSIX conformance (pjdfstest over a default-profile mount of a posix store, on each transport side by side)"
 if [ -f ../shared/tools/pjdfstest/pjdfstest.c ]; then
   # The io_uring run skips (exit 3, one line) where the kernel has no FUSE over io_uring.
   uring_log="$(mktemp /tmp/cubetorchfs-pjdfstest-io_uring.XXXXXX)"
