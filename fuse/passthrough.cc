@@ -74,15 +74,19 @@ Result<Passthrough::Answer> Passthrough::Open(uint64_t ino, bool writable, uint6
         return Answer{Mode::kPassthrough, *id};
       }
       const int err = ToErrno(id.status());
-      if (err == EPERM || err == EOPNOTSUPP || err == ENOTTY || err == EINVAL) {
-        // Says so once, then serves as without passthrough.
+      if (err == EPERM || err == EOPNOTSUPP || err == ENOTTY || err == EINVAL || err == ELOOP) {
+        // The same for every file of this store and connection: says so once, then serves
+        // as without passthrough. ELOOP: the store's file system is itself stacked
+        // (overlayfs), deeper than the kernel lets a backing file be.
         if (enabled_.exchange(false))
           CTFS_LOG(kWarn) << "passthrough unavailable (" << id.status().ToString()
-                          << "; it needs CAP_SYS_ADMIN and a connection that took it at "
-                             "mount): large files are read through the daemon";
-      } else {
+                          << "; it needs CAP_SYS_ADMIN, a connection that took it at mount and "
+                             "a store on an unstacked file system): large files are read "
+                             "through the daemon";
+      } else if (const uint64_t k = failures_.fetch_add(1); k < 5) {
         CTFS_LOG(kWarn) << "passthrough: " << id.status().ToString()
-                        << "; this open reads through the daemon";
+                        << "; this open reads through the daemon"
+                        << (k == 4 ? " (further such failures are not logged)" : "");
       }
     }
   }

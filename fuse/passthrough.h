@@ -121,6 +121,7 @@ class Passthrough {
   const Metrics metrics_;
   std::atomic<bool> enabled_{true};
   std::atomic<uint64_t> opens_{0};
+  std::atomic<uint64_t> failures_{0};  // registrations refused for one file (logged: 5)
   std::array<Shard, kShards> shards_;
 };
 
