@@ -5,10 +5,11 @@
 // with MutexLock (a scoped lock) or, where a condition variable waits on it, through
 // native() with the wait's predicate reading only what the annotations cannot see.
 //
-// Thread safety: Mutex is a std::mutex.
+// Thread safety: Mutex is a std::mutex, SharedMutex a std::shared_mutex.
 #pragma once
 
 #include <mutex>
+#include <shared_mutex>
 
 #if defined(__clang__)
 #define CTFS_THREAD_ANNOTATION(x) __attribute__((x))
@@ -27,6 +28,9 @@
 #define RELEASE(...) CTFS_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
 #define TRY_ACQUIRE(...) CTFS_THREAD_ANNOTATION(try_acquire_capability(__VA_ARGS__))
 #define EXCLUDES(...) CTFS_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
+#define REQUIRES_SHARED(...) CTFS_THREAD_ANNOTATION(requires_shared_capability(__VA_ARGS__))
+#define ACQUIRE_SHARED(...) CTFS_THREAD_ANNOTATION(acquire_shared_capability(__VA_ARGS__))
+#define RELEASE_SHARED(...) CTFS_THREAD_ANNOTATION(release_shared_capability(__VA_ARGS__))
 #define NO_THREAD_SAFETY_ANALYSIS CTFS_THREAD_ANNOTATION(no_thread_safety_analysis)
 
 namespace cubetorchfs {
@@ -51,6 +55,43 @@ class SCOPED_CAPABILITY MutexLock {
 
  private:
   Mutex& mu_;
+};
+
+// A reader-writer lock: many holders in shared mode (ReaderLock), or one in exclusive mode
+// (WriterLock).
+class CAPABILITY("mutex") SharedMutex {
+ public:
+  void lock() ACQUIRE() { mu_.lock(); }
+  void unlock() RELEASE() { mu_.unlock(); }
+  void lock_shared() ACQUIRE_SHARED() { mu_.lock_shared(); }
+  void unlock_shared() RELEASE_SHARED() { mu_.unlock_shared(); }
+
+ private:
+  std::shared_mutex mu_;
+};
+
+// Holds `mu` shared for its own lifetime.
+class SCOPED_CAPABILITY ReaderLock {
+ public:
+  explicit ReaderLock(SharedMutex& mu) ACQUIRE_SHARED(mu) : mu_(mu) { mu_.lock_shared(); }
+  ~ReaderLock() RELEASE() { mu_.unlock_shared(); }
+  ReaderLock(const ReaderLock&) = delete;
+  ReaderLock& operator=(const ReaderLock&) = delete;
+
+ private:
+  SharedMutex& mu_;
+};
+
+// Holds `mu` exclusively for its own lifetime.
+class SCOPED_CAPABILITY WriterLock {
+ public:
+  explicit WriterLock(SharedMutex& mu) ACQUIRE(mu) : mu_(mu) { mu_.lock(); }
+  ~WriterLock() RELEASE() { mu_.unlock(); }
+  WriterLock(const WriterLock&) = delete;
+  WriterLock& operator=(const WriterLock&) = delete;
+
+ private:
+  SharedMutex& mu_;
 };
 
 }  // namespace cubetorchfs

@@ -16,7 +16,13 @@ InodeTable::InodeTable(const cfs_client::FileAttr& root_attr, uint64_t now_ns) {
   root.info.attr = root_attr;
   root.info.attr_time_ns = now_ns;
   root.nlookup = 1;
-  nodes_.emplace(kRootIno, std::move(root));
+  WriterLock w(names_mu_);
+  {
+    Shard& s = ShardOf(kRootIno);
+    MutexLock l(s.mu);
+    s.nodes.emplace(kRootIno, std::move(root));
+  }
+  size_ = 1;
   by_path_.emplace("", kRootIno);
   HintLocked("", kRootIno);
 }
@@ -44,72 +50,116 @@ std::optional<InodeTable::StoreId> InodeTable::IdOf(const cfs_client::FileAttr& 
   return StoreId{attr.store_dev, attr.store_ino};
 }
 
+void InodeTable::SizeChangedLocked(int64_t delta) {
+  const uint64_t n = size_.fetch_add(static_cast<uint64_t>(delta)) + static_cast<uint64_t>(delta);
+  if (size_gauge_ != nullptr) size_gauge_->Set(static_cast<double>(n));
+}
+
 uint64_t InodeTable::Acquire(const std::string& path, const cfs_client::FileAttr& attr,
                              uint64_t now_ns) {
-  MutexLock l(mu_);
-  auto [it, inserted] = by_path_.try_emplace(path, 0);
+  const uint64_t hash = PathHash(path);
   const std::optional<StoreId> id = IdOf(attr);
+  {
+    // A name the table knows, of the same file: one more lookup, the names untouched.
+    ReaderLock r(names_mu_);
+    std::optional<uint64_t> ino = FindLocked(path, hash);
+    bool same_file = ino.has_value();
+    if (ino && id) {
+      auto known = by_store_id_.find(*id);
+      same_file = known != by_store_id_.end() && known->second == *ino;
+    }
+    if (same_file) {
+      Shard& s = ShardOf(*ino);
+      MutexLock l(s.mu);
+      auto n = s.nodes.find(*ino);
+      if (n != s.nodes.end()) {
+        n->second.nlookup++;
+        n->second.info.attr = attr;
+        n->second.info.attr_time_ns = now_ns;
+        return *ino;
+      }
+    }
+  }
+  WriterLock w(names_mu_);
+  auto [it, inserted] = by_path_.try_emplace(path, 0);
   if (inserted && id && attr.nlink > 1) {
     // Another link of a file the table knows: the same inode. (A file of one link is never
     // joined, so a store that reuses the identity of a file deleted behind the mount's back
     // cannot make a new file an old inode's name.)
     auto known = by_store_id_.find(*id);
     if (known != by_store_id_.end()) {
-      Node& n = nodes_.at(known->second);
-      if (!n.info.removed) {
+      Shard& s = ShardOf(known->second);
+      MutexLock l(s.mu);
+      auto n = s.nodes.find(known->second);
+      if (n != s.nodes.end() && !n->second.info.removed) {
         it->second = known->second;
-        n.other_paths.push_back(path);
+        n->second.other_paths.push_back(path);
         HintLocked(path, it->second);
-        n.nlookup++;
-        n.info.attr = attr;
-        n.info.attr_time_ns = now_ns;
+        n->second.nlookup++;
+        n->second.info.attr = attr;
+        n->second.info.attr_time_ns = now_ns;
         return it->second;
       }
     }
   }
   if (inserted) it->second = next_ino_++;
-  Node& n = nodes_[it->second];
-  if (inserted) {
-    n.info.ino = it->second;
-    n.info.path = path;
-    HintLocked(path, it->second);
-    SizeChangedLocked();
+  const uint64_t ino = it->second;
+  {
+    Shard& s = ShardOf(ino);
+    MutexLock l(s.mu);
+    auto [n, created] = s.nodes.try_emplace(ino);
+    if (created) {
+      n->second.info.ino = ino;
+      n->second.info.path = path;
+    }
+    n->second.nlookup++;
+    n->second.info.attr = attr;
+    n->second.info.attr_time_ns = now_ns;
+    if (created) SizeChangedLocked(1);
   }
-  n.nlookup++;
-  n.info.attr = attr;
-  n.info.attr_time_ns = now_ns;
-  if (id) by_store_id_[*id] = it->second;
-  return it->second;
+  if (inserted) HintLocked(path, ino);
+  if (id) by_store_id_[*id] = ino;
+  return ino;
 }
 
 void InodeTable::Forget(uint64_t ino, uint64_t n) {
   if (ino == kRootIno) return;
   uint64_t had = 0;
   bool bad = false;
+  bool none_left = false;
   {
-    MutexLock l(mu_);
-    auto it = nodes_.find(ino);
-    bad = it == nodes_.end() || n > it->second.nlookup;
-    if (it == nodes_.end() && ino < generation_base_) return;  // an earlier process's inode
-    if (it != nodes_.end()) {
+    Shard& s = ShardOf(ino);
+    MutexLock l(s.mu);
+    auto it = s.nodes.find(ino);
+    if (it == s.nodes.end() && ino < generation_base_.load()) return;  // an earlier process's
+    bad = it == s.nodes.end() || n > it->second.nlookup;
+    if (it != s.nodes.end()) {
       Node& node = it->second;
       had = node.nlookup;
       node.nlookup = n >= node.nlookup ? 0 : node.nlookup - n;
-      if (node.nlookup == 0) {
-        node.other_paths.push_back(node.info.path);
-        for (const std::string& path : node.other_paths) {
-          auto p = by_path_.find(path);
-          if (p != by_path_.end() && p->second == ino)
-            by_path_.erase(p);  // not a removed inode's old path
-          UnhintLocked(path, ino);
-        }
-        if (std::optional<StoreId> id = IdOf(node.info.attr)) {
-          auto s = by_store_id_.find(*id);
-          if (s != by_store_id_.end() && s->second == ino) by_store_id_.erase(s);
-        }
-        nodes_.erase(it);
-        SizeChangedLocked();
+      none_left = node.nlookup == 0;
+    }
+  }
+  if (none_left) {
+    // The names go with the node: under the names' lock, if no lookup came back meanwhile.
+    WriterLock w(names_mu_);
+    Shard& s = ShardOf(ino);
+    MutexLock l(s.mu);
+    auto it = s.nodes.find(ino);
+    if (it != s.nodes.end() && it->second.nlookup == 0) {
+      Node& node = it->second;
+      node.other_paths.push_back(node.info.path);
+      for (const std::string& path : node.other_paths) {
+        auto p = by_path_.find(path);
+        if (p != by_path_.end() && p->second == ino) by_path_.erase(p);  // not a removed
+        UnhintLocked(path, ino);                                         // inode's old path
       }
+      if (std::optional<StoreId> id = IdOf(node.info.attr)) {
+        auto sid = by_store_id_.find(*id);
+        if (sid != by_store_id_.end() && sid->second == ino) by_store_id_.erase(sid);
+      }
+      s.nodes.erase(it);
+      SizeChangedLocked(-1);
     }
   }
   if (!bad) return;
@@ -120,31 +170,35 @@ void InodeTable::Forget(uint64_t ino, uint64_t n) {
 }
 
 std::optional<InodeInfo> InodeTable::Get(uint64_t ino) const {
-  MutexLock l(mu_);
-  auto it = nodes_.find(ino);
-  if (it == nodes_.end()) return std::nullopt;
+  Shard& s = ShardOf(ino);
+  MutexLock l(s.mu);
+  auto it = s.nodes.find(ino);
+  if (it == s.nodes.end()) return std::nullopt;
   return it->second.info;
 }
 
 void InodeTable::SetAttr(uint64_t ino, const cfs_client::FileAttr& attr, uint64_t now_ns) {
-  MutexLock l(mu_);
-  auto it = nodes_.find(ino);
-  if (it == nodes_.end()) return;
+  Shard& s = ShardOf(ino);
+  MutexLock l(s.mu);
+  auto it = s.nodes.find(ino);
+  if (it == s.nodes.end()) return;
   it->second.info.attr = attr;
   it->second.info.attr_time_ns = now_ns;
 }
 
 void InodeTable::ExpireAttr(uint64_t ino) {
-  MutexLock l(mu_);
-  auto it = nodes_.find(ino);
-  if (it != nodes_.end()) it->second.info.attr_time_ns = 0;
+  Shard& s = ShardOf(ino);
+  MutexLock l(s.mu);
+  auto it = s.nodes.find(ino);
+  if (it != s.nodes.end()) it->second.info.attr_time_ns = 0;
 }
 
 std::optional<cfs_client::FileVersion> InodeTable::SetOpenedVersion(
     uint64_t ino, const cfs_client::FileVersion& version) {
-  MutexLock l(mu_);
-  auto it = nodes_.find(ino);
-  if (it == nodes_.end()) return std::nullopt;
+  Shard& s = ShardOf(ino);
+  MutexLock l(s.mu);
+  auto it = s.nodes.find(ino);
+  if (it == s.nodes.end()) return std::nullopt;
   std::optional<cfs_client::FileVersion> previous = it->second.info.opened_version;
   it->second.info.opened_version = version;
   return previous;
@@ -152,60 +206,63 @@ std::optional<cfs_client::FileVersion> InodeTable::SetOpenedVersion(
 
 std::optional<uint64_t> InodeTable::Find(const std::string& path) const {
   const uint64_t hash = PathHash(path);
-  MutexLock l(mu_);
+  ReaderLock r(names_mu_);
   return FindLocked(path, hash);
 }
 
 std::optional<uint64_t> InodeTable::FindLocked(const std::string& path, uint64_t hash) const {
-  const Node* n = FindNodeLocked(path, hash);
-  if (n == nullptr) return std::nullopt;
-  return n->info.ino;
-}
-
-const InodeTable::Node* InodeTable::FindNodeLocked(const std::string& path, uint64_t hash) const {
   if (std::optional<uint64_t> hint = by_hash_.Get(hash)) {
-    auto n = nodes_.find(*hint);
-    if (n != nodes_.end() && Names(n->second, path)) return &n->second;
+    Shard& s = ShardOf(*hint);
+    MutexLock l(s.mu);
+    auto n = s.nodes.find(*hint);
+    if (n != s.nodes.end() && Names(n->second, path)) return *hint;
   }
   auto it = by_path_.find(path);
-  if (it == by_path_.end()) return nullptr;
-  auto n = nodes_.find(it->second);
-  return n == nodes_.end() ? nullptr : &n->second;
+  if (it == by_path_.end()) return std::nullopt;
+  return it->second;
 }
 
 std::optional<InodeTable::HeldAttr> InodeTable::AttrOf(const std::string& path) const {
   const uint64_t hash = PathHash(path);
-  MutexLock l(mu_);
-  const Node* n = FindNodeLocked(path, hash);
-  if (n == nullptr || n->info.removed) return std::nullopt;
-  return HeldAttr{n->info.attr, n->info.attr_time_ns};
+  ReaderLock r(names_mu_);
+  std::optional<uint64_t> ino = FindLocked(path, hash);
+  if (!ino) return std::nullopt;
+  Shard& s = ShardOf(*ino);
+  MutexLock l(s.mu);
+  auto n = s.nodes.find(*ino);
+  if (n == s.nodes.end() || n->second.info.removed) return std::nullopt;
+  return HeldAttr{n->second.info.attr, n->second.info.attr_time_ns};
 }
 
 std::optional<InodeTable::PageState> InodeTable::PageStateOf(const std::string& path,
                                                              uint64_t ino) const {
   const uint64_t hash = ino == 0 ? PathHash(path) : 0;
-  MutexLock l(mu_);
-  const Node* n = nullptr;
+  ReaderLock r(names_mu_);
   if (ino == 0) {
-    n = FindNodeLocked(path, hash);
-  } else if (auto it = nodes_.find(ino); it != nodes_.end()) {
-    n = &it->second;
+    std::optional<uint64_t> found = FindLocked(path, hash);
+    if (!found) return std::nullopt;
+    ino = *found;
   }
-  if (n == nullptr || n->info.removed || n->info.path != path) return std::nullopt;
-  const InodeInfo& i = n->info;
+  Shard& s = ShardOf(ino);
+  MutexLock l(s.mu);
+  auto n = s.nodes.find(ino);
+  if (n == s.nodes.end() || n->second.info.removed || n->second.info.path != path)
+    return std::nullopt;
+  const InodeInfo& i = n->second.info;
   return PageState{i.ino, i.attr.Version(), i.write_gen, S_ISREG(i.attr.mode)};
 }
 
 std::optional<std::string> InodeTable::Remove(const std::string& path) {
   if (path.empty()) return std::nullopt;
-  MutexLock l(mu_);
+  WriterLock w(names_mu_);
   return RemoveLocked(path);
 }
 
 std::optional<std::string> InodeTable::OtherName(uint64_t ino, const std::string& path) const {
-  MutexLock l(mu_);
-  auto n = nodes_.find(ino);
-  if (n == nodes_.end() || n->second.info.removed) return std::nullopt;
+  Shard& s = ShardOf(ino);
+  MutexLock l(s.mu);
+  auto n = s.nodes.find(ino);
+  if (n == s.nodes.end() || n->second.info.removed) return std::nullopt;
   if (n->second.info.path != path) return n->second.info.path;
   if (n->second.other_paths.empty()) return std::nullopt;
   return n->second.other_paths.front();
@@ -217,8 +274,10 @@ std::optional<std::string> InodeTable::RemoveLocked(const std::string& path) {
   const uint64_t ino = it->second;
   by_path_.erase(it);
   UnhintLocked(path, ino);
-  auto n = nodes_.find(ino);
-  if (n == nodes_.end()) return std::nullopt;
+  Shard& s = ShardOf(ino);
+  MutexLock l(s.mu);
+  auto n = s.nodes.find(ino);
+  if (n == s.nodes.end()) return std::nullopt;
   Node& node = n->second;
   node.info.write_gen++;
   // What an fstat of a descriptor still open shows: one link fewer (none for a directory).
@@ -229,8 +288,8 @@ std::optional<std::string> InodeTable::RemoveLocked(const std::string& path) {
     if (others.empty()) {
       node.info.removed = true;
       if (std::optional<StoreId> id = IdOf(a)) {
-        auto s = by_store_id_.find(*id);
-        if (s != by_store_id_.end() && s->second == ino) by_store_id_.erase(s);
+        auto sid = by_store_id_.find(*id);
+        if (sid != by_store_id_.end() && sid->second == ino) by_store_id_.erase(sid);
       }
       return std::nullopt;
     }
@@ -244,8 +303,10 @@ std::optional<std::string> InodeTable::RemoveLocked(const std::string& path) {
 }
 
 void InodeTable::RenameNameLocked(uint64_t ino, const std::string& from, std::string to) {
-  auto n = nodes_.find(ino);
-  if (n == nodes_.end()) return;
+  Shard& s = ShardOf(ino);
+  MutexLock l(s.mu);
+  auto n = s.nodes.find(ino);
+  if (n == s.nodes.end()) return;
   // Handles opened by the old path must not read by it again: someone else's file may be
   // renamed there next. The new generation makes them take the inode's path.
   n->second.info.write_gen++;
@@ -258,7 +319,7 @@ void InodeTable::RenameNameLocked(uint64_t ino, const std::string& from, std::st
 }
 
 void InodeTable::Rename(const std::string& from, const std::string& to) {
-  MutexLock l(mu_);
+  WriterLock w(names_mu_);
   RemoveLocked(to);
   // The entry itself, then everything under it (a directory): by_path_ is ordered, so the
   // paths under "from/" are one range, and nothing else is visited.
@@ -288,31 +349,26 @@ void InodeTable::Rename(const std::string& from, const std::string& to) {
 }
 
 uint64_t InodeTable::BumpWriteGen(uint64_t ino) {
-  MutexLock l(mu_);
-  auto it = nodes_.find(ino);
-  if (it == nodes_.end()) return 0;
+  Shard& s = ShardOf(ino);
+  MutexLock l(s.mu);
+  auto it = s.nodes.find(ino);
+  if (it == s.nodes.end()) return 0;
   return ++it->second.info.write_gen;
 }
 
 void InodeTable::SetSizeGauge(prometheus::Gauge* gauge) {
-  MutexLock l(mu_);
+  WriterLock w(names_mu_);
   size_gauge_ = gauge;
-  SizeChangedLocked();
+  SizeChangedLocked(0);
 }
 
-void InodeTable::SizeChangedLocked() {
-  if (size_gauge_ != nullptr) size_gauge_->Set(static_cast<double>(nodes_.size()));
-}
-
-size_t InodeTable::size() const {
-  MutexLock l(mu_);
-  return nodes_.size();
-}
+size_t InodeTable::size() const { return size_.load(); }
 
 uint64_t InodeTable::lookups(uint64_t ino) const {
-  MutexLock l(mu_);
-  auto it = nodes_.find(ino);
-  return it == nodes_.end() ? 0 : it->second.nlookup;
+  Shard& s = ShardOf(ino);
+  MutexLock l(s.mu);
+  auto it = s.nodes.find(ino);
+  return it == s.nodes.end() ? 0 : it->second.nlookup;
 }
 
 }  // namespace cubetorchfs::fs
@@ -325,19 +381,33 @@ constexpr uint64_t kSnapshotMagic = 0x31544E49'53465443ull;  // "CTFSINT1"
 }  // namespace
 
 void InodeTable::SetGeneration(uint64_t generation) {
-  MutexLock l(mu_);
+  WriterLock w(names_mu_);
   generation_base_ = generation << 40;
-  next_ino_ = std::max(next_ino_, generation_base_ + kRootIno + 1);
+  next_ino_ = std::max(next_ino_, generation_base_.load() + kRootIno + 1);
 }
 
 std::string InodeTable::Serialize() const {
-  MutexLock l(mu_);
+  ReaderLock r(names_mu_);  // the names hold still; each shard is read under its own lock
+  std::string body;
+  body.reserve(size_.load() * 160);
+  uint64_t count = 0;
+  for (const Shard& s : shards_) {
+    MutexLock l(s.mu);
+    count += s.nodes.size();
+    for (const auto& [ino, node] : s.nodes) AppendNode(&body, ino, node);
+  }
   std::string out;
-  out.reserve(64 + nodes_.size() * 160);
+  out.reserve(24 + body.size());
   PutU64(&out, kSnapshotMagic);
   PutU64(&out, next_ino_);
-  PutU64(&out, nodes_.size());
-  for (const auto& [ino, node] : nodes_) {
+  PutU64(&out, count);
+  out += body;
+  return out;
+}
+
+void InodeTable::AppendNode(std::string* out_ptr, uint64_t ino, const Node& node) {
+  std::string& out = *out_ptr;
+  {
     const InodeInfo& i = node.info;
     const cfs_client::FileAttr& a = i.attr;
     for (uint64_t v : {ino,
@@ -365,7 +435,6 @@ std::string InodeTable::Serialize() const {
     PutU64(&out, node.other_paths.size());
     for (const std::string& p : node.other_paths) PutString(&out, p);
   }
-  return out;
 }
 
 Status InodeTable::Restore(std::string_view bytes) {
@@ -373,7 +442,8 @@ Status InodeTable::Restore(std::string_view bytes) {
   uint64_t magic = 0, next = 0, count = 0;
   if (!r.U64(&magic) || magic != kSnapshotMagic || !r.U64(&next) || !r.U64(&count))
     return Status::InvalidArgument("inode table: not a table this version wrote");
-  std::unordered_map<uint64_t, Node> nodes;
+  std::array<std::unordered_map<uint64_t, Node>, kShards> nodes;
+  uint64_t node_count = 0;
   std::map<std::string, uint64_t, std::less<>> by_path;
   std::unordered_map<StoreId, uint64_t, StoreIdHash> by_store_id;
   for (uint64_t k = 0; k < count; ++k) {
@@ -413,7 +483,7 @@ Status InodeTable::Restore(std::string_view bytes) {
       if (!r.String(&p)) return Status::InvalidArgument("inode table: truncated");
       n.other_paths.push_back(std::move(p));
     }
-    if (i.ino == 0 || i.ino >= next || nodes.count(i.ino) != 0)
+    if (i.ino == 0 || i.ino >= next || nodes[i.ino % kShards].count(i.ino) != 0)
       return Status::InvalidArgument("inode table: inode " + std::to_string(i.ino) +
                                      " out of order");
     if (!i.removed) {
@@ -421,20 +491,24 @@ Status InodeTable::Restore(std::string_view bytes) {
       for (const std::string& p : n.other_paths) by_path.emplace(p, i.ino);
       if (std::optional<StoreId> id = IdOf(a)) by_store_id[*id] = i.ino;
     }
-    nodes.emplace(i.ino, std::move(n));
+    nodes[i.ino % kShards].emplace(i.ino, std::move(n));
+    ++node_count;
   }
-  if (!r.done() || nodes.count(kRootIno) == 0)
+  if (!r.done() || nodes[kRootIno % kShards].count(kRootIno) == 0)
     return Status::InvalidArgument("inode table: no root, or bytes after the end");
   HashHints by_hash;
   by_hash.Reserve(by_path.size());
   for (const auto& [path, ino] : by_path) by_hash.Put(PathHash(path), ino);
-  MutexLock l(mu_);
-  nodes_ = std::move(nodes);
+  WriterLock w(names_mu_);
+  for (size_t k = 0; k < kShards; ++k) {
+    MutexLock l(shards_[k].mu);
+    shards_[k].nodes = std::move(nodes[k]);
+  }
   by_path_ = std::move(by_path);
   by_hash_ = std::move(by_hash);
   by_store_id_ = std::move(by_store_id);
-  next_ino_ = std::max(next, generation_base_ + kRootIno + 1);
-  SizeChangedLocked();
+  next_ino_ = std::max(next, generation_base_.load() + kRootIno + 1);
+  SizeChangedLocked(static_cast<int64_t>(node_count) - static_cast<int64_t>(size_.load()));
   return Status::OK();
 }
 

@@ -13,10 +13,16 @@
 // Each inode caches the attributes last read from the store and when, so open() can decide
 // without a backend round trip whether its view of the file is fresh.
 //
-// Thread safety: all methods are safe to call concurrently (one internal mutex, never held
-// while calling out).
+// Thread safety: all methods are safe to call concurrently; no lock is held while calling out.
+// The nodes are split into 64 shards by inode number, each under its own mutex; the name
+// indexes (path, hash, store identity) and the numbering are under a reader-writer lock,
+// taken before any shard's. What the kernel sends by inode number (getattr, open, read without
+// an open, setattr) takes one shard's lock; a lookup of a name the table knows takes the names
+// shared and one shard; only a new name, a forget to zero, a remove or a rename takes the names
+// exclusively. A node's names and its existence change only with both held.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -149,37 +155,48 @@ class InodeTable {
     }
   };
   static std::optional<StoreId> IdOf(const cfs_client::FileAttr& attr);
+  // One node's bytes in Serialize's form.
+  static void AppendNode(std::string* out, uint64_t ino, const Node& node);
 
-  std::optional<std::string> RemoveLocked(const std::string& path) REQUIRES(mu_);
+  std::optional<std::string> RemoveLocked(const std::string& path) REQUIRES(names_mu_);
   // Points the name `from` of node `ino` to `to`.
-  void RenameNameLocked(uint64_t ino, const std::string& from, std::string to) REQUIRES(mu_);
+  void RenameNameLocked(uint64_t ino, const std::string& from, std::string to) REQUIRES(names_mu_);
+  // A node was added or erased (the size gauge follows).
+  void SizeChangedLocked(int64_t delta) REQUIRES(names_mu_);
 
-  void SizeChangedLocked() REQUIRES(mu_);
+  struct Shard {
+    mutable Mutex mu;
+    std::unordered_map<uint64_t, Node> nodes GUARDED_BY(mu);
+  };
+  static constexpr size_t kShards = 64;
+  Shard& ShardOf(uint64_t ino) const { return shards_[ino % kShards]; }
 
   std::atomic<uint64_t> bad_forgets_{0};
   std::atomic<uint64_t> rename_visits_{0};
-  mutable Mutex mu_;  // guards the members below
-  uint64_t next_ino_ GUARDED_BY(mu_) = kRootIno + 1;
-  uint64_t generation_base_ GUARDED_BY(mu_) = 0;  // numbers below were given out before
-  prometheus::Gauge* size_gauge_ GUARDED_BY(mu_) = nullptr;
-  std::unordered_map<uint64_t, Node> nodes_ GUARDED_BY(mu_);
+  std::atomic<uint64_t> size_{0};
+  // Numbers below were given out before (SetGeneration); read by Forget without the names.
+  std::atomic<uint64_t> generation_base_{0};
+  mutable std::array<Shard, kShards> shards_;
+  mutable SharedMutex names_mu_;  // guards the members below; taken before any shard's
+  uint64_t next_ino_ GUARDED_BY(names_mu_) = kRootIno + 1;
+  prometheus::Gauge* size_gauge_ GUARDED_BY(names_mu_) = nullptr;
   // Ordered, so a directory's known descendants are one range (Rename).
-  std::map<std::string, uint64_t, std::less<>> by_path_ GUARDED_BY(mu_);
+  std::map<std::string, uint64_t, std::less<>> by_path_ GUARDED_BY(names_mu_);
   // Find's fast way in: a 64-bit hash of a path -> the inode last given that path. Only a
   // hint, checked against the inode's own names (two paths of one hash, or a hint left by a
   // change, fall back to by_path_); dropped with the path it was made for, so it holds no
   // more entries than by_path_. A string-ordered lookup among 1.28 M paths with long common
   // prefixes took a third of the daemon's CPU in a warm epoch.
-  HashHints by_hash_ GUARDED_BY(mu_);
+  HashHints by_hash_ GUARDED_BY(names_mu_);
   static uint64_t PathHash(std::string_view path);
-  // The node named `path` (of hash PathHash(path)), or null; FindLocked: its number.
-  std::optional<uint64_t> FindLocked(const std::string& path, uint64_t hash) const REQUIRES(mu_);
-  const Node* FindNodeLocked(const std::string& path, uint64_t hash) const REQUIRES(mu_);
-  void HintLocked(const std::string& path, uint64_t ino) REQUIRES(mu_);
-  void UnhintLocked(const std::string& path, uint64_t ino) REQUIRES(mu_);
+  // The live inode named `path` (of hash PathHash(path)), or nothing.
+  std::optional<uint64_t> FindLocked(const std::string& path, uint64_t hash) const
+      REQUIRES_SHARED(names_mu_);
+  void HintLocked(const std::string& path, uint64_t ino) REQUIRES(names_mu_);
+  void UnhintLocked(const std::string& path, uint64_t ino) REQUIRES(names_mu_);
   // Whether `path` is a live name of node `n`.
   static bool Names(const Node& n, std::string_view path);
-  std::unordered_map<StoreId, uint64_t, StoreIdHash> by_store_id_ GUARDED_BY(mu_);
+  std::unordered_map<StoreId, uint64_t, StoreIdHash> by_store_id_ GUARDED_BY(names_mu_);
 };
 
 }  // namespace cubetorchfs::fs
