@@ -1,0 +1,107 @@
+// The inode table under concurrent readers: what a warm epoch asks of it per file (a lookup
+// of a known name, a getattr by number, the kernel's forget), from 1..T threads at once, on a
+// table of --files known files. Reports operations per second for each thread count and the
+// scaling against one thread; run it before and after a change to the table's locking
+// (bench/README.md has the figures).
+//
+//   cmake --build build --target inode_table_bench && build/bin/inode_table_bench
+//   build/bin/inode_table_bench --files 100000 --threads 1,2 --seconds 2
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fs/inode_table.h"
+
+namespace {
+
+using cubetorchfs::cfs_client::FileAttr;
+using cubetorchfs::fs::InodeTable;
+
+FileAttr FileOf(uint64_t k) {
+  FileAttr a;
+  a.mode = S_IFREG | 0644;
+  a.size = 110 << 10;
+  a.store_dev = 1;
+  a.store_ino = k + 100;
+  return a;
+}
+
+std::string PathOf(uint64_t k) {
+  return "train/n" + std::to_string(k % 1000) + "/img_" + std::to_string(k) + ".JPEG";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint64_t files = 100000;
+  double seconds = 2;
+  std::vector<int> thread_counts = {1, 2};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--files") == 0) {
+      files = std::strtoull(argv[i + 1], nullptr, 10);
+    } else if (std::strcmp(argv[i], "--seconds") == 0) {
+      seconds = std::strtod(argv[i + 1], nullptr);
+    } else if (std::strcmp(argv[i], "--threads") == 0) {
+      thread_counts.clear();
+      std::stringstream ss(argv[i + 1]);
+      for (std::string t; std::getline(ss, t, ',');) thread_counts.push_back(std::stoi(t));
+    } else {
+      std::fprintf(stderr, "usage: %s [--files N] [--threads 1,2,...] [--seconds S]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (files == 0 || seconds <= 0 || thread_counts.empty()) {
+    std::fprintf(stderr, "inode_table_bench: --files, --seconds and --threads must be positive\n");
+    return 2;
+  }
+  FileAttr root;
+  root.mode = S_IFDIR | 0755;
+  InodeTable table(root, 0);
+  std::vector<std::string> paths(files);
+  std::vector<uint64_t> inos(files);
+  for (uint64_t k = 0; k < files; ++k) {
+    paths[k] = PathOf(k);
+    inos[k] = table.Acquire(paths[k], FileOf(k), 1);
+  }
+  std::printf("inode_table_bench: %llu known files, %.1f s a run; per file: a lookup of its "
+              "name, a getattr, a forget\n",
+              static_cast<unsigned long long>(files), seconds);
+  double one = 0;
+  for (int threads : thread_counts) {
+    std::atomic<bool> stop{false};
+    std::atomic<uint64_t> done{0};
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t)
+      workers.emplace_back([&, t] {
+        std::mt19937_64 rng(static_cast<uint64_t>(t) * 7919 + 1);
+        uint64_t n = 0;
+        while (!stop.load(std::memory_order_relaxed)) {
+          for (int b = 0; b < 256; ++b) {
+            const uint64_t k = rng() % files;
+            const uint64_t ino = table.Acquire(paths[k], FileOf(k), 2);
+            if (ino != inos[k] || !table.Get(ino)) std::abort();
+            table.Forget(ino, 1);
+          }
+          n += 256;
+        }
+        done.fetch_add(n);
+      });
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    stop = true;
+    for (std::thread& w : workers) w.join();
+    const double rate = static_cast<double>(done.load()) / seconds;
+    if (one == 0) one = rate / threads;
+    std::printf("threads %2d  %10.0f files/s  %.2fx one thread\n", threads, rate,
+                rate / one);
+  }
+  return 0;
+}
