@@ -72,9 +72,10 @@ int main(int argc, char** argv) {
     paths[k] = PathOf(k);
     inos[k] = table.Acquire(paths[k], FileOf(k), 1);
   }
-  std::printf("inode_table_bench: %llu known files, %.1f s a run; per file: a lookup of its "
-              "name, a getattr, a forget\n",
-              static_cast<unsigned long long>(files), seconds);
+  std::printf(
+      "inode_table_bench: %llu known files, %.1f s a run; per file: a lookup of its "
+      "name, a getattr, a forget\n",
+      static_cast<unsigned long long>(files), seconds);
   double one = 0;
   for (int threads : thread_counts) {
     std::atomic<bool> stop{false};
@@ -100,8 +101,7 @@ int main(int argc, char** argv) {
     for (std::thread& w : workers) w.join();
     const double rate = static_cast<double>(done.load()) / seconds;
     if (one == 0) one = rate / threads;
-    std::printf("threads %2d  %10.0f files/s  %.2fx one thread\n", threads, rate,
-                rate / one);
+    std::printf("threads %2d  %10.0f files/s  %.2fx one thread\n", threads, rate, rate / one);
   }
   return 0;
 }

@@ -11,6 +11,7 @@
 
 #include "common/logging.h"
 #include "common/snapshot_bytes.h"
+#include "common/unique_fd.h"
 #include "fuse/kernel_abi.h"
 
 namespace cubetorchfs::fuse {
@@ -44,54 +45,68 @@ Passthrough::Device Passthrough::Ioctls(int fuse_fd) {
 Result<Passthrough::Answer> Passthrough::Open(uint64_t ino, bool writable, uint64_t file,
                                               const std::function<int()>& backing) {
   Shard& s = ShardOf(ino);
-  MutexLock l(s.mu);
-  Inode& n = s.inodes[ino];
-  if (n.passthrough > 0) {
-    if (writable) {
-      if (n.passthrough + n.other == 0) s.inodes.erase(ino);
-      return Status::Errno(ETXTBSY,
-                           "open for writing: the file is open for reading through passthrough; "
-                           "it can be written once those opens close");
-    }
-    if (file != 0 && n.file != 0 && file != n.file)
-      return Status::Errno(EBUSY,
-                           "open: the file was replaced in the store while open through "
-                           "passthrough; the new file can be opened once those opens close");
-    ++n.passthrough;
-    Count(1, 0);
-    return Answer{Mode::kPassthrough, n.backing_id};
-  }
-  if (!writable && n.other == 0 && enabled()) {
-    const int fd = backing();
-    if (fd >= 0) {
-      Result<int32_t> id = device_.open(fd);
-      ::close(fd);
-      if (id.ok()) {
-        n.backing_id = *id;
-        n.file = file;
-        n.passthrough = 1;
-        Count(1, 1);
-        return Answer{Mode::kPassthrough, *id};
+  // The store's file, opened outside the shard's lock (a store open may be slow, and the
+  // handle's write state may be busy uploading): at most one pass opens it, the next decides.
+  UniqueFd fd;
+  bool opened = false;
+  for (;;) {
+    {
+      MutexLock l(s.mu);
+      auto it = s.inodes.find(ino);
+      if (it != s.inodes.end() && it->second.passthrough > 0) {
+        Inode& n = it->second;
+        if (writable)
+          return Status::Errno(ETXTBSY,
+                               "open for writing: the file is open for reading through "
+                               "passthrough; it can be written once those opens close");
+        if (file != 0 && n.file != 0 && file != n.file)
+          return Status::Errno(EBUSY,
+                               "open: the file was replaced in the store while open through "
+                               "passthrough; the new file can be opened once those opens close");
+        ++n.passthrough;
+        Count(1, 0);
+        return Answer{Mode::kPassthrough, n.backing_id};
       }
-      const int err = ToErrno(id.status());
-      if (err == EPERM || err == EOPNOTSUPP || err == ENOTTY || err == EINVAL || err == ELOOP) {
-        // The same for every file of this store and connection: says so once, then serves
-        // as without passthrough. ELOOP: the store's file system is itself stacked
-        // (overlayfs), deeper than the kernel lets a backing file be.
-        if (enabled_.exchange(false))
-          CTFS_LOG(kWarn) << "passthrough unavailable (" << id.status().ToString()
-                          << "; it needs CAP_SYS_ADMIN, a connection that took it at mount and "
-                             "a store on an unstacked file system): large files are read "
-                             "through the daemon";
-      } else if (const uint64_t k = failures_.fetch_add(1); k < 5) {
-        CTFS_LOG(kWarn) << "passthrough: " << id.status().ToString()
-                        << "; this open reads through the daemon"
-                        << (k == 4 ? " (further such failures are not logged)" : "");
+      const bool eligible =
+          !writable && (it == s.inodes.end() || it->second.other == 0) && enabled();
+      if (!eligible || opened) {
+        if (eligible && fd.get() >= 0) {
+          Result<int32_t> id = device_.open(fd.get());
+          if (id.ok()) {
+            Inode& n = s.inodes[ino];
+            n.backing_id = *id;
+            n.file = file;
+            n.passthrough = 1;
+            Count(1, 1);
+            return Answer{Mode::kPassthrough, *id};
+          }
+          NoteRefusal(id.status());
+        }
+        ++s.inodes[ino].other;
+        return Answer{};
       }
     }
+    fd.reset(backing());
+    opened = true;
   }
-  ++n.other;
-  return Answer{};
+}
+
+void Passthrough::NoteRefusal(const Status& refused) {
+  const int err = ToErrno(refused);
+  if (err == EPERM || err == EOPNOTSUPP || err == ENOTTY || err == EINVAL || err == ELOOP) {
+    // The same for every file of this store and connection: says so once, then serves as
+    // without passthrough. ELOOP: the store's file system is itself stacked (overlayfs),
+    // deeper than the kernel lets a backing file be.
+    if (enabled_.exchange(false))
+      CTFS_LOG(kWarn) << "passthrough unavailable (" << refused.ToString()
+                      << "; it needs CAP_SYS_ADMIN, a connection that took it at mount and a "
+                         "store on an unstacked file system): large files are read through "
+                         "the daemon";
+  } else if (const uint64_t k = failures_.fetch_add(1); k < 5) {
+    CTFS_LOG(kWarn) << "passthrough: " << refused.ToString()
+                    << "; this open reads through the daemon"
+                    << (k == 4 ? " (further such failures are not logged)" : "");
+  }
 }
 
 void Passthrough::Release(uint64_t ino, std::optional<Mode> mode) {

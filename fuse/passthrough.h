@@ -75,8 +75,9 @@ class Passthrough {
 
   // The answer to an open of `ino`. `writable`: opened for writing. `file`: the store file's
   // identity (FileVersion::id) now. `backing`: opens the store's file when this open may be
-  // passed through, -1 when it may not (called only where a registration is needed; the
-  // descriptor is closed here). Errno(EBUSY | ETXTBSY): the kernel's rules forbid this open now.
+  // passed through, -1 when it may not (called only where a registration may be needed,
+  // without the table's lock held; the descriptor is closed here). Errno(EBUSY | ETXTBSY): the
+  // kernel's rules forbid this open now.
   Result<Answer> Open(uint64_t ino, bool writable, uint64_t file,
                       const std::function<int()>& backing);
   // The open answered `mode` was not delivered (the caller gave up): it never counted.
@@ -116,6 +117,8 @@ class Passthrough {
   Shard& ShardOf(uint64_t ino) { return shards_[ino % kShards]; }
 
   void Count(int opens, int backing_files);
+  // A registration the kernel refused: turns passthrough off where no file can have it.
+  void NoteRefusal(const Status& refused);
 
   const Device device_;
   const Metrics metrics_;
