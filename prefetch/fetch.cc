@@ -35,7 +35,15 @@ void Prefetcher::FailLocked(Window::iterator it) {
   if (Stream* s = StreamById(e.first_stream)) s->stats.failed++;
   FinishFetchLocked(e);
   window_.Erase(it);
-  Wake();
+  // The room goes to a fetch waiting for it, or to a stream's positions the scheduler has not
+  // reached. With none (the whole list scheduled), waking an idle worker cost a futex wake-up
+  // and two thread switches a read, for nothing.
+  room_cv_.notify_all();
+  for (const auto& [id, s] : streams_)
+    if (s.next < s.end()) {
+      work_cv_.notify_one();
+      break;
+    }
 }
 
 void Prefetcher::StartFetchLocked(Job& job) {
@@ -104,6 +112,9 @@ void Prefetcher::RunJob(const Job& job, std::vector<Stored>* stored) {
     window_.Charge(*e, static_cast<int64_t>(size) - static_cast<int64_t>(e->reserved));
   } else {
     look.first.reset();
+    // Readers see its attributes while the rest is fetched (a small file becomes ready under
+    // this same hold of the lock).
+    window_.Show(job.path, *e);
     if (!WaitForRoomLocked(l, *e, size)) {
       abandon();
       return;
@@ -138,6 +149,7 @@ void Prefetcher::CompleteFetchLocked(std::unique_lock<std::mutex>& l, const std:
     to_store = chunks[0];
   e.chunks = std::move(chunks);
   e.state = State::kReady;
+  window_.Show(path, e);
   totals_.fetched++;
   if (fetched_) fetched_->Increment();
   if (Stream* s = StreamById(e.first_stream)) s->stats.fetched++;
@@ -182,6 +194,7 @@ void Prefetcher::AfterStoreLocked(const Stored& done, std::vector<LruInsert>* to
     if (!options_.prefetch.evict_after_read)
       to_lru->push_back({cache::ChunkKey(path, version, 0), std::move(w.chunks[0])});
     w.chunks.clear();
+    window_.Show(path, w);
     window_.Charge(w, -static_cast<int64_t>(w.reserved));
     MaybeReleaseLocked(path);
     room_cv_.notify_all();  // window room (the worker looks for its next job next)
@@ -320,7 +333,15 @@ void Prefetcher::ReleaseLocked(Window::iterator it) {
     }
   }
   window_.Erase(it);
-  Wake();
+  // The room goes to a fetch waiting for it, or to a stream's positions the scheduler has not
+  // reached. With none (the whole list scheduled), waking an idle worker cost a futex wake-up
+  // and two thread switches a read, for nothing.
+  room_cv_.notify_all();
+  for (const auto& [id, s] : streams_)
+    if (s.next < s.end()) {
+      work_cv_.notify_one();
+      break;
+    }
 }
 
 void Prefetcher::Run(const Job& job, std::vector<Stored>* stored) {

@@ -203,6 +203,8 @@ Prefetcher::Op Prefetcher::PublishAs(uid_t uid, const std::string& id,
   if (refusal != nullptr) *refusal = Refusal{};
   {
     std::lock_guard<std::mutex> l(mu_);
+    // Reads reported before the publish come first (`unread` counts them as read).
+    if (ApplyDeferredLocked()) Wake();
     Stream* s = StreamById(id);
     if (s == nullptr) return Op::kNotFound;
     if (uid != 0 && s->uid != uid) return Op::kForbidden;
@@ -259,6 +261,7 @@ void Prefetcher::SetPageProbe(PageCacheProbe* probe) {
 
 Stats Prefetcher::GetStats(std::optional<uid_t> only) {
   std::lock_guard<std::mutex> l(mu_);
+  if (ApplyDeferredLocked()) Wake();  // every read reported so far is counted
   Stats out = totals_;
   out.resident_marks = marks_.size();
   out.page_pressure = marks_.Pressure(clock_->NowNanos());
@@ -444,12 +447,54 @@ void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& 
                         int64_t uid) {
   const int o = static_cast<int>(outcome);
   if (reads_[o]) reads_[o]->Increment();
-  bool wake = false;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    wake = OnReadLocked(path, version, offset, bytes, outcome, to_kernel, uid, clock_->NowNanos());
+  std::unique_lock<std::mutex> l(mu_, std::try_to_lock);
+  if (!l.owns_lock()) {
+    if (Defer({path, version, offset, bytes, outcome, to_kernel, uid, clock_->NowNanos()})) {
+      // The holder may have released the lock before the read was queued: apply it now if
+      // nobody holds it, rather than leave it for the next holder.
+      if (!l.try_lock()) return;
+      const bool wake = ApplyDeferredLocked();
+      l.unlock();
+      if (wake) Wake();
+      return;
+    }
+    l.lock();  // this thread's shard is full: wait, as every read once did
   }
+  // Reads queued earlier (this thread's among them) first.
+  bool wake = ApplyDeferredLocked();
+  wake |= OnReadLocked(path, version, offset, bytes, outcome, to_kernel, uid, clock_->NowNanos());
+  l.unlock();
   if (wake) Wake();
+}
+
+bool Prefetcher::Defer(DeferredRead&& read) {
+  // Threads take shards in turn, the first time each reports a read.
+  static std::atomic<size_t> next_shard{0};
+  thread_local const size_t shard_index = next_shard.fetch_add(1) % kDeferShards;
+  DeferShard& shard = deferred_[shard_index];
+  MutexLock l(shard.mu);
+  if (shard.reads.size() >= kDeferMax) return false;
+  shard.reads.push_back(std::move(read));
+  deferred_count_.fetch_add(1, std::memory_order_release);
+  return true;
+}
+
+bool Prefetcher::ApplyDeferredLocked() {
+  if (deferred_count_.load(std::memory_order_acquire) == 0) return false;
+  bool wake = false;
+  for (DeferShard& shard : deferred_) {
+    {
+      MutexLock l(shard.mu);
+      if (shard.reads.empty()) continue;
+      applying_.swap(shard.reads);
+    }
+    deferred_count_.fetch_sub(applying_.size(), std::memory_order_acq_rel);
+    for (const DeferredRead& r : applying_)
+      wake |=
+          OnReadLocked(r.path, r.version, r.offset, r.bytes, r.outcome, r.to_kernel, r.uid, r.now);
+    applying_.clear();  // its capacity goes back to the shard at the next swap
+  }
+  return wake;
 }
 
 void Prefetcher::OnWholeReads(const std::vector<WholeRead>& reads, int64_t uid) {
@@ -461,6 +506,7 @@ void Prefetcher::OnWholeReads(const std::vector<WholeRead>& reads, int64_t uid) 
   bool wake = false;
   {
     std::lock_guard<std::mutex> l(mu_);
+    wake = ApplyDeferredLocked();
     const uint64_t now = clock_->NowNanos();
     for (const WholeRead& r : reads)
       wake |= OnReadLocked(*r.path, r.version, 0, r.version.size, r.outcome,
@@ -553,6 +599,19 @@ bool Prefetcher::OnReadLocked(const std::string& path, const cfs_client::FileVer
 std::optional<Prefetcher::WindowHit> Prefetcher::Get(const std::string& path,
                                                      const cfs_client::FileVersion& version,
                                                      uint64_t chunk) {
+  // With no lock but the view shard's: a file shown ready (most reads of a warm epoch), or
+  // one not in the window at all while every entry is ready. Settled is read before the view:
+  // a fetch that starts after it was read is not waited for, as if it had started after
+  // this read.
+  const bool settled = window_.Settled();
+  if (std::shared_ptr<const Window::View> view = window_.FindView(path)) {
+    if (view->ready) {
+      if (view->attr.Version() != version || chunk >= view->chunks.size()) return std::nullopt;
+      return WindowHit{view->chunks[chunk], false};
+    }
+  } else if (settled) {
+    return std::nullopt;
+  }
   std::unique_lock<std::mutex> l(mu_);
   auto it = window_.find(path);
   if (it == window_.end() || it->second.waiting_for_room || it->second.invalidated)
@@ -576,14 +635,13 @@ std::optional<Prefetcher::WindowHit> Prefetcher::Get(const std::string& path,
 
 std::optional<cfs_client::FileAttr> Prefetcher::WindowAttr(const std::string& path,
                                                            uint64_t* fetched_ns) {
-  std::lock_guard<std::mutex> l(mu_);
-  auto it = window_.find(path);
-  if (it == window_.end() || it->second.state == State::kStat || it->second.invalidated)
-    return std::nullopt;
-  const double age_s = static_cast<double>(clock_->NowNanos() - it->second.attr_time_ns) / 1e9;
+  // No prefetcher lock: entries past kStat and not invalidated are shown.
+  std::shared_ptr<const Window::View> view = window_.FindView(path);
+  if (view == nullptr) return std::nullopt;
+  const double age_s = static_cast<double>(clock_->NowNanos() - view->attr_time_ns) / 1e9;
   if (age_s >= options_.attr_timeout_s) return std::nullopt;
-  if (fetched_ns != nullptr) *fetched_ns = it->second.attr_time_ns;
-  return it->second.attr;
+  if (fetched_ns != nullptr) *fetched_ns = view->attr_time_ns;
+  return view->attr;
 }
 
 void Prefetcher::Invalidate(const std::string& path) {
@@ -592,6 +650,7 @@ void Prefetcher::Invalidate(const std::string& path) {
   auto it = window_.find(path);
   if (it == window_.end()) return;
   it->second.invalidated = true;
+  window_.Hide(path, it->second);
   MaybeReleaseLocked(path);
 }
 
@@ -599,6 +658,7 @@ bool Prefetcher::RunOneJob() {
   std::optional<Job> job;
   {
     std::lock_guard<std::mutex> l(mu_);
+    ApplyDeferredLocked();  // this thread looks for work next
     job = NextJobLocked();
     if (job && job->IsFetch()) StartFetchLocked(*job);
   }
@@ -624,6 +684,7 @@ void Prefetcher::RecordStoredLocked(std::unique_lock<std::mutex>& l, std::vector
 void Prefetcher::Sweep() {
   {
     std::lock_guard<std::mutex> l(mu_);
+    ApplyDeferredLocked();
     SweepLocked();
   }
   MaybeTrimHeap();
@@ -681,6 +742,9 @@ void Prefetcher::WorkerLoop() {
         continue;
       }
     }
+    // Reads other threads queued while the lock was held, before looking for work (this worker
+    // looks next; a read that frees window room also tells a fetch waiting for it).
+    if (ApplyDeferredLocked()) room_cv_.notify_all();
     std::optional<Job> job = NextJobLocked();
     if (!job) {
       work_cv_.wait_for(l, std::chrono::seconds(1));

@@ -33,8 +33,17 @@
 // across a backend call (it is held while /proc/vmstat is read, at most every 50 ms). The attribute
 // source (the inode table) is asked under it. Lock order: Prefetcher::mu_ before the inode table's
 // mutex and before any RamCache shard lock (RamCache never calls back).
+//
+// The read path does not wait on that mutex. Get and WindowAttr find ready files in the window's
+// view index (Window::FindView: one of 64 shard locks), and take the mutex only to wait on a
+// fetch in flight. OnRead takes it only when it is free; when another thread holds it, the read
+// is queued in one of 16 shards (by reader thread) and applied by the next holder before any
+// other work, so counters, cursors and window room see every read, a little later. Lock order:
+// mu_ before a view shard's or a deferred-read shard's lock; those take no other lock.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -51,6 +60,7 @@
 #include "cache/ram_cache.h"
 #include "cfs_client/backend.h"
 #include "common/clock.h"
+#include "common/thread_annotations.h"
 #include "conf/options.h"
 #include "prefetch/access.h"
 #include "prefetch/queued_paths.h"
@@ -392,6 +402,30 @@ class Prefetcher {
                     int64_t uid, uint64_t now);
   void WorkerLoop();
   static constexpr size_t kRestoreRun = 64;  // restore jobs one worker takes at once
+
+  // A read reported (OnRead) while another thread held mu_: the reader does not wait, the next
+  // holder applies it (ApplyDeferredLocked). Sharded by reader thread, so a thread's reads are
+  // applied in its order; each shard holds at most kDeferMax (past it, the reader waits for mu_
+  // as before), so what a reader can leave queued is bounded.
+  struct DeferredRead {
+    std::string path;
+    cfs_client::FileVersion version;
+    uint64_t offset = 0, bytes = 0;
+    ReadOutcome outcome = ReadOutcome::kHit;
+    bool to_kernel = true;
+    int64_t uid = -1;
+    uint64_t now = 0;
+  };
+  static constexpr size_t kDeferShards = 16;
+  static constexpr size_t kDeferMax = 1024;
+  struct DeferShard {
+    Mutex mu;
+    std::vector<DeferredRead> reads GUARDED_BY(mu);
+  };
+  // Queues `read` in the calling thread's shard; false if that shard is full.
+  bool Defer(DeferredRead&& read);
+  // Applies the queued reads; true if a worker is to be woken. REQUIRES: mu_ held.
+  bool ApplyDeferredLocked();
   uint64_t Slack() const;
   void Wake();  // after any change that may make work or room
 
@@ -424,6 +458,10 @@ class Prefetcher {
   ResidentMarks marks_;  // page-resident files, their trust, and page pressure
 
   std::vector<std::thread> workers_;
+
+  std::array<DeferShard, kDeferShards> deferred_;
+  std::atomic<uint64_t> deferred_count_{0};  // reads in deferred_
+  std::vector<DeferredRead> applying_;       // ApplyDeferredLocked's (under mu_), kept for reuse
 
   // Owned by the registry; null without one.
   prometheus::Counter* reads_[3] = {nullptr, nullptr, nullptr};

@@ -10,7 +10,50 @@ Window::Entry& Window::Add(const std::string& path, uid_t owner) {
   Entry& e = files_[path];
   e.owner = owner;
   use_[owner].files++;
+  unsettled_.fetch_add(1, std::memory_order_acq_rel);
   return e;
+}
+
+void Window::Show(const std::string& path, Entry& e) {
+  if (e.invalidated) return Hide(path, e);
+  auto view = std::make_shared<View>();
+  view->attr = e.attr;
+  view->attr_time_ns = e.attr_time_ns;
+  view->ready = e.state == State::kReady;
+  if (view->ready) view->chunks = e.chunks;
+  {
+    ViewShard& shard = ShardOf(path);
+    MutexLock l(shard.mu);
+    shard.views[path] = std::move(view);
+  }
+  e.shown = true;
+  if (e.state == State::kReady && !e.shown_ready) {
+    e.shown_ready = true;
+    unsettled_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+void Window::Hide(const std::string& path, Entry& e) {
+  Unshow(path, e);
+  if (e.shown_ready) {
+    e.shown_ready = false;
+    unsettled_.fetch_add(1, std::memory_order_acq_rel);
+  }
+}
+
+void Window::Unshow(const std::string& path, Entry& e) {
+  if (!e.shown) return;
+  ViewShard& shard = ShardOf(path);
+  MutexLock l(shard.mu);
+  shard.views.erase(path);
+  e.shown = false;
+}
+
+std::shared_ptr<const Window::View> Window::FindView(const std::string& path) const {
+  ViewShard& shard = ShardOf(path);
+  MutexLock l(shard.mu);
+  auto it = shard.views.find(path);
+  return it == shard.views.end() ? nullptr : it->second;
 }
 
 void Window::Charge(Entry& e, int64_t bytes) {
@@ -25,6 +68,8 @@ void Window::Erase(iterator it) {
   Charge(it->second, -static_cast<int64_t>(it->second.reserved));
   auto u = use_.find(it->second.owner);
   if (u != use_.end() && --u->second.files == 0 && u->second.bytes == 0) use_.erase(u);
+  Unshow(it->first, it->second);
+  if (!it->second.shown_ready) unsettled_.fetch_sub(1, std::memory_order_acq_rel);
   files_.erase(it);
 }
 

@@ -3,11 +3,16 @@
 // budget bounded by files and bytes; docs/prefetch.md and docs/memory.md say how it is shared
 // and what it costs.
 //
-// Not thread-safe: the prefetcher's mutex guards it.
+// Not thread-safe, but for FindView and Settled: the prefetcher's mutex guards it. What readers
+// need of it (an entry's attributes once known, its chunks once ready) is also shown in a view
+// index of its own, sharded by path, that the read path looks up with no prefetcher lock
+// (docs/architecture.md#locks).
 #pragma once
 
 #include <sys/types.h>
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <future>
 #include <memory>
@@ -18,6 +23,7 @@
 
 #include "cache/ram_cache.h"
 #include "cfs_client/backend.h"
+#include "common/thread_annotations.h"
 #include "prefetch/access.h"
 
 namespace prometheus {
@@ -49,6 +55,16 @@ class Window {
     std::shared_ptr<const Caller> reader;  // whose read permission the fetch checks
     std::shared_future<void> done;         // ready when the fetch ends, either way
     std::shared_ptr<std::promise<void>> promise;
+    bool shown = false;        // in the view index (Show)
+    bool shown_ready = false;  // and shown ready there
+  };
+  // What a reader finds of an entry with no prefetcher lock: its attributes once known
+  // (kFetching), and its chunks once ready. Immutable once shown; a change shows a new one.
+  struct View {
+    cfs_client::FileAttr attr;
+    uint64_t attr_time_ns = 0;
+    bool ready = false;
+    std::vector<cache::BufferRef> chunks;
   };
   using Map = std::unordered_map<std::string, Entry>;
   using iterator = Map::iterator;
@@ -72,6 +88,16 @@ class Window {
 
   // A new entry for `path`, one file of `owner`'s share; no bytes yet.
   Entry& Add(const std::string& path, uid_t owner);
+  // Shows readers what entry `e` of `path` holds now, after its attributes, state or chunks
+  // changed (from kFetching on); an invalidated entry is hidden instead.
+  void Show(const std::string& path, Entry& e);
+  // Hides `e` of `path` from readers (invalidated: never served again).
+  void Hide(const std::string& path, Entry& e);
+  // What readers are shown of `path`, or null. Thread-safe, with no prefetcher lock.
+  std::shared_ptr<const View> FindView(const std::string& path) const;
+  // Every entry is shown ready: a path with no view is not in the window, and a reader need
+  // not look under the prefetcher's lock for a fetch to wait on. Thread-safe.
+  bool Settled() const { return unsettled_.load(std::memory_order_acquire) == 0; }
   // Adds `bytes` (may be negative) to what `e` holds.
   void Charge(Entry& e, int64_t bytes);
   // Removes an entry, giving back what it held.
@@ -91,6 +117,19 @@ class Window {
   Map files_;
   uint64_t bytes_ = 0;
   std::unordered_map<uid_t, Use> use_;  // what each user's streams hold
+
+  // The view index: shards by path, each under its own lock (taken after the prefetcher's).
+  static constexpr size_t kViewShards = 64;
+  struct ViewShard {
+    mutable Mutex mu;
+    std::unordered_map<std::string, std::shared_ptr<const View>> views GUARDED_BY(mu);
+  };
+  ViewShard& ShardOf(const std::string& path) const {
+    return views_[std::hash<std::string>{}(path) % kViewShards];
+  }
+  void Unshow(const std::string& path, Entry& e);
+  mutable std::array<ViewShard, kViewShards> views_;
+  std::atomic<uint64_t> unsettled_{0};  // entries not shown ready
 };
 
 }  // namespace cubetorchfs::prefetch

@@ -1460,5 +1460,75 @@ TEST_F(PrefetcherTest, AnotherUsersReadMovesNeitherTheStreamNorItsWindow) {
   EXPECT_GT(pf_->GetStats().streams[0].skipped, 0u);
 }
 
+// The read path does not wait on the prefetcher's lock: readers on several threads find ready
+// files in the window's view, and their reads are counted and consume their positions whether
+// they took the lock or left the read for its holder. A thread asking for the counters all the
+// while holds the lock often, so that reads are left queued.
+TEST_F(PrefetcherTest, ReadsFromManyThreadsAreAllCountedAndConsumeTheirPositions) {
+  Make(/*window_files=*/64, 1 << 20, /*slack=*/64);
+  const std::string id = Publish(0, 64);
+  EXPECT_EQ(RunAll(), 64);
+  EXPECT_EQ(pf_->GetStats().window_files, 64u);
+  std::atomic<int> next{0};
+  std::atomic<bool> done{false};
+  std::atomic<int> served{0};
+  std::thread stats([&] {
+    while (!done) pf_->GetStats();
+  });
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; ++t)
+    readers.emplace_back([&] {
+      for (int i; (i = next.fetch_add(1)) < 64;) {
+        const cfs_client::FileVersion v = store_.Stat(Name(i)).value().Version();
+        std::optional<Prefetcher::WindowHit> hit = pf_->Get(Name(i), v, 0);
+        if (hit && !hit->waited && hit->buffer->size == kFileSize &&
+            hit->buffer->data.get()[0] == static_cast<char>('a' + i % 26))
+          served++;
+        pf_->OnRead(Name(i), v, 0, kFileSize, ReadOutcome::kHit);
+      }
+    });
+  for (std::thread& r : readers) r.join();
+  done = true;
+  stats.join();
+  EXPECT_EQ(served.load(), 64);
+  const Stats after = pf_->GetStats();
+  EXPECT_EQ(after.reads.hit, 64u);
+  EXPECT_EQ(after.window_files, 0u);  // each read whole, wanted by no position: let go
+  ASSERT_EQ(after.streams.size(), 1u);
+  EXPECT_EQ(after.streams[0].reads.hit, 64u);
+  EXPECT_EQ(after.queued_paths, 0u);
+  pf_->DeleteStream(id);
+}
+
+// What the read path finds with no lock follows the window: attributes while fresh, nothing once
+// a file is written through the mount, and nothing once the window lets the file go.
+TEST_F(PrefetcherTest, TheWindowsViewFollowsInvalidationAndRelease) {
+  Make(/*window_files=*/8);
+  Publish(0, 2);
+  EXPECT_EQ(RunAll(), 2);
+  const cfs_client::FileVersion v0 = store_.Stat(Name(0)).value().Version();
+  const cfs_client::FileVersion v1 = store_.Stat(Name(1)).value().Version();
+  ASSERT_TRUE(pf_->WindowAttr(Name(0)).has_value());
+  EXPECT_EQ(pf_->WindowAttr(Name(0))->size, kFileSize);
+  EXPECT_TRUE(pf_->Get(Name(0), v0, 0).has_value());
+  cfs_client::FileVersion other = v0;
+  other.mtime_ns++;
+  EXPECT_FALSE(pf_->Get(Name(0), other, 0).has_value());  // another version: not served
+  EXPECT_FALSE(pf_->Get(Name(0), v0, 1).has_value());     // past its chunks
+  EXPECT_FALSE(pf_->Get(Name(5), v0, 0).has_value());     // not in the window
+  pf_->Invalidate(Name(0));
+  EXPECT_FALSE(pf_->Get(Name(0), v0, 0).has_value());
+  EXPECT_FALSE(pf_->WindowAttr(Name(0)).has_value());
+  pf_->OnRead(Name(1), v1, 0, kFileSize, ReadOutcome::kHit);
+  EXPECT_FALSE(pf_->Get(Name(1), v1, 0).has_value());  // read whole: released
+  EXPECT_FALSE(pf_->WindowAttr(Name(1)).has_value());
+  clock_.AdvanceSeconds(20);  // past attr_timeout_s
+  Publish(2, 3);
+  EXPECT_EQ(RunAll(), 1);
+  EXPECT_TRUE(pf_->WindowAttr(Name(2)).has_value());
+  clock_.AdvanceSeconds(20);
+  EXPECT_FALSE(pf_->WindowAttr(Name(2)).has_value());  // stale attributes answer no lookup
+}
+
 }  // namespace
 }  // namespace cubetorchfs::prefetch
