@@ -4,17 +4,17 @@
 // stream; the window fills (all of them by default: the readers' own cost is measured, not
 // the workers' fetch rate), then the readers take them in order (one shared cursor, as
 // DataLoader workers do) and serve each file from the window, or from the store when the
-// window does not hold it (a miss). Reports files/s for each thread count, the scaling against one thread and the hit
-// ratio; run it before and after a change to the prefetcher's locking (bench/README.md has
-// the figures).
+// window does not hold it (a miss). Reports files/s for each thread count, the scaling against one
+// thread and the hit ratio; run it before and after a change to the prefetcher's locking
+// (bench/README.md has the figures).
 //
 //   cmake --build build --target prefetcher_bench && build/bin/prefetcher_bench
 //   build/bin/prefetcher_bench --files 100000 --threads 1,2,4 [--window 4096]
 #include <prometheus/registry.h>
 #include <sys/resource.h>
 
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -156,9 +156,9 @@ int main(int argc, char** argv) {
         "threads %2d  %10.0f files/s  %.2fx one thread  %.2f us CPU/file  %.3f waits/file  "
         "hit %.4f  late %llu  miss %llu\n",
         threads, rate, rate / one, us_per_file, waits / static_cast<double>(files),
-                all ? static_cast<double>(stats.reads.hit) / static_cast<double>(all) : 0.0,
-                static_cast<unsigned long long>(stats.reads.late),
-                static_cast<unsigned long long>(stats.reads.miss));
+        all ? static_cast<double>(stats.reads.hit) / static_cast<double>(all) : 0.0,
+        static_cast<unsigned long long>(stats.reads.late),
+        static_cast<unsigned long long>(stats.reads.miss));
   }
   return 0;
 }

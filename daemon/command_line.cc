@@ -1,5 +1,6 @@
 #include "daemon/command_line.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace cubetorchfs::daemon {
@@ -57,15 +58,39 @@ Result<CommandLine> ParseCommandLine(const std::vector<std::string>& args) {
   return cl;
 }
 
+const std::vector<Command>& Commands() {
+  static const std::vector<Command> commands = {
+      {"warmup", "-c CONFIG (DIR | --list FILE) [--jobs N]",
+       "fill the NVMe tier with a directory's files or a list's, before training"},
+      {"status", "MOUNTPOINT [--json] [--timeout S]",
+       "the health of a mount: transport, cache, store, upgrades; exit 1 when unhealthy"},
+      {"upgrade", "MOUNTPOINT [--timeout S]",
+       "replace the running daemon with the installed binary; the mount stays"},
+  };
+  return commands;
+}
+
 std::string UsageText() {
-  return R"(usage: cubetorchfs -c CONFIG [MOUNTPOINT] [-f] [-d] [-o OPT[,OPT...]]
-       cubetorchfs CONFIG MOUNTPOINT [-o OPT[,OPT...]]
-       cubetorchfs warmup -c CONFIG (DIR | --list FILE) [--jobs N]
-       cubetorchfs --version | --help
+  std::string text =
+      "usage: cubetorchfs -c CONFIG [MOUNTPOINT] [-f] [-d] [-o OPT[,OPT...]]\n"
+      "       cubetorchfs CONFIG MOUNTPOINT [-o OPT[,OPT...]]\n";
+  for (const Command& c : Commands())
+    text += "       cubetorchfs " + std::string(c.name) + " " + std::string(c.synopsis) + "\n";
+  text += R"(       cubetorchfs --version | --help
 
 Mounts the store described by CONFIG (JSON or YAML) at MOUNTPOINT (default: the config's
-mountPoint) and serves it through a RAM cache. Returns once the mount is ready.
+mountPoint) and serves it through a RAM cache. Returns once the mount is ready, and says
+where the daemon logs: the config's logDir, else /var/log/cubetorchfs/VOLNAME.log (root) or
+~/.local/state/cubetorchfs/VOLNAME.log.
 
+commands (each has its own --help):
+)";
+  for (const Command& c : Commands()) {
+    std::string name(c.name);
+    name.resize(std::max<size_t>(name.size(), 10), ' ');
+    text += "  " + name + std::string(c.summary) + "\n";
+  }
+  text += R"(
 options:
   -c, --config CONFIG   the config file
   -f, --foreground      stay in the foreground and log to stderr
@@ -77,6 +102,15 @@ options:
 Stop with `fusermount3 -u MOUNTPOINT`, SIGINT or SIGTERM. A bad config or an unusable backend
 root exits with status 2 and one line naming the key.
 )";
+  return text;
+}
+
+std::string DefaultLogDir(uid_t euid, const char* xdg_state_home, const char* home) {
+  if (euid == 0) return "/var/log/cubetorchfs";
+  if (xdg_state_home != nullptr && xdg_state_home[0] == '/')
+    return std::string(xdg_state_home) + "/cubetorchfs";
+  if (home != nullptr && home[0] == '/') return std::string(home) + "/.local/state/cubetorchfs";
+  return "";
 }
 
 }  // namespace cubetorchfs::daemon

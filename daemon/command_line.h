@@ -1,10 +1,14 @@
 // The `cubetorchfs` command line:
 //   cubetorchfs -c CONFIG [MOUNTPOINT] [-f] [-d] [-o OPT[,OPT...]]
 //   cubetorchfs CONFIG MOUNTPOINT [-o OPT[,OPT...]]      (the form mount.fuse3 and fstab use)
+//   cubetorchfs COMMAND ...                               (Commands(): warmup, status, upgrade)
 //   cubetorchfs --version | --help
 #pragma once
 
+#include <sys/types.h>
+
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -27,7 +31,21 @@ struct CommandLine {
 
 Result<CommandLine> ParseCommandLine(const std::vector<std::string>& args);
 
-// The --help text.
+// A command of its own, named by the first argument: what `cubetorchfs --help` lists and
+// what Main dispatches on (RunCommand in main.cc), from this one table.
+struct Command {
+  std::string_view name;
+  std::string_view synopsis;  // its arguments
+  std::string_view summary;   // one line
+};
+const std::vector<Command>& Commands();
+
+// The --help text: the mount's usage, every command of Commands(), the options.
 std::string UsageText();
+
+// Where a detached daemon logs when the config has no logDir: /var/log/cubetorchfs for root,
+// else $XDG_STATE_HOME/cubetorchfs (if absolute) or $HOME/.local/state/cubetorchfs; "" if
+// neither variable names an absolute directory.
+std::string DefaultLogDir(uid_t euid, const char* xdg_state_home, const char* home);
 
 }  // namespace cubetorchfs::daemon

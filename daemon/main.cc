@@ -121,9 +121,9 @@ Result<std::string> RealPath(const std::string& path) {
   return std::string(buf);
 }
 
-// Forks. The parent waits until the child reports the mount ready (exit 0) or exits (its
-// status); only the child returns, holding the write end of the pipe.
-int Daemonize() {
+// Forks. The parent waits until the child reports the mount ready (prints `ready_line`, exit
+// 0) or exits (its status); only the child returns, holding the write end of the pipe.
+int Daemonize(const std::string& ready_line) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
     std::perror("cubetorchfs: pipe");
@@ -140,7 +140,11 @@ int Daemonize() {
     ssize_t n;
     do n = ::read(fds[0], &c, 1);
     while (n < 0 && errno == EINTR);
-    if (n == 1 && c == 'R') std::_Exit(0);
+    if (n == 1 && c == 'R') {
+      std::fputs(ready_line.c_str(), stdout);
+      std::fflush(stdout);
+      std::_Exit(0);
+    }
     int status = 0;
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
@@ -679,6 +683,14 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   std::_Exit(0);
 }
 
+// A command of Commands() (command_line.h), the one table --help lists.
+int RunCommand(std::string_view name, const std::vector<std::string>& args) {
+  if (name == "warmup") return RunWarmup(args);
+  if (name == "status") return RunStatus(args);
+  if (name == "upgrade") return RunUpgrade(args);
+  return Fail(kExitFailure, "internal error: command " + std::string(name) + " has no handler");
+}
+
 int Main(int argc, char** argv) {
   // What an upgrading supervisor asks of the binary it is about to execute (supervisor.cc).
   if (argc == 3 && std::string(argv[1]) == "--supports")
@@ -687,12 +699,10 @@ int Main(int argc, char** argv) {
                ? 0
                : 1;
   RaiseDescriptorLimit();
-  if (argc > 1 && std::string(argv[1]) == "warmup")
-    return RunWarmup(std::vector<std::string>(argv + 2, argv + argc));
-  if (argc > 1 && std::string(argv[1]) == "status")
-    return RunStatus(std::vector<std::string>(argv + 2, argv + argc));
-  if (argc > 1 && std::string(argv[1]) == "upgrade")
-    return RunUpgrade(std::vector<std::string>(argv + 2, argv + argc));
+  if (argc > 1)
+    for (const Command& c : Commands())
+      if (c.name == argv[1])
+        return RunCommand(c.name, std::vector<std::string>(argv + 2, argv + argc));
   Result<CommandLine> cl = ParseCommandLine(std::vector<std::string>(argv + 1, argv + argc));
   if (!cl.ok()) return Fail(kExitBadConfig, cl.status().message());
   if (cl->help) {
@@ -746,6 +756,19 @@ int Main(int argc, char** argv) {
         !s.ok())
       return Fail(kExitBadConfig, s.message());
     if (!cl->foreground) log_path = config.log_dir + "/cubetorchfs.log";
+  } else if (config.log_dir.empty() && !cl->foreground) {
+    // Detached with no logDir: a file of its own, never the terminal the command returned to.
+    const std::string dir =
+        DefaultLogDir(::geteuid(), std::getenv("XDG_STATE_HOME"), std::getenv("HOME"));
+    if (dir.empty())
+      return Fail(kExitBadConfig,
+                  "logDir: not set, and neither XDG_STATE_HOME nor HOME names a directory for "
+                  "the daemon's log: set logDir");
+    if (Status s =
+            EnsureDaemonDir(dir, "logDir", "the daemon's log", CreateDir::kWithParents, 0700);
+        !s.ok())
+      return Fail(kExitBadConfig, s.message() + " (the default, as logDir is not set)");
+    log_path = dir + "/" + config.vol_name + ".log";
   }
   if (Status s = InitLogging(log_path, level); !s.ok())
     return Fail(kExitBadConfig, "logDir: " + s.message());
@@ -815,7 +838,10 @@ int Main(int argc, char** argv) {
   listeners.unix_fd = bound->unix_fd;
   listeners.prof_fd = bound->prof_fd;
   listeners.metrics_fd = bound->metrics_fd;
-  const int ready_fd = cl->foreground ? -1 : Daemonize();
+  const int ready_fd = cl->foreground
+                           ? -1
+                           : Daemonize("cubetorchfs: " + config.mount_point + " mounted (volume " +
+                                       config.vol_name + "); log: " + log_path + "\n");
   // The supervisor mounts and keeps the connection for as long as the mount lives; the
   // session is never destroyed (that would close it).
   Result<int> fuse_fd =

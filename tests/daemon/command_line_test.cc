@@ -120,5 +120,25 @@ TEST(HandleTableTest, NumbersAreAboveEarlierGenerationsAndUnknownOnesAreNotFound
   EXPECT_EQ(t.size(), 1u);
 }
 
+TEST(CommandLineTest, TheHelpListsEveryCommand) {
+  const std::string help = UsageText();
+  ASSERT_FALSE(Commands().empty());
+  for (const Command& c : Commands()) {
+    EXPECT_NE(help.find("cubetorchfs " + std::string(c.name) + " " + std::string(c.synopsis)),
+              std::string::npos)
+        << c.name;
+    EXPECT_NE(help.find("  " + std::string(c.name) + " "), std::string::npos) << c.name;
+  }
+}
+
+TEST(CommandLineTest, ADetachedDaemonWithNoLogDirLogsToAFileOfItsUser) {
+  EXPECT_EQ(DefaultLogDir(0, "/x/state", "/root"), "/var/log/cubetorchfs");
+  EXPECT_EQ(DefaultLogDir(1000, "/home/u/st", "/home/u"), "/home/u/st/cubetorchfs");
+  EXPECT_EQ(DefaultLogDir(1000, nullptr, "/home/u"), "/home/u/.local/state/cubetorchfs");
+  EXPECT_EQ(DefaultLogDir(1000, "relative", "/home/u"), "/home/u/.local/state/cubetorchfs");
+  EXPECT_EQ(DefaultLogDir(1000, "", ""), "");  // none: the command asks for logDir
+  EXPECT_EQ(DefaultLogDir(1000, nullptr, nullptr), "");
+}
+
 }  // namespace
 }  // namespace cubetorchfs::daemon
