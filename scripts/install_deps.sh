@@ -5,6 +5,7 @@
 #
 #   scripts/install_deps.sh            # Debian packages + the project venv
 #   scripts/install_deps.sh --debian   # the Debian packages only (build and the 1.13 tests)
+#   scripts/install_deps.sh --demo     # what scripts/demo.sh needs: the build, Debian's torch
 #
 # The project venv holds current PyTorch (torch 2.x, torchvision, torchdata) and the peers the
 # tests and benchmarks run beside cubetorchfs (moto's S3 server, safetensors, fastsafetensors,
@@ -16,18 +17,24 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEBIAN_ONLY=0
+DEMO_ONLY=0
 case "${1:-}" in
   "") ;;
   --debian) DEBIAN_ONLY=1 ;;
-  -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --demo) DEBIAN_ONLY=1; DEMO_ONLY=1 ;;
+  -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "install_deps: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 esac
 
-PACKAGES=(
-  # build
+# What scripts/demo.sh needs: the build, and the demo's training under Debian's torch 1.13.
+DEMO_PACKAGES=(
   cmake g++ make pkg-config ccache
   fuse3 libfuse3-dev liburing-dev libboost-dev librocksdb-dev libcurl4-openssl-dev libyaml-cpp-dev
   prometheus-cpp-dev libcivetweb-dev libssl-dev libgtest-dev libgmock-dev nlohmann-json3-dev
+  python3 python3-torch python3-torchvision python3-numpy python3-pil
+)
+PACKAGES=(
+  "${DEMO_PACKAGES[@]}"
   # the Debian package (scripts/package.sh) and its checks
   dpkg-dev lintian
   # checks of scripts/test.sh: the format check, the lock annotations (-Wthread-safety)
@@ -37,14 +44,14 @@ PACKAGES=(
   libclang-rt-14-dev
   # scripts/posix_conformance.sh builds pjdfstest
   autoconf automake
-  # tests, demo and benchmarks under Debian's python3 (torch 1.13)
-  python3 python3-torch python3-torchvision python3-pytest python3-numpy python3-pil
-  python3-venv python3-pip
+  # tests and benchmarks under Debian's python3 (torch 1.13), and the venv's making
+  python3-pytest python3-venv python3-pip
   # cv2.imread in the hook's batch mode (tests/integration/test_batch_mode.py)
   python3-opencv
   bindfs curl prometheus s3fs rclone
 )
 
+[ "$DEMO_ONLY" -eq 1 ] && PACKAGES=("${DEMO_PACKAGES[@]}")
 missing=()
 for p in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
