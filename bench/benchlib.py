@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -46,12 +49,16 @@ def parse_rate(text: str) -> int:
     return int(float(m.group(1)) * factor)
 
 
-def drop_caches(log=print) -> None:
-    """sync, then drop the kernel's page cache (root); says so through `log` when it cannot."""
-    subprocess.run(["sync"], check=False)
+def drop_caches(log=print, *, level: int = 3, sync_timeout: float | None = None) -> None:
+    """sync (waiting at most `sync_timeout` s; None: as long as it takes), then drop the kernel's
+    caches (root): `level` 3 the page cache, dentries and inodes, 1 the page cache only. When
+    they cannot be dropped, says so through `log`, or raises the OSError when `log` is None."""
+    subprocess.run(["sync"], check=False, timeout=sync_timeout)
     try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        Path("/proc/sys/vm/drop_caches").write_text(f"{level}\n")
     except OSError as e:
+        if log is None:
+            raise
         log(f"cannot drop the page cache ({e}): runs are not cold")
 
 
@@ -60,6 +67,107 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def port_answers(port: int) -> bool:
+    """Whether something accepts a TCP connection on 127.0.0.1:`port` (within 1 s)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
+    """Calls `predicate` every `interval` s until it is true or `timeout` s have passed, then
+    once more; returns whether it became true."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def stop_process(proc: subprocess.Popen | None, name: str, log=print, timeout: float = 20.0) -> None:
+    """SIGTERM, then SIGKILL after `timeout` s; only this process, which we started. Says
+    through `log` when it ignored SIGTERM or did not die. None or already exited: nothing."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        proc.terminate()
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        log(f"{name} (pid {proc.pid}) ignored SIGTERM; killing it")
+        proc.kill()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            log(f"{name} (pid {proc.pid}) did not die")
+
+
+def cpu_seconds(pid: int | None, children: bool = False, missing: float | None = None) -> float:
+    """User + system CPU seconds of process `pid` so far; with `children`, plus those of its
+    children it has waited for. When /proc/PID/stat cannot be read (the process is gone, or
+    pid is None): `missing` if given (e.g. nan), else the error is raised."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in fields[11:15 if children else 13]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, TypeError, IndexError, ValueError):
+        if missing is None:
+            raise
+        return missing
+
+
+def mounted(mnt: Path) -> bool:
+    """Whether something is mounted at `mnt` (as given: no symlink resolving), from
+    /proc/self/mountinfo."""
+    target = str(mnt)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 4 and fields[4].replace("\\040", " ") == target:
+                return True
+    return False
+
+
+def unmount(mnt: Path, log=print, timeout: float = 30.0, settle: float = 0.0) -> None:
+    """Unmounts `mnt` if mounted: `fusermount3 -u`, then `fusermount3 -u -z`, then `umount -l`,
+    each given `timeout` s to run and then up to `settle` s to take effect, until it is gone.
+    Says through `log` when a command timed out or all of them failed."""
+    if not mounted(mnt):
+        return
+    for cmd in (["fusermount3", "-u", str(mnt)], ["fusermount3", "-u", "-z", str(mnt)], ["umount", "-l", str(mnt)]):
+        try:
+            subprocess.run(cmd, check=False, timeout=timeout,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            log(f"{' '.join(cmd)} timed out")
+        if wait_for(lambda: not mounted(mnt), settle):
+            return
+    log(f"could not unmount {mnt}")
+
+
+def median_range(values: list[float]) -> tuple[float, float, float]:
+    """(median, min, max) of `values`."""
+    return statistics.median(values), min(values), max(values)
+
+
+def wait_for_ci(path: Path, limit_s: float, log=print) -> None:
+    """Another run (CI) may be using the CPU: wait until its log `path`, if it exists, has its
+    `rc=` line, for at most `limit_s` s; says so through `log`."""
+    if not path.exists():
+        return
+    deadline = time.monotonic() + limit_s
+    announced = False
+    while time.monotonic() < deadline:
+        if any(line.startswith("rc=") for line in path.read_text(errors="replace").splitlines()):
+            return
+        if not announced:
+            log(f"{path} has no rc= line yet: waiting for that run to finish (at most {limit_s:.0f} s)")
+            announced = True
+        time.sleep(5)
+    log(f"still no rc= line in {path}: measuring anyway")
 
 
 def vm_hwm_mib(pid: int) -> float:
@@ -82,7 +190,8 @@ def venv_python() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     py = Path(out) / "bin" / "python"
-    return str(py) if py.exists() else None
+    # Made whole only: install_deps marks it complete after every pin installed.
+    return str(py) if py.exists() and (Path(out) / ".complete").exists() else None
 
 
 def missing_modules(names) -> list[str]:
@@ -95,13 +204,25 @@ def missing_modules(names) -> list[str]:
     return missing
 
 
+def make_venv() -> None:
+    """Makes the project venv (scripts/install_deps.sh), saying so: it is built when a
+    benchmark first needs a peer, not by the demo."""
+    repo = Path(__file__).resolve().parents[1]
+    print("# making the project venv for the peers (scripts/install_deps.sh: torch 2.x, moto, "
+          "safetensors, ...; about 6 GB and several minutes, once)", flush=True)
+    subprocess.run([str(repo / "scripts/install_deps.sh")], check=False)
+
+
 def rerun_under_venv(modules, script: str) -> list[str]:
     """When this interpreter lacks any of `modules`, starts `script` again under the project
-    venv's python (once; says so) if that venv exists. Returns what is still missing."""
-    import os
+    venv's python (once; says so), making that venv first if it is not made yet. Returns what
+    is still missing."""
     missing = missing_modules(modules)
     if missing and not os.environ.get("CUBE_BENCH_REEXEC"):
         py = venv_python()
+        if py is None:
+            make_venv()
+            py = venv_python()
         if py and Path(py).parent.parent.resolve() != Path(sys.prefix).resolve():
             print(f"# {', '.join(missing)} not importable by {sys.executable}: running under the "
                   f"project venv's {py}", flush=True)

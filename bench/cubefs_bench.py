@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests" / "cubefs"))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 sys.modules.setdefault("pytest", types.ModuleType("pytest"))  # s3_testlib imports the harness
-from benchlib import generate_jpegs  # noqa: E402
+from benchlib import drop_caches, generate_jpegs  # noqa: E402
 from cluster import Cluster, cubefs_problem  # noqa: E402
 from s3_testlib import S3Client  # noqa: E402
 
@@ -59,11 +59,6 @@ BIN = Path(os.environ.get("CUBETORCHFS_BIN", REPO / "build" / "bin" / "cubetorch
 
 def log(msg: str) -> None:
     print(f"[cubefs_bench] {msg}", file=sys.stderr, flush=True)
-
-
-def drop_caches() -> None:
-    os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 def metrics(port: int) -> dict[str, float]:
@@ -270,7 +265,7 @@ def run(args: argparse.Namespace, cluster: Cluster, mounts: Mounts, local: Path)
     systems["ctfs-native+hook"] = lambda: hooked(native, native_top)
     for rnd in range(args.rounds):
         for name, fn in systems.items():
-            drop_caches()
+            drop_caches(log=None)  # raises where it cannot
             row = fn()
             log(f"round {rnd + 1}/{args.rounds} {name}: " +
                 ", ".join(f"{k} {v:.1f}" for k, v in row.items()))

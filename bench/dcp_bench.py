@@ -47,23 +47,14 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from benchlib import cpu_seconds, drop_caches, free_port  # noqa: E402
 WORLD = 4
 MIB = 1 << 20
 
 
 def log(msg: str) -> None:
     print(f"[dcp_bench] {msg}", file=sys.stderr, flush=True)
-
-
-def drop_caches() -> None:
-    subprocess.run(["sync"], check=False, timeout=300)
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def scrape(port: int, pid: int) -> dict[tuple[str, str], float]:
@@ -149,7 +140,7 @@ def worker_rank(rank: int, spec: dict[str, Any]) -> None:
                 save_s, save_cpu = timed(lambda: dcp.save(source, storage_writer=writer))
                 m1 = scrape(metrics_port, daemon) if rank == 0 and system == "mount" else {}
                 if rank == 0 and spec["cold"]:
-                    drop_caches()
+                    drop_caches(log=None, sync_timeout=300)  # raises where it cannot
                 reader = dcp.FileSystemReader(ckpt)
                 load_s, load_cpu = timed(lambda: dcp.load(target, storage_reader=reader))
                 m2 = scrape(metrics_port, daemon) if rank == 0 and system == "mount" else {}
@@ -200,12 +191,6 @@ def worker_main(spec_path: str) -> None:
 # --------------------------------------------------------------------------- the driver
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def vm_hwm_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -214,6 +199,8 @@ def vm_hwm_kib(pid: int) -> int:
 
 
 def venv_python() -> str:
+    """The project venv's python, made whole or not (not benchlib's, which wants it complete):
+    a failing scripts/venv.sh raises, a missing python fails at the worker's start."""
     out = subprocess.run([str(REPO / "scripts/venv.sh")], capture_output=True, text=True,
                          timeout=30, check=True)
     return str(Path(out.stdout.strip()) / "bin/python")

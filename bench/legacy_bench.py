@@ -29,7 +29,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,8 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from benchlib import free_port, mounted  # noqa: E402
 # Set by main() from the command line.
 BENCH = Path("/tmp/cubetorchfs-legacy-bench")
 DATA = BENCH / "data"  # backend.root; the ImageFolder is <mnt>/train
@@ -79,17 +80,6 @@ def reference_sums() -> list[float]:
 
 
 # ----------------------------------------------------------------------------- the daemon
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def mounted(mnt: Path) -> bool:
-    with open("/proc/mounts") as f:
-        return any(line.split()[1] == str(mnt) for line in f)
 
 
 def pids_with_arg(arg: str) -> list[int]:

@@ -75,7 +75,7 @@ os.environ.setdefault("CUBE_TORCH_DISABLE", "1")  # no DataLoader hook needed he
 import cube_torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import rerun_under_venv  # noqa: E402
+from benchlib import drop_caches, rerun_under_venv  # noqa: E402
 
 GIB = 1 << 30
 READ_CHUNK = 8 << 20
@@ -87,12 +87,6 @@ FST_BBUF_KB = 64 * 1024
 def default_threads() -> int:
     from cube_torch import _loader
     return _loader._io_threads(None)  # the library's default
-
-
-def drop_caches() -> None:
-    subprocess.run(["sync"], check=True, timeout=120)
-    with open("/proc/sys/vm/drop_caches", "w") as fh:
-        fh.write("3\n")
 
 
 # ---- data --------------------------------------------------------------------------------------
@@ -212,7 +206,7 @@ def measure(fn: Callable[[], object], cold: bool, setup: Optional[Callable[[], o
             touch: bool = True) -> float:
     arg = setup() if setup else None
     if cold:
-        drop_caches()
+        drop_caches(log=None, sync_timeout=120)  # raises where it cannot
     gc.collect()
     t0 = time.perf_counter()
     result = fn() if arg is None else fn(arg)  # type: ignore[call-arg]

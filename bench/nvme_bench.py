@@ -16,9 +16,7 @@ import argparse
 import json
 import os
 import random
-import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,12 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(REPO / "bench"))
+from benchlib import drop_caches, free_port  # noqa: E402
 
 
 def metric(port: int, name: str, **labels: str) -> float:
@@ -43,13 +37,6 @@ def metric(port: int, name: str, **labels: str) -> float:
         if line.startswith(name + ("{" + want + "}" if want else " ")):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
-
-
-def drop_caches() -> None:
-    subprocess.run(["sync"], check=False)
-    # Page cache only: dentries and inodes stay, so lookups do not reach the store and the
-    # measure is the data path (RAM tier vs NVMe tier).
-    Path("/proc/sys/vm/drop_caches").write_text("1\n")
 
 
 def epoch(root: Path, rels: list[str], threads: int) -> float:
@@ -116,7 +103,9 @@ def main() -> None:
         results: dict[str, list[float]] = {"ram": [], "nvme": []}
         for r in range(args.rounds):
             for name in ("ram", "nvme"):
-                drop_caches()
+                # Page cache only: dentries and inodes stay, so lookups do not reach the store
+                # and the measure is the data path (RAM tier vs NVMe tier). Raises without root.
+                drop_caches(log=None, level=1)
                 rate = epoch(mounts[name][0], rels, args.threads)
                 results[name].append(rate)
                 print(f"[nvme_bench] round {r + 1}: {name} {rate:.0f} files/s", file=sys.stderr)

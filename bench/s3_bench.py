@@ -67,14 +67,15 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from benchlib import generate_jpegs, parse_rate, venv_python, vm_hwm_mib  # noqa: E402
+from benchlib import (cpu_seconds, drop_caches, free_port, generate_jpegs, median_range,  # noqa: E402
+                      mounted, parse_rate, port_answers, stop_process, unmount, venv_python,
+                      vm_hwm_mib, wait_for, wait_for_ci)
 SYSTEMS = ("cubetorchfs", "cubetorchfs-nohook", "s3fs", "rclone")
 CONNECTORS = ("s3torchconnector", "s3torchconnector-iter")  # no mount; the project venv's python
 CAPPED = ("cubetorchfs-capped", "cubetorchfs-nohook-capped")
 PEERS = ("s3fs", "rclone")
 MOUNT_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
-COMMAND_TIMEOUT_S = 30.0
 
 
 def log(msg: str) -> None:
@@ -182,86 +183,6 @@ def get_latency_ms(port: int, keys: list[str], n: int = 40) -> float:
 # --------------------------------------------------------------------------- processes
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
-
-
-def stop_process(proc: Optional[subprocess.Popen], name: str) -> None:
-    """SIGTERM, then SIGKILL after a while; only this process, which we started."""
-    if proc is None or proc.poll() is not None:
-        return
-    try:
-        proc.terminate()
-        proc.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        log(f"{name} (pid {proc.pid}) ignored SIGTERM; killing it")
-        proc.kill()
-        try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            log(f"{name} (pid {proc.pid}) did not die")
-
-
-def cpu_seconds(pid: Optional[int]) -> float:
-    """User + system CPU of a process and its waited-for children so far (nan when gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, TypeError, IndexError, ValueError):
-        return float("nan")
-
-
-def mounted(mnt: Path) -> bool:
-    target = str(mnt)
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) > 4 and fields[4].replace("\\040", " ") == target:
-                return True
-    return False
-
-
-def unmount(mnt: Path) -> None:
-    if not mounted(mnt):
-        return
-    for cmd in (["fusermount3", "-u", str(mnt)], ["fusermount3", "-u", "-z", str(mnt)], ["umount", "-l", str(mnt)]):
-        try:
-            subprocess.run(cmd, check=False, timeout=COMMAND_TIMEOUT_S,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            log(f"{' '.join(cmd)} timed out")
-        if not mounted(mnt):
-            return
-    log(f"could not unmount {mnt}")
-
-
-def drop_caches() -> None:
-    subprocess.run(["sync"], check=False, timeout=120)
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError as e:
-        log(f"cannot drop the page cache ({e}): runs are not cold")
-
-
 class LatencyProxy:
     """This script in --proxy mode, as a separate process (its own GIL and CPU accounting)."""
 
@@ -277,7 +198,7 @@ class LatencyProxy:
             raise RuntimeError(f"the latency proxy exited with {self.proc.returncode}")
 
     def stop(self) -> None:
-        stop_process(self.proc, "latency proxy")
+        stop_process(self.proc, "latency proxy", log, STOP_TIMEOUT_S)
 
 
 def run_proxy(spec: str) -> None:
@@ -391,12 +312,12 @@ class Mount:
         return {}
 
     def close(self) -> None:
-        unmount(self.mnt)
+        unmount(self.mnt, log)
         if self.proc is not None:
             try:
                 self.proc.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                stop_process(self.proc, self.name)
+                stop_process(self.proc, self.name, log, STOP_TIMEOUT_S)
         elif self.pid is not None:
             wait_for(lambda: not Path(f"/proc/{self.pid}").exists(), STOP_TIMEOUT_S)
             if Path(f"/proc/{self.pid}").exists():
@@ -617,22 +538,6 @@ def epoch(m: Mount, variant: str, timeout: float, epochs: int = 1) -> dict:
 # --------------------------------------------------------------------------- main
 
 
-def wait_for_ci(path: Path, limit_s: float) -> None:
-    """Another run (CI) may be using the CPU: wait until its log has its `rc=` line."""
-    if not path.exists():
-        return
-    deadline = time.monotonic() + limit_s
-    announced = False
-    while time.monotonic() < deadline:
-        if any(line.startswith("rc=") for line in path.read_text(errors="replace").splitlines()):
-            return
-        if not announced:
-            log(f"{path} has no rc= line yet: waiting for that run to finish (at most {limit_s:.0f} s)")
-            announced = True
-        time.sleep(5)
-    log(f"still no rc= line in {path}: measuring anyway")
-
-
 class _Cluster:
     """The CubeFS cluster where s3_bench expects an S3Server: port, proc (for CPU: the
     ObjectNode's is not ours to count, so none) and stop()."""
@@ -646,8 +551,12 @@ class _Cluster:
         self.cluster.stop()
 
 
-def median_range(values: list[float]) -> tuple[float, float, float]:
-    return statistics.median(values), min(values), max(values)
+def cpu_now(m: Mount, server, proxy: Optional[LatencyProxy]) -> tuple[float, float, float]:
+    """CPU seconds so far of the mount's process, the S3 server's and the proxy's (each with its
+    waited-for children; nan when gone or not ours, 0 without a proxy)."""
+    def cpu(pid: Optional[int]) -> float:
+        return cpu_seconds(pid, children=True, missing=float("nan"))
+    return cpu(m.pid), cpu(server.proc.pid if server.proc else None), cpu(proxy.proc.pid) if proxy else 0.0
 
 
 def main() -> None:
@@ -740,7 +649,7 @@ def main() -> None:
             latency["proxy"] = get_latency_ms(proxy.port, sample)
         log("store latency, median of 40 sequential GETs of a whole object: " +
             ", ".join(f"{k} {v:.1f} ms" for k, v in latency.items()))
-        wait_for_ci(Path(args.wait_for_log), 1200)
+        wait_for_ci(Path(args.wait_for_log), 1200, log)
 
         for variant in variants:
             for r in range(args.rounds):
@@ -749,12 +658,10 @@ def main() -> None:
                     m: Optional[Mount] = None
                     try:
                         m = make_mount(system, work, endpoint, args)
-                        drop_caches()
-                        cpu0 = (cpu_seconds(m.pid), cpu_seconds(server.proc.pid if server.proc else None),
-                                cpu_seconds(proxy.proc.pid) if proxy else 0.0)
+                        drop_caches(log, sync_timeout=120)
+                        cpu0 = cpu_now(m, server, proxy)
                         res = epoch(m, variant, args.epoch_timeout * args.epochs, args.epochs)
-                        cpu1 = (cpu_seconds(m.pid), cpu_seconds(server.proc.pid if server.proc else None),
-                                cpu_seconds(proxy.proc.pid) if proxy else 0.0)
+                        cpu1 = cpu_now(m, server, proxy)
                         for k, ep in enumerate(res["epochs"], 1):
                             if ep["samples"] != len(files):
                                 raise RuntimeError(f"epoch {k} read {ep['samples']} samples, not {len(files)}")
@@ -784,7 +691,7 @@ def main() -> None:
                         if m is not None:
                             m.close()
                         elif mounted(work / "mnt"):
-                            unmount(work / "mnt")
+                            unmount(work / "mnt", log)
                         if not mounted(work / "mnt"):
                             shutil.rmtree(work, ignore_errors=True)
     finally:

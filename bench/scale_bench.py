@@ -55,7 +55,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from benchlib import drop_caches, free_port, vm_hwm_mib  # noqa: E402
+from benchlib import cpu_seconds, drop_caches, free_port, vm_hwm_mib  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -128,11 +128,6 @@ def metrics(port: str) -> dict[str, float]:
             key, _, value = line.rpartition(" ")
             out[key] = out.get(key, 0.0) + float(value)
     return out
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def child(args: argparse.Namespace) -> None:

@@ -35,7 +35,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import free_port, vm_hwm_mib  # noqa: E402
+from benchlib import cpu_seconds, free_port, mounted, unmount, vm_hwm_mib, wait_for  # noqa: E402
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -53,33 +53,6 @@ def run(args: list[str], timeout: float = 60, check: bool = True) -> subprocess.
     if check and r.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} exited {r.returncode}: {r.stderr.strip()}")
     return r
-
-
-def is_mounted(path: Path) -> bool:
-    target = os.path.realpath(path)
-    with open("/proc/mounts", encoding="utf-8", errors="replace") as f:
-        return any(len(line.split()) > 1 and line.split()[1] == target for line in f)
-
-
-def wait_until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def unmount(path: Path) -> None:
-    for args in (["fusermount3", "-u", str(path)], ["fusermount3", "-u", "-z", str(path)]):
-        if is_mounted(path):
-            run(args, timeout=30, check=False)
-            wait_until(lambda: not is_mounted(path), 5)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def generate(data: Path, files: int, mean: int, large: int) -> None:
@@ -133,11 +106,11 @@ class System:
 def mount_all(workdir: Path, data: Path, binary: str, uring: bool) -> tuple[list[System], list]:
     systems, mounts = [], []
     mnt = workdir / "mnt-bindfs"
-    unmount(mnt)
+    unmount(mnt, log, settle=5)  # workdir is resolved: mounted() needs the real path
     mnt.mkdir(parents=True, exist_ok=True)
     run(["bindfs", "-o", "ro,attr_timeout=300,entry_timeout=300", str(data), str(mnt)])
     mounts.append(mnt)
-    if not wait_until(lambda: is_mounted(mnt), 10):
+    if not wait_for(lambda: mounted(mnt), 10):
         raise RuntimeError("bindfs did not mount")
     bindfs_pid = int(run(["pgrep", "-n", "-f", f"^bindfs .* {mnt}$"]).stdout.split()[0])
     systems.append(System("bindfs", mnt, bindfs_pid, None))
@@ -145,7 +118,7 @@ def mount_all(workdir: Path, data: Path, binary: str, uring: bool) -> tuple[list
         if mode == "on" and not uring:
             continue
         mnt = workdir / f"mnt-{name}"
-        unmount(mnt)
+        unmount(mnt, log, settle=5)
         mnt.mkdir(parents=True, exist_ok=True)
         port, vol = free_port(), f"tb{name.replace('-', '').replace('_', '')}"
         ctl = workdir / "ctl"
@@ -163,7 +136,7 @@ def mount_all(workdir: Path, data: Path, binary: str, uring: bool) -> tuple[list
                        capture_output=True)
         mounts.append(mnt)
         control = ctl / f"cube_torch.config.{vol}"
-        if not wait_until(lambda: is_mounted(mnt) and control.exists(), 10):
+        if not wait_for(lambda: mounted(mnt) and control.exists(), 10):
             raise RuntimeError(f"{name} did not mount")
         systems.append(System(name, mnt, int(json.loads(control.read_text())["pid"]), port))
     return systems, mounts
@@ -239,7 +212,7 @@ def main() -> int:
         hwm = {s.name: vm_hwm_mib(s.pid) for s in systems}
     finally:
         for m in mounts:
-            unmount(m)
+            unmount(m, log, settle=5)
         if uring_before == "N":
             URING_PARAM.write_text("N\n")
 
