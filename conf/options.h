@@ -133,8 +133,8 @@ struct PrefetchOptions {
   uint64_t max_queued_path_bytes_per_uid = 32ull << 20;
   uint64_t max_queued_path_bytes = 64ull << 20;
   // Registered file lists (POST /v1/lists): how many one user may hold, and the memory they
-  // hold (about 4 bytes plus the path each), one user and all users. Default: 16, 128 MiB and
-  // 256 MiB.
+  // hold (front-coded: about 17 bytes a path for ImageNet-like names), one user and all
+  // users. Default: 16, 128 MiB and 256 MiB.
   uint64_t max_lists_per_uid = 16;
   uint64_t max_list_bytes_per_uid = 128ull << 20;
   uint64_t max_list_bytes = 256ull << 20;

@@ -10,13 +10,75 @@ namespace {
 
 constexpr uint64_t kSweepEveryNs = 1'000'000'000;
 
-// The capacity a block of `have` bytes grows to for `need`: by half again at least, so that
-// appends in pieces cost amortized O(1), and no more than asked when that is larger.
+// The capacity a block of `have` bytes grows to for `need`: by an eighth again at least, so
+// that appends in pieces cost amortized O(1) (a few more copies than doubling, of a list that
+// is a few bytes a path) while at most an eighth of what is charged is room not yet used; no
+// more than asked when that is larger.
 uint64_t Grown(uint64_t have, uint64_t need) {
-  return need <= have ? have : std::max(need, have + have / 2);
+  return need <= have ? have : std::max(need, have + have / 8);
+}
+
+void PutVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+// REQUIRES: a varint written by PutVarint at *p (the list's own bytes).
+uint64_t GetVarint(const char** p) {
+  uint64_t v = 0;
+  for (int shift = 0;; shift += 7) {
+    const auto b = static_cast<uint8_t>(*(*p)++);
+    v |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if ((b & 0x80) == 0) return v;
+  }
 }
 
 }  // namespace
+
+void FileLists::Encode(uint64_t entries_before, std::string* last,
+                       const std::vector<std::string>& entries, std::string* out,
+                       uint64_t* new_blocks) {
+  uint64_t n = entries_before;
+  for (const std::string& e : entries) {
+    size_t prefix = 0, suffix = 0;
+    if (n % kBlock == 0) {
+      ++*new_blocks;  // a block starts: the entry whole
+    } else {
+      const size_t most = std::min(e.size(), last->size());
+      while (prefix < most && e[prefix] == (*last)[prefix]) ++prefix;
+      // The tail it shares too (".JPEG"), in what is left past the prefix of both.
+      while (suffix < most - prefix &&
+             e[e.size() - 1 - suffix] == (*last)[last->size() - 1 - suffix])
+        ++suffix;
+    }
+    const size_t middle = e.size() - prefix - suffix;
+    PutVarint(prefix, out);
+    PutVarint(suffix, out);
+    PutVarint(middle, out);
+    out->append(e, prefix, middle);
+    *last = e;
+    ++n;
+  }
+}
+
+void FileLists::Decode(const List& list, uint64_t p, std::string* out) {
+  const char* at = list.bytes.data() + list.blocks[p / kBlock];
+  std::string before;
+  out->clear();
+  for (uint64_t i = p - p % kBlock; i <= p; ++i) {
+    const uint64_t prefix = GetVarint(&at);
+    const uint64_t suffix = GetVarint(&at);
+    const uint64_t middle = GetVarint(&at);
+    out->swap(before);  // the entry before this one
+    out->assign(before, 0, prefix);
+    out->append(at, middle);
+    out->append(before, before.size() - suffix, suffix);
+    at += middle;
+  }
+}
 
 FileLists::FileLists(const Options& options, Clock* clock) : options_(options), clock_(clock) {}
 
@@ -37,7 +99,6 @@ std::string FileLists::Create(uid_t uid) {
   id.insert(id.begin(), 'l');
   List& list = lists_[id];
   list.uid = uid;
-  list.offsets.push_back(0);  // entry i spans offsets[i] .. offsets[i + 1]
   list.charged = Charge(list);
   list.last_used_ns = now;
   u.lists++;
@@ -64,29 +125,32 @@ FileLists::List* FileLists::FindLocked(uid_t uid, const std::string& id, uint64_
 FileLists::Op FileLists::Append(uid_t uid, const std::string& id,
                                 const std::vector<std::string>& entries, uint64_t* first,
                                 uint64_t* size, std::string* why) {
-  uint64_t add = 0;
-  for (const auto& e : entries) add += e.size();
   MutexLock l(mu_);
   const uint64_t now = clock_->NowNanos();
   Op op = Op::kOk;
   List* list = FindLocked(uid, id, now, &op);
   if (list == nullptr) return op;
-  const uint64_t count = list->offsets.size() - 1;
+  const uint64_t count = list->entries;
   *first = count;
   *size = count;
   if (count + entries.size() > kMaxEntries) {
     *why = "a list holds at most " + std::to_string(kMaxEntries) + " entries";
     return Op::kFull;
   }
-  // Offsets are 32-bit: a list's paths fit in 4 GiB (the byte limits are lower anyway).
-  if (list->bytes.size() + add > UINT32_MAX) {
+  // Coded apart first, so that a refusal changes nothing.
+  std::string last = list->last;
+  std::string add;
+  uint64_t new_blocks = 0;
+  Encode(count, &last, entries, &add, &new_blocks);
+  // Block offsets are 32-bit: a list's coding fits in 4 GiB (the byte limits are lower anyway).
+  if (list->bytes.size() + add.size() > UINT32_MAX) {
     *why = "a list's paths fit in 4 GiB";
     return Op::kFull;
   }
-  const uint64_t bytes_cap = Grown(list->bytes.capacity(), list->bytes.size() + add);
-  const uint64_t offsets_cap =
-      Grown(list->offsets.capacity(), list->offsets.size() + entries.size());
-  const uint64_t charge = bytes_cap + offsets_cap * sizeof(uint32_t);
+  const uint64_t bytes_cap = Grown(list->bytes.capacity(), list->bytes.size() + add.size());
+  const uint64_t blocks_cap = Grown(list->blocks.capacity(), list->blocks.size() + new_blocks);
+  const uint64_t charge =
+      bytes_cap + blocks_cap * sizeof(uint32_t) + std::max(last.capacity(), list->last.capacity());
   const uint64_t more = charge > list->charged ? charge - list->charged : 0;
   while (use_[list->uid].bytes + more > options_.max_bytes_per_uid &&
          EvictOneLocked(list->uid, id)) {
@@ -105,17 +169,26 @@ FileLists::Op FileLists::Append(uid_t uid, const std::string& id,
     return Op::kFull;
   }
   list->bytes.reserve(bytes_cap);
-  list->offsets.reserve(offsets_cap);
-  for (const auto& e : entries) {
-    list->bytes.append(e);
-    list->offsets.push_back(static_cast<uint32_t>(list->bytes.size()));
+  list->blocks.reserve(blocks_cap);
+  // The blocks started by these entries: where each one's first entry's coding begins.
+  const char* at = add.data();
+  for (uint64_t n = count; n < count + entries.size(); ++n) {
+    if (n % kBlock == 0)
+      list->blocks.push_back(static_cast<uint32_t>(list->bytes.size() + (at - add.data())));
+    GetVarint(&at);  // the lengths of the prefix and the suffix shared
+    GetVarint(&at);
+    const uint64_t middle = GetVarint(&at);
+    at += middle;
   }
+  list->bytes.append(add);
+  list->entries += entries.size();
+  list->last.swap(last);
   const uint64_t charged = Charge(*list);
   u.bytes = u.bytes - list->charged + charged;
   bytes_ = bytes_ - list->charged + charged;
   list->charged = charged;
   list->last_used_ns = now;
-  *size = list->offsets.size() - 1;
+  *size = list->entries;
   return Op::kOk;
 }
 
@@ -158,19 +231,19 @@ FileLists::Op FileLists::Paths(uid_t uid, const std::string& id,
   Op op = Op::kOk;
   List* list = FindLocked(uid, id, clock_->NowNanos(), &op);
   if (list == nullptr) return op;
-  *size = list->offsets.size() - 1;
+  *size = list->entries;
   for (uint32_t p : positions)
     if (p >= *size) return Op::kRange;
   list->last_used_ns = clock_->NowNanos();
   out->reserve(out->size() + positions.size());
-  const char* base = list->bytes.data();
+  std::string entry;
   for (uint32_t p : positions) {
-    const uint32_t from = list->offsets[p], to = list->offsets[p + 1];
-    if (from == to) {
+    Decode(*list, p, &entry);
+    if (entry.empty()) {
       ++*refused;
       continue;
     }
-    out->emplace_back(base + from, to - from);
+    out->push_back(entry);
   }
   return Op::kOk;
 }
@@ -181,7 +254,7 @@ FileLists::Stats FileLists::GetStats(std::optional<uid_t> only) {
   for (const auto& [id, list] : lists_) {
     if (only && list.uid != *only) continue;
     s.lists++;
-    s.entries += list.offsets.size() - 1;
+    s.entries += list.entries;
     s.bytes += list.charged;
   }
   return s;

@@ -3,8 +3,14 @@
 // positions in that list (POST /v1/streams/{id}/positions, four bytes a file) instead of
 // paths: no JSON, no path resolution, no permission walk per published file.
 //
-// A list is an array of store paths held in one block of bytes with a 4-byte offset each; an
-// entry refused at registration is kept, empty, so that later entries keep their numbers.
+// A list is held front- and back-coded: in blocks of kBlock entries, the first entry of a block
+// whole and each next one as the lengths of the prefix and the suffix it shares with the entry
+// before it and the bytes between (three varints, then the bytes), with a 4-byte offset a
+// block. A dataset's paths come sorted (ImageFolder's classes and files) and share their
+// extension, so an entry costs its distinct digits and a few bytes (file_lists_test.cc measures
+// ImageNet-like and COCO-like lists; docs/memory.md has the figures). An entry is found by
+// decoding at most kBlock entries from its block's start, never the list whole. An entry
+// refused at registration is kept, empty, so that later entries keep their numbers.
 // Lists belong to their creator. What they hold is bounded per user (count and bytes) and for
 // all users (bytes), the bytes being the capacity actually allocated. A user at its own limits
 // loses its least recently used list (a publisher killed before it could delete it left one);
@@ -74,16 +80,27 @@ class FileLists {
   static constexpr uint64_t kMaxEntries = UINT32_MAX;
 
  private:
+  static constexpr uint64_t kBlock = 16;  // entries a block; block b holds entries 16b..16b+15
   struct List {
     uid_t uid = 0;
-    std::string bytes;              // the paths, one after another
-    std::vector<uint32_t> offsets;  // where entry i starts; entry i ends where i + 1 starts
-    uint64_t charged = 0;           // the capacity of both, as counted against the limits
+    std::string bytes;             // the entries, front-coded (above)
+    std::vector<uint32_t> blocks;  // where block b starts in `bytes`
+    uint64_t entries = 0;
+    std::string last;      // the last entry appended: the next one is coded against it
+    uint64_t charged = 0;  // the capacity of all three, as counted against the limits
     uint64_t last_used_ns = 0;
   };
   static uint64_t Charge(const List& l) {
-    return l.bytes.capacity() + l.offsets.capacity() * sizeof(uint32_t);
+    return l.bytes.capacity() + l.blocks.capacity() * sizeof(uint32_t) + l.last.capacity();
   }
+  // Appends the coding of `entries` after those of `list` (whose last entry is *last, updated)
+  // to *out; the number of blocks they start is added to *new_blocks. Pure: nothing of `list`
+  // changes.
+  static void Encode(uint64_t entries_before, std::string* last,
+                     const std::vector<std::string>& entries, std::string* out,
+                     uint64_t* new_blocks);
+  // Entry `p` of `list` into *out. REQUIRES: p < list.entries.
+  static void Decode(const List& list, uint64_t p, std::string* out);
   // List `id` if `uid` may use it (after dropping idle lists); else null and *op says why.
   List* FindLocked(uid_t uid, const std::string& id, uint64_t now, Op* op) REQUIRES(mu_);
   void EraseLocked(std::map<std::string, List>::iterator it) REQUIRES(mu_);
