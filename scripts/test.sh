@@ -41,6 +41,8 @@ phase() {  # ends the running phase and starts the next, which it announces
 finish() {
   local rc=$?
   [ -n "$REPORTS" ] && rm -rf "$REPORTS"
+  if [ -n "${VENV_JOB:-}" ]; then kill "$VENV_JOB" 2>/dev/null; wait "$VENV_JOB" 2>/dev/null; fi
+  [ -n "${VENV_LOG:-}" ] && rm -f "$VENV_LOG"
   phase "(end)" >/dev/null
   echo "== time per phase (scripts/test.sh${SANITIZE:+ --sanitize $SANITIZE}; exit $rc)"
   printf '%s\n' "${PHASES[@]}"
@@ -48,8 +50,26 @@ finish() {
 }
 trap finish EXIT
 
-phase "dependencies (scripts/install_deps.sh)"
-scripts/install_deps.sh
+phase "dependencies (Debian packages: scripts/install_deps.sh --debian)"
+scripts/install_deps.sh --debian
+# The project venv (torch 2.x and the PyPI peers: minutes on a fresh machine, mostly download)
+# is made in the background while the trees build and the first suites run; the integration
+# tests, the first to need it (moto), wait for it (venv_ready).
+VENV_LOG="$(mktemp /tmp/cubetorchfs-venv.XXXXXX)"
+VENV_JOB=""
+if [ "$SANITIZE" != thread ]; then
+  scripts/install_deps.sh >"$VENV_LOG" 2>&1 &
+  VENV_JOB=$!
+fi
+venv_ready() {
+  [ -z "$VENV_JOB" ] && return 0
+  phase "the project venv (scripts/install_deps.sh, made in the background)"
+  local rc=0
+  wait "$VENV_JOB" || rc=$?
+  VENV_JOB=""
+  cat "$VENV_LOG"
+  [ "$rc" -eq 0 ] || { echo "test.sh: making the project venv failed (exit $rc)" >&2; exit 1; }
+}
 phase "build (build/, Release, warnings as errors)"
 scripts/build.sh -DCUBETORCHFS_WERROR=ON
 
@@ -72,6 +92,7 @@ if [ -n "$SANITIZE" ]; then
   if [ "$SANITIZE" = address ]; then
     phase "unit tests under ASan + UBSan"
     (cd "$dir" && ctest --output-on-failure --timeout 600 -j2) || status=1
+    venv_ready
     phase "integration tests, the daemon under ASan + UBSan"
     # The Python side loads build/'s uninstrumented loader library; only the daemon swaps.
     CUBETORCHFS_BIN="$PWD/$dir/bin/cubetorchfs" PYTHONPATH="$PWD/hooks" \
@@ -116,6 +137,7 @@ export PYTHONPATH="$PWD/hooks${PYTHONPATH:+:$PYTHONPATH}"
 # reason. With CI set, a skip for want of FUSE, the daemon binary or libcubetorch_io is a
 # failure (tests/ci_skips.py); other skips (no GPU...) stay skips.
 timeout 600 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/hooks
+venv_ready
 phase "integration tests (pytest, real mounts) under Debian's python3"
 timeout 1200 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/integration
 # The same hook and loader suite, and the integration tests that train or load, under the
