@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <utility>
 
 #include "cache/tiers.h"
@@ -152,6 +153,10 @@ Prefetcher::Op Prefetcher::DeleteStreamAs(uid_t uid, const std::string& id) {
     auto it = streams_.find(id);
     if (it == streams_.end()) return Op::kNotFound;
     if (uid != 0 && it->second.uid != uid) return Op::kForbidden;
+    // Its reads reported so far count in its final counters.
+    ApplyDeferredLocked();
+    it = streams_.find(id);
+    if (it == streams_.end()) return Op::kNotFound;
     DeleteStreamLocked(it);
     Wake();
   }
@@ -474,6 +479,7 @@ bool Prefetcher::Defer(DeferredRead&& read) {
   DeferShard& shard = deferred_[shard_index];
   MutexLock l(shard.mu);
   if (shard.reads.size() >= kDeferMax) return false;
+  read.seq = defer_seq_.fetch_add(1, std::memory_order_relaxed);
   shard.reads.push_back(std::move(read));
   deferred_count_.fetch_add(1, std::memory_order_release);
   return true;
@@ -481,19 +487,23 @@ bool Prefetcher::Defer(DeferredRead&& read) {
 
 bool Prefetcher::ApplyDeferredLocked() {
   if (deferred_count_.load(std::memory_order_acquire) == 0) return false;
-  bool wake = false;
   for (DeferShard& shard : deferred_) {
-    {
-      MutexLock l(shard.mu);
-      if (shard.reads.empty()) continue;
-      applying_.swap(shard.reads);
-    }
-    deferred_count_.fetch_sub(applying_.size(), std::memory_order_acq_rel);
-    for (const DeferredRead& r : applying_)
-      wake |=
-          OnReadLocked(r.path, r.version, r.offset, r.bytes, r.outcome, r.to_kernel, r.uid, r.now);
-    applying_.clear();  // its capacity goes back to the shard at the next swap
+    MutexLock l(shard.mu);
+    if (shard.reads.empty()) continue;
+    deferred_count_.fetch_sub(shard.reads.size(), std::memory_order_acq_rel);
+    std::move(shard.reads.begin(), shard.reads.end(), std::back_inserter(applying_));
+    shard.reads.clear();
   }
+  // In the order they were reported, across threads: a stream's cursor skips positions far
+  // behind the furthest read, so one thread's reads applied ahead of another's would make
+  // the other's look that far behind.
+  std::sort(applying_.begin(), applying_.end(),
+            [](const DeferredRead& a, const DeferredRead& b) { return a.seq < b.seq; });
+  bool wake = false;
+  for (const DeferredRead& r : applying_)
+    wake |=
+        OnReadLocked(r.path, r.version, r.offset, r.bytes, r.outcome, r.to_kernel, r.uid, r.now);
+  applying_.clear();  // keeps its capacity for the next time
   return wake;
 }
 
@@ -646,6 +656,9 @@ std::optional<cfs_client::FileAttr> Prefetcher::WindowAttr(const std::string& pa
 
 void Prefetcher::Invalidate(const std::string& path) {
   std::lock_guard<std::mutex> l(mu_);
+  // Reads of the old version reported so far are applied first: a file read whole before it
+  // was written is not counted as evicted unread.
+  if (ApplyDeferredLocked()) Wake();
   marks_.Erase(MarkKey(path));
   auto it = window_.find(path);
   if (it == window_.end()) return;
@@ -658,7 +671,7 @@ bool Prefetcher::RunOneJob() {
   std::optional<Job> job;
   {
     std::lock_guard<std::mutex> l(mu_);
-    ApplyDeferredLocked();  // this thread looks for work next
+    if (ApplyDeferredLocked()) Wake();  // this thread looks for work next, and one more
     job = NextJobLocked();
     if (job && job->IsFetch()) StartFetchLocked(*job);
   }
@@ -684,7 +697,7 @@ void Prefetcher::RecordStoredLocked(std::unique_lock<std::mutex>& l, std::vector
 void Prefetcher::Sweep() {
   {
     std::lock_guard<std::mutex> l(mu_);
-    ApplyDeferredLocked();
+    if (ApplyDeferredLocked()) Wake();
     SweepLocked();
   }
   MaybeTrimHeap();
@@ -742,9 +755,10 @@ void Prefetcher::WorkerLoop() {
         continue;
       }
     }
-    // Reads other threads queued while the lock was held, before looking for work (this worker
-    // looks next; a read that frees window room also tells a fetch waiting for it).
-    if (ApplyDeferredLocked()) room_cv_.notify_all();
+    // Reads other threads queued while the lock was held, before looking for work. What they
+    // call for (look-ahead moved, room freed) wakes an idle worker and the fetches waiting
+    // for room, as it would have from the reader: this worker takes one job only.
+    if (ApplyDeferredLocked()) Wake();
     std::optional<Job> job = NextJobLocked();
     if (!job) {
       work_cv_.wait_for(l, std::chrono::seconds(1));

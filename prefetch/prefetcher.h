@@ -272,6 +272,11 @@ class Prefetcher {
   bool RunOneJob();
   // Expires idle streams and abandoned entries now (workers do it every second).
   void Sweep();
+  // Runs `fn` while holding the prefetcher's lock: reads reported meanwhile are queued.
+  void HoldLockForTest(const std::function<void()>& fn) {
+    std::lock_guard<std::mutex> l(mu_);
+    fn();
+  }
   static constexpr uint64_t kTrimAfterBytes = 1 << 20;  // queued-path memory freed, then trim
 
  private:
@@ -404,9 +409,9 @@ class Prefetcher {
   static constexpr size_t kRestoreRun = 64;  // restore jobs one worker takes at once
 
   // A read reported (OnRead) while another thread held mu_: the reader does not wait, the next
-  // holder applies it (ApplyDeferredLocked). Sharded by reader thread, so a thread's reads are
-  // applied in its order; each shard holds at most kDeferMax (past it, the reader waits for mu_
-  // as before), so what a reader can leave queued is bounded.
+  // holder applies it (ApplyDeferredLocked), all threads' reads in the order they were
+  // reported. Sharded by reader thread; each shard holds at most kDeferMax (past it, the
+  // reader waits for mu_ as before), so what readers can leave queued is bounded.
   struct DeferredRead {
     std::string path;
     cfs_client::FileVersion version;
@@ -415,6 +420,7 @@ class Prefetcher {
     bool to_kernel = true;
     int64_t uid = -1;
     uint64_t now = 0;
+    uint64_t seq = 0;  // the order reported, across threads (defer_seq_)
   };
   static constexpr size_t kDeferShards = 16;
   static constexpr size_t kDeferMax = 1024;
@@ -461,6 +467,7 @@ class Prefetcher {
 
   std::array<DeferShard, kDeferShards> deferred_;
   std::atomic<uint64_t> deferred_count_{0};  // reads in deferred_
+  std::atomic<uint64_t> defer_seq_{0};       // DeferredRead::seq of the next one
   std::vector<DeferredRead> applying_;       // ApplyDeferredLocked's (under mu_), kept for reuse
 
   // Owned by the registry; null without one.

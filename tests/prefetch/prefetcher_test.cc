@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <future>
 #include <map>
 #include <set>
 #include <string>
@@ -1464,11 +1465,13 @@ TEST_F(PrefetcherTest, AnotherUsersReadMovesNeitherTheStreamNorItsWindow) {
 // files in the window's view, and their reads are counted and consume their positions whether
 // they took the lock or left the read for its holder. A thread asking for the counters all the
 // while holds the lock often, so that reads are left queued.
+// (64 positions and a slack of 64: however the threads are scheduled, none is skipped.)
 TEST_F(PrefetcherTest, ReadsFromManyThreadsAreAllCountedAndConsumeTheirPositions) {
-  Make(/*window_files=*/64, 1 << 20, /*slack=*/64);
-  const std::string id = Publish(0, 64);
-  EXPECT_EQ(RunAll(), 64);
-  EXPECT_EQ(pf_->GetStats().window_files, 64u);
+  constexpr int kFiles = 64;
+  Make(/*window_files=*/kFiles, 1 << 20, /*slack=*/64);
+  const std::string id = Publish(0, kFiles);
+  EXPECT_EQ(RunAll(), kFiles);
+  EXPECT_EQ(pf_->GetStats().window_files, uint64_t{kFiles});
   std::atomic<int> next{0};
   std::atomic<bool> done{false};
   std::atomic<int> served{0};
@@ -1478,7 +1481,7 @@ TEST_F(PrefetcherTest, ReadsFromManyThreadsAreAllCountedAndConsumeTheirPositions
   std::vector<std::thread> readers;
   for (int t = 0; t < 4; ++t)
     readers.emplace_back([&] {
-      for (int i; (i = next.fetch_add(1)) < 64;) {
+      for (int i; (i = next.fetch_add(1)) < kFiles;) {
         const cfs_client::FileVersion v = store_.Stat(Name(i)).value().Version();
         std::optional<Prefetcher::WindowHit> hit = pf_->Get(Name(i), v, 0);
         if (hit && !hit->waited && hit->buffer->size == kFileSize &&
@@ -1490,12 +1493,14 @@ TEST_F(PrefetcherTest, ReadsFromManyThreadsAreAllCountedAndConsumeTheirPositions
   for (std::thread& r : readers) r.join();
   done = true;
   stats.join();
-  EXPECT_EQ(served.load(), 64);
+  EXPECT_EQ(served.load(), kFiles);
   const Stats after = pf_->GetStats();
-  EXPECT_EQ(after.reads.hit, 64u);
+  EXPECT_EQ(after.reads.hit, uint64_t{kFiles});
   EXPECT_EQ(after.window_files, 0u);  // each read whole, wanted by no position: let go
+  EXPECT_EQ(after.evicted_unread, 0u);
   ASSERT_EQ(after.streams.size(), 1u);
-  EXPECT_EQ(after.streams[0].reads.hit, 64u);
+  EXPECT_EQ(after.streams[0].reads.hit, uint64_t{kFiles});
+  EXPECT_EQ(after.streams[0].skipped, 0u);
   EXPECT_EQ(after.queued_paths, 0u);
   pf_->DeleteStream(id);
 }
@@ -1528,6 +1533,46 @@ TEST_F(PrefetcherTest, TheWindowsViewFollowsInvalidationAndRelease) {
   EXPECT_TRUE(pf_->WindowAttr(Name(2)).has_value());
   clock_.AdvanceSeconds(20);
   EXPECT_FALSE(pf_->WindowAttr(Name(2)).has_value());  // stale attributes answer no lookup
+}
+
+// Reads queued while the lock is held are applied in the order they were reported, across the
+// threads' queues. Positions further than the slack behind the furthest read are skipped, so
+// one thread's queue applied before another's would skip positions read in fact and count
+// their files evicted unread.
+TEST_F(PrefetcherTest, QueuedReadsAreAppliedInTheOrderTheyWereReported) {
+  constexpr int kFiles = 400;
+  for (int i = 64; i < kFiles; ++i)
+    store_.PutFile(Name(i), std::string(kFileSize, static_cast<char>('a' + i % 26)));
+  Make(/*window_files=*/kFiles, 4 << 20, /*slack=*/64);
+  const std::string id = Publish(0, kFiles);
+  EXPECT_EQ(RunAll(), kFiles);
+  auto read = [&](int from, int to) {
+    for (int i = from; i < to; ++i)
+      pf_->OnRead(Name(i), store_.Stat(Name(i)).value().Version(), 0, kFileSize, ReadOutcome::kHit);
+  };
+  pf_->HoldLockForTest([&] {
+    // Thread a reports position 0, thread b positions 1-199, thread a again 200-399; each
+    // thread's reads go to its own queue, and none takes the lock.
+    std::promise<void> a_first, b_done;
+    std::thread a([&] {
+      read(0, 1);
+      a_first.set_value();
+      b_done.get_future().wait();
+      read(200, kFiles);
+    });
+    a_first.get_future().wait();
+    std::thread b([&] { read(1, 200); });
+    b.join();
+    b_done.set_value();
+    a.join();
+  });
+  const Stats after = pf_->GetStats();
+  EXPECT_EQ(after.reads.hit, uint64_t{kFiles});
+  ASSERT_EQ(after.streams.size(), 1u);
+  EXPECT_EQ(after.streams[0].skipped, 0u);
+  EXPECT_EQ(after.streams[0].reads.hit, uint64_t{kFiles});
+  EXPECT_EQ(after.evicted_unread, 0u);
+  pf_->DeleteStream(id);
 }
 
 }  // namespace
