@@ -42,7 +42,9 @@ finish() {
   local rc=$?
   [ -n "$REPORTS" ] && rm -rf "$REPORTS"
   if [ -n "${VENV_JOB:-}" ]; then kill "$VENV_JOB" 2>/dev/null; wait "$VENV_JOB" 2>/dev/null; fi
+  if [ -n "${CHECKS_JOB:-}" ]; then kill "$CHECKS_JOB" 2>/dev/null; wait "$CHECKS_JOB" 2>/dev/null; fi
   [ -n "${VENV_LOG:-}" ] && rm -f "$VENV_LOG"
+  [ -n "${CHECKS_LOG:-}" ] && rm -f "$CHECKS_LOG"
   phase "(end)" >/dev/null
   echo "== time per phase (scripts/test.sh${SANITIZE:+ --sanitize $SANITIZE}; exit $rc)"
   printf '%s\n' "${PHASES[@]}"
@@ -114,18 +116,34 @@ fi
 
 phase "format check (clang-format)"
 scripts/format.sh --check
-phase "lock annotations (clang -Wthread-safety)"
-scripts/thread_safety.sh build
 
 phase "unit tests (ctest)"
 (cd build && ctest --output-on-failure --timeout 300 -j2)
 
-phase "fuzzing the control plane (libFuzzer, 20 s a target; bench/fuzz_bench.sh)"
-# The request reader, the JSON body limits and the routes, built with clang into build-fuzz/
-# (a first build there takes about 5 minutes on 2 cores, later ones seconds). A crash, a leak,
-# an allocation over 256 MiB or a broken invariant fails the run; its reproducer is in
-# build-fuzz/fuzz-artifacts/.
-bench/fuzz_bench.sh --time 20
+# The lock annotations and the fuzzing need no mount: they run in the background at the lowest
+# CPU priority (nice 19), on the CPU the suites below leave idle (about half of it: they wait
+# on stores with added latency, timeouts, clusters), and are waited for at the end.
+#  - lock annotations: clang -Wthread-safety over every file using the annotated locks;
+#  - fuzzing the control plane: the request reader, the JSON body limits and the routes, 20 s a
+#    target, built with clang into build-fuzz/ (a first build there takes minutes on 2 cores,
+#    later ones seconds). A crash, a leak, an allocation over 256 MiB or a broken invariant
+#    fails the run; its reproducer is in build-fuzz/fuzz-artifacts/.
+CHECKS_LOG="$(mktemp /tmp/cubetorchfs-checks.XXXXXX)"
+(
+  echo "-- lock annotations (clang -Wthread-safety)"
+  nice -n 19 scripts/thread_safety.sh build
+  echo "-- fuzzing the control plane (libFuzzer, 20 s a target; bench/fuzz_bench.sh)"
+  nice -n 19 bench/fuzz_bench.sh --time 20
+) >"$CHECKS_LOG" 2>&1 &
+CHECKS_JOB=$!
+checks_done() {
+  phase "lock annotations and fuzzing (run in the background since the unit tests)"
+  local rc=0
+  wait "$CHECKS_JOB" || rc=$?
+  CHECKS_JOB=""
+  cat "$CHECKS_LOG"
+  [ "$rc" -eq 0 ] || { echo "test.sh: the lock annotations or the fuzzing failed (exit $rc)" >&2; exit 1; }
+}
 
 phase "contract tests (pytest: the docs' metrics, routes, thread rules and pjdfstest counts against the sources; no build needed)"
 timeout 120 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/contracts
@@ -171,3 +189,5 @@ if [ -f ../shared/tools/pjdfstest/pjdfstest.c ]; then
 else
   echo "SKIP: no pjdfstest source at ../shared/tools/pjdfstest (scripts/posix_conformance.sh --pjdfstest DIR runs it by hand)"
 fi
+
+checks_done
