@@ -64,18 +64,17 @@ void FileLists::Encode(uint64_t entries_before, std::string* last,
   }
 }
 
-void FileLists::Decode(const List& list, uint64_t p, std::string* out) {
+void FileLists::Decode(const List& list, uint64_t p, std::string* out, std::string* before) {
   const char* at = list.bytes.data() + list.blocks[p / kBlock];
-  std::string before;
   out->clear();
   for (uint64_t i = p - p % kBlock; i <= p; ++i) {
     const uint64_t prefix = GetVarint(&at);
     const uint64_t suffix = GetVarint(&at);
     const uint64_t middle = GetVarint(&at);
-    out->swap(before);  // the entry before this one
-    out->assign(before, 0, prefix);
+    out->swap(*before);  // the entry before this one
+    out->assign(*before, 0, prefix);
     out->append(at, middle);
-    out->append(before, before.size() - suffix, suffix);
+    out->append(*before, before->size() - suffix, suffix);
     at += middle;
   }
 }
@@ -236,9 +235,9 @@ FileLists::Op FileLists::Paths(uid_t uid, const std::string& id,
     if (p >= *size) return Op::kRange;
   list->last_used_ns = clock_->NowNanos();
   out->reserve(out->size() + positions.size());
-  std::string entry;
+  std::string entry, before;
   for (uint32_t p : positions) {
-    Decode(*list, p, &entry);
+    Decode(*list, p, &entry, &before);
     if (entry.empty()) {
       ++*refused;
       continue;

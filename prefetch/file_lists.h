@@ -99,8 +99,9 @@ class FileLists {
   static void Encode(uint64_t entries_before, std::string* last,
                      const std::vector<std::string>& entries, std::string* out,
                      uint64_t* new_blocks);
-  // Entry `p` of `list` into *out. REQUIRES: p < list.entries.
-  static void Decode(const List& list, uint64_t p, std::string* out);
+  // Entry `p` of `list` into *out; *before is scratch (kept across calls, so that resolving
+  // many positions allocates nothing once both have grown). REQUIRES: p < list.entries.
+  static void Decode(const List& list, uint64_t p, std::string* out, std::string* before);
   // List `id` if `uid` may use it (after dropping idle lists); else null and *op says why.
   List* FindLocked(uid_t uid, const std::string& id, uint64_t now, Op* op) REQUIRES(mu_);
   void EraseLocked(std::map<std::string, List>::iterator it) REQUIRES(mu_);
