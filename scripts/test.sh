@@ -63,15 +63,19 @@ if [ "$SANITIZE" != thread ]; then
   scripts/install_deps.sh >"$VENV_LOG" 2>&1 &
   VENV_JOB=$!
 fi
-venv_ready() {
-  [ -z "$VENV_JOB" ] && return 0
-  phase "the project venv (scripts/install_deps.sh, made in the background)"
+# Waits, in a phase of its own, for the background job whose pid is in the variable named $1,
+# prints its log $2, and fails the run if it failed ($3 names it).
+wait_background() {
+  local job="${!1}"
+  [ -z "$job" ] && return 0
+  phase "$3 (run in the background)"
   local rc=0
-  wait "$VENV_JOB" || rc=$?
-  VENV_JOB=""
-  cat "$VENV_LOG"
-  [ "$rc" -eq 0 ] || { echo "test.sh: making the project venv failed (exit $rc)" >&2; exit 1; }
+  wait "$job" || rc=$?
+  printf -v "$1" '%s' ""
+  cat "$2"
+  [ "$rc" -eq 0 ] || { echo "test.sh: $3 failed (exit $rc)" >&2; exit 1; }
 }
+venv_ready() { wait_background VENV_JOB "$VENV_LOG" "the project venv (scripts/install_deps.sh)"; }
 phase "build (build/, Release, warnings as errors)"
 scripts/build.sh -DCUBETORCHFS_WERROR=ON
 
@@ -136,14 +140,6 @@ CHECKS_LOG="$(mktemp /tmp/cubetorchfs-checks.XXXXXX)"
   nice -n 19 bench/fuzz_bench.sh --time 20
 ) >"$CHECKS_LOG" 2>&1 &
 CHECKS_JOB=$!
-checks_done() {
-  phase "lock annotations and fuzzing (run in the background since the unit tests)"
-  local rc=0
-  wait "$CHECKS_JOB" || rc=$?
-  CHECKS_JOB=""
-  cat "$CHECKS_LOG"
-  [ "$rc" -eq 0 ] || { echo "test.sh: the lock annotations or the fuzzing failed (exit $rc)" >&2; exit 1; }
-}
 
 phase "contract tests (pytest: the docs' metrics, routes, thread rules and pjdfstest counts against the sources; no build needed)"
 timeout 120 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/contracts
@@ -190,4 +186,4 @@ else
   echo "SKIP: no pjdfstest source at ../shared/tools/pjdfstest (scripts/posix_conformance.sh --pjdfstest DIR runs it by hand)"
 fi
 
-checks_done
+wait_background CHECKS_JOB "$CHECKS_LOG" "the lock annotations and the fuzzing"
