@@ -345,10 +345,9 @@ Result<OpenResult> FileSystem::Open(uint64_t ino, int flags, bool track_handle, 
   r.handle =
       std::make_unique<FileHandle>(FileHandle{ino, inode->path, attr->Version(), inode->write_gen,
                                               false, StreamFor(inode->path, *attr, uid)});
-  std::optional<cfs_client::FileVersion> previous = inodes_.SetOpenedVersion(ino, attr->Version());
-  const bool unchanged = previous && *previous == attr->Version();
-  r.keep_cache = options_.keep_cache && unchanged;
-  r.invalidate_inode = previous && !unchanged;
+  const InodeTable::OpenedBefore before = inodes_.SetOpenedVersion(ino, attr->Version());
+  r.keep_cache = options_.keep_cache && before == InodeTable::OpenedBefore::kSameVersion;
+  r.invalidate_inode = before == InodeTable::OpenedBefore::kOtherVersion;
   return r;
 }
 

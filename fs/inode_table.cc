@@ -1,124 +1,580 @@
 #include "fs/inode_table.h"
 
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
 #include "common/logging.h"
 #include "common/snapshot_bytes.h"
 #include "common/thread_annotations.h"
 
-#include <algorithm>
-#include <cstring>
-#include <vector>
-
 namespace cubetorchfs::fs {
+namespace {
 
-InodeTable::InodeTable(const cfs_client::FileAttr& root_attr, uint64_t now_ns) {
-  Node root;
-  root.info.ino = kRootIno;
-  root.info.attr = root_attr;
-  root.info.attr_time_ns = now_ns;
-  root.nlookup = 1;
-  WriterLock w(names_mu_);
-  {
-    Shard& s = ShardOf(kRootIno);
-    MutexLock l(s.mu);
-    s.nodes.emplace(kRootIno, std::move(root));
+constexpr uint32_t kSlotMask = InodeTable::kSlotBits == 28 ? 0x0FFFFFFFu : 0;
+constexpr uint64_t kReuseMask = (uint64_t{1} << InodeTable::kReuseBits) - 1;
+
+uint64_t Mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
+}
+
+uint64_t VersionDigest(const cfs_client::FileVersion& v) {
+  const uint64_t h = Mix(v.size ^ Mix(static_cast<uint64_t>(v.mtime_ns) ^
+                                      Mix(v.id ^ Mix(static_cast<uint64_t>(v.ctime_ns)))));
+  return h == 0 ? 1 : h;
+}
+
+// "a/b/c" -> ("a/b", "c"); "c" -> ("", "c").
+std::pair<std::string_view, std::string_view> SplitLast(std::string_view path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string_view::npos) return {std::string_view(), path};
+  return {path.substr(0, slash), path.substr(slash + 1)};
+}
+
+}  // namespace
+
+// ---- Name ----
+
+void InodeTable::Name::Set(std::string_view s) {
+  Clear();
+  if (s.size() <= 23) {
+    std::memcpy(b_, s.data(), s.size());
+    b_[23] = static_cast<char>(s.size());
+    return;
   }
+  char* p = new char[s.size()];
+  std::memcpy(p, s.data(), s.size());
+  const uint32_t n = static_cast<uint32_t>(s.size());
+  std::memcpy(b_, &p, sizeof p);
+  std::memcpy(b_ + 8, &n, sizeof n);
+  b_[23] = static_cast<char>(kHeap);
+}
+
+void InodeTable::Name::Clear() {
+  if (static_cast<unsigned char>(b_[23]) == kHeap) {
+    char* p = nullptr;
+    std::memcpy(&p, b_, sizeof p);
+    delete[] p;
+  }
+  b_[23] = 0;
+}
+
+std::string_view InodeTable::Name::view() const {
+  if (static_cast<unsigned char>(b_[23]) != kHeap)
+    return std::string_view(b_, static_cast<unsigned char>(b_[23]));
+  const char* p = nullptr;
+  uint32_t n = 0;
+  std::memcpy(&p, b_, sizeof p);
+  std::memcpy(&n, b_ + 8, sizeof n);
+  return std::string_view(p, n);
+}
+
+size_t InodeTable::Name::HeapBytes() const {
+  if (static_cast<unsigned char>(b_[23]) != kHeap) return 0;
+  // What malloc takes for it: a header word, rounded to 16 bytes, at least 32.
+  return std::max<size_t>(32, (view().size() + 8 + 15) & ~size_t{15});
+}
+
+// ---- records and numbers ----
+
+InodeTable::InodeTable(const cfs_client::FileAttr& root_attr, uint64_t now_ns)
+    : dirs_(new std::atomic<ChunkDir*>[kDirs]()), devs_(new std::atomic<uint64_t>[kMaxDevs]()) {
+  WriterLock w(names_mu_);
+  MakeChunk(0);
+  Rec& root = At(kRootSlot);
+  MutexLock l(StripeOf(kRootSlot));
+  root.ino = kRootIno;
+  root.flags = kUsed | kGiven;
+  root.nlookup = 1;
+  SetAttrLocked(kRootSlot, root, root_attr);
+  root.attr_time_ns = now_ns;
   size_ = 1;
-  by_path_.emplace("", kRootIno);
-  HintLocked("", kRootIno);
+  records_ = 1;
 }
 
-uint64_t InodeTable::PathHash(std::string_view path) { return std::hash<std::string_view>{}(path); }
+InodeTable::~InodeTable() { Release(); }
 
-void InodeTable::HintLocked(const std::string& path, uint64_t ino) {
-  by_hash_.Put(PathHash(path), ino);
+void InodeTable::Release() {
+  for (size_t d = 0; d < kDirs; ++d) {
+    ChunkDir* dir = dirs_[d].exchange(nullptr);
+    if (dir == nullptr) break;  // made in order
+    for (std::atomic<Rec*>& c : dir->chunks) delete[] c.exchange(nullptr);
+    delete dir;
+  }
+  chunk_count_ = dir_count_ = 0;
 }
 
-void InodeTable::UnhintLocked(const std::string& path, uint64_t ino) {
-  by_hash_.EraseIf(PathHash(path), ino);
+InodeTable::Rec& InodeTable::At(uint32_t slot) const {
+  const ChunkDir* dir = dirs_[slot >> (kChunkBits + kDirBits)].load(std::memory_order_acquire);
+  Rec* chunk =
+      dir->chunks[(slot >> kChunkBits) & ((1u << kDirBits) - 1)].load(std::memory_order_acquire);
+  return chunk[slot & ((uint32_t{1} << kChunkBits) - 1)];
 }
 
-bool InodeTable::Names(const Node& n, std::string_view path) {
-  if (n.info.removed) return false;
-  if (n.info.path == path) return true;
-  for (const std::string& other : n.other_paths)
-    if (other == path) return true;
-  return false;
+bool InodeTable::HasChunk(uint32_t slot) const {
+  if (slot >= kMaxSlots) return false;
+  const ChunkDir* dir = dirs_[slot >> (kChunkBits + kDirBits)].load(std::memory_order_acquire);
+  return dir != nullptr && dir->chunks[(slot >> kChunkBits) & ((1u << kDirBits) - 1)].load(
+                               std::memory_order_acquire) != nullptr;
 }
 
-std::optional<InodeTable::StoreId> InodeTable::IdOf(const cfs_client::FileAttr& attr) {
-  if (attr.store_ino == 0 || attr.IsDir()) return std::nullopt;
+void InodeTable::MakeChunk(uint32_t slot) {
+  std::atomic<ChunkDir*>& d = dirs_[slot >> (kChunkBits + kDirBits)];
+  if (d.load() == nullptr) {
+    d.store(new ChunkDir, std::memory_order_release);
+    ++dir_count_;
+  }
+  d.load()->chunks[(slot >> kChunkBits) & ((1u << kDirBits) - 1)].store(
+      new Rec[size_t{1} << kChunkBits], std::memory_order_release);
+  ++chunk_count_;
+}
+
+uint32_t InodeTable::SlotOfLocked(uint64_t ino) const {
+  const uint32_t slot = static_cast<uint32_t>(ino & kSlotMask);
+  if (slot != 0 && slot < slots_) {
+    const Rec& r = At(slot);
+    if ((r.flags & kUsed) != 0 && r.ino == ino) return slot;
+  }
+  if (foreign_.empty()) return kNoSlot;
+  auto it = foreign_.find(ino);
+  return it == foreign_.end() ? kNoSlot : it->second;
+}
+
+template <typename Fn>
+bool InodeTable::WithRecord(uint64_t ino, Fn fn) const {
+  const uint32_t slot = static_cast<uint32_t>(ino & kSlotMask);
+  if (slot != 0 && HasChunk(slot)) {
+    MutexLock l(StripeOf(slot));
+    Rec& r = At(slot);
+    if ((r.flags & kUsed) != 0 && r.ino == ino) {
+      fn(slot, r);
+      return true;
+    }
+  }
+  if (foreign_count_.load(std::memory_order_acquire) == 0) return false;
+  uint32_t found = kNoSlot;
+  {
+    ReaderLock r(names_mu_);
+    found = SlotOfLocked(ino);
+  }
+  if (found == kNoSlot) return false;
+  MutexLock l(StripeOf(found));
+  Rec& r = At(found);
+  if ((r.flags & kUsed) == 0 || r.ino != ino) return false;  // freed meanwhile
+  fn(found, r);
+  return true;
+}
+
+uint64_t InodeTable::NextIno(uint64_t previous, uint32_t slot) const {
+  const uint64_t reuse = previous == 0 ? 0 : ((previous >> kSlotBits) + 1) & kReuseMask;
+  return generation_base_.load() | (reuse << kSlotBits) | slot;
+}
+
+uint32_t InodeTable::NewRecord(uint32_t parent, std::string_view name) {
+  uint32_t slot = kNoSlot;
+  if (!free_.empty()) {
+    slot = free_.back();
+    free_.pop_back();
+  } else {
+    if (slots_ >= kMaxSlots) {
+      CTFS_LOG(kError) << "inode table full (" << kMaxSlots << " records): " << std::string(name)
+                       << " is answered as absent";
+      return kNoSlot;
+    }
+    slot = slots_;
+    if ((slot & ((uint32_t{1} << kChunkBits) - 1)) == 0) MakeChunk(slot);
+    ++slots_;
+  }
+  Rec& r = At(slot);
+  {
+    MutexLock l(StripeOf(slot));
+    r.ino = NextIno(r.ino, slot);
+    r.flags = kUsed;
+    r.nlookup = 0;
+    r.attr_time_ns = 0;
+    r.opened = 0;
+    r.write_gen.store(0, std::memory_order_relaxed);
+    r.size = r.blocks = r.store_ino = 0;
+    r.atime_ns = r.mtime_ns = r.ctime_ns = 0;
+    r.mode = S_IFDIR | 0755;
+    r.nlink = 1;
+    r.uid = r.gid = 0;
+    r.dev = 0;
+  }
+  r.parent = parent;
+  r.children = 0;
+  r.name.Set(name);
+  heap_names_ += r.name.HeapBytes();
+  At(parent).children++;
+  IndexPut(slot, 0);
+  records_.fetch_add(1, std::memory_order_relaxed);
+  return slot;
+}
+
+void InodeTable::MaybeFree(uint32_t first) {
+  std::vector<uint32_t> todo{first};
+  while (!todo.empty()) {
+    const uint32_t slot = todo.back();
+    todo.pop_back();
+    if (slot == kRootSlot || slot == kNoSlot) continue;
+    Rec& r = At(slot);
+    if ((r.flags & kUsed) == 0 || r.children > 0) continue;
+    {
+      MutexLock l(StripeOf(slot));
+      if (r.nlookup > 0) continue;
+    }
+    // Its names go: the links first (their numbers are above the first's), then its own.
+    if ((r.flags & kLinks) != 0) {
+      std::vector<Link>& links = links_[slot];
+      for (uint32_t k = static_cast<uint32_t>(links.size()); k >= 1; --k) {
+        IndexErase(slot, k);
+        At(links[k - 1].parent).children--;
+        todo.push_back(links[k - 1].parent);
+      }
+      links_.erase(slot);
+    }
+    if ((r.flags & kRemoved) == 0) {
+      IndexErase(slot, 0);
+      At(r.parent).children--;
+      todo.push_back(r.parent);
+    }
+    if (r.store_ino != 0) {
+      auto sid = by_store_id_.find(StoreId{DevOf(slot, r), r.store_ino});
+      if (sid != by_store_id_.end() && sid->second == slot) by_store_id_.erase(sid);
+    }
+    if ((r.flags & kRdev) != 0) rdevs_.erase(slot);
+    if (r.dev == kDevSide) dev_side_.erase(slot);
+    if (!foreign_.empty() && foreign_.erase(r.ino) != 0) foreign_count_ = foreign_.size();
+    heap_names_ -= r.name.HeapBytes();
+    r.name.Clear();
+    r.parent = 0;
+    const bool retire = ((r.ino >> kSlotBits) & kReuseMask) == kReuseMask;
+    {
+      MutexLock l(StripeOf(slot));
+      r.flags = retire ? kRetired : 0;
+    }
+    if (!retire) free_.push_back(slot);
+    records_.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+// ---- the index ----
+
+uint64_t InodeTable::KeyHash(uint32_t parent, std::string_view name) {
+  return Mix(std::hash<std::string_view>{}(name) ^ (uint64_t{parent} * 0x9E3779B97F4A7C15ull));
+}
+
+InodeTable::NameRef InodeTable::NameOf(uint32_t slot, uint32_t k) const {
+  const Rec& r = At(slot);
+  if (k == 0) return {r.parent, r.name.view()};
+  const Link& l = links_.at(slot)[k - 1];
+  return {l.parent, l.name};
+}
+
+size_t InodeTable::IndexHome(uint32_t entry) const {
+  const NameRef n = NameOf(entry & kSlotMask, entry >> kSlotBits);
+  return KeyHash(n.parent, n.name) & (index_.size() - 1);
+}
+
+uint32_t InodeTable::IndexFind(uint32_t parent, std::string_view name) const {
+  if (index_used_ == 0) return 0;
+  const size_t mask = index_.size() - 1;
+  for (size_t i = KeyHash(parent, name) & mask;; i = (i + 1) & mask) {
+    const uint32_t e = index_[i];
+    if (e == 0) return 0;
+    const NameRef n = NameOf(e & kSlotMask, e >> kSlotBits);
+    if (n.parent == parent && n.name == name) return e;
+  }
+}
+
+void InodeTable::IndexResize(size_t capacity) {
+  std::vector<uint32_t> old;
+  old.swap(index_);
+  index_.assign(capacity, 0);
+  const size_t mask = capacity - 1;
+  for (uint32_t e : old) {
+    if (e == 0) continue;
+    size_t i = IndexHome(e);
+    while (index_[i] != 0) i = (i + 1) & mask;
+    index_[i] = e;
+  }
+}
+
+void InodeTable::IndexPut(uint32_t slot, uint32_t k) {
+  if (4 * (index_used_ + 1) > 3 * index_.size())
+    IndexResize(index_.empty() ? 64 : 2 * index_.size());
+  const uint32_t e = slot | (k << kSlotBits);
+  const size_t mask = index_.size() - 1;
+  size_t i = IndexHome(e);
+  while (index_[i] != 0) i = (i + 1) & mask;
+  index_[i] = e;
+  ++index_used_;
+}
+
+void InodeTable::IndexErase(uint32_t slot, uint32_t k) {
+  if (index_used_ == 0) return;
+  const uint32_t e = slot | (k << kSlotBits);
+  const size_t mask = index_.size() - 1;
+  size_t i = IndexHome(e);
+  for (; index_[i] != e; i = (i + 1) & mask)
+    if (index_[i] == 0) return;
+  // Backward shift, as in common/flat_hash_table.h: no tombstones.
+  for (size_t j = (i + 1) & mask; index_[j] != 0; j = (j + 1) & mask) {
+    const size_t home = IndexHome(index_[j]);
+    const bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+    if (stays) continue;
+    index_[i] = index_[j];
+    i = j;
+  }
+  index_[i] = 0;
+  --index_used_;
+  if (index_.size() > 1024 && 8 * index_used_ < index_.size()) IndexResize(index_.size() / 2);
+}
+
+uint32_t InodeTable::ResolveEntry(std::string_view path, uint32_t* parent_out) const {
+  if (parent_out != nullptr) *parent_out = kNoSlot;
+  if (path.empty()) return kRootSlot;
+  uint32_t dir = kRootSlot;
+  for (size_t pos = 0;;) {
+    const size_t slash = path.find('/', pos);
+    const std::string_view part =
+        path.substr(pos, slash == std::string_view::npos ? std::string_view::npos : slash - pos);
+    const uint32_t e = IndexFind(dir, part);
+    if (slash == std::string_view::npos) {
+      if (parent_out != nullptr) *parent_out = dir;
+      return e;
+    }
+    if (e == 0) return 0;
+    dir = e & kSlotMask;
+    pos = slash + 1;
+  }
+}
+
+uint32_t InodeTable::MakeDirs(std::string_view path) {
+  uint32_t dir = kRootSlot;
+  for (size_t pos = 0; pos < path.size();) {
+    size_t slash = path.find('/', pos);
+    if (slash == std::string_view::npos) slash = path.size();
+    const std::string_view part = path.substr(pos, slash - pos);
+    uint32_t e = IndexFind(dir, part);
+    dir = e != 0 ? (e & kSlotMask) : NewRecord(dir, part);
+    if (dir == kNoSlot) return kNoSlot;
+    pos = slash + 1;
+  }
+  return dir;
+}
+
+void InodeTable::PathOf(uint32_t slot, std::string* path, uint64_t* gen) const {
+  uint64_t newest = 0;
+  size_t length = 0;
+  std::string_view parts[64];
+  size_t count = 0;
+  std::vector<std::string_view> deep;  // a path more than 64 deep
+  for (uint32_t s = slot; s != kRootSlot && s != kNoSlot;) {
+    const Rec& r = At(s);
+    newest = std::max(newest, r.write_gen.load(std::memory_order_relaxed));
+    const std::string_view name = r.name.view();
+    if (count < 64) {
+      parts[count] = name;
+    } else {
+      deep.push_back(name);
+    }
+    ++count;
+    length += name.size() + 1;
+    if ((r.flags & kRemoved) != 0) break;  // its name is its last whole path
+    s = r.parent;
+  }
+  newest = std::max(newest, At(kRootSlot).write_gen.load(std::memory_order_relaxed));
+  if (gen != nullptr) *gen = newest;
+  if (path == nullptr) return;
+  path->clear();
+  path->reserve(length);
+  for (size_t k = count; k-- > 0;) {
+    path->append(k < 64 ? parts[k] : deep[k - 64]);
+    if (k != 0) path->push_back('/');
+  }
+}
+
+std::string InodeTable::PathOfName(uint32_t slot, uint32_t k) const {
+  std::string path;
+  if (k == 0) {
+    PathOf(slot, &path, nullptr);
+    return path;
+  }
+  const Link& l = links_.at(slot)[k - 1];
+  PathOf(l.parent, &path, nullptr);
+  if (!path.empty()) path.push_back('/');
+  path.append(l.name);
+  return path;
+}
+
+// ---- attributes ----
+
+uint64_t InodeTable::DevOf(uint32_t slot, const Rec& r) const {
+  if (r.dev != kDevSide) return devs_[r.dev].load(std::memory_order_relaxed);
+  auto it = dev_side_.find(slot);
+  return it == dev_side_.end() ? 0 : it->second;
+}
+
+cfs_client::FileAttr InodeTable::AttrOf(uint32_t slot, const Rec& r) const {
+  cfs_client::FileAttr a;
+  a.mode = r.mode;
+  a.size = r.size;
+  a.nlink = r.nlink;
+  a.uid = r.uid;
+  a.gid = r.gid;
+  a.atime_ns = r.atime_ns;
+  a.mtime_ns = r.mtime_ns;
+  a.ctime_ns = r.ctime_ns;
+  a.blocks = r.blocks;
+  a.store_ino = r.store_ino;
+  a.store_dev = DevOf(slot, r);
+  if ((r.flags & kRdev) != 0) {
+    auto it = rdevs_.find(slot);
+    if (it != rdevs_.end()) a.rdev = it->second;
+  }
+  return a;
+}
+
+bool InodeTable::FitsFast(const Rec& r, const cfs_client::FileAttr& a) const {
+  if (a.rdev != 0 || (r.flags & kRdev) != 0 || r.dev == kDevSide) return false;
+  return devs_[r.dev].load(std::memory_order_relaxed) == a.store_dev;
+}
+
+void InodeTable::SetAttrFast(Rec& r, const cfs_client::FileAttr& a) {
+  r.mode = a.mode;
+  r.size = a.size;
+  r.nlink = a.nlink;
+  r.uid = a.uid;
+  r.gid = a.gid;
+  r.atime_ns = a.atime_ns;
+  r.mtime_ns = a.mtime_ns;
+  r.ctime_ns = a.ctime_ns;
+  r.blocks = a.blocks;
+  r.store_ino = a.store_ino;
+}
+
+uint16_t InodeTable::DevIndexLocked(uint64_t dev) {
+  const uint16_t n = dev_count_.load();
+  for (uint16_t k = 0; k < n; ++k)
+    if (devs_[k].load(std::memory_order_relaxed) == dev) return k;
+  if (n >= kMaxDevs) return kDevSide;
+  devs_[n].store(dev, std::memory_order_relaxed);
+  dev_count_.store(n + 1);
+  return n;
+}
+
+void InodeTable::SetAttrLocked(uint32_t slot, Rec& r, const cfs_client::FileAttr& a) {
+  SetAttrFast(r, a);
+  if (r.dev == kDevSide) dev_side_.erase(slot);
+  r.dev = DevIndexLocked(a.store_dev);
+  if (r.dev == kDevSide) dev_side_[slot] = a.store_dev;
+  if (a.rdev != 0) {
+    rdevs_[slot] = a.rdev;
+    r.flags |= kRdev;
+  } else if ((r.flags & kRdev) != 0) {
+    rdevs_.erase(slot);
+    r.flags &= ~kRdev;
+  }
+}
+
+std::optional<InodeTable::StoreId> InodeTable::LinkIdOf(const cfs_client::FileAttr& attr) {
+  if (attr.store_ino == 0 || attr.IsDir() || attr.nlink <= 1) return std::nullopt;
   return StoreId{attr.store_dev, attr.store_ino};
 }
 
-void InodeTable::SizeChangedLocked(int64_t delta) {
+void InodeTable::SizeChanged(int64_t delta) {
   const uint64_t n = size_.fetch_add(static_cast<uint64_t>(delta)) + static_cast<uint64_t>(delta);
-  if (size_gauge_ != nullptr) size_gauge_->Set(static_cast<double>(n));
+  prometheus::Gauge* g = size_gauge_.load(std::memory_order_acquire);
+  if (g != nullptr) g->Set(static_cast<double>(n));
 }
+
+// ---- what the file system asks ----
 
 uint64_t InodeTable::Acquire(const std::string& path, const cfs_client::FileAttr& attr,
                              uint64_t now_ns) {
-  const uint64_t hash = PathHash(path);
-  const std::optional<StoreId> id = IdOf(attr);
+  const std::optional<StoreId> link_id = LinkIdOf(attr);
   {
-    // A name the table knows, of the same file: one more lookup, the names untouched.
+    // A name the table knows, of a file the kernel holds: one more lookup, the names untouched.
     ReaderLock r(names_mu_);
-    std::optional<uint64_t> ino = FindLocked(path, hash);
-    bool same_file = ino.has_value();
-    if (ino && id) {
-      auto known = by_store_id_.find(*id);
-      same_file = known != by_store_id_.end() && known->second == *ino;
+    const uint32_t slot = ResolveEntry(path) & kSlotMask;
+    bool joined = true;
+    if (slot != kNoSlot && link_id) {
+      auto known = by_store_id_.find(*link_id);
+      joined = known != by_store_id_.end() && known->second == slot;
     }
-    if (same_file) {
-      Shard& s = ShardOf(*ino);
-      MutexLock l(s.mu);
-      auto n = s.nodes.find(*ino);
-      if (n != s.nodes.end()) {
-        n->second.nlookup++;
-        n->second.info.attr = attr;
-        n->second.info.attr_time_ns = now_ns;
-        return *ino;
+    if (slot != kNoSlot && joined) {
+      MutexLock l(StripeOf(slot));
+      Rec& rec = At(slot);
+      if (rec.nlookup > 0 && FitsFast(rec, attr)) {
+        if (rec.nlookup < std::numeric_limits<uint32_t>::max()) rec.nlookup++;
+        SetAttrFast(rec, attr);
+        rec.attr_time_ns = now_ns;
+        return rec.ino;
       }
     }
   }
   WriterLock w(names_mu_);
-  auto [it, inserted] = by_path_.try_emplace(path, 0);
-  if (inserted && id && attr.nlink > 1) {
-    // Another link of a file the table knows: the same inode. (A file of one link is never
-    // joined, so a store that reuses the identity of a file deleted behind the mount's back
-    // cannot make a new file an old inode's name.)
-    auto known = by_store_id_.find(*id);
-    if (known != by_store_id_.end()) {
-      Shard& s = ShardOf(known->second);
-      MutexLock l(s.mu);
-      auto n = s.nodes.find(known->second);
-      if (n != s.nodes.end() && !n->second.info.removed) {
-        it->second = known->second;
-        n->second.other_paths.push_back(path);
-        HintLocked(path, it->second);
-        n->second.nlookup++;
-        n->second.info.attr = attr;
-        n->second.info.attr_time_ns = now_ns;
-        return it->second;
+  uint32_t parent = kNoSlot;
+  uint32_t slot = ResolveEntry(path, &parent) & kSlotMask;
+  const auto [dir, name] = SplitLast(path);
+  if (slot == kNoSlot) {
+    if (parent == kNoSlot) parent = MakeDirs(dir);
+    if (parent == kNoSlot) return 0;
+    if (link_id) {
+      // Another link of a file the table knows: the same inode. (A file of one link is never
+      // joined, so a store that reuses the identity of a file deleted behind the mount's back
+      // cannot make a new file an old inode's name.)
+      auto known = by_store_id_.find(*link_id);
+      if (known != by_store_id_.end()) {
+        const uint32_t k = known->second;
+        Rec& rec = At(k);
+        std::vector<Link>& links = links_[k];
+        if ((rec.flags & kRemoved) == 0 && rec.nlookup > 0 && links.size() + 1 < kMaxNames) {
+          links.push_back(Link{parent, std::string(name)});
+          rec.flags |= kLinks;
+          At(parent).children++;
+          IndexPut(k, static_cast<uint32_t>(links.size()));
+          MutexLock l(StripeOf(k));
+          if (rec.nlookup < std::numeric_limits<uint32_t>::max()) rec.nlookup++;
+          SetAttrLocked(k, rec, attr);
+          rec.attr_time_ns = now_ns;
+          return rec.ino;
+        }
+        if (links.empty()) links_.erase(k);
       }
     }
+    slot = NewRecord(parent, name);
+    if (slot == kNoSlot) return 0;
   }
-  if (inserted) it->second = next_ino_++;
-  const uint64_t ino = it->second;
+  Rec& rec = At(slot);
+  uint64_t ino = 0;
   {
-    Shard& s = ShardOf(ino);
-    MutexLock l(s.mu);
-    auto [n, created] = s.nodes.try_emplace(ino);
-    if (created) {
-      n->second.info.ino = ino;
-      n->second.info.path = path;
+    MutexLock l(StripeOf(slot));
+    if (rec.nlookup == 0 && slot != kRootSlot) {
+      // A bare record the kernel starts to hold, or holds again after forgetting it: a number
+      // never given out before.
+      if ((rec.flags & kGiven) != 0) {
+        if (!foreign_.empty() && foreign_.erase(rec.ino) != 0) foreign_count_ = foreign_.size();
+        rec.ino = NextIno(rec.ino, slot);
+      }
+      rec.flags |= kGiven;
+      SizeChanged(1);
     }
-    n->second.nlookup++;
-    n->second.info.attr = attr;
-    n->second.info.attr_time_ns = now_ns;
-    if (created) SizeChangedLocked(1);
+    if (rec.nlookup < std::numeric_limits<uint32_t>::max()) rec.nlookup++;
+    SetAttrLocked(slot, rec, attr);
+    rec.attr_time_ns = now_ns;
+    ino = rec.ino;
   }
-  if (inserted) HintLocked(path, ino);
-  if (id) by_store_id_[*id] = ino;
+  if (link_id) by_store_id_[*link_id] = slot;
   return ino;
 }
 
@@ -127,40 +583,21 @@ void InodeTable::Forget(uint64_t ino, uint64_t n) {
   uint64_t had = 0;
   bool bad = false;
   bool none_left = false;
-  {
-    Shard& s = ShardOf(ino);
-    MutexLock l(s.mu);
-    auto it = s.nodes.find(ino);
-    if (it == s.nodes.end() && ino < generation_base_.load()) return;  // an earlier process's
-    bad = it == s.nodes.end() || n > it->second.nlookup;
-    if (it != s.nodes.end()) {
-      Node& node = it->second;
-      had = node.nlookup;
-      node.nlookup = n >= node.nlookup ? 0 : node.nlookup - n;
-      none_left = node.nlookup == 0;
-    }
-  }
+  const bool found = WithRecord(ino, [&](uint32_t, Rec& r) {
+    had = r.nlookup;
+    bad = n > r.nlookup;
+    if (r.nlookup == 0) return;
+    r.nlookup = n >= r.nlookup ? 0 : static_cast<uint32_t>(r.nlookup - n);
+    none_left = r.nlookup == 0;
+    if (none_left) SizeChanged(-1);
+  });
+  if (!found && ino < generation_base_.load()) return;  // an earlier process's
+  bad = bad || !found;
   if (none_left) {
-    // The names go with the node: under the names' lock, if no lookup came back meanwhile.
+    // The names go with the record: under the names' lock, if no lookup came back meanwhile.
     WriterLock w(names_mu_);
-    Shard& s = ShardOf(ino);
-    MutexLock l(s.mu);
-    auto it = s.nodes.find(ino);
-    if (it != s.nodes.end() && it->second.nlookup == 0) {
-      Node& node = it->second;
-      node.other_paths.push_back(node.info.path);
-      for (const std::string& path : node.other_paths) {
-        auto p = by_path_.find(path);
-        if (p != by_path_.end() && p->second == ino) by_path_.erase(p);  // not a removed
-        UnhintLocked(path, ino);                                         // inode's old path
-      }
-      if (std::optional<StoreId> id = IdOf(node.info.attr)) {
-        auto sid = by_store_id_.find(*id);
-        if (sid != by_store_id_.end() && sid->second == ino) by_store_id_.erase(sid);
-      }
-      s.nodes.erase(it);
-      SizeChangedLocked(-1);
-    }
+    const uint32_t slot = SlotOfLocked(ino);
+    if (slot != kNoSlot) MaybeFree(slot);
   }
   if (!bad) return;
   const uint64_t count = ++bad_forgets_;
@@ -170,86 +607,103 @@ void InodeTable::Forget(uint64_t ino, uint64_t n) {
 }
 
 std::optional<InodeInfo> InodeTable::Get(uint64_t ino) const {
-  Shard& s = ShardOf(ino);
-  MutexLock l(s.mu);
-  auto it = s.nodes.find(ino);
-  if (it == s.nodes.end()) return std::nullopt;
-  return it->second.info;
+  ReaderLock r(names_mu_);
+  const uint32_t slot = SlotOfLocked(ino);
+  if (slot == kNoSlot) return std::nullopt;
+  const Rec& rec = At(slot);
+  InodeInfo out;
+  {
+    MutexLock l(StripeOf(slot));
+    if (!Live(rec)) return std::nullopt;
+    out.attr = AttrOf(slot, rec);
+    out.attr_time_ns = rec.attr_time_ns;
+  }
+  out.ino = ino;
+  out.removed = (rec.flags & kRemoved) != 0;
+  PathOf(slot, &out.path, &out.write_gen);
+  return out;
 }
 
 void InodeTable::SetAttr(uint64_t ino, const cfs_client::FileAttr& attr, uint64_t now_ns) {
-  Shard& s = ShardOf(ino);
-  MutexLock l(s.mu);
-  auto it = s.nodes.find(ino);
-  if (it == s.nodes.end()) return;
-  it->second.info.attr = attr;
-  it->second.info.attr_time_ns = now_ns;
+  const std::optional<StoreId> link_id = LinkIdOf(attr);
+  bool slow = false;
+  WithRecord(ino, [&](uint32_t, Rec& r) {
+    // A file that has just become one of several links (link(2) through the mount) is
+    // registered by its identity, so its other names join it.
+    slow = !FitsFast(r, attr) || (link_id && (r.nlink <= 1 || r.store_ino != attr.store_ino));
+    if (slow) return;
+    SetAttrFast(r, attr);
+    r.attr_time_ns = now_ns;
+  });
+  if (!slow) return;
+  WriterLock w(names_mu_);  // a new device, an rdev or a link: the side tables change
+  const uint32_t slot = SlotOfLocked(ino);
+  if (slot == kNoSlot) return;
+  Rec& rec = At(slot);
+  {
+    MutexLock l(StripeOf(slot));
+    SetAttrLocked(slot, rec, attr);
+    rec.attr_time_ns = now_ns;
+  }
+  if (link_id && (rec.flags & kRemoved) == 0) by_store_id_[*link_id] = slot;
 }
 
 void InodeTable::ExpireAttr(uint64_t ino) {
-  Shard& s = ShardOf(ino);
-  MutexLock l(s.mu);
-  auto it = s.nodes.find(ino);
-  if (it != s.nodes.end()) it->second.info.attr_time_ns = 0;
+  WithRecord(ino, [](uint32_t, Rec& r) { r.attr_time_ns = 0; });
 }
 
-std::optional<cfs_client::FileVersion> InodeTable::SetOpenedVersion(
-    uint64_t ino, const cfs_client::FileVersion& version) {
-  Shard& s = ShardOf(ino);
-  MutexLock l(s.mu);
-  auto it = s.nodes.find(ino);
-  if (it == s.nodes.end()) return std::nullopt;
-  std::optional<cfs_client::FileVersion> previous = it->second.info.opened_version;
-  it->second.info.opened_version = version;
-  return previous;
+InodeTable::OpenedBefore InodeTable::SetOpenedVersion(uint64_t ino,
+                                                      const cfs_client::FileVersion& version) {
+  OpenedBefore out = OpenedBefore::kNever;
+  const uint64_t digest = VersionDigest(version);
+  WithRecord(ino, [&](uint32_t, Rec& r) {
+    out = r.opened == 0        ? OpenedBefore::kNever
+          : r.opened == digest ? OpenedBefore::kSameVersion
+                               : OpenedBefore::kOtherVersion;
+    r.opened = digest;
+  });
+  return out;
 }
 
 std::optional<uint64_t> InodeTable::Find(const std::string& path) const {
-  const uint64_t hash = PathHash(path);
   ReaderLock r(names_mu_);
-  return FindLocked(path, hash);
-}
-
-std::optional<uint64_t> InodeTable::FindLocked(const std::string& path, uint64_t hash) const {
-  if (std::optional<uint64_t> hint = by_hash_.Get(hash)) {
-    Shard& s = ShardOf(*hint);
-    MutexLock l(s.mu);
-    auto n = s.nodes.find(*hint);
-    if (n != s.nodes.end() && Names(n->second, path)) return *hint;
-  }
-  auto it = by_path_.find(path);
-  if (it == by_path_.end()) return std::nullopt;
-  return it->second;
+  const uint32_t slot = ResolveEntry(path) & kSlotMask;
+  if (slot == kNoSlot) return std::nullopt;
+  MutexLock l(StripeOf(slot));
+  const Rec& rec = At(slot);
+  if (!Live(rec)) return std::nullopt;
+  return rec.ino;
 }
 
 std::optional<InodeTable::HeldAttr> InodeTable::AttrOf(const std::string& path) const {
-  const uint64_t hash = PathHash(path);
   ReaderLock r(names_mu_);
-  std::optional<uint64_t> ino = FindLocked(path, hash);
-  if (!ino) return std::nullopt;
-  Shard& s = ShardOf(*ino);
-  MutexLock l(s.mu);
-  auto n = s.nodes.find(*ino);
-  if (n == s.nodes.end() || n->second.info.removed) return std::nullopt;
-  return HeldAttr{n->second.info.attr, n->second.info.attr_time_ns};
+  const uint32_t slot = ResolveEntry(path) & kSlotMask;
+  if (slot == kNoSlot) return std::nullopt;
+  MutexLock l(StripeOf(slot));
+  const Rec& rec = At(slot);
+  if (!Live(rec)) return std::nullopt;
+  return HeldAttr{AttrOf(slot, rec), rec.attr_time_ns};
 }
 
 std::optional<InodeTable::PageState> InodeTable::PageStateOf(const std::string& path,
                                                              uint64_t ino) const {
-  const uint64_t hash = ino == 0 ? PathHash(path) : 0;
   ReaderLock r(names_mu_);
-  if (ino == 0) {
-    std::optional<uint64_t> found = FindLocked(path, hash);
-    if (!found) return std::nullopt;
-    ino = *found;
+  const uint32_t entry = ResolveEntry(path);
+  // The path must be the inode's first name, the one its I/O uses.
+  if (entry == 0 || (entry >> kSlotBits) != 0) return std::nullopt;
+  const uint32_t slot = entry & kSlotMask;
+  if (ino != 0 && SlotOfLocked(ino) != slot) return std::nullopt;
+  const Rec& rec = At(slot);
+  PageState out;
+  {
+    MutexLock l(StripeOf(slot));
+    if (!Live(rec)) return std::nullopt;
+    out.ino = rec.ino;
+    out.version = AttrOf(slot, rec).Version();
+    out.regular = S_ISREG(rec.mode);
   }
-  Shard& s = ShardOf(ino);
-  MutexLock l(s.mu);
-  auto n = s.nodes.find(ino);
-  if (n == s.nodes.end() || n->second.info.removed || n->second.info.path != path)
-    return std::nullopt;
-  const InodeInfo& i = n->second.info;
-  return PageState{i.ino, i.attr.Version(), i.write_gen, S_ISREG(i.attr.mode)};
+  PathOf(slot, nullptr, &out.write_gen);
+  return out;
 }
 
 std::optional<std::string> InodeTable::Remove(const std::string& path) {
@@ -259,256 +713,529 @@ std::optional<std::string> InodeTable::Remove(const std::string& path) {
 }
 
 std::optional<std::string> InodeTable::OtherName(uint64_t ino, const std::string& path) const {
-  Shard& s = ShardOf(ino);
-  MutexLock l(s.mu);
-  auto n = s.nodes.find(ino);
-  if (n == s.nodes.end() || n->second.info.removed) return std::nullopt;
-  if (n->second.info.path != path) return n->second.info.path;
-  if (n->second.other_paths.empty()) return std::nullopt;
-  return n->second.other_paths.front();
+  ReaderLock r(names_mu_);
+  const uint32_t slot = SlotOfLocked(ino);
+  if (slot == kNoSlot) return std::nullopt;
+  const Rec& rec = At(slot);
+  if ((rec.flags & kRemoved) != 0) return std::nullopt;
+  {
+    MutexLock l(StripeOf(slot));
+    if (!Live(rec)) return std::nullopt;
+  }
+  std::string first = PathOfName(slot, 0);
+  if (first != path) return first;
+  if ((rec.flags & kLinks) == 0) return std::nullopt;
+  return PathOfName(slot, 1);
 }
 
 std::optional<std::string> InodeTable::RemoveLocked(const std::string& path) {
-  auto it = by_path_.find(path);
-  if (it == by_path_.end()) return std::nullopt;
-  const uint64_t ino = it->second;
-  by_path_.erase(it);
-  UnhintLocked(path, ino);
-  Shard& s = ShardOf(ino);
-  MutexLock l(s.mu);
-  auto n = s.nodes.find(ino);
-  if (n == s.nodes.end()) return std::nullopt;
-  Node& node = n->second;
-  node.info.write_gen++;
-  // What an fstat of a descriptor still open shows: one link fewer (none for a directory).
-  cfs_client::FileAttr& a = node.info.attr;
-  a.nlink = a.IsDir() || a.nlink == 0 ? 0 : a.nlink - 1;
-  std::vector<std::string>& others = node.other_paths;
-  if (node.info.path == path) {
-    if (others.empty()) {
-      node.info.removed = true;
-      if (std::optional<StoreId> id = IdOf(a)) {
-        auto sid = by_store_id_.find(*id);
-        if (sid != by_store_id_.end() && sid->second == ino) by_store_id_.erase(sid);
-      }
-      return std::nullopt;
+  const uint32_t entry = ResolveEntry(path);
+  const uint32_t slot = entry & kSlotMask;
+  if (slot == kNoSlot || slot == kRootSlot) return std::nullopt;
+  const uint32_t k = entry >> kSlotBits;
+  Rec& rec = At(slot);
+  const uint64_t gen = ++gen_clock_;
+  {
+    MutexLock l(StripeOf(slot));
+    rec.write_gen.store(gen, std::memory_order_relaxed);
+    // What an fstat of a descriptor still open shows: one link fewer (none for a directory).
+    rec.nlink = S_ISDIR(rec.mode) || rec.nlink == 0 ? 0 : rec.nlink - 1;
+    rec.attr_time_ns = 0;  // its ctime moved
+  }
+  std::vector<Link> links;
+  if ((rec.flags & kLinks) != 0) {
+    for (uint32_t j = static_cast<uint32_t>(links_[slot].size()); j >= 1; --j) IndexErase(slot, j);
+    links = std::move(links_[slot]);
+    links_.erase(slot);
+  }
+  std::vector<uint32_t> parents;  // whose children went down
+  if (k == 0 && links.empty()) {
+    // Its last name: the inode stays only for the kernel's references.
+    std::string whole = PathOfName(slot, 0);
+    IndexErase(slot, 0);
+    At(rec.parent).children--;
+    parents.push_back(rec.parent);
+    heap_names_ -= rec.name.HeapBytes();
+    rec.name.Set(whole);
+    heap_names_ += rec.name.HeapBytes();
+    rec.parent = kNoSlot;
+    {
+      MutexLock l(StripeOf(slot));
+      rec.flags |= kRemoved;
     }
-    node.info.path = std::move(others.front());
-    others.erase(others.begin());
+    if (rec.store_ino != 0) {
+      auto sid = by_store_id_.find(StoreId{DevOf(slot, rec), rec.store_ino});
+      if (sid != by_store_id_.end() && sid->second == slot) by_store_id_.erase(sid);
+    }
+    for (uint32_t p : parents) MaybeFree(p);
+    MaybeFree(slot);
+    return std::nullopt;
+  }
+  if (k == 0) {
+    // The next name takes the first's place.
+    IndexErase(slot, 0);
+    At(rec.parent).children--;
+    parents.push_back(rec.parent);
+    heap_names_ -= rec.name.HeapBytes();
+    rec.parent = links.front().parent;
+    rec.name.Set(links.front().name);
+    heap_names_ += rec.name.HeapBytes();
+    links.erase(links.begin());
+    IndexPut(slot, 0);
   } else {
-    std::erase(others, path);
+    At(links[k - 1].parent).children--;
+    parents.push_back(links[k - 1].parent);
+    links.erase(links.begin() + (k - 1));
   }
-  node.info.attr_time_ns = 0;  // its ctime moved
-  return node.info.path;
-}
-
-void InodeTable::RenameNameLocked(uint64_t ino, const std::string& from, std::string to) {
-  Shard& s = ShardOf(ino);
-  MutexLock l(s.mu);
-  auto n = s.nodes.find(ino);
-  if (n == s.nodes.end()) return;
-  // Handles opened by the old path must not read by it again: someone else's file may be
-  // renamed there next. The new generation makes them take the inode's path.
-  n->second.info.write_gen++;
-  if (n->second.info.path == from) {
-    n->second.info.path = std::move(to);
-    return;
+  if (links.empty()) {
+    MutexLock l(StripeOf(slot));
+    rec.flags &= ~kLinks;
+  } else {
+    links_[slot] = std::move(links);
+    for (uint32_t j = 1; j <= links_[slot].size(); ++j) IndexPut(slot, j);
   }
-  for (std::string& other : n->second.other_paths)
-    if (other == from) other = to;
+  for (uint32_t p : parents) MaybeFree(p);
+  return PathOfName(slot, 0);
 }
 
 void InodeTable::Rename(const std::string& from, const std::string& to) {
   WriterLock w(names_mu_);
-  RemoveLocked(to);
-  // The entry itself, then everything under it (a directory): by_path_ is ordered, so the
-  // paths under "from/" are one range, and nothing else is visited.
-  std::vector<std::pair<std::string, uint64_t>> moved;
-  uint64_t visits = 0;  // entries looked at: what the moved ones cost, plus two at most
-  if (auto self = by_path_.find(from); self != by_path_.end()) {
+  uint64_t visits = 0;
+  if (ResolveEntry(to) != 0) {
     ++visits;
-    moved.emplace_back(*self);
+    RemoveLocked(to);
   }
-  const std::string prefix = from + "/";
-  for (auto it = by_path_.lower_bound(prefix); it != by_path_.end(); ++it) {
-    ++visits;
-    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
-    moved.emplace_back(*it);
+  const uint32_t entry = ResolveEntry(from);
+  if (entry == 0 || (entry & kSlotMask) == kRootSlot) {
+    rename_visits_.fetch_add(visits, std::memory_order_relaxed);
+    return;
   }
+  ++visits;
   rename_visits_.fetch_add(visits, std::memory_order_relaxed);
-  for (const auto& [path, ino] : moved) {
-    by_path_.erase(path);
-    UnhintLocked(path, ino);
-    std::string new_path = to + path.substr(from.size());
-    auto stale = by_path_.find(new_path);  // an entry under the replaced directory
-    if (stale != by_path_.end()) RemoveLocked(new_path);
-    by_path_[new_path] = ino;
-    HintLocked(new_path, ino);
-    RenameNameLocked(ino, path, std::move(new_path));
+  const uint32_t slot = entry & kSlotMask;
+  const uint32_t k = entry >> kSlotBits;
+  const auto [dir, name] = SplitLast(to);
+  const uint32_t new_parent = MakeDirs(dir);
+  if (new_parent == kNoSlot) return;
+  Rec& rec = At(slot);
+  IndexErase(slot, k);
+  uint32_t old_parent = kNoSlot;
+  if (k == 0) {
+    old_parent = rec.parent;
+    heap_names_ -= rec.name.HeapBytes();
+    rec.parent = new_parent;
+    rec.name.Set(name);
+    heap_names_ += rec.name.HeapBytes();
+  } else {
+    Link& l = links_.at(slot)[k - 1];
+    old_parent = l.parent;
+    l.parent = new_parent;
+    l.name = std::string(name);
   }
+  At(old_parent).children--;
+  At(new_parent).children++;
+  IndexPut(slot, k);
+  // Handles opened by the old path must not read by it again: someone else's file may be
+  // renamed there next. The new generation makes them take the inode's path; for a directory,
+  // that of everything under it (a generation is the newest on the way to the root).
+  rec.write_gen.store(++gen_clock_, std::memory_order_relaxed);
+  MaybeFree(old_parent);
 }
 
 uint64_t InodeTable::BumpWriteGen(uint64_t ino) {
-  Shard& s = ShardOf(ino);
-  MutexLock l(s.mu);
-  auto it = s.nodes.find(ino);
-  if (it == s.nodes.end()) return 0;
-  return ++it->second.info.write_gen;
+  uint64_t gen = 0;
+  WithRecord(ino, [&](uint32_t, Rec& r) {
+    gen = ++gen_clock_;
+    r.write_gen.store(gen, std::memory_order_relaxed);
+  });
+  return gen;
 }
 
 void InodeTable::SetSizeGauge(prometheus::Gauge* gauge) {
-  WriterLock w(names_mu_);
-  size_gauge_ = gauge;
-  SizeChangedLocked(0);
+  size_gauge_.store(gauge, std::memory_order_release);
+  SizeChanged(0);
 }
 
 size_t InodeTable::size() const { return size_.load(); }
+size_t InodeTable::records() const { return records_.load(); }
+
+size_t InodeTable::bytes() const {
+  ReaderLock r(names_mu_);
+  return chunk_count_ * (size_t{1} << kChunkBits) * sizeof(Rec) + dir_count_ * sizeof(ChunkDir) +
+         kDirs * sizeof(std::atomic<ChunkDir*>) + size_t{kMaxDevs} * sizeof(uint64_t) +
+         index_.capacity() * sizeof(uint32_t) + free_.capacity() * sizeof(uint32_t) +
+         heap_names_.load() +
+         64 * (links_.size() + by_store_id_.size() + foreign_.size() + rdevs_.size() +
+               dev_side_.size());
+}
 
 uint64_t InodeTable::lookups(uint64_t ino) const {
-  Shard& s = ShardOf(ino);
-  MutexLock l(s.mu);
-  auto it = s.nodes.find(ino);
-  return it == s.nodes.end() ? 0 : it->second.nlookup;
+  uint64_t n = 0;
+  WithRecord(ino, [&](uint32_t, Rec& r) { n = r.nlookup; });
+  return n;
 }
 
 }  // namespace cubetorchfs::fs
 
+// ---- handing the table on ----
+
 namespace cubetorchfs::fs {
 namespace {
 
-constexpr uint64_t kSnapshotMagic = 0x31544E49'53465443ull;  // "CTFSINT1"
+constexpr uint64_t kSnapshotMagicV1 = 0x31544E49'53465443ull;  // "CTFSINT1": path-keyed
+constexpr uint64_t kSnapshotMagicV2 = 0x32544E49'53465443ull;  // "CTFSINT2": (parent, name)
+constexpr uint64_t kMaxGeneration = (uint64_t{1} << (64 - InodeTable::kGenerationShift)) - 1;
+
+Status Truncated() { return Status::InvalidArgument("inode table: truncated"); }
+
+// Attributes from the 12 words both snapshot forms keep them in.
+cfs_client::FileAttr AttrOfWords(const uint64_t* w) {
+  cfs_client::FileAttr a;
+  a.mode = static_cast<mode_t>(w[0]);
+  a.size = w[1];
+  a.nlink = static_cast<uint32_t>(w[2]);
+  a.uid = static_cast<uid_t>(w[3]);
+  a.gid = static_cast<gid_t>(w[4]);
+  a.atime_ns = static_cast<int64_t>(w[5]);
+  a.mtime_ns = static_cast<int64_t>(w[6]);
+  a.ctime_ns = static_cast<int64_t>(w[7]);
+  a.blocks = w[8];
+  a.rdev = w[9];
+  a.store_dev = w[10];
+  a.store_ino = w[11];
+  return a;
+}
 
 }  // namespace
 
 void InodeTable::SetGeneration(uint64_t generation) {
-  WriterLock w(names_mu_);
-  generation_base_ = generation << 40;
-  next_ino_ = std::max(next_ino_, generation_base_.load() + kRootIno + 1);
+  if (generation > kMaxGeneration) {
+    CTFS_LOG(kWarn) << "process generation " << generation << " is past " << kMaxGeneration
+                    << "; inode numbers go on at " << kMaxGeneration;
+    generation = kMaxGeneration;
+  }
+  generation_base_ = generation << kGenerationShift;
 }
 
 std::string InodeTable::Serialize() const {
-  ReaderLock r(names_mu_);  // the names hold still; each shard is read under its own lock
+  ReaderLock r(names_mu_);  // the names hold still; each record is read under its stripe
   std::string body;
-  body.reserve(size_.load() * 160);
+  body.reserve(records_.load() * 200);
   uint64_t count = 0;
-  for (const Shard& s : shards_) {
-    MutexLock l(s.mu);
-    count += s.nodes.size();
-    for (const auto& [ino, node] : s.nodes) AppendNode(&body, ino, node);
+  for (uint32_t slot = kRootSlot; slot < slots_; ++slot) {
+    if ((At(slot).flags & kUsed) == 0) continue;
+    AppendRecord(&body, slot);
+    ++count;
   }
   std::string out;
-  out.reserve(24 + body.size());
-  PutU64(&out, kSnapshotMagic);
-  PutU64(&out, next_ino_);
+  out.reserve(32 + body.size());
+  PutU64(&out, kSnapshotMagicV2);
+  PutU64(&out, gen_clock_.load());
+  PutU64(&out, slots_);
   PutU64(&out, count);
   out += body;
   return out;
 }
 
-void InodeTable::AppendNode(std::string* out_ptr, uint64_t ino, const Node& node) {
-  std::string& out = *out_ptr;
+void InodeTable::AppendRecord(std::string* out, uint32_t slot) const {
+  const Rec& r = At(slot);
+  cfs_client::FileAttr a;
+  uint64_t head[8];
   {
-    const InodeInfo& i = node.info;
-    const cfs_client::FileAttr& a = i.attr;
-    for (uint64_t v : {ino,
-                       node.nlookup,
-                       uint64_t{i.removed},
-                       i.write_gen,
-                       i.attr_time_ns,
-                       uint64_t{i.opened_version.has_value()},
-                       i.opened_version ? i.opened_version->size : 0,
-                       static_cast<uint64_t>(i.opened_version ? i.opened_version->mtime_ns : 0),
-                       uint64_t{a.mode},
-                       a.size,
-                       uint64_t{a.nlink},
-                       uint64_t{a.uid},
-                       uint64_t{a.gid},
-                       static_cast<uint64_t>(a.atime_ns),
-                       static_cast<uint64_t>(a.mtime_ns),
-                       static_cast<uint64_t>(a.ctime_ns),
-                       a.blocks,
-                       a.rdev,
-                       a.store_dev,
-                       a.store_ino})
-      PutU64(&out, v);
-    PutString(&out, i.path);
-    PutU64(&out, node.other_paths.size());
-    for (const std::string& p : node.other_paths) PutString(&out, p);
+    MutexLock l(StripeOf(slot));
+    a = AttrOf(slot, r);
+    head[0] = slot;
+    head[1] = r.ino;
+    head[2] = r.flags & (kRemoved | kGiven);
+    head[3] = r.nlookup;
+    head[4] = r.parent;
+    head[5] = r.write_gen.load(std::memory_order_relaxed);
+    head[6] = r.attr_time_ns;
+    head[7] = r.opened;
+  }
+  for (uint64_t v : head) PutU64(out, v);
+  for (uint64_t v : {uint64_t{a.mode}, a.size, uint64_t{a.nlink}, uint64_t{a.uid}, uint64_t{a.gid},
+                     static_cast<uint64_t>(a.atime_ns), static_cast<uint64_t>(a.mtime_ns),
+                     static_cast<uint64_t>(a.ctime_ns), a.blocks, a.rdev, a.store_dev, a.store_ino})
+    PutU64(out, v);
+  PutString(out, std::string(r.name.view()));
+  if ((r.flags & kLinks) == 0) {
+    PutU64(out, 0);
+    return;
+  }
+  const std::vector<Link>& links = links_.at(slot);
+  PutU64(out, links.size());
+  for (const Link& l : links) {
+    PutU64(out, l.parent);
+    PutString(out, l.name);
   }
 }
 
 Status InodeTable::Restore(std::string_view bytes) {
-  SnapshotReader r(bytes);
-  uint64_t magic = 0, next = 0, count = 0;
-  if (!r.U64(&magic) || magic != kSnapshotMagic || !r.U64(&next) || !r.U64(&count))
-    return Status::InvalidArgument("inode table: not a table this version wrote");
-  std::array<std::unordered_map<uint64_t, Node>, kShards> nodes;
-  uint64_t node_count = 0;
-  std::map<std::string, uint64_t, std::less<>> by_path;
-  std::unordered_map<StoreId, uint64_t, StoreIdHash> by_store_id;
+  uint64_t magic = 0;
+  if (bytes.size() >= 8) std::memcpy(&magic, bytes.data(), 8);
+  cfs_client::FileAttr root_attr;
+  {
+    ReaderLock r(names_mu_);
+    MutexLock l(StripeOf(kRootSlot));
+    root_attr = AttrOf(kRootSlot, At(kRootSlot));
+  }
+  InodeTable fresh(root_attr, 0);
+  fresh.generation_base_ = generation_base_.load();
+  Status read = magic == kSnapshotMagicV2 ? fresh.RestoreV2(bytes)
+                : magic == kSnapshotMagicV1
+                    ? fresh.RestoreV1(bytes)
+                    : Status::InvalidArgument("inode table: not a table this version wrote");
+  if (!read.ok()) return read;
+  TakeFrom(fresh);
+  return Status::OK();
+}
+
+void InodeTable::TakeFrom(InodeTable& o) {
+  WriterLock w(names_mu_);
+  WriterLock wo(o.names_mu_);
+  Release();
+  dirs_.swap(o.dirs_);
+  std::swap(chunk_count_, o.chunk_count_);
+  std::swap(dir_count_, o.dir_count_);
+  devs_.swap(o.devs_);
+  dev_count_.store(o.dev_count_.load());
+  std::swap(slots_, o.slots_);
+  free_.swap(o.free_);
+  index_.swap(o.index_);
+  std::swap(index_used_, o.index_used_);
+  gen_clock_.store(o.gen_clock_.load());
+  dev_side_.swap(o.dev_side_);
+  rdevs_.swap(o.rdevs_);
+  links_.swap(o.links_);
+  by_store_id_.swap(o.by_store_id_);
+  foreign_.swap(o.foreign_);
+  foreign_count_.store(foreign_.size());
+  records_.store(o.records_.load());
+  heap_names_.store(o.heap_names_.load());
+  const int64_t live = static_cast<int64_t>(o.size_.load());
+  SizeChanged(live - static_cast<int64_t>(size_.load()));
+}
+
+// This version's form: records by slot, each with its parent's slot and its name.
+Status InodeTable::RestoreV2(std::string_view bytes) {
+  SnapshotReader in(bytes);
+  uint64_t magic = 0, clock = 0, slots = 0, count = 0;
+  if (!in.U64(&magic) || !in.U64(&clock) || !in.U64(&slots) || !in.U64(&count)) return Truncated();
+  if (slots > kMaxSlots || slots <= kRootSlot || count >= slots)
+    return Status::InvalidArgument("inode table: " + std::to_string(slots) + " slots");
+  WriterLock w(names_mu_);
+  for (uint32_t c = 1; c <= ((slots - 1) >> kChunkBits); ++c) MakeChunk(c << kChunkBits);
+  slots_ = static_cast<uint32_t>(slots);
+  std::vector<uint32_t> used;
+  used.reserve(count);
+  bool root_seen = false;
+  uint64_t live = 0;
   for (uint64_t k = 0; k < count; ++k) {
     uint64_t v[20];
     for (uint64_t& x : v)
-      if (!r.U64(&x)) return Status::InvalidArgument("inode table: truncated");
-    Node n;
-    InodeInfo& i = n.info;
-    i.ino = v[0];
-    n.nlookup = v[1];
-    i.removed = v[2] != 0;
-    i.write_gen = v[3];
-    i.attr_time_ns = v[4];
-    // The snapshot keeps size and mtime of the last open; identity and ctime are the held
-    // attributes' (a file changed since is then seen as changed at its next open).
-    cfs_client::FileAttr& a = i.attr;
-    a.mode = static_cast<mode_t>(v[8]);
-    a.size = v[9];
-    a.nlink = static_cast<uint32_t>(v[10]);
-    a.uid = static_cast<uid_t>(v[11]);
-    a.gid = static_cast<gid_t>(v[12]);
-    a.atime_ns = static_cast<int64_t>(v[13]);
-    a.mtime_ns = static_cast<int64_t>(v[14]);
-    a.ctime_ns = static_cast<int64_t>(v[15]);
-    a.blocks = v[16];
-    a.rdev = v[17];
-    a.store_dev = v[18];
-    a.store_ino = v[19];
-    if (v[5] != 0)
-      i.opened_version =
-          cfs_client::FileVersion{v[6], static_cast<int64_t>(v[7]), a.StoreId(), a.ctime_ns};
+      if (!in.U64(&x)) return Truncated();
+    std::string name;
+    uint64_t nlinks = 0;
+    if (!in.String(&name) || !in.U64(&nlinks) || nlinks >= kMaxNames) return Truncated();
+    std::vector<Link> links(nlinks);
+    for (Link& l : links) {
+      uint64_t parent = 0;
+      if (!in.U64(&parent) || !in.String(&l.name) || parent >= slots) return Truncated();
+      l.parent = static_cast<uint32_t>(parent);
+    }
+    const uint64_t slot = v[0];
+    if (slot == kNoSlot || slot >= slots || v[1] == 0 || v[4] >= slots ||
+        (slot == kRootSlot) != (v[1] == kRootIno) || v[3] > std::numeric_limits<uint32_t>::max())
+      return Status::InvalidArgument("inode table: record " + std::to_string(k) + " out of range");
+    Rec& r = At(static_cast<uint32_t>(slot));
+    if ((r.flags & kUsed) != 0 && slot != kRootSlot)
+      return Status::InvalidArgument("inode table: slot " + std::to_string(slot) + " twice");
+    if (slot == kRootSlot) {
+      if (root_seen) return Status::InvalidArgument("inode table: two roots");
+      root_seen = true;
+    }
+    MutexLock l(StripeOf(static_cast<uint32_t>(slot)));
+    r.ino = v[1];
+    r.flags = static_cast<uint16_t>(kUsed | (v[2] & (kRemoved | kGiven)));
+    r.nlookup = static_cast<uint32_t>(v[3]);
+    r.parent = static_cast<uint32_t>(v[4]);
+    r.write_gen.store(v[5], std::memory_order_relaxed);
+    r.attr_time_ns = v[6];
+    r.opened = v[7];
+    const cfs_client::FileAttr a = AttrOfWords(v + 8);
+    SetAttrLocked(static_cast<uint32_t>(slot), r, a);
+    r.name.Set(name);
+    heap_names_ += r.name.HeapBytes();
+    if (!links.empty()) {
+      r.flags |= kLinks;
+      links_[static_cast<uint32_t>(slot)] = std::move(links);
+    }
+    if (slot != kRootSlot) {
+      used.push_back(static_cast<uint32_t>(slot));
+      if (r.nlookup > 0) ++live;
+    }
+  }
+  if (!in.done() || !root_seen)
+    return Status::InvalidArgument("inode table: no root, or bytes after the end");
+  // Every name's parent is a directory record, and every chain of parents ends at the root.
+  auto named = [this](uint32_t p) {
+    const Rec& d = At(p);
+    return (d.flags & kUsed) != 0 && (d.flags & kRemoved) == 0;
+  };
+  for (uint32_t slot : used) {
+    Rec& r = At(slot);
+    const bool removed = (r.flags & kRemoved) != 0;
+    if (removed != (r.parent == kNoSlot) || (!removed && !named(r.parent)))
+      return Status::InvalidArgument("inode table: slot " + std::to_string(slot) +
+                                     " has no directory");
+    if ((r.flags & kLinks) != 0)
+      for (const Link& l : links_[slot])
+        if (!named(l.parent) || removed)
+          return Status::InvalidArgument("inode table: a link of slot " + std::to_string(slot) +
+                                         " has no directory");
+  }
+  std::vector<uint8_t> state(slots, 0);  // 1: on the walk now, 2: reaches the root
+  state[kRootSlot] = 2;
+  std::vector<uint32_t> walk;
+  for (uint32_t slot : used) {
+    walk.clear();
+    uint32_t s = slot;
+    while (s != kNoSlot && state[s] == 0 && (At(s).flags & kRemoved) == 0) {
+      state[s] = 1;
+      walk.push_back(s);
+      s = At(s).parent;
+    }
+    if (s != kNoSlot && state[s] == 1)
+      return Status::InvalidArgument("inode table: a cycle of directories at slot " +
+                                     std::to_string(s));
+    for (uint32_t x : walk) state[x] = 2;
+  }
+  for (uint32_t slot : used) {
+    Rec& r = At(slot);
+    if ((r.flags & kRemoved) == 0) {
+      At(r.parent).children++;
+      IndexPut(slot, 0);
+    }
+    if ((r.flags & kLinks) != 0) {
+      for (uint32_t j = 1; j <= links_[slot].size(); ++j) {
+        At(links_[slot][j - 1].parent).children++;
+        IndexPut(slot, j);
+      }
+    }
+    if ((r.ino & kSlotMask) != slot) {
+      if (!foreign_.emplace(r.ino, slot).second)
+        return Status::InvalidArgument("inode table: inode " + std::to_string(r.ino) + " twice");
+    }
+    if ((r.flags & kRemoved) == 0 && r.nlookup > 0) {
+      const cfs_client::FileAttr a = AttrOf(slot, r);
+      if (std::optional<StoreId> id = LinkIdOf(a)) by_store_id_[*id] = slot;
+    }
+  }
+  for (uint32_t slot = kRootSlot + 1; slot < slots_; ++slot)
+    if ((At(slot).flags & kUsed) == 0) free_.push_back(slot);
+  std::reverse(free_.begin(), free_.end());
+  foreign_count_ = foreign_.size();
+  gen_clock_ = clock;
+  records_ = 1 + used.size();
+  size_ = 1 + live;
+  return Status::OK();
+}
+
+// The form of the versions before: one node per inode, with its whole path and its other
+// names' paths.
+Status InodeTable::RestoreV1(std::string_view bytes) {
+  SnapshotReader in(bytes);
+  uint64_t magic = 0, next = 0, count = 0;
+  if (!in.U64(&magic) || !in.U64(&next) || !in.U64(&count)) return Truncated();
+  WriterLock w(names_mu_);
+  uint64_t live = 0, clock = 0;
+  bool root_seen = false;
+  std::vector<uint32_t> assigned;  // records that took a node of the snapshot
+  for (uint64_t k = 0; k < count; ++k) {
+    uint64_t v[20];
+    for (uint64_t& x : v)
+      if (!in.U64(&x)) return Truncated();
+    std::string path;
     uint64_t others = 0;
-    if (!r.String(&i.path) || !r.U64(&others) || others > bytes.size())
-      return Status::InvalidArgument("inode table: truncated");
+    if (!in.String(&path) || !in.U64(&others) || others > bytes.size()) return Truncated();
+    std::vector<std::string> other_paths;
     for (uint64_t o = 0; o < others; ++o) {
       std::string p;
-      if (!r.String(&p)) return Status::InvalidArgument("inode table: truncated");
-      n.other_paths.push_back(std::move(p));
+      if (!in.String(&p)) return Truncated();
+      other_paths.push_back(std::move(p));
     }
-    if (i.ino == 0 || i.ino >= next || nodes[i.ino % kShards].count(i.ino) != 0)
-      return Status::InvalidArgument("inode table: inode " + std::to_string(i.ino) +
-                                     " out of order");
-    if (!i.removed) {
-      by_path.emplace(i.path, i.ino);
-      for (const std::string& p : n.other_paths) by_path.emplace(p, i.ino);
-      if (std::optional<StoreId> id = IdOf(a)) by_store_id[*id] = i.ino;
+    const uint64_t ino = v[0];
+    const bool removed = v[2] != 0;
+    if (ino == 0 || ino >= next || v[1] > std::numeric_limits<uint32_t>::max() ||
+        (ino == kRootIno) != (path.empty() && !removed) || foreign_.count(ino) != 0)
+      return Status::InvalidArgument("inode table: inode " + std::to_string(ino) + " out of order");
+    const cfs_client::FileAttr a = AttrOfWords(v + 8);
+    uint32_t slot = kNoSlot;
+    if (ino == kRootIno) {
+      if (root_seen) return Status::InvalidArgument("inode table: two roots");
+      root_seen = true;
+      slot = kRootSlot;
+    } else if (removed) {
+      slot = NewRecord(kRootSlot, "");  // then made nameless below
+      IndexErase(slot, 0);
+      At(kRootSlot).children--;
+      At(slot).parent = kNoSlot;
+      At(slot).name.Set(path);
+      heap_names_ += At(slot).name.HeapBytes();
+      At(slot).flags |= kRemoved;
+    } else {
+      uint32_t parent = kNoSlot;
+      slot = ResolveEntry(path, &parent) & kSlotMask;
+      if (slot != kNoSlot && (At(slot).flags & kGiven) != 0)
+        return Status::InvalidArgument("inode table: " + path + " twice");
+      if (slot == kNoSlot) {
+        const auto [dir, name] = SplitLast(path);
+        if (parent == kNoSlot) parent = MakeDirs(dir);
+        slot = parent == kNoSlot ? kNoSlot : NewRecord(parent, name);
+      }
+      if (slot == kNoSlot) return Status::InvalidArgument("inode table: full");
     }
-    nodes[i.ino % kShards].emplace(i.ino, std::move(n));
-    ++node_count;
+    Rec& r = At(slot);
+    MutexLock l(StripeOf(slot));
+    if (ino != kRootIno) {
+      r.ino = ino;
+      foreign_.emplace(ino, slot);
+      assigned.push_back(slot);
+    }
+    r.flags |= kGiven;
+    r.nlookup = static_cast<uint32_t>(v[1]);
+    r.write_gen.store(v[3], std::memory_order_relaxed);
+    clock = std::max(clock, v[3]);
+    r.attr_time_ns = v[4];
+    // The snapshot keeps size and mtime of the last open; identity and ctime are the held
+    // attributes' (a file changed since is then seen as changed at its next open).
+    r.opened = v[5] == 0 ? 0
+                         : VersionDigest(cfs_client::FileVersion{v[6], static_cast<int64_t>(v[7]),
+                                                                 a.StoreId(), a.ctime_ns});
+    SetAttrLocked(slot, r, a);
+    if (slot != kRootSlot && r.nlookup > 0) ++live;
+    if (!removed && !other_paths.empty()) {
+      std::vector<Link>& links = links_[slot];
+      for (const std::string& p : other_paths) {
+        if (links.size() + 1 >= kMaxNames) break;
+        const auto [dir, name] = SplitLast(p);
+        const uint32_t parent = MakeDirs(dir);
+        if (parent == kNoSlot) continue;
+        links.push_back(Link{parent, std::string(name)});
+        At(parent).children++;
+        IndexPut(slot, static_cast<uint32_t>(links.size()));
+      }
+      if (!links.empty()) r.flags |= kLinks;
+    }
+    if (!removed && r.nlookup > 0)
+      if (std::optional<StoreId> id = LinkIdOf(a)) by_store_id_[*id] = slot;
   }
-  if (!r.done() || nodes[kRootIno % kShards].count(kRootIno) == 0)
+  if (!in.done() || !root_seen)
     return Status::InvalidArgument("inode table: no root, or bytes after the end");
-  HashHints by_hash;
-  by_hash.Reserve(by_path.size());
-  for (const auto& [path, ino] : by_path) by_hash.Put(PathHash(path), ino);
-  WriterLock w(names_mu_);
-  for (size_t k = 0; k < kShards; ++k) {
-    MutexLock l(shards_[k].mu);
-    shards_[k].nodes = std::move(nodes[k]);
-  }
-  by_path_ = std::move(by_path);
-  by_hash_ = std::move(by_hash);
-  by_store_id_ = std::move(by_store_id);
-  next_ino_ = std::max(next, generation_base_.load() + kRootIno + 1);
-  SizeChangedLocked(static_cast<int64_t>(node_count) - static_cast<int64_t>(size_.load()));
+  foreign_count_ = foreign_.size();
+  gen_clock_ = clock;
+  size_ = 1 + live;
   return Status::OK();
 }
 

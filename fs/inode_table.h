@@ -1,31 +1,47 @@
-// Inode numbers for the paths the kernel knows about, with their lookup counts.
+// Inode numbers for the names the kernel knows about, with their lookup counts.
+//
+// The table holds one record per inode, keyed by (parent, name) like a directory tree, not by
+// full path: a file costs its name (kept inside the record up to 22 bytes), its packed
+// attributes and one 4-byte slot of the name index, about 150 bytes in all at any size
+// (docs/memory.md has the measure). A path is resolved a component at a time; an inode's
+// path is made by walking its parents. Renaming a directory moves one record, whatever lies
+// under it.
+//
+// Inode numbers name their record: (generation << 44) | (reuse << 28) | slot. A record's slot
+// is used again once the kernel has forgotten it, under a higher reuse count, so a number is
+// never given out twice; a slot used 65,535 times is retired. A number the kernel sends is
+// found without any index (the slot, then a check that the record still has that number).
+// Numbers restored from a table written by a version before this layout keep working through
+// a side map.
 //
 // Hard links share one inode: a name whose attributes carry the store's identity of a file
 // (FileAttr::store_ino) with more than one link joins the live inode of that identity, if
-// the table has one. Such an inode has several names; the first is the one its I/O uses, and
-// when that name goes, the next takes its place.
+// the table has one. Such an inode has several names (at most 16 are indexed; a further link
+// is an inode of its own); the first is the one its I/O uses, and when that name goes, the
+// next takes its place.
 //
 // The kernel holds a reference (nlookup) for every successful lookup, create or readdirplus
 // entry, and drops them with forget. An inode lives while its count is above zero; the root
-// (inode 1) lives forever. Inode numbers are never reused, so a stale number the kernel might
-// still send can never name another file.
+// (inode 1) lives forever. A directory the kernel forgot while the table still knows names
+// under it stays as a bare record (no number the kernel holds, no attributes anyone reads)
+// until they go; so does one made for a path whose parents were never looked up.
 //
 // Each inode caches the attributes last read from the store and when, so open() can decide
 // without a backend round trip whether its view of the file is fresh.
 //
-// Thread safety: all methods are safe to call concurrently; no lock is held while calling out.
-// The nodes are split into 64 shards by inode number, each under its own mutex; the name
-// indexes (path, hash, store identity) and the numbering are under a reader-writer lock,
-// taken before any shard's. What the kernel sends by inode number (getattr, open, read without
-// an open, setattr) takes one shard's lock; a lookup of a name the table knows takes the names
-// shared and one shard; only a new name, a forget to zero, a remove or a rename takes the names
-// exclusively. A node's names and its existence change only with both held.
+// Thread safety: all methods are safe to call concurrently, except Restore (before the table
+// is shared); no lock is held while calling out. A record's counts and attributes are under
+// one of 64 stripe locks (by slot); the names (the index, each record's parent and name) and
+// the allocation of slots are under a reader-writer lock, taken before any stripe's. What the
+// kernel sends by inode number (getattr, open, read without an open, setattr, forget) takes one
+// stripe's lock; a lookup of a name the table knows takes the names shared and one stripe; a
+// new name, a forget to zero, a remove or a rename takes the names exclusively.
 #pragma once
 
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -36,7 +52,6 @@
 #include <prometheus/gauge.h>
 
 #include "cfs_client/backend.h"
-#include "common/hash_hints.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
 
@@ -49,11 +64,8 @@ struct InodeInfo {
   std::string path;  // relative to the store root; "" for the root
   cfs_client::FileAttr attr;
   uint64_t attr_time_ns = 0;  // when `attr` was read from the store
-  // The version of the file at its last open, to tell the kernel whether its page cache of
-  // the file is still good.
-  std::optional<cfs_client::FileVersion> opened_version;
-  // Bumped by every change made through the mount, so a handle opened before it knows to
-  // read the new version.
+  // Changes with every change made through the mount to the file or to a directory above it
+  // (a write, a rename), so a handle opened before it knows to look up the inode's path again.
   uint64_t write_gen = 0;
   bool removed = false;  // unlinked or renamed over: no path leads to it any more
 };
@@ -61,6 +73,9 @@ struct InodeInfo {
 class InodeTable {
  public:
   explicit InodeTable(const cfs_client::FileAttr& root_attr, uint64_t now_ns);
+  ~InodeTable();
+  InodeTable(const InodeTable&) = delete;
+  InodeTable& operator=(const InodeTable&) = delete;
 
   // Returns the inode of `path` (creating it), adds one lookup, and records `attr`.
   uint64_t Acquire(const std::string& path, const cfs_client::FileAttr& attr, uint64_t now_ns);
@@ -80,9 +95,10 @@ class InodeTable {
   // The attributes of `ino` are asked of the store again at the next GetAttr.
   void ExpireAttr(uint64_t ino);
 
-  // Records that `ino` was opened at `version`; returns the version of the previous open.
-  std::optional<cfs_client::FileVersion> SetOpenedVersion(uint64_t ino,
-                                                          const cfs_client::FileVersion& version);
+  // Records that `ino` was opened at `version`, and says how that compares with its previous
+  // open (the table keeps a 64-bit digest of the version, not the version).
+  enum class OpenedBefore { kNever, kSameVersion, kOtherVersion };
+  OpenedBefore SetOpenedVersion(uint64_t ino, const cfs_client::FileVersion& version);
 
   // The live inode of `path`, if the kernel knows one.
   std::optional<uint64_t> Find(const std::string& path) const;
@@ -112,38 +128,155 @@ class InodeTable {
   // A name of `ino` other than `path`, if the table knows one.
   std::optional<std::string> OtherName(uint64_t ino, const std::string& path) const;
 
-  // `from` was renamed to `to`: the inode of `from` (and of everything under it, for a
-  // directory) now answers to the new path; an inode of `to` is removed. Looks at the entries
-  // it moves and at most one other (O(log n + moved)).
+  // `from` was renamed to `to`: the inode of `from` (and so everything under it, for a
+  // directory) now answers to the new path; an inode of `to` is removed. Looks at the entry
+  // it moves and at most the one it replaces, whatever lies under them.
   void Rename(const std::string& from, const std::string& to);
   uint64_t rename_visits() const { return rename_visits_.load(); }  // entries looked at, ever
 
-  // Bumps the write generation of `ino` and returns it (0 for an unknown inode).
+  // Gives `ino` a new write generation and returns it (0 for an unknown inode).
   uint64_t BumpWriteGen(uint64_t ino);
 
   // This process serves the mount after `generation` earlier processes (daemon/supervisor.h):
-  // new inode numbers start at generation << 40, above any number an earlier process gave
+  // new inode numbers carry it in their top 20 bits, above any number an earlier process gave
   // the kernel. A forget of an unknown number below that is an inode of an earlier process
   // that was not handed over (a crash): ignored, not a broken contract.
   void SetGeneration(uint64_t generation);
 
   // The whole table as bytes, and back: an upgrade hands it to the next process, so every
   // inode number the kernel holds keeps naming the same file. Restore replaces the table
-  // (the root included) and fails on bytes it cannot read, leaving the table as it was.
+  // (the root included) and fails on bytes it cannot read, leaving the table as it was. It
+  // reads this version's form and the path-keyed form of the versions before it.
   std::string Serialize() const;
   Status Restore(std::string_view bytes);
 
-  size_t size() const;
+  size_t size() const;     // inodes the kernel knows (the root included)
+  size_t records() const;  // those, the bare directory records and the removed ones
+  // The heap the table holds: records, names kept outside them, the index, side maps.
+  size_t bytes() const;
   uint64_t lookups(uint64_t ino) const;  // for tests
   // Kept at size() from now on (the gauge is owned by a registry that outlives the table).
   void SetSizeGauge(prometheus::Gauge* gauge);
 
+  static constexpr int kSlotBits = 28;
+  static constexpr int kReuseBits = 16;
+  static constexpr int kGenerationShift = kSlotBits + kReuseBits;  // 44
+
  private:
-  struct Node {
-    InodeInfo info;
-    uint64_t nlookup = 0;
-    std::vector<std::string> other_paths;  // its other hard links' names
+  // A name, kept inside its record when it is 22 bytes or less (ImageNet's and COCO's file
+  // names are), else in a block of its own.
+  class Name {
+   public:
+    Name() { b_[23] = 0; }
+    ~Name() { Clear(); }
+    Name(const Name&) = delete;
+    Name& operator=(const Name&) = delete;
+    void Set(std::string_view s);
+    void Clear();
+    std::string_view view() const;
+    size_t HeapBytes() const;
+
+   private:
+    static constexpr unsigned char kHeap = 0xFF;
+    alignas(8) char b_[24];
   };
+  enum Flags : uint16_t {
+    kUsed = 1,      // the slot holds a record
+    kRemoved = 2,   // unlinked: no name indexed; `name` is its last path, for messages
+    kLinks = 4,     // has further names in links_
+    kRdev = 8,      // its rdev is in rdevs_
+    kRetired = 16,  // a free slot that is never used again (its reuse count ran out)
+    kGiven = 32,    // its number was given to the kernel
+  };
+  // 136 bytes. `ino`, the counts and the attributes are under the record's stripe lock; the
+  // structure (flags kUsed/kRemoved/kLinks, parent, children, name) under names_mu_, and
+  // changed only with the stripe held too.
+  struct Rec {
+    uint64_t ino = 0;
+    uint64_t attr_time_ns = 0;
+    uint64_t opened = 0;                 // digest of the version at its last open; 0: never opened
+    std::atomic<uint64_t> write_gen{0};  // read on a path's walk under the names alone
+    uint64_t size = 0;
+    int64_t atime_ns = 0, mtime_ns = 0, ctime_ns = 0;
+    uint64_t blocks = 0;
+    uint64_t store_ino = 0;
+    uint32_t nlookup = 0;   // saturates (4 G lookups without a forget)
+    uint32_t parent = 0;    // slot of the directory it is named in (0: none)
+    uint32_t children = 0;  // names whose parent this is
+    uint32_t mode = 0, nlink = 0, uid = 0, gid = 0;
+    uint16_t dev = 0;  // index of its store_dev in devs_ (kDevSide: in dev_side_)
+    uint16_t flags = 0;
+    Name name;
+  };
+  static constexpr int kChunkBits = 10;  // 1,024 records a chunk (139 KiB)
+  static constexpr int kDirBits = 9;     // 512 chunks a directory of chunks
+  static constexpr size_t kDirs = size_t{1} << (kSlotBits - kChunkBits - kDirBits);
+  struct ChunkDir {
+    std::atomic<Rec*> chunks[size_t{1} << kDirBits] = {};
+  };
+  static constexpr uint32_t kMaxSlots = uint32_t{1} << kSlotBits;
+  static constexpr size_t kStripes = 64;
+  static constexpr uint32_t kMaxNames = 16;  // per inode, in the index (a 4-bit name number)
+
+  Rec& At(uint32_t slot) const;
+  bool HasChunk(uint32_t slot) const;
+  void MakeChunk(uint32_t slot);  // for the chunk `slot` is in, which has none yet
+  Mutex& StripeOf(uint32_t slot) const { return stripes_[slot % kStripes]; }
+  // The slot of the record numbered `ino`, or kNoSlot.
+  static constexpr uint32_t kNoSlot = 0;
+  uint32_t SlotOfLocked(uint64_t ino) const REQUIRES_SHARED(names_mu_);
+  // Calls fn(slot, record) under the stripe lock of the record numbered `ino`, without the
+  // names' lock where the number encodes its slot; false if there is none.
+  template <typename Fn>
+  bool WithRecord(uint64_t ino, Fn fn) const;
+
+  // Names of a record: 0 its own, k > 0 its k-th further link.
+  struct NameRef {
+    uint32_t parent = 0;
+    std::string_view name;
+  };
+  NameRef NameOf(uint32_t slot, uint32_t k) const REQUIRES_SHARED(names_mu_);
+  static uint64_t KeyHash(uint32_t parent, std::string_view name);
+  // The index: open addressing of 4-byte entries (slot | name number << 28; 0 empty), linear
+  // probing, backward-shift deletion, at most 3/4 full; an entry's key is read from its record.
+  uint32_t IndexFind(uint32_t parent, std::string_view name) const REQUIRES_SHARED(names_mu_);
+  void IndexPut(uint32_t slot, uint32_t k) REQUIRES(names_mu_);
+  void IndexErase(uint32_t slot, uint32_t k) REQUIRES(names_mu_);
+  void IndexResize(size_t capacity) REQUIRES(names_mu_);
+  size_t IndexHome(uint32_t entry) const REQUIRES_SHARED(names_mu_);
+
+  // The index entry `path` names (its last component's slot | name number << 28), or 0; with
+  // `parent_out` the slot of the directory it is in (0 if a component before the last is
+  // unknown).
+  uint32_t ResolveEntry(std::string_view path, uint32_t* parent_out = nullptr) const
+      REQUIRES_SHARED(names_mu_);
+  // The slot of directory `path`, made (a bare record) with its parents where unknown.
+  uint32_t MakeDirs(std::string_view path) REQUIRES(names_mu_);
+  // A fresh record named `name` in `parent`; its number is a new one.
+  uint32_t NewRecord(uint32_t parent, std::string_view name) REQUIRES(names_mu_);
+  uint64_t NextIno(uint64_t previous, uint32_t slot) const;
+  // Frees `slot` if nothing holds it (no lookup, no names under it), then its parent likewise.
+  void MaybeFree(uint32_t slot) REQUIRES(names_mu_);
+  // Takes name k of `slot` out of the index and out of its parent's children.
+  void Unname(uint32_t slot, uint32_t k) REQUIRES(names_mu_);
+  // The full path of `slot` and the newest write generation on the way to the root.
+  void PathOf(uint32_t slot, std::string* path, uint64_t* gen) const REQUIRES_SHARED(names_mu_);
+  std::string PathOfName(uint32_t slot, uint32_t k) const REQUIRES_SHARED(names_mu_);
+  // The attributes of a record, and back.
+  cfs_client::FileAttr AttrOf(uint32_t slot, const Rec& r) const REQUIRES_SHARED(names_mu_);
+  uint64_t DevOf(uint32_t slot, const Rec& r) const REQUIRES_SHARED(names_mu_);
+  void SetAttrLocked(uint32_t slot, Rec& r, const cfs_client::FileAttr& a) REQUIRES(names_mu_);
+  uint16_t DevIndexLocked(uint64_t dev) REQUIRES(names_mu_);
+  // Whether an attribute set fits the record without a change to the table (a new device
+  // or rdev): then SetAttrFast may be called under the stripe alone.
+  bool FitsFast(const Rec& r, const cfs_client::FileAttr& a) const;
+  static void SetAttrFast(Rec& r, const cfs_client::FileAttr& a);
+  bool Live(const Rec& r) const { return r.nlookup > 0 || &r == &At(kRootSlot); }
+  std::optional<std::string> RemoveLocked(const std::string& path) REQUIRES(names_mu_);
+  void SizeChanged(int64_t delta);
+  void Release();  // frees every record's names and the chunks
+
+  static constexpr uint32_t kRootSlot = 1;
   struct StoreId {
     uint64_t dev = 0;
     uint64_t ino = 0;
@@ -154,49 +287,56 @@ class InodeTable {
       return std::hash<uint64_t>()(id.ino * 0x9E3779B97F4A7C15ull ^ id.dev);
     }
   };
-  static std::optional<StoreId> IdOf(const cfs_client::FileAttr& attr);
-  // One node's bytes in Serialize's form.
-  static void AppendNode(std::string* out, uint64_t ino, const Node& node);
-
-  std::optional<std::string> RemoveLocked(const std::string& path) REQUIRES(names_mu_);
-  // Points the name `from` of node `ino` to `to`.
-  void RenameNameLocked(uint64_t ino, const std::string& from, std::string to) REQUIRES(names_mu_);
-  // A node was added or erased (the size gauge follows).
-  void SizeChangedLocked(int64_t delta) REQUIRES(names_mu_);
-
-  struct Shard {
-    mutable Mutex mu;
-    std::unordered_map<uint64_t, Node> nodes GUARDED_BY(mu);
-  };
-  static constexpr size_t kShards = 64;
-  Shard& ShardOf(uint64_t ino) const { return shards_[ino % kShards]; }
+  static std::optional<StoreId> LinkIdOf(const cfs_client::FileAttr& attr);
+  void AppendRecord(std::string* out, uint32_t slot) const REQUIRES_SHARED(names_mu_);
+  // Read a snapshot into this table, fresh and not yet shared.
+  Status RestoreV1(std::string_view bytes);
+  Status RestoreV2(std::string_view bytes);
+  // Takes every record and index of `o` (a table Restore filled), which is left empty.
+  void TakeFrom(InodeTable& o);
 
   std::atomic<uint64_t> bad_forgets_{0};
   std::atomic<uint64_t> rename_visits_{0};
   std::atomic<uint64_t> size_{0};
+  std::atomic<uint64_t> records_{0};
+  std::atomic<uint64_t> heap_names_{0};  // bytes of names kept outside their records
   // Numbers below were given out before (SetGeneration); read by Forget without the names.
   std::atomic<uint64_t> generation_base_{0};
-  mutable std::array<Shard, kShards> shards_;
-  mutable SharedMutex names_mu_;  // guards the members below; taken before any shard's
-  uint64_t next_ino_ GUARDED_BY(names_mu_) = kRootIno + 1;
-  prometheus::Gauge* size_gauge_ GUARDED_BY(names_mu_) = nullptr;
-  // Ordered, so a directory's known descendants are one range (Rename).
-  std::map<std::string, uint64_t, std::less<>> by_path_ GUARDED_BY(names_mu_);
-  // Find's fast way in: a 64-bit hash of a path -> the inode last given that path. Only a
-  // hint, checked against the inode's own names (two paths of one hash, or a hint left by a
-  // change, fall back to by_path_); dropped with the path it was made for, so it holds no
-  // more entries than by_path_. A string-ordered lookup among 1.28 M paths with long common
-  // prefixes took a third of the daemon's CPU in a warm epoch.
-  HashHints by_hash_ GUARDED_BY(names_mu_);
-  static uint64_t PathHash(std::string_view path);
-  // The live inode named `path` (of hash PathHash(path)), or nothing.
-  std::optional<uint64_t> FindLocked(const std::string& path, uint64_t hash) const
-      REQUIRES_SHARED(names_mu_);
-  void HintLocked(const std::string& path, uint64_t ino) REQUIRES(names_mu_);
-  void UnhintLocked(const std::string& path, uint64_t ino) REQUIRES(names_mu_);
-  // Whether `path` is a live name of node `n`.
-  static bool Names(const Node& n, std::string_view path);
-  std::unordered_map<StoreId, uint64_t, StoreIdHash> by_store_id_ GUARDED_BY(names_mu_);
+  std::atomic<uint64_t> foreign_count_{0};  // foreign_.size(), read without the names
+  // The chunks of records, in two levels by slot (directories of chunks, then chunks): a
+  // number is found without a lock; a chunk once made stays until the table goes (or Restore
+  // replaces it).
+  std::unique_ptr<std::atomic<ChunkDir*>[]> dirs_;
+  size_t chunk_count_ = 0;  // under names_mu_ (not annotated: Release runs without it)
+  size_t dir_count_ = 0;
+  mutable std::array<Mutex, kStripes> stripes_;
+  mutable SharedMutex names_mu_;  // guards the members below; taken before any stripe
+  uint32_t slots_ GUARDED_BY(names_mu_) = kRootSlot + 1;  // slots ever used
+  std::vector<uint32_t> free_ GUARDED_BY(names_mu_);
+  std::vector<uint32_t> index_ GUARDED_BY(names_mu_);
+  size_t index_used_ GUARDED_BY(names_mu_) = 0;
+  // Every write generation is a new high of this counter, so a rename above a file always
+  // gives it a newer generation than any it had (docs/architecture.md).
+  std::atomic<uint64_t> gen_clock_{0};
+  std::atomic<prometheus::Gauge*> size_gauge_{nullptr};
+  // The store's devices (st_dev), by index: a posix store has one or a few, so a record keeps
+  // 2 bytes, not 8. Read without a lock (an index once given keeps its device); past
+  // kMaxDevs a record keeps its device in dev_side_.
+  static constexpr uint16_t kMaxDevs = 1024;
+  static constexpr uint16_t kDevSide = 0xFFFF;
+  std::unique_ptr<std::atomic<uint64_t>[]> devs_;
+  std::atomic<uint16_t> dev_count_{1};  // devs_[0] is device 0
+  std::unordered_map<uint32_t, uint64_t> dev_side_ GUARDED_BY(names_mu_);
+  std::unordered_map<uint32_t, uint64_t> rdevs_ GUARDED_BY(names_mu_);  // devices' st_rdev
+  struct Link {
+    uint32_t parent = 0;
+    std::string name;
+  };
+  std::unordered_map<uint32_t, std::vector<Link>> links_ GUARDED_BY(names_mu_);
+  // Files of more than one link, by store identity: what a further link joins.
+  std::unordered_map<StoreId, uint32_t, StoreIdHash> by_store_id_ GUARDED_BY(names_mu_);
+  // Numbers restored from a path-keyed table, which do not encode their slot.
+  std::unordered_map<uint64_t, uint32_t> foreign_ GUARDED_BY(names_mu_);
 };
 
 }  // namespace cubetorchfs::fs
