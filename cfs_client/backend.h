@@ -87,6 +87,22 @@ struct DirEntry {
   FileAttr attr;
 };
 
+// One page of a directory's entries (Backend::ListPages).
+struct DirPage {
+  std::vector<DirEntry> entries;
+  bool last = true;  // no entries after these
+};
+
+// A directory's entries a page at a time, in the store's order: each Next is one store request
+// (or a few), never the whole directory, so a listing of 100 M names holds one page. Not
+// thread-safe: one user at a time.
+class DirLister {
+ public:
+  virtual ~DirLister() = default;
+  // The next entries, at most `max` (at least 1); a page may be empty without being the last.
+  virtual Result<DirPage> Next(size_t max) = 0;
+};
+
 struct FsStats {
   uint64_t block_size = 4096;
   uint64_t blocks = 0;
@@ -201,6 +217,10 @@ class Backend {
 
   // Entries of directory `path` with their attributes, without "." and "..".
   virtual Result<std::vector<DirEntry>> List(const std::string& path) = 0;
+  // The same entries a page at a time (the errors of List, from here or from a Next). This
+  // default lists the whole directory (List) and hands it out in pages: a store that cannot
+  // page costs what List costs.
+  virtual Result<std::unique_ptr<DirLister>> ListPages(const std::string& path);
 
   // Reads up to `len` bytes at `offset` of regular file `path` into `buf`, provided the file
   // still has version `expect`; returns the byte count (short only at end of file).
@@ -324,6 +344,9 @@ class BackendWrapper : public Backend {
   bool InOutage() const override { return base_->InOutage(); }
   Result<FileAttr> Stat(const std::string& path) override { return base_->Stat(path); }
   Result<std::vector<DirEntry>> List(const std::string& path) override { return base_->List(path); }
+  Result<std::unique_ptr<DirLister>> ListPages(const std::string& path) override {
+    return base_->ListPages(path);
+  }
   Result<size_t> Read(const std::string& path, const FileVersion& expect, uint64_t offset,
                       size_t len, char* buf) override {
     return base_->Read(path, expect, offset, len, buf);

@@ -34,6 +34,7 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <mutex>
 #include <shared_mutex>
 #include <unordered_map>
@@ -228,31 +229,51 @@ class CubefsBackend final : public Backend {
     return ToAttr(st);
   }
 
-  Result<std::vector<DirEntry>> List(const std::string& path) override {
-    CTFS_ASSIGN_OR_RETURN(FileAttr dir, Stat(path));
-    if (!dir.IsDir()) return Status::NotDirectory("cubefs list /" + path);
-    const int fd = sdk_->open(client_, C(Abs(path)), O_RDONLY, 0);
-    if (fd < 0) return Err(fd, "opendir /" + path);
-    std::vector<DirEntry> out;
-    std::vector<cubefs::Dirent> ents(kListBatch);
-    std::vector<StatInfo> stats(kListBatch);
-    std::vector<uint64_t> inos(kListBatch);
-    Status status;
-    for (;;) {
-      std::memset(ents.data(), 0, ents.size() * sizeof(cubefs::Dirent));
-      const int n = sdk_->readdir(client_, fd, {ents.data(), kListBatch, kListBatch}, kListBatch);
-      if (n < 0) {
-        status = Err(n, "readdir /" + path);
-        break;
+  // One open directory of the SDK, read a batch of names at a time, their attributes asked in
+  // one request a batch; what a batch brings beyond a page waits for the next page.
+  class Lister final : public DirLister {
+   public:
+    Lister(CubefsBackend* store, int fd, std::string path)
+        : store_(store), fd_(fd), path_(std::move(path)) {}
+    ~Lister() override {
+      if (fd_ >= 0) store_->sdk_->close(store_->client_, fd_);
+    }
+    Result<DirPage> Next(size_t max) override {
+      DirPage page;
+      max = std::max<size_t>(max, 1);
+      while (page.entries.size() < max) {
+        if (next_ == held_.size()) {
+          if (fd_ < 0) break;
+          CTFS_RETURN_IF_ERROR(ReadBatch());
+          if (held_.empty()) break;
+        }
+        page.entries.push_back(std::move(held_[next_++]));
       }
-      if (n == 0) break;
+      page.last = fd_ < 0 && next_ == held_.size();
+      return page;
+    }
+
+   private:
+    // The next batch of the directory into held_; the descriptor closes at its end (a read
+    // of no names: a short batch is not taken for the end).
+    Status ReadBatch() {
+      held_.clear();
+      next_ = 0;
+      const Sdk* sdk = store_->sdk_;
+      std::vector<cubefs::Dirent> ents(kListBatch);
+      const int n =
+          sdk->readdir(store_->client_, fd_, {ents.data(), kListBatch, kListBatch}, kListBatch);
+      if (n <= 0) {
+        sdk->close(store_->client_, fd_);
+        fd_ = -1;
+        return n < 0 ? Err(n, "readdir /" + path_) : Status::OK();
+      }
+      std::vector<uint64_t> inos(n);
       for (int i = 0; i < n; ++i) inos[i] = ents[i].ino;
-      std::memset(stats.data(), 0, stats.size() * sizeof(StatInfo));
-      const int got = sdk_->batch_get_inodes(client_, fd, inos.data(), {stats.data(), n, n}, n);
-      if (got < 0) {
-        status = Err(got, "stat the entries of /" + path);
-        break;
-      }
+      std::vector<StatInfo> stats(n);
+      const int got =
+          sdk->batch_get_inodes(store_->client_, fd_, inos.data(), {stats.data(), n, n}, n);
+      if (got < 0) return Err(got, "stat the entries of /" + path_);
       // In no particular order, and without the entries removed meanwhile.
       std::unordered_map<uint64_t, const StatInfo*> by_ino;
       for (int i = 0; i < std::min(got, n); ++i) by_ino.emplace(stats[i].ino, &stats[i]);
@@ -262,12 +283,30 @@ class CubefsBackend final : public Backend {
         const size_t len = std::min<size_t>(ents[i].name_len, sizeof(ents[i].name) - 1);
         std::string name(ents[i].name, strnlen(ents[i].name, len));
         if (name.empty() || name == "." || name == "..") continue;
-        out.push_back(DirEntry{std::move(name), ToAttr(*it->second)});
+        held_.push_back(DirEntry{std::move(name), ToAttr(*it->second)});
       }
+      return Status::OK();
     }
-    sdk_->close(client_, fd);
-    if (!status.ok()) return status;
-    return out;
+
+    CubefsBackend* const store_;
+    int fd_;
+    const std::string path_;
+    std::vector<DirEntry> held_;
+    size_t next_ = 0;
+  };
+
+  Result<std::unique_ptr<DirLister>> ListPages(const std::string& path) override {
+    CTFS_ASSIGN_OR_RETURN(FileAttr dir, Stat(path));
+    if (!dir.IsDir()) return Status::NotDirectory("cubefs list /" + path);
+    const int fd = sdk_->open(client_, C(Abs(path)), O_RDONLY, 0);
+    if (fd < 0) return Err(fd, "opendir /" + path);
+    return std::unique_ptr<DirLister>(new Lister(this, fd, path));
+  }
+
+  Result<std::vector<DirEntry>> List(const std::string& path) override {
+    CTFS_ASSIGN_OR_RETURN(std::unique_ptr<DirLister> lister, ListPages(path));
+    CTFS_ASSIGN_OR_RETURN(DirPage page, lister->Next(std::numeric_limits<size_t>::max()));
+    return std::move(page.entries);
   }
 
   Result<size_t> Read(const std::string& path, const FileVersion& expect, uint64_t offset,

@@ -74,6 +74,24 @@ class InjectBackend final : public BackendWrapper {
   Result<std::vector<DirEntry>> List(const std::string& path) override {
     return Serve("list " + path, Kind::kOther, [&] { return base()->List(path); });
   }
+  // Each page is a request of its own (a fault may come at any page).
+  class Lister final : public DirLister {
+   public:
+    Lister(InjectBackend* owner, std::unique_ptr<DirLister> base, std::string what)
+        : owner_(owner), base_(std::move(base)), what_(std::move(what)) {}
+    Result<DirPage> Next(size_t max) override {
+      return owner_->Serve(what_, Kind::kOther, [&] { return base_->Next(max); });
+    }
+
+   private:
+    InjectBackend* const owner_;
+    const std::unique_ptr<DirLister> base_;
+    const std::string what_;
+  };
+  Result<std::unique_ptr<DirLister>> ListPages(const std::string& path) override {
+    CTFS_ASSIGN_OR_RETURN(std::unique_ptr<DirLister> base, base()->ListPages(path));
+    return std::unique_ptr<DirLister>(new Lister(this, std::move(base), "list " + path));
+  }
   Result<size_t> Read(const std::string& path, const FileVersion& expect, uint64_t offset,
                       size_t len, char* buf) override {
     return Serve("read " + path, Kind::kRead,

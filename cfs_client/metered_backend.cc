@@ -220,6 +220,26 @@ class MeteredBackend final : public BackendWrapper {
   Result<std::vector<DirEntry>> List(const std::string& path) override {
     return Timed(kList, [&] { return base()->List(path); });
   }
+  // Each page counts as one list request; opening the listing counts only when it fails (a
+  // posix directory's open is a local system call, an object store's listing starts with its
+  // first page).
+  class Lister final : public DirLister {
+   public:
+    Lister(MeteredBackend* owner, std::unique_ptr<DirLister> base)
+        : owner_(owner), base_(std::move(base)) {}
+    Result<DirPage> Next(size_t max) override {
+      return owner_->Timed(kList, [&] { return base_->Next(max); });
+    }
+
+   private:
+    MeteredBackend* const owner_;
+    const std::unique_ptr<DirLister> base_;
+  };
+  Result<std::unique_ptr<DirLister>> ListPages(const std::string& path) override {
+    Result<std::unique_ptr<DirLister>> opened = base()->ListPages(path);
+    if (!opened.ok()) return Timed(kList, [&] { return std::move(opened); });
+    return std::unique_ptr<DirLister>(new Lister(this, std::move(opened).value()));
+  }
   Result<size_t> Read(const std::string& path, const FileVersion& expect, uint64_t offset,
                       size_t len, char* buf) override {
     return Counted(Timed(kRead, [&] { return base()->Read(path, expect, offset, len, buf); }));

@@ -26,6 +26,8 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <limits>
+#include <optional>
 
 #include "cfs_client/backend.h"
 #include "common/logging.h"
@@ -36,6 +38,36 @@ namespace cubetorchfs::cfs_client {
 bool FileAttr::IsDir() const { return S_ISDIR(mode); }
 bool FileAttr::IsRegular() const { return S_ISREG(mode); }
 bool FileAttr::IsSymlink() const { return S_ISLNK(mode); }
+
+namespace {
+
+// A whole listing handed out in pages (Backend::ListPages' default).
+class WholeLister final : public DirLister {
+ public:
+  explicit WholeLister(std::vector<DirEntry> entries) : entries_(std::move(entries)) {}
+  Result<DirPage> Next(size_t max) override {
+    DirPage page;
+    const size_t n = std::min(std::max<size_t>(max, 1), entries_.size() - next_);
+    page.entries.assign(std::make_move_iterator(entries_.begin() + next_),
+                        std::make_move_iterator(entries_.begin() + next_ + n));
+    next_ += n;
+    page.last = next_ == entries_.size();
+    if (page.last) std::vector<DirEntry>().swap(entries_);
+    next_ = page.last ? 0 : next_;
+    return page;
+  }
+
+ private:
+  std::vector<DirEntry> entries_;
+  size_t next_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<DirLister>> Backend::ListPages(const std::string& path) {
+  CTFS_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, List(path));
+  return std::unique_ptr<DirLister>(new WholeLister(std::move(entries)));
+}
 
 namespace {
 
@@ -226,7 +258,66 @@ class PosixBackend final : public Backend {
     return FromStat(st);
   }
 
-  Result<std::vector<DirEntry>> List(const std::string& path) override {
+  // One open directory, read as far as each page needs (one entry read ahead, so a page knows
+  // whether it is the last).
+  class Lister final : public DirLister {
+   public:
+    Lister(std::unique_ptr<DIR, DirCloser> dir, std::string shown)
+        : dir_(std::move(dir)), shown_(std::move(shown)) {}
+    Result<DirPage> Next(size_t max) override {
+      DirPage page;
+      if (!dir_) return page;
+      for (;;) {
+        std::string name;
+        if (ahead_) {
+          name = std::move(*ahead_);
+          ahead_.reset();
+        } else {
+          CTFS_ASSIGN_OR_RETURN(std::optional<std::string> read, ReadName());
+          if (!read) break;
+          name = std::move(*read);
+        }
+        if (page.entries.size() == std::max<size_t>(max, 1)) {
+          ahead_ = std::move(name);
+          page.last = false;
+          return page;
+        }
+        struct stat st;
+        if (::fstatat(::dirfd(dir_.get()), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+          if (errno == ENOENT) continue;  // removed since readdir: not an entry any more
+          return Status::FromErrno(errno, "stat " + shown_ + "/" + name);
+        }
+        page.entries.push_back({std::move(name), FromStat(st)});
+      }
+      dir_.reset();  // the last page: the descriptor goes now, not with the lister
+      return page;
+    }
+
+   private:
+    Result<std::optional<std::string>> ReadName() {
+      for (;;) {
+        errno = 0;
+        struct dirent* de = ::readdir(dir_.get());
+        if (de == nullptr) {
+          if (errno != 0) return Status::FromErrno(errno, "readdir " + shown_);
+          return std::optional<std::string>();
+        }
+        if (std::strcmp(de->d_name, ".") != 0 && std::strcmp(de->d_name, "..") != 0)
+          return std::optional<std::string>(de->d_name);
+      }
+    }
+    std::unique_ptr<DIR, DirCloser> dir_;
+    const std::string shown_;
+    std::optional<std::string> ahead_;
+  };
+
+  Result<std::unique_ptr<DirLister>> ListPages(const std::string& path) override {
+    using DirStream = std::unique_ptr<DIR, DirCloser>;
+    CTFS_ASSIGN_OR_RETURN(DirStream dir, OpenDirStream(path));
+    return std::unique_ptr<DirLister>(new Lister(std::move(dir), Show(path)));
+  }
+
+  Result<std::unique_ptr<DIR, DirCloser>> OpenDirStream(const std::string& path) {  // NOLINT
     CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "opendir"));
     int fd = ::openat(at.dir, at.name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return Status::FromErrno(errno, "opendir " + Show(path));
@@ -236,23 +327,13 @@ class PosixBackend final : public Backend {
       ::close(fd);
       return Status::FromErrno(err, "opendir " + Show(path));
     }
-    std::vector<DirEntry> out;
-    for (;;) {
-      errno = 0;
-      struct dirent* de = ::readdir(dir.get());
-      if (de == nullptr) {
-        if (errno != 0) return Status::FromErrno(errno, "readdir " + Show(path));
-        break;
-      }
-      if (std::strcmp(de->d_name, ".") == 0 || std::strcmp(de->d_name, "..") == 0) continue;
-      struct stat st;
-      if (::fstatat(::dirfd(dir.get()), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
-        if (errno == ENOENT) continue;  // removed since readdir: not an entry any more
-        return Status::FromErrno(errno, "stat " + Show(path) + "/" + de->d_name);
-      }
-      out.push_back({de->d_name, FromStat(st)});
-    }
-    return out;
+    return dir;
+  }
+
+  Result<std::vector<DirEntry>> List(const std::string& path) override {
+    CTFS_ASSIGN_OR_RETURN(std::unique_ptr<DirLister> lister, ListPages(path));
+    CTFS_ASSIGN_OR_RETURN(DirPage page, lister->Next(std::numeric_limits<size_t>::max()));
+    return std::move(page.entries);
   }
 
   Result<size_t> Read(const std::string& path, const FileVersion& expect, uint64_t offset,

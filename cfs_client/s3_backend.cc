@@ -116,6 +116,67 @@ class S3Backend final : public Backend, public S3FileHost {
     return FileAttrOf(reply, std::strtoull(length->c_str(), nullptr, 10));
   }
 
+  // One LIST request a page, resumed by its continuation token. A name that is both an object
+  // and a prefix ("x" and "x/...") is listed once, as the file, when the two come in one page
+  // (they sort close together: only keys of "x" and a character below '/' fall between).
+  class Lister final : public DirLister {
+   public:
+    Lister(S3Backend* store, std::string path)
+        : store_(store),
+          path_(std::move(path)),
+          dir_(s3::DirKeyPrefix(store->opts_.prefix, path_)),
+          exists_(path_.empty()) {}
+    Result<DirPage> Next(size_t max) override {
+      DirPage page;
+      if (done_) return page;
+      const int keys = static_cast<int>(std::min<size_t>(std::max<size_t>(max, 1), kListPageKeys));
+      CTFS_ASSIGN_OR_RETURN(s3::ListPage got, store_->FetchListPage(dir_, token_, keys));
+      std::unordered_set<std::string> files;
+      for (s3::ListedObject& o : got.objects) {
+        exists_ = true;  // even the directory's own marker object "dir/"
+        std::string name = s3::EntryName(dir_, o.key);
+        if (name.empty() || name.size() > 255) continue;
+        files.insert(name);
+        page.entries.push_back(
+            {std::move(name), store_->FileAttrOf(o.size, o.last_modified_s, o.etag)});
+      }
+      for (const std::string& p : got.common_prefixes) {
+        exists_ = true;
+        std::string name = s3::EntryName(dir_, p);
+        if (!name.empty() && name.size() <= 255 && !files.count(name))
+          page.entries.push_back({std::move(name), store_->DirAttr()});
+      }
+      if (got.truncated) {
+        if (got.next_token == token_)
+          return Status::IOError("s3 LIST " + store_->Show(dir_) +
+                                 ": the continuation token repeats");
+        token_ = std::move(got.next_token);
+        page.last = false;
+        return page;
+      }
+      done_ = true;
+      if (!exists_) {
+        // An empty directory whose marker the listing left out (see Dialects).
+        CTFS_ASSIGN_OR_RETURN(bool marker, store_->MarkerExists(store_->Key(path_)));
+        if (!marker)
+          return Status::NotFound("s3 LIST " + store_->Show(dir_) + ": no such directory");
+      }
+      return page;
+    }
+
+   private:
+    S3Backend* const store_;
+    const std::string path_;
+    const std::string dir_;
+    std::string token_;
+    bool exists_;
+    bool done_ = false;
+  };
+
+  Result<std::unique_ptr<DirLister>> ListPages(const std::string& path) override {
+    return std::unique_ptr<DirLister>(new Lister(this, path));
+  }
+
   Result<std::vector<DirEntry>> List(const std::string& path) override {
     const std::string dir = s3::DirKeyPrefix(opts_.prefix, path);
     std::vector<DirEntry> out;

@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <limits>
 
 #include "cfs_client/backend.h"
 
@@ -57,21 +58,13 @@ class SyntheticBackend final : public Backend {
   Result<std::vector<DirEntry>> List(const std::string& path) override {
     CTFS_ASSIGN_OR_RETURN(Node n, Parse(path));
     if (n.kind == Node::kFile) return Status::NotDirectory(path + ": not a directory");
-    std::vector<DirEntry> out;
-    if (n.kind == Node::kRoot) {
-      out.reserve(o_.dirs);
-      for (uint64_t d = 0; d < o_.dirs; ++d) {
-        Node dir{Node::kDir, d, 0};
-        out.push_back({DirName(d), AttrOf(dir)});
-      }
-    } else {
-      out.reserve(o_.files_per_dir);
-      for (uint64_t i = 0; i < o_.files_per_dir; ++i) {
-        Node file{Node::kFile, n.dir, i};
-        out.push_back({FileName(n.dir, i), AttrOf(file)});
-      }
-    }
-    return out;
+    return Entries(n, 0, std::numeric_limits<uint64_t>::max());
+  }
+
+  Result<std::unique_ptr<DirLister>> ListPages(const std::string& path) override {
+    CTFS_ASSIGN_OR_RETURN(Node n, Parse(path));
+    if (n.kind == Node::kFile) return Status::NotDirectory(path + ": not a directory");
+    return std::unique_ptr<DirLister>(new Lister(this, n));
   }
 
   Result<size_t> Read(const std::string& path, const FileVersion& expect, uint64_t offset,
@@ -138,6 +131,40 @@ class SyntheticBackend final : public Backend {
     enum Kind { kRoot, kDir, kFile } kind = kRoot;
     uint64_t dir = 0;
     uint64_t file = 0;
+  };
+
+  // A directory's entries [from, from + count), as many as it has.
+  std::vector<DirEntry> Entries(const Node& n, uint64_t from, uint64_t count) const {
+    const uint64_t total = n.kind == Node::kRoot ? o_.dirs : o_.files_per_dir;
+    const uint64_t end = from + std::min(count, total - std::min(from, total));
+    std::vector<DirEntry> out;
+    out.reserve(end > from ? end - from : 0);
+    for (uint64_t k = from; k < end; ++k) {
+      if (n.kind == Node::kRoot) {
+        out.push_back({DirName(k), AttrOf(Node{Node::kDir, k, 0})});
+      } else {
+        out.push_back({FileName(n.dir, k), AttrOf(Node{Node::kFile, n.dir, k})});
+      }
+    }
+    return out;
+  }
+
+  class Lister final : public DirLister {
+   public:
+    Lister(const SyntheticBackend* store, Node dir) : store_(store), dir_(dir) {}
+    Result<DirPage> Next(size_t max) override {
+      DirPage page;
+      page.entries = store_->Entries(dir_, next_, std::max<size_t>(max, 1));
+      next_ += page.entries.size();
+      const uint64_t total = dir_.kind == Node::kRoot ? store_->o_.dirs : store_->o_.files_per_dir;
+      page.last = next_ >= total;
+      return page;
+    }
+
+   private:
+    const SyntheticBackend* const store_;
+    const Node dir_;
+    uint64_t next_ = 0;
   };
 
   static Status ReadOnly(const char* what, const std::string& path) {

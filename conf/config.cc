@@ -451,80 +451,85 @@ struct FuseExplicit {
 
 Status ParseFuse(const YAML::Node& node, FuseOptions* o, FuseExplicit* set) {
   constexpr double kMaxTimeout = 86400.0 * 365;
-  return ForEachKey(
-      node, "fuse",
-      {"read_only", "entry_timeout_s", "attr_timeout_s", "negative_timeout_s", "max_read",
-       "read_ahead", "keep_cache", "flush_on_close", "write_back_idle_s", "list_ahead",
-       "list_ahead_threads", "dir_memory_bytes", "max_writes_per_uid", "io_uring", "passthrough"},
-      [&](const std::string& k, const YAML::Node& v, const std::string& key) {
-        if (k == "read_only") {
-          CTFS_ASSIGN(o->read_only, GetBool(v, key));
-          set->read_only = true;
-        }
-        if (k == "entry_timeout_s") {
-          CTFS_ASSIGN(o->entry_timeout_s, GetDouble(v, key, 0, kMaxTimeout));
-          set->entry = true;
-        }
-        if (k == "attr_timeout_s") {
-          CTFS_ASSIGN(o->attr_timeout_s, GetDouble(v, key, 0, kMaxTimeout));
-          set->attr = true;
-        }
-        if (k == "negative_timeout_s") {
-          CTFS_ASSIGN(o->negative_timeout_s, GetDouble(v, key, 0, kMaxTimeout));
-          set->negative = true;
-        }
-        if (k == "max_read") {
-          CTFS_ASSIGN(o->max_read, GetSize(v, key));
-          if (o->max_read < 4096 || o->max_read > (1u << 20))
-            return Bad(key, "must be between 4KiB and 1MiB");
-        }
-        if (k == "read_ahead") {
-          CTFS_ASSIGN(o->read_ahead_bytes, GetSize(v, key));
-          if (o->read_ahead_bytes % 4096 != 0 || o->read_ahead_bytes > (64u << 20))
-            return Bad(key,
-                       "must be a multiple of 4KiB, at most 64MiB (0: the "
-                       "kernel's)");
-        }
-        if (k == "keep_cache") {
-          CTFS_ASSIGN(o->keep_cache, GetBool(v, key));
-          set->keep_cache = true;
-        }
-        if (k == "list_ahead") {
-          CTFS_ASSIGN(o->list_ahead, GetUint(v, key, 1024));
-          set->list_ahead = true;
-        }
-        if (k == "list_ahead_threads") {
-          uint64_t n = 0;
-          CTFS_ASSIGN(n, GetUint(v, key, 64));
-          if (n == 0) return Bad(key, "must be at least 1");
-          o->list_ahead_threads = static_cast<unsigned>(n);
-        }
-        if (k == "max_writes_per_uid") {
-          CTFS_ASSIGN(o->max_writes_per_uid, GetUint(v, key, 1u << 20));
-          if (o->max_writes_per_uid == 0) return Bad(key, "must be at least 1");
-        }
-        if (k == "dir_memory_bytes") {
-          CTFS_ASSIGN(o->dir_memory_bytes, GetSize(v, key));
-          if (o->dir_memory_bytes < (1u << 20)) return Bad(key, "must be at least 1MiB");
-        }
-        if (k == "io_uring" || k == "passthrough") {
-          const std::string m = v.IsScalar() ? v.Scalar() : "";
-          FuseOptions::Mode mode;
-          if (m == "auto")
-            mode = FuseOptions::Mode::kAuto;
-          else if (m == "on" || m == "true")
-            mode = FuseOptions::Mode::kOn;
-          else if (m == "off" || m == "false")
-            mode = FuseOptions::Mode::kOff;
-          else
-            return Bad(key, "must be auto, on or off, got " + Quote(m));
-          (k == "io_uring" ? o->io_uring : o->passthrough) = mode;
-        }
-        if (k == "flush_on_close") CTFS_ASSIGN(o->flush_on_close, GetBool(v, key));
-        if (k == "write_back_idle_s")
-          CTFS_ASSIGN(o->write_back_idle_s, GetDouble(v, key, 0.05, 3600));
-        return Status::OK();
-      });
+  return ForEachKey(node, "fuse",
+                    {"read_only", "entry_timeout_s", "attr_timeout_s", "negative_timeout_s",
+                     "max_read", "read_ahead", "keep_cache", "flush_on_close", "write_back_idle_s",
+                     "list_ahead", "list_ahead_threads", "dir_memory_bytes", "list_page_entries",
+                     "max_writes_per_uid", "io_uring", "passthrough"},
+                    [&](const std::string& k, const YAML::Node& v, const std::string& key) {
+                      if (k == "read_only") {
+                        CTFS_ASSIGN(o->read_only, GetBool(v, key));
+                        set->read_only = true;
+                      }
+                      if (k == "entry_timeout_s") {
+                        CTFS_ASSIGN(o->entry_timeout_s, GetDouble(v, key, 0, kMaxTimeout));
+                        set->entry = true;
+                      }
+                      if (k == "attr_timeout_s") {
+                        CTFS_ASSIGN(o->attr_timeout_s, GetDouble(v, key, 0, kMaxTimeout));
+                        set->attr = true;
+                      }
+                      if (k == "negative_timeout_s") {
+                        CTFS_ASSIGN(o->negative_timeout_s, GetDouble(v, key, 0, kMaxTimeout));
+                        set->negative = true;
+                      }
+                      if (k == "max_read") {
+                        CTFS_ASSIGN(o->max_read, GetSize(v, key));
+                        if (o->max_read < 4096 || o->max_read > (1u << 20))
+                          return Bad(key, "must be between 4KiB and 1MiB");
+                      }
+                      if (k == "read_ahead") {
+                        CTFS_ASSIGN(o->read_ahead_bytes, GetSize(v, key));
+                        if (o->read_ahead_bytes % 4096 != 0 || o->read_ahead_bytes > (64u << 20))
+                          return Bad(key,
+                                     "must be a multiple of 4KiB, at most 64MiB (0: the "
+                                     "kernel's)");
+                      }
+                      if (k == "keep_cache") {
+                        CTFS_ASSIGN(o->keep_cache, GetBool(v, key));
+                        set->keep_cache = true;
+                      }
+                      if (k == "list_ahead") {
+                        CTFS_ASSIGN(o->list_ahead, GetUint(v, key, 1024));
+                        set->list_ahead = true;
+                      }
+                      if (k == "list_ahead_threads") {
+                        uint64_t n = 0;
+                        CTFS_ASSIGN(n, GetUint(v, key, 64));
+                        if (n == 0) return Bad(key, "must be at least 1");
+                        o->list_ahead_threads = static_cast<unsigned>(n);
+                      }
+                      if (k == "max_writes_per_uid") {
+                        CTFS_ASSIGN(o->max_writes_per_uid, GetUint(v, key, 1u << 20));
+                        if (o->max_writes_per_uid == 0) return Bad(key, "must be at least 1");
+                      }
+                      if (k == "list_page_entries") {
+                        CTFS_ASSIGN(o->list_page_entries, GetUint(v, key, 1u << 20));
+                        if (o->list_page_entries == 0) return Bad(key, "must be at least 1");
+                      }
+                      if (k == "dir_memory_bytes") {
+                        CTFS_ASSIGN(o->dir_memory_bytes, GetSize(v, key));
+                        if (o->dir_memory_bytes < (1u << 20))
+                          return Bad(key, "must be at least 1MiB");
+                      }
+                      if (k == "io_uring" || k == "passthrough") {
+                        const std::string m = v.IsScalar() ? v.Scalar() : "";
+                        FuseOptions::Mode mode;
+                        if (m == "auto")
+                          mode = FuseOptions::Mode::kAuto;
+                        else if (m == "on" || m == "true")
+                          mode = FuseOptions::Mode::kOn;
+                        else if (m == "off" || m == "false")
+                          mode = FuseOptions::Mode::kOff;
+                        else
+                          return Bad(key, "must be auto, on or off, got " + Quote(m));
+                        (k == "io_uring" ? o->io_uring : o->passthrough) = mode;
+                      }
+                      if (k == "flush_on_close") CTFS_ASSIGN(o->flush_on_close, GetBool(v, key));
+                      if (k == "write_back_idle_s")
+                        CTFS_ASSIGN(o->write_back_idle_s, GetDouble(v, key, 0.05, 3600));
+                      return Status::OK();
+                    });
 }
 
 // The cubefs backend's keys, once volName and logDir are filled in.

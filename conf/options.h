@@ -185,10 +185,13 @@ struct FuseOptions {
   // ai_prefetch.
   uint64_t list_ahead = 0;
   unsigned list_ahead_threads = 4;  // Default: 4.
-  // The memory the listings of open directories may hold in all (each opendir keeps a
-  // snapshot until its release); one user at most half. An opendir past it fails with ENOMEM.
-  // Default: 512MiB (about 140 bytes an entry: one user opens a flat directory of 1.8 M).
+  // The memory the listings of open directories may hold in all (each open directory keeps
+  // a window of its listing: the page being read and up to 8,192 entries before it); one user
+  // at most half. An opendir or readdir past it fails with ENOMEM. Default: 512MiB.
   uint64_t dir_memory_bytes = 512ull << 20;
+  // Entries a directory is listed in at a time (a store request each: an S3 page holds at most
+  // 1,000). Default: 4096.
+  uint64_t list_page_entries = 4096;
   // Files one user may have open for writing through the mount at once; an open past it
   // fails with EMFILE. Default: 4096.
   uint64_t max_writes_per_uid = 4096;

@@ -205,6 +205,7 @@ FileSystem::Options FileSystemOptions(const conf::Config& config,
   o.list_ahead = config.fuse.list_ahead;
   o.list_ahead_threads = config.fuse.list_ahead_threads;
   o.dir_memory_bytes = config.fuse.dir_memory_bytes;
+  o.list_page_entries = config.fuse.list_page_entries;
   o.max_writes_per_uid = config.fuse.max_writes_per_uid;
   // No close reaches the daemon when the kernel skips FLUSH: written files are closed after
   // an idle time instead.
@@ -422,20 +423,30 @@ Status StartConnection(FuseSession& session, const Takeover& t) {
 // them up here. Runs beside the session loop (the kernel may send forgets meanwhile).
 void DropDentriesOfEarlierProcess(FuseSession& session, cfs_client::Backend* store) {
   constexpr size_t kMaxNames = 1u << 20;
-  Result<std::vector<cfs_client::DirEntry>> root = store->List("");
-  if (!root.ok()) {
+  constexpr size_t kPage = 4096;  // the root is read a page at a time, never held whole
+  size_t dropped = 0, listed = 0;
+  Result<std::unique_ptr<cfs_client::DirLister>> lister = store->ListPages("");
+  Status failed = lister.status();
+  for (bool last = !lister.ok(); !last && dropped < kMaxNames && !session.Exited();) {
+    Result<cfs_client::DirPage> page = (*lister)->Next(kPage);
+    if (!page.ok()) {
+      failed = page.status();
+      break;
+    }
+    last = page->last;
+    listed += page->entries.size();
+    for (const cfs_client::DirEntry& e : page->entries) {
+      if (dropped == kMaxNames || session.Exited()) break;
+      if (session.InvalidateEntry(fs::kRootIno, e.name)) ++dropped;
+    }
+  }
+  if (!failed.ok()) {
     CTFS_LOG(kWarn) << "after the restart, cannot list the store's root to drop the kernel's "
-                    << "old names (they expire after fuse.entry_timeout_s): "
-                    << root.status().ToString();
-    return;
+                    << "old names (they expire after fuse.entry_timeout_s): " << failed.ToString();
+    if (listed == 0) return;
   }
-  size_t dropped = 0;
-  for (const cfs_client::DirEntry& e : *root) {
-    if (dropped == kMaxNames || session.Exited()) break;
-    if (session.InvalidateEntry(fs::kRootIno, e.name)) ++dropped;
-  }
-  CTFS_LOG(kInfo) << "after the restart, the kernel dropped " << dropped << " of " << root->size()
-                  << " names under the root it had from the process before";
+  CTFS_LOG(kInfo) << "after the restart, the kernel dropped " << dropped << " of " << listed
+                  << " names under the root listed, which it had from the process before";
 }
 
 // The session a handover stops.

@@ -104,13 +104,18 @@ Status Walk(cfs_client::Backend& backend, const std::string& dir, std::vector<It
   while (!stack.empty()) {
     std::string d = std::move(stack.back());
     stack.pop_back();
-    CTFS_ASSIGN_OR_RETURN(std::vector<cfs_client::DirEntry> entries, backend.List(d));
-    for (const auto& e : entries) {
-      std::string p = d.empty() ? e.name : d + "/" + e.name;
-      if (e.attr.IsDir())
-        stack.push_back(std::move(p));
-      else if (e.attr.IsRegular())
-        out->push_back({std::move(p), e.attr.size});
+    // A page at a time: a flat directory of 100 M names is never held whole.
+    CTFS_ASSIGN_OR_RETURN(std::unique_ptr<cfs_client::DirLister> lister, backend.ListPages(d));
+    for (bool last = false; !last;) {
+      CTFS_ASSIGN_OR_RETURN(cfs_client::DirPage page, lister->Next(4096));
+      last = page.last;
+      for (const auto& e : page.entries) {
+        std::string p = d.empty() ? e.name : d + "/" + e.name;
+        if (e.attr.IsDir())
+          stack.push_back(std::move(p));
+        else if (e.attr.IsRegular())
+          out->push_back({std::move(p), e.attr.size});
+      }
     }
   }
   return Status::OK();

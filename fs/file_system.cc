@@ -280,37 +280,80 @@ uint64_t FileSystem::dir_memory_held() const { return dir_memory_->held(); }
 
 Result<std::unique_ptr<DirHandle>> FileSystem::OpenDir(uint64_t ino, int64_t uid) {
   CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
-  if (inode.removed) {  // removed: no entries (its old path may name another directory)
-    auto handle = std::make_unique<DirHandle>();
-    handle->ino = ino;
-    handle->path = inode.path;
-    return handle;
-  }
   auto handle = std::make_unique<DirHandle>();
   handle->ino = ino;
   handle->path = inode.path;
+  handle->uid = uid;
+  if (inode.removed) return handle;  // removed: no entries (its old path may name another one)
+  DirHandle& dir = *handle;
+  MutexLock l(dir.mu);
   std::optional<std::vector<cfs_client::DirEntry>> ahead;
   if (list_ahead_ != nullptr) ahead = list_ahead_->Take(inode.path, inode.attr.StoreId());
   if (ahead) {
-    handle->entries = std::move(*ahead);
+    dir.entries = std::move(*ahead);
   } else {
-    Result<std::vector<cfs_client::DirEntry>> entries = backend_->List(inode.path);
-    if (!entries.ok()) return entries.status();
-    handle->entries = std::move(entries).value();
+    // The first page now, so that a directory that cannot be listed fails its opendir.
+    CTFS_ASSIGN_OR_RETURN(dir.lister, backend_->ListPages(inode.path));
+    CTFS_ASSIGN_OR_RETURN(cfs_client::DirPage page, dir.lister->Next(options_.list_page_entries));
+    dir.entries = std::move(page.entries);
+    if (page.last) dir.lister.reset();
   }
-  if (list_ahead_ != nullptr) list_ahead_->OnListed(inode.path, handle->entries);
-  handle->entries.shrink_to_fit();  // held until the release: no growth slack
-  const uint64_t bytes = ListingBytes(handle->entries);
-  if (!dir_memory_->Take(uid, bytes)) {
-    CTFS_LOG(kWarn) << "opendir " << inode.path << " refused: its " << handle->entries.size()
-                    << " entries (" << bytes << " bytes) would pass fuse.dir_memory_bytes ("
-                    << options_.dir_memory_bytes << " for all open directories, half per user)";
-    handle.reset();
-    TrimHeap();
-    return Status::Errno(ENOMEM, inode.path + ": open directories hold too much memory");
-  }
-  handle->charge.reset(new DirHandle::Charge{dir_memory_, uid, bytes});
+  // A directory listed whole in one page plans the listing of its subdirectories.
+  if (list_ahead_ != nullptr && dir.lister == nullptr)
+    list_ahead_->OnListed(inode.path, dir.entries);
+  CTFS_RETURN_IF_ERROR(ChargeDirWindow(dir));
   return handle;
+}
+
+Status FileSystem::ChargeDirWindow(DirHandle& dir) {
+  dir.entries.shrink_to_fit();  // held until the next page or the release: no growth slack
+  const uint64_t bytes = ListingBytes(dir.entries);
+  if (dir.charge == nullptr) dir.charge.reset(new DirHandle::Charge{dir_memory_, dir.uid, 0});
+  DirHandle::Charge& c = *dir.charge;
+  if (bytes <= c.bytes) {
+    dir_memory_->Give(dir.uid, c.bytes - bytes);
+    c.bytes = bytes;
+    return Status::OK();
+  }
+  if (dir_memory_->Take(dir.uid, bytes - c.bytes)) {
+    c.bytes = bytes;
+    return Status::OK();
+  }
+  CTFS_LOG(kWarn) << "listing " << dir.path << " refused: its window of " << dir.entries.size()
+                  << " entries (" << bytes << " bytes) would pass fuse.dir_memory_bytes ("
+                  << options_.dir_memory_bytes << " for all open directories, half per user)";
+  // Nothing kept: the next readdir lists the directory again.
+  dir.entries = {};
+  dir.first = 0;
+  dir.lister.reset();
+  dir_memory_->Give(dir.uid, c.bytes);
+  c.bytes = 0;
+  dir.restart = true;
+  TrimHeap();
+  return Status::Errno(ENOMEM, dir.path + ": open directories hold too much memory");
+}
+
+Result<bool> FileSystem::DirEntryAt(DirHandle& dir, uint64_t index) {
+  if (index < dir.first || dir.restart) {
+    // Before the window (a rewind, a seek back): the listing again, from its start.
+    dir.restart = false;
+    dir.entries = {};
+    dir.first = 0;
+    CTFS_ASSIGN_OR_RETURN(dir.lister, backend_->ListPages(dir.path));
+  }
+  while (index >= dir.first + dir.entries.size() && dir.lister != nullptr) {
+    CTFS_ASSIGN_OR_RETURN(cfs_client::DirPage page, dir.lister->Next(options_.list_page_entries));
+    if (dir.entries.size() > kDirKeepBehind) {
+      const size_t drop = dir.entries.size() - kDirKeepBehind;
+      dir.entries.erase(dir.entries.begin(), dir.entries.begin() + static_cast<ptrdiff_t>(drop));
+      dir.first += drop;
+    }
+    dir.entries.insert(dir.entries.end(), std::make_move_iterator(page.entries.begin()),
+                       std::make_move_iterator(page.entries.end()));
+    if (page.last) dir.lister.reset();
+    CTFS_RETURN_IF_ERROR(ChargeDirWindow(dir));
+  }
+  return index < dir.first + dir.entries.size();
 }
 
 uint64_t FileSystem::AcquireDirEntry(const DirHandle& dir, const cfs_client::DirEntry& entry) {

@@ -90,19 +90,30 @@ struct Owner {
 
 struct WriteState;
 
+// An open directory: its listing, read a page at a time (Backend::ListPages) as the kernel
+// asks for entries, of which a window is held: the page being read and up to
+// kDirKeepBehind entries before it, so that a readdir resumed at the offset of the kernel's
+// last reply (its buffer dropped) is served from memory. An offset before the window lists the
+// directory again from its start (a rewinddir, a seekdir back).
 struct DirHandle {
   uint64_t ino = 0;
   std::string path;
-  std::vector<cfs_client::DirEntry> entries;  // a snapshot taken at opendir
-  // The snapshot's charge against Options::dir_memory_bytes, given back with the handle.
+  int64_t uid = -1;  // the opener's, charged for the window
+  Mutex mu;          // the members below: one readdir of a handle at a time
+  std::vector<cfs_client::DirEntry> entries GUARDED_BY(mu);  // entries first.. of the listing
+  uint64_t first GUARDED_BY(mu) = 0;
+  std::unique_ptr<cfs_client::DirLister> lister GUARDED_BY(mu);  // null: the window ends it
+  bool restart GUARDED_BY(mu) = false;  // a window refused (ENOMEM): list again from the start
+  // The window's charge against Options::dir_memory_bytes, given back with the handle.
   struct Charge {
     std::shared_ptr<UserBudget> budget;
     int64_t uid = -1;
     uint64_t bytes = 0;
-    ~Charge();  // gives the bytes back, and a large snapshot's heap to the system
+    ~Charge();  // gives the bytes back, and a large window's heap to the system
   };
-  std::unique_ptr<Charge> charge;
+  std::unique_ptr<Charge> charge GUARDED_BY(mu);
 };
+constexpr uint64_t kDirKeepBehind = 8192;
 
 struct OpenResult {
   std::unique_ptr<FileHandle> handle;
@@ -156,9 +167,11 @@ class FileSystem : public prefetch::AttrSource {
     // Subdirectories listed ahead of the kernel's opendir (list_ahead.h); 0: none.
     uint64_t list_ahead = 0;
     unsigned list_ahead_threads = 4;
-    // What the snapshots of open directories may hold in all; one user at most half
-    // (fuse.dir_memory_bytes). An opendir past it fails with ENOMEM.
+    // What the windows of open directories' listings may hold in all; one user at most half
+    // (fuse.dir_memory_bytes). An opendir or readdir past it fails with ENOMEM.
     uint64_t dir_memory_bytes = 512ull << 20;
+    // Entries a directory is listed in at a time (fuse.list_page_entries).
+    uint64_t list_page_entries = 4096;
     // Files one user may have open for writing through the mount at once (each holds a store
     // descriptor or a staging file). An open past it fails with EMFILE.
     uint64_t max_writes_per_uid = 4096;
@@ -180,6 +193,13 @@ class FileSystem : public prefetch::AttrSource {
   Result<std::string> ReadLink(uint64_t ino);
   // `uid`: the opener's (-1: unknown), whose share of dir_memory_bytes the snapshot uses.
   Result<std::unique_ptr<DirHandle>> OpenDir(uint64_t ino, int64_t uid = -1);
+  // Makes `dir`'s window hold entry `index` of the listing (0: the first after "." and ".."),
+  // unless the listing ends before it; false then. Errors: the store's, or ENOMEM past
+  // fuse.dir_memory_bytes.
+  Result<bool> DirEntryAt(DirHandle& dir, uint64_t index) REQUIRES(dir.mu);
+  // Charges `dir`'s window (its size now) to its opener; ENOMEM, the window dropped, past the
+  // budget.
+  Status ChargeDirWindow(DirHandle& dir) REQUIRES(dir.mu);
   uint64_t dir_memory_held() const;  // bytes the open directories' snapshots are charged
   // For readdirplus: the inode of `entry` of `dir`, with one lookup added.
   uint64_t AcquireDirEntry(const DirHandle& dir, const cfs_client::DirEntry& entry);

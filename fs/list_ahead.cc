@@ -179,8 +179,9 @@ void ListAhead::Loop() {
     std::shared_ptr<Listing> listing = it->second;
     listing->changes = Changes();
     listing->started_ns = std::max<uint64_t>(1, clock_->NowNanos());
+    const uint64_t room = options_.max_entries - std::min(options_.max_entries, held_entries_);
     l.unlock();
-    Result<std::vector<cfs_client::DirEntry>> r = backend_->List(path);
+    Result<std::vector<cfs_client::DirEntry>> r = ListWithin(path, room);
     l.lock();
     listing->done = true;
     it = listings_.find(path);
@@ -195,6 +196,20 @@ void ListAhead::Loop() {
       if (held) listings_.erase(it);
     }
     done_cv_.notify_all();
+  }
+}
+
+Result<std::vector<cfs_client::DirEntry>> ListAhead::ListWithin(const std::string& path,
+                                                                uint64_t room) {
+  CTFS_ASSIGN_OR_RETURN(std::unique_ptr<cfs_client::DirLister> lister, backend_->ListPages(path));
+  std::vector<cfs_client::DirEntry> out;
+  for (;;) {
+    CTFS_ASSIGN_OR_RETURN(cfs_client::DirPage page, lister->Next(kPageEntries));
+    if (out.size() + page.entries.size() > room)
+      return Status::Errno(EFBIG, path + ": too large to be listed ahead");
+    out.insert(out.end(), std::make_move_iterator(page.entries.begin()),
+               std::make_move_iterator(page.entries.end()));
+    if (page.last) return out;
   }
 }
 

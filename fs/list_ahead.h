@@ -104,6 +104,10 @@ class ListAhead {
   };
 
   std::string ChildPath(const std::string& dir, const std::string& name) const;
+  // The whole listing of `path`, read a page at a time; an error past `room` entries (a
+  // directory too large to hold ahead is never held whole, not even for a moment).
+  Result<std::vector<cfs_client::DirEntry>> ListWithin(const std::string& path, uint64_t room);
+  static constexpr size_t kPageEntries = 4096;
   // Schedules listings of `plan` up to names[upto). REQUIRES: mu_ held.
   void ScheduleLocked(Plan& plan, uint64_t upto);
   void Loop();

@@ -272,26 +272,37 @@ Result<std::shared_ptr<DirHandle>> DirOf(FuseContext& ctx, fuse_ino_t ino, uint6
   return ctx.dirs.Adopt(fh, std::move(dir));
 }
 
-// Lists entries from `offset` (0 = start; entry i has offset i+1, "." and ".." first).
+// Lists entries from `offset` (0 = start; entry i has offset i+1, "." and ".." first), from
+// the directory's window (FileSystem::DirEntryAt).
 void DoReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file_info* fi,
                bool plus) {
   FuseContext& ctx = Ctx(req);
   Result<std::shared_ptr<DirHandle>> opened = DirOf(ctx, ino, fi->fh);
   if (!opened.ok()) return ReplyError(req, opened.status(), plus ? "readdirplus" : "readdir");
-  const DirHandle& dir = **opened;
+  DirHandle& dir = **opened;
+  MutexLock lock(dir.mu);
   std::vector<char> buf(size);
   size_t used = 0;
-  const size_t total = dir.entries.size() + 2;
-  for (size_t i = static_cast<size_t>(offset); i < total; ++i) {
+  for (uint64_t i = static_cast<uint64_t>(offset);; ++i) {
     const bool dot = i < 2;
-    const char* name = i == 0 ? "." : i == 1 ? ".." : dir.entries[i - 2].name.c_str();
+    if (!dot) {
+      // The entry from the listing's window, the next page listed when the window ends.
+      Result<bool> there = ctx.fs->DirEntryAt(dir, i - 2);
+      if (!there.ok()) {
+        if (used == 0) return ReplyError(req, there.status(), plus ? "readdirplus" : "readdir");
+        break;  // what was listed goes now; the next readdir asks for the rest again
+      }
+      if (!*there) break;
+    }
+    const cfs_client::DirEntry* de = dot ? nullptr : &dir.entries[i - 2 - dir.first];
+    const char* name = i == 0 ? "." : i == 1 ? ".." : de->name.c_str();
     const off_t next = static_cast<off_t>(i + 1);
     if (!plus) {
       struct stat st {};
       // d_ino must not be 0 (readdir(3) skips such entries). Without a lookup there is no
       // inode number yet, so give a stable one derived from the name; stat() shows the real one.
-      st.st_ino = dot ? dir.ino : (std::hash<std::string>{}(dir.entries[i - 2].name) | 1);
-      st.st_mode = dot ? S_IFDIR : dir.entries[i - 2].attr.mode;
+      st.st_ino = dot ? dir.ino : (std::hash<std::string>{}(de->name) | 1);
+      st.st_mode = dot ? S_IFDIR : de->attr.mode;
       size_t n = fuse_add_direntry(req, buf.data() + used, size - used, name, &st, next);
       if (n > size - used) break;
       used += n;
@@ -304,8 +315,7 @@ void DoReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_f
       e.attr.st_ino = dir.ino;
       e.attr.st_mode = S_IFDIR;
     } else {
-      const cfs_client::DirEntry& de = dir.entries[i - 2];
-      e = ToEntryParam(ctx, ctx.fs->AcquireDirEntry(dir, de), de.attr);
+      e = ToEntryParam(ctx, ctx.fs->AcquireDirEntry(dir, *de), de->attr);
     }
     used += fuse_add_direntry_plus(req, buf.data() + used, size - used, name, &e, next);
   }

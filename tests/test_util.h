@@ -12,10 +12,45 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
 #include "cfs_client/backend.h"
 #include "common/clock.h"
 
 namespace cubetorchfs::testing {
+
+// Lists `path` of `b` in pages of at most `page` entries and checks what a paged listing
+// promises: no page larger, each name once, the same names as a whole List, the last page
+// marked (and nothing asked after it). Returns the names in the order listed.
+inline std::vector<std::string> ListInPages(cfs_client::Backend& b, const std::string& path,
+                                            size_t page) {
+  std::vector<std::string> names;
+  Result<std::unique_ptr<cfs_client::DirLister>> lister = b.ListPages(path);
+  EXPECT_TRUE(lister.ok()) << lister.status().ToString();
+  if (!lister.ok()) return names;
+  size_t pages = 0;
+  for (bool last = false; !last;) {
+    Result<cfs_client::DirPage> p = (*lister)->Next(page);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    if (!p.ok() || ++pages > 1'000'000) break;
+    EXPECT_LE(p->entries.size(), page);
+    for (const cfs_client::DirEntry& e : p->entries) names.push_back(e.name);
+    last = p->last;
+  }
+  std::set<std::string> once(names.begin(), names.end());
+  EXPECT_EQ(once.size(), names.size()) << "a name listed twice";
+  Result<std::vector<cfs_client::DirEntry>> whole = b.List(path);
+  EXPECT_TRUE(whole.ok());
+  if (whole.ok()) {
+    std::set<std::string> all;
+    for (const cfs_client::DirEntry& e : *whole) all.insert(e.name);
+    EXPECT_EQ(all, once);
+  }
+  return names;
+}
 
 // `n` bytes that differ with `seed` and repeat only every 251 bytes: file contents for tests.
 inline std::string Pattern(size_t n, int seed) {

@@ -13,6 +13,7 @@
 
 #include "cfs_client/backend.h"
 #include "cfs_client/cubefs_sdk.h"
+#include "tests/test_util.h"
 
 namespace cubetorchfs::cfs_client {
 namespace {
@@ -176,6 +177,10 @@ TEST_F(CubefsBackendTest, ListingsOfManyEntriesComeInBatches) {
   Result<std::vector<DirEntry>> entries = backend_->List("dir/sub");
   ASSERT_TRUE(entries.ok()) << entries.status().ToString();
   EXPECT_EQ(entries->size(), 1100u);
+  // Pages smaller and larger than the SDK's batches of 512.
+  EXPECT_EQ(testing::ListInPages(*backend_, "dir/sub", 100).size(), 1100u);
+  EXPECT_EQ(testing::ListInPages(*backend_, "dir/sub", 700).size(), 1100u);
+  EXPECT_EQ(backend_->ListPages("dir/nope").status().code(), Status::Code::kNotFound);
 }
 
 TEST_F(CubefsBackendTest, WritesFlushAndCreateOnlyWhatTheyShould) {

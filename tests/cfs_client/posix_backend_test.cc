@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "cfs_client/backend.h"
+#include "tests/test_util.h"
 
 namespace cubetorchfs::cfs_client {
 namespace {
@@ -49,6 +50,18 @@ TEST_F(PosixBackendTest, MissingPathsAreNotFound) {
   EXPECT_EQ(backend_->Stat("nope").status().code(), Status::Code::kNotFound);
   EXPECT_EQ(backend_->List("nope").status().code(), Status::Code::kNotFound);
   EXPECT_EQ(backend_->Stat("dir/file/x").status().code(), Status::Code::kNotDirectory);
+}
+
+// A directory read a page at a time holds its descriptor open between pages and lists every
+// entry once; a name removed between pages is not listed.
+TEST_F(PosixBackendTest, ListsInPages) {
+  fs::create_directories(root_ / "flat");
+  for (int i = 0; i < 1000; ++i) std::ofstream(root_ / "flat" / std::to_string(i)) << i;
+  EXPECT_EQ(testing::ListInPages(*backend_, "flat", 64).size(), 1000u);
+  EXPECT_EQ(testing::ListInPages(*backend_, "flat", 1000).size(), 1000u);
+  EXPECT_EQ(testing::ListInPages(*backend_, "flat", 5000).size(), 1000u);
+  EXPECT_EQ(backend_->ListPages("nope").status().code(), Status::Code::kNotFound);
+  EXPECT_EQ(backend_->ListPages("flat/1").status().code(), Status::Code::kNotDirectory);
 }
 
 TEST_F(PosixBackendTest, ListReturnsEntriesWithAttributes) {

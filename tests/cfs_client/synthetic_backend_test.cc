@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cfs_client/backend.h"
+#include "tests/test_util.h"
 
 namespace cubetorchfs::cfs_client {
 namespace {
@@ -101,6 +102,11 @@ TEST(SyntheticBackendTest, AHundredMillionFilesCostNothingUntilListed) {
   EXPECT_EQ(b->StatFs().value().files, 100'000'000ull + 100'000 + 1);
   EXPECT_EQ(b->List("").value().size(), 100'000u);
   EXPECT_EQ(b->List("n00012345").value().size(), 1'000u);
+  // A page at a time, as an open directory is read.
+  EXPECT_EQ(testing::ListInPages(*b, "", 4096).size(), 100'000u);
+  EXPECT_EQ(testing::ListInPages(*b, "n00012345", 333).size(), 1'000u);
+  EXPECT_EQ(b->ListPages("n00012345/n00012345_1.JPEG").status().code(),
+            Status::Code::kNotDirectory);
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ import pytest
 
 from cluster import Cluster
 from cubefs_harness import (CubeFactory, CubeMount, UnixHTTPConnection, bounded, call,
-                            environment_problem, errno_of, wait_until)
+                            check_paged_listing, environment_problem, errno_of, wait_until)
 from s3_testlib import S3Client
 
 pytestmark = pytest.mark.skipif(environment_problem() is not None,
@@ -132,6 +132,22 @@ def test_reads_are_byte_exact_and_listings_match(store: Store, tree: dict[str, b
     assert sorted(os.listdir(root / "odd")) == sorted(ODD_NAMES)
     for rel, data in tree.items():
         assert sha((root / rel).read_bytes()) == sha(data), rel
+
+
+def test_a_directory_is_listed_in_pages_and_resumes(kind: str, cube: CubeFactory,
+                                                    cluster: Cluster, cfs_mount: Path,
+                                                    tmp_path: Path) -> None:
+    """Over each interface (the ObjectNode's S3, cfs-client, the SDK), a directory of 1,200
+    names in pages of 100: every name once, resumed at the kernel's offsets, rewound."""
+    flat = cfs_mount / "paged"
+    names = {f"n{i:05d}.jpg" for i in range(1200)}
+    if not flat.is_dir() or len(os.listdir(flat)) != len(names):
+        flat.mkdir(exist_ok=True)
+        for n in names:
+            (flat / n).write_bytes(b"x")
+    mount = mount_over(cube, cluster, cfs_mount, kind, tmp_path,
+                       {"fuse": {"list_page_entries": 100}})
+    check_paged_listing(mount, "paged", names, 100)
 
 
 def test_a_read_spanning_a_listing_is_not_stale(cube: CubeFactory, cluster: Cluster,

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <set>
 #include <thread>
 
 #include "tests/test_util.h"
@@ -269,6 +270,49 @@ TEST_F(FileSystemTest, OpenDirectoriesHoldAtMostTheirMemoryBound) {
 // One user's files open for writing are bounded (each holds a store descriptor or a staging
 // file): past max_writes_per_uid its creates and opens for writing fail with EMFILE, another
 // user's do not, and a release makes room again.
+// A directory is listed a page at a time as its entries are asked for, holding a window of
+// the listing: every entry comes once in order, an offset inside the window (a readdir resumed
+// after the kernel dropped its buffer) is served from it, one before it lists again from the
+// start, and the window never holds more than a page and what is kept behind it.
+TEST_F(FileSystemTest, DirectoriesAreListedInPagesAndResumeAtAnyOffset) {
+  store_.AddDir("flat");
+  constexpr int kNames = 20000;
+  for (int i = 0; i < kNames; ++i) store_.PutFile("flat/f" + std::to_string(i), "");
+  FileSystem::Options o = options_;
+  o.list_page_entries = 1000;
+  std::unique_ptr<FileSystem> fs =
+      FileSystem::New(o, &store_, cache_.get(), prefetcher_.get(), &clock_, registry_).value();
+  const uint64_t ino = fs->Lookup(kRootIno, "flat")->ino;
+  std::unique_ptr<DirHandle> dir = fs->OpenDir(ino, 1000).value();
+  MutexLock l(dir->mu);
+  EXPECT_EQ(dir->entries.size(), 1000u);  // the first page only
+  auto name_at = [&](uint64_t k) REQUIRES(dir->mu) -> std::string {
+    Result<bool> there = fs->DirEntryAt(*dir, k);
+    EXPECT_TRUE(there.ok());
+    if (!there.ok() || !*there) return "";
+    EXPECT_LE(dir->entries.size(), kDirKeepBehind + 1000);
+    return dir->entries[k - dir->first].name;
+  };
+  std::vector<std::string> first_pass;
+  std::set<std::string> seen;
+  for (uint64_t k = 0;; ++k) {
+    const std::string n = name_at(k);
+    if (n.empty()) break;
+    first_pass.push_back(n);
+    EXPECT_TRUE(seen.insert(n).second) << n << " twice";
+    // Every 97 entries the kernel drops its buffer and resumes up to 150 entries back.
+    if (k % 97 == 96 && k >= 150) {
+      EXPECT_EQ(name_at(k - 150), first_pass[k - 150]);
+    }
+  }
+  EXPECT_EQ(first_pass.size(), static_cast<size_t>(kNames));
+  EXPECT_FALSE(*fs->DirEntryAt(*dir, kNames));
+  // A rewind lists again from the start, in the same order while nothing changes.
+  EXPECT_EQ(name_at(0), first_pass[0]);
+  EXPECT_EQ(name_at(12345), first_pass[12345]);
+  EXPECT_GT(fs->dir_memory_held(), 0u);
+}
+
 TEST_F(FileSystemTest, FilesOpenForWritingAreBoundedPerUser) {
   FileSystem::Options o = options_;
   o.max_writes_per_uid = 3;
@@ -697,6 +741,7 @@ TEST_F(FileSystemTest, UnknownRenameFlagsAreInvalid) {
 TEST_F(FileSystemTest, OpenDirSnapshotsEntries) {
   Result<std::unique_ptr<DirHandle>> dir = fs_->OpenDir(kRootIno);
   ASSERT_TRUE(dir.ok());
+  MutexLock l((*dir)->mu);
   std::vector<std::string> names;
   for (const auto& e : (*dir)->entries) names.push_back(e.name);
   std::sort(names.begin(), names.end());

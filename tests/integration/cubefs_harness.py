@@ -13,6 +13,7 @@ Environment:
 from __future__ import annotations
 
 import copy
+import ctypes
 import http.client
 import json
 import os
@@ -620,3 +621,61 @@ def call(conn: http.client.HTTPConnection, method: str, target: str,
                  headers={"Content-Type": "application/json"} if body is not None else {})
     resp = conn.getresponse()
     return resp.status, resp.read()
+
+
+def list_in_small_reads(directory: os.PathLike[str] | str, buffer_bytes: int = 512,
+                        rewind_after: int = 0) -> list[str]:
+    """The names of `directory` (without . and ..) as getdents64(2) returns them into a buffer
+    of `buffer_bytes`: a few entries a call, so the kernel drops the rest of each FUSE reply and
+    asks again from the offset of the last entry it passed on (the daemon resumes inside its
+    window of the listing). With `rewind_after` > 0 the directory is rewound (lseek 0) once
+    that many names were read, and listed whole again from its start."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    sys_getdents64 = 217  # x86_64
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    names: list[str] = []
+    rewound = False
+    try:
+        buf = ctypes.create_string_buffer(buffer_bytes)
+        for _ in range(10_000_000):  # bounded: each call returns at least one entry or ends
+            n = libc.syscall(sys_getdents64, fd, buf, buffer_bytes)
+            if n < 0:
+                raise OSError(ctypes.get_errno(), f"getdents64 {directory}")
+            if n == 0:
+                break
+            raw = buf.raw[:n]
+            pos = 0
+            while pos < n:
+                reclen = int.from_bytes(raw[pos + 16:pos + 18], "little")
+                name = raw[pos + 19:pos + reclen].split(b"\0", 1)[0].decode("utf-8",
+                                                                          "surrogateescape")
+                if name not in (".", ".."):
+                    names.append(name)
+                pos += reclen
+            if rewind_after and not rewound and len(names) >= rewind_after:
+                rewound = True
+                os.lseek(fd, 0, os.SEEK_SET)
+                names.clear()
+    finally:
+        os.close(fd)
+    return names
+
+
+def check_paged_listing(mount: CubeMount, rel: str, want: set[str], page: int) -> None:
+    """What every backend's mount with fuse.list_page_entries `page` must show of directory
+    `rel` (holding the names `want`): each name once, read back in small getdents calls (the
+    kernel resumes at its offsets), a page at a time, a rewind listing from the start."""
+    directory = mount.path(rel)
+    before = mount.metrics().value("cubetorchfs_backend_requests_total", op="list")
+    resumed = bounded(list_in_small_reads, directory, what=f"getdents of {rel}")
+    assert len(resumed) == len(want), f"{len(resumed)} names listed, {len(want)} there"
+    assert set(resumed) == want
+    pages = mount.metrics().value("cubetorchfs_backend_requests_total", op="list") - before
+    # Listed a page at a time, each page once: resuming inside the window asks nothing again.
+    assert len(want) / page <= pages <= len(want) / page + 2, pages
+    # A rewind in the middle lists from the start again, every name once.
+    again = bounded(list_in_small_reads, directory, 4096, len(want) // 2, what="rewind")
+    assert sorted(again) == sorted(want)
+    # Python's own listing (large reads) agrees.
+    assert sorted(bounded(os.listdir, directory, what="listdir")) == sorted(want)

@@ -22,8 +22,8 @@ from typing import Any, Iterator, Optional
 
 import pytest
 
-from cubefs_harness import (CubeFactory, CubeMount, bounded, environment_problem, errno_of,
-                            free_tcp_port, wait_until)
+from cubefs_harness import (CubeFactory, CubeMount, bounded, check_paged_listing,
+                            environment_problem, errno_of, free_tcp_port, wait_until)
 from s3_testlib import (ACCESS_KEY, SECRET_KEY, S3Server, SigV4CheckingProxy,
                         aws_example_signature, s3_server_problem, wait_port_free)
 
@@ -136,6 +136,13 @@ def test_a_mounted_bucket_reads_like_the_uploaded_tree(cube: CubeFactory, tmp_pa
     assert errno_of(lambda: os.stat(mount.path("no such file"))) == errno.ENOENT
     assert errno_of(lambda: os.listdir(mount.path("nested/nope"))) == errno.ENOENT
     assert os.statvfs(mount.path()).f_blocks > 0
+
+
+def test_a_prefix_is_listed_in_pages_and_resumes(cube: CubeFactory, tmp_path: Path,
+                                                 s3: S3Server, dataset: dict[str, Any]) -> None:
+    # Pages of 100 entries: LIST requests of max-keys 100, resumed by continuation token.
+    mount = mount_s3(cube, tmp_path, s3.endpoint, overrides={"fuse": {"list_page_entries": 100}})
+    check_paged_listing(mount, "many", {f"f{i:04d}.txt" for i in range(MANY)}, 100)
 
 
 def test_listing_more_than_1000_keys(cube: CubeFactory, tmp_path: Path, s3: S3Server,

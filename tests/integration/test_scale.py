@@ -27,7 +27,7 @@ DIRS, PER_DIR = 200, 1000
 FILES = DIRS * PER_DIR
 EPOCH_DIRS = 20  # the epochs read 20,000 of the files
 # What the daemon may hold per file the kernel knows, beyond its cache (docs/memory.md).
-BYTES_PER_KNOWN_FILE = 512  # measured 431 on 2026-11-26, 491 on 2026-11-27 (30-byte paths)
+BYTES_PER_KNOWN_FILE = 240  # measured 165 on 2026-11-28 ((parent, name) records); 491 before
 
 
 # The ASan pass of .ci/run swaps in an instrumented daemon.
