@@ -298,16 +298,36 @@ Result<std::unique_ptr<DirHandle>> FileSystem::OpenDir(uint64_t ino, int64_t uid
     dir.entries = std::move(page.entries);
     if (page.last) dir.lister.reset();
   }
-  // A directory listed whole in one page plans the listing of its subdirectories.
-  if (list_ahead_ != nullptr && dir.lister == nullptr)
+  if (list_ahead_ != nullptr && dir.lister == nullptr) {
+    // A directory listed whole in one page plans the listing of its subdirectories now.
     list_ahead_->OnListed(inode.path, dir.entries);
+  } else if (list_ahead_ != nullptr) {
+    dir.plan = true;
+    GatherSubdirs(dir, dir.entries, false);
+  }
   CTFS_RETURN_IF_ERROR(ChargeDirWindow(dir));
   return handle;
 }
 
+void FileSystem::GatherSubdirs(DirHandle& dir, const std::vector<cfs_client::DirEntry>& page,
+                               bool last) {
+  if (!dir.plan) return;
+  for (const cfs_client::DirEntry& e : page)
+    if (e.attr.IsDir()) dir.subdirs.push_back(e);
+  if (dir.subdirs.size() > kDirPlanNames) {
+    dir.plan = false;  // too many to plan from (as ListAhead itself would refuse)
+    std::vector<cfs_client::DirEntry>().swap(dir.subdirs);
+    return;
+  }
+  if (!last) return;
+  dir.plan = false;
+  if (list_ahead_ != nullptr) list_ahead_->OnListed(dir.path, dir.subdirs);
+  std::vector<cfs_client::DirEntry>().swap(dir.subdirs);
+}
+
 Status FileSystem::ChargeDirWindow(DirHandle& dir) {
   dir.entries.shrink_to_fit();  // held until the next page or the release: no growth slack
-  const uint64_t bytes = ListingBytes(dir.entries);
+  const uint64_t bytes = ListingBytes(dir.entries) + ListingBytes(dir.subdirs);
   if (dir.charge == nullptr) dir.charge.reset(new DirHandle::Charge{dir_memory_, dir.uid, 0});
   DirHandle::Charge& c = *dir.charge;
   if (bytes <= c.bytes) {
@@ -324,6 +344,8 @@ Status FileSystem::ChargeDirWindow(DirHandle& dir) {
                   << options_.dir_memory_bytes << " for all open directories, half per user)";
   // Nothing kept: the next readdir lists the directory again.
   dir.entries = {};
+  dir.plan = false;
+  std::vector<cfs_client::DirEntry>().swap(dir.subdirs);
   dir.first = 0;
   dir.lister.reset();
   dir_memory_->Give(dir.uid, c.bytes);
@@ -339,6 +361,8 @@ Result<bool> FileSystem::DirEntryAt(DirHandle& dir, uint64_t index) {
     dir.restart = false;
     dir.entries = {};
     dir.first = 0;
+    dir.plan = false;  // planned once, or not at all, per handle
+    std::vector<cfs_client::DirEntry>().swap(dir.subdirs);
     CTFS_ASSIGN_OR_RETURN(dir.lister, backend_->ListPages(dir.path));
   }
   while (index >= dir.first + dir.entries.size() && dir.lister != nullptr) {
@@ -348,6 +372,7 @@ Result<bool> FileSystem::DirEntryAt(DirHandle& dir, uint64_t index) {
       dir.entries.erase(dir.entries.begin(), dir.entries.begin() + static_cast<ptrdiff_t>(drop));
       dir.first += drop;
     }
+    GatherSubdirs(dir, page.entries, page.last);
     dir.entries.insert(dir.entries.end(), std::make_move_iterator(page.entries.begin()),
                        std::make_move_iterator(page.entries.end()));
     if (page.last) dir.lister.reset();

@@ -104,6 +104,10 @@ struct DirHandle {
   uint64_t first GUARDED_BY(mu) = 0;
   std::unique_ptr<cfs_client::DirLister> lister GUARDED_BY(mu);  // null: the window ends it
   bool restart GUARDED_BY(mu) = false;  // a window refused (ENOMEM): list again from the start
+  // A listing of more than one page gathers its subdirectories as it is read (at most
+  // kDirPlanNames) and plans list-ahead from them at its end, as one of a page does at once.
+  bool plan GUARDED_BY(mu) = false;
+  std::vector<cfs_client::DirEntry> subdirs GUARDED_BY(mu);
   // The window's charge against Options::dir_memory_bytes, given back with the handle.
   struct Charge {
     std::shared_ptr<UserBudget> budget;
@@ -114,6 +118,7 @@ struct DirHandle {
   std::unique_ptr<Charge> charge GUARDED_BY(mu);
 };
 constexpr uint64_t kDirKeepBehind = 8192;
+constexpr uint64_t kDirPlanNames = 1u << 17;  // ListAhead::Options::max_plan_dirs
 
 struct OpenResult {
   std::unique_ptr<FileHandle> handle;
@@ -200,6 +205,10 @@ class FileSystem : public prefetch::AttrSource {
   // Charges `dir`'s window (its size now) to its opener; ENOMEM, the window dropped, past the
   // budget.
   Status ChargeDirWindow(DirHandle& dir) REQUIRES(dir.mu);
+  // A page of `dir`'s listing was read (`last`: the listing's last): its subdirectories are
+  // gathered for list-ahead's plan, made at the last page.
+  void GatherSubdirs(DirHandle& dir, const std::vector<cfs_client::DirEntry>& page, bool last)
+      REQUIRES(dir.mu);
   uint64_t dir_memory_held() const;  // bytes the open directories' snapshots are charged
   // For readdirplus: the inode of `entry` of `dir`, with one lookup added.
   uint64_t AcquireDirEntry(const DirHandle& dir, const cfs_client::DirEntry& entry);
