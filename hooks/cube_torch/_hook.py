@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -146,6 +147,54 @@ class WorkerEntry:
         return self.fn(worker_id) if self.fn is not None else None
 
 
+def _module_of(filename: str) -> Optional[Any]:
+    """The loaded module whose source is `filename`, if any."""
+    for module in list(sys.modules.values()):
+        if getattr(module, "__file__", None) == filename:
+            return module
+    return None
+
+
+def _with_torch_warnings_attributed(call: Callable[[], Any], caller: Any) -> Any:
+    """Runs `call`; the warnings it raises are shown as if no wrapper of ours stood between
+    torch and its caller. torch warns with stacklevel=2 from the iterator's __init__, which
+    names the frame above it: with this module's wrapper there, the warning (its place, the
+    filters that match its module, its once-per-place registry) would be ours. Each warning is
+    collected (an "always" filter put first for the call, not through catch_warnings, which
+    would reset every module's once-per-place registry) and warned again at its place:
+    `caller` (the frame that called the wrapper) for one that named this module, its own
+    place otherwise, where the user's filters and registries decide as they would have."""
+    caught: List[Any] = []
+
+    def collect(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+                line: Any = None) -> None:
+        caught.append((message, category, filename, lineno))
+
+    always = ("always", None, Warning, None, 0)
+    shown = warnings.showwarning
+    warnings.filters.insert(0, always)
+    warnings.showwarning = collect
+    try:
+        result = call()
+    finally:
+        warnings.showwarning = shown
+        for k, f in enumerate(warnings.filters):
+            if f is always:
+                del warnings.filters[k]
+                break
+    for message, category, filename, lineno in caught:
+        if filename == __file__:
+            g = caller.f_globals
+            filename, lineno = caller.f_code.co_filename, caller.f_lineno
+        else:
+            module = _module_of(filename)
+            g = vars(module) if module is not None else {"__name__": filename}
+        warnings.warn_explicit(message, category, filename, lineno, module=g.get("__name__"),
+                               registry=g.setdefault("__warningregistry__", {}),
+                               module_globals=g if "__loader__" in g else None)
+    return result
+
+
 def _patched_init(original: Callable[..., Any]) -> Callable[..., Any]:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         loader = args[0] if args else kwargs.get("loader")
@@ -155,7 +204,8 @@ def _patched_init(original: Callable[..., Any]) -> Callable[..., Any]:
                 loader.worker_init_fn = WorkerEntry(loader.worker_init_fn)
             except Exception:  # a loader that refuses it: its workers go without the batch mode
                 pass
-        original(self, *args, **kwargs)
+        _with_torch_warnings_attributed(lambda: original(self, *args, **kwargs),
+                                        sys._getframe(1))
         _attach(self)
     return __init__
 

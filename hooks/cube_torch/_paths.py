@@ -5,7 +5,8 @@
 - `train_data_list()` (a user's explicit list): one list of paths, or a list/tuple of parallel
   lists (image + caption files): index i maps to the i-th element of each;
 - torch's `Subset` (through `indices`) and `ConcatDataset` (through `cumulative_sizes`);
-- torchvision's `DatasetFolder` / `ImageFolder` and look-alikes: `samples[i][0]`;
+- torchvision's `DatasetFolder` / `ImageFolder` and look-alikes: `samples[i][0]`, or every
+  path of `samples[i]` when its rows hold more than one (an image and its label file);
 - torchvision's VOC datasets: `images[i]`, then `annotations[i]` or `targets[i]`;
 - torchvision's `CocoDetection` / `CocoCaptions`: `root` joined with the file of `ids[i]`.
 
@@ -214,8 +215,18 @@ def _build(dataset: Any, depth: int) -> Optional[PathMapper]:
         or (isinstance(samples[0], (tuple, list)) and samples[0] and as_path(samples[0][0]))
         or as_path(samples[0]) is not None
     ):
-        return _RowMapper(samples, first_only=True)
+        rows = samples[0] if samples and isinstance(samples[0], (tuple, list)) else ()
+        return _RowMapper(samples, first_only=not any(_looks_like_path(f) for f in rows[1:]))
     return None
+
+
+def _looks_like_path(value: Any) -> bool:
+    """A field of a sample that names a file: a path object, or a str with a directory in it
+    (ImageFolder's second field is a class index; a look-alike's may be a label name)."""
+    if isinstance(value, os.PathLike):
+        return True
+    p = as_path(value)
+    return p is not None and os.sep in p
 
 
 # id(dataset) -> (weak reference to it, its mapper or None). The weak reference's callback

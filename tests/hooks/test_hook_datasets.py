@@ -156,6 +156,38 @@ def test_dataset_folder_samples(tmp_path: Path) -> None:
     assert [mapper(i)[0] for i in range(len(folder))] == [s[0] for s in folder.samples]
 
 
+def test_samples_holding_several_paths_publish_them_all(mount: Path, daemon: FakeDaemon) -> None:
+    """An ImageFolder look-alike whose rows are (image, label file): both files of a sample
+    are published, in the order the sample reads them; a row of (path, class name) is not
+    taken for two paths."""
+    images = make_files(mount / "img", 6, suffix=".jpg")
+    labels = make_files(mount / "json", 6, suffix=".json")
+    read: List[str] = []
+
+    class Pairs(Dataset):
+        def __init__(self) -> None:
+            self.samples = list(zip(images, labels))
+
+        def __len__(self) -> int:
+            return len(self.samples)
+
+        def __getitem__(self, i: int) -> int:
+            for p in self.samples[i]:
+                read.append(p)
+                Path(p).read_bytes()
+            return i
+
+    torch.manual_seed(5)
+    seen = indices(DataLoader(Pairs(), batch_size=2, shuffle=True))
+    flush()
+    assert daemon.published() == read == [p for i in seen for p in (images[i], labels[i])]
+
+    class Named(Dataset):
+        samples = [("/m/a.jpg", "cat"), ("/m/b.jpg", "dog")]
+
+    assert _paths.mapper_for(Named())(1) == ("/m/b.jpg",)
+
+
 def test_train_data_list_forms() -> None:
     class One(Dataset):
         def train_data_list(self) -> List[str]:
