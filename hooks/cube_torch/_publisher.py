@@ -43,6 +43,9 @@ EXIT_WAIT_S = 0.5           # how long interpreter exit waits for final DELETEs
 STATS_FLUSH_S = 1.0         # stats() waits this long at most for queued batches to be sent
 DOWN_COOLDOWN_S = 2.0       # a daemon that timed out is not asked again for this long
 GONE_COOLDOWN_S = 0.2       # nor one with no socket or refusing connections (restarting)
+# A daemon with no socket or refusing connections for less than this is being upgraded or
+# restarted by its supervisor: routine, so nothing is printed (what it missed is held and sent).
+SILENT_GRACE_S = 10.0
 FULL_COOLDOWN_S = 1.0       # after a 429 (queued-path limits), a stream's batches are dropped
 MAX_HELD_PATHS = 1 << 16    # a stream's paths kept while its daemon does not answer
 # Positions, and paths registered, in one request: the daemon's control.max_json_elements by
@@ -255,6 +258,8 @@ class Publisher:
         # Publisher thread only:
         self._clients: Dict[str, _client.ControlClient] = {}
         self._down_until: Dict[str, float] = {}  # control socket -> monotonic time
+        self._silent_since: Dict[str, float] = {}  # control socket -> first failure unanswered
+        self._grace: Set[str] = set()  # sockets silent while their mount answers (SILENT_GRACE_S)
         self._open: Dict[int, Stream] = {}  # streams created on a daemon and not yet deleted
         self._filter = _MountFilter()
         self._reporter = _report.Reporter()
@@ -764,6 +769,7 @@ class Publisher:
                 else:
                     raise
             self._count("published", reply["accepted"])
+            self._answered(stream.daemon.control_socket)
             self._count("rejected", reply["rejected"])
 
     def _forget_stream(self, client: _client.ControlClient, stream: Stream) -> None:
@@ -777,17 +783,36 @@ class Publisher:
         stream.stream_id = None
         stream.list_id = None
 
+    def _answered(self, socket_path: str) -> None:
+        """The daemon at `socket_path` answered: a silence before it is over."""
+        if self._silent_since:
+            self._silent_since.pop(socket_path, None)
+            self._grace.discard(socket_path)
+
     def _silent(self, stream: Stream, e: _client.ControlError) -> None:
         """The stream's daemon did not answer (`e`): it is left alone for a while."""
         assert stream.daemon is not None
         # A daemon being upgraded or restarted has no socket, or refuses, for well under a
         # second: ask again soon. One that timed out may be hung: not as soon.
         gone = e.os_errno in (errno.ENOENT, errno.ECONNREFUSED)
-        self._down_until[stream.daemon.control_socket] = time.monotonic() + (
-            GONE_COOLDOWN_S if gone else DOWN_COOLDOWN_S)
-        if not _common.has_warned("daemon"):  # the probe only for a message shown
-            self._warn(f"{e}; " + _daemon_silent_message(stream.daemon.mount_point,
-                                                          stream.name))
+        now = time.monotonic()
+        socket_path = stream.daemon.control_socket
+        self._down_until[socket_path] = now + (GONE_COOLDOWN_S if gone else DOWN_COOLDOWN_S)
+        since = self._silent_since.setdefault(socket_path, now)
+        if _common.has_warned("daemon"):
+            return
+        probed = None
+        if gone and now - since < SILENT_GRACE_S:
+            # An upgrade or a restart while the supervisor keeps the mount: routine, said only
+            # if it lasts. The mount is probed once for it.
+            if socket_path in self._grace:
+                return
+            probed = probe_mount(stream.daemon.mount_point)
+            if probed[0] == "answers":
+                self._grace.add(socket_path)
+                return
+        self._warn(f"{e}; " + _daemon_silent_message(stream.daemon.mount_point, stream.name,
+                                                      probed))
 
     def _create(self, client: _client.ControlClient, stream: Stream,
                 paths_only_if_gone: bool = True) -> None:
@@ -833,6 +858,7 @@ class Publisher:
             self._create(client, stream)
             reply = client.publish(stream.stream_id, paths, unread)
         self._count("published", reply["accepted"])
+        self._answered(stream.daemon.control_socket)
         self._count("rejected", reply["rejected"])
         return True
 
@@ -964,10 +990,12 @@ def probe_mount(mount_point: str, timeout: float = MOUNT_PROBE_S) -> Tuple[str, 
     return result[0], None
 
 
-def _daemon_silent_message(mount: str, stream_name: str) -> str:
+def _daemon_silent_message(mount: str, stream_name: str,
+                           probed: Optional[Tuple[str, Optional[OSError]]] = None) -> str:
     """What a daemon that does not answer (no socket, refused, timed out) means for the
-    training loop: that depends on whether its mount still answers."""
-    state, error = probe_mount(mount)
+    training loop: that depends on whether its mount still answers (`probed`: probe_mount's
+    answer already had)."""
+    state, error = probed if probed is not None else probe_mount(mount)
     again = "asking the daemon again shortly"
     if state == "answers":
         # A supervisor keeps the mount while it starts a new daemon, or the daemon is slow.

@@ -391,3 +391,32 @@ def test_a_daemon_gone_mid_epoch_warns_once_without_claiming_reads_work(
     assert f"the daemon of {mount} is gone and {mount} is no longer mounted" in warned, warned
     assert "prefetching is off" in warned and "training goes on" not in warned
     assert probes == [str(mount)]  # probed for the one message shown, not at each retry
+
+
+def test_a_routine_restart_prints_nothing_and_a_lasting_one_warns_once(
+        monkeypatch: pytest.MonkeyPatch, mount: Path, daemon: FakeDaemon) -> None:
+    """An upgrade or a restart by the supervisor (no socket for a moment while the mount
+    still answers) is routine: no warning, nothing dropped. A daemon that stays away longer
+    than SILENT_GRACE_S is warned about once."""
+    monkeypatch.setenv("CUBE_TORCH_LOOKAHEAD_BATCHES", "1")
+    monkeypatch.setattr(_publisher, "probe_mount", lambda mount_point, *a: ("answers", None))
+    files = make_files(mount, 60)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        epoch_with_an_outage(daemon, files, seed=21, down_at=3, back_at=9)
+    assert cube_warnings(record) == []
+    assert counters()["dropped"] == 0
+
+    monkeypatch.setattr(_publisher, "SILENT_GRACE_S", 0.3)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for j, _ in enumerate(DataLoader(FileList(files), batch_size=2, shuffle=True)):
+            if j == 3:
+                flush()
+                daemon.go_down()
+            if j in (6, 12):
+                flush()
+                time.sleep(0.35)  # past the grace (and the cooldown): asked again
+        flush()
+    [warned] = cube_warnings(record)
+    assert "the mount itself still answers, so training goes on" in warned, warned
