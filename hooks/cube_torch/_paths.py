@@ -3,7 +3,8 @@
 `mapper_for(dataset)` picks a strategy once per dataset object and caches it:
 
 - `train_data_list()` (a user's explicit list): one list of paths, or a list/tuple of parallel
-  lists (image + caption files): index i maps to the i-th element of each;
+  lists (image + caption files): index i maps to the i-th element of each. Any sequence with
+  a length is used as it is (a lazy sequence of 100 M names, a numpy array), never copied;
 - torch's `Subset` (through `indices`) and `ConcatDataset` (through `cumulative_sizes`);
 - torchvision's `DatasetFolder` / `ImageFolder` and look-alikes: `samples[i][0]`, or every
   path of `samples[i]` when its rows hold more than one (an image and its label file);
@@ -143,19 +144,36 @@ class _CocoMapper:
         return () if name is None else (os.path.join(self._root, name),)
 
 
+def _is_sequence(value: Any) -> bool:
+    """A list, a tuple, or any other object indexed by position with a length (a lazy
+    sequence, a numpy array of names): used as it is, never copied."""
+    if isinstance(value, (list, tuple)):
+        return True
+    if isinstance(value, (str, bytes, bytearray, dict)) or isinstance(value, os.PathLike):
+        return False
+    return hasattr(value, "__len__") and hasattr(value, "__getitem__")
+
+
 def _is_path_list(value: Any) -> bool:
-    return isinstance(value, (list, tuple)) and (not value or as_path(value[0]) is not None)
+    if not _is_sequence(value):
+        return False
+    try:
+        return len(value) == 0 or as_path(value[0]) is not None
+    except Exception:
+        return False
 
 
 def _from_train_data_list(dataset: Any) -> Optional[PathMapper]:
     result = dataset.train_data_list()
     if result is None:
         return None
-    if not isinstance(result, (list, tuple)):
-        result = list(result)
+    if not _is_sequence(result):
+        result = list(result)  # an iterator or a generator: its paths once, as a list
     if _is_path_list(result):
-        return _ListMapper([result])
-    if all(isinstance(c, (list, tuple)) for c in result):
+        return _ListMapper([result])  # the user's own sequence: 100 M paths are not copied
+    if not isinstance(result, (list, tuple)):
+        return None
+    if all(_is_sequence(c) for c in result):
         # Several parallel lists (columns). A list with one row per sample is told apart by
         # its length: as many rows as samples, and rows shorter than that.
         try:

@@ -212,6 +212,30 @@ def test_train_data_list_forms() -> None:
     assert _paths.mapper_for(Rows())(1) == ("/m/2.jpg", "/m/2.txt")
 
 
+def test_a_lazy_train_data_list_is_used_as_it_is() -> None:
+    """180 M samples: train_data_list() returns a sequence that makes each name when asked
+    (or a numpy array): the hook indexes it, never lists it."""
+    class Names:
+        def __len__(self) -> int:
+            return 180_000_000
+
+        def __getitem__(self, i: int) -> str:
+            if not 0 <= i < len(self):
+                raise IndexError(i)
+            return f"/m/n{i // 1000:08d}/{i}.jpg"
+
+        def __iter__(self) -> Any:
+            raise AssertionError("the whole list was walked")
+
+    class Huge(Dataset):
+        def train_data_list(self) -> Names:
+            return Names()
+
+    mapper = _paths.mapper_for(Huge())
+    assert mapper(179_999_999) == ("/m/n00179999/179999999.jpg",)
+    assert mapper.singles([5, 7]) == ["/m/n00000000/5.jpg", "/m/n00000000/7.jpg"]
+
+
 def test_strategy_is_cached_per_dataset_object() -> None:
     calls = []
 
