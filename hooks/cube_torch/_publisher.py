@@ -69,7 +69,7 @@ class Stream:
 
     __slots__ = ("name", "mapper", "auto_collation", "owner_pid", "publisher", "closed",
                  "daemon", "stream_id", "quiet", "recreated", "recent", "refused_until",
-                 "held", "held_paths", "list_id", "__weakref__")
+                 "held", "held_paths", "list_id", "sent", "resend", "served", "__weakref__")
 
     def __init__(self, dataset_name: str, mapper: PathMapper,
                  auto_collation: Optional[bool], unread_items: Optional[int] = None) -> None:
@@ -94,6 +94,16 @@ class Stream:
         self.held: Deque[Tuple[List[str], int]] = collections.deque()
         self.held_paths = 0  # the paths in `held`
         self.list_id: Optional[str] = None  # the file list the daemon's stream was made with
+        # The latest `unread_items` sampler items handed to the daemon: what the loop may not
+        # have read yet. A daemon that restarted (or was upgraded) lost them with its stream;
+        # they are sent to the next one first (`resend`), so prefetching goes on where it was.
+        # Each with its number among the items served (`served`): only those among the latest
+        # `unread_items` served are still unread (an outage that outlasts the window leaves
+        # nothing to send again).
+        self.sent: Optional[Deque[Tuple[int, Tuple[Any, ...]]]] = (
+            None if unread_items is None else collections.deque(maxlen=max(1, unread_items)))
+        self.resend: List[Tuple[Any, ...]] = []
+        self.served = 0  # sampler items the publisher has taken, in all
 
     def submit(self, item: Any) -> None:
         """Queues the files of one sampler item (a batch of indices, or one index)."""
@@ -128,10 +138,11 @@ def zero_counters() -> Dict[str, int]:
     indices dropped (queue full, their stream had gone quiet, or held while its daemon did not
     answer and then over the bound or closed before it answered); failed requests (errors);
     paths not sent because they are outside the daemon's mount or no daemon serves them
-    (skipped); indices the dataset could not name (unmapped); streams created."""
+    (skipped); indices the dataset could not name (unmapped); streams created; indices sent
+    again to a daemon that restarted, the window it lost (resent)."""
     return dict.fromkeys(
         ("published", "rejected", "dropped", "errors", "skipped", "unmapped", "streams",
-         "registered"), 0)
+         "registered", "resent"), 0)
 
 
 def _chunks(paths: List[str], max_bytes: int) -> Iterable[List[str]]:
@@ -398,8 +409,16 @@ class Publisher:
                finished: bool = False) -> None:
         if stream.quiet:
             self._count("dropped", sum(len(b) for b in batches))
-        elif batches and not self._publish_positions(stream, batches):
-            self._publish(stream, self._map(stream, batches), sum(len(b) for b in batches))
+        elif batches:
+            first = stream.served
+            stream.served += len(batches)
+            before: List[Tuple[Any, ...]] = []
+            if stream.sent is not None and stream.sent.maxlen:
+                oldest_unread = stream.served - stream.sent.maxlen
+                before = [item for k, item in stream.sent if k >= oldest_unread]
+            if not self._publish_positions(stream, batches, before, first):
+                self._publish(stream, self._map(stream, batches), sum(len(b) for b in batches),
+                              before, batches, first)
         if close and finished:
             self._finish(stream)
         if close:
@@ -435,7 +454,12 @@ class Publisher:
             self._count("unmapped", unmapped)
         return paths
 
-    def _publish(self, stream: Stream, raw: List[str], n_indices: int) -> None:
+    def _publish(self, stream: Stream, raw: List[str], n_indices: int,
+                 before: Optional[List[Tuple[Any, ...]]] = None,
+                 items: Optional[List[Tuple[Any, ...]]] = None, first: int = 0) -> None:
+        """Publishes `raw` (the paths of sampler items `items`, `n_indices` indices) as
+        paths; `before`: the items delivered before them, sent again first if the daemon
+        turns out to have lost the stream (a restart)."""
         if not raw:
             return
         if stream.daemon is None:
@@ -471,6 +495,7 @@ class Publisher:
         # O(lookahead) however long the epoch.
         unread = None if stream.recent is None else sum(stream.recent)
         sent = 0
+        stream.resend = list(before or [])  # sent first if the daemon lost the stream (_post)
         try:
             if paths and stream.stream_id is None:
                 self._create(client, stream)
@@ -482,6 +507,8 @@ class Publisher:
                                   None if unread is None else max(0, unread - later)):
                     break
                 sent += len(chunk)
+            if sent == len(paths) and items and stream.sent is not None:
+                stream.sent.extend(enumerate(items, first))  # delivered (see Stream.sent)
         except _client.ControlError as e:
             self._count("errors")
             if e.status == 0:  # no answer at all: timeout, refused, no socket
@@ -495,6 +522,8 @@ class Publisher:
             stream.quiet = True
             self._warn(f"{e}; the files of {stream.name} are no longer published "
                        "(training goes on, reading from the store)")
+        finally:
+            stream.resend = []
 
     # --- registered file lists: positions instead of paths ---
 
@@ -539,10 +568,14 @@ class Publisher:
                     return stream.daemon is not None
         return False
 
-    def _publish_positions(self, stream: Stream, batches: List[Tuple[Any, ...]]) -> bool:
+    def _publish_positions(self, stream: Stream, batches: List[Tuple[Any, ...]],
+                           before: Optional[List[Tuple[Any, ...]]] = None,
+                           first: int = 0) -> bool:
         """Publishes `batches` as positions in the dataset's registered file list: each file's
         path is sent once per dataset (and daemon), each epoch's order as 4 bytes a file.
-        False when the batches must go as paths instead (nothing was sent then)."""
+        False when the batches must go as paths instead (nothing was sent then). `before`:
+        the items sent before them that the loop may not have read, sent again first when the
+        daemon turns out to have restarted (its list is gone)."""
         if not self._discover_for(stream, batches):
             return stream.quiet  # quiet: counted as skipped already
         assert stream.daemon is not None
@@ -557,6 +590,7 @@ class Publisher:
             return True
         client = self._client_for(stream.daemon)
         recent = None if stream.recent is None else list(stream.recent)
+        items = batches
         for attempt in (0, 1):
             if recent is not None and stream.recent is not None:
                 stream.recent.clear()  # as before these batches: a failed try leaves none
@@ -566,6 +600,8 @@ class Publisher:
                 if positions is None:
                     return False
                 self._send_positions(client, stream, reg, positions)
+                if stream.sent is not None:  # delivered: sent again if the daemon restarts
+                    stream.sent.extend(enumerate(items, first))
                 return True
             except _client.ControlError as e:
                 if e.status in (404, 405) and e.code == "not_supported":
@@ -573,9 +609,14 @@ class Publisher:
                     self._no_lists.add(stream.daemon.control_socket)
                     return False
                 if e.status == 410 and attempt == 0:
-                    # The list expired or the daemon restarted: register it again.
+                    # The list expired or the daemon restarted: register it again, and send
+                    # the items the loop may not have read yet first (the window it lost).
                     reg.reset()
                     self._forget_stream(client, stream)
+                    if before:
+                        batches = list(before) + list(batches)
+                        recent = [] if recent is not None else None
+                        self._count("resent", sum(len(b) for b in before))
                     continue
                 if recent is not None and stream.recent is not None:
                     stream.recent.clear()
@@ -832,6 +873,27 @@ class Publisher:
         self.last_daemon = stream.daemon
         self._count("streams")
 
+    def _resend_paths(self, client: _client.ControlClient, stream: Stream, then: int,
+                      unread: Optional[int]) -> None:
+        """Sends the paths of `stream.resend` (the items the loop may not have read, which a
+        restarted daemon lost) to its new stream, before a POST of `then` paths."""
+        items, stream.resend = stream.resend, []
+        paths: List[str] = []
+        for batch in items:
+            for index in batch:
+                try:
+                    paths.extend(stream.mapper(index))
+                except Exception:
+                    pass
+        assert stream.daemon is not None
+        mount = stream.daemon.mount_point
+        paths = [q for q in (self._filter.inside(p, mount) for p in paths) if q is not None]
+        for chunk in _chunks(paths, MAX_POST_BYTES):
+            reply = client.publish(stream.stream_id, chunk,
+                                   None if unread is None else max(0, unread - then))
+            self._count("published", reply["accepted"])
+        self._count("resent", sum(len(b) for b in items))
+
     def _post(self, client: _client.ControlClient, stream: Stream, paths: List[str],
               unread: Optional[int]) -> bool:
         """Sends one POST; False if the daemon refused it for its queued-path limits."""
@@ -856,6 +918,7 @@ class Publisher:
                 raise
             stream.recreated += 1  # the daemon expired the stream (idle) or restarted
             self._create(client, stream)
+            self._resend_paths(client, stream, len(paths), unread)
             reply = client.publish(stream.stream_id, paths, unread)
         self._count("published", reply["accepted"])
         self._answered(stream.daemon.control_socket)

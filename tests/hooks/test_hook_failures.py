@@ -109,18 +109,24 @@ def epoch_with_an_outage(daemon: FakeDaemon, files: List[str], seed: int, down_a
 
 def test_paths_of_a_restarting_daemon_are_held_and_sent_when_it_is_back(
         monkeypatch: pytest.MonkeyPatch, mount: Path, daemon: FakeDaemon) -> None:
-    """A daemon killed and restarted by its supervisor (or upgraded) mid-epoch: the batches
-    the loop went through meanwhile are sent to the next process, none dropped, so the
-    window it prefetches is whole."""
-    monkeypatch.setenv("CUBE_TORCH_LOOKAHEAD_BATCHES", "1")
+    """A daemon killed and restarted by its supervisor (or upgraded) mid-epoch: the next
+    process first gets again the window the first one lost with its stream (the items sent to
+    it that the loop may not have read), then the batches the loop went through meanwhile,
+    none dropped, so the window it prefetches is whole."""
+    monkeypatch.setenv("CUBE_TORCH_LOOKAHEAD_BATCHES", "8")
     files = make_files(mount, 60)
-    seen = epoch_with_an_outage(daemon, files, seed=13, down_at=3, back_at=9)
+    seen = epoch_with_an_outage(daemon, files, seed=13, down_at=3, back_at=6)
     c = counters()
     assert c["dropped"] == 0, c
     first, second = daemon.all_streams()
+    resent = c["resent"]  # one file an index here
+    assert resent >= 2, c
+    # The window sent again is the tail of what the first process had, in the same order.
+    assert second.paths[:resent] == first.paths[-resent:], (first.paths, second.paths)
     # Every file reaches a daemon, in the order read: those published before the crash the
-    # first process, the rest (held while it was down) the second.
-    assert first.paths + second.paths == [files[i] for i in seen], (first.paths, second.paths)
+    # first process, the rest (held while it was down) the second, after the window.
+    assert first.paths + second.paths[resent:] == [files[i] for i in seen], \
+        (first.paths, second.paths)
 
 
 def test_paths_held_for_a_daemon_that_stays_down_are_bounded_oldest_dropped_first(

@@ -125,7 +125,8 @@ def test_stats_sends_the_queued_paths_first_and_returns_the_daemon_reply(
     assert s["client"]["cpu_s"] > 0
     del s["client"]["cpu_s"]
     assert s["client"] == {"published": 8, "rejected": 0, "dropped": 0, "errors": 0,
-                           "skipped": 0, "unmapped": 0, "streams": 1, "registered": 8}
+                           "skipped": 0, "unmapped": 0, "streams": 1, "registered": 8,
+                           "resent": 0}
 
 
 def test_stats_without_a_daemon() -> None:
