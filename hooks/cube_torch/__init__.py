@@ -19,6 +19,9 @@ Environment (read when used):
                                  of them from memory (see _batch.py)
   CUBE_TORCH_VERBOSE=1           print a hit-rate line every CUBE_TORCH_REPORT_S seconds
                                  (default 10)
+
+A sample whose read fails because the daemon of its mount went away (ESTALE, ENOTCONN,
+ECONNABORTED) is read again once the mount answers (see _retry.py).
 """
 
 from __future__ import annotations
@@ -81,8 +84,9 @@ def stats() -> Dict[str, Any]:
 
 
 if not _common.disabled():
-    from . import _batch, _hook, _open
+    from . import _batch, _hook, _open, _retry
 
     _hook.install()
     _hook.install_spawn()
+    _retry.install()
     _open.install(_batch.serve_open if _batch.install() else None)

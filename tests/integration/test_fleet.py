@@ -39,11 +39,14 @@ import torch, torchvision
 root, progress, epochs, pause = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 
 def digest(path):
-    # A loop that skips a failed sample: the error is recorded, training goes on.
+    # A loop that skips a failed sample: the error is recorded, training goes on. With
+    # FLEET_UNMODIFIED=1 the loop has no such care: an error reaches it and ends it.
     try:
         with open(path, "rb") as f:
             return hashlib.sha256(f.read()).hexdigest()
     except OSError as e:
+        if os.environ.get("FLEET_UNMODIFIED") == "1":
+            raise
         return "error:" + os.strerror(e.errno)
 
 ds = torchvision.datasets.ImageFolder(root, loader=digest, is_valid_file=lambda p: True)
@@ -243,6 +246,38 @@ def test_training_survives_kill_9_of_the_daemon(cube: CubeFactory, store: dict[s
     assert errors[0] <= 2 * (2 * 2 * BATCH) and errors[1] == 0, errors
     assert mount.is_mounted() and mount.read_control()["supervisor_pid"] == first["supervisor_pid"]
     second = assert_second_epoch_published(result)
+
+
+@pytest.mark.parametrize("profile", ["default", "ai_prefetch"])
+def test_an_unmodified_loop_survives_kill_9_and_an_upgrade(cube: CubeFactory,
+                                                           store: dict[str, Any],
+                                                           tmp_path: Path, profile: str) -> None:
+    """A loop whose dataset catches nothing: a kill -9 in the first epoch, an upgrade and a
+    kill -9 in the second. The reads the dead daemons failed are read again by the hook once
+    the mount answers: no exception reaches the loop, every sample of the three epochs is
+    byte-identical, and the third epoch (one daemon throughout) is prefetched."""
+    mount = mount_profile(cube, store, profile)
+    per_epoch = FILES // BATCH
+    with training(mount, tmp_path, epochs=3, pause=0.03, FLEET_UNMODIFIED="1") as (proc,
+                                                                                   progress):
+        for at, event in ((12, "kill"), (per_epoch + 10, "upgrade"), (per_epoch + 30, "kill")):
+            wait_for_batches(proc, progress, at, f"the {event}")
+            if event == "kill":
+                kill_daemon(mount)
+            else:
+                upgraded = upgrade(mount)
+                assert upgraded.returncode == 0 and "upgraded" in upgraded.stdout, upgraded
+        assert batches_done(progress) < 2 * per_epoch, "the events came after the second epoch"
+        result = finish(proc)
+    assert check_samples(result, store["digests"], 3) == [0, 0, 0]
+    third = epoch_stats(result, 2)
+    published = third["after"]["client"]["published"] - third["before"]["client"]["published"]
+    assert published >= FILES - 4 * BATCH, third
+    if profile == "default":  # every read reaches the daemon (no kernel page cache kept)
+        before, after = third["before"]["global"]["reads"], third["after"]["global"]["reads"]
+        hits = after["hit"] - before["hit"]
+        total = sum(after[k] - before[k] for k in ("hit", "late", "miss"))
+        assert total >= FILES // 2 and hits / total >= 0.95, (before, after)
 
 
 def test_the_batch_mode_trains_across_an_upgrade_and_a_kill_9(cube: CubeFactory,
