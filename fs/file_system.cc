@@ -358,12 +358,13 @@ Status FileSystem::ChargeDirWindow(DirHandle& dir) {
 Result<bool> FileSystem::DirEntryAt(DirHandle& dir, uint64_t index) {
   if (index < dir.first || dir.restart) {
     // Before the window (a rewind, a seek back): the listing again, from its start.
-    dir.restart = false;
     dir.entries = {};
     dir.first = 0;
     dir.plan = false;  // planned once, or not at all, per handle
     std::vector<cfs_client::DirEntry>().swap(dir.subdirs);
+    dir.restart = true;  // until the listing is open again: a failure here is not an end
     CTFS_ASSIGN_OR_RETURN(dir.lister, backend_->ListPages(dir.path));
+    dir.restart = false;
   }
   while (index >= dir.first + dir.entries.size() && dir.lister != nullptr) {
     CTFS_ASSIGN_OR_RETURN(cfs_client::DirPage page, dir.lister->Next(options_.list_page_entries));
