@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "common/logging.h"
@@ -400,6 +401,20 @@ Result<PathResolver::Resolved> ServerImpl::Check(const std::string& p, const Cal
   return r;
 }
 
+void ServerImpl::WarmDirectories(const json& paths) {
+  if (options_.resolver == nullptr || !options_.resolver->checks_store() || !paths.is_array())
+    return;
+  std::unordered_set<std::string> dirs;
+  for (const auto& p : paths) {
+    if (!p.is_string()) return;  // refused below
+    Result<std::string> sp = ToStorePath(options_.mount_point, p.get_ref<const std::string&>());
+    if (!sp.ok()) continue;
+    for (size_t slash = sp->find('/'); slash != std::string::npos; slash = sp->find('/', slash + 1))
+      dirs.insert(sp->substr(0, slash));
+  }
+  options_.resolver->Warm(std::vector<std::string>(dirs.begin(), dirs.end()));
+}
+
 std::optional<std::vector<std::string>> ServerImpl::StorePaths(const json& paths,
                                                                const Caller& caller,
                                                                uint64_t* rejected, std::string* why,
@@ -412,6 +427,7 @@ std::optional<std::vector<std::string>> ServerImpl::StorePaths(const json& paths
   std::vector<std::string> out;
   out.reserve(paths.size());
   PathResolver::Searched searched;  // each directory checked once per request
+  WarmDirectories(paths);
   for (const auto& p : paths) {
     if (!p.is_string()) {
       *why = "paths must be an array of strings";

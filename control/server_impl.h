@@ -249,6 +249,9 @@ class ServerImpl final : public ControlServer {
   // store that is not checked); a regular file the caller may read, or why not.
   Result<PathResolver::Resolved> CheckToRead(const std::string& p, const Caller& caller,
                                              PathResolver::Searched* searched);
+  // Has the resolver ask the store, a few at a time, for the directories of `paths` it holds
+  // no attributes of (PathResolver::Warm): a request of files of many new directories.
+  void WarmDirectories(const json& paths);
   // Converts `paths` (a JSON array) to store paths beneath directories the caller may search;
   // counts rejected ones. The files themselves are checked when fetched (the stream's reader).
   std::optional<std::vector<std::string>> StorePaths(

@@ -11,10 +11,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <deque>
 
+#include "common/parallel.h"
 #include "common/unique_fd.h"
 
 namespace cubetorchfs::prefetch {
@@ -200,6 +202,29 @@ Result<cfs_client::FileAttr> PathResolver::StatCached(const std::string& path, b
     cache_[path] = Cached{a.value(), now};
   }
   return a;
+}
+
+void PathResolver::Warm(const std::vector<std::string>& dirs) {
+  if (!options_.check_store || dirs.empty()) return;
+  const uint64_t now = clock_->NowNanos();
+  const auto ttl = static_cast<uint64_t>(options_.ttl_s * 1e9);
+  if (ttl == 0) return;
+  std::vector<const std::string*> todo;
+  {
+    MutexLock l(mu_);
+    for (const std::string& d : dirs) {
+      auto it = cache_.find(d);
+      if (it == cache_.end() || now - it->second.time_ns >= ttl) todo.push_back(&d);
+    }
+  }
+  if (options_.known_attr)
+    std::erase_if(todo, [this](const std::string* d) { return options_.known_attr(*d); });
+  if (todo.size() < 2) return;  // one is asked as Resolve comes to it
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k; (k = next.fetch_add(1)) < todo.size();) (void)StatCached(*todo[k], false);
+  };
+  RunOnThreads(static_cast<int>(std::min(kWarmThreads, todo.size())), work);
 }
 
 namespace {

@@ -105,6 +105,14 @@ class PathResolver {
                            Depth depth = Depth::kFile, Searched* searched = nullptr);
   bool checks_store() const { return options_.check_store; }
 
+  // Asks the store for the attributes of `dirs` (store-relative directories a request is
+  // about to resolve through) that are neither known to the mount nor cached, at most
+  // kWarmThreads at a time, so that resolving a request that names files of many directories
+  // the mount has not seen costs a few round trips, not one a directory in a row. Only fills
+  // the cache Resolve reads; decides nothing.
+  void Warm(const std::vector<std::string>& dirs);
+  static constexpr size_t kWarmThreads = 16;
+
  private:
   Result<cfs_client::FileAttr> StatCached(const std::string& path, bool fresh);
   // Resolve without check_store: the path is taken as it is (an S3 store has no symlinks or

@@ -7,8 +7,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "control/control_server.h"
 #include "tests/test_util.h"
@@ -238,6 +241,66 @@ TEST_F(PathResolverTest, ARequestsSearchedDirectoriesChangeNoAnswer) {
     EXPECT_EQ(searched.dirs.count("data/cls"), 1u);
     EXPECT_EQ(searched.dirs.count("closed"), who.uid == 0 ? 1u : 0u);
   }
+}
+
+}  // namespace
+}  // namespace cubetorchfs::prefetch
+
+namespace cubetorchfs::prefetch {
+namespace {
+
+// A store whose Stat takes a while and says how many ran at once.
+class SlowStat final : public cfs_client::BackendWrapper {
+ public:
+  using BackendWrapper::BackendWrapper;
+  Result<cfs_client::FileAttr> Stat(const std::string& path) override {
+    const int now = ++running_;
+    int seen = most_.load();
+    while (now > seen && !most_.compare_exchange_weak(seen, now)) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    --running_;
+    ++calls_;
+    return BackendWrapper::Stat(path);
+  }
+  std::atomic<int> running_{0}, most_{0}, calls_{0};
+};
+
+// A request naming files of many directories the mount has not seen: their attributes are
+// asked for several at a time before the paths are resolved one by one, which then asks the
+// store nothing more; the answers are the same.
+TEST(PathResolverWarmTest, DirectoriesOfARequestAreAskedForAFewAtATime) {
+  const fs::path root = fs::temp_directory_path() / ("ctfs_warm_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  std::vector<std::string> dirs, files;
+  for (int d = 0; d < 40; ++d) {
+    const std::string dir = "train/c" + std::to_string(d);
+    fs::create_directories(root / dir);
+    std::ofstream(root / dir / "f.jpg") << "x";
+    dirs.push_back(dir);
+    files.push_back(dir + "/f.jpg");
+  }
+  dirs.push_back("train");
+  auto store = std::make_unique<SlowStat>(cfs_client::NewPosixBackend(root).value());
+  SlowStat* slow = store.get();
+  testing::FakeClock clock;
+  PathResolver resolver(PathResolver::Options{}, slow, &clock);
+  resolver.Warm(dirs);
+  EXPECT_EQ(slow->calls_.load(), 41);
+  EXPECT_GE(slow->most_.load(), 2);
+  EXPECT_LE(slow->most_.load(), static_cast<int>(PathResolver::kWarmThreads));
+  PathResolver::Searched searched;
+  for (const std::string& f : files) {
+    Reject why = Reject::kNone;
+    EXPECT_TRUE(
+        resolver.Resolve(f, User(1000), false, &why, PathResolver::Depth::kDirectories, &searched)
+            .ok())
+        << f;
+  }
+  EXPECT_EQ(slow->calls_.load(), 41 + 1);  // the root only: every directory was warm
+  resolver.Warm(dirs);                     // all cached: nothing asked
+  EXPECT_EQ(slow->calls_.load(), 42);
+  fs::remove_all(root);
 }
 
 }  // namespace
