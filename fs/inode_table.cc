@@ -1151,7 +1151,6 @@ Status InodeTable::RestoreV1(std::string_view bytes) {
   WriterLock w(names_mu_);
   uint64_t live = 0, clock = 0;
   bool root_seen = false;
-  std::vector<uint32_t> assigned;  // records that took a node of the snapshot
   for (uint64_t k = 0; k < count; ++k) {
     uint64_t v[20];
     for (uint64_t& x : v)
@@ -1201,7 +1200,6 @@ Status InodeTable::RestoreV1(std::string_view bytes) {
     if (ino != kRootIno) {
       r.ino = ino;
       foreign_.emplace(ino, slot);
-      assigned.push_back(slot);
     }
     r.flags |= kGiven;
     r.nlookup = static_cast<uint32_t>(v[1]);
