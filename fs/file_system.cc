@@ -139,6 +139,16 @@ std::optional<cfs_client::FileAttr> FileSystem::KnownAttr(const std::string& pat
   return held->attr;
 }
 
+uint64_t FileSystem::MarkOf(const std::string& path,
+                            std::optional<cfs_client::FileAttr>* fresh) const {
+  std::optional<InodeTable::HeldAttr> held = inodes_.AttrOf(path);
+  if (fresh != nullptr) {
+    fresh->reset();
+    if (held && AttrFresh(held->attr_time_ns, clock_->NowNanos())) *fresh = held->attr;
+  }
+  return held ? held->mark : 0;
+}
+
 bool FileSystem::AttrFresh(uint64_t attr_time_ns, uint64_t now) const {
   return static_cast<double>(now - attr_time_ns) / 1e9 < options_.attr_timeout_s;
 }

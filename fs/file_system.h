@@ -305,6 +305,13 @@ class FileSystem : public prefetch::AttrSource {
                                                 uint64_t* fetched_ns) const override {
     return KnownAttr(path, fetched_ns);
   }
+  // The prefetcher's page-resident marks, kept in the inode table's records.
+  uint64_t MarkOf(const std::string& path,
+                  std::optional<cfs_client::FileAttr>* fresh) const override;
+  bool SetMark(const std::string& path, uint64_t mark) override {
+    return inodes_.SetMark(path, mark);
+  }
+  uint64_t Marks() const override { return inodes_.marks(); }
 
   // The model-file fast path (prefetch/model_fetch.h) to tell about reads; null: none. Set before
   // the first read; must outlive the FileSystem.

@@ -202,7 +202,8 @@ uint32_t InodeTable::NewRecord(uint32_t parent, std::string_view name) {
     r.attr_time_ns = 0;
     r.opened = 0;
     r.write_gen.store(0, std::memory_order_relaxed);
-    r.size = r.blocks = r.store_ino = 0;
+    r.size = r.store_ino = 0;
+    r.mark = 0;
     r.atime_ns = r.mtime_ns = r.ctime_ns = 0;
     r.mode = S_IFDIR | 0755;
     r.nlink = 1;
@@ -252,6 +253,7 @@ void InodeTable::MaybeFree(uint32_t first) {
     }
     if ((r.flags & kRdev) != 0) rdevs_.erase(slot);
     if (r.dev == kDevSide) dev_side_.erase(slot);
+    if ((r.mode & kBlocksMask) == kBlocksSide) blocks_side_.erase(slot);
     if (!foreign_.empty() && foreign_.erase(r.ino) != 0) foreign_count_ = foreign_.size();
     heap_names_ -= r.name.HeapBytes();
     r.name.Clear();
@@ -260,6 +262,9 @@ void InodeTable::MaybeFree(uint32_t first) {
     {
       MutexLock l(StripeOf(slot));
       r.flags = retire ? kRetired : 0;
+      r.mode = 0;
+      if (r.mark != 0) marks_.fetch_sub(1, std::memory_order_relaxed);
+      r.mark = 0;  // the kernel's pages went with its inode
     }
     if (!retire) free_.push_back(slot);
     records_.fetch_sub(1, std::memory_order_relaxed);
@@ -426,7 +431,7 @@ uint64_t InodeTable::DevOf(uint32_t slot, const Rec& r) const {
 
 cfs_client::FileAttr InodeTable::AttrOf(uint32_t slot, const Rec& r) const {
   cfs_client::FileAttr a;
-  a.mode = r.mode;
+  a.mode = r.mode & kModeBits;
   a.size = r.size;
   a.nlink = r.nlink;
   a.uid = r.uid;
@@ -434,7 +439,21 @@ cfs_client::FileAttr InodeTable::AttrOf(uint32_t slot, const Rec& r) const {
   a.atime_ns = r.atime_ns;
   a.mtime_ns = r.mtime_ns;
   a.ctime_ns = r.ctime_ns;
-  a.blocks = r.blocks;
+  switch (r.mode & kBlocksMask) {
+    case kBlocks512:
+      a.blocks = r.size / 512 + (r.size % 512 != 0);
+      break;
+    case kBlocks4K:
+      a.blocks = 8 * (r.size / 4096 + (r.size % 4096 != 0));
+      break;
+    case kBlocksNone:
+      a.blocks = 0;
+      break;
+    default: {
+      auto it = blocks_side_.find(slot);
+      a.blocks = it == blocks_side_.end() ? 0 : it->second;
+    }
+  }
   a.store_ino = r.store_ino;
   a.store_dev = DevOf(slot, r);
   if ((r.flags & kRdev) != 0) {
@@ -444,13 +463,21 @@ cfs_client::FileAttr InodeTable::AttrOf(uint32_t slot, const Rec& r) const {
   return a;
 }
 
+uint32_t InodeTable::BlocksKind(uint64_t size, uint64_t blocks) {
+  if (blocks == size / 512 + (size % 512 != 0)) return kBlocks512;
+  if (blocks == 8 * (size / 4096 + (size % 4096 != 0))) return kBlocks4K;
+  return blocks == 0 ? kBlocksNone : kBlocksSide;
+}
+
 bool InodeTable::FitsFast(const Rec& r, const cfs_client::FileAttr& a) const {
   if (a.rdev != 0 || (r.flags & kRdev) != 0 || r.dev == kDevSide) return false;
+  if ((r.mode & kBlocksMask) == kBlocksSide || BlocksKind(a.size, a.blocks) == kBlocksSide)
+    return false;
   return devs_[r.dev].load(std::memory_order_relaxed) == a.store_dev;
 }
 
 void InodeTable::SetAttrFast(Rec& r, const cfs_client::FileAttr& a) {
-  r.mode = a.mode;
+  r.mode = (a.mode & kModeBits) | BlocksKind(a.size, a.blocks);
   r.size = a.size;
   r.nlink = a.nlink;
   r.uid = a.uid;
@@ -458,7 +485,6 @@ void InodeTable::SetAttrFast(Rec& r, const cfs_client::FileAttr& a) {
   r.atime_ns = a.atime_ns;
   r.mtime_ns = a.mtime_ns;
   r.ctime_ns = a.ctime_ns;
-  r.blocks = a.blocks;
   r.store_ino = a.store_ino;
 }
 
@@ -473,7 +499,9 @@ uint16_t InodeTable::DevIndexLocked(uint64_t dev) {
 }
 
 void InodeTable::SetAttrLocked(uint32_t slot, Rec& r, const cfs_client::FileAttr& a) {
+  if ((r.mode & kBlocksMask) == kBlocksSide) blocks_side_.erase(slot);
   SetAttrFast(r, a);
+  if ((r.mode & kBlocksMask) == kBlocksSide) blocks_side_[slot] = a.blocks;
   if (r.dev == kDevSide) dev_side_.erase(slot);
   r.dev = DevIndexLocked(a.store_dev);
   if (r.dev == kDevSide) dev_side_[slot] = a.store_dev;
@@ -682,7 +710,24 @@ std::optional<InodeTable::HeldAttr> InodeTable::AttrOf(const std::string& path) 
   MutexLock l(StripeOf(slot));
   const Rec& rec = At(slot);
   if (!Live(rec)) return std::nullopt;
-  return HeldAttr{AttrOf(slot, rec), rec.attr_time_ns};
+  return HeldAttr{AttrOf(slot, rec), rec.attr_time_ns, rec.mark};
+}
+
+bool InodeTable::SetMark(const std::string& path, uint64_t mark) {
+  ReaderLock r(names_mu_);
+  const uint32_t slot = ResolveEntry(path) & kSlotMask;
+  if (slot == kNoSlot) return false;
+  MutexLock l(StripeOf(slot));
+  Rec& rec = At(slot);
+  if (!Live(rec)) return false;
+  if ((rec.mark != 0) != (mark != 0)) {
+    if (mark != 0)
+      marks_.fetch_add(1, std::memory_order_relaxed);
+    else
+      marks_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  rec.mark = mark;
+  return true;
 }
 
 std::optional<InodeTable::PageState> InodeTable::PageStateOf(const std::string& path,
@@ -866,7 +911,7 @@ size_t InodeTable::bytes() const {
          index_.capacity() * sizeof(uint32_t) + free_.capacity() * sizeof(uint32_t) +
          heap_names_.load() +
          64 * (links_.size() + by_store_id_.size() + foreign_.size() + rdevs_.size() +
-               dev_side_.size());
+               dev_side_.size() + blocks_side_.size());
 }
 
 uint64_t InodeTable::lookups(uint64_t ino) const {
@@ -1013,6 +1058,8 @@ void InodeTable::TakeFrom(InodeTable& o) {
   foreign_count_.store(foreign_.size());
   records_.store(o.records_.load());
   heap_names_.store(o.heap_names_.load());
+  blocks_side_.swap(o.blocks_side_);
+  marks_.store(o.marks_.load());
   const int64_t live = static_cast<int64_t>(o.size_.load());
   SizeChanged(live - static_cast<int64_t>(size_.load()));
 }

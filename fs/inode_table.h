@@ -2,7 +2,8 @@
 //
 // The table holds one record per inode, keyed by (parent, name) like a directory tree, not by
 // full path: a file costs its name (kept inside the record up to 22 bytes), its packed
-// attributes and one 4-byte slot of the name index, about 150 bytes in all at any size
+// attributes, the prefetcher's page-resident mark and one 4-byte slot of the name index,
+// under 150 bytes in all at any size
 // (docs/memory.md has the measure). A path is resolved a component at a time; an inode's
 // path is made by walking its parents. Renaming a directory moves one record, whatever lies
 // under it.
@@ -107,8 +108,16 @@ class InodeTable {
   struct HeldAttr {
     cfs_client::FileAttr attr;
     uint64_t attr_time_ns = 0;
+    uint64_t mark = 0;  // its page-resident mark (SetMark), 0 if none
   };
   std::optional<HeldAttr> AttrOf(const std::string& path) const;
+
+  // The prefetcher's page-resident mark of a file (prefetch/resident_marks.h), 8 bytes the
+  // table keeps in the record of the live inode `path` names and does not read: it goes with
+  // the inode when the kernel forgets it, as the kernel's pages do. 0 clears it. False if the
+  // kernel knows no inode of `path` (nothing is marked).
+  bool SetMark(const std::string& path, uint64_t mark);
+  uint64_t marks() const { return marks_.load(std::memory_order_relaxed); }  // records marked
   // What putting bytes into the kernel's page cache for `path` checks before and after:
   // the live inode `path` names (`ino` 0: look it up by path; else that inode, if it still
   // answers to `path`), its version and its write generation. One lock, no copy of the path.
@@ -188,8 +197,14 @@ class InodeTable {
     kRetired = 16,  // a free slot that is never used again (its reuse count ran out)
     kGiven = 32,    // its number was given to the kernel
   };
-  // 136 bytes. `ino`, the counts and the attributes are under the record's stripe lock; the
-  // structure (flags kUsed/kRemoved/kLinks, parent, children, name) under names_mu_, and
+  // The block count a record keeps in bits 16-17 of its mode word (a mode is 16 bits): the
+  // one a file's size gives in 512- or 4096-byte blocks, none, or another, in blocks_side_.
+  static constexpr uint32_t kModeBits = 0xFFFF;
+  static constexpr uint32_t kBlocks512 = 0, kBlocks4K = 1u << 16, kBlocksNone = 2u << 16,
+                            kBlocksSide = 3u << 16, kBlocksMask = 3u << 16;
+  static uint32_t BlocksKind(uint64_t size, uint64_t blocks);
+  // 136 bytes. `ino`, the counts, the attributes and the mark are under the record's stripe lock;
+  // the structure (flags kUsed/kRemoved/kLinks, parent, children, name) under names_mu_, and
   // changed only with the stripe held too.
   struct Rec {
     uint64_t ino = 0;
@@ -198,12 +213,13 @@ class InodeTable {
     std::atomic<uint64_t> write_gen{0};  // read on a path's walk under the names alone
     uint64_t size = 0;
     int64_t atime_ns = 0, mtime_ns = 0, ctime_ns = 0;
-    uint64_t blocks = 0;
+    uint64_t mark = 0;  // SetMark's
     uint64_t store_ino = 0;
     uint32_t nlookup = 0;   // saturates (4 G lookups without a forget)
     uint32_t parent = 0;    // slot of the directory it is named in (0: none)
     uint32_t children = 0;  // names whose parent this is
-    uint32_t mode = 0, nlink = 0, uid = 0, gid = 0;
+    uint32_t mode = 0;      // st_mode, and which block count (kBlocks*)
+    uint32_t nlink = 0, uid = 0, gid = 0;
     uint16_t dev = 0;  // index of its store_dev in devs_ (kDevSide: in dev_side_)
     uint16_t flags = 0;
     Name name;
@@ -300,6 +316,7 @@ class InodeTable {
   std::atomic<uint64_t> size_{0};
   std::atomic<uint64_t> records_{0};
   std::atomic<uint64_t> heap_names_{0};  // bytes of names kept outside their records
+  std::atomic<uint64_t> marks_{0};       // records with a mark
   // Numbers below were given out before (SetGeneration); read by Forget without the names.
   std::atomic<uint64_t> generation_base_{0};
   std::atomic<uint64_t> foreign_count_{0};  // foreign_.size(), read without the names
@@ -328,6 +345,8 @@ class InodeTable {
   std::atomic<uint16_t> dev_count_{1};  // devs_[0] is device 0
   std::unordered_map<uint32_t, uint64_t> dev_side_ GUARDED_BY(names_mu_);
   std::unordered_map<uint32_t, uint64_t> rdevs_ GUARDED_BY(names_mu_);  // devices' st_rdev
+  // Block counts no formula gives (a sparse or preallocated file of a posix store).
+  std::unordered_map<uint32_t, uint64_t> blocks_side_ GUARDED_BY(names_mu_);
   struct Link {
     uint32_t parent = 0;
     std::string name;

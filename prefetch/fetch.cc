@@ -407,20 +407,21 @@ void Prefetcher::RunProbe(const Job& job) {
   }
   const bool resident = probe != nullptr && probe->Resident(job.path, job.size);
   std::lock_guard<std::mutex> l(mu_);
-  Mark* m = marks_.Find(MarkKey(job.path));
-  if (m != nullptr) m->probing = false;
-  if (resident && m != nullptr) {
+  std::optional<Mark> m = MarkLocked(job.path);
+  if (resident && m) {
+    m->probing = false;
+    SetMarkLocked(job.path, m);
     totals_.page_resident++;
     if (page_resident_) page_resident_->Increment();
     return;
   }
   // Pages are gone (or the mark went meanwhile): the positions passed over want the file.
-  if (m != nullptr) {
-    marks_.Erase(MarkKey(job.path));
+  if (m) {
+    SetMarkLocked(job.path, std::nullopt);
     totals_.probed_absent++;
     if (probed_absent_) probed_absent_->Increment();
   }
-  const uint64_t key = MarkKey(job.path);
+  const uint64_t key = PathKey(job.path);
   for (auto& [id, s] : streams_) {
     auto p = s.pending.find(key);
     if (p == s.pending.end()) continue;

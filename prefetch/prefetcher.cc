@@ -33,7 +33,7 @@ Prefetcher::Prefetcher(const Options& options, cfs_client::Backend* backend, cac
       window_(options.prefetch.window_files, options.window_budget_bytes),
       queued_({options.max_queued_paths_per_uid, options.max_queued_path_bytes_per_uid,
                options.max_queued_paths, options.max_queued_path_bytes}),
-      marks_({options.keep_cache ? options.max_resident_marks : 0, options.reclaim_counter}) {
+      marks_({options.keep_cache, options.reclaim_counter}) {
   if (registry != nullptr) {
     auto& reads = prometheus::BuildCounter()
                       .Name("cubetorchfs_reads_total")
@@ -242,7 +242,7 @@ Prefetcher::Op Prefetcher::PublishAs(uid_t uid, const std::string& id,
     if (taken != nullptr) *taken = n;
     // The caller's copies move in: no allocation under mu_ but the index's.
     for (size_t i = 0; i < n; ++i) {
-      const uint64_t key = MarkKey(paths[i]);
+      const uint64_t key = PathKey(paths[i]);
       s->Append(std::move(paths[i]), key);
     }
     s->queued_bytes += bytes;
@@ -254,7 +254,7 @@ Prefetcher::Op Prefetcher::PublishAs(uid_t uid, const std::string& id,
   return Op::kOk;
 }
 
-void Prefetcher::SetAttrSource(const AttrSource* source) {
+void Prefetcher::SetAttrSource(AttrSource* source) {
   std::lock_guard<std::mutex> l(mu_);
   attr_source_ = source;
 }
@@ -268,7 +268,7 @@ Stats Prefetcher::GetStats(std::optional<uid_t> only) {
   std::lock_guard<std::mutex> l(mu_);
   if (ApplyDeferredLocked()) Wake();  // every read reported so far is counted
   Stats out = totals_;
-  out.resident_marks = marks_.size();
+  out.resident_marks = attr_source_ != nullptr ? attr_source_->Marks() : 0;
   out.page_pressure = marks_.Pressure(clock_->NowNanos());
   out.page_drops = marks_.drops();
   out.inflight = inflight_;
@@ -339,7 +339,9 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
       // find: no trip through the window (the position stays pending until it is read).
       if (!s.page_cache && HeldInRamLocked(path)) continue;
       cfs_client::FileVersion version;
-      if (Mark* mark = page_probe_ && s.page_cache ? FreshMarkLocked(path, &version) : nullptr) {
+      std::optional<Mark> mark;
+      if (page_probe_ && s.page_cache) mark = FreshMarkLocked(path, &version);
+      if (mark) {
         // The kernel may hold it: pass over it unless the probe finds a page missing. Probed
         // this near the readers, it is not probed again as they come.
         state |= kProbed;
@@ -404,14 +406,14 @@ bool Prefetcher::PreemptLocked(const std::unordered_map<uid_t, bool>& wanting, u
 void Prefetcher::MarkPositionLocked(Stream& s, uint64_t pos, PosState state) {
   // A reference: nothing below touches the stream's deques.
   const std::string& path = s.paths[pos - s.base];
-  const uint64_t key = MarkKey(path);
+  const uint64_t key = PathKey(path);
   const uint8_t before = s.states[pos - s.base];
   const bool attached = (before & kAttached) != 0;
   s.states[pos - s.base] = state;
   s.Unpend(key, pos);
   if (state == kRead) {
     s.stats.read++;
-  } else if ((before & kProbed) != 0 || marks_.Find(key) != nullptr) {
+  } else if ((before & kProbed) != 0 || MarkLocked(path)) {
     // (kProbed: the scheduler passed it over on its mark, which it would have cleared had the
     // mark gone since: no second look at the marks needed.)
     // Passed by the readers with no read reaching the daemon while the kernel was known to
@@ -542,7 +544,7 @@ bool Prefetcher::OnReadLocked(const std::string& path, const cfs_client::FileVer
     // nearest to it.
     Stream* best = nullptr;
     uint64_t best_pos = 0;
-    const uint64_t key = MarkKey(path);
+    const uint64_t key = PathKey(path);
     for (auto& [id, s] : streams_) {
       if (uid >= 0 && static_cast<int64_t>(s.uid) != uid) continue;  // another user's stream
       std::optional<uint64_t> first = s.FirstPending(key, path);
@@ -659,7 +661,7 @@ void Prefetcher::Invalidate(const std::string& path) {
   // Reads of the old version reported so far are applied first: a file read whole before it
   // was written is not counted as evicted unread.
   if (ApplyDeferredLocked()) Wake();
-  marks_.Erase(MarkKey(path));
+  SetMarkLocked(path, std::nullopt);
   auto it = window_.find(path);
   if (it == window_.end()) return;
   it->second.invalidated = true;

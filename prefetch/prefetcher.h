@@ -18,7 +18,8 @@
 // kernel's page cache (PageCacheProbe::Store) and the window gives its bytes to the LRU.
 // A file leaves the window once read whole and wanted by no position.
 //
-// Residency (ResidentMarks holds the marks, their trust and page pressure). A file the kernel
+// Residency (ResidentMarks: the marks' trust and page pressure; the marks themselves are kept
+// with the inodes, through the AttrSource). A file the kernel
 // was served whole (or was given) at the version of the daemon's fresh attributes is marked
 // page-resident and passed over next epoch. A trusted file the daemon holds is put back into
 // the page cache as the stream reaches it when page cache is dropped unseen (restore_needed:
@@ -112,6 +113,22 @@ class AttrSource {
   // table's lock).
   virtual std::optional<cfs_client::FileAttr> FreshAttr(const std::string& path,
                                                         uint64_t* fetched_ns) const = 0;
+
+  // The page-resident mark (ResidentMarks::Mark::Pack) kept with the inode of `path`, 0 if
+  // none; and, if `fresh` is not null, its fresh attributes as FreshAttr gives them (one
+  // lookup for both). A source that keeps no marks answers 0.
+  virtual uint64_t MarkOf(const std::string& path,
+                          std::optional<cfs_client::FileAttr>* fresh) const {
+    if (fresh != nullptr) *fresh = FreshAttr(path, nullptr);
+    return 0;
+  }
+  // Keeps `mark` with the inode of `path` (0: clears it); false if there is no such inode
+  // (the kernel holds none of the file). A mark goes when the kernel forgets the inode.
+  virtual bool SetMark(const std::string& path, uint64_t mark) {
+    (void)path, (void)mark;
+    return false;
+  }
+  virtual uint64_t Marks() const { return 0; }  // inodes marked now
 };
 
 // Asks the kernel whether its page cache holds a file of the mount. Implemented by
@@ -166,10 +183,6 @@ class Prefetcher {
     // (something drops page cache unseen by reclaim_counter: ProactivePageoutActive). Asked
     // every 10 s by a worker, with no lock held. Unset: always.
     std::function<bool()> restore_needed;
-    // Files remembered as page-resident: 48 to 96 bytes each (ResidentMarks), 160 MiB at this
-    // bound, enough for an epoch of ImageNet's 1,281,167 files to be passed over as resident.
-    // Past it the oldest marks go, and those files are fetched again.
-    uint64_t max_resident_marks = 1u << 21;
   };
 
   // `backend`, `ram`, `clock`, `registry` (may be null) and `disk` (the NVMe tier; may be
@@ -222,7 +235,7 @@ class Prefetcher {
                std::optional<uint64_t> unread = std::nullopt);
   // Where residency checks find fresh attributes (no store request). Without one, every
   // file is fetched. Set before streams are published; `source` must outlive the Prefetcher.
-  void SetAttrSource(const AttrSource* source);
+  void SetAttrSource(AttrSource* source);
   // Asks whether the kernel's page cache holds a marked file. Without one, no file is taken as
   // page-resident (nullptr: none from now on; a probe already under way may still finish, so
   // `probe` must outlive the Prefetcher).
@@ -359,7 +372,7 @@ class Prefetcher {
   // when the readers are `near`; if its mark is trusted, put it back into the page cache from
   // what the daemon holds (`restore`: the stream's first look at it); else probe it (none if a
   // probe of it runs).
-  std::optional<Job> PassOverJobLocked(const Stream& s, const std::string& path, Mark& mark,
+  std::optional<Job> PassOverJobLocked(const Stream& s, const std::string& path, const Mark& mark,
                                        const cfs_client::FileVersion& version, bool near,
                                        bool restore);
   // The job that puts a file passed over in the LRU cache, if it is small enough.
@@ -372,9 +385,11 @@ class Prefetcher {
   uint64_t RecheckLead() const;  // positions ahead of the readers where rechecks happen
   void MarkPositionLocked(Stream& s, uint64_t pos, PosState state);
   // The mark of `path` if it is marked at the version of its fresh attributes (else the
-  // mark, if any, is dropped); *version: that version. The pointer is valid until the next
-  // mark is made or dropped.
-  Mark* FreshMarkLocked(const std::string& path, cfs_client::FileVersion* version);
+  // mark, if any, is dropped); *version: that version.
+  std::optional<Mark> FreshMarkLocked(const std::string& path, cfs_client::FileVersion* version);
+  // The mark of `path` whatever its attributes (nothing without an AttrSource).
+  std::optional<Mark> MarkLocked(const std::string& path) const;
+  void SetMarkLocked(const std::string& path, const std::optional<Mark>& mark);
   // Records that the kernel was served all of `path` at `version`.
   void MarkResidentLocked(const std::string& path, const cfs_client::FileVersion& version);
   // A read of `path` reached the daemon: if it was marked, its pages are gone, and older
@@ -458,10 +473,11 @@ class Prefetcher {
   uint64_t size_estimate_ = 128 << 10;  // running mean of prefetched file sizes
   Stats totals_;                        // reads and outcome counters (streams filled on demand)
 
-  const AttrSource* attr_source_ = nullptr;
+  AttrSource* attr_source_ = nullptr;
   PageCacheProbe* page_probe_ = nullptr;
-  static uint64_t MarkKey(std::string_view path) { return ResidentMarks::Key(path); }
-  ResidentMarks marks_;  // page-resident files, their trust, and page pressure
+  // The key of a path in a stream's index of pending positions.
+  static uint64_t PathKey(std::string_view path) { return std::hash<std::string_view>{}(path); }
+  ResidentMarks marks_;  // the marks' trust and page pressure (the marks: attr_source_)
 
   std::vector<std::thread> workers_;
 

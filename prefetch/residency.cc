@@ -29,8 +29,8 @@ std::optional<Prefetcher::Job> Prefetcher::RecheckLocked(Stream& s) {
     state |= kRechecked;
     const std::string& path = s.paths[pos - s.base];
     cfs_client::FileVersion version;
-    Mark* mark = FreshMarkLocked(path, &version);
-    if (mark == nullptr) {  // its attributes expired or changed meanwhile: fetch it
+    std::optional<Mark> mark = FreshMarkLocked(path, &version);
+    if (!mark) {  // its attributes expired or changed meanwhile: fetch it
       UnprobeLocked(s, pos);
       continue;
     }
@@ -42,7 +42,8 @@ std::optional<Prefetcher::Job> Prefetcher::RecheckLocked(Stream& s) {
 }
 
 std::optional<Prefetcher::Job> Prefetcher::PassOverJobLocked(const Stream& s,
-                                                             const std::string& path, Mark& mark,
+                                                             const std::string& path,
+                                                             const Mark& mark,
                                                              const cfs_client::FileVersion& version,
                                                              bool near, bool restore) {
   const uint64_t now = clock_->NowNanos();
@@ -68,7 +69,9 @@ std::optional<Prefetcher::Job> Prefetcher::PassOverJobLocked(const Stream& s,
     job.probe_to = page_probe_;
     return job;
   }
-  mark.probing = true;
+  Mark probing = mark;
+  probing.probing = true;
+  SetMarkLocked(path, probing);
   rr_after_ = s.id;
   return Job{path, true, version.size};
 }
@@ -92,26 +95,35 @@ void Prefetcher::UnprobeLocked(Stream& s, uint64_t pos) {
   s.recheck = std::min(s.recheck, pos);
 }
 
-Prefetcher::Mark* Prefetcher::FreshMarkLocked(const std::string& path,
-                                              cfs_client::FileVersion* version) {
-  const uint64_t key = MarkKey(path);
-  Mark* m = marks_.Find(key);
-  if (m == nullptr) return nullptr;
+std::optional<Prefetcher::Mark> Prefetcher::FreshMarkLocked(const std::string& path,
+                                                            cfs_client::FileVersion* version) {
+  if (attr_source_ == nullptr) return std::nullopt;
   // Only at the version of attributes still fresh: once they expire, the kernel asks again
   // and drops its pages if the file changed.
   std::optional<cfs_client::FileAttr> attr;
-  if (attr_source_) attr = attr_source_->FreshAttr(path, nullptr);
-  if (attr && ResidentMarks::VersionDigest(attr->Version()) == m->version) {
+  const std::optional<Mark> m = Mark::Unpack(attr_source_->MarkOf(path, &attr));
+  if (!m) return std::nullopt;
+  if (attr && ResidentMarks::VersionTag(attr->Version()) == m->version) {
     *version = attr->Version();
     return m;
   }
-  marks_.Erase(key);
-  return nullptr;
+  attr_source_->SetMark(path, 0);
+  return std::nullopt;
+}
+
+std::optional<Prefetcher::Mark> Prefetcher::MarkLocked(const std::string& path) const {
+  if (attr_source_ == nullptr) return std::nullopt;
+  return Mark::Unpack(attr_source_->MarkOf(path, nullptr));
+}
+
+void Prefetcher::SetMarkLocked(const std::string& path, const std::optional<Mark>& mark) {
+  if (attr_source_ != nullptr) attr_source_->SetMark(path, mark ? mark->Pack() : 0);
 }
 
 void Prefetcher::MarkResidentLocked(const std::string& path,
                                     const cfs_client::FileVersion& version) {
-  marks_.Make(MarkKey(path), version, clock_->NowNanos());
+  if (!marks_.enabled() || attr_source_ == nullptr) return;
+  attr_source_->SetMark(path, marks_.Make(version, clock_->NowNanos()).Pack());
 }
 
 void Prefetcher::NotePageDropLocked(uint64_t now) {
@@ -132,15 +144,14 @@ void Prefetcher::NotePageDropLocked(uint64_t now) {
 }
 
 void Prefetcher::NoteNotResidentLocked(const std::string& path, uint64_t now) {
-  const Mark* m = marks_.Find(MarkKey(path));
-  if (m == nullptr) return;
+  const std::optional<Mark> m = MarkLocked(path);
+  if (!m) return;
   NotePageDropLocked(now);
   // The kernel was served this file whole, yet asks for it: its pages were dropped, maybe
   // after a probe found them. The page cache drops what it was served earliest first, so the
   // files passed over whose marks are older still may have gone the same way since their
   // probe: they are asked about again.
-  const uint64_t seq = m->seq;
-  marks_.Erase(MarkKey(path));
+  SetMarkLocked(path, std::nullopt);
   bool again = false;
   for (auto& [id, s] : streams_) {
     // Only the files the readers are about to reach: the rest are rechecked as they come.
@@ -148,8 +159,8 @@ void Prefetcher::NoteNotResidentLocked(const std::string& path, uint64_t now) {
         std::min<uint64_t>({s.next, s.base + s.paths.size(), s.high + RecheckLead()});
     for (uint64_t pos = std::max(s.low, s.high); pos < end; ++pos) {
       if ((s.states[pos - s.base] & kProbed) == 0) continue;
-      const Mark* other = marks_.Find(MarkKey(s.paths[pos - s.base]));
-      if (other == nullptr || other->seq > seq || other->probing) continue;
+      const std::optional<Mark> other = MarkLocked(s.paths[pos - s.base]);
+      if (!other || ResidentMarks::Newer(*other, *m) || other->probing) continue;
       UnprobeLocked(s, pos);
       again = true;
     }

@@ -1,10 +1,15 @@
 #include "prefetch/resident_marks.h"
 
-#include <functional>
-
 namespace cubetorchfs::prefetch {
 
-uint64_t ResidentMarks::Key(std::string_view path) { return std::hash<std::string_view>{}(path); }
+std::optional<ResidentMarks::Mark> ResidentMarks::Mark::Unpack(uint64_t packed) {
+  if (packed == 0) return std::nullopt;
+  Mark m;
+  m.version = static_cast<uint32_t>(packed);
+  m.seq = static_cast<uint32_t>(packed >> 32) & kSeqMask;
+  m.probing = (packed >> 63) != 0;
+  return m;
+}
 
 uint64_t ResidentMarks::VersionDigest(const cfs_client::FileVersion& v) {
   uint64_t h = 0x9e3779b97f4a7c15ull;
@@ -17,40 +22,13 @@ uint64_t ResidentMarks::VersionDigest(const cfs_client::FileVersion& v) {
   return h;
 }
 
-void ResidentMarks::Make(uint64_t key, const cfs_client::FileVersion& version, uint64_t now) {
-  if (options_.max_marks == 0) return;
+ResidentMarks::Mark ResidentMarks::Make(const cfs_client::FileVersion& version, uint64_t now) {
   SampleReclaim(now);
-  const uint64_t seq = next_seq_++;
-  if (table_.Find(key) == nullptr)
-    while (table_.size() >= options_.max_marks) DropOldest();
-  // Made again in place (a restore re-marks every file of a warm epoch); its old place in
-  // order_ is skipped (another seq).
-  Mark& mark = table_.Insert(key);
-  mark = Mark{};
-  mark.version = VersionDigest(version);
-  mark.seq = seq;
-  order_.emplace_back(seq, key);
-  if (order_.size() > 2 * table_.size() + 1024) {
-    // Most entries are of marks gone or made again since: keep the live ones, in order.
-    std::deque<std::pair<uint64_t, uint64_t>> live;
-    for (const auto& [sq, k] : order_) {
-      const Mark* m = table_.Find(k);
-      if (m != nullptr && m->seq == sq) live.emplace_back(sq, k);
-    }
-    order_.swap(live);
-  }
-}
-
-void ResidentMarks::DropOldest() {
-  while (!order_.empty()) {
-    const auto [seq, key] = order_.front();
-    order_.pop_front();
-    const Mark* m = table_.Find(key);
-    if (m != nullptr && m->seq == seq) {
-      table_.Erase(key);
-      return;
-    }
-  }
+  Mark mark;
+  mark.version = VersionTag(version);
+  mark.seq = next_seq_;
+  next_seq_ = (next_seq_ & kSeqMask) == kSeqMask ? 1 : next_seq_ + 1;
+  return mark;
 }
 
 void ResidentMarks::SampleReclaim(uint64_t now) {
@@ -60,7 +38,7 @@ void ResidentMarks::SampleReclaim(uint64_t now) {
   if (!reclaim_sampled_ || !c || !last_reclaim_ || *c != *last_reclaim_) {
     // The first sample (what came before is unknown), a counter that cannot be read, or
     // pages reclaimed since the last sample: only marks made from now on are trusted.
-    trust_from_seq_ = c ? next_seq_ : UINT64_MAX;
+    trust_from_ = c ? std::optional<uint32_t>(next_seq_) : std::nullopt;
   }
   last_reclaim_ = c;
   reclaim_sampled_ = true;
@@ -69,7 +47,7 @@ void ResidentMarks::SampleReclaim(uint64_t now) {
 
 bool ResidentMarks::Trusted(const Mark& mark, uint64_t now) {
   SampleReclaim(now);
-  return mark.seq >= trust_from_seq_;
+  return trust_from_ && (mark.seq == *trust_from_ || SeqAfter(mark.seq, *trust_from_));
 }
 
 bool ResidentMarks::NoteDrop(uint64_t now) {

@@ -3,16 +3,20 @@
 // and whether the kernel is dropping such pages often (page pressure). docs/prefetch.md says
 // what each means for a user.
 //
-// A mark is keyed by a 64-bit hash of the store path (Key), not the path, in a flat table
-// (FlatHashTable: 24-byte slots, 3/8 to 3/4 full): 48 to 96 bytes a mark with its place in
-// the age order (computed from the sizes, not measured). Two paths with one hash
-// share a mark, which is still checked against the file's own version (by the prefetcher) and
-// by a probe against the kernel's pages of that file: a collision costs a probe, never a
-// wrong byte. Past `max_marks` the oldest marks go.
+// A mark is 8 bytes kept with the file's inode in the mount's inode table (fs::InodeTable
+// SetMark, through AttrSource), not in a table of its own: it costs no memory past the inode
+// record the kernel's reference needs anyway, and it goes when the kernel forgets the inode,
+// as the kernel's pages of the file do. So no bound and no age order is needed. What a mark
+// holds (Mark::Pack): a 32-bit digest of the file version the kernel was given (a false match
+// would only pass over a file whose reader then reads it from the daemon: the kernel checks
+// the file by its attributes; the daemon serves no byte by the mark), a 31-bit sequence
+// number of marks made, and whether a probe of it is running.
 //
 // Trust: a mark made while the kernel's count of reclaimed page-cache pages has not moved
 // since is trusted (the file is passed over with no probe). The counter is read at most every
-// kReclaimSampleNs.
+// kReclaimSampleNs. Sequence numbers compare modulo 2^31: a mark made more than 2^30 marks
+// ago may be taken as newer than it is (trusted, or not probed again), which costs a read
+// from the daemon if its pages went, never a wrong byte.
 //
 // Not thread-safe: the prefetcher's mutex guards it.
 #pragma once
@@ -25,49 +29,55 @@
 #include <utility>
 
 #include "cfs_client/backend.h"
-#include "common/flat_hash_table.h"
 
 namespace cubetorchfs::prefetch {
 
 class ResidentMarks {
  public:
   struct Mark {
-    uint64_t version = 0;  // VersionDigest of the version the kernel was given
-    uint64_t seq : 63 = 0;
-    uint64_t probing : 1 = 0;  // a probe of it is running
+    uint32_t version = 0;  // VersionTag of the version the kernel was given
+    uint32_t seq = 0;      // 31 bits, from 1
+    bool probing = false;  // a probe of it is running
+    // 0 is no mark; a mark packs to non-zero (seq >= 1).
+    uint64_t Pack() const {
+      return uint64_t{version} | uint64_t{seq & kSeqMask} << 32 | uint64_t{probing} << 63;
+    }
+    static std::optional<Mark> Unpack(uint64_t packed);
   };
-  // A 64-bit digest of a file version: marks compare versions by it (a false match would only
-  // pass over a file the kernel itself checks by its attributes; the daemon serves no byte
-  // by it).
+  // A 64-bit digest of a file version.
   static uint64_t VersionDigest(const cfs_client::FileVersion& v);
+  // The 32 bits of it a mark keeps.
+  static uint32_t VersionTag(const cfs_client::FileVersion& v) {
+    return static_cast<uint32_t>(VersionDigest(v) >> 32);
+  }
   struct Options {
-    uint64_t max_marks = 1u << 21;  // 0: nothing is ever marked
+    bool enabled = true;  // false: nothing is ever marked
     // The kernel's count of reclaimed page-cache pages, or nothing if it cannot tell. Unset:
     // no mark is trusted.
     std::function<std::optional<uint64_t>()> reclaim_counter;
   };
   explicit ResidentMarks(Options options) : options_(std::move(options)) {}
 
-  static uint64_t Key(std::string_view path);
-
-  // The mark of `key`; valid until the next Make or Erase.
-  Mark* Find(uint64_t key) { return table_.Find(key); }
-  // The kernel holds all of the file of `key` at `version` (made again if marked before).
-  void Make(uint64_t key, const cfs_client::FileVersion& version, uint64_t now);
-  void Erase(uint64_t key) { table_.Erase(key); }  // its age-order entry is skipped when met
+  bool enabled() const { return options_.enabled; }
+  // A new mark: the kernel holds all of a file at `version` now.
+  Mark Make(const cfs_client::FileVersion& version, uint64_t now);
   // True if `mark` may be believed with no probe: no reclaim seen since it was made.
   bool Trusted(const Mark& mark, uint64_t now);
+  // True if mark `a` was made after mark `b`.
+  static bool Newer(const Mark& a, const Mark& b) { return SeqAfter(a.seq, b.seq); }
 
   // A read of a marked file reached the daemon: the kernel dropped its pages. Four such
   // drops within 10 s are page pressure, held 60 s past the last; true if it begins now.
   bool NoteDrop(uint64_t now);
   bool Pressure(uint64_t now) const { return now < pressure_until_ns_; }
 
-  uint64_t size() const { return table_.size(); }
   uint64_t drops() const { return drops_; }
 
  private:
-  void DropOldest();
+  static constexpr uint32_t kSeqMask = 0x7FFFFFFFu;
+  static bool SeqAfter(uint32_t a, uint32_t b) {
+    return a != b && ((a - b) & kSeqMask) < (uint32_t{1} << 30);
+  }
   void SampleReclaim(uint64_t now);
 
   static constexpr uint64_t kReclaimSampleNs = 50'000'000;
@@ -76,13 +86,9 @@ class ResidentMarks {
   static constexpr uint64_t kPressureHoldNs = 60'000'000'000;
 
   const Options options_;
-  FlatHashTable<Mark> table_;
-  // (seq, key) of every mark made, oldest first; an entry whose mark went or was made again
-  // (another seq) is skipped when met, and the deque compacted when half of it is such.
-  std::deque<std::pair<uint64_t, uint64_t>> order_;
-  uint64_t next_seq_ = 0;
-  // Marks of seq >= trust_from_seq_ were made after the last reclaim seen: trusted.
-  uint64_t trust_from_seq_ = UINT64_MAX;  // nothing trusted until a first sample
+  uint32_t next_seq_ = 1;  // of the next mark; never 0
+  // Marks from this sequence number on were made after the last reclaim seen: trusted.
+  std::optional<uint32_t> trust_from_;  // nothing trusted until a first sample
   std::optional<uint64_t> last_reclaim_;
   uint64_t reclaim_sampled_ns_ = 0;
   bool reclaim_sampled_ = false;

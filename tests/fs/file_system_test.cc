@@ -54,6 +54,10 @@ class FileSystemTest : public ::testing::Test {
         std::make_unique<prefetch::Prefetcher>(pf, &store_, cache_.get(), &clock_, &registry_);
     fs_ = FileSystem::New(options_, &store_, cache_.get(), prefetcher_.get(), &clock_, registry_)
               .value();
+    prefetcher_->SetAttrSource(fs_.get());  // as the daemon does: marks live in its inodes
+  }
+  ~FileSystemTest() override {
+    if (prefetcher_) prefetcher_->SetAttrSource(nullptr);
   }
 
   uint64_t LookupPath(const std::string& path) {
@@ -425,8 +429,10 @@ TEST_F(FileSystemTest, GetAttrOfAFileBeingWrittenShowsTheBytesWritten) {
 
 TEST_F(FileSystemTest, ReadOnlyMountRefusesEveryChange) {
   options_.read_only = true;
+  prefetcher_->SetAttrSource(nullptr);
   fs_ = FileSystem::New(options_, &store_, cache_.get(), prefetcher_.get(), &clock_, registry_)
             .value();
+  prefetcher_->SetAttrSource(fs_.get());
   uint64_t ino = LookupPath("d/small");
   const auto kRo = Status::Code::kReadOnly;
   EXPECT_EQ(fs_->Open(ino, O_WRONLY).status().code(), kRo);

@@ -427,20 +427,87 @@ TEST(InodeTableTest, RestoresThePathKeyedTableOfTheVersionsBefore) {
   EXPECT_EQ(u.records(), 1u);
 }
 
+// The prefetcher's page-resident mark lives in the inode's record: set only on a live inode,
+// counted, and gone when the kernel forgets the inode (as its pages are).
+TEST(InodeTableTest, AMarkGoesWithItsInode) {
+  InodeTable t(cfs_client::FileAttr{S_IFDIR | 0755}, 0);
+  EXPECT_FALSE(t.SetMark("d/a", 5));  // the kernel knows no such inode
+  const uint64_t a = t.Acquire("d/a", Attr(3), 1);
+  const uint64_t b = t.Acquire("d/b", Attr(3), 1);
+  EXPECT_TRUE(t.SetMark("d/a", 5));
+  EXPECT_TRUE(t.SetMark("d/b", 6));
+  EXPECT_TRUE(t.SetMark("d/b", 7));
+  EXPECT_EQ(t.marks(), 2u);
+  EXPECT_EQ(t.AttrOf("d/a")->mark, 5u);
+  EXPECT_EQ(t.AttrOf("d/b")->mark, 7u);
+  EXPECT_TRUE(t.SetMark("d/b", 0));
+  EXPECT_EQ(t.marks(), 1u);
+  t.Forget(a, 1);
+  EXPECT_EQ(t.marks(), 0u);
+  // Looked up again: a new inode, unmarked (the kernel holds none of its pages).
+  t.Acquire("d/a", Attr(3), 2);
+  EXPECT_EQ(t.AttrOf("d/a")->mark, 0u);
+  t.Forget(b, 1);
+  EXPECT_FALSE(t.SetMark("d/b", 9));
+}
+
+// Block counts are kept as which formula gives them (512- or 4096-byte blocks of the size,
+// or none), others beside the record; every kind comes back, through a handover too.
+TEST(InodeTableTest, BlockCountsOfEveryKindComeBack) {
+  InodeTable t(cfs_client::FileAttr{S_IFDIR | 0755}, 0);
+  struct Case {
+    uint64_t size, blocks;
+  };
+  const std::vector<Case> cases = {{0, 0},          {1, 1},      {1, 8},    {5000, 0},
+                                   {5000, 10},      {5000, 16},  {5000, 7}, {4096, 4096},
+                                   {UINT64_MAX, 1}, {1 << 30, 2}};
+  std::vector<uint64_t> inos;
+  for (size_t k = 0; k < cases.size(); ++k) {
+    cfs_client::FileAttr a = Attr(cases[k].size);
+    a.blocks = cases[k].blocks;
+    std::string name = "f";
+    name += std::to_string(k);
+    inos.push_back(t.Acquire(name, a, 1));
+  }
+  InodeTable u(cfs_client::FileAttr{S_IFDIR | 0755}, 0);
+  ASSERT_TRUE(u.Restore(t.Serialize()).ok());
+  for (size_t k = 0; k < cases.size(); ++k) {
+    for (const InodeTable* table : {&t, &u}) {
+      std::optional<InodeInfo> got = table->Get(inos[k]);
+      ASSERT_TRUE(got);
+      EXPECT_EQ(got->attr.blocks, cases[k].blocks) << k;
+      EXPECT_EQ(got->attr.size, cases[k].size) << k;
+      EXPECT_EQ(got->attr.mode, static_cast<mode_t>(S_IFREG | 0644)) << k;
+    }
+  }
+  // A count that changes kind, both ways.
+  cfs_client::FileAttr a = Attr(5000);
+  a.blocks = 7;
+  t.SetAttr(inos[4], a, 2);
+  EXPECT_EQ(t.Get(inos[4])->attr.blocks, 7u);
+  a.blocks = 16;
+  t.SetAttr(inos[6], a, 2);
+  EXPECT_EQ(t.Get(inos[6])->attr.blocks, 16u);
+  t.Forget(inos[4], 1);
+  EXPECT_FALSE(t.Get(inos[4]));
+}
+
 // What a known file costs, counted by malloc: ImageNet-like names (20-byte file names in
-// directories of 1,300), all of the table's structures included.
-TEST(InodeTableTest, AKnownFileCostsAtMost150BytesOfHeap) {
+// directories of 1,300), all of the table's structures included, the page-resident mark too.
+TEST(InodeTableTest, AKnownMarkedFileCostsAtMost150BytesOfHeap) {
   constexpr int kFiles = 200000;
   const size_t before = mallinfo2().uordblks + mallinfo2().hblkhd;
   {
     InodeTable t(cfs_client::FileAttr{S_IFDIR | 0755}, 0);
     cfs_client::FileAttr a = Attr(110 << 10);
+    a.blocks = 224;  // as ext4 counts it
     a.store_dev = 64769;
     char path[96];
     for (int k = 0; k < kFiles; ++k) {
       a.store_ino = 1000 + k;
       std::snprintf(path, sizeof path, "train/n%08d/n%08d_%d.JPEG", k / 1300, k / 1300, k);
       t.Acquire(path, a, 1);
+      ASSERT_TRUE(t.SetMark(path, 1 + k));
     }
     const size_t held = mallinfo2().uordblks + mallinfo2().hblkhd - before;
     const double per_file = static_cast<double>(held) / kFiles;
@@ -448,6 +515,7 @@ TEST(InodeTableTest, AKnownFileCostsAtMost150BytesOfHeap) {
                 kFiles, per_file, static_cast<double>(t.bytes()) / kFiles);
     EXPECT_LE(per_file, 150.0);
     EXPECT_EQ(t.size(), static_cast<size_t>(kFiles) + 1);
+    EXPECT_EQ(t.marks(), static_cast<size_t>(kFiles));
   }
 }
 

@@ -70,13 +70,36 @@ class PrefetcherTest : public ::testing::Test {
       return it == test_->known_.end() ? std::nullopt
                                        : std::optional<cfs_client::FileAttr>(it->second);
     }
+    // Marks are kept as the inode table keeps them: for a file whose inode the kernel holds
+    // (here: one in inodes_), and gone when the kernel forgets it (Forget).
+    uint64_t MarkOf(const std::string& path,
+                    std::optional<cfs_client::FileAttr>* fresh) const override {
+      if (fresh != nullptr) *fresh = FreshAttr(path, nullptr);
+      auto it = test_->marks_.find(path);
+      return it == test_->marks_.end() ? 0 : it->second;
+    }
+    bool SetMark(const std::string& path, uint64_t mark) override {
+      if (mark == 0) return test_->marks_.erase(path) > 0;
+      if (test_->inodes_.count(path) == 0) return false;
+      test_->marks_[path] = mark;
+      return true;
+    }
+    uint64_t Marks() const override { return test_->marks_.size(); }
 
    private:
     PrefetcherTest* const test_;
   };
   void KnowAttrs() {
-    for (int i = 0; i < 64; ++i) known_[Name(i)] = store_.Stat(Name(i)).value();
+    for (int i = 0; i < 64; ++i) {
+      known_[Name(i)] = store_.Stat(Name(i)).value();
+      inodes_.insert(Name(i));
+    }
     pf_->SetAttrSource(&known_attrs_);
+  }
+  // The kernel forgets the inode of file i: its mark goes with it (fs::InodeTable).
+  void Forget(int i) {
+    inodes_.erase(Name(i));
+    marks_.erase(Name(i));
   }
 
   // The kernel's page cache, as the page probe reports it: it holds the files in held_.
@@ -137,17 +160,17 @@ class PrefetcherTest : public ::testing::Test {
     pf_->OnRead(Name(i), {kFileSize, 1}, 0, kFileSize, outcome);
   }
 
-  // A prefetcher keeping at most 3 page-resident marks, after the kernel was served files 0-9
-  // (marks 7, 8 and 9 are left).
+  // The kernel was served files 0-9 and then forgot the inodes of 0-6 (marks 7, 8 and 9 are
+  // left).
   void ThreeMarksOfTenFiles() {
     Prefetcher::Options o;
     o.start_workers = false;
     o.keep_cache = true;
-    o.max_resident_marks = 3;
     pf_ = std::make_unique<Prefetcher>(o, &store_, ram_.get(), &clock_, &registry_);
     KnowAttrs();
     ProbeKernel();
     for (int i = 0; i < 10; ++i) ReadFile(i, ReadOutcome::kMiss);
+    for (int i = 0; i < 7; ++i) Forget(i);
   }
 
   MemBackend store_;
@@ -155,6 +178,8 @@ class PrefetcherTest : public ::testing::Test {
   prometheus::Registry registry_;
   std::unique_ptr<cache::RamCache> ram_;
   std::map<std::string, cfs_client::FileAttr> known_;
+  std::set<std::string> inodes_;           // files whose inodes the kernel holds
+  std::map<std::string, uint64_t> marks_;  // their marks
   std::set<std::string> held_;
   int probes_ = 0;
   KnownAttrs known_attrs_{this};
@@ -648,41 +673,57 @@ TEST_F(PrefetcherTest, ReadsForTheControlApiMarkNothing) {
   EXPECT_EQ(probes_, 0);
 }
 
-TEST_F(PrefetcherTest, MarksAreBounded) {
+// A mark goes with the inode: files whose inodes the kernel forgot are fetched, with no probe.
+TEST_F(PrefetcherTest, MarksGoWithTheInodesTheKernelForgets) {
   ThreeMarksOfTenFiles();
   EXPECT_EQ(pf_->GetStats().resident_marks, 3u);
   Hold({0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
   Publish(0, 10);
   RunAll();
-  EXPECT_EQ(probes_, 3);  // only the newest three (7, 8, 9) are asked about and passed over
+  EXPECT_EQ(probes_, 3);  // only 7, 8 and 9 are asked about and passed over
   EXPECT_EQ(store_.read_log().size(), 7u);
   EXPECT_EQ(pf_->GetStats().page_resident, 3u);
 }
 
-// A file marked again becomes the newest mark, so the oldest one goes first; a file read many
-// times keeps one mark.
-TEST_F(PrefetcherTest, MarksMadeAgainAreTheNewest) {
+// A file read many times keeps one mark; a read of a file whose inode the kernel does not
+// hold (an HTTP client's, or one forgotten) marks nothing.
+TEST_F(PrefetcherTest, AFileReadAgainAndAgainKeepsOneMark) {
   ThreeMarksOfTenFiles();  // marks 7, 8, 9
   // Page drops this far apart are no memory pressure.
-  for (int k = 0; k < 3000; ++k) {  // 9 is marked again and again: its mark stays one
+  for (int k = 0; k < 3000; ++k) {
     clock_.AdvanceSeconds(11);
     ReadFile(9, ReadOutcome::kMiss);
   }
-  for (int k = 0; k < 2; ++k) {  // 7 is the newest now; its old place, first, is stale
-    clock_.AdvanceSeconds(11);
-    ReadFile(7, ReadOutcome::kMiss);
-  }
   EXPECT_EQ(pf_->GetStats().resident_marks, 3u);
-  ReadFile(10, ReadOutcome::kMiss);  // 8, the oldest, goes
+  ReadFile(3, ReadOutcome::kMiss);  // its inode was forgotten
   EXPECT_EQ(pf_->GetStats().resident_marks, 3u);
-  Hold({7, 8, 9, 10});
-  const size_t reads = store_.read_log().size();
-  Publish(7, 11);
+  Hold({7, 8, 9});
+  Publish(7, 10);
   RunAll();
-  EXPECT_EQ(probes_, 3);  // 7, 9 and 10 are asked about and passed over
+  EXPECT_EQ(probes_, 3);
   EXPECT_EQ(pf_->GetStats().page_resident, 3u);
-  ASSERT_EQ(store_.read_log().size(), reads + 1);  // 8 alone is fetched
-  EXPECT_EQ(store_.read_log().back(), Name(8));
+}
+
+// Marks made after 2^31 others still order as made (sequence numbers compare modulo 2^31).
+TEST(ResidentMarksTest, SequenceNumbersWrap) {
+  ResidentMarks marks({true, [] { return std::optional<uint64_t>(5); }});
+  ResidentMarks::Mark first = marks.Make({1, 2, 3, 4}, 0);
+  EXPECT_EQ(first.seq, 1u);
+  EXPECT_TRUE(marks.Trusted(first, 0));
+  ResidentMarks::Mark a{7, 0x7FFFFFFEu, false}, b{7, 0x7FFFFFFFu, false}, c{7, 1, false};
+  EXPECT_TRUE(ResidentMarks::Newer(b, a));
+  EXPECT_TRUE(ResidentMarks::Newer(c, b));  // after the wrap (0 is never a sequence number)
+  EXPECT_FALSE(ResidentMarks::Newer(a, c));
+  EXPECT_FALSE(ResidentMarks::Newer(a, a));
+  for (const ResidentMarks::Mark& m : {a, b, c, ResidentMarks::Mark{0xFFFFFFFFu, 5, true}}) {
+    std::optional<ResidentMarks::Mark> back = ResidentMarks::Mark::Unpack(m.Pack());
+    ASSERT_TRUE(back);
+    EXPECT_NE(m.Pack(), 0u);
+    EXPECT_EQ(back->version, m.version);
+    EXPECT_EQ(back->seq, m.seq);
+    EXPECT_EQ(back->probing, m.probing);
+  }
+  EXPECT_FALSE(ResidentMarks::Mark::Unpack(0));
 }
 
 TEST_F(PrefetcherTest, FilesTheRamCacheHoldsAtFreshAttributesCostNoStoreRequest) {
