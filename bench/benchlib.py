@@ -170,15 +170,20 @@ def wait_for_ci(path: Path, limit_s: float, log=print) -> None:
     log(f"still no rc= line in {path}: measuring anyway")
 
 
-def vm_hwm_mib(pid: int) -> float:
-    """Peak resident memory (VmHWM) of process `pid` in MiB; nan when it cannot be read."""
+def proc_status_mib(pid: int, field: str) -> float:
+    """A memory field of /proc/PID/status (VmHWM, VmRSS, ...) in MiB; nan when unreadable."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
     return float("nan")
+
+
+def vm_hwm_mib(pid: int) -> float:
+    """Peak resident memory (VmHWM) of process `pid` in MiB; nan when it cannot be read."""
+    return proc_status_mib(pid, "VmHWM")
 
 
 def venv_python() -> str | None:

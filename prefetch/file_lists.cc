@@ -1,6 +1,7 @@
 #include "prefetch/file_lists.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/logging.h"
 
@@ -11,8 +12,8 @@ namespace {
 constexpr uint64_t kSweepEveryNs = 1'000'000'000;
 
 // The capacity a block of `have` bytes grows to for `need`: by an eighth again at least, so
-// that appends in pieces cost amortized O(1) (a few more copies than doubling, of a list that
-// is a few bytes a path) while at most an eighth of what is charged is room not yet used; no
+// that appends in pieces cost amortized O(1) (the kernel moves the pages of a MappedBuffer:
+// no byte is copied) while at most an eighth of what is charged is room not yet used; no
 // more than asked when that is larger.
 uint64_t Grown(uint64_t have, uint64_t need) {
   return need <= have ? have : std::max(need, have + have / 8);
@@ -65,7 +66,9 @@ void FileLists::Encode(uint64_t entries_before, std::string* last,
 }
 
 void FileLists::Decode(const List& list, uint64_t p, std::string* out, std::string* before) {
-  const char* at = list.bytes.data() + list.blocks[p / kBlock];
+  uint32_t start = 0;
+  std::memcpy(&start, list.blocks.data() + p / kBlock * sizeof(uint32_t), sizeof start);
+  const char* at = list.bytes.data() + start;
   out->clear();
   for (uint64_t i = p - p % kBlock; i <= p; ++i) {
     const uint64_t prefix = GetVarint(&at);
@@ -146,12 +149,15 @@ FileLists::Op FileLists::Append(uid_t uid, const std::string& id,
     *why = "a list's paths fit in 4 GiB";
     return Op::kFull;
   }
-  const uint64_t bytes_cap = Grown(list->bytes.capacity(), list->bytes.size() + add.size());
-  const uint64_t blocks_cap = Grown(list->blocks.capacity(), list->blocks.size() + new_blocks);
-  const uint64_t charge =
-      bytes_cap + blocks_cap * sizeof(uint32_t) + std::max(last.capacity(), list->last.capacity());
+  const uint64_t bytes_cap =
+      MappedBuffer::Rounded(Grown(list->bytes.capacity(), list->bytes.size() + add.size()));
+  const uint64_t blocks_cap = MappedBuffer::Rounded(
+      Grown(list->blocks.capacity(), list->blocks.size() + new_blocks * sizeof(uint32_t)));
+  const uint64_t charge = bytes_cap + blocks_cap + std::max(last.capacity(), list->last.capacity());
   const uint64_t more = charge > list->charged ? charge - list->charged : 0;
-  while (use_[list->uid].bytes + more > options_.max_bytes_per_uid &&
+  // Past either limit, the user's own least recently used other lists go first.
+  while ((use_[list->uid].bytes + more > options_.max_bytes_per_uid ||
+          bytes_ + more > options_.max_bytes) &&
          EvictOneLocked(list->uid, id)) {
   }
   Use& u = use_[list->uid];
@@ -167,19 +173,24 @@ FileLists::Op FileLists::Append(uid_t uid, const std::string& id,
            std::to_string(more) + " more asked)";
     return Op::kFull;
   }
-  list->bytes.reserve(bytes_cap);
-  list->blocks.reserve(blocks_cap);
+  if (!list->bytes.Reserve(bytes_cap) || !list->blocks.Reserve(blocks_cap)) {
+    *why = "the daemon has no memory for " + std::to_string(bytes_cap + blocks_cap) +
+           " bytes of file list";
+    return Op::kFull;
+  }
   // The blocks started by these entries: where each one's first entry's coding begins.
   const char* at = add.data();
   for (uint64_t n = count; n < count + entries.size(); ++n) {
-    if (n % kBlock == 0)
-      list->blocks.push_back(static_cast<uint32_t>(list->bytes.size() + (at - add.data())));
+    if (n % kBlock == 0) {
+      const auto start = static_cast<uint32_t>(list->bytes.size() + (at - add.data()));
+      list->blocks.Append(&start, sizeof start);
+    }
     GetVarint(&at);  // the lengths of the prefix and the suffix shared
     GetVarint(&at);
     const uint64_t middle = GetVarint(&at);
     at += middle;
   }
-  list->bytes.append(add);
+  list->bytes.Append(add.data(), add.size());
   list->entries += entries.size();
   list->last.swap(last);
   const uint64_t charged = Charge(*list);

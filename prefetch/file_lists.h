@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mapped_buffer.h"
 #include "common/thread_annotations.h"
 
 namespace cubetorchfs::prefetch {
@@ -83,15 +84,18 @@ class FileLists {
   static constexpr uint64_t kBlock = 16;  // entries a block; block b holds entries 16b..16b+15
   struct List {
     uid_t uid = 0;
-    std::string bytes;             // the entries, front-coded (above)
-    std::vector<uint32_t> blocks;  // where block b starts in `bytes`
+    // The entries, front-coded (above), and where block b starts in them (a uint32_t each):
+    // grown in place by the kernel (common/mapped_buffer.h), so a list of 180 M paths (3 GB)
+    // is never held twice while it grows.
+    MappedBuffer bytes;
+    MappedBuffer blocks;
     uint64_t entries = 0;
     std::string last;      // the last entry appended: the next one is coded against it
     uint64_t charged = 0;  // the capacity of all three, as counted against the limits
     uint64_t last_used_ns = 0;
   };
   static uint64_t Charge(const List& l) {
-    return l.bytes.capacity() + l.blocks.capacity() * sizeof(uint32_t) + l.last.capacity();
+    return l.bytes.capacity() + l.blocks.capacity() + l.last.capacity();
   }
   // Appends the coding of `entries` after those of `list` (whose last entry is *last, updated)
   // to *out; the number of blocks they start is added to *new_blocks. Pure: nothing of `list`

@@ -227,8 +227,10 @@ TEST(FileLists, ADatasetsPathsCostBytesNotTheirLength) {
               static_cast<double>(imagenet_bytes) / static_cast<double>(imagenet.size()), in);
   std::printf("  COCO-like: %zu paths of %.1f bytes: %.1f bytes each held\n", coco.size(),
               static_cast<double>(coco_bytes) / static_cast<double>(coco.size()), co);
-  EXPECT_LE(in, 24.0);
-  EXPECT_LE(co, 24.0);
+  // The target is 24; 9.2 and 7.7 are measured (a list that grows by doubling, as a
+  // std::string does, held 16.6 and 9.4).
+  EXPECT_LE(in, 12.0);
+  EXPECT_LE(co, 12.0);
 }
 
 }  // namespace
