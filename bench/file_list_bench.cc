@@ -112,7 +112,8 @@ int main(int argc, char** argv) {
       pending.pop_back();
     }
     for (const std::string& p : piece) path_bytes += p.size();
-    if (sent == 0) kept_first.assign(piece.begin(), piece.begin() + std::min<size_t>(piece.size(), 100));
+    if (sent == 0)
+      kept_first.assign(piece.begin(), piece.begin() + std::min<size_t>(piece.size(), 100));
     uint64_t first = 0, size = 0;
     std::string why;
     if (lists.Append(1000, id, piece, &first, &size, &why) != FileLists::Op::kOk) {
@@ -121,10 +122,11 @@ int main(int argc, char** argv) {
       return 1;
     }
     sent += piece.size();
-    if (sent >= paths) kept_last.assign(piece.end() - std::min<size_t>(piece.size(), 100), piece.end());
+    if (sent >= paths)
+      kept_last.assign(piece.end() - std::min<size_t>(piece.size(), 100), piece.end());
     if (sent >= next_report) {
-      std::fprintf(stderr, "  %llu / %llu paths registered\n", static_cast<unsigned long long>(sent),
-                   static_cast<unsigned long long>(paths));
+      std::fprintf(stderr, "  %llu / %llu paths registered\n",
+                   static_cast<unsigned long long>(sent), static_cast<unsigned long long>(paths));
       next_report += paths / 10;
     }
   }
@@ -145,14 +147,15 @@ int main(int argc, char** argv) {
   uint64_t refused = 0, size = 0;
   const auto t1 = std::chrono::steady_clock::now();
   for (size_t at = 0; at < positions.size(); at += 1024) {
-    const std::vector<uint32_t> req(positions.begin() + static_cast<long>(at),
-                                    positions.begin() +
-                                        static_cast<long>(std::min(positions.size(), at + 1024)));
+    const std::vector<uint32_t> req(
+        positions.begin() + static_cast<long>(at),
+        positions.begin() + static_cast<long>(std::min(positions.size(), at + 1024)));
     out.clear();
     if (lists.Paths(1000, id, req, &out, &refused, &size) != FileLists::Op::kOk) return 1;
   }
-  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t1)
-                        .count() / static_cast<double>(samples);
+  const double ns =
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t1).count() /
+      static_cast<double>(samples);
   // The first and last paths sent come back as sent.
   std::vector<uint32_t> ends;
   for (uint32_t i = 0; i < kept_first.size(); ++i) ends.push_back(i);
@@ -174,7 +177,7 @@ int main(int argc, char** argv) {
       "%.2f by malloc, %.2f by RSS, %.2f by peak RSS; registered in %.1f s (%.2f us a path); "
       "%llu shuffled positions resolved at %.0f ns each\n",
       static_cast<unsigned long long>(paths), coco ? "COCO-like" : "ImageNet-like",
-      static_cast<double>(path_bytes) / n, static_cast<double>(st.bytes) / n, heap, rss, hwm,
-      reg_s, reg_s * 1e6 / n, static_cast<unsigned long long>(samples), ns);
+      static_cast<double>(path_bytes) / n, static_cast<double>(st.bytes) / n, heap, rss, hwm, reg_s,
+      reg_s * 1e6 / n, static_cast<unsigned long long>(samples), ns);
   return 0;
 }

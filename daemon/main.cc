@@ -23,6 +23,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -455,9 +456,16 @@ std::atomic<bool> g_supervisor_gone{false};          // nobody to hand over to
 std::atomic<bool> g_serving{false};                  // the session loop has started
 std::atomic<const FuseSession*> g_session{nullptr};  // once created, for the health report
 
+// Set while the mount is served: stops and resumes the page-cache stores and probes (a store
+// waits for a page that a read of the kernel's holds locked until the loop answers the read,
+// so the stores under way must finish before the loop stops).
+PageProbe* g_page_probe = nullptr;
+std::mutex g_handover_mu;
+
 // Stops the loop so that the state can go to the next binary; refused while files are being
 // written (their write states cannot be handed over).
 Status RequestHandover(const FileSystem& fs) {
+  std::lock_guard<std::mutex> serial(g_handover_mu);
   if (const uint64_t n = fs.open_writes(); n > 0)
     return Status::FromErrno(EBUSY, std::to_string(n) +
                                         " file(s) open for writing through the "
@@ -465,7 +473,9 @@ Status RequestHandover(const FileSystem& fs) {
   if (g_supervisor_gone.load())
     return Status::FromErrno(ESRCH, "the supervisor is gone: nothing can take the mount over");
   if (!g_serving.load()) return Status::FromErrno(EAGAIN, "the mount is not served yet; try again");
-  if (g_handover.exchange(true)) return Status::OK();
+  if (g_handover.load()) return Status::OK();
+  if (g_page_probe != nullptr) g_page_probe->Pause();  // while the loop still answers reads
+  g_handover.store(true);
   CTFS_LOG(kInfo) << "handing the mount over to the next binary";
   return Status::OK();  // the loop answers what it has read, then returns
 }
@@ -587,6 +597,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   fuse::MountPageCacheProbe page_cache_probe(
       filesystem, &page_probe, [&session](uint64_t ino) { session.InvalidateInode(ino); });
   if (config.fuse.keep_cache) prefetcher.SetPageProbe(&page_cache_probe);
+  g_page_probe = &page_probe;
   filesystem->SetWrittenHook([&session](uint64_t ino) {
     // A file written through the mount was closed: the kernel drops what it cached of it
     // (other descriptors' pages, attributes), so the next reader sees what the store has.
@@ -671,6 +682,8 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
       HandOver(*filesystem, session, prefetcher, page_probe, *control, disk.get(), takeover);
     }
     CTFS_LOG(kWarn) << "upgrade abandoned: a file was opened for writing meanwhile";
+    std::lock_guard<std::mutex> serial(g_handover_mu);
+    page_probe.Resume();
     g_handover.store(false);
   }
 

@@ -18,6 +18,8 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 #include <thread>
 
@@ -247,6 +249,11 @@ class Supervisor {
   void OnMessage();
   // The worker ended with `status`; returns the exit status of the supervisor, or -1 to go on.
   int OnWorkerExit(int status);
+  // Whether the main thread of `pid` has ended (a zombie) though other threads may live.
+  static bool LeaderEnded(pid_t pid);
+  static constexpr int kStuckCheckMs = 500;
+  static constexpr int kStuckChecks = 4;
+  int stuck_checks_ = 0;
   void Ready();
   [[noreturn]] void Reexec(int state_fd);
   int Finish(int code);
@@ -502,6 +509,15 @@ int Supervisor::Finish(int code) {
   return code;
 }
 
+bool Supervisor::LeaderEnded(pid_t pid) {
+  // /proc/PID/stat: "PID (comm) STATE ...": the comm may hold spaces and parentheses.
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() &&
+         (stat[close + 2] == 'Z' || stat[close + 2] == 'X');
+}
+
 int Supervisor::OnWorkerExit(int status) {
   worker_ = -1;
   channel_.reset();
@@ -588,11 +604,29 @@ int Supervisor::Run(const Takeover* resume) {
 
   for (;;) {
     pollfd pfds[2] = {{signal_fd_.get(), POLLIN, 0}, {channel_.get(), POLLIN, 0}};
-    const int n = ::poll(pfds, (channel_.get() >= 0) ? 2 : 1, -1);
+    // With the worker's channel closed and the worker not yet reaped, look at it every
+    // kStuckCheckMs: a worker whose threads all ended but one held in the kernel is dead.
+    const bool closed = channel_.get() < 0 && worker_ > 0;
+    const int n = ::poll(pfds, closed ? 1 : 2, closed ? kStuckCheckMs : -1);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       CTFS_LOG(kError) << "supervisor: poll: " << std::strerror(errno);
       return Finish(kExitFailure);
+    }
+    if (n == 0 && closed) {
+      // A worker that handed its state over is left to end however long it takes; another
+      // must have been a zombie for kStuckChecks looks (an exit tearing down a large memory
+      // takes a moment too).
+      stuck_checks_ = LeaderEnded(worker_) ? stuck_checks_ + 1 : 0;
+      if (state_fd_ >= 0 || stuck_checks_ < kStuckChecks) continue;
+      stuck_checks_ = 0;
+      // Its store of pages into the kernel's cache may wait for a read only the next worker
+      // can answer (fuse/page_probe.h): the next one starts now, the dead one is reaped when
+      // it ends.
+      CTFS_LOG(kError) << "supervisor: worker " << worker_ << " has died with a thread still "
+                       << "in the kernel";
+      if (int code = OnWorkerExit(W_EXITCODE(0, SIGKILL)); code >= 0) return code;
+      continue;
     }
     if ((channel_.get() >= 0) && (pfds[1].revents & (POLLIN | POLLHUP | POLLERR))) OnMessage();
     if (!(pfds[0].revents & POLLIN)) continue;

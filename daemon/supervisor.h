@@ -20,9 +20,14 @@
 //   ESTALE, on which the kernel looks the path up again (open, stat and the rest retry once
 //   with a fresh lookup), so new opens succeed. Lost: reads on files opened before the crash,
 //   bytes written but not yet flushed, the RAM cache and the prefetch plans (the hook
-//   publishes again). The NVMe tier is kept (it recovers at start).
-// - Upgrade (`cubetorchfs upgrade MNT`, or SIGUSR2 to the supervisor): the worker stops taking
-//   requests, finishes those it is handling, and hands its inode table to the supervisor,
+//   publishes again). The NVMe tier is kept (it recovers at start). A worker whose main
+//   thread has ended while another is held in the kernel (a page-cache store waiting for a
+//   read that only the next worker can answer: fuse/page_probe.h) is taken as dead after
+//   2 s with its channel closed, and the next one starts; the old one is reaped when it ends.
+// - Upgrade (`cubetorchfs upgrade MNT`, or SIGUSR2 to the supervisor): the worker lets the
+//   page-cache stores under way finish while it still serves (each may wait for a read the
+//   loop answers), stops taking requests, finishes those it is handling, and hands its inode
+//   table to the supervisor,
 //   which executes the installed binary in its own place (same pid) and starts a new worker
 //   with that table. Every inode number the kernel holds keeps naming its file; files opened
 //   before are read at their current version. Refused while a file is open for writing.

@@ -45,8 +45,8 @@ TEST(MappedBufferTest, ASizeTheKernelCannotMapIsRefusedAndTheBufferKept) {
   MappedBuffer b;
   ASSERT_TRUE(b.Reserve(100));
   b.Append("abc", 3);
-  EXPECT_FALSE(b.Reserve(SIZE_MAX - 10));      // rounds past the address space
-  EXPECT_FALSE(b.Reserve(size_t{1} << 62));    // no such memory
+  EXPECT_FALSE(b.Reserve(SIZE_MAX - 10));    // rounds past the address space
+  EXPECT_FALSE(b.Reserve(size_t{1} << 62));  // no such memory
   EXPECT_EQ(std::string(b.data(), b.size()), "abc");
 }
 

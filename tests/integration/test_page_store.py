@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +124,68 @@ def test_a_file_the_kernel_does_not_know_is_served_from_the_window(
     for f, p in zip(files, paths):
         assert Path(p).read_bytes() == f.read_bytes()
     assert reads(mount, "hit") >= 8 and reads(mount, "miss") == 0
+
+
+def test_a_kill_9_while_stores_race_the_readers_never_hangs_the_mount(
+        cube: CubeFactory, tmp_path: Path) -> None:
+    """Readers read the files the prefetcher is putting into the page cache at that moment:
+    a store waits for the page lock a read holds until the read is answered. A kill -9 then
+    must not leave the dead daemon unable to end (its store waiting on a read nobody answers)
+    and the mount hung: three times, the next daemon serves within 15 s and every reader
+    reads every file whole."""
+    import threading
+
+    src = tmp_path / "src"
+    files = make_tree(src, 2000, size=12_000)
+    mount, sock, _ = start(cube, src, latency_us=1000, max_inflight=32)
+    for d in sorted(mount.path().iterdir()):  # the kernel learns every inode (readdirplus)
+        for e in os.scandir(d):
+            e.stat()
+    paths = [str(mount.path(str(f.relative_to(src)))) for f in files]
+    want = {p: f.read_bytes() for f, p in zip(files, paths)}
+    failures: list[str] = []
+    done = [0]
+    lock = threading.Lock()
+
+    def reader(k: int) -> None:
+        for p in paths[k::4]:
+            for _ in range(200):  # a read the dead daemon failed is read again
+                try:
+                    data = Path(p).read_bytes()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            else:
+                failures.append(p)
+                continue
+            if data != want[p]:
+                failures.append(p)
+            with lock:
+                done[0] += 1
+
+    for round_ in range(3):
+        for p in paths:  # the pages go, the inodes stay: every file is stored again
+            drop_pages(p)
+        publish_paths(sock, paths, name=f"round{round_}")
+        threads = [threading.Thread(target=reader, args=(k,), daemon=True) for k in range(4)]
+        done[0] = 0
+        for t in threads:
+            t.start()
+        assert wait_until(lambda: done[0] >= 300, 60), "the readers made no progress"
+        pid = mount.read_control()["pid"]
+        os.kill(pid, signal.SIGKILL)
+
+        def served() -> bool:
+            # In a child with a time limit: a hung mount fails the test, never hangs it.
+            try:
+                return mount.read_control().get("pid") != pid and subprocess.run(
+                    ["stat", str(mount.path("class_0"))], capture_output=True,
+                    timeout=2).returncode == 0
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                return False
+        assert wait_until(served, 15), f"no daemon serves 15 s after kill -9 number {round_ + 1}"
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads), "a reader hung after the kill"
+        assert failures == [], failures[:5]
+        sock = mount.read_control()["control_socket"]

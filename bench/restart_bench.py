@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""A kill -9 or an upgrade of the daemon in the middle of an epoch read through the hook: how
+many reads reach the store again because of it, against the requests in flight.
+
+    bench/restart_bench.py                        # 200,000 files, a kill -9 at 40 %
+    bench/restart_bench.py --event upgrade
+    bench/restart_bench.py --dirs 1000 --files 1000
+
+The store is the synthetic one (--dirs x --files files of 1-3 KB, 1 ms a request), mounted
+read-only with the ai_prefetch profile. A training process (`import cube_torch`, an
+ImageFolder over the mount, shuffled, batch 256, 2 workers, one epoch) reads every file once;
+when the loop has taken --at of the epoch the daemon is killed (or upgraded). Measured:
+  - `remaining`: files the epoch had still to read then (the loop's count: the workers may
+    be a few batches ahead of it);
+  - `store_reads_after`: store reads of the daemon that served the rest (its counter starts
+    with it), and `again` = the store reads of both daemons less the files, the reads the
+    event cost (the old daemon's reads in the moment between its last count and the event
+    are not counted: a lower bound by that);
+  - `in_flight`: the old daemon's prefetch fetches in flight and files in its window just
+    before the event (/v1/stats), what a restart that lost only the requests under way would
+    read again;
+  - the hook's `resent` count (positions sent again to the new daemon), errors reaching the
+    loop (must be 0), the epoch's seconds and the new daemon's hit ratio.
+Prints one JSON line; bench/README.md has the figures. Runs under the project venv.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import free_port, unmount, venv_python, wait_for  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[2])
+import cube_torch
+import torch, torchvision
+root, progress = sys.argv[1], sys.argv[3]
+def raw(path):
+    with open(path, "rb") as f:
+        return f.read()
+torch.manual_seed(0)
+ds = torchvision.datasets.ImageFolder(root, loader=raw)
+loader = torch.utils.data.DataLoader(ds, batch_size=256, shuffle=True, num_workers=2,
+                                     collate_fn=list)
+n, began = 0, time.monotonic()
+for batch in loader:
+    n += len(batch)
+    with open(progress + ".tmp", "w") as f:
+        f.write(str(n))
+    os.replace(progress + ".tmp", progress)
+print(json.dumps({"samples": n, "seconds": time.monotonic() - began,
+                  "client": cube_torch.stats().get("client", {})}), flush=True)
+"""
+
+
+def metric(port: int, name: str, label: str = "") -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and (not label or label in line):
+            total += float(line.rpartition(" ")[2])
+    return total
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dirs", type=int, default=200)
+    p.add_argument("--files", type=int, default=1000, help="files a directory")
+    p.add_argument("--event", choices=["kill", "upgrade"], default="kill")
+    p.add_argument("--at", type=float, default=0.4, help="share of the epoch read before it")
+    p.add_argument("--latency-us", type=int, default=1000)
+    p.add_argument("--bin", default=str(REPO / "build/bin/cubetorchfs"))
+    p.add_argument("--python", default=venv_python() or sys.executable)
+    args = p.parse_args()
+    if not 0 < args.at < 1:
+        p.error("--at must lie between 0 and 1")
+    files = args.dirs * args.files
+    row: dict[str, object] = {"files": files, "event": args.event, "at": args.at}
+    work = Path(tempfile.mkdtemp(prefix="restart_bench."))
+    mnt = work / "mnt"
+    mnt.mkdir()
+    vol = f"restartbench{os.getpid()}"
+    port = free_port()
+    sock = work / "ctl.sock"
+    config = {"volName": vol, "mountPoint": str(mnt), "logDir": str(work / "log"),
+              "exporterPort": port, "profile": "ai_prefetch",
+              "backend": {"type": "synthetic", "synthetic": {
+                  "dirs": args.dirs, "files_per_dir": args.files, "min_bytes": 1024,
+                  "max_bytes": 3072}, "inject": {"latency_us": args.latency_us}},
+              "cache": {"memory_bytes": "1GiB"}, "fuse": {"read_only": True},
+              "prefetch": {"control_socket": str(sock)}}
+    (work / "config.json").write_text(json.dumps(config))
+    control = work / f"cube_torch.config.{vol}"
+    env = dict(os.environ, CUBE_TORCH_CONFIG_DIR=str(work), VOL_NAME=vol)
+    progress = work / "progress"
+    proc = None
+    try:
+        subprocess.run([args.bin, "-c", str(work / "config.json")], check=True, env=env,
+                       timeout=120)
+        old = json.loads(control.read_text())["pid"]
+        proc = subprocess.Popen([args.python, "-c", CHILD, str(mnt), str(REPO / "hooks"),
+                                 str(progress)], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+        def done() -> int:
+            try:
+                return int(progress.read_text() or 0)
+            except (OSError, ValueError):
+                return 0
+
+        if not wait_for(lambda: done() >= args.at * files or proc.poll() is not None, 1800,
+                        interval=0.005):
+            raise RuntimeError("the training made no progress")
+        sys.path.insert(0, str(REPO / "hooks"))
+        from cube_torch._client import ControlClient
+        st = ControlClient(str(sock)).stats()["global"]["prefetch"]
+        row["in_flight"] = st.get("inflight", 0)
+        row["window_files"] = st.get("window_files", 0)
+        row["store_reads_before"] = int(metric(port, "cubetorchfs_backend_requests_total",
+                                               'op="read"'))
+        taken = done()
+        row["remaining"] = files - taken
+        if args.event == "kill":
+            os.kill(old, signal.SIGKILL)
+        else:
+            up = subprocess.run([args.bin, "upgrade", str(mnt), "--timeout", "60"],
+                                capture_output=True, text=True, timeout=120, env=env)
+            if up.returncode != 0:
+                raise RuntimeError(f"upgrade failed: {up.stderr}; log: " + "".join(
+                    f.read_text(errors="replace")[-4000:] for f in (work / "log").rglob("*.log")))
+        def new_daemon() -> bool:
+            try:
+                return json.loads(control.read_text()).get("pid") != old
+            except (OSError, ValueError):
+                return False
+
+        if not wait_for(new_daemon, 60):
+            raise RuntimeError(f"no new daemon: {control.read_text(errors='replace')}; log: "
+                               + "".join(f.read_text(errors="replace")[-3000:]
+                                         for f in (work / "log").rglob("*.log")))
+        out, err = proc.communicate(timeout=1800)
+        if proc.returncode != 0:
+            raise RuntimeError(f"training failed ({proc.returncode}): {err[-3000:]}")
+        result = json.loads(out.strip().splitlines()[-1])
+        row["samples"] = result["samples"]
+        row["epoch_s"] = round(result["seconds"], 1)
+        client = result["client"]
+        row["resent"] = client.get("resent", 0)
+        row["errors"] = client.get("errors", 0)
+        after = int(metric(port, "cubetorchfs_backend_requests_total", 'op="read"'))
+        row["store_reads_after"] = after
+        # Every file needs one store read; what the old daemon read between the sample above
+        # and the event is not counted, so this is a lower bound.
+        row["again"] = int(row["store_reads_before"]) + after - files
+        reads = {k: metric(port, "cubetorchfs_reads_total", f'result="{k}"')
+                 for k in ("hit", "late", "miss")}
+        total = sum(reads.values())
+        row["hit_after"] = round(reads["hit"] / total, 4) if total else None
+        print(json.dumps(row), flush=True)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        unmount(mnt)
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
