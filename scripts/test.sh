@@ -166,7 +166,7 @@ timeout 900 "$VENV_PY" -m pytest -q -rs -p no:cacheprovider tests/integration/te
   tests/integration/test_epochs.py tests/integration/test_model_mount.py \
   tests/integration/test_s3.py::test_prefetch_through_cube_torch_on_an_s3_mount \
   tests/integration/test_s3.py::test_model_load_from_an_s3_mount \
-  tests/integration/test_fleet.py::test_an_unmodified_loop_survives_kill_9_and_an_upgrade
+  tests/integration/test_fleet.py::test_an_unmodified_loop_survives_three_kill_9s_and_three_upgrades
 phase "security tests (pytest: attacks by an unprivileged user against a real daemon)"
 timeout 900 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider tests/security
 phase "CubeFS tests (a live loopback cluster; each test skips without ../shared/cubefs)"

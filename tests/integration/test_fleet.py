@@ -249,32 +249,35 @@ def test_training_survives_kill_9_of_the_daemon(cube: CubeFactory, store: dict[s
 
 
 @pytest.mark.parametrize("profile", ["default", "ai_prefetch"])
-def test_an_unmodified_loop_survives_kill_9_and_an_upgrade(cube: CubeFactory,
-                                                           store: dict[str, Any],
-                                                           tmp_path: Path, profile: str) -> None:
-    """A loop whose dataset catches nothing: a kill -9 in the first epoch, an upgrade and a
-    kill -9 in the second. The reads the dead daemons failed are read again by the hook once
-    the mount answers: no exception reaches the loop, every sample of the three epochs is
-    byte-identical, and the third epoch (one daemon throughout) is prefetched."""
+def test_an_unmodified_loop_survives_three_kill_9s_and_three_upgrades(
+        cube: CubeFactory, store: dict[str, Any], tmp_path: Path, profile: str) -> None:
+    """A loop whose dataset catches nothing: a kill -9 and an upgrade in the middle of each of
+    three epochs, then a fourth with one daemon throughout. The reads the dead daemons failed
+    are read again by the hook once the mount answers: no exception reaches the loop, every
+    sample of the four epochs is byte-identical, and the fourth epoch is prefetched."""
     mount = mount_profile(cube, store, profile)
     per_epoch = FILES // BATCH
-    with training(mount, tmp_path, epochs=3, pause=0.03, FLEET_UNMODIFIED="1") as (proc,
+    events = []
+    for epoch in range(3):
+        events += [(epoch * per_epoch + 12, "kill"), (epoch * per_epoch + 36, "upgrade")]
+    with training(mount, tmp_path, epochs=4, pause=0.03, FLEET_UNMODIFIED="1") as (proc,
                                                                                    progress):
-        for at, event in ((12, "kill"), (per_epoch + 10, "upgrade"), (per_epoch + 30, "kill")):
-            wait_for_batches(proc, progress, at, f"the {event}")
+        for at, event in events:
+            wait_for_batches(proc, progress, at, f"the {event} at batch {at}")
             if event == "kill":
                 kill_daemon(mount)
             else:
                 upgraded = upgrade(mount)
                 assert upgraded.returncode == 0 and "upgraded" in upgraded.stdout, upgraded
-        assert batches_done(progress) < 2 * per_epoch, "the events came after the second epoch"
+        assert batches_done(progress) < 3 * per_epoch, "the events came after the third epoch"
         result = finish(proc)
-    assert check_samples(result, store["digests"], 3) == [0, 0, 0]
-    third = epoch_stats(result, 2)
-    published = third["after"]["client"]["published"] - third["before"]["client"]["published"]
-    assert published >= FILES - 4 * BATCH, third
+    assert check_samples(result, store["digests"], 4) == [0, 0, 0, 0]
+    assert mount.read_control()["generation"] == 6
+    fourth = epoch_stats(result, 3)
+    published = fourth["after"]["client"]["published"] - fourth["before"]["client"]["published"]
+    assert published >= FILES - 4 * BATCH, fourth
     if profile == "default":  # every read reaches the daemon (no kernel page cache kept)
-        before, after = third["before"]["global"]["reads"], third["after"]["global"]["reads"]
+        before, after = fourth["before"]["global"]["reads"], fourth["after"]["global"]["reads"]
         hits = after["hit"] - before["hit"]
         total = sum(after[k] - before[k] for k in ("hit", "late", "miss"))
         assert total >= FILES // 2 and hits / total >= 0.95, (before, after)
