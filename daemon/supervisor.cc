@@ -252,7 +252,7 @@ class Supervisor {
   // Whether the main thread of `pid` has ended (a zombie) though other threads may live.
   static bool LeaderEnded(pid_t pid);
   static constexpr int kStuckCheckMs = 500;
-  static constexpr int kStuckChecks = 4;
+  static constexpr int kStuckChecks = 10;
   int stuck_checks_ = 0;
   void Ready();
   [[noreturn]] void Reexec(int state_fd);
@@ -614,11 +614,14 @@ int Supervisor::Run(const Takeover* resume) {
       return Finish(kExitFailure);
     }
     if (n == 0 && closed) {
-      // A worker that handed its state over is left to end however long it takes; another
-      // must have been a zombie for kStuckChecks looks (an exit tearing down a large memory
-      // takes a moment too).
-      stuck_checks_ = LeaderEnded(worker_) ? stuck_checks_ + 1 : 0;
-      if (state_fd_ >= 0 || stuck_checks_ < kStuckChecks) continue;
+      // A worker that handed its state over, or is being stopped, is left to end however
+      // long it takes; another must have been a zombie for kStuckChecks looks, 5 s (an exit
+      // tearing down a large memory takes a moment too).
+      // (Only while the connection lives: after an unmount the worker ends as it will.)
+      pollfd conn{fuse_fd_, POLLIN, 0};
+      const bool connected = ::poll(&conn, 1, 0) >= 0 && !(conn.revents & (POLLERR | POLLNVAL));
+      stuck_checks_ = connected && LeaderEnded(worker_) ? stuck_checks_ + 1 : 0;
+      if (state_fd_ >= 0 || stopping_ || stuck_checks_ < kStuckChecks) continue;
       stuck_checks_ = 0;
       // Its store of pages into the kernel's cache may wait for a read only the next worker
       // can answer (fuse/page_probe.h): the next one starts now, the dead one is reaped when

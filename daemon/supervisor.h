@@ -23,7 +23,8 @@
 //   publishes again). The NVMe tier is kept (it recovers at start). A worker whose main
 //   thread has ended while another is held in the kernel (a page-cache store waiting for a
 //   read that only the next worker can answer: fuse/page_probe.h) is taken as dead after
-//   2 s with its channel closed, and the next one starts; the old one is reaped when it ends.
+//   5 s with its channel closed and the connection alive, and the next one starts; the old
+//   one is reaped when it ends.
 // - Upgrade (`cubetorchfs upgrade MNT`, or SIGUSR2 to the supervisor): the worker lets the
 //   page-cache stores under way finish while it still serves (each may wait for a read the
 //   loop answers), stops taking requests, finishes those it is handling, and hands its inode

@@ -149,6 +149,25 @@ uint64_t FileSystem::MarkOf(const std::string& path,
   return held ? held->mark : 0;
 }
 
+void FileSystem::BeginKernelRead(uint64_t ino) {
+  KernelReads& k = KernelReadsOf(ino);
+  MutexLock l(k.mu);
+  k.count[ino]++;
+}
+
+void FileSystem::EndKernelRead(uint64_t ino) {
+  KernelReads& k = KernelReadsOf(ino);
+  MutexLock l(k.mu);
+  auto it = k.count.find(ino);
+  if (it != k.count.end() && --it->second == 0) k.count.erase(it);
+}
+
+bool FileSystem::KernelReading(uint64_t ino) {
+  KernelReads& k = KernelReadsOf(ino);
+  MutexLock l(k.mu);
+  return k.count.count(ino) > 0;
+}
+
 bool FileSystem::AttrFresh(uint64_t attr_time_ns, uint64_t now) const {
   return static_cast<double>(now - attr_time_ns) / 1e9 < options_.attr_timeout_s;
 }

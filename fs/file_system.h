@@ -27,6 +27,7 @@
 // write_back_mu_ is a leaf.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -295,6 +296,12 @@ class FileSystem : public prefetch::AttrSource {
   // Whether inode `ino` has a write state (open for writing through the mount, or written and
   // not yet closed in the store): its bytes are those written, not the store's.
   bool BeingWritten(uint64_t ino) { return FindWriteState(ino) != nullptr; }
+  // A read of the kernel's own of inode `ino` is being served (the FUSE read op, from its
+  // start until its reply is sent): the page-cache store of a prefetched file skips such an
+  // inode (fuse/page_probe.cc says why). Thread-safe.
+  void BeginKernelRead(uint64_t ino);
+  void EndKernelRead(uint64_t ino);
+  bool KernelReading(uint64_t ino);
   // The attributes the kernel was last given for `path`, while they are younger than
   // attr_timeout_s (the kernel checks permissions against them meanwhile): nothing otherwise.
   // `fetched_ns`, if not null, receives when they were read from the store.
@@ -321,6 +328,14 @@ class FileSystem : public prefetch::AttrSource {
   FileSystem(const Options& options, cfs_client::Backend* backend, cache::RamCache* cache,
              prefetch::Prefetcher* prefetcher, Clock* clock, prometheus::Registry& registry,
              const cfs_client::FileAttr& root_attr, cache::DiskCache* disk);
+
+  struct KernelReads {
+    Mutex mu;
+    std::unordered_map<uint64_t, uint32_t> count GUARDED_BY(mu);  // reads in progress
+  };
+  static constexpr size_t kKernelReadShards = 16;
+  KernelReads& KernelReadsOf(uint64_t ino) { return kernel_reads_[ino % kKernelReadShards]; }
+  std::array<KernelReads, kKernelReadShards> kernel_reads_;
 
   Result<InodeInfo> GetInode(uint64_t ino);
   // The inode `ino` with fresh attributes, if it is a regular file (what open needs).

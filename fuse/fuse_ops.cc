@@ -390,6 +390,13 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   OpScope scope(req, kRead);
   FuseContext& ctx = Ctx(req);
+  // Until the reply is sent, no page-cache store of the inode is made (fuse/page_probe.cc).
+  ctx.fs->BeginKernelRead(ino);
+  struct EndRead {
+    FileSystem* fs;
+    uint64_t ino;
+    ~EndRead() { fs->EndKernelRead(ino); }
+  } end_read{ctx.fs, ino};
   // The reader: a read moves only its own prefetch streams.
   const int64_t uid = fuse_req_ctx(req)->uid;
   Result<ReadResult> r = [&]() -> Result<ReadResult> {

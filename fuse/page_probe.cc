@@ -1,19 +1,11 @@
 #include "fuse/page_probe.h"
 
 #define FUSE_USE_VERSION 314
-#include <fcntl.h>
 #include <fuse_lowlevel.h>
-#include <linux/close_range.h>
-#include <linux/fuse.h>
-#include <sched.h>
-#include <sys/ioctl.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 
 #include "fs/file_system.h"
 
@@ -57,108 +49,11 @@ bool PageProbe::Retrieve(uint64_t ino, uint64_t offset, uint64_t len) {
   return pending.bytes.has_value() && *pending.bytes >= len;
 }
 
-PageProbe::~PageProbe() {
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    stop_stores_ = true;
-  }
-  store_cv_.notify_all();
-  if (store_thread_.joinable()) store_thread_.join();
-}
-
-bool PageProbe::StartStores(int connection_fd) {
-  std::lock_guard<std::mutex> l(mu_);
-  if (storing_) return true;
-  try {
-    store_thread_ = std::thread([this, connection_fd] { StoreLoop(connection_fd); });
-  } catch (const std::system_error&) {
-    return false;
-  }
-  storing_ = true;
-  return true;
-}
-
-void PageProbe::StoreLoop(int connection_fd) {
-  // A table of descriptors of this thread's own, holding one clone of the connection that no
-  // request is read from (above). Nothing below may log or open a file: descriptor numbers
-  // of the rest of the process mean nothing here.
-  int fd = -1;
-  if (::unshare(CLONE_FILES) == 0) {
-    fd = ::open("/dev/fuse", O_RDWR | O_CLOEXEC);
-    uint32_t source = static_cast<uint32_t>(connection_fd);
-    if (fd >= 0 && ::ioctl(fd, FUSE_DEV_IOC_CLONE, &source) != 0) {
-      ::close(fd);
-      fd = -1;
-    }
-    if (fd >= 0) {
-      if (fd > 0) ::syscall(SYS_close_range, 0u, static_cast<unsigned>(fd - 1), 0u);
-      ::syscall(SYS_close_range, static_cast<unsigned>(fd + 1), ~0u, 0u);
-    }
-  }
-  std::unique_lock<std::mutex> l(mu_);
-  for (;;) {
-    store_cv_.wait(l, [&] { return stop_stores_ || !store_jobs_.empty(); });
-    if (store_jobs_.empty()) break;
-    StoreJob* job = store_jobs_.front();
-    store_jobs_.pop_front();
-    l.unlock();
-    bool ok = false;
-    if (fd >= 0) {
-      fuse_out_header out{};
-      fuse_notify_store_out store{};
-      out.len = static_cast<uint32_t>(sizeof out + sizeof store + job->size);
-      out.error = FUSE_NOTIFY_STORE;
-      store.nodeid = job->ino;
-      store.size = static_cast<uint32_t>(job->size);
-      iovec iov[3] = {
-          {&out, sizeof out}, {&store, sizeof store}, {const_cast<char*>(job->data), job->size}};
-      ssize_t n;
-      do n = ::writev(fd, iov, 3);
-      while (n < 0 && errno == EINTR);
-      ok = n == static_cast<ssize_t>(out.len);
-    }
-    l.lock();
-    job->ok = ok;
-    job->done = true;
-    done_cv_.notify_all();
-  }
-  // Jobs queued after the stop was asked for are answered as failed.
-  for (StoreJob* job : store_jobs_) job->done = true;
-  store_jobs_.clear();
-  done_cv_.notify_all();
-  if (fd >= 0) ::close(fd);
-}
-
-void PageProbe::Pause() {
-  std::unique_lock<std::mutex> l(mu_);
-  if (session_ != nullptr) paused_ = session_;
-  session_ = nullptr;
-  for (auto& [cookie, pending] : pending_) pending->cv.notify_one();
-  idle_cv_.wait(l, [&] { return sending_ == 0; });
-}
-
-void PageProbe::Resume() {
-  std::lock_guard<std::mutex> l(mu_);
-  if (session_ == nullptr && paused_ != nullptr) session_ = paused_;
-  paused_ = nullptr;
-}
-
 bool PageProbe::Store(uint64_t ino, const char* data, size_t size) {
   std::unique_lock<std::mutex> l(mu_);
   fuse_session* const session = session_;
   if (session == nullptr) return false;
   sending_++;
-  if (storing_ && !stop_stores_) {
-    StoreJob job;
-    job.ino = ino;
-    job.data = data;
-    job.size = size;
-    store_jobs_.push_back(&job);
-    store_cv_.notify_one();
-    done_cv_.wait(l, [&] { return job.done; });
-    if (--sending_ == 0) idle_cv_.notify_all();
-    return job.ok;
-  }
   l.unlock();
   fuse_bufvec bufv = FUSE_BUFVEC_INIT(size);
   bufv.buf[0].mem = const_cast<char*>(data);  // only read
@@ -176,6 +71,20 @@ void PageProbe::OnReply(void* cookie, uint64_t bytes) {
   if (it == pending_.end()) return;  // answered after its caller gave up
   it->second->bytes = bytes;
   it->second->cv.notify_one();
+}
+
+void PageProbe::Pause() {
+  std::unique_lock<std::mutex> l(mu_);
+  if (session_ != nullptr) paused_ = session_;
+  session_ = nullptr;
+  for (auto& [cookie, pending] : pending_) pending->cv.notify_one();
+  idle_cv_.wait(l, [&] { return sending_ == 0; });
+}
+
+void PageProbe::Resume() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (session_ == nullptr && paused_ != nullptr) session_ = paused_;
+  paused_ = nullptr;
 }
 
 void PageProbe::Close() {
@@ -196,7 +105,13 @@ bool MountPageCacheProbe::Store(const std::string& path, const cfs_client::FileV
   if (data.size != version.size) return false;
   // (The inode's path, not one of its other names: a file with hard links is left alone.)
   std::optional<fs::InodeTable::PageState> before = fs_->inodes().PageStateOf(path);
-  if (!before || !before->regular || before->version != version || fs_->BeingWritten(before->ino))
+  // Not while a read of the kernel's own of the file is being served either: the store would
+  // wait for the pages that read holds locked until it is answered, and a kill -9 meanwhile
+  // would leave the storing thread waiting for a reply only the dead process could send (its
+  // descriptors, whose reads the kernel ends when they close, stay open while that thread
+  // lives: the mount would hang). That reader is fetching the file anyway.
+  if (!before || !before->regular || before->version != version || fs_->BeingWritten(before->ino) ||
+      fs_->KernelReading(before->ino))
     return false;
   const uint64_t ino = before->ino;
   if (!probe_->Store(ino, data.data.get(), data.size)) return false;

@@ -11,18 +11,6 @@
 // failed notify or no answer in time all mean "not resident": the caller fetches the file, which is
 // always safe.
 //
-// Stores (FUSE_NOTIFY_STORE) go out from a thread of their own once StartStores() has given
-// it the connection: the kernel takes each page's lock to fill it, and waits (uninterruptibly)
-// while a read of its own holds that lock until the read is answered. Were a thread of the
-// serving process's own to wait so when the process is killed, the process could never end:
-// its descriptors, whose unanswered requests the kernel ends only when they close, stay open
-// while a thread lives, and the read would never be answered (the mount hung, the supervisor
-// never told). The store thread keeps a table of descriptors of its own (unshare(CLONE_FILES))
-// holding one descriptor, a clone of the connection on which no request is ever read: once the
-// rest of a killed process has gone, the kernel ends the reads its descriptors held, the page
-// lock is let go, and the store thread ends too. Before a handover the loop keeps serving
-// until the stores under way are done (Pause).
-//
 // Thread-safe. Attach() once the session exists; Close() before it is destroyed (it waits for
 // notifies being sent). Resident() answers false before Attach() and after Close().
 #pragma once
@@ -30,12 +18,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <unordered_map>
 
 #include "prefetch/prefetcher.h"
@@ -51,17 +37,11 @@ namespace cubetorchfs::fuse {
 class PageProbe {
  public:
   explicit PageProbe(std::chrono::milliseconds timeout = std::chrono::milliseconds(1000));
-  ~PageProbe();
-  PageProbe(const PageProbe&) = delete;
-  PageProbe& operator=(const PageProbe&) = delete;
 
   void Attach(fuse_session* session);
-  // Stores go from now on through the store thread (above), on a clone of FUSE connection
-  // `connection_fd` (a descriptor this process serves). False if no thread could be started
-  // (stores then go through the session, as before).
-  bool StartStores(int connection_fd);
   // No retrieve or store starts until Resume(); returns once those under way are done. Called
-  // while the loop still serves (their pages' reads are answered).
+  // before a handover while the loop still serves: a store waits for the page lock a read of
+  // the kernel's own holds until the loop answers that read.
   void Pause();
   void Resume();
   // Whether the kernel's page cache holds the first and last page of inode `ino` (`size`
@@ -82,14 +62,6 @@ class PageProbe {
   };
   // Whether the kernel returns all of [offset, offset + len).
   bool Retrieve(uint64_t ino, uint64_t offset, uint64_t len);
-  struct StoreJob {
-    uint64_t ino = 0;
-    const char* data = nullptr;
-    size_t size = 0;
-    bool done = false;
-    bool ok = false;
-  };
-  void StoreLoop(int connection_fd);
 
   const std::chrono::milliseconds timeout_;
   const uint64_t page_;
@@ -98,13 +70,6 @@ class PageProbe {
   fuse_session* session_ = nullptr;  // null before Attach, once closed and while paused
   fuse_session* paused_ = nullptr;   // the session while paused
   int sending_ = 0;                  // notifies being written to the session now
-  // The store thread (StartStores): its jobs, each on its caller's stack until done.
-  std::condition_variable store_cv_;  // a job queued, or stopping
-  std::condition_variable done_cv_;   // a job done
-  std::deque<StoreJob*> store_jobs_;
-  bool storing_ = false;  // the store thread runs
-  bool stop_stores_ = false;
-  std::thread store_thread_;
   uint64_t next_cookie_ = 1;
   std::unordered_map<uint64_t, Pending*> pending_;  // cookie -> its waiter (on its stack)
 };

@@ -199,9 +199,6 @@ Status FuseSession::ServeClone(int fuse_fd) {
     return Status::FromErrno(-r, "cannot serve the mount");
   }
   fd_ = *clone;
-  // Stores into the page cache from a thread a kill -9 cannot leave hanging (page_probe.h).
-  if (ctx_->page_probe != nullptr && !ctx_->page_probe->StartStores(fd_))
-    CTFS_LOG(kWarn) << "no thread for page-cache stores: they go through the session";
   return Status::OK();
 }
 
