@@ -61,13 +61,15 @@ Result<Takeover> ParseTakeover(const std::string& spec) {
       t.metrics_fd = static_cast<int>(v);
     else if (key == "ring")
       t.ring_fd = static_cast<int>(v);
+    else if (key == "table")
+      t.table_fd = static_cast<int>(v);
     else
       return Status::InvalidArgument("--takeover: unknown key " + key);
   }
   if (t.fuse_fd < 0 || (t.generation >> 23) != 0)
     return Status::InvalidArgument("--takeover: needs fuse=FD and a generation below 2^23");
   for (int fd : {t.fuse_fd, t.channel_fd, t.init_fd, t.state_fd, t.unix_fd, t.prof_fd, t.metrics_fd,
-                 t.ring_fd})
+                 t.ring_fd, t.table_fd})
     if (fd >= 0 && ::fcntl(fd, F_GETFD) < 0)
       return Status::InvalidArgument("--takeover: descriptor " + std::to_string(fd) +
                                      " is not open");
@@ -276,6 +278,9 @@ class Supervisor {
   bool stopping_ = false;  // SIGTERM passed on: no restart
   int state_fd_ = -1;      // handed over by the worker, for the next binary
   int ring_fd_ = -1;       // the workers' io_uring entries (kMsgRing), for every next worker
+  // The current worker's inode records (kMsgTable), for the next worker of this binary if it
+  // dies; not handed to another binary (its records may be of another form).
+  int table_fd_ = -1;
   std::vector<double> restarts_;
   sigset_t old_mask_{};
 };
@@ -288,6 +293,7 @@ std::vector<std::string> Supervisor::TakeoverArgv(const char* flag, const Takeov
   if (t.init_fd >= 0) spec += ",init=" + std::to_string(t.init_fd);
   if (t.state_fd >= 0) spec += ",state=" + std::to_string(t.state_fd);
   if (ring_fd_ >= 0) spec += ",ring=" + std::to_string(ring_fd_);
+  if (t.table_fd >= 0) spec += ",table=" + std::to_string(t.table_fd);
   static constexpr const char* kListenerKeys[] = {"unix", "prof", "metrics"};
   for (int i = 0; i < 3 && with_listeners; ++i)
     if (listeners_[i] >= 0)
@@ -397,14 +403,16 @@ bool Supervisor::Spawn(int state_fd) {
     }
     init_fd = *m;
   }
-  std::vector<std::string> args =
-      TakeoverArgv("--takeover", {fuse_fd_, sv[1], generation_, init_fd, state_fd});
+  Takeover t{fuse_fd_, sv[1], generation_, init_fd, state_fd};
+  // After a crash (no state handed over), the records the dead worker left.
+  t.table_fd = state_fd < 0 ? table_fd_ : -1;
+  std::vector<std::string> args = TakeoverArgv("--takeover", t);
   std::vector<char*> cargs = CArgs(args);
 
   const pid_t pid = ::fork();
   if (pid == 0) {
     for (int fd : {fuse_fd_, sv[1], init_fd, state_fd, listeners_[0], listeners_[1], listeners_[2],
-                   ring_fd_})
+                   ring_fd_, t.table_fd})
       if (fd >= 0) ::fcntl(fd, F_SETFD, 0);
     ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
     // The worker runs this supervisor's own image, whatever is installed at exe_ now (removed,
@@ -450,6 +458,14 @@ void Supervisor::OnMessage() {
         if (ring_fd_ >= 0) ::close(ring_fd_);
         ring_fd_ = fd;
         ::fcntl(ring_fd_, F_SETFD, FD_CLOEXEC);
+        fd = -1;
+      }
+      break;
+    case kMsgTable:
+      if (fd >= 0) {
+        if (table_fd_ >= 0) ::close(table_fd_);
+        table_fd_ = fd;
+        ::fcntl(table_fd_, F_SETFD, FD_CLOEXEC);
         fd = -1;
       }
       break;

@@ -58,6 +58,7 @@ enum ChannelMessage : char {
   kMsgState = 'S',    // worker -> supervisor: handed over; a memfd of the state is attached
   kMsgUpgrade = 'U',  // supervisor -> worker: hand over (SIGUSR2 reached the supervisor)
   kMsgRing = 'Q',     // worker -> supervisor: the memfd of its io_uring entries (uring_loop.h)
+  kMsgTable = 'T',    // worker -> supervisor: the memfd of its inode records (fs/inode_table.h)
 };
 
 // What a worker is given by its supervisor (parsed from --takeover).
@@ -74,6 +75,9 @@ struct Takeover {
   int metrics_fd = -1;
   // The memfd of the io_uring entries of the processes before (fuse/uring_loop.h); -1: none.
   int ring_fd = -1;
+  // The memfd of the inode records of the process before, which died (no state handed over):
+  // the next adopts them (fs/inode_table.h); -1: none.
+  int table_fd = -1;
 };
 Result<Takeover> ParseTakeover(const std::string& spec);
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "common/logging.h"
@@ -41,53 +42,142 @@ std::pair<std::string_view, std::string_view> SplitLast(std::string_view path) {
 
 }  // namespace
 
-// ---- Name ----
+// ---- the region and the names ----
 
-void InodeTable::Name::Set(std::string_view s) {
-  Clear();
-  if (s.size() <= 23) {
-    std::memcpy(b_, s.data(), s.size());
-    b_[23] = static_cast<char>(s.size());
-    return;
-  }
-  char* p = new char[s.size()];
-  std::memcpy(p, s.data(), s.size());
-  const uint32_t n = static_cast<uint32_t>(s.size());
-  std::memcpy(b_, &p, sizeof p);
-  std::memcpy(b_ + 8, &n, sizeof n);
-  b_[23] = static_cast<char>(kHeap);
+// What the region begins with. `layout` tells a table of another build's records apart.
+struct InodeTable::DurableHeader {
+  uint64_t magic;
+  uint64_t layout;
+  std::atomic<uint64_t> slots;      // slots_: records at and past it were never used
+  std::atomic<uint64_t> dev_count;  // dev_count_
+  std::atomic<uint64_t> devs[kMaxDevs];  // devs_
+};
+
+namespace {
+constexpr uint64_t kRegionMagic = 0x31524E49'53465443ull;  // "CTFSINR1"
+constexpr unsigned char kHeapName = 0xFF;
+}  // namespace
+
+size_t InodeTable::ChunkBytes() { return (size_t{1} << kChunkBits) * sizeof(Rec); }
+size_t InodeTable::NamesAt() {
+  const size_t end = kRecordsAt + (size_t{kMaxSlots} >> kChunkBits) * ChunkBytes();
+  return (end + (size_t{2} << 20) - 1) & ~((size_t{2} << 20) - 1);
+}
+size_t InodeTable::RegionBytes() { return NamesAt() + kNameClasses * kNameClassBytes; }
+
+InodeTable::DurableHeader& InodeTable::Header() const {
+  return *reinterpret_cast<DurableHeader*>(region_.data());
 }
 
-void InodeTable::Name::Clear() {
-  if (static_cast<unsigned char>(b_[23]) == kHeap) {
-    char* p = nullptr;
-    std::memcpy(&p, b_, sizeof p);
-    delete[] p;
-  }
-  b_[23] = 0;
+int InodeTable::NameClassOf(size_t length) {
+  for (int k = 0; k < kNameClasses; ++k)
+    if (length <= (size_t{32} << k)) return k;
+  return -1;
 }
 
-std::string_view InodeTable::Name::view() const {
-  if (static_cast<unsigned char>(b_[23]) != kHeap)
-    return std::string_view(b_, static_cast<unsigned char>(b_[23]));
-  const char* p = nullptr;
+char* InodeTable::NameBlock(int cls, uint32_t block) const {
+  return region_.data() + NamesAt() + static_cast<size_t>(cls) * kNameClassBytes +
+         static_cast<size_t>(block) * (size_t{32} << cls);
+}
+
+std::string_view InodeTable::NameView(const Rec& r) const {
+  const char* b = r.name.b;
+  if (static_cast<unsigned char>(b[23]) != kHeapName)
+    return std::string_view(b, static_cast<unsigned char>(b[23]));
+  uint32_t block = 0, n = 0;
+  std::memcpy(&block, b, 4);
+  std::memcpy(&n, b + 4, 4);
+  return std::string_view(NameBlock(NameClassOf(n), block), n);
+}
+
+size_t InodeTable::NameBytes(const Rec& r) {
+  if (static_cast<unsigned char>(r.name.b[23]) != kHeapName) return 0;
   uint32_t n = 0;
-  std::memcpy(&p, b_, sizeof p);
-  std::memcpy(&n, b_ + 8, sizeof n);
-  return std::string_view(p, n);
+  std::memcpy(&n, r.name.b + 4, 4);
+  return size_t{32} << NameClassOf(n);
 }
 
-size_t InodeTable::Name::HeapBytes() const {
-  if (static_cast<unsigned char>(b_[23]) != kHeap) return 0;
-  // What malloc takes for it: a header word, rounded to 16 bytes, at least 32.
-  return std::max<size_t>(32, (view().size() + 8 + 15) & ~size_t{15});
+void InodeTable::ClearName(Rec& r) {
+  char* b = r.name.b;
+  if (static_cast<unsigned char>(b[23]) == kHeapName) {
+    uint32_t block = 0, n = 0;
+    std::memcpy(&block, b, 4);
+    std::memcpy(&n, b + 4, 4);
+    name_free_[NameClassOf(n)].push_back(block);
+    heap_names_ -= size_t{32} << NameClassOf(n);
+  }
+  b[23] = 0;
+}
+
+bool InodeTable::SetName(Rec& r, std::string_view s) {
+  ClearName(r);
+  char* b = r.name.b;
+  if (s.size() <= 23) {
+    std::memcpy(b, s.data(), s.size());
+    b[23] = static_cast<char>(s.size());
+    return true;
+  }
+  // Past the largest block only a removed file's whole path can be: kept by its end.
+  if (NameClassOf(s.size()) < 0) s = s.substr(s.size() - (size_t{32} << (kNameClasses - 1)));
+  const int cls = NameClassOf(s.size());
+  uint32_t block = 0;
+  if (!name_free_[cls].empty()) {
+    block = name_free_[cls].back();
+    name_free_[cls].pop_back();
+  } else if (name_next_[cls] < kNameClassBytes / (size_t{32} << cls)) {
+    block = name_next_[cls]++;
+  } else {
+    CTFS_LOG(kError) << "inode table: no room for more names of " << s.size() << " bytes";
+    return false;
+  }
+  std::memcpy(NameBlock(cls, block), s.data(), s.size());
+  const uint32_t n = static_cast<uint32_t>(s.size());
+  std::memcpy(b, &block, 4);
+  std::memcpy(b + 4, &n, 4);
+  std::atomic_signal_fence(std::memory_order_seq_cst);  // the bytes before the reference
+  b[23] = static_cast<char>(kHeapName);
+  heap_names_ += size_t{32} << cls;
+  return true;
+}
+
+void InodeTable::BeginNameChange(uint32_t slot) {
+  MutexLock l(StripeOf(slot));
+  At(slot).flags |= kNameBusy;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+}
+
+void InodeTable::EndNameChange(uint32_t slot) {
+  MutexLock l(StripeOf(slot));
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  At(slot).flags &= ~kNameBusy;
+}
+
+void InodeTable::SetSlots(uint32_t slots) {
+  slots_ = slots;
+  Header().slots.store(slots, std::memory_order_release);
 }
 
 // ---- records and numbers ----
 
+namespace {
+// What must match for a process to read another's records: their size, the chunk and name
+// geometry and the version of this code's record form.
+constexpr uint64_t kRecordForm = 1;
+}  // namespace
+
 InodeTable::InodeTable(const cfs_client::FileAttr& root_attr, uint64_t now_ns)
-    : dirs_(new std::atomic<ChunkDir*>[kDirs]()), devs_(new std::atomic<uint64_t>[kMaxDevs]()) {
+    : dirs_(new std::atomic<ChunkDir*>[kDirs]()),
+      region_(DurableRegion::Create("cubetorchfs-inodes", RegionBytes())) {
+  static_assert(sizeof(DurableHeader) <= kHeaderBytes);
+  static_assert(std::is_trivially_destructible_v<Rec>);
+  DurableHeader& h = Header();
+  h.magic = kRegionMagic;
+  h.layout = kRecordForm | (uint64_t{sizeof(Rec)} << 8) | (uint64_t{kChunkBits} << 24) |
+             (uint64_t{kNameClasses} << 32) | (uint64_t{kSlotBits} << 40);
+  devs_ = h.devs;
+  h.dev_count.store(dev_count_.load());
   WriterLock w(names_mu_);
+  SetSlots(kRootSlot + 1);
   MakeChunk(0);
   Rec& root = At(kRootSlot);
   MutexLock l(StripeOf(kRootSlot));
@@ -106,11 +196,14 @@ void InodeTable::Release() {
   for (size_t d = 0; d < kDirs; ++d) {
     ChunkDir* dir = dirs_[d].exchange(nullptr);
     if (dir == nullptr) break;  // made in order
-    for (std::atomic<Rec*>& c : dir->chunks) delete[] c.exchange(nullptr);
-    delete dir;
+    delete dir;  // the chunks are the region's
   }
   chunk_count_ = dir_count_ = 0;
+  devs_ = nullptr;
+  region_ = DurableRegion();
 }
+
+int InodeTable::durable_fd() const { return region_.fd(); }
 
 InodeTable::Rec& InodeTable::At(uint32_t slot) const {
   const ChunkDir* dir = dirs_[slot >> (kChunkBits + kDirBits)].load(std::memory_order_acquire);
@@ -132,8 +225,11 @@ void InodeTable::MakeChunk(uint32_t slot) {
     d.store(new ChunkDir, std::memory_order_release);
     ++dir_count_;
   }
-  d.load()->chunks[(slot >> kChunkBits) & ((1u << kDirBits) - 1)].store(
-      new Rec[size_t{1} << kChunkBits], std::memory_order_release);
+  // The region's pages of it: zeros, which is what a record starts as.
+  Rec* chunk = reinterpret_cast<Rec*>(region_.data() + kRecordsAt +
+                                      static_cast<size_t>(slot >> kChunkBits) * ChunkBytes());
+  d.load()->chunks[(slot >> kChunkBits) & ((1u << kDirBits) - 1)].store(chunk,
+                                                                        std::memory_order_release);
   ++chunk_count_;
 }
 
@@ -191,13 +287,14 @@ uint32_t InodeTable::NewRecord(uint32_t parent, std::string_view name) {
     }
     slot = slots_;
     if ((slot & ((uint32_t{1} << kChunkBits) - 1)) == 0) MakeChunk(slot);
-    ++slots_;
+    SetSlots(slots_ + 1);
   }
   Rec& r = At(slot);
   {
     MutexLock l(StripeOf(slot));
+    r.flags = kUsed | kNameBusy;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
     r.ino = NextIno(r.ino, slot);
-    r.flags = kUsed;
     r.nlookup = 0;
     r.attr_time_ns = 0;
     r.opened = 0;
@@ -212,11 +309,26 @@ uint32_t InodeTable::NewRecord(uint32_t parent, std::string_view name) {
   }
   r.parent = parent;
   r.children = 0;
-  r.name.Set(name);
-  heap_names_ += r.name.HeapBytes();
+  r.name.b[23] = 0;  // what a freed record held is not ours to give back
+  const bool named = SetName(r, name);
   At(parent).children++;
-  IndexPut(slot, 0);
+  if (named) IndexPut(slot, 0);
+  {
+    MutexLock l(StripeOf(slot));
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    r.flags &= ~kNameBusy;
+  }
   records_.fetch_add(1, std::memory_order_relaxed);
+  if (!named) {
+    // No room for its name: it goes again at once, and the caller answers as for a full table.
+    At(parent).children--;
+    {
+      MutexLock l(StripeOf(slot));
+      r.flags |= kRemoved;
+    }
+    MaybeFree(slot);
+    return kNoSlot;
+  }
   return slot;
 }
 
@@ -231,6 +343,8 @@ void InodeTable::MaybeFree(uint32_t first) {
     {
       MutexLock l(StripeOf(slot));
       if (r.nlookup > 0) continue;
+      r.flags |= kNameBusy;
+      std::atomic_signal_fence(std::memory_order_seq_cst);
     }
     // Its names go: the links first (their numbers are above the first's), then its own.
     if ((r.flags & kLinks) != 0) {
@@ -255,12 +369,12 @@ void InodeTable::MaybeFree(uint32_t first) {
     if (r.dev == kDevSide) dev_side_.erase(slot);
     if ((r.mode & kBlocksMask) == kBlocksSide) blocks_side_.erase(slot);
     if (!foreign_.empty() && foreign_.erase(r.ino) != 0) foreign_count_ = foreign_.size();
-    heap_names_ -= r.name.HeapBytes();
-    r.name.Clear();
+    ClearName(r);
     r.parent = 0;
     const bool retire = ((r.ino >> kSlotBits) & kReuseMask) == kReuseMask;
     {
       MutexLock l(StripeOf(slot));
+      std::atomic_signal_fence(std::memory_order_seq_cst);
       r.flags = retire ? kRetired : 0;
       r.mode = 0;
       if (r.mark != 0) marks_.fetch_sub(1, std::memory_order_relaxed);
@@ -279,7 +393,7 @@ uint64_t InodeTable::KeyHash(uint32_t parent, std::string_view name) {
 
 InodeTable::NameRef InodeTable::NameOf(uint32_t slot, uint32_t k) const {
   const Rec& r = At(slot);
-  if (k == 0) return {r.parent, r.name.view()};
+  if (k == 0) return {r.parent, NameView(r)};
   const Link& l = links_.at(slot)[k - 1];
   return {l.parent, l.name};
 }
@@ -386,7 +500,7 @@ void InodeTable::PathOf(uint32_t slot, std::string* path, uint64_t* gen) const {
   for (uint32_t s = slot; s != kRootSlot && s != kNoSlot;) {
     const Rec& r = At(s);
     newest = std::max(newest, r.write_gen.load(std::memory_order_relaxed));
-    const std::string_view name = r.name.view();
+    const std::string_view name = NameView(r);
     if (count < 64) {
       parts[count] = name;
     } else {
@@ -477,6 +591,14 @@ bool InodeTable::FitsFast(const Rec& r, const cfs_client::FileAttr& a) const {
 }
 
 void InodeTable::SetAttrFast(Rec& r, const cfs_client::FileAttr& a) {
+  r.flags |= kAttrBusy;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  FillAttrs(r, a);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  r.flags &= ~kAttrBusy;
+}
+
+void InodeTable::FillAttrs(Rec& r, const cfs_client::FileAttr& a) {
   r.mode = (a.mode & kModeBits) | BlocksKind(a.size, a.blocks);
   r.size = a.size;
   r.nlink = a.nlink;
@@ -495,12 +617,15 @@ uint16_t InodeTable::DevIndexLocked(uint64_t dev) {
   if (n >= kMaxDevs) return kDevSide;
   devs_[n].store(dev, std::memory_order_relaxed);
   dev_count_.store(n + 1);
+  Header().dev_count.store(n + 1, std::memory_order_release);
   return n;
 }
 
 void InodeTable::SetAttrLocked(uint32_t slot, Rec& r, const cfs_client::FileAttr& a) {
+  r.flags |= kAttrBusy;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   if ((r.mode & kBlocksMask) == kBlocksSide) blocks_side_.erase(slot);
-  SetAttrFast(r, a);
+  FillAttrs(r, a);
   if ((r.mode & kBlocksMask) == kBlocksSide) blocks_side_[slot] = a.blocks;
   if (r.dev == kDevSide) dev_side_.erase(slot);
   r.dev = DevIndexLocked(a.store_dev);
@@ -512,6 +637,8 @@ void InodeTable::SetAttrLocked(uint32_t slot, Rec& r, const cfs_client::FileAttr
     rdevs_.erase(slot);
     r.flags &= ~kRdev;
   }
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  r.flags &= ~kAttrBusy;
 }
 
 std::optional<InodeTable::StoreId> InodeTable::LinkIdOf(const cfs_client::FileAttr& attr) {
@@ -800,14 +927,14 @@ std::optional<std::string> InodeTable::RemoveLocked(const std::string& path) {
     IndexErase(slot, 0);
     At(rec.parent).children--;
     parents.push_back(rec.parent);
-    heap_names_ -= rec.name.HeapBytes();
-    rec.name.Set(whole);
-    heap_names_ += rec.name.HeapBytes();
+    BeginNameChange(slot);
+    SetName(rec, whole);
     rec.parent = kNoSlot;
     {
       MutexLock l(StripeOf(slot));
       rec.flags |= kRemoved;
     }
+    EndNameChange(slot);
     if (rec.store_ino != 0) {
       auto sid = by_store_id_.find(StoreId{DevOf(slot, rec), rec.store_ino});
       if (sid != by_store_id_.end() && sid->second == slot) by_store_id_.erase(sid);
@@ -821,10 +948,10 @@ std::optional<std::string> InodeTable::RemoveLocked(const std::string& path) {
     IndexErase(slot, 0);
     At(rec.parent).children--;
     parents.push_back(rec.parent);
-    heap_names_ -= rec.name.HeapBytes();
+    BeginNameChange(slot);
     rec.parent = links.front().parent;
-    rec.name.Set(links.front().name);
-    heap_names_ += rec.name.HeapBytes();
+    SetName(rec, links.front().name);
+    EndNameChange(slot);
     links.erase(links.begin());
     IndexPut(slot, 0);
   } else {
@@ -867,10 +994,10 @@ void InodeTable::Rename(const std::string& from, const std::string& to) {
   uint32_t old_parent = kNoSlot;
   if (k == 0) {
     old_parent = rec.parent;
-    heap_names_ -= rec.name.HeapBytes();
+    BeginNameChange(slot);
     rec.parent = new_parent;
-    rec.name.Set(name);
-    heap_names_ += rec.name.HeapBytes();
+    SetName(rec, name);
+    EndNameChange(slot);
   } else {
     Link& l = links_.at(slot)[k - 1];
     old_parent = l.parent;
@@ -1003,7 +1130,7 @@ void InodeTable::AppendRecord(std::string* out, uint32_t slot) const {
                      static_cast<uint64_t>(a.atime_ns), static_cast<uint64_t>(a.mtime_ns),
                      static_cast<uint64_t>(a.ctime_ns), a.blocks, a.rdev, a.store_dev, a.store_ino})
     PutU64(out, v);
-  PutString(out, std::string(r.name.view()));
+  PutString(out, std::string(NameView(r)));
   if ((r.flags & kLinks) == 0) {
     PutU64(out, 0);
     return;
@@ -1036,6 +1163,222 @@ Status InodeTable::Restore(std::string_view bytes) {
   return Status::OK();
 }
 
+Result<InodeTable::Adopted> InodeTable::AdoptDurable(int fd) {
+  CTFS_ASSIGN_OR_RETURN(DurableRegion region, DurableRegion::Adopt(fd, RegionBytes()));
+  cfs_client::FileAttr root_attr;
+  {
+    ReaderLock r(names_mu_);
+    MutexLock l(StripeOf(kRootSlot));
+    root_attr = AttrOf(kRootSlot, At(kRootSlot));
+  }
+  InodeTable fresh(root_attr, 0);
+  fresh.generation_base_ = generation_base_.load();
+  Adopted out;
+  CTFS_RETURN_IF_ERROR(fresh.AdoptInto(std::move(region), &out));
+  TakeFrom(fresh);
+  return out;
+}
+
+void InodeTable::MarkBusyForTest(uint64_t ino, bool name) {
+  WithRecord(ino, [&](uint32_t, Rec& r) { r.flags |= name ? kNameBusy : kAttrBusy; });
+}
+
+// Takes the records an earlier process left in `region` into this table (fresh, unshared).
+// Nothing there is trusted: that process may have died of a bug that wrote over them.
+Status InodeTable::AdoptInto(DurableRegion region, Adopted* out) {
+  const auto& h = *reinterpret_cast<const DurableHeader*>(region.data());
+  if (h.magic != kRegionMagic || h.layout != Header().layout)
+    return Status::InvalidArgument(
+        "inode table: the earlier process kept its records in another form");
+  const uint64_t slots = h.slots.load();
+  const uint64_t devs = h.dev_count.load();
+  if (slots <= kRootSlot || slots > kMaxSlots || devs == 0 || devs > kMaxDevs)
+    return Status::InvalidArgument("inode table: the earlier process's header is damaged (" +
+                                   std::to_string(slots) + " slots, " + std::to_string(devs) +
+                                   " devices)");
+  WriterLock w(names_mu_);
+  Release();
+  region_ = std::move(region);
+  devs_ = Header().devs;
+  dev_count_.store(static_cast<uint16_t>(devs));
+  for (uint64_t c = 0; c <= ((slots - 1) >> kChunkBits); ++c)
+    MakeChunk(static_cast<uint32_t>(c << kChunkBits));
+  slots_ = static_cast<uint32_t>(slots);
+
+  // 1. Each record alone: what it says must be readable.
+  enum : uint8_t { kFree = 0, kCheck, kOnWalk, kGood, kDrop };
+  std::vector<uint8_t> state(slots, kFree);
+  struct Block {
+    int cls;
+    uint32_t block;
+    uint32_t slot;
+  };
+  std::vector<Block> blocks;
+  auto name_ok = [&](uint32_t slot, const Rec& r) {
+    const unsigned char tag = static_cast<unsigned char>(r.name.b[23]);
+    if (tag != kHeapName && tag > 23) return false;
+    if (tag == kHeapName) {
+      uint32_t block = 0, n = 0;
+      std::memcpy(&block, r.name.b, 4);
+      std::memcpy(&n, r.name.b + 4, 4);
+      const int cls = n <= 23 ? -1 : NameClassOf(n);
+      if (cls < 0 || block >= kNameClassBytes / (size_t{32} << cls)) return false;
+      blocks.push_back(Block{cls, block, slot});
+    }
+    const std::string_view name = NameView(r);
+    if (slot == kRootSlot) return name.empty();
+    if ((r.flags & kRemoved) != 0) return !name.empty();
+    return !name.empty() && name != "." && name != ".." &&
+           name.find_first_of(std::string_view("/\0", 2)) == std::string_view::npos;
+  };
+  for (uint32_t slot = kRootSlot; slot < slots; ++slot) {
+    Rec& r = At(slot);
+    if ((r.flags & kUsed) == 0) continue;
+    const bool root = slot == kRootSlot;
+    const bool bad = (r.flags & (kNameBusy | kRdev)) != 0 || r.dev == kDevSide ||
+                     r.dev >= devs || r.parent >= slots || r.ino == 0 ||
+                     root != (r.ino == kRootIno) || (root && r.parent != kNoSlot) ||
+                     ((r.flags & kRemoved) != 0) != (r.parent == kNoSlot && !root) ||
+                     (!root && (r.flags & kRemoved) == 0 && r.parent == kNoSlot);
+    state[slot] = bad ? kDrop : kCheck;
+    if (!bad && !name_ok(slot, r)) state[slot] = kDrop;
+  }
+  if (state[kRootSlot] != kCheck)
+    return Status::InvalidArgument("inode table: the earlier process's root record is damaged");
+  // A block two records claim: the later one is dropped.
+  std::sort(blocks.begin(), blocks.end(), [](const Block& a, const Block& b) {
+    return a.cls != b.cls ? a.cls < b.cls : a.block != b.block ? a.block < b.block : a.slot < b.slot;
+  });
+  for (size_t i = 1; i < blocks.size(); ++i)
+    if (blocks[i].cls == blocks[i - 1].cls && blocks[i].block == blocks[i - 1].block)
+      state[blocks[i].slot] = kDrop;
+
+  // 2. Every name leads to the root through kept directories.
+  std::vector<uint32_t> walk;
+  for (uint32_t slot = kRootSlot; slot < slots; ++slot) {
+    if (state[slot] != kCheck) continue;
+    walk.clear();
+    uint8_t end = kDrop;
+    for (uint32_t s = slot;;) {
+      const bool removed = (At(s).flags & kRemoved) != 0;
+      if (state[s] == kGood) {
+        end = removed ? kDrop : kGood;  // nothing is named under a removed record
+        break;
+      }
+      if (state[s] != kCheck) break;  // free, dropped, or on this walk: a cycle
+      if (s == kRootSlot || (removed && s == slot)) {
+        state[s] = end = kGood;
+        break;
+      }
+      if (removed) break;
+      state[s] = kOnWalk;
+      walk.push_back(s);
+      s = At(s).parent;
+    }
+    for (uint32_t x : walk) state[x] = end;
+  }
+
+  // 3. The index, from the names kept; a second record of one name is dropped, and what lies
+  // under it (a walk again, over what was good).
+  bool dropped_dirs = false;
+  for (uint32_t slot = kRootSlot + 1; slot < slots; ++slot) {
+    if (state[slot] != kGood || (At(slot).flags & kRemoved) != 0) continue;
+    const Rec& r = At(slot);
+    if (IndexFind(r.parent, NameView(r)) != 0) {
+      state[slot] = kDrop;
+      dropped_dirs = true;
+      continue;
+    }
+    IndexPut(slot, 0);
+  }
+  if (dropped_dirs) {
+    for (uint32_t slot = kRootSlot + 1; slot < slots; ++slot) {
+      if (state[slot] != kGood || (At(slot).flags & kRemoved) != 0) continue;
+      bool under_dropped = false;
+      for (uint32_t s = At(slot).parent, depth = 0; s != kRootSlot && depth < slots; ++depth) {
+        if (state[s] == kDrop) {
+          under_dropped = true;
+          break;
+        }
+        s = At(s).parent;
+      }
+      if (under_dropped) {
+        IndexErase(slot, 0);
+        state[slot] = kDrop;
+      }
+    }
+  }
+
+  // 4. What the table keeps beside its records.
+  uint64_t live = 0, clock = 0, marks = 0;
+  for (uint32_t slot = kRootSlot; slot < slots; ++slot) {
+    Rec& r = At(slot);
+    if (state[slot] == kDrop) {
+      const bool retire = ((r.ino >> kSlotBits) & kReuseMask) == kReuseMask;
+      r.name.b[23] = 0;
+      r.mark = 0;
+      r.nlookup = 0;
+      r.flags = retire ? kRetired : 0;  // keeps its number: the next one given is another
+      if (!retire) free_.push_back(slot);
+      ++out->dropped;
+      continue;
+    }
+    if (state[slot] != kGood) {
+      if ((r.flags & kRetired) == 0 && slot != kRootSlot) free_.push_back(slot);
+      continue;
+    }
+    ++out->records;
+    r.children = 0;
+    r.flags &= ~kLinks;  // further names are looked up again
+    const uint64_t gen = r.write_gen.load(std::memory_order_relaxed);
+    clock = std::max(clock, gen);
+    if ((r.flags & kAttrBusy) != 0 || (r.mode & kBlocksMask) == kBlocksSide || gen != 0) {
+      // Torn, not kept, or written through the mount (bytes the store may not have): asked
+      // of the store again.
+      r.flags &= ~kAttrBusy;
+      r.attr_time_ns = 0;
+      ++out->expired;
+    }
+    heap_names_ += NameBytes(r);
+    if (r.mark != 0) ++marks;
+    if (slot != kRootSlot && r.nlookup > 0) ++live;
+    if ((r.ino & kSlotMask) != slot) foreign_.emplace(r.ino, slot);
+  }
+  for (uint32_t slot = kRootSlot + 1; slot < slots; ++slot) {
+    Rec& r = At(slot);
+    if (state[slot] != kGood) continue;
+    if ((r.flags & kRemoved) == 0) {
+      At(r.parent).children++;
+      if (r.nlookup > 0)
+        if (std::optional<StoreId> id = LinkIdOf(AttrOf(slot, r))) by_store_id_[*id] = slot;
+    }
+  }
+  // The name area: blocks of kept records are used; the others below the highest are free.
+  for (int k = 0; k < kNameClasses; ++k) name_next_[k] = 0;
+  std::vector<std::vector<uint32_t>> used(kNameClasses);
+  for (const Block& b : blocks)
+    if (state[b.slot] == kGood) used[b.cls].push_back(b.block);
+  for (int k = 0; k < kNameClasses; ++k) {
+    std::vector<uint32_t>& u = used[k];  // sorted by the sort above
+    name_next_[k] = u.empty() ? 0 : u.back() + 1;
+    size_t i = 0;
+    for (uint32_t b = 0; b < name_next_[k]; ++b) {
+      if (i < u.size() && u[i] == b) {
+        while (i < u.size() && u[i] == b) ++i;
+        continue;
+      }
+      name_free_[k].push_back(b);
+    }
+  }
+  std::reverse(free_.begin(), free_.end());
+  foreign_count_ = foreign_.size();
+  gen_clock_ = clock;
+  records_ = out->records;
+  size_ = 1 + live;
+  marks_ = marks;
+  return Status::OK();
+}
+
 void InodeTable::TakeFrom(InodeTable& o) {
   WriterLock w(names_mu_);
   WriterLock wo(o.names_mu_);
@@ -1043,8 +1386,14 @@ void InodeTable::TakeFrom(InodeTable& o) {
   dirs_.swap(o.dirs_);
   std::swap(chunk_count_, o.chunk_count_);
   std::swap(dir_count_, o.dir_count_);
-  devs_.swap(o.devs_);
+  region_ = std::move(o.region_);
+  devs_ = o.devs_;
+  o.devs_ = nullptr;
   dev_count_.store(o.dev_count_.load());
+  for (int k = 0; k < kNameClasses; ++k) {
+    name_next_[k] = o.name_next_[k];
+    name_free_[k].swap(o.name_free_[k]);
+  }
   std::swap(slots_, o.slots_);
   free_.swap(o.free_);
   index_.swap(o.index_);
@@ -1073,7 +1422,7 @@ Status InodeTable::RestoreV2(std::string_view bytes) {
     return Status::InvalidArgument("inode table: " + std::to_string(slots) + " slots");
   WriterLock w(names_mu_);
   for (uint32_t c = 1; c <= ((slots - 1) >> kChunkBits); ++c) MakeChunk(c << kChunkBits);
-  slots_ = static_cast<uint32_t>(slots);
+  SetSlots(static_cast<uint32_t>(slots));
   std::vector<uint32_t> used;
   used.reserve(count);
   bool root_seen = false;
@@ -1112,8 +1461,7 @@ Status InodeTable::RestoreV2(std::string_view bytes) {
     r.opened = v[7];
     const cfs_client::FileAttr a = AttrOfWords(v + 8);
     SetAttrLocked(static_cast<uint32_t>(slot), r, a);
-    r.name.Set(name);
-    heap_names_ += r.name.HeapBytes();
+    if (!SetName(r, name)) return Status::InvalidArgument("inode table: no room for its names");
     if (!links.empty()) {
       r.flags |= kLinks;
       links_[static_cast<uint32_t>(slot)] = std::move(links);
@@ -1227,8 +1575,8 @@ Status InodeTable::RestoreV1(std::string_view bytes) {
       IndexErase(slot, 0);
       At(kRootSlot).children--;
       At(slot).parent = kNoSlot;
-      At(slot).name.Set(path);
-      heap_names_ += At(slot).name.HeapBytes();
+      if (!SetName(At(slot), path))
+        return Status::InvalidArgument("inode table: no room for its names");
       At(slot).flags |= kRemoved;
     } else {
       uint32_t parent = kNoSlot;

@@ -1,7 +1,7 @@
 // Inode numbers for the names the kernel knows about, with their lookup counts.
 //
 // The table holds one record per inode, keyed by (parent, name) like a directory tree, not by
-// full path: a file costs its name (kept inside the record up to 22 bytes), its packed
+// full path: a file costs its name (kept inside the record up to 23 bytes), its packed
 // attributes, the prefetcher's page-resident mark and one 4-byte slot of the name index,
 // under 150 bytes in all at any size
 // (docs/memory.md has the measure). A path is resolved a component at a time; an inode's
@@ -53,6 +53,7 @@
 #include <prometheus/gauge.h>
 
 #include "cfs_client/backend.h"
+#include "common/durable_region.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
 
@@ -159,6 +160,26 @@ class InodeTable {
   std::string Serialize() const;
   Status Restore(std::string_view bytes);
 
+  // The table's records and names live in a memfd (common/durable_region.h), so that when the
+  // process dies the supervisor can give them to the next one. durable_fd() is that memfd
+  // (-1 where none could be made). AdoptDurable takes one an earlier process of this mount
+  // left (it owns `fd` from then on) and replaces this table with what it holds: every record
+  // a change was not under way in when that process died, with the kernel's counts and the
+  // inode numbers the kernel holds. Records being renamed, made or freed then are dropped
+  // with everything under them (the kernel's numbers of those answer ESTALE, and it looks the
+  // names up again), as are records the table cannot read; attributes being written are read
+  // again from the store. A memfd of another layout is refused, leaving the table as it was.
+  int durable_fd() const;
+  struct Adopted {
+    size_t records = 0;  // kept, the root included
+    size_t dropped = 0;  // and dropped
+    size_t expired = 0;  // kept, with attributes to read again
+  };
+  Result<Adopted> AdoptDurable(int fd);
+  // For tests: marks the record of `ino` as being changed, as a process that dies in the
+  // middle of that change leaves it.
+  void MarkBusyForTest(uint64_t ino, bool name);
+
   size_t size() const;     // inodes the kernel knows (the root included)
   size_t records() const;  // those, the bare directory records and the removed ones
   // The heap the table holds: records, names kept outside them, the index, side maps.
@@ -172,22 +193,11 @@ class InodeTable {
   static constexpr int kGenerationShift = kSlotBits + kReuseBits;  // 44
 
  private:
-  // A name, kept inside its record when it is 22 bytes or less (ImageNet's and COCO's file
-  // names are), else in a block of its own.
-  class Name {
-   public:
-    Name() { b_[23] = 0; }
-    ~Name() { Clear(); }
-    Name(const Name&) = delete;
-    Name& operator=(const Name&) = delete;
-    void Set(std::string_view s);
-    void Clear();
-    std::string_view view() const;
-    size_t HeapBytes() const;
-
-   private:
-    static constexpr unsigned char kHeap = 0xFF;
-    alignas(8) char b_[24];
+  // A name, kept inside its record when it is 23 bytes or less (ImageNet's and COCO's file
+  // names are), else in a block of the table's name area (the record keeps the block's number
+  // and the length). Read and written through the table (NameView, SetName, ClearName).
+  struct Name {
+    alignas(8) char b[24] = {};
   };
   enum Flags : uint16_t {
     kUsed = 1,      // the slot holds a record
@@ -196,6 +206,11 @@ class InodeTable {
     kRdev = 8,      // its rdev is in rdevs_
     kRetired = 16,  // a free slot that is never used again (its reuse count ran out)
     kGiven = 32,    // its number was given to the kernel
+    // Being changed: what a process that dies in the middle leaves for the next one to judge
+    // (AdoptDurable). Its attributes (the next process reads them again from the store)...
+    kAttrBusy = 64,
+    // ...or its name, parent or being (the next process drops it).
+    kNameBusy = 128,
   };
   // The block count a record keeps in bits 16-17 of its mode word (a mode is 16 bits): the
   // one a file's size gives in 512- or 4096-byte blocks, none, or another, in blocks_side_.
@@ -233,6 +248,30 @@ class InodeTable {
   static constexpr uint32_t kMaxSlots = uint32_t{1} << kSlotBits;
   static constexpr size_t kStripes = 64;
   static constexpr uint32_t kMaxNames = 16;  // per inode, in the index (a 4-bit name number)
+
+  // The region: a header (layout, slots used, the devices), the records' chunks, then the
+  // name area (docs/architecture.md).
+  struct DurableHeader;
+  static constexpr size_t kHeaderBytes = size_t{64} << 10;
+  static constexpr size_t kRecordsAt = kHeaderBytes;
+  static size_t ChunkBytes();
+  static size_t NamesAt();
+  static constexpr int kNameClasses = 12;  // blocks of 32 << k bytes, k < 12: up to 64 KiB
+  static constexpr size_t kNameClassBytes = size_t{2} << 30;
+  static size_t RegionBytes();
+  DurableHeader& Header() const;
+  static int NameClassOf(size_t length);  // -1 for a name too long
+  char* NameBlock(int cls, uint32_t block) const;
+  std::string_view NameView(const Rec& r) const;
+  // False (the name left empty) if the name area is full.
+  bool SetName(Rec& r, std::string_view s) REQUIRES(names_mu_);
+  void ClearName(Rec& r) REQUIRES(names_mu_);
+  static size_t NameBytes(const Rec& r);  // of the name area it holds
+  void SetSlots(uint32_t slots) REQUIRES(names_mu_);
+  // Around a change of a record's name, parent or being (kNameBusy).
+  void BeginNameChange(uint32_t slot) REQUIRES(names_mu_);
+  void EndNameChange(uint32_t slot) REQUIRES(names_mu_);
+  Status AdoptInto(DurableRegion region, Adopted* out);
 
   Rec& At(uint32_t slot) const;
   bool HasChunk(uint32_t slot) const;
@@ -286,7 +325,8 @@ class InodeTable {
   // Whether an attribute set fits the record without a change to the table (a new device
   // or rdev): then SetAttrFast may be called under the stripe alone.
   bool FitsFast(const Rec& r, const cfs_client::FileAttr& a) const;
-  static void SetAttrFast(Rec& r, const cfs_client::FileAttr& a);
+  static void SetAttrFast(Rec& r, const cfs_client::FileAttr& a);  // kAttrBusy around it
+  static void FillAttrs(Rec& r, const cfs_client::FileAttr& a);
   bool Live(const Rec& r) const { return r.nlookup > 0 || &r == &At(kRootSlot); }
   std::optional<std::string> RemoveLocked(const std::string& path) REQUIRES(names_mu_);
   void SizeChanged(int64_t delta);
@@ -324,6 +364,10 @@ class InodeTable {
   // number is found without a lock; a chunk once made stays until the table goes (or Restore
   // replaces it).
   std::unique_ptr<std::atomic<ChunkDir*>[]> dirs_;
+  DurableRegion region_;
+  // The name area's allocation, per class: blocks ever used, and those free again.
+  uint32_t name_next_[kNameClasses] GUARDED_BY(names_mu_) = {};
+  std::vector<uint32_t> name_free_[kNameClasses] GUARDED_BY(names_mu_);
   size_t chunk_count_ = 0;  // under names_mu_ (not annotated: Release runs without it)
   size_t dir_count_ = 0;
   mutable std::array<Mutex, kStripes> stripes_;
@@ -341,7 +385,7 @@ class InodeTable {
   // kMaxDevs a record keeps its device in dev_side_.
   static constexpr uint16_t kMaxDevs = 1024;
   static constexpr uint16_t kDevSide = 0xFFFF;
-  std::unique_ptr<std::atomic<uint64_t>[]> devs_;
+  std::atomic<uint64_t>* devs_ = nullptr;  // in the region's header
   std::atomic<uint16_t> dev_count_{1};  // devs_[0] is device 0
   std::unordered_map<uint32_t, uint64_t> dev_side_ GUARDED_BY(names_mu_);
   std::unordered_map<uint32_t, uint64_t> rdevs_ GUARDED_BY(names_mu_);  // devices' st_rdev

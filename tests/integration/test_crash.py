@@ -1,0 +1,106 @@
+"""What a kill -9 of the daemon leaves the processes reading its mount. The daemon keeps its
+inode records in a memfd its supervisor holds; the next daemon adopts them (fs/inode_table.h),
+so every inode number the kernel holds goes on naming its file: descriptors opened before the
+crash read on and fstat, directories opened before list on, and the kernel's cached pages of a
+file stay good (reading them again asks no daemon)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from cubefs_harness import CubeFactory, CubeMount, environment_problem, wait_until
+
+pytestmark = pytest.mark.skipif(environment_problem() is not None,
+                                reason=environment_problem() or "")
+
+PROFILES = ["", "ai_prefetch"]
+
+
+def log_text(mount: CubeMount) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in mount.workdir.rglob("*.log"))
+
+
+def kill_and_wait(mount: CubeMount) -> int:
+    pid = mount.read_control()["pid"]
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: mount.read_control().get("pid") not in (None, pid), 30), \
+        "no new daemon after kill -9"
+    return mount.read_control()["pid"]
+
+
+def content(i: int, size: int) -> bytes:
+    return bytes((i * 31 + k * 7) % 251 for k in range(256)) * (size // 256)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_descriptors_opened_before_a_kill_9_read_on(cube: CubeFactory, tmp_path: Path,
+                                                    profile: str) -> None:
+    src = tmp_path / "src"
+    names = [f"class{c}/{'a-file-name-longer-than-23-bytes-' if c else 'f'}{i}.bin"
+             for c in range(2) for i in range(4)]
+    want = {}
+    for i, name in enumerate(names):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        want[name] = content(i, 1024 * 1024 + 256 * i)
+        (src / name).write_bytes(want[name])
+    mount = cube.mount(src, {"profile": profile})
+    held = {name: open(mount.path(name), "rb") for name in names}  # noqa: SIM115
+    listing = os.scandir(mount.path("class1"))
+    try:
+        halves = {name: f.read(len(want[name]) // 2) for name, f in held.items()}
+        first = next(listing).name
+        before = {name: os.fstat(f.fileno()) for name, f in held.items()}
+
+        kill_and_wait(mount)
+        kill_and_wait(mount)  # a second crash, of the daemon that adopted the records
+
+        for name, f in held.items():
+            # The kernel's pages go, so every read below asks the new daemon.
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        for name, f in held.items():
+            st = os.fstat(f.fileno())
+            assert (st.st_ino, st.st_size) == (before[name].st_ino, before[name].st_size), name
+            got = halves[name] + f.read()
+            assert got == want[name], f"{name}: the descriptor opened before the crash"
+            f.seek(0)
+            assert f.read(4096) == want[name][:4096], name
+        rest = sorted([first] + [e.name for e in listing])
+        assert rest == sorted(Path(n).name for n in names if n.startswith("class1/"))
+        # The same names, looked up again, are the same inodes.
+        for name, f in held.items():
+            assert os.stat(mount.path(name)).st_ino == os.fstat(f.fileno()).st_ino, name
+            assert mount.path(name).read_bytes() == want[name], name
+    finally:
+        listing.close()
+        for f in held.values():
+            f.close()
+    log = log_text(mount)
+    assert log.count("inode records of the process before in") == 2, log[-4000:]
+    assert "ESTALE" not in log
+
+
+def test_pages_the_kernel_held_before_a_kill_9_are_read_with_no_request(
+        cube: CubeFactory, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    want = {f"f{i}.bin": content(i, 64 * 1024) for i in range(20)}
+    for name, data in want.items():
+        (src / name).write_bytes(data)
+    # ai_prefetch keeps the kernel's cache of a file across opens of the same version.
+    mount = cube.mount(src, {"profile": "ai_prefetch"})
+    for name, data in want.items():
+        assert mount.path(name).read_bytes() == data
+    kill_and_wait(mount)
+    # The next daemon has either adopted the records, or (without them) dropped the kernel's
+    # names of the files, whose pages then go with their old inodes.
+    assert wait_until(lambda: "inode records of the process before" in log_text(mount)
+                      or "names under the root listed" in log_text(mount), 30)
+    reads_before = mount.metrics().value("cubetorchfs_fuse_ops_total", op="read")
+    for name, data in want.items():
+        assert mount.path(name).read_bytes() == data
+    reads_after = mount.metrics().value("cubetorchfs_fuse_ops_total", op="read")
+    assert reads_after == reads_before, "the kernel's pages were dropped by the restart"
