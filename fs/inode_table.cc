@@ -1014,6 +1014,15 @@ void InodeTable::Rename(const std::string& from, const std::string& to) {
   MaybeFree(old_parent);
 }
 
+void InodeTable::SetWriting(uint64_t ino, bool writing) {
+  WithRecord(ino, [&](uint32_t, Rec& r) {
+    if (writing)
+      r.flags |= kWriting;
+    else
+      r.flags &= ~kWriting;
+  });
+}
+
 uint64_t InodeTable::BumpWriteGen(uint64_t ino) {
   uint64_t gen = 0;
   WithRecord(ino, [&](uint32_t, Rec& r) {
@@ -1235,7 +1244,7 @@ Status InodeTable::AdoptInto(DurableRegion region, Adopted* out) {
     Rec& r = At(slot);
     if ((r.flags & kUsed) == 0) continue;
     const bool root = slot == kRootSlot;
-    const bool bad = (r.flags & (kNameBusy | kRdev)) != 0 || r.dev == kDevSide ||
+    const bool bad = (r.flags & (kNameBusy | kRdev | kWriting)) != 0 || r.dev == kDevSide ||
                      r.dev >= devs || r.parent >= slots || r.ino == 0 ||
                      root != (r.ino == kRootIno) || (root && r.parent != kNoSlot) ||
                      ((r.flags & kRemoved) != 0) != (r.parent == kNoSlot && !root) ||

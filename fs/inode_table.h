@@ -144,6 +144,10 @@ class InodeTable {
   void Rename(const std::string& from, const std::string& to);
   uint64_t rename_visits() const { return rename_visits_.load(); }  // entries looked at, ever
 
+  // Whether `ino` is open for writing through the mount (kept for the next process: see
+  // AdoptDurable).
+  void SetWriting(uint64_t ino, bool writing);
+
   // Gives `ino` a new write generation and returns it (0 for an unknown inode).
   uint64_t BumpWriteGen(uint64_t ino);
 
@@ -165,8 +169,9 @@ class InodeTable {
   // (-1 where none could be made). AdoptDurable takes one an earlier process of this mount
   // left (it owns `fd` from then on) and replaces this table with what it holds: every record
   // a change was not under way in when that process died, with the kernel's counts and the
-  // inode numbers the kernel holds. Records being renamed, made or freed then are dropped
-  // with everything under them (the kernel's numbers of those answer ESTALE, and it looks the
+  // inode numbers the kernel holds. Records being renamed, made or freed then, and files open
+  // for writing (their unflushed bytes died with the process), are dropped with everything
+  // under them (the kernel's numbers of those answer ESTALE, and it looks the
   // names up again), as are records the table cannot read; attributes being written are read
   // again from the store. A memfd of another layout is refused, leaving the table as it was.
   int durable_fd() const;
@@ -211,6 +216,10 @@ class InodeTable {
     kAttrBusy = 64,
     // ...or its name, parent or being (the next process drops it).
     kNameBusy = 128,
+    // Open for writing through the mount: a process that dies loses what it had not flushed,
+    // so the next drops the record (the writer's descriptors answer ESTALE, not a success
+    // that would leave a hole where those bytes were).
+    kWriting = 256,
   };
   // The block count a record keeps in bits 16-17 of its mode word (a mode is 16 bits): the
   // one a file's size gives in 512- or 4096-byte blocks, none, or another, in blocks_side_.

@@ -55,6 +55,7 @@ Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::strin
       st->uid = owner.uid;  // keeps what TakeWrite took
       writes_.emplace(ino, st);
       open_writes_++;
+      inodes_.SetWriting(ino, true);
     } else {
       st = it->second;  // already being written: share that state (the new handle is dropped)
       writes_by_uid_.Give(owner.uid);

@@ -116,6 +116,7 @@ Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool
       st->uid = uid;
       writes_.emplace(ino, st);
       open_writes_++;
+      inodes_.SetWriting(ino, true);
     }
     ever_written_.store(true);
     Result<InodeInfo> inode = GetInode(ino);
@@ -128,6 +129,7 @@ Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool
       st->closed = true;
       MutexLock l(writes_mu_);
       writes_.erase(ino);
+      inodes_.SetWriting(ino, false);
       UncountWriteLocked(*st);
       open_writes_--;
       return file.status();
@@ -333,6 +335,7 @@ Status FileSystem::MaybeCloseLocked(uint64_t ino, WriteState& st, bool forgotten
     auto it = writes_.find(ino);
     if (it != writes_.end() && it->second.get() == &st) {
       writes_.erase(it);
+      inodes_.SetWriting(ino, false);
       UncountWriteLocked(st);
       open_writes_--;
     }
@@ -591,6 +594,7 @@ Status FileSystem::FlushAll() {
     auto it = writes_.find(i.ino);
     if (it != writes_.end() && it->second == i.st) {
       writes_.erase(it);
+      inodes_.SetWriting(i.ino, false);
       UncountWriteLocked(st);
       open_writes_--;
     }

@@ -545,13 +545,19 @@ TEST(InodeTableTest, TheNextProcessAdoptsTheRecordsADeadOneLeft) {
 }
 
 // What a death in the middle of a change leaves: a record being renamed is dropped with what
-// lies under it; one whose attributes were being written is kept, to be asked again.
+// lies under it, and so is a file open for writing (its unflushed bytes died); one whose
+// attributes were being written is kept, to be asked again.
 TEST(InodeTableTest, RecordsBeingChangedWhenTheProcessDiedAreDroppedOrExpired) {
   InodeTable old(cfs_client::FileAttr{S_IFDIR | 0755}, 0);
   const uint64_t dir = old.Acquire("d", cfs_client::FileAttr{S_IFDIR | 0755}, 5);
   const uint64_t under = old.Acquire("d/e/f", Attr(1), 5);
   const uint64_t torn = old.Acquire("x", Attr(2), 5);
   const uint64_t kept = old.Acquire("y", Attr(3), 5);
+  const uint64_t written = old.Acquire("w", Attr(4), 5);
+  const uint64_t closed = old.Acquire("v", Attr(4), 5);
+  old.SetWriting(written, true);
+  old.SetWriting(closed, true);
+  old.SetWriting(closed, false);
   old.MarkBusyForTest(dir, /*name=*/true);
   old.MarkBusyForTest(torn, /*name=*/false);
 
@@ -559,7 +565,9 @@ TEST(InodeTableTest, RecordsBeingChangedWhenTheProcessDiedAreDroppedOrExpired) {
   next.SetGeneration(1);
   Result<InodeTable::Adopted> r = next.AdoptDurable(::dup(old.durable_fd()));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->dropped, 3u);  // d, d/e, d/e/f
+  EXPECT_EQ(r->dropped, 4u);  // d, d/e, d/e/f, and w: open for writing
+  EXPECT_FALSE(next.Get(written));
+  EXPECT_TRUE(next.Get(closed));
   EXPECT_EQ(r->expired, 1u);
   EXPECT_FALSE(next.Get(dir));
   EXPECT_FALSE(next.Get(under));

@@ -6,6 +6,7 @@ file stay good (reading them again asks no daemon)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from pathlib import Path
@@ -104,3 +105,37 @@ def test_pages_the_kernel_held_before_a_kill_9_are_read_with_no_request(
         assert mount.path(name).read_bytes() == data
     reads_after = mount.metrics().value("cubetorchfs_fuse_ops_total", op="read")
     assert reads_after == reads_before, "the kernel's pages were dropped by the restart"
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_a_writer_whose_unflushed_bytes_died_with_the_daemon_is_told(
+        cube: CubeFactory, tmp_path: Path, profile: str) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "other.bin").write_bytes(b"o" * 4096)
+    mount = cube.mount(src, {"profile": profile})
+    reader = open(mount.path("other.bin"), "rb")  # noqa: SIM115
+    fd = os.open(mount.path("w.bin"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        assert os.write(fd, b"a" * (1 << 20)) == 1 << 20  # reaches the daemon, not the store
+        kill_and_wait(mount)
+        # Its first megabyte died with the daemon: a later write, fsync or close must not
+        # report success for a file with a hole where those bytes were.
+        with pytest.raises(OSError) as failed:
+            os.write(fd, b"b" * (1 << 20))
+            os.fsync(fd)
+            os.close(fd)
+            fd = -1
+        assert failed.value.errno in (errno.ESTALE, errno.EIO), failed.value
+        # A file only read goes on.
+        assert reader.read() == b"o" * 4096
+    finally:
+        reader.close()
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    # Written again from the start, it reaches the store whole.
+    mount.path("w.bin").write_bytes(b"c" * 1000)
+    assert (src / "w.bin").read_bytes() == b"c" * 1000
