@@ -49,6 +49,7 @@
 #include "fuse/page_probe.h"
 #include "fuse/session.h"
 #include "prefetch/prefetcher.h"
+#include "prefetch/resident_marks.h"
 
 namespace cubetorchfs::daemon {
 namespace {
@@ -461,7 +462,8 @@ bool AdoptRecordsOfDeadProcess(FileSystem& fs, const Takeover& t) {
     return false;
   }
   const auto start = std::chrono::steady_clock::now();
-  Result<fs::InodeTable::Adopted> a = fs.inodes().AdoptDurable(t.table_fd);
+  Result<fs::InodeTable::Adopted> a =
+      fs.inodes().AdoptDurable(t.table_fd, prefetch::ResidentMarks::Mark::OfEarlierProcess);
   if (!a.ok()) {
     CTFS_LOG(kWarn) << "the inode records of the process before are not used ("
                     << a.status().ToString()

@@ -1172,7 +1172,8 @@ Status InodeTable::Restore(std::string_view bytes) {
   return Status::OK();
 }
 
-Result<InodeTable::Adopted> InodeTable::AdoptDurable(int fd) {
+Result<InodeTable::Adopted> InodeTable::AdoptDurable(
+    int fd, const std::function<uint64_t(uint64_t)>& remark) {
   CTFS_ASSIGN_OR_RETURN(DurableRegion region, DurableRegion::Adopt(fd, RegionBytes()));
   cfs_client::FileAttr root_attr;
   {
@@ -1183,7 +1184,7 @@ Result<InodeTable::Adopted> InodeTable::AdoptDurable(int fd) {
   InodeTable fresh(root_attr, 0);
   fresh.generation_base_ = generation_base_.load();
   Adopted out;
-  CTFS_RETURN_IF_ERROR(fresh.AdoptInto(std::move(region), &out));
+  CTFS_RETURN_IF_ERROR(fresh.AdoptInto(std::move(region), remark, &out));
   TakeFrom(fresh);
   return out;
 }
@@ -1194,7 +1195,8 @@ void InodeTable::MarkBusyForTest(uint64_t ino, bool name) {
 
 // Takes the records an earlier process left in `region` into this table (fresh, unshared).
 // Nothing there is trusted: that process may have died of a bug that wrote over them.
-Status InodeTable::AdoptInto(DurableRegion region, Adopted* out) {
+Status InodeTable::AdoptInto(DurableRegion region,
+                             const std::function<uint64_t(uint64_t)>& remark, Adopted* out) {
   const auto& h = *reinterpret_cast<const DurableHeader*>(region.data());
   if (h.magic != kRegionMagic || h.layout != Header().layout)
     return Status::InvalidArgument(
@@ -1349,6 +1351,7 @@ Status InodeTable::AdoptInto(DurableRegion region, Adopted* out) {
       ++out->expired;
     }
     heap_names_ += NameBytes(r);
+    if (remark && r.mark != 0) r.mark = remark(r.mark);
     if (r.mark != 0) ++marks;
     if (slot != kRootSlot && r.nlookup > 0) ++live;
     if ((r.ino & kSlotMask) != slot) foreign_.emplace(r.ino, slot);

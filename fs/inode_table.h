@@ -42,6 +42,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -180,7 +181,9 @@ class InodeTable {
     size_t dropped = 0;  // and dropped
     size_t expired = 0;  // kept, with attributes to read again
   };
-  Result<Adopted> AdoptDurable(int fd);
+  // `remark` rewrites each kept record's mark (the prefetcher's, which the table does not
+  // read); unset: marks are kept as they are.
+  Result<Adopted> AdoptDurable(int fd, const std::function<uint64_t(uint64_t)>& remark = {});
   // For tests: marks the record of `ino` as being changed, as a process that dies in the
   // middle of that change leaves it.
   void MarkBusyForTest(uint64_t ino, bool name);
@@ -280,7 +283,8 @@ class InodeTable {
   // Around a change of a record's name, parent or being (kNameBusy).
   void BeginNameChange(uint32_t slot) REQUIRES(names_mu_);
   void EndNameChange(uint32_t slot) REQUIRES(names_mu_);
-  Status AdoptInto(DurableRegion region, Adopted* out);
+  Status AdoptInto(DurableRegion region, const std::function<uint64_t(uint64_t)>& remark,
+                   Adopted* out);
 
   Rec& At(uint32_t slot) const;
   bool HasChunk(uint32_t slot) const;

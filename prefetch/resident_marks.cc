@@ -11,6 +11,15 @@ std::optional<ResidentMarks::Mark> ResidentMarks::Mark::Unpack(uint64_t packed) 
   return m;
 }
 
+uint64_t ResidentMarks::Mark::OfEarlierProcess(uint64_t packed) {
+  std::optional<Mark> m = Unpack(packed);
+  if (!m) return 0;
+  m->probing = false;
+  // Half the sequence space behind this process's first marks (from 1): not after them.
+  m->seq = kSeqMask;
+  return m->Pack();
+}
+
 uint64_t ResidentMarks::VersionDigest(const cfs_client::FileVersion& v) {
   uint64_t h = 0x9e3779b97f4a7c15ull;
   for (uint64_t x :

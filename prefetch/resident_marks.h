@@ -43,6 +43,10 @@ class ResidentMarks {
       return uint64_t{version} | uint64_t{seq & kSeqMask} << 32 | uint64_t{probing} << 63;
     }
     static std::optional<Mark> Unpack(uint64_t packed);
+    // A mark an earlier process of the mount made (its inode records outlived it,
+    // fs::InodeTable::AdoptDurable): no probe of it runs any more, and it is older than any
+    // mark this process makes, so it is probed before it is believed. 0 stays 0.
+    static uint64_t OfEarlierProcess(uint64_t packed);
   };
   // A 64-bit digest of a file version.
   static uint64_t VersionDigest(const cfs_client::FileVersion& v);

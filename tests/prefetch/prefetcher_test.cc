@@ -726,6 +726,25 @@ TEST(ResidentMarksTest, SequenceNumbersWrap) {
   EXPECT_FALSE(ResidentMarks::Mark::Unpack(0));
 }
 
+// A mark a dead process made (kept in its inode records) is no probe running any more, and is
+// probed before it is believed, whatever this process has marked since it started.
+TEST(ResidentMarksTest, AMarkOfAnEarlierProcessIsProbedBeforeItIsBelieved) {
+  const ResidentMarks::Mark old{9, 123456, true};
+  std::optional<ResidentMarks::Mark> m =
+      ResidentMarks::Mark::Unpack(ResidentMarks::Mark::OfEarlierProcess(old.Pack()));
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->version, 9u);
+  EXPECT_FALSE(m->probing);
+  ResidentMarks marks({true, [] { return std::optional<uint64_t>(5); }});
+  for (int k = 0; k < 1000; ++k) {
+    const ResidentMarks::Mark mine = marks.Make({1, 2, 3, 4}, 0);
+    EXPECT_TRUE(marks.Trusted(mine, 0));
+    EXPECT_FALSE(marks.Trusted(*m, 0));
+    EXPECT_TRUE(ResidentMarks::Newer(mine, *m));
+  }
+  EXPECT_EQ(ResidentMarks::Mark::OfEarlierProcess(0), 0u);
+}
+
 TEST_F(PrefetcherTest, FilesTheRamCacheHoldsAtFreshAttributesCostNoStoreRequest) {
   Make(8, 1 << 20, 4, /*evict_after_read=*/false);
   KnowAttrs();
