@@ -61,11 +61,11 @@ Result<DurableRegion> DurableRegion::Adopt(int fd, size_t bytes) {
   DurableRegion r;
   r.fd_ = fd;  // closed by r from here on
   struct stat st {};
-  if (::fstat(fd, &st) != 0) return Status::FromErrno(errno, "fstat of an earlier process's region");
+  if (::fstat(fd, &st) != 0)
+    return Status::FromErrno(errno, "fstat of an earlier process's region");
   if (static_cast<size_t>(st.st_size) != bytes)
-    return Status::InvalidArgument("an earlier process's region is " +
-                                   std::to_string(st.st_size) + " bytes, not " +
-                                   std::to_string(bytes));
+    return Status::InvalidArgument("an earlier process's region is " + std::to_string(st.st_size) +
+                                   " bytes, not " + std::to_string(bytes));
   r.p_ = MapShared(fd, bytes);
   if (r.p_ == nullptr) return Status::FromErrno(errno, "mmap of an earlier process's region");
   r.size_ = bytes;

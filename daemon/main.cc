@@ -13,8 +13,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstddef>
 #include <cstdio>
@@ -470,12 +470,11 @@ bool AdoptRecordsOfDeadProcess(FileSystem& fs, const Takeover& t) {
                     << "): files it had opened answer ESTALE and are looked up again";
     return false;
   }
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                              start)
-                        .count();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   CTFS_LOG(kInfo) << "after the crash, kept " << a->records
-                  << " inode records of the process before in " << static_cast<int>(ms)
-                  << " ms (" << a->dropped << " dropped: being changed when it died, or "
+                  << " inode records of the process before in " << static_cast<int>(ms) << " ms ("
+                  << a->dropped << " dropped: being changed when it died, or "
                   << "unreadable; " << a->expired << " with attributes to read again)";
   return true;
 }

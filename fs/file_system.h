@@ -21,10 +21,10 @@
 // is held across a backend call, except a write state's own mutex, which serializes the
 // backend calls on that one file; stat and lookup never take it (WrittenAttr reads a copy
 // under the state's leaf attr_mu). Lock order: WriteState::mu, then writes_mu_, then the inode
-// table's locks (never the other way; the table calls nothing out), then WriteState::attr_mu. Two exceptions that cannot
-// deadlock: Rename takes two states' mu together with std::lock, and its walk of writes_
-// for files under a renamed directory takes a state's mu under writes_mu_ by try_lock only.
-// write_back_mu_ is a leaf.
+// table's locks (never the other way; the table calls nothing out), then WriteState::attr_mu. Two
+// exceptions that cannot deadlock: Rename takes two states' mu together with std::lock, and its
+// walk of writes_ for files under a renamed directory takes a state's mu under writes_mu_ by
+// try_lock only. write_back_mu_ is a leaf.
 #pragma once
 
 #include <array>

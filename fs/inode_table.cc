@@ -48,8 +48,8 @@ std::pair<std::string_view, std::string_view> SplitLast(std::string_view path) {
 struct InodeTable::DurableHeader {
   uint64_t magic;
   uint64_t layout;
-  std::atomic<uint64_t> slots;      // slots_: records at and past it were never used
-  std::atomic<uint64_t> dev_count;  // dev_count_
+  std::atomic<uint64_t> slots;           // slots_: records at and past it were never used
+  std::atomic<uint64_t> dev_count;       // dev_count_
   std::atomic<uint64_t> devs[kMaxDevs];  // devs_
 };
 
@@ -196,7 +196,7 @@ void InodeTable::Release() {
   for (size_t d = 0; d < kDirs; ++d) {
     ChunkDir* dir = dirs_[d].exchange(nullptr);
     if (dir == nullptr) break;  // made in order
-    delete dir;  // the chunks are the region's
+    delete dir;                 // the chunks are the region's
   }
   chunk_count_ = dir_count_ = 0;
   devs_ = nullptr;
@@ -436,6 +436,23 @@ void InodeTable::IndexPut(uint32_t slot, uint32_t k) {
   while (index_[i] != 0) i = (i + 1) & mask;
   index_[i] = e;
   ++index_used_;
+}
+
+bool InodeTable::IndexPutNew(uint32_t slot) {
+  const Rec& r = At(slot);
+  const std::string_view name = NameView(r);
+  if (4 * (index_used_ + 1) > 3 * index_.size())
+    IndexResize(index_.empty() ? 64 : 2 * index_.size());
+  const size_t mask = index_.size() - 1;
+  size_t i = KeyHash(r.parent, name) & mask;
+  for (; index_[i] != 0; i = (i + 1) & mask) {
+    const uint32_t e = index_[i];
+    const NameRef n = NameOf(e & kSlotMask, e >> kSlotBits);
+    if (n.parent == r.parent && n.name == name) return false;
+  }
+  index_[i] = slot;
+  ++index_used_;
+  return true;
 }
 
 void InodeTable::IndexErase(uint32_t slot, uint32_t k) {
@@ -1195,8 +1212,8 @@ void InodeTable::MarkBusyForTest(uint64_t ino, bool name) {
 
 // Takes the records an earlier process left in `region` into this table (fresh, unshared).
 // Nothing there is trusted: that process may have died of a bug that wrote over them.
-Status InodeTable::AdoptInto(DurableRegion region,
-                             const std::function<uint64_t(uint64_t)>& remark, Adopted* out) {
+Status InodeTable::AdoptInto(DurableRegion region, const std::function<uint64_t(uint64_t)>& remark,
+                             Adopted* out) {
   const auto& h = *reinterpret_cast<const DurableHeader*>(region.data());
   if (h.magic != kRegionMagic || h.layout != Header().layout)
     return Status::InvalidArgument(
@@ -1242,6 +1259,7 @@ Status InodeTable::AdoptInto(DurableRegion region,
     return !name.empty() && name != "." && name != ".." &&
            name.find_first_of(std::string_view("/\0", 2)) == std::string_view::npos;
   };
+  size_t candidates = 0;
   for (uint32_t slot = kRootSlot; slot < slots; ++slot) {
     Rec& r = At(slot);
     if ((r.flags & kUsed) == 0) continue;
@@ -1251,14 +1269,18 @@ Status InodeTable::AdoptInto(DurableRegion region,
                      root != (r.ino == kRootIno) || (root && r.parent != kNoSlot) ||
                      ((r.flags & kRemoved) != 0) != (r.parent == kNoSlot && !root) ||
                      (!root && (r.flags & kRemoved) == 0 && r.parent == kNoSlot);
+    r.children = 0;  // counted again below, from the names kept
     state[slot] = bad ? kDrop : kCheck;
     if (!bad && !name_ok(slot, r)) state[slot] = kDrop;
+    candidates += state[slot] == kCheck;
   }
   if (state[kRootSlot] != kCheck)
     return Status::InvalidArgument("inode table: the earlier process's root record is damaged");
   // A block two records claim: the later one is dropped.
   std::sort(blocks.begin(), blocks.end(), [](const Block& a, const Block& b) {
-    return a.cls != b.cls ? a.cls < b.cls : a.block != b.block ? a.block < b.block : a.slot < b.slot;
+    return a.cls != b.cls       ? a.cls < b.cls
+           : a.block != b.block ? a.block < b.block
+                                : a.slot < b.slot;
   });
   for (size_t i = 1; i < blocks.size(); ++i)
     if (blocks[i].cls == blocks[i - 1].cls && blocks[i].block == blocks[i - 1].block)
@@ -1292,15 +1314,15 @@ Status InodeTable::AdoptInto(DurableRegion region,
   // 3. The index, from the names kept; a second record of one name is dropped, and what lies
   // under it (a walk again, over what was good).
   bool dropped_dirs = false;
+  size_t capacity = 64;
+  while (4 * candidates > 3 * capacity) capacity *= 2;
+  IndexResize(capacity);  // once, not doubling through the inserts
   for (uint32_t slot = kRootSlot + 1; slot < slots; ++slot) {
     if (state[slot] != kGood || (At(slot).flags & kRemoved) != 0) continue;
-    const Rec& r = At(slot);
-    if (IndexFind(r.parent, NameView(r)) != 0) {
+    if (!IndexPutNew(slot)) {
       state[slot] = kDrop;
       dropped_dirs = true;
-      continue;
     }
-    IndexPut(slot, 0);
   }
   if (dropped_dirs) {
     for (uint32_t slot = kRootSlot + 1; slot < slots; ++slot) {
@@ -1339,7 +1361,6 @@ Status InodeTable::AdoptInto(DurableRegion region,
       continue;
     }
     ++out->records;
-    r.children = 0;
     r.flags &= ~kLinks;  // further names are looked up again
     const uint64_t gen = r.write_gen.load(std::memory_order_relaxed);
     clock = std::max(clock, gen);
@@ -1355,13 +1376,9 @@ Status InodeTable::AdoptInto(DurableRegion region,
     if (r.mark != 0) ++marks;
     if (slot != kRootSlot && r.nlookup > 0) ++live;
     if ((r.ino & kSlotMask) != slot) foreign_.emplace(r.ino, slot);
-  }
-  for (uint32_t slot = kRootSlot + 1; slot < slots; ++slot) {
-    Rec& r = At(slot);
-    if (state[slot] != kGood) continue;
-    if ((r.flags & kRemoved) == 0) {
+    if (slot != kRootSlot && (r.flags & kRemoved) == 0) {
       At(r.parent).children++;
-      if (r.nlookup > 0)
+      if (r.nlookup > 0 && r.nlink > 1 && !S_ISDIR(r.mode))
         if (std::optional<StoreId> id = LinkIdOf(AttrOf(slot, r))) by_store_id_[*id] = slot;
     }
   }

@@ -309,6 +309,8 @@ class InodeTable {
   // probing, backward-shift deletion, at most 3/4 full; an entry's key is read from its record.
   uint32_t IndexFind(uint32_t parent, std::string_view name) const REQUIRES_SHARED(names_mu_);
   void IndexPut(uint32_t slot, uint32_t k) REQUIRES(names_mu_);
+  // Puts the first name of `slot` unless the index has that name already (then false).
+  bool IndexPutNew(uint32_t slot) REQUIRES(names_mu_);
   void IndexErase(uint32_t slot, uint32_t k) REQUIRES(names_mu_);
   void IndexResize(size_t capacity) REQUIRES(names_mu_);
   size_t IndexHome(uint32_t entry) const REQUIRES_SHARED(names_mu_);
@@ -399,7 +401,7 @@ class InodeTable {
   static constexpr uint16_t kMaxDevs = 1024;
   static constexpr uint16_t kDevSide = 0xFFFF;
   std::atomic<uint64_t>* devs_ = nullptr;  // in the region's header
-  std::atomic<uint16_t> dev_count_{1};  // devs_[0] is device 0
+  std::atomic<uint16_t> dev_count_{1};     // devs_[0] is device 0
   std::unordered_map<uint32_t, uint64_t> dev_side_ GUARDED_BY(names_mu_);
   std::unordered_map<uint32_t, uint64_t> rdevs_ GUARDED_BY(names_mu_);  // devices' st_rdev
   // Block counts no formula gives (a sparse or preallocated file of a posix store).

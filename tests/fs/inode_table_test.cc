@@ -635,9 +635,10 @@ TEST(InodeTableTest, AKnownMarkedFileCostsAtMost150Bytes) {
     const size_t held = mallinfo2().uordblks + mallinfo2().hblkhd + RssShmemBytes() - before;
     const double per_file = static_cast<double>(held) / kFiles;
     ASSERT_GT(held, static_cast<size_t>(kFiles) * 136);  // the records are counted
-    std::printf("%d known files: %.1f bytes each by malloc and shared pages, %.1f by the "
-                "table's own count\n",
-                kFiles, per_file, static_cast<double>(t.bytes()) / kFiles);
+    std::printf(
+        "%d known files: %.1f bytes each by malloc and shared pages, %.1f by the "
+        "table's own count\n",
+        kFiles, per_file, static_cast<double>(t.bytes()) / kFiles);
     EXPECT_LE(per_file, 150.0);
     EXPECT_EQ(t.size(), static_cast<size_t>(kFiles) + 1);
     EXPECT_EQ(t.marks(), static_cast<size_t>(kFiles));
