@@ -4,6 +4,7 @@ many reads reach the store again because of it, against the requests in flight.
 
     bench/restart_bench.py                        # 200,000 files, a kill -9 at 40 %
     bench/restart_bench.py --event upgrade
+    bench/restart_bench.py --event none           # the reference: the same epoch, no event
     bench/restart_bench.py --dirs 1000 --files 1000
 
 The store is the synthetic one (--dirs x --files files of 1-3 KB, 1 ms a request), mounted
@@ -80,9 +81,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dirs", type=int, default=200)
     p.add_argument("--files", type=int, default=1000, help="files a directory")
-    p.add_argument("--event", choices=["kill", "upgrade"], default="kill")
+    p.add_argument("--event", choices=["kill", "upgrade", "none"], default="kill",
+                   help="none: the same epoch with no event, for the reads it costs anyway")
     p.add_argument("--at", type=float, default=0.4, help="share of the epoch read before it")
     p.add_argument("--latency-us", type=int, default=1000)
+    p.add_argument("--max-inflight", type=int, default=64, help="prefetch.max_inflight")
     p.add_argument("--bin", default=str(REPO / "build/bin/cubetorchfs"))
     p.add_argument("--python", default=venv_python() or sys.executable)
     args = p.parse_args()
@@ -102,7 +105,7 @@ def main() -> int:
                   "dirs": args.dirs, "files_per_dir": args.files, "min_bytes": 1024,
                   "max_bytes": 3072}, "inject": {"latency_us": args.latency_us}},
               "cache": {"memory_bytes": "1GiB"}, "fuse": {"read_only": True},
-              "prefetch": {"control_socket": str(sock)}}
+              "prefetch": {"control_socket": str(sock), "max_inflight": args.max_inflight}}
     (work / "config.json").write_text(json.dumps(config))
     control = work / f"cube_torch.config.{vol}"
     env = dict(os.environ, CUBE_TORCH_CONFIG_DIR=str(work), VOL_NAME=vol)
@@ -145,7 +148,7 @@ def main() -> int:
         row["remaining"] = files - taken
         if args.event == "kill":
             os.kill(old, signal.SIGKILL)
-        else:
+        elif args.event == "upgrade":
             up = subprocess.run([args.bin, "upgrade", str(mnt), "--timeout", "60"],
                                 capture_output=True, text=True, timeout=120, env=env)
             if up.returncode != 0:
@@ -157,7 +160,7 @@ def main() -> int:
             except (OSError, ValueError):
                 return False
 
-        if not wait_for(new_daemon, 60):
+        if args.event != "none" and not wait_for(new_daemon, 60):
             raise RuntimeError(f"no new daemon: {control.read_text(errors='replace')}; log: "
                                + "".join(f.read_text(errors="replace")[-3000:]
                                          for f in (work / "log").rglob("*.log")))
@@ -174,7 +177,9 @@ def main() -> int:
         row["store_reads_after"] = after
         # Every file needs one store read; what the old daemon read between the sample above
         # and the event is not counted, so this is a lower bound.
-        row["again"] = int(row["store_reads_before"]) + after - files
+        # With no event the one daemon's count is both.
+        row["again"] = (after if args.event == "none" else
+                        int(row["store_reads_before"]) + after) - files
         reads = {k: metric(port, "cubetorchfs_reads_total", f'result="{k}"')
                  for k in ("hit", "late", "miss")}
         total = sum(reads.values())
