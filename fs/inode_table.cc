@@ -1210,6 +1210,10 @@ void InodeTable::MarkBusyForTest(uint64_t ino, bool name) {
   WithRecord(ino, [&](uint32_t, Rec& r) { r.flags |= name ? kNameBusy : kAttrBusy; });
 }
 
+void InodeTable::MarkForgottenForTest(uint64_t ino) {
+  WithRecord(ino, [&](uint32_t, Rec& r) { r.nlookup = 0; });
+}
+
 // Takes the records an earlier process left in `region` into this table (fresh, unshared).
 // Nothing there is trusted: that process may have died of a bug that wrote over them.
 Status InodeTable::AdoptInto(DurableRegion region, const std::function<uint64_t(uint64_t)>& remark,
@@ -1405,6 +1409,13 @@ Status InodeTable::AdoptInto(DurableRegion region, const std::function<uint64_t(
   records_ = out->records;
   size_ = 1 + live;
   marks_ = marks;
+  // A record no lookup holds and no name lies under (its last forget came as the process
+  // died, before the record went) goes now, as it would have then.
+  for (uint32_t slot = kRootSlot + 1; slot < slots; ++slot)
+    if (state[slot] == kGood && (At(slot).flags & kUsed) != 0 && At(slot).nlookup == 0 &&
+        At(slot).children == 0)
+      MaybeFree(slot);
+  out->records = records_.load();
   return Status::OK();
 }
 

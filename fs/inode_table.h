@@ -187,6 +187,8 @@ class InodeTable {
   // For tests: marks the record of `ino` as being changed, as a process that dies in the
   // middle of that change leaves it.
   void MarkBusyForTest(uint64_t ino, bool name);
+  // For tests: what a forget to zero leaves if the process dies before the record goes.
+  void MarkForgottenForTest(uint64_t ino);
 
   size_t size() const;     // inodes the kernel knows (the root included)
   size_t records() const;  // those, the bare directory records and the removed ones

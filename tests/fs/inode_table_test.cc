@@ -510,6 +510,10 @@ TEST(InodeTableTest, TheNextProcessAdoptsTheRecordsADeadOneLeft) {
   old.Remove("train/gone");  // open still: the kernel holds it
   const uint64_t forgotten = old.Acquire("train/forgotten", Attr(1), 9);
   old.Forget(forgotten, 1);
+  // A forget to zero whose record had not gone yet when the process died.
+  const uint64_t half_forgotten =
+      old.Acquire("train/deep/half-forgotten-with-a-long-name", Attr(1), 9);
+  old.MarkForgottenForTest(half_forgotten);
   ASSERT_TRUE(old.SetMark("train/c1/a.jpg", 42));
 
   InodeTable next(cfs_client::FileAttr{S_IFDIR | 0700}, 0);
@@ -526,8 +530,11 @@ TEST(InodeTableTest, TheNextProcessAdoptsTheRecordsADeadOneLeft) {
   EXPECT_EQ(next.Get(c)->path, "train/c1/renamed-to-a-name-longer-than-23");
   EXPECT_TRUE(next.Get(gone)->removed);
   EXPECT_FALSE(next.Get(forgotten));
+  EXPECT_FALSE(next.Get(half_forgotten));
+  EXPECT_FALSE(next.Find("train/deep/half-forgotten-with-a-long-name"));
+  EXPECT_EQ(next.records(), old.records() - 2);  // it and its directory, which nothing holds
   EXPECT_EQ(next.Find("train/c1/a.jpg"), a);
-  EXPECT_EQ(next.size(), old.size());
+  EXPECT_EQ(next.size(), old.size() - 1);  // the old table still counts half_forgotten
   EXPECT_EQ(next.marks(), 1u);
   // New names get numbers of the new generation, and their names blocks of their own.
   std::vector<uint64_t> fresh;
