@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import errno
 import os
+import random
+import threading
+import time
 import signal
 from pathlib import Path
 
@@ -139,3 +142,63 @@ def test_a_writer_whose_unflushed_bytes_died_with_the_daemon_is_told(
     # Written again from the start, it reaches the store whole.
     mount.path("w.bin").write_bytes(b"c" * 1000)
     assert (src / "w.bin").read_bytes() == b"c" * 1000
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_kills_during_renames_and_creates_leave_every_name_reading_its_own_bytes(
+        cube: CubeFactory, tmp_path: Path, profile: str) -> None:
+    """The records being changed when the daemon dies are the ones a wrong adoption would get
+    wrong: a torn name, a parent half moved. Three kill -9s land in a stream of renames,
+    creates and unlinks through the mount; afterwards every name the store has reads, through
+    the mount, exactly the store's bytes, and the mount lists what the store lists."""
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "b").mkdir()
+    for i in range(200):
+        (src / "a" / f"f{i:03d}").write_bytes(f"id{i:03d}".encode() * 64)
+    mount = cube.mount(src, {"profile": profile})
+    stop = threading.Event()
+    done = {"ops": 0}
+
+    def churn(seed: int) -> None:
+        rng = random.Random(seed)
+        while not stop.is_set():
+            i = rng.randrange(200)
+            names = [mount.path(f"{d}/{p}{i:03d}") for d in ("a", "b") for p in ("f", "g")]
+            try:
+                op = rng.randrange(4)
+                if op == 0:  # a rename, across directories too
+                    src_p, dst_p = rng.sample(names, 2)
+                    os.rename(src_p, dst_p)
+                elif op == 1:  # a new file of its own
+                    name = mount.path(f"b/new-{seed}-{rng.randrange(50):02d}-a-long-name-x")
+                    name.write_bytes(name.name.encode() * 8)
+                elif op == 2:
+                    os.unlink(mount.path(f"b/new-{seed}-{rng.randrange(50):02d}-a-long-name-x"))
+                else:
+                    os.stat(rng.choice(names))
+                done["ops"] += 1
+            except OSError:
+                pass  # absent names, and the requests the dying daemon had taken
+
+    workers = [threading.Thread(target=churn, args=(k,), daemon=True) for k in range(3)]
+    for w in workers:
+        w.start()
+    try:
+        for _ in range(3):
+            time.sleep(0.7)
+            kill_and_wait(mount)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(30)
+    assert done["ops"] > 100, done
+    for d in ("a", "b"):
+        assert sorted(os.listdir(mount.path(d))) == sorted(os.listdir(src / d)), d
+        for name in os.listdir(src / d):
+            want = (src / d / name).read_bytes()
+            assert mount.path(f"{d}/{name}").read_bytes() == want, f"{d}/{name}"
+    # Every file is where one of the renames left it, with its own bytes.
+    ids = sorted((p.read_bytes()[:5] for d in ("a", "b") for p in (src / d).iterdir()
+                  if not p.name.startswith("new-")))
+    assert ids == sorted(f"id{i:03d}".encode() for i in range(200))
