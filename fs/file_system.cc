@@ -449,11 +449,13 @@ Result<OpenResult> FileSystem::Open(uint64_t ino, int flags, bool track_handle, 
   return r;
 }
 
-Result<FileHandle> FileSystem::HandleFor(uint64_t ino) {
+Result<FileHandle> FileSystem::HandleFor(uint64_t ino, bool opened_before) {
   CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
   CTFS_RETURN_IF_ERROR(CheckNotRemoved(inode));
   CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, FreshAttr(inode));
   if (!attr.IsRegular()) return Status::InvalidArgument(inode.path + ": not a regular file");
+  if (opened_before && !inodes_.OpenedAt(ino, attr.Version()))
+    return Status::Stale(inode.path + ": changed in the store since it was opened");
   // Under no_open each read comes here: a streamed read then opens the store's file for itself.
   return FileHandle{
       ino, inode.path, attr.Version(), inode.write_gen, false, StreamFor(inode.path, attr)};

@@ -230,7 +230,10 @@ class FileSystem : public prefetch::AttrSource {
   // as every store file is: beneath the root, no symlink followed), or -1.
   int PassthroughFd(const FileHandle& handle);
   // A handle for reading `ino` at its current version, for reads without an open (no_open).
-  Result<FileHandle> HandleFor(uint64_t ino);
+  // With `opened_before`, for a handle an earlier process of the mount opened (a crash or an
+  // upgrade since): Stale if the file changed since its last open, whose version the inode
+  // table keeps, so that such a handle never reads another version's bytes.
+  Result<FileHandle> HandleFor(uint64_t ino, bool opened_before = false);
   Result<cfs_client::FsStats> StatFs();
   Status Access(uint64_t ino, int mask);
 

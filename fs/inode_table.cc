@@ -837,6 +837,13 @@ InodeTable::OpenedBefore InodeTable::SetOpenedVersion(uint64_t ino,
   return out;
 }
 
+bool InodeTable::OpenedAt(uint64_t ino, const cfs_client::FileVersion& version) const {
+  const uint64_t digest = VersionDigest(version);
+  bool same = true;
+  WithRecord(ino, [&](uint32_t, const Rec& r) { same = r.opened == 0 || r.opened == digest; });
+  return same;
+}
+
 std::optional<uint64_t> InodeTable::Find(const std::string& path) const {
   ReaderLock r(names_mu_);
   const uint32_t slot = ResolveEntry(path) & kSlotMask;

@@ -103,6 +103,10 @@ class InodeTable {
   enum class OpenedBefore { kNever, kSameVersion, kOtherVersion };
   OpenedBefore SetOpenedVersion(uint64_t ino, const cfs_client::FileVersion& version);
 
+  // False if `ino` was opened at a version other than `version` (at its last open); true if it
+  // was opened at it, never opened, or is unknown.
+  bool OpenedAt(uint64_t ino, const cfs_client::FileVersion& version) const;
+
   // The live inode of `path`, if the kernel knows one.
   std::optional<uint64_t> Find(const std::string& path) const;
   // The attributes held for `path` and when they were read from the store: Find and Get in

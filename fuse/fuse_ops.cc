@@ -404,9 +404,10 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
       if (std::shared_ptr<FileHandle> h = ctx.files.Get(fi->fh))
         return ctx.fs->Read(*h, static_cast<uint64_t>(off), size, uid);
     }
-    // Opened without an open request (no_open), or opened before this process took the
-    // mount over (a handle number it never gave out): read the inode's current version.
-    CTFS_ASSIGN_OR_RETURN(FileHandle h, ctx.fs->HandleFor(ino));
+    // Opened without an open request (no_open): read the inode's current version. Opened
+    // before this process took the mount over (a handle number it never gave out): the same,
+    // unless the file changed since it was opened (then ESTALE, never another version's bytes).
+    CTFS_ASSIGN_OR_RETURN(FileHandle h, ctx.fs->HandleFor(ino, /*opened_before=*/fi->fh != 0));
     return ctx.fs->Read(h, static_cast<uint64_t>(off), size, uid);
   }();
   if (!r.ok()) return ReplyError(req, r.status(), "read");

@@ -562,6 +562,24 @@ TEST_F(FileSystemTest, RenameOverKeepsTheReplacedFileForItsDescriptors) {
   EXPECT_EQ(store_.Data("d/small"), "NEW");
 }
 
+// A handle an earlier process of the mount opened (a crash or an upgrade since: its number is
+// unknown here) reads the inode's version only while that is the version it was opened at.
+TEST_F(FileSystemTest, AHandleOfAnEarlierProcessNeverReadsAnotherVersion) {
+  auto h = OpenPath("d/small");
+  ASSERT_NE(h, nullptr);
+  const uint64_t ino = h->ino;
+  Result<FileHandle> same = fs_->HandleFor(ino, /*opened_before=*/true);
+  ASSERT_TRUE(same.ok()) << same.status().ToString();
+  EXPECT_EQ(Bytes(fs_->Read(*same, 0, 4096).value()), Pattern(1000, 1));
+  store_.PutFile("d/small", "changed by another client", 9);
+  clock_.AdvanceSeconds(11);  // its attributes expired: the next read asks the store
+  EXPECT_EQ(fs_->HandleFor(ino, /*opened_before=*/true).status().code(), Status::Code::kStale);
+  // A read without an open (no_open) reads the version there is.
+  Result<FileHandle> now = fs_->HandleFor(ino);
+  ASSERT_TRUE(now.ok());
+  EXPECT_EQ(Bytes(fs_->Read(*now, 0, 4096).value()), "changed by another client");
+}
+
 // Unlinked with no file kept open (the keep-alive open failed): the inode answers ESTALE and
 // never touches the file created at its old path since.
 TEST_F(FileSystemTest, RemovedInodeWithoutStateNeverResolvesItsPath) {
