@@ -86,6 +86,8 @@ def main() -> int:
     p.add_argument("--at", type=float, default=0.4, help="share of the epoch read before it")
     p.add_argument("--latency-us", type=int, default=1000)
     p.add_argument("--max-inflight", type=int, default=64, help="prefetch.max_inflight")
+    p.add_argument("--profile", default="ai_prefetch",
+                   help='"" for the default profile (no page-cache stores: the window is RAM)')
     p.add_argument("--bin", default=str(REPO / "build/bin/cubetorchfs"))
     p.add_argument("--python", default=venv_python() or sys.executable)
     args = p.parse_args()
@@ -100,7 +102,7 @@ def main() -> int:
     port = free_port()
     sock = work / "ctl.sock"
     config = {"volName": vol, "mountPoint": str(mnt), "logDir": str(work / "log"),
-              "exporterPort": port, "profile": "ai_prefetch",
+              "exporterPort": port, "profile": args.profile,
               "backend": {"type": "synthetic", "synthetic": {
                   "dirs": args.dirs, "files_per_dir": args.files, "min_bytes": 1024,
                   "max_bytes": 3072}, "inject": {"latency_us": args.latency_us}},
