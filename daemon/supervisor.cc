@@ -431,6 +431,13 @@ bool Supervisor::Spawn(int state_fd) {
   }
   channel_.reset(sv[0]);
   worker_ = pid;
+  if (t.table_fd >= 0) {
+    // The records go to that worker alone; it sends them back once it has adopted them
+    // (kMsgTable). Should reading them be what kills it, the worker after it starts empty
+    // instead of dying the same way until the restarts run out.
+    ::close(table_fd_);
+    table_fd_ = -1;
+  }
   CTFS_LOG(kInfo) << "supervisor: worker " << pid << " started (generation " << generation_
                   << (state_fd >= 0 ? ", with the state handed over" : "") << ")";
   return true;

@@ -76,7 +76,8 @@ struct Takeover {
   // The memfd of the io_uring entries of the processes before (fuse/uring_loop.h); -1: none.
   int ring_fd = -1;
   // The memfd of the inode records of the process before, which died (no state handed over):
-  // the next adopts them (fs/inode_table.h); -1: none.
+  // the next adopts them (fs/inode_table.h); -1: none. The supervisor hands it on once: a
+  // worker that dies before sending it back (kMsgTable) leaves the next one without it.
   int table_fd = -1;
 };
 Result<Takeover> ParseTakeover(const std::string& spec);
