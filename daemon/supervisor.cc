@@ -627,16 +627,17 @@ int Supervisor::Run(const Takeover* resume) {
 
   for (;;) {
     pollfd pfds[2] = {{signal_fd_.get(), POLLIN, 0}, {channel_.get(), POLLIN, 0}};
-    // With the worker's channel closed and the worker not yet reaped, look at it every
-    // kStuckCheckMs: a worker whose threads all ended but one held in the kernel is dead.
-    const bool closed = channel_.get() < 0 && worker_ > 0;
-    const int n = ::poll(pfds, closed ? 1 : 2, closed ? kStuckCheckMs : -1);
+    // While a worker runs, look at it every kStuckCheckMs: one whose threads all ended but
+    // one held in the kernel is dead, though no SIGCHLD comes and its channel stays open (the
+    // thread left keeps the process's descriptors).
+    const bool watching = worker_ > 0;
+    const int n = ::poll(pfds, channel_.get() >= 0 ? 2 : 1, watching ? kStuckCheckMs : -1);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       CTFS_LOG(kError) << "supervisor: poll: " << std::strerror(errno);
       return Finish(kExitFailure);
     }
-    if (n == 0 && closed) {
+    if (n == 0 && watching) {
       // A worker that handed its state over, or is being stopped, is left to end however
       // long it takes; another must have been a zombie for kStuckChecks looks, 5 s (an exit
       // tearing down a large memory takes a moment too).
