@@ -207,12 +207,44 @@ def proc_mounts() -> list[MountEntry]:
 
 def mount_entry(mountpoint: os.PathLike[str] | str) -> Optional[MountEntry]:
     """The last (topmost) /proc/mounts entry whose target is mountpoint, if any."""
-    target = os.path.realpath(mountpoint)
+    # Not realpath() of the mount point itself: its lstat asks the file system mounted there,
+    # which may be the hung one.
+    target = os.path.join(os.path.realpath(os.path.dirname(os.fspath(mountpoint))),
+                          os.path.basename(os.fspath(mountpoint)))
     found = None
     for entry in proc_mounts():
         if entry.target == target:
             found = entry
     return found
+
+
+def fuse_connection(mountpoint: os.PathLike[str] | str) -> Optional[str]:
+    """The fusectl connection id (the device minor) of a FUSE mount at mountpoint, from
+    /proc/self/mountinfo: asks nothing of the mount."""
+    entry = mount_entry(mountpoint)
+    if entry is None:
+        return None
+    found = None
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 4 and fields[4] == entry.target and " - fuse" in line:
+                found = fields[2].split(":")[1]
+    return found
+
+
+def abort_fuse_connection(connection: str) -> bool:
+    """Aborts a FUSE connection whose daemon is gone for good (a thread of it held in the
+    kernel): every request waiting on it fails, so no test process stays blocked on it."""
+    base = Path("/sys/fs/fuse/connections")
+    if not (base / connection).exists():
+        subprocess.run(["mount", "-t", "fusectl", "none", str(base)], capture_output=True,
+                       timeout=10, check=False)
+    try:
+        (base / connection / "abort").write_text("1")
+        return True
+    except OSError:
+        return False
 
 
 def pid_alive(pid: int) -> bool:
@@ -421,6 +453,7 @@ class CubeMount:
             self.learn_pid()
         except Exception:
             pass
+        connection = fuse_connection(self.mountpoint) if os.geteuid() == 0 else None
         if self.is_mounted():
             try:
                 self.fusermount(lazy=True)
@@ -447,6 +480,17 @@ class CubeMount:
                 run_command(["umount", "-l", str(self.mountpoint)])
             except subprocess.TimeoutExpired:
                 pass
+        # A connection that outlives its mount with requests still waiting has no daemon
+        # left to answer them (one died with a thread held in the kernel): abort it, so that
+        # a failed test leaves no process blocked for good.
+        waiting = Path(f"/sys/fs/fuse/connections/{connection}/waiting")
+        try:
+            stuck = connection is not None and int(waiting.read_text()) > 0 and \
+                not self.is_mounted()
+        except (OSError, ValueError):
+            stuck = False
+        if stuck:
+            abort_fuse_connection(connection)
         for f in self._out_files:
             f.close()
         self._out_files.clear()
