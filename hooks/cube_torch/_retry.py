@@ -4,9 +4,10 @@ itself with num_workers=0).
 
 When the daemon is killed or crashes, its supervisor starts the next one on the same mount
 within a second or two (an upgrade hands over without this). The requests the dead process had
-taken fail as the kernel decides (ENOTCONN, ECONNABORTED), and a file opened through it, or a
-name the kernel still held from it, answers ESTALE until the new process has made the kernel
-look its names up again. An unmodified training loop would die of that one sample. So torch's
+taken fail as the kernel decides (ENOTCONN, ECONNABORTED; ECANCELED for those given to the
+dying process's queues on FUSE over io_uring), and a file opened through it or a name the
+kernel still held from it that the new process could not adopt answers ESTALE until the
+kernel looks the name up again. An unmodified training loop would die of that one sample. So torch's
 fetch of a map-style dataset's samples (`_MapDatasetFetcher.fetch`) is wrapped: when it raises
 an OSError of one of those errnos (anywhere in the exception's chain) for a file of a
 cubetorchfs mount (or with no file named, the mounts of the samples' files, else every such
@@ -30,7 +31,7 @@ from typing import Any, Callable, List, Optional
 
 from . import _client, _common, _open, _paths
 
-RETRY_ERRNOS = frozenset({errno.ESTALE, errno.ENOTCONN, errno.ECONNABORTED})
+RETRY_ERRNOS = frozenset({errno.ESTALE, errno.ENOTCONN, errno.ECONNABORTED, errno.ECANCELED})
 MAX_RETRIES = 5
 WAIT_S = 60.0  # how long a fetch waits for its mount to answer before the error goes through
 POLL_S = 0.2

@@ -59,7 +59,8 @@ class Flaky(Dataset):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("err", [errno.ESTALE, errno.ENOTCONN, errno.ECONNABORTED])
+@pytest.mark.parametrize("err", [errno.ESTALE, errno.ENOTCONN, errno.ECONNABORTED,
+                                 errno.ECANCELED])
 def test_a_sample_of_a_dead_daemon_is_read_again(mnt: Path, tmp_path: Path, workers: int,
                                                  err: int) -> None:
     marks = tmp_path / "marks"
