@@ -254,7 +254,9 @@ class InodeTable {
     uint32_t mode = 0;      // st_mode, and which block count (kBlocks*)
     uint32_t nlink = 0, uid = 0, gid = 0;
     uint16_t dev = 0;  // index of its store_dev in devs_ (kDevSide: in dev_side_)
-    uint16_t flags = 0;
+    // Atomic: the structural bits change under names_mu_ and the stripe, but kAttrBusy and
+    // kWriting under the stripe alone, while readers of the structure hold only names_mu_.
+    std::atomic<uint16_t> flags{0};
     Name name;
   };
   static constexpr int kChunkBits = 10;  // 1,024 records a chunk (139 KiB)
