@@ -253,6 +253,7 @@ class Supervisor {
   int OnWorkerExit(int status);
   // Whether the main thread of `pid` has ended (a zombie) though other threads may live.
   static bool LeaderEnded(pid_t pid);
+  static void KeepFd(int* kept, int* fd);
   static constexpr int kStuckCheckMs = 500;
   static constexpr int kStuckChecks = 10;
   int stuck_checks_ = 0;
@@ -443,6 +444,15 @@ bool Supervisor::Spawn(int state_fd) {
   return true;
 }
 
+// A memfd the worker sent, kept for the workers after it in place of the one before.
+void Supervisor::KeepFd(int* kept, int* fd) {
+  if (*fd < 0) return;
+  if (*kept >= 0) ::close(*kept);
+  *kept = *fd;
+  ::fcntl(*kept, F_SETFD, FD_CLOEXEC);
+  *fd = -1;
+}
+
 void Supervisor::OnMessage() {
   std::string msg;
   int fd = -1;
@@ -461,20 +471,10 @@ void Supervisor::OnMessage() {
                     std::to_string(generation_) + ")\nMAINPID=" + std::to_string(::getpid()));
       break;
     case kMsgRing:
-      if (fd >= 0) {
-        if (ring_fd_ >= 0) ::close(ring_fd_);
-        ring_fd_ = fd;
-        ::fcntl(ring_fd_, F_SETFD, FD_CLOEXEC);
-        fd = -1;
-      }
+      KeepFd(&ring_fd_, &fd);
       break;
     case kMsgTable:
-      if (fd >= 0) {
-        if (table_fd_ >= 0) ::close(table_fd_);
-        table_fd_ = fd;
-        ::fcntl(table_fd_, F_SETFD, FD_CLOEXEC);
-        fd = -1;
-      }
+      KeepFd(&table_fd_, &fd);
       break;
     case kMsgState:
       if (fd >= 0) {

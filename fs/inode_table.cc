@@ -1176,16 +1176,16 @@ void InodeTable::AppendRecord(std::string* out, uint32_t slot) const {
   }
 }
 
+cfs_client::FileAttr InodeTable::RootAttr() const {
+  ReaderLock r(names_mu_);
+  MutexLock l(StripeOf(kRootSlot));
+  return AttrOf(kRootSlot, At(kRootSlot));
+}
+
 Status InodeTable::Restore(std::string_view bytes) {
   uint64_t magic = 0;
   if (bytes.size() >= 8) std::memcpy(&magic, bytes.data(), 8);
-  cfs_client::FileAttr root_attr;
-  {
-    ReaderLock r(names_mu_);
-    MutexLock l(StripeOf(kRootSlot));
-    root_attr = AttrOf(kRootSlot, At(kRootSlot));
-  }
-  InodeTable fresh(root_attr, 0);
+  InodeTable fresh(RootAttr(), 0);
   fresh.generation_base_ = generation_base_.load();
   Status read = magic == kSnapshotMagicV2 ? fresh.RestoreV2(bytes)
                 : magic == kSnapshotMagicV1
@@ -1199,13 +1199,7 @@ Status InodeTable::Restore(std::string_view bytes) {
 Result<InodeTable::Adopted> InodeTable::AdoptDurable(
     int fd, const std::function<uint64_t(uint64_t)>& remark) {
   CTFS_ASSIGN_OR_RETURN(DurableRegion region, DurableRegion::Adopt(fd, RegionBytes()));
-  cfs_client::FileAttr root_attr;
-  {
-    ReaderLock r(names_mu_);
-    MutexLock l(StripeOf(kRootSlot));
-    root_attr = AttrOf(kRootSlot, At(kRootSlot));
-  }
-  InodeTable fresh(root_attr, 0);
+  InodeTable fresh(RootAttr(), 0);
   fresh.generation_base_ = generation_base_.load();
   Adopted out;
   CTFS_RETURN_IF_ERROR(fresh.AdoptInto(std::move(region), remark, &out));

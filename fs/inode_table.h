@@ -373,6 +373,8 @@ class InodeTable {
   Status RestoreV2(std::string_view bytes);
   // Takes every record and index of `o` (a table Restore filled), which is left empty.
   void TakeFrom(InodeTable& o);
+  // The root's attributes: what a fresh table that replaces this one starts with.
+  cfs_client::FileAttr RootAttr() const;
 
   std::atomic<uint64_t> bad_forgets_{0};
   std::atomic<uint64_t> rename_visits_{0};
