@@ -20,6 +20,9 @@ when the loop has taken --at of the epoch the daemon is killed (or upgraded). Me
   - `in_flight`: the old daemon's prefetch fetches in flight and files in its window just
     before the event (/v1/stats), what a restart that lost only the requests under way would
     read again;
+  - `store_stats_after`: the metadata requests of that daemon (a file adopted from the dead
+    one's RAM cache costs one, its version checked, instead of a read), and what it adopted
+    (`adopted` inode records, `cache_found` / `cache_kept` cached chunks);
   - the hook's `resent` count (positions sent again to the new daemon), errors reaching the
     loop (must be 0), the epoch's seconds and the new daemon's hit ratio.
 Prints one JSON line; bench/README.md has the figures. Runs under the project venv.
@@ -177,6 +180,10 @@ def main() -> int:
         row["errors"] = client.get("errors", 0)
         after = int(metric(port, "cubetorchfs_backend_requests_total", 'op="read"'))
         row["store_reads_after"] = after
+        # Metadata requests of the daemon that served the rest: a file whose bytes it adopted
+        # from the dead one's RAM cache costs one (its version checked) instead of a read.
+        row["store_stats_after"] = int(metric(port, "cubetorchfs_backend_requests_total",
+                                              'op="stat"'))
         # Every file needs one store read; what the old daemon read between the sample above
         # and the event is not counted, so this is a lower bound.
         # With no event the one daemon's count is both.
@@ -197,6 +204,14 @@ def main() -> int:
                       r"\((\d+) dropped", log)
         if m:
             row["adopted"], row["adopt_ms"], row["dropped"] = map(int, m.groups())
+        # And of its RAM cache (the window and the LRU: cache/cache_arena.h).
+        m = re.search(r"found (\d+) cached chunks \((\d+) MiB\) of the process before in "
+                      r"(\d+) ms", log)
+        if m:
+            row["cache_found"], row["cache_mib"], row["cache_adopt_ms"] = map(int, m.groups())
+        m = re.search(r"cached again (\d+) of the", log)
+        if m:
+            row["cache_kept"] = int(m.group(1))
         print(json.dumps(row), flush=True)
     finally:
         if proc is not None and proc.poll() is None:

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cache/cache_arena.h"
 #include "common/thread_annotations.h"
 
 namespace cubetorchfs::cache {
@@ -49,15 +50,47 @@ char* MapAligned(size_t len) {
 
 }  // namespace
 
+static CacheArena* g_arena = nullptr;  // set once, before any buffer (Buffer::UseArena)
+
 void Buffer::Free::operator()(char* p) const {
-  if (mapped != 0)
+  if (arena != nullptr)
+    arena->Free(p);
+  else if (mapped != 0)
     ::munmap(p, mapped);
   else
     std::free(p);
 }
 
+Buffer::~Buffer() {
+  // The record goes before the block it names (which data's deleter frees next).
+  if (const uint64_t r = record.load(std::memory_order_relaxed); r != 0)
+    data.get_deleter().arena->Retire(r);
+}
+
+void Buffer::UseArena(CacheArena* arena) { g_arena = arena; }
+CacheArena* Buffer::arena() { return g_arena; }
+
+void Buffer::Publish(const std::string& key) const {
+  CacheArena* a = data.get_deleter().arena;
+  if (a == nullptr || record.load(std::memory_order_relaxed) != 0) return;
+  const uint64_t r = a->Publish(key, data.get(), size);
+  uint64_t none = 0;
+  if (r != 0 && !record.compare_exchange_strong(none, r)) a->Retire(r);  // another won
+}
+
+void Buffer::Forget() const {
+  if (const uint64_t r = record.exchange(0); r != 0) data.get_deleter().arena->Retire(r);
+}
+
 std::shared_ptr<Buffer> Buffer::Allocate(size_t size) {
   auto b = std::make_shared<Buffer>();
+  if (g_arena != nullptr) {
+    if (char* p = g_arena->Allocate(size)) {
+      b->data = std::unique_ptr<char, Free>(p, Free(g_arena));
+      b->size = size;
+      return b;
+    }
+  }
   if (size >= kHugePage) {
     const size_t len = PageRound(size);
     char* p = MapAligned(len);
@@ -73,6 +106,15 @@ std::shared_ptr<Buffer> Buffer::Allocate(size_t size) {
 
 void Buffer::Shrink(size_t n) {
   if (n >= size) return;
+  if (CacheArena* a = data.get_deleter().arena) {
+    char* q = a->Shrink(data.get(), size, n);
+    if (q != data.get()) {
+      (void)data.release();  // freed by the arena's Shrink
+      data.reset(q);
+    }
+    size = n;
+    return;
+  }
   if (n < kCopyWhenShrunkBelow) {
     // A small file read into a large guess: a block of its own. Shrinking the large one in
     // place would keep a whole page at least (a block past malloc's mmap threshold shrinks
@@ -183,6 +225,7 @@ class ShardedLruCache final : public RamCache {
       return Lookup{r.value(), Served::kWaited};
     }
     Result<BufferRef> r = fetch();
+    if (r.ok()) r.value()->Publish(key);
     {
       MutexLock l(s.mu);
       s.inflight.erase(key);
@@ -206,6 +249,7 @@ class ShardedLruCache final : public RamCache {
   }
 
   void Insert(const std::string& key, BufferRef buffer) override {
+    buffer->Publish(key);
     Shard& s = ShardOf(key);
     MutexLock l(s.mu);
     InsertLocked(s, key, std::move(buffer));
@@ -225,12 +269,26 @@ class ShardedLruCache final : public RamCache {
         ++visits;
         if (IsKeyOfFile(*it->second->key, path)) doomed.push_back(it->second);
       }
-      for (auto entry : doomed) RemoveLocked(s, entry);
+      for (auto entry : doomed) {
+        entry->buffer->Forget();  // a reader may hold it on: its bytes are no longer the key's
+        RemoveLocked(s, entry);
+      }
     }
     erase_visits_.fetch_add(visits, std::memory_order_relaxed);
   }
 
   uint64_t erase_visits() const override { return erase_visits_.load(std::memory_order_relaxed); }
+
+  bool HoldsFile(std::string_view path) override {
+    const uint64_t h = PathHash(path);
+    for (Shard& s : shards_) {
+      MutexLock l(s.mu);
+      auto [from, to] = s.files.equal_range(h);
+      for (auto it = from; it != to; ++it)
+        if (IsKeyOfFile(*it->second->key, path)) return true;
+    }
+    return false;
+  }
 
   uint64_t bytes() const override { return bytes_.load(std::memory_order_relaxed); }
   uint64_t evictions() const override { return evictions_.load(std::memory_order_relaxed); }
@@ -335,9 +393,28 @@ uint64_t RamCache::EntryCost(size_t key_bytes, size_t size) {
   // buffer reference), the Buffer with its shared_ptr control block, the key's bytes unless
   // short enough to sit in the string itself, and the bytes. Buckets: one pointer an entry at
   // load factor 1, twice that just after a rehash.
+  // In the arena (Buffer::UseArena), the bytes' block of their size class and the record
+  // that publishes them.
   const uint64_t key_heap = key_bytes > 15 ? block(key_bytes + 1) : 0;
-  return block(8 + 32 + 8 + 8) + 16 + block(8 + 8 + 8) + 16 + block(16 + 8 + 16) + block(16 + 24) +
-         key_heap + block(size);
+  const uint64_t nodes =
+      block(8 + 32 + 8 + 8) + 16 + block(8 + 8 + 8) + 16 + block(16 + 8 + 16) + block(16 + 40);
+  if (g_arena != nullptr)
+    return nodes + key_heap + CacheArena::BlockBytes(size) + CacheArena::RecordBytes(key_bytes);
+  return nodes + key_heap + block(size);
+}
+
+uint64_t CacheAdopted(RamCache& cache, CacheArena* arena, CacheArena::Adoption* adopted) {
+  uint64_t kept = 0;
+  for (CacheArena::Entry& e : adopted->entries) {
+    auto b = std::make_shared<Buffer>();
+    b->data = std::unique_ptr<char, Buffer::Free>(e.data, Buffer::Free(arena));
+    b->size = e.size;
+    b->record.store(e.record, std::memory_order_relaxed);
+    cache.Insert(e.key, BufferRef(std::move(b)));
+    kept += cache.Contains(e.key) ? 1 : 0;
+  }
+  adopted->entries.clear();
+  return kept;
 }
 
 std::unique_ptr<RamCache> RamCache::New(const Options& options, prometheus::Registry* registry) {

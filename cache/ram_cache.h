@@ -13,12 +13,14 @@
 // is held while a fetch runs, and no two shard locks are ever held at once.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
 
+#include "cache/cache_arena.h"
 #include "cfs_client/backend.h"
 #include "common/status.h"
 
@@ -33,20 +35,43 @@ struct Buffer {
   struct Free {
     Free() noexcept : mapped(0) {}
     explicit Free(size_t m) noexcept : mapped(m) {}
-    size_t mapped;  // the bytes of its own mapping, or 0: from malloc
+    explicit Free(CacheArena* a) noexcept : mapped(0), arena(a) {}
+    size_t mapped;                // the bytes of its own mapping, or 0: from malloc or the arena
+    CacheArena* arena = nullptr;  // the block is the arena's
     void operator()(char* p) const;
   };
+  Buffer() = default;
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
   std::unique_ptr<char, Free> data;
   size_t size = 0;
+  // The arena's record of these bytes (CacheArena::Publish), or 0: retired with the buffer.
+  mutable std::atomic<uint64_t> record{0};
 
-  // Allocates `size` uninitialized bytes. Aborts if memory is exhausted. A buffer of 2 MiB or
-  // more is a mapping of its own, aligned to and advised for transparent huge pages: filling
-  // a 4 MiB chunk then faults twice, not 1,024 times (the cost of a cold read's fresh memory).
+  // Allocates `size` uninitialized bytes: from the arena set by UseArena while it has room,
+  // else from the heap. Aborts if memory is exhausted. A heap buffer of 2 MiB or more is a
+  // mapping of its own, aligned to and advised for transparent huge pages: filling a 4 MiB
+  // chunk then faults twice, not 1,024 times (the cost of a cold read's fresh memory).
   static std::shared_ptr<Buffer> Allocate(size_t size);
   // Gives back the memory past the first `n` bytes: in place, or for n under
-  // kCopyWhenShrunkBelow by a copy into a block of n bytes. REQUIRES: n <= size.
+  // kCopyWhenShrunkBelow (any n of a smaller size class, in the arena) by a copy into a block
+  // of n bytes. REQUIRES: n <= size, and not published.
   void Shrink(size_t n);
   static constexpr size_t kCopyWhenShrunkBelow = 64 << 10;
+
+  // The arena buffers come from from now on (null: the heap). Set once, before any buffer is
+  // allocated; the arena must outlive every buffer.
+  static void UseArena(CacheArena* arena);
+  static CacheArena* arena();
+  // Publishes the bytes, whole, as those of `key` (a ChunkKey): after a crash the next process
+  // finds them in the arena (CacheArena) and caches them again. Once: a second call is a no-op.
+  // Nothing for a heap buffer.
+  void Publish(const std::string& key) const;
+  // Withdraws the publication: the bytes are no longer those of their key (a write through
+  // the mount, EraseFile).
+  void Forget() const;
 };
 using BufferRef = std::shared_ptr<const Buffer>;
 
@@ -110,6 +135,9 @@ class RamCache {
   // Drops every entry of the file at `path`, whatever its version (after a write through the
   // mount, so no reader is served the old bytes). O(shards + the file's chunks).
   virtual void EraseFile(std::string_view path) = 0;
+  // Whether some version of a chunk of the file at `path` is cached. O(shards + the file's
+  // chunks).
+  virtual bool HoldsFile(std::string_view path) = 0;
   // Index entries EraseFile has looked at, ever: the file's own (and those of any other file
   // whose path hashes alike).
   virtual uint64_t erase_visits() const = 0;
@@ -123,5 +151,10 @@ class RamCache {
   static uint64_t EntryCost(size_t key_bytes, size_t size);
   virtual uint64_t evictions() const = 0;
 };
+
+// Caches the buffers an arena adopted from the process before (CacheArena::Adopt), in the
+// order found, and empties `adopted`; returns how many the cache kept (its budget may be
+// smaller than the process before's). Each buffer keeps its record: still published.
+uint64_t CacheAdopted(RamCache& cache, CacheArena* arena, CacheArena::Adoption* adopted);
 
 }  // namespace cubetorchfs::cache

@@ -32,6 +32,15 @@ DurableRegion::~DurableRegion() {
 }
 
 DurableRegion DurableRegion::Create(const char* name, size_t bytes) {
+  Result<DurableRegion> r = TryCreate(name, bytes);
+  if (!r.ok()) {
+    CTFS_LOG(kError) << r.status().ToString();
+    std::abort();
+  }
+  return std::move(r).value();
+}
+
+Result<DurableRegion> DurableRegion::TryCreate(const char* name, size_t bytes) {
   DurableRegion r;
   r.size_ = bytes;
   const int fd = ::memfd_create(name, MFD_CLOEXEC);
@@ -48,11 +57,9 @@ DurableRegion DurableRegion::Create(const char* name, size_t bytes) {
                   << "): it will not outlive this process";
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) {
-    CTFS_LOG(kError) << "cannot reserve " << bytes << " bytes for " << name << ": "
-                     << std::strerror(errno);
-    std::abort();
-  }
+  if (p == MAP_FAILED)
+    return Status::FromErrno(
+        errno, "cannot reserve " + std::to_string(bytes) + " bytes for " + std::string(name));
   r.p_ = static_cast<char*>(p);
   return r;
 }

@@ -33,6 +33,9 @@ class DurableRegion {
   // made, anonymous private memory: the region then works but dies with the process
   // (durable() is false).
   static DurableRegion Create(const char* name, size_t bytes);
+  // As Create, but an error where not even anonymous memory can be reserved (`ulimit -v`),
+  // rather than an abort: for a region the caller can do without.
+  static Result<DurableRegion> TryCreate(const char* name, size_t bytes);
   // The region in `fd` (a memfd another process left), of exactly `bytes`; takes `fd`, which
   // is closed with the region or on failure.
   static Result<DurableRegion> Adopt(int fd, size_t bytes);

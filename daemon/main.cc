@@ -29,6 +29,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cache/cache_arena.h"
 #include "cache/ram_cache.h"
 #include "cfs_client/backend.h"
 #include "common/logging.h"
@@ -479,6 +480,41 @@ bool AdoptRecordsOfDeadProcess(FileSystem& fs, const Takeover& t) {
   return true;
 }
 
+// The RAM cache's memory (cache/cache_arena.h): the arena the worker that died left
+// (Takeover::cache_fd) when it can be adopted, its published buffers in `*adopted`; else a new
+// one. Null if none can be reserved (buffers then come from the heap and die with the
+// process). Never freed: buffers may be let go by threads still running at exit.
+cache::CacheArena* OpenCacheArena(const conf::Config& config, const Takeover& t,
+                                  cache::CacheArena::Adoption* adopted) {
+  if (t.cache_fd >= 0 && t.state_fd < 0) {
+    const auto start = std::chrono::steady_clock::now();
+    Result<std::unique_ptr<cache::CacheArena>> a = cache::CacheArena::Adopt(t.cache_fd, adopted);
+    if (a.ok()) {
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
+      CTFS_LOG(kInfo) << "after the crash, found " << adopted->entries.size() << " cached chunks ("
+                      << (adopted->bytes >> 20) << " MiB) of the process before in "
+                      << static_cast<int>(ms) << " ms (" << adopted->dropped
+                      << " dropped: unreadable)";
+      return a->release();
+    }
+    adopted->entries.clear();
+    CTFS_LOG(kWarn) << "the RAM cache of the process before is not used (" << a.status().ToString()
+                    << "): what it held is fetched again";
+  } else if (t.cache_fd >= 0) {
+    ::close(t.cache_fd);  // a handover: another build's arena may be of another form
+  }
+  Result<std::unique_ptr<cache::CacheArena>> a =
+      cache::CacheArena::Create(cache::CacheArena::ReserveFor(config.cache.memory_bytes));
+  if (!a.ok()) {
+    CTFS_LOG(kWarn) << "no memory reserved for the RAM cache (" << a.status().ToString()
+                    << "): it comes from the heap and does not outlive this process";
+    return nullptr;
+  }
+  return a->release();
+}
+
 // The session a handover stops.
 std::atomic<bool> g_handover{false};
 std::atomic<bool> g_supervisor_gone{false};          // nobody to hand over to
@@ -516,6 +552,11 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   // prefetched epoch, and a lower peak RSS than one arena per thread.
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
   mallopt(M_ARENA_MAX, 2);
+  // Cached files' bytes live in an arena that outlives the process: after a crash the next
+  // one caches again what this one had fetched.
+  cache::CacheArena::Adoption adopted_cache;
+  cache::CacheArena* arena = OpenCacheArena(config, takeover, &adopted_cache);
+  cache::Buffer::UseArena(arena);
   auto registry = std::make_shared<prometheus::Registry>();
 
   Result<std::unique_ptr<cfs_client::Backend>> backend =
@@ -542,6 +583,12 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
     };
   }
   std::unique_ptr<cache::RamCache> cache = cache::RamCache::New(ram_options, registry.get());
+  if (!adopted_cache.entries.empty()) {
+    const size_t found = adopted_cache.entries.size();
+    const uint64_t kept = cache::CacheAdopted(*cache, arena, &adopted_cache);
+    CTFS_LOG(kInfo) << "after the crash, cached again " << kept << " of the " << found
+                    << " chunks the process before held";
+  }
   PageProbe page_probe;  // outlives the prefetcher, which may call it; attached below
   prefetch::Prefetcher prefetcher(PrefetcherOptions(config, window_budget), backend->get(),
                                   cache.get(), SystemClock(), registry.get(), disk.get());
@@ -661,6 +708,10 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
       !SendMessage(takeover.channel_fd, kMsgTable, "", filesystem->inodes().durable_fd()))
     CTFS_LOG(kWarn) << "the supervisor did not take the inode records: after a crash of this "
                        "process, descriptors opened before it answer ESTALE";
+  if (takeover.channel_fd >= 0 && arena != nullptr && arena->fd() >= 0 &&
+      !SendMessage(takeover.channel_fd, kMsgCache, "", arena->fd()))
+    CTFS_LOG(kWarn) << "the supervisor did not take the RAM cache: after a crash of this "
+                       "process, what it holds is fetched again";
   // After a crash on io_uring, requests queued meanwhile are fetched once a queue is kicked.
   if (takeover.generation > 0) session.SetKickPath(config.mount_point);
   // On io_uring, the entries live in a memfd the supervisor keeps for the next process.

@@ -63,13 +63,15 @@ Result<Takeover> ParseTakeover(const std::string& spec) {
       t.ring_fd = static_cast<int>(v);
     else if (key == "table")
       t.table_fd = static_cast<int>(v);
+    else if (key == "cache")
+      t.cache_fd = static_cast<int>(v);
     else
       return Status::InvalidArgument("--takeover: unknown key " + key);
   }
   if (t.fuse_fd < 0 || (t.generation >> 23) != 0)
     return Status::InvalidArgument("--takeover: needs fuse=FD and a generation below 2^23");
   for (int fd : {t.fuse_fd, t.channel_fd, t.init_fd, t.state_fd, t.unix_fd, t.prof_fd, t.metrics_fd,
-                 t.ring_fd, t.table_fd})
+                 t.ring_fd, t.table_fd, t.cache_fd})
     if (fd >= 0 && ::fcntl(fd, F_GETFD) < 0)
       return Status::InvalidArgument("--takeover: descriptor " + std::to_string(fd) +
                                      " is not open");
@@ -282,6 +284,7 @@ class Supervisor {
   // The current worker's inode records (kMsgTable), for the next worker of this binary if it
   // dies; not handed to another binary (its records may be of another form).
   int table_fd_ = -1;
+  int cache_fd_ = -1;  // the current worker's RAM cache (kMsgCache), handed on as table_fd_
   std::vector<double> restarts_;
   sigset_t old_mask_{};
 };
@@ -295,6 +298,7 @@ std::vector<std::string> Supervisor::TakeoverArgv(const char* flag, const Takeov
   if (t.state_fd >= 0) spec += ",state=" + std::to_string(t.state_fd);
   if (ring_fd_ >= 0) spec += ",ring=" + std::to_string(ring_fd_);
   if (t.table_fd >= 0) spec += ",table=" + std::to_string(t.table_fd);
+  if (t.cache_fd >= 0) spec += ",cache=" + std::to_string(t.cache_fd);
   static constexpr const char* kListenerKeys[] = {"unix", "prof", "metrics"};
   for (int i = 0; i < 3 && with_listeners; ++i)
     if (listeners_[i] >= 0)
@@ -407,13 +411,14 @@ bool Supervisor::Spawn(int state_fd) {
   Takeover t{fuse_fd_, sv[1], generation_, init_fd, state_fd};
   // After a crash (no state handed over), the records the dead worker left.
   t.table_fd = state_fd < 0 ? table_fd_ : -1;
+  t.cache_fd = state_fd < 0 ? cache_fd_ : -1;
   std::vector<std::string> args = TakeoverArgv("--takeover", t);
   std::vector<char*> cargs = CArgs(args);
 
   const pid_t pid = ::fork();
   if (pid == 0) {
     for (int fd : {fuse_fd_, sv[1], init_fd, state_fd, listeners_[0], listeners_[1], listeners_[2],
-                   ring_fd_, t.table_fd})
+                   ring_fd_, t.table_fd, t.cache_fd})
       if (fd >= 0) ::fcntl(fd, F_SETFD, 0);
     ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
     // The worker runs this supervisor's own image, whatever is installed at exe_ now (removed,
@@ -432,13 +437,14 @@ bool Supervisor::Spawn(int state_fd) {
   }
   channel_.reset(sv[0]);
   worker_ = pid;
-  if (t.table_fd >= 0) {
-    // The records go to that worker alone; it sends them back once it has adopted them
-    // (kMsgTable). Should reading them be what kills it, the worker after it starts empty
-    // instead of dying the same way until the restarts run out.
-    ::close(table_fd_);
-    table_fd_ = -1;
-  }
+  // The records and the cache go to that worker alone; it sends them back once it has
+  // adopted them (kMsgTable, kMsgCache). Should reading them be what kills it, the worker
+  // after it starts empty instead of dying the same way until the restarts run out.
+  for (int* kept : {&table_fd_, &cache_fd_})
+    if (*kept >= 0 && (*kept == t.table_fd || *kept == t.cache_fd)) {
+      ::close(*kept);
+      *kept = -1;
+    }
   CTFS_LOG(kInfo) << "supervisor: worker " << pid << " started (generation " << generation_
                   << (state_fd >= 0 ? ", with the state handed over" : "") << ")";
   return true;
@@ -475,6 +481,9 @@ void Supervisor::OnMessage() {
       break;
     case kMsgTable:
       KeepFd(&table_fd_, &fd);
+      break;
+    case kMsgCache:
+      KeepFd(&cache_fd_, &fd);
       break;
     case kMsgState:
       if (fd >= 0) {

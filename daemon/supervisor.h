@@ -59,6 +59,7 @@ enum ChannelMessage : char {
   kMsgUpgrade = 'U',  // supervisor -> worker: hand over (SIGUSR2 reached the supervisor)
   kMsgRing = 'Q',     // worker -> supervisor: the memfd of its io_uring entries (uring_loop.h)
   kMsgTable = 'T',    // worker -> supervisor: the memfd of its inode records (fs/inode_table.h)
+  kMsgCache = 'C',    // worker -> supervisor: the memfd of its RAM cache (cache/cache_arena.h)
 };
 
 // What a worker is given by its supervisor (parsed from --takeover).
@@ -79,6 +80,9 @@ struct Takeover {
   // the next adopts them (fs/inode_table.h); -1: none. The supervisor hands it on once: a
   // worker that dies before sending it back (kMsgTable) leaves the next one without it.
   int table_fd = -1;
+  // The memfd of the RAM cache of the process before, which died: the next adopts what it
+  // had cached (cache/cache_arena.h); -1: none. Handed on once, as table_fd.
+  int cache_fd = -1;
 };
 Result<Takeover> ParseTakeover(const std::string& spec);
 

@@ -70,6 +70,13 @@ void Prefetcher::RunJob(const Job& job, std::vector<Stored>* stored) {
   }
   FirstLook look = LookFirst(job.path, job.guess, check, job.source);
   const uint64_t guess = job.guess;
+  // A small file read whole: its block cut to size and published (a crash leaves it to the
+  // next process) before the lock is taken.
+  if (look.got.ok() && look.got->attr.size <= guess && look.got->bytes == look.got->attr.size) {
+    const cache::BufferRef& whole = look.cached ? look.cached : look.first;
+    if (look.first && !look.cached) look.first->Shrink(look.got->attr.size);
+    if (whole) whole->Publish(cache::ChunkKey(job.path, look.got->attr.Version(), 0));
+  }
 
   std::unique_lock<std::mutex> l(mu_);
   // Entries that are not ready are erased only here, so the element stays put.
@@ -103,12 +110,7 @@ void Prefetcher::RunJob(const Job& job, std::vector<Stored>* stored) {
   if (size <= guess && look.got->bytes != size) {
     failure = Status::Stale(job.path + ": short read from the store");
   } else if (size <= guess) {
-    if (look.cached) {
-      chunks.push_back(std::move(look.cached));
-    } else {
-      look.first->Shrink(size);
-      chunks.push_back(std::move(look.first));
-    }
+    chunks.push_back(look.cached ? std::move(look.cached) : std::move(look.first));
     window_.Charge(*e, static_cast<int64_t>(size) - static_cast<int64_t>(e->reserved));
   } else {
     look.first.reset();
@@ -223,9 +225,10 @@ Prefetcher::FirstLook Prefetcher::LookFirst(const std::string& path, uint64_t gu
       out.from_cache = true;
       out.got = cfs_client::Backend::Fetched{*known, out.cached->size};
     }
-  } else if (disk_ != nullptr) {
+  } else if (disk_ != nullptr || ram_->HoldsFile(path)) {
     // With an NVMe tier, a file cached there (say, by an earlier run) costs only a metadata
-    // request to the store.
+    // request to the store; so does a file the RAM cache holds at some version (its
+    // attributes expired, or it was adopted after a crash: cache/cache_arena.h).
     Result<cfs_client::FileAttr> attr = backend_->Stat(path);
     if (attr.ok() && check) {
       if (Status denied = check(attr.value()); !denied.ok()) attr = denied;
@@ -282,14 +285,17 @@ Status Prefetcher::FetchChunks(const std::string& path, const cfs_client::FileVe
       const size_t len = static_cast<size_t>(std::min(chunk_bytes, size - off));
       // A demand read may have fetched this chunk already, or an NVMe tier hold it.
       if (cache::BufferRef cached = tiers.Find(cache::ChunkKey(path, version, c), len)) {
+        cached->Publish(cache::ChunkKey(path, version, c));  // from the NVMe tier: not yet
         (*chunks)[c] = std::move(cached);
         continue;
       }
       Result<cache::BufferRef> r = cache::ReadChunk(*backend_, path, version, off, len);
-      if (r.ok())
+      if (r.ok()) {
         (*chunks)[c] = std::move(r).value();
-      else
+        (*chunks)[c]->Publish(cache::ChunkKey(path, version, c));
+      } else {
         errors[c] = r.status();
+      }
     }
   };
   RunOnThreads(static_cast<int>(std::min<size_t>(kParallelChunks, n_chunks)), fetch_chunks);

@@ -665,6 +665,8 @@ void Prefetcher::Invalidate(const std::string& path) {
   auto it = window_.find(path);
   if (it == window_.end()) return;
   it->second.invalidated = true;
+  for (const cache::BufferRef& chunk : it->second.chunks)
+    if (chunk) chunk->Forget();  // no longer the bytes of their key, even after a crash
   window_.Hide(path, it->second);
   MaybeReleaseLocked(path);
 }

@@ -202,3 +202,44 @@ def test_kills_during_renames_and_creates_leave_every_name_reading_its_own_bytes
     ids = sorted((p.read_bytes()[:5] for d in ("a", "b") for p in (src / d).iterdir()
                   if not p.name.startswith("new-")))
     assert ids == sorted(f"id{i:03d}".encode() for i in range(200))
+
+
+def test_the_ram_cache_outlives_a_kill_9(cube: CubeFactory, tmp_path: Path) -> None:
+    """The default profile keeps what it fetched in the daemon's RAM cache only (no page-cache
+    stores). Its buffers live in a memfd the supervisor holds (cache/cache_arena.h): after two
+    kill -9s the next daemon serves every file again with no read reaching the store, and
+    never the bytes of a version the store no longer has (a file changed in the store, a file
+    written through the mount)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    sizes = [1500, 3000, 64 * 1024, 300 * 1024, 5 * 1024 * 1024 + 77]  # small, page-sized, chunked
+    want = {f"d{i % 3}/f{i}.bin": content(i, sizes[i % len(sizes)] // 256 * 256 or 256)
+            for i in range(40)}
+    for name, data in want.items():
+        (src / name).parent.mkdir(exist_ok=True)
+        (src / name).write_bytes(data)
+    # All of it fits the LRU (half the budget; the window has the other half).
+    mount = cube.mount(src, {"profile": "", "cache": {"memory_bytes": "256MiB"}})
+    for name, data in want.items():
+        assert mount.path(name).read_bytes() == data, name
+    # Changed in the store behind the daemon's back (same size, another mtime), and written
+    # through the mount: the cached bytes of both are of a version gone.
+    changed, written = "d0/f0.bin", "d1/f1.bin"
+    want[changed] = bytes(reversed(want[changed]))
+    (src / changed).write_bytes(want[changed])
+    os.utime(src / changed, ns=(time.time_ns(), time.time_ns() + 5_000_000_000))
+    want[written] = b"w" * 1000
+    mount.path(written).write_bytes(want[written])
+
+    kill_and_wait(mount)
+    kill_and_wait(mount)  # a second crash, of the daemon that adopted the cache
+    time.sleep(1.2)  # fuse.attr_timeout_s: the change in the store is seen from now on
+    reads_before = mount.metrics().value("cubetorchfs_backend_requests_total", op="read")
+    for name, data in want.items():
+        assert mount.path(name).read_bytes() == data, name
+    reads = mount.metrics().value("cubetorchfs_backend_requests_total", op="read") - reads_before
+    log = log_text(mount)
+    # The changed file alone is read from the store (the written one is in the cache at its
+    # new version); every other file, and every chunk of the large ones, comes from RAM.
+    assert reads <= 2, (reads, log[-3000:])
+    assert log.count("cached chunks") == 2, log[-4000:]
