@@ -13,6 +13,8 @@
           (`prefetch.evict_after_read: false`): every read reaches the daemon, and after the first
           epoch is served from its RAM. Its epochs 2-3 measure the daemon's CPU per small file
           served from RAM, all hits; run it with --workers 1 and 2 to see it grow with readers
+  hook-ram-heap the hook-ram row with the RAM cache in the heap (`cache.durable: false`), not
+          in the memfd arena that outlives a crash: what the arena costs, in the same run
   batch   the hook-ro row in the hook's batch mode (USE_BATCH_DOWNLOAD=1): each DataLoader
           worker takes its batch's files from the daemon in one request and reads them from
           memory, with no FUSE request per file
@@ -209,7 +211,7 @@ def child(args: argparse.Namespace) -> None:
 
 class Mount:
     def __init__(self, args: argparse.Namespace, data: Path, work: Path,
-                 read_only: bool = False, page_cache: bool = True) -> None:
+                 read_only: bool = False, page_cache: bool = True, durable: bool = True) -> None:
         self.work, self.mnt = work, work / "mnt"
         self.mnt.mkdir(parents=True)
         self.port = free_port()
@@ -223,7 +225,7 @@ class Mount:
         backend["inject"] = {"latency_us": args.latency_us}
         config = {"volName": self.vol, "mountPoint": str(self.mnt), "logDir": str(work / "log"),
                   "exporterPort": self.port, "profile": "ai_prefetch", "backend": backend,
-                  "cache": {"memory_bytes": args.memory_bytes},
+                  "cache": {"memory_bytes": args.memory_bytes, "durable": durable},
                   "prefetch": {"control_socket": str(work / "ctl.sock")}}
         if read_only:
             config["fuse"] = {"read_only": True}
@@ -323,7 +325,8 @@ def main() -> None:
     p.add_argument("--latency-us", type=int, default=1000, help="added to every store request")
     p.add_argument("--memory-bytes", default="4GiB", help="the daemon's cache.memory_bytes")
     p.add_argument("--systems", nargs="+", default=["local", "hook", "nohook"],
-                   choices=["local", "hook", "hook-ro", "hook-ram", "batch", "nohook"])
+                   choices=["local", "hook", "hook-ro", "hook-ram", "hook-ram-heap", "batch",
+                            "nohook"])
     p.add_argument("--nohook-classes", type=int, default=50,
                    help="classes the no-hook mount reads (its epochs are store-bound)")
     p.add_argument("--synthetic", action="store_true",
@@ -367,8 +370,10 @@ def main() -> None:
                 rows = run_child(args, data, False, subset, dict(os.environ))
             else:
                 mwork = Path(tempfile.mkdtemp(prefix="mount-", dir=work))
-                m = Mount(args, data, mwork, read_only=system in ("hook-ro", "hook-ram", "batch"),
-                          page_cache=system != "hook-ram")
+                m = Mount(args, data, mwork,
+                          read_only=system in ("hook-ro", "hook-ram", "hook-ram-heap", "batch"),
+                          page_cache=system not in ("hook-ram", "hook-ram-heap"),
+                          durable=system != "hook-ram-heap")
                 if system == "batch":
                     m.env["USE_BATCH_DOWNLOAD"] = "1"
                 try:
@@ -423,7 +428,7 @@ def main() -> None:
                 text += (f"\n    reads {fmt_ops(mid['reads'])}\n    store {fmt_ops(mid['store'])}"
                          f"\n    FUSE {fmt_ops(mid['fuse'])}\n    prefetch {fmt_ops(mid['prefetch'])}")
             print(text)
-    for name in ("hook", "hook-ro", "hook-ram", "batch"):
+    for name in ("hook", "hook-ro", "hook-ram", "hook-ram-heap", "batch"):
         if not local or name not in results:
             continue
         ratios = [f"scan {med(scans['local']) / med(scans[name]):.2f}"]

@@ -127,8 +127,9 @@ Result<std::unique_ptr<CacheArena>> CacheArena::Create(uint64_t reserve_bytes) {
 }
 
 void CacheArena::Format() {
-  Header h{kMagic, kLayout, static_cast<uint32_t>(kSpan), region_.size(), nspans_,
-           static_cast<uint32_t>(ClassSizes().size()), ClassSig()};
+  Header h{kMagic,         kLayout, static_cast<uint32_t>(kSpan),
+           region_.size(), nspans_, static_cast<uint32_t>(ClassSizes().size()),
+           ClassSig()};
   std::memcpy(base_, &h, sizeof h);
 }
 

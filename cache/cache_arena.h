@@ -110,7 +110,7 @@ class CacheArena {
     uint32_t used = 0;  // blocks handed out
     uint32_t bump = 0;  // blocks [0, bump) have been handed out at some time
     uint32_t nfree = 0;
-    int32_t partial_pos = -1;   // in its class's `partial`, or -1
+    int32_t partial_pos = -1;    // in its class's `partial`, or -1
     std::vector<uint64_t> free;  // bit i: block i (< bump) is free
   };
   struct Class {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cache/cache_arena.h"
+#include "common/logging.h"
 #include "common/thread_annotations.h"
 
 namespace cubetorchfs::cache {
@@ -90,6 +91,10 @@ std::shared_ptr<Buffer> Buffer::Allocate(size_t size) {
       b->size = size;
       return b;
     }
+    static std::atomic<bool> told{false};
+    if (!told.exchange(true))
+      CTFS_LOG(kWarn) << "the RAM cache's arena is full (" << g_arena->reserved()
+                      << " bytes reserved): buffers come from the heap, and a crash loses them";
   }
   if (size >= kHugePage) {
     const size_t len = PageRound(size);

@@ -329,17 +329,18 @@ Status ValidateS3(const S3Options& s3) {
 }
 
 Status ParseCache(const YAML::Node& node, CacheOptions* o) {
-  return ForEachKey(node, "cache",
-                    {"memory_bytes", "disk_dir", "disk_bytes", "chunk_bytes", "stream_min_bytes"},
-                    [&](const std::string& k, const YAML::Node& v, const std::string& key) {
-                      if (k == "memory_bytes") CTFS_ASSIGN(o->memory_bytes, GetSize(v, key));
-                      if (k == "disk_dir") CTFS_ASSIGN(o->disk_dir, GetString(v, key));
-                      if (k == "disk_bytes") CTFS_ASSIGN(o->disk_bytes, GetSize(v, key));
-                      if (k == "chunk_bytes") CTFS_ASSIGN(o->chunk_bytes, GetSize(v, key));
-                      if (k == "stream_min_bytes")
-                        CTFS_ASSIGN(o->stream_min_bytes, GetSize(v, key));
-                      return Status::OK();
-                    });
+  return ForEachKey(
+      node, "cache",
+      {"memory_bytes", "disk_dir", "disk_bytes", "chunk_bytes", "stream_min_bytes", "durable"},
+      [&](const std::string& k, const YAML::Node& v, const std::string& key) {
+        if (k == "memory_bytes") CTFS_ASSIGN(o->memory_bytes, GetSize(v, key));
+        if (k == "disk_dir") CTFS_ASSIGN(o->disk_dir, GetString(v, key));
+        if (k == "disk_bytes") CTFS_ASSIGN(o->disk_bytes, GetSize(v, key));
+        if (k == "chunk_bytes") CTFS_ASSIGN(o->chunk_bytes, GetSize(v, key));
+        if (k == "stream_min_bytes") CTFS_ASSIGN(o->stream_min_bytes, GetSize(v, key));
+        if (k == "durable") CTFS_ASSIGN(o->durable, GetBool(v, key));
+        return Status::OK();
+      });
 }
 
 Status ParsePrefetch(const YAML::Node& node, PrefetchOptions* o) {

@@ -103,6 +103,9 @@ struct CacheOptions {
   // file to the kernel without entering the cache; a second read of the same bytes is cached.
   // posix backend without an NVMe tier only; 0 = never. Default: 32 MiB.
   uint64_t stream_min_bytes = 32ull << 20;
+  // The RAM cache's bytes live in a memfd the supervisor holds (cache/cache_arena.h), so the
+  // daemon after a crash serves them again; false: the heap. Default: true.
+  bool durable = true;
 };
 
 struct PrefetchOptions {

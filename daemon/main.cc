@@ -486,6 +486,10 @@ bool AdoptRecordsOfDeadProcess(FileSystem& fs, const Takeover& t) {
 // process). Never freed: buffers may be let go by threads still running at exit.
 cache::CacheArena* OpenCacheArena(const conf::Config& config, const Takeover& t,
                                   cache::CacheArena::Adoption* adopted) {
+  if (!config.cache.durable) {
+    if (t.cache_fd >= 0) ::close(t.cache_fd);
+    return nullptr;
+  }
   if (t.cache_fd >= 0 && t.state_fd < 0) {
     const auto start = std::chrono::steady_clock::now();
     Result<std::unique_ptr<cache::CacheArena>> a = cache::CacheArena::Adopt(t.cache_fd, adopted);

@@ -5,11 +5,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fcntl.h>
 #include <algorithm>
 #include <csignal>
-#include <functional>
 #include <cstring>
-#include <fcntl.h>
+#include <functional>
 #include <map>
 #include <random>
 #include <thread>
@@ -85,8 +85,9 @@ int ArenaOfKilledProcess(const std::map<std::string, size_t>& published,
   EXPECT_EQ(::read(ready[0], &extra, sizeof extra), static_cast<ssize_t>(sizeof extra));
   if (more_got != nullptr) *more_got = extra;
   ::close(ready[0]);
-  const int fd = ::open((std::string("/proc/") + std::to_string(pid) + "/fd/" + std::to_string(child_fd)).c_str(),
-                        O_RDWR | O_CLOEXEC);
+  const int fd = ::open(
+      (std::string("/proc/") + std::to_string(pid) + "/fd/" + std::to_string(child_fd)).c_str(),
+      O_RDWR | O_CLOEXEC);
   ::kill(pid, SIGKILL);
   int status = 0;
   ::waitpid(pid, &status, 0);
@@ -98,9 +99,9 @@ std::map<std::string, size_t> SomeFiles() {
   std::map<std::string, size_t> files;
   std::mt19937 rng(7);
   for (int i = 0; i < 300; ++i) {
-    const size_t size = i % 50 == 0   ? (size_t{1} << 20) + rng() % (3 << 20)  // large
+    const size_t size = i % 50 == 0  ? (size_t{1} << 20) + rng() % (3 << 20)  // large
                         : i % 5 == 0 ? 4096 + rng() % (200 << 10)             // page classes
-                                      : 1 + rng() % 3000;                        // small
+                                     : 1 + rng() % 3000;                      // small
     files[std::string("train/n01/f").append(std::to_string(i)).append(".JPEG")] = size;
   }
   files["empty"] = 0;
@@ -153,16 +154,19 @@ TEST(CacheArenaTest, AdoptsExactlyWhatTheKilledProcessPublished) {
 
 TEST(CacheArenaTest, UnsoundRecordsAreDroppedAndClearedForGood) {
   uint64_t torn = 0;
-  const int fd = ArenaOfKilledProcess({{"a", 100}, {"b", 5000}, {"c", 70}}, [](CacheArena& a) {
-    char* p = a.Allocate(100);
-    std::memset(p, 'x', 100);
-    const uint64_t r = a.Publish("torn", p, 100);  // its key is written over below
-    a.Publish("twice", p, 100);  // the same block: kept, as the torn one is not
-    char* q = a.Allocate(50);
-    a.Publish("one", q, 50);
-    a.Publish("two", q, 50);  // claims a block claimed already
-    return r;
-  }, &torn);
+  const int fd = ArenaOfKilledProcess(
+      {{"a", 100}, {"b", 5000}, {"c", 70}},
+      [](CacheArena& a) {
+        char* p = a.Allocate(100);
+        std::memset(p, 'x', 100);
+        const uint64_t r = a.Publish("torn", p, 100);  // its key is written over below
+        a.Publish("twice", p, 100);  // the same block: kept, as the torn one is not
+        char* q = a.Allocate(50);
+        a.Publish("one", q, 50);
+        a.Publish("two", q, 50);  // claims a block claimed already
+        return r;
+      },
+      &torn);
   ASSERT_NE(torn, 0u);
   const char x = 'X';  // a record's key begins kRecordHeader bytes into its block
   ASSERT_EQ(::pwrite(fd, &x, 1, static_cast<off_t>(torn + CacheArena::kRecordHeader)), 1);
@@ -246,7 +250,10 @@ TEST(CacheArenaTest, ConcurrentUse) {
         char* p = a.Allocate(size);
         ASSERT_NE(p, nullptr);
         p[0] = static_cast<char>(t);
-        held.emplace_back(p, a.Publish(std::string("t").append(std::to_string(t)).append("/").append(std::to_string(i)), p, size));
+        held.emplace_back(
+            p, a.Publish(
+                   std::string("t").append(std::to_string(t)).append("/").append(std::to_string(i)),
+                   p, size));
         if (held.size() > 100) {
           const size_t k = rng() % held.size();
           ASSERT_EQ(held[k].first[0], static_cast<char>(t));

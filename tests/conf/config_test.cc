@@ -105,6 +105,21 @@ TEST(ConfigTest, CubeFsKeysMapOntoFuseOptions) {
   EXPECT_TRUE(c->unknown_top_level_keys.empty());
 }
 
+TEST(ConfigTest, TheCacheIsDurableUnlessSaidOtherwise) {
+  Result<Config> d = ParseConfig(R"({"volName": "v", "backend": {"root": "/d"}})");
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->cache.durable);
+  Result<Config> c =
+      ParseConfig(R"({"volName": "v", "backend": {"root": "/d"}, "cache": {"durable": false}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->cache.durable);
+  Result<Config> bad =
+      ParseConfig(R"({"volName": "v", "backend": {"root": "/d"}, "cache": {"durable": "maybe"}})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("cache.durable"), std::string::npos)
+      << bad.status().message();
+}
+
 TEST(ConfigTest, FlushOnCloseAndWriteBackIdle) {
   Result<Config> d = ParseConfig(R"({"volName": "v", "backend": {"root": "/d"}})");
   ASSERT_TRUE(d.ok());
