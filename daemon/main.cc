@@ -490,24 +490,24 @@ cache::CacheArena* OpenCacheArena(const conf::Config& config, const Takeover& t,
     if (t.cache_fd >= 0) ::close(t.cache_fd);
     return nullptr;
   }
-  if (t.cache_fd >= 0 && t.state_fd < 0) {
+  // After a crash, and after a handover (the process before ended with _Exit, as a crash
+  // does: its arena is whole at every instruction).
+  if (t.cache_fd >= 0) {
     const auto start = std::chrono::steady_clock::now();
     Result<std::unique_ptr<cache::CacheArena>> a = cache::CacheArena::Adopt(t.cache_fd, adopted);
     if (a.ok()) {
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
               .count();
-      CTFS_LOG(kInfo) << "after the crash, found " << adopted->entries.size() << " cached chunks ("
-                      << (adopted->bytes >> 20) << " MiB) of the process before in "
-                      << static_cast<int>(ms) << " ms (" << adopted->dropped
-                      << " dropped: unreadable)";
+      CTFS_LOG(kInfo) << (t.state_fd >= 0 ? "after the upgrade" : "after the crash") << ", found "
+                      << adopted->entries.size() << " cached chunks (" << (adopted->bytes >> 20)
+                      << " MiB) of the process before in " << static_cast<int>(ms) << " ms ("
+                      << adopted->dropped << " dropped: unreadable)";
       return a->release();
     }
     adopted->entries.clear();
     CTFS_LOG(kWarn) << "the RAM cache of the process before is not used (" << a.status().ToString()
                     << "): what it held is fetched again";
-  } else if (t.cache_fd >= 0) {
-    ::close(t.cache_fd);  // a handover: another build's arena may be of another form
   }
   Result<std::unique_ptr<cache::CacheArena>> a =
       cache::CacheArena::Create(cache::CacheArena::ReserveFor(config.cache.memory_bytes));
@@ -590,7 +590,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   if (!adopted_cache.entries.empty()) {
     const size_t found = adopted_cache.entries.size();
     const uint64_t kept = cache::CacheAdopted(*cache, arena, &adopted_cache);
-    CTFS_LOG(kInfo) << "after the crash, cached again " << kept << " of the " << found
+    CTFS_LOG(kInfo) << "cached again " << kept << " of the " << found
                     << " chunks the process before held";
   }
   PageProbe page_probe;  // outlives the prefetcher, which may call it; attached below
@@ -811,7 +811,8 @@ int Main(int argc, char** argv) {
   // What an upgrading supervisor asks of the binary it is about to execute (supervisor.cc).
   if (argc == 3 && std::string(argv[1]) == "--supports")
     return std::string(argv[2]) == "listener-handover" ||
-                   std::string(argv[2]) == "io_uring-adoption"
+                   std::string(argv[2]) == "io_uring-adoption" ||
+                   std::string(argv[2]) == "cache-handover"
                ? 0
                : 1;
   RaiseDescriptorLimit();

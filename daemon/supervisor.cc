@@ -411,7 +411,9 @@ bool Supervisor::Spawn(int state_fd) {
   Takeover t{fuse_fd_, sv[1], generation_, init_fd, state_fd};
   // After a crash (no state handed over), the records the dead worker left.
   t.table_fd = state_fd < 0 ? table_fd_ : -1;
-  t.cache_fd = state_fd < 0 ? cache_fd_ : -1;
+  // The RAM cache after a crash and after an upgrade alike: its form is checked by the adopter
+  // (a build of another layout starts empty).
+  t.cache_fd = cache_fd_;
   std::vector<std::string> args = TakeoverArgv("--takeover", t);
   std::vector<char*> cargs = CArgs(args);
 
@@ -506,11 +508,13 @@ void Supervisor::Reexec(int state_fd) {
   if (!hand_listeners && (listeners_[0] >= 0 || listeners_[1] >= 0 || listeners_[2] >= 0))
     CTFS_LOG(kWarn) << "supervisor: " << exe_ << " does not take listeners over; its daemon "
                     << "binds its own";
-  std::vector<std::string> args =
-      TakeoverArgv("--resume", {fuse_fd_, -1, generation_ + 1, init.ok() ? *init : -1, state_fd},
-                   hand_listeners);
+  Takeover t{fuse_fd_, -1, generation_ + 1, init.ok() ? *init : -1, state_fd};
+  // The RAM cache, to a version that takes it (one before would refuse the argument).
+  if (cache_fd_ >= 0 && RunBinary(exe_, "--supports", "cache-handover").ok())
+    t.cache_fd = cache_fd_;
+  std::vector<std::string> args = TakeoverArgv("--resume", t, hand_listeners);
   std::vector<char*> cargs = CArgs(args);
-  for (int fd : {fuse_fd_, state_fd, init.ok() ? *init : -1, ring_fd_})
+  for (int fd : {fuse_fd_, state_fd, init.ok() ? *init : -1, ring_fd_, t.cache_fd})
     if (fd >= 0) ::fcntl(fd, F_SETFD, 0);
   for (int fd : listeners_)
     if (fd >= 0 && hand_listeners) ::fcntl(fd, F_SETFD, 0);
@@ -625,6 +629,8 @@ int Supervisor::Run(const Takeover* resume) {
     if (state_fd >= 0) ::fcntl(state_fd, F_SETFD, FD_CLOEXEC);
     ring_fd_ = resume->ring_fd;
     if (ring_fd_ >= 0) ::fcntl(ring_fd_, F_SETFD, FD_CLOEXEC);
+    cache_fd_ = resume->cache_fd;
+    if (cache_fd_ >= 0) ::fcntl(cache_fd_, F_SETFD, FD_CLOEXEC);
     ::fcntl(fuse_fd_, F_SETFD, FD_CLOEXEC);
   }
   self_image_.reset(::open("/proc/self/exe", O_RDONLY | O_CLOEXEC));

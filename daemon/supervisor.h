@@ -80,8 +80,8 @@ struct Takeover {
   // the next adopts them (fs/inode_table.h); -1: none. The supervisor hands it on once: a
   // worker that dies before sending it back (kMsgTable) leaves the next one without it.
   int table_fd = -1;
-  // The memfd of the RAM cache of the process before, which died: the next adopts what it
-  // had cached (cache/cache_arena.h); -1: none. Handed on once, as table_fd.
+  // The memfd of the RAM cache of the process before (which died, or handed over): the next
+  // adopts what it had cached (cache/cache_arena.h); -1: none. Handed on once, as table_fd.
   int cache_fd = -1;
 };
 Result<Takeover> ParseTakeover(const std::string& spec);

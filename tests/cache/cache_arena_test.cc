@@ -2,12 +2,10 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fcntl.h>
 #include <algorithm>
-#include <csignal>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -44,54 +42,37 @@ bool BlockIs(const char* p, const std::string& key, size_t size) {
 }
 
 // What a dead process left: `published` blocks with records, others allocated and not, some
-// published then retired, the process killed with SIGKILL. Returns the memfd, opened through
-// /proc as the supervisor would hold it.
-int ArenaOfKilledProcess(const std::map<std::string, size_t>& published,
-                         const std::function<uint64_t(CacheArena&)>& more = {},
-                         uint64_t* more_got = nullptr) {
-  int ready[2];
-  EXPECT_EQ(::pipe(ready), 0);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(ready[0]);
-    auto arena = CacheArena::Create(kReserve);
-    if (!arena.ok()) ::_exit(1);
-    CacheArena& a = **arena;
-    int i = 0;
-    for (const auto& [key, size] : published) {
-      char* p = a.Allocate(size);
-      if (p == nullptr) ::_exit(2);
-      FillBlock(p, key, size);
-      if (a.Publish(key, p, size) == 0) ::_exit(3);
-      // Between them: blocks never published, and blocks published then retired and freed.
-      char* q = a.Allocate(size);
-      if (q == nullptr) ::_exit(2);
-      std::memset(q, 'u', size);
-      if (i++ % 2 == 0) {
-        a.Retire(a.Publish(std::string("gone/").append(key), q, size));
-        a.Free(q);
-      }
+// published then retired. Returns a second descriptor of its memfd, as the supervisor holds
+// it. The arena itself is kept, untouched, to the end of the tests: as a killed process's
+// memory, nothing writes to it any more (a kill -9 through a real mount is
+// tests/integration/test_crash.py's).
+int ArenaOfDeadProcess(const std::map<std::string, size_t>& published,
+                       const std::function<uint64_t(CacheArena&)>& more = {},
+                       uint64_t* more_got = nullptr) {
+  static std::vector<std::unique_ptr<CacheArena>> dead;
+  auto arena = CacheArena::Create(kReserve);
+  EXPECT_TRUE(arena.ok());
+  if (!arena.ok()) return -1;
+  CacheArena& a = **arena;
+  int i = 0;
+  for (const auto& [key, size] : published) {
+    char* p = a.Allocate(size);
+    EXPECT_NE(p, nullptr);
+    FillBlock(p, key, size);
+    EXPECT_NE(a.Publish(key, p, size), 0u);
+    // Between them: blocks never published, and blocks published then retired and freed.
+    char* q = a.Allocate(size);
+    std::memset(q, 'u', size);
+    if (i++ % 2 == 0) {
+      a.Retire(a.Publish(std::string("gone/").append(key), q, size));
+      a.Free(q);
     }
-    const uint64_t extra = more ? more(a) : 0;
-    const int fd = a.fd();
-    if (::write(ready[1], &fd, sizeof fd) != sizeof fd) ::_exit(4);
-    if (::write(ready[1], &extra, sizeof extra) != sizeof extra) ::_exit(4);
-    for (;;) ::pause();
   }
-  ::close(ready[1]);
-  int child_fd = -1;
-  EXPECT_EQ(::read(ready[0], &child_fd, sizeof child_fd), static_cast<ssize_t>(sizeof child_fd));
-  uint64_t extra = 0;
-  EXPECT_EQ(::read(ready[0], &extra, sizeof extra), static_cast<ssize_t>(sizeof extra));
+  const uint64_t extra = more ? more(a) : 0;
   if (more_got != nullptr) *more_got = extra;
-  ::close(ready[0]);
-  const int fd = ::open(
-      (std::string("/proc/") + std::to_string(pid) + "/fd/" + std::to_string(child_fd)).c_str(),
-      O_RDWR | O_CLOEXEC);
-  ::kill(pid, SIGKILL);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+  const int fd = ::fcntl(a.fd(), F_DUPFD_CLOEXEC, 0);
   EXPECT_GE(fd, 0);
+  dead.push_back(std::move(arena).value());
   return fd;
 }
 
@@ -109,9 +90,9 @@ std::map<std::string, size_t> SomeFiles() {
   return files;
 }
 
-TEST(CacheArenaTest, AdoptsExactlyWhatTheKilledProcessPublished) {
+TEST(CacheArenaTest, AdoptsExactlyWhatTheDeadProcessPublished) {
   const std::map<std::string, size_t> files = SomeFiles();
-  const int fd = ArenaOfKilledProcess(files);
+  const int fd = ArenaOfDeadProcess(files);
   CacheArena::Adoption got;
   auto arena = CacheArena::Adopt(fd, &got);
   ASSERT_TRUE(arena.ok()) << arena.status().ToString();
@@ -154,7 +135,7 @@ TEST(CacheArenaTest, AdoptsExactlyWhatTheKilledProcessPublished) {
 
 TEST(CacheArenaTest, UnsoundRecordsAreDroppedAndClearedForGood) {
   uint64_t torn = 0;
-  const int fd = ArenaOfKilledProcess(
+  const int fd = ArenaOfDeadProcess(
       {{"a", 100}, {"b", 5000}, {"c", 70}},
       [](CacheArena& a) {
         char* p = a.Allocate(100);
@@ -192,7 +173,7 @@ TEST(CacheArenaTest, UnsoundRecordsAreDroppedAndClearedForGood) {
 }
 
 TEST(CacheArenaTest, AnArenaOfAnotherFormIsRefused) {
-  const int fd = ArenaOfKilledProcess({{"a", 10}});
+  const int fd = ArenaOfDeadProcess({{"a", 10}});
   uint32_t bad = 2;  // the layout word
   ASSERT_EQ(::pwrite(fd, &bad, sizeof bad, 8), static_cast<ssize_t>(sizeof bad));
   CacheArena::Adoption got;

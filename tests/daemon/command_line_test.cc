@@ -65,6 +65,12 @@ TEST(TakeoverTest, ParsesDescriptorsAndRefusesWhatIsNotOpenOrMalformed) {
   EXPECT_EQ(t->state_fd, p[0]);
   EXPECT_EQ(t->init_fd, -1);
   EXPECT_EQ(t->channel_fd, -1);
+  EXPECT_EQ(t->cache_fd, -1);
+  auto c = ParseTakeover("fuse=" + r + ",generation=5,table=" + r + ",cache=" + r);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->table_fd, p[0]);
+  EXPECT_EQ(c->cache_fd, p[0]);
+  EXPECT_FALSE(ParseTakeover("fuse=" + r + ",cache=999999").ok());  // not open
   for (const std::string& bad : std::vector<std::string>{
            "", "generation=1", "fuse=" + r + ",bogus=1", "fuse=" + r + ",init=x",
            "fuse=" + r + ",init=-1", "fuse=" + r + ",generation=8388608", "fuse=999999",

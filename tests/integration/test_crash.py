@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from cubefs_harness import CubeFactory, CubeMount, environment_problem, wait_until
+from cubefs_harness import (BINARY, CubeFactory, CubeMount, environment_problem, run_command,
+                            wait_until)
 
 pytestmark = pytest.mark.skipif(environment_problem() is not None,
                                 reason=environment_problem() or "")
@@ -204,12 +205,13 @@ def test_kills_during_renames_and_creates_leave_every_name_reading_its_own_bytes
     assert ids == sorted(f"id{i:03d}".encode() for i in range(200))
 
 
-def test_the_ram_cache_outlives_a_kill_9(cube: CubeFactory, tmp_path: Path) -> None:
+def test_the_ram_cache_outlives_a_kill_9_and_an_upgrade(cube: CubeFactory,
+                                                       tmp_path: Path) -> None:
     """The default profile keeps what it fetched in the daemon's RAM cache only (no page-cache
     stores). Its buffers live in a memfd the supervisor holds (cache/cache_arena.h): after two
     kill -9s the next daemon serves every file again with no read reaching the store, and
     never the bytes of a version the store no longer has (a file changed in the store, a file
-    written through the mount)."""
+    written through the mount). An upgrade keeps it as well."""
     src = tmp_path / "src"
     src.mkdir()
     sizes = [1500, 3000, 64 * 1024, 300 * 1024, 5 * 1024 * 1024 + 77]  # small, page-sized, chunked
@@ -243,3 +245,14 @@ def test_the_ram_cache_outlives_a_kill_9(cube: CubeFactory, tmp_path: Path) -> N
     # new version); every other file, and every chunk of the large ones, comes from RAM.
     assert reads <= 2, (reads, log[-3000:])
     assert log.count("cached chunks") == 2, log[-4000:]
+
+    # An upgrade hands the cache to the next binary too (this one: the same form).
+    up = run_command([str(BINARY), "upgrade", str(mount.mountpoint), "--timeout", "60"],
+                     timeout=90, env=mount.env())
+    assert up.returncode == 0, up.stderr
+    reads_before = mount.metrics().value("cubetorchfs_backend_requests_total", op="read")
+    for name, data in want.items():
+        assert mount.path(name).read_bytes() == data, name
+    reads = mount.metrics().value("cubetorchfs_backend_requests_total", op="read") - reads_before
+    assert reads == 0, (reads, log_text(mount)[-3000:])
+    assert "after the upgrade, found" in log_text(mount)
