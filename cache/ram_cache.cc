@@ -15,6 +15,7 @@
 #include <list>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "cache/cache_arena.h"
@@ -264,6 +265,14 @@ class ShardedLruCache final : public RamCache {
   // files: this looks at the file's own entries (and any other file's of the same path hash),
   // not at the whole cache.
   void EraseFile(std::string_view path) override {
+    if (adopting_.load(std::memory_order_acquire)) {  // before the shards: InsertAdopted
+      MutexLock l(erased_mu_);
+      // Bounded: past it, what is left of the adoption is dropped instead.
+      if (erased_.size() >= kMaxErasedDuringAdoption)
+        erased_overflow_ = true;
+      else if (adopting_.load(std::memory_order_relaxed))
+        erased_.emplace(path);
+    }
     const uint64_t h = PathHash(path);
     uint64_t visits = 0;
     for (Shard& s : shards_) {
@@ -283,6 +292,28 @@ class ShardedLruCache final : public RamCache {
   }
 
   uint64_t erase_visits() const override { return erase_visits_.load(std::memory_order_relaxed); }
+
+  void BeginAdoption() override {
+    MutexLock l(erased_mu_);
+    adopting_.store(true, std::memory_order_release);
+  }
+
+  bool InsertAdopted(const std::string& key, BufferRef buffer) override {
+    // Under erased_mu_: an EraseFile of the file either was seen here, or erases the shards
+    // only after this insert.
+    MutexLock l(erased_mu_);
+    if (erased_overflow_) return false;
+    if (!erased_.empty() && erased_.count(key.substr(0, key.find('\0'))) > 0) return false;
+    Insert(key, std::move(buffer));
+    return true;
+  }
+
+  void EndAdoption() override {
+    MutexLock l(erased_mu_);
+    adopting_.store(false, std::memory_order_release);
+    erased_.clear();
+    erased_overflow_ = false;
+  }
 
   bool HoldsFile(std::string_view path) override {
     const uint64_t h = PathHash(path);
@@ -384,6 +415,11 @@ class ShardedLruCache final : public RamCache {
   std::atomic<uint64_t> bytes_{0};
   std::atomic<uint64_t> evictions_{0};
   std::atomic<uint64_t> erase_visits_{0};
+  std::atomic<bool> adopting_{false};
+  Mutex erased_mu_;  // before any shard's mutex
+  std::unordered_set<std::string> erased_ GUARDED_BY(erased_mu_);
+  bool erased_overflow_ GUARDED_BY(erased_mu_) = false;
+  static constexpr size_t kMaxErasedDuringAdoption = 65536;
   prometheus::Gauge* bytes_gauge_ = nullptr;          // owned by the registry
   prometheus::Counter* evictions_counter_ = nullptr;  // owned by the registry
 };
@@ -409,17 +445,18 @@ uint64_t RamCache::EntryCost(size_t key_bytes, size_t size) {
 }
 
 uint64_t CacheAdopted(RamCache& cache, CacheArena* arena, CacheArena::Adoption* adopted) {
-  uint64_t kept = 0;
+  uint64_t cached = 0;
   for (CacheArena::Entry& e : adopted->entries) {
     auto b = std::make_shared<Buffer>();
     b->data = std::unique_ptr<char, Buffer::Free>(e.data, Buffer::Free(arena));
     b->size = e.size;
     b->record.store(e.record, std::memory_order_relaxed);
-    cache.Insert(e.key, BufferRef(std::move(b)));
-    kept += cache.Contains(e.key) ? 1 : 0;
+    cached += cache.InsertAdopted(e.key, BufferRef(std::move(b))) ? 1 : 0;
   }
+  cache.EndAdoption();
   adopted->entries.clear();
-  return kept;
+  adopted->entries.shrink_to_fit();
+  return cached;
 }
 
 std::unique_ptr<RamCache> RamCache::New(const Options& options, prometheus::Registry* registry) {

@@ -142,6 +142,14 @@ class RamCache {
   // whose path hashes alike).
   virtual uint64_t erase_visits() const = 0;
 
+  // The buffers an arena adopted after a crash are cached while the mount already serves
+  // (CacheAdopted): from BeginAdoption to EndAdoption the paths EraseFile drops are
+  // remembered, and InsertAdopted caches a buffer only if its file was not dropped since
+  // (false otherwise): an adopted buffer never comes back over a write through the mount.
+  virtual void BeginAdoption() = 0;
+  virtual bool InsertAdopted(const std::string& key, BufferRef buffer) = 0;
+  virtual void EndAdoption() = 0;
+
   // Bytes held by cached entries; never above Options::capacity_bytes, against which each
   // entry is charged its EntryCost (its bookkeeping too: with files of 1-3 KB it is a tenth
   // of what they cost).
@@ -153,8 +161,10 @@ class RamCache {
 };
 
 // Caches the buffers an arena adopted from the process before (CacheArena::Adopt), in the
-// order found, and empties `adopted`; returns how many the cache kept (its budget may be
-// smaller than the process before's). Each buffer keeps its record: still published.
+// order found, through InsertAdopted, then ends the adoption (the caller began it, before the
+// mount served: RamCache::BeginAdoption), and empties `adopted`. Returns how many were cached
+// (the budget may then evict some: it may be smaller than the process before's); a buffer not
+// cached is freed. Each buffer keeps its record: still published.
 uint64_t CacheAdopted(RamCache& cache, CacheArena* arena, CacheArena::Adoption* adopted);
 
 }  // namespace cubetorchfs::cache

@@ -136,6 +136,11 @@ void Prefetcher::RunJob(const Job& job, std::vector<Stored>* stored) {
 void Prefetcher::CompleteFetchLocked(std::unique_lock<std::mutex>& l, const std::string& path,
                                      Entry& e, std::vector<cache::BufferRef> chunks,
                                      bool write_back, std::vector<Stored>* stored) {
+  // Written through the mount while it was fetched: its bytes are not those of their key, even
+  // for the daemon after a crash (they were published as they came).
+  if (e.invalidated)
+    for (const cache::BufferRef& chunk : chunks)
+      if (chunk) chunk->Forget();
   // Kept on the NVMe tier for later runs and epochs.
   std::vector<std::pair<std::string, cache::BufferRef>> to_disk;
   if (disk_ != nullptr && !e.invalidated && write_back)

@@ -98,6 +98,39 @@ TEST(RamCacheTest, InTheArenaWhatAnEntryIsChargedCoversWhatItTakes) {
 #endif
 }
 
+// Adopted buffers are cached while the mount serves: a file written through the mount
+// meanwhile (EraseFile) keeps its adopted bytes out, before or after they were inserted.
+TEST(RamCacheTest, AnAdoptedBufferNeverComesBackOverAnErase) {
+  auto cache = RamCache::New({1 << 20, 64 << 10}, nullptr);
+  const std::string a0 = ChunkKey("d/a", {100, 1}, 0), a1 = ChunkKey("d/a", {100, 1}, 1);
+  const std::string b = ChunkKey("d/b", {100, 1}, 0), c = ChunkKey("d/c", {100, 1}, 0);
+  cache->BeginAdoption();
+  EXPECT_TRUE(cache->InsertAdopted(a0, MakeBuffer(100, 'a')));
+  cache->EraseFile("d/a");  // after one chunk was inserted, before the other
+  EXPECT_FALSE(cache->Contains(a0));
+  EXPECT_FALSE(cache->InsertAdopted(a1, MakeBuffer(100, 'a')));
+  EXPECT_FALSE(cache->Contains(a1));
+  EXPECT_TRUE(cache->InsertAdopted(b, MakeBuffer(100, 'b')));
+  cache->EndAdoption();
+  EXPECT_TRUE(cache->Contains(b));
+  // Over: a new adoption starts with nothing erased.
+  cache->BeginAdoption();
+  EXPECT_TRUE(cache->InsertAdopted(a1, MakeBuffer(100, 'a')));
+  EXPECT_TRUE(cache->InsertAdopted(c, MakeBuffer(100, 'c')));
+  cache->EndAdoption();
+  EXPECT_TRUE(cache->Contains(a1));
+}
+
+// Past 65,536 files erased during an adoption, the rest of it is dropped (the set is bounded).
+TEST(RamCacheTest, TooManyErasesDuringAnAdoptionDropTheRest) {
+  auto cache = RamCache::New({1 << 20, 64 << 10}, nullptr);
+  cache->BeginAdoption();
+  for (int i = 0; i <= 65536; ++i) cache->EraseFile(std::string("w/").append(std::to_string(i)));
+  EXPECT_FALSE(cache->InsertAdopted(ChunkKey("x", {1, 1}, 0), MakeBuffer(1, 'x')));
+  cache->EndAdoption();
+  EXPECT_TRUE(cache->InsertAdopted(ChunkKey("x", {1, 1}, 0), MakeBuffer(1, 'x')));
+}
+
 // A small file read into a large guess keeps a block of its own size, not the guess's pages.
 TEST(BufferTest, ShrinkingALargeBlockToAFewBytesGivesBackItsPages) {
   for (size_t guess : {size_t{64} << 10, size_t{1} << 20, size_t{4} << 20}) {

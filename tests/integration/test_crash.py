@@ -236,6 +236,8 @@ def test_the_ram_cache_outlives_a_kill_9_and_an_upgrade(cube: CubeFactory,
     kill_and_wait(mount)
     kill_and_wait(mount)  # a second crash, of the daemon that adopted the cache
     time.sleep(1.2)  # fuse.attr_timeout_s: the change in the store is seen from now on
+    assert wait_until(lambda: log_text(mount).count("cached again") == 2, 30), \
+        log_text(mount)[-3000:]
     reads_before = mount.metrics().value("cubetorchfs_backend_requests_total", op="read")
     for name, data in want.items():
         assert mount.path(name).read_bytes() == data, name
@@ -250,6 +252,9 @@ def test_the_ram_cache_outlives_a_kill_9_and_an_upgrade(cube: CubeFactory,
     up = run_command([str(BINARY), "upgrade", str(mount.mountpoint), "--timeout", "60"],
                      timeout=90, env=mount.env())
     assert up.returncode == 0, up.stderr
+    # (Cached again by a thread of its own while the mount serves: a few microseconds here.)
+    assert wait_until(lambda: log_text(mount).count("cached again") == 3, 30), \
+        log_text(mount)[-3000:]
     reads_before = mount.metrics().value("cubetorchfs_backend_requests_total", op="read")
     for name, data in want.items():
         assert mount.path(name).read_bytes() == data, name
