@@ -209,9 +209,11 @@ def main() -> int:
                       r"(\d+) ms", log)
         if m:
             row["cache_found"], row["cache_mib"], row["cache_adopt_ms"] = map(int, m.groups())
-        m = re.search(r"cached again (\d+) of the", log)
+        m = re.search(r"cached again (\d+) of the \d+ chunks the process before held, in "
+                      r"(\d+) ms \((\d+) before serving\)", log)
         if m:
-            row["cache_kept"] = int(m.group(1))
+            row["cache_kept"], row["cache_again_ms"], row["cache_before_serving"] = map(
+                int, m.groups())
         print(json.dumps(row), flush=True)
     finally:
         if proc is not None and proc.poll() is None:

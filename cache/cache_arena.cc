@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <unordered_set>
 
@@ -22,7 +23,7 @@ namespace {
 
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kMagic = 0x31414e4552414343ull;  // "CCARENA1"
-constexpr uint32_t kLayout = 1;
+constexpr uint32_t kLayout = 2;
 constexpr uint32_t kLive = 0x4c495645;  // "EVIL" little-endian: a record in force
 constexpr uint32_t kTypeShift = 30;
 constexpr uint32_t kLowMask = (1u << kTypeShift) - 1;
@@ -44,7 +45,8 @@ struct Record {
   uint32_t key_len;
   uint64_t data;  // offset of the data's block in the region
   uint64_t size;
-  uint32_t crc;  // of key_len, data, size and the key
+  uint64_t seq;  // the order of publication: the adopter caches the latest first
+  uint32_t crc;  // of key_len, data, size, seq and the key
   uint32_t zero;
 };
 static_assert(sizeof(Record) == CacheArena::kRecordHeader);
@@ -84,7 +86,9 @@ uint64_t MetaBytes(uint64_t size) {
 }
 
 uint32_t RecordCrc(const Record& r, const char* key) {
-  uint32_t crc = Crc32c(&r.key_len, sizeof r.key_len + sizeof r.data + sizeof r.size);
+  static_assert(offsetof(Record, data) == 8 && offsetof(Record, seq) == 24);
+  uint32_t crc =
+      Crc32c(&r.key_len, sizeof r.key_len + sizeof r.data + sizeof r.size + sizeof r.seq);
   return Crc32c(key, r.key_len, crc);
 }
 
@@ -324,7 +328,13 @@ uint64_t CacheArena::Publish(std::string_view key, const char* data, size_t size
   if (key.size() > kMaxKey || !Owns(data)) return 0;
   char* block = AllocateIn(kRecord, ClassOf(kRecordHeader + key.size()));
   if (block == nullptr) return 0;
-  Record r{0, static_cast<uint32_t>(key.size()), static_cast<uint64_t>(data - base_), size, 0, 0};
+  Record r{0,
+           static_cast<uint32_t>(key.size()),
+           static_cast<uint64_t>(data - base_),
+           size,
+           seq_.fetch_add(1, std::memory_order_relaxed),
+           0,
+           0};
   r.crc = RecordCrc(r, key.data());
   std::memcpy(block, &r, sizeof r);
   std::memcpy(block + sizeof r, key.data(), key.size());
@@ -443,10 +453,14 @@ Status CacheArena::AdoptRecords(Adoption* out) NO_THREAD_SAFETY_ANALYSIS {
       claim(s, i);
       out->entries.push_back({std::string(slot + sizeof r, r.key_len), base_ + r.data,
                               static_cast<size_t>(r.size),
-                              static_cast<uint64_t>(SpanBase(s) + i * cs - base_)});
+                              static_cast<uint64_t>(SpanBase(s) + i * cs - base_), r.seq});
+      seq_.store(std::max(seq_.load(std::memory_order_relaxed), r.seq + 1),
+                 std::memory_order_relaxed);
       out->bytes += r.size;
     }
   }
+  std::sort(out->entries.begin(), out->entries.end(),
+            [](const Entry& a, const Entry& b) { return a.seq > b.seq; });
   // The allocator's state, from what was claimed; every other span is free and holds no page.
   std::vector<uint8_t> in_use(nspans_, 0);
   uint32_t top = 0;

@@ -46,7 +46,7 @@ class CacheArena {
   static constexpr size_t kSpan = size_t{2} << 20;
   static constexpr size_t kMaxSmall = size_t{1} << 20;  // larger blocks are runs of spans
   static constexpr size_t kMaxKey = 8192;
-  static constexpr size_t kRecordHeader = 32;  // a record: this, then its key
+  static constexpr size_t kRecordHeader = 40;  // a record: this, then its key
 
   // The address space an arena for a cache of `cache_bytes` (LRU and window) reserves: four
   // times as much (blocks in flight, classes' rounding, spans partly used) and 1 GiB, at most
@@ -61,9 +61,11 @@ class CacheArena {
     char* data = nullptr;
     size_t size = 0;
     uint64_t record = 0;  // Publish's: still live, owned by the entry
+    uint64_t seq = 0;     // the order of publication
   };
   struct Adoption {
-    std::vector<Entry> entries;  // in the order their records lie
+    std::vector<Entry> entries;  // the latest published first
+    size_t next = 0;             // the first not yet cached again (CacheAdopted)
     uint64_t bytes = 0;          // their data
     uint64_t dropped = 0;        // records not kept: unsound, or a block claimed twice
   };
@@ -144,6 +146,7 @@ class CacheArena {
   std::map<uint32_t, uint32_t> free_runs_ GUARDED_BY(spans_mu_);  // first span -> count
   uint32_t top_ GUARDED_BY(spans_mu_) = 0;  // spans from here on have never been used
   std::atomic<uint64_t> spans_used_{0};
+  std::atomic<uint64_t> seq_{1};  // the next record's
   std::atomic<uint64_t> refused_{0};
 };
 

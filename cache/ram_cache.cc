@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -304,7 +305,17 @@ class ShardedLruCache final : public RamCache {
     MutexLock l(erased_mu_);
     if (erased_overflow_) return false;
     if (!erased_.empty() && erased_.count(key.substr(0, key.find('\0'))) > 0) return false;
-    Insert(key, std::move(buffer));
+    // Behind every entry (they come the latest first, so the LRU keeps their order and what
+    // this process cached already stays ahead), and only into room: never over an entry.
+    Shard& s = ShardOf(key);
+    MutexLock sl(s.mu);
+    const uint64_t cost = EntryCost(key.size(), buffer->size);
+    if (s.index.count(key) > 0 || s.bytes + cost > s.capacity) return false;
+    auto pos = s.index.emplace(key, s.lru.end()).first;
+    pos->second = s.lru.insert(s.lru.end(), Entry{&pos->first, std::move(buffer)});
+    s.files.emplace(PathHash(key), pos->second);
+    s.bytes += cost;
+    AddBytes(static_cast<int64_t>(pos->second->buffer->size));
     return true;
   }
 
@@ -444,18 +455,24 @@ uint64_t RamCache::EntryCost(size_t key_bytes, size_t size) {
   return nodes + key_heap + block(size);
 }
 
-uint64_t CacheAdopted(RamCache& cache, CacheArena* arena, CacheArena::Adoption* adopted) {
+uint64_t CacheAdopted(RamCache& cache, CacheArena* arena, CacheArena::Adoption* adopted,
+                      std::chrono::steady_clock::time_point until) {
   uint64_t cached = 0;
-  for (CacheArena::Entry& e : adopted->entries) {
+  std::vector<CacheArena::Entry>& entries = adopted->entries;
+  for (; adopted->next < entries.size(); ++adopted->next) {
+    if (adopted->next % 256 == 255 && std::chrono::steady_clock::now() >= until) return cached;
+    CacheArena::Entry& e = entries[adopted->next];
     auto b = std::make_shared<Buffer>();
     b->data = std::unique_ptr<char, Buffer::Free>(e.data, Buffer::Free(arena));
     b->size = e.size;
     b->record.store(e.record, std::memory_order_relaxed);
-    cached += cache.InsertAdopted(e.key, BufferRef(std::move(b))) ? 1 : 0;
+    cached += cache.InsertAdopted(e.key, BufferRef(std::move(b))) ? 1 : 0;  // else freed
+    std::string().swap(e.key);
   }
   cache.EndAdoption();
-  adopted->entries.clear();
-  adopted->entries.shrink_to_fit();
+  entries.clear();
+  entries.shrink_to_fit();
+  adopted->next = 0;
   return cached;
 }
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -146,6 +147,8 @@ class RamCache {
   // (CacheAdopted): from BeginAdoption to EndAdoption the paths EraseFile drops are
   // remembered, and InsertAdopted caches a buffer only if its file was not dropped since
   // (false otherwise): an adopted buffer never comes back over a write through the mount.
+  // InsertAdopted puts the buffer behind every entry, and only into room (false when none is
+  // left, or the key is cached already): fed the latest first, the LRU keeps their order.
   virtual void BeginAdoption() = 0;
   virtual bool InsertAdopted(const std::string& key, BufferRef buffer) = 0;
   virtual void EndAdoption() = 0;
@@ -160,11 +163,14 @@ class RamCache {
   virtual uint64_t evictions() const = 0;
 };
 
-// Caches the buffers an arena adopted from the process before (CacheArena::Adopt), in the
-// order found, through InsertAdopted, then ends the adoption (the caller began it, before the
-// mount served: RamCache::BeginAdoption), and empties `adopted`. Returns how many were cached
-// (the budget may then evict some: it may be smaller than the process before's); a buffer not
-// cached is freed. Each buffer keeps its record: still published.
-uint64_t CacheAdopted(RamCache& cache, CacheArena* arena, CacheArena::Adoption* adopted);
+// Caches the buffers an arena adopted from the process before (CacheArena::Adopt), from
+// adopted->next on (the latest published first), through InsertAdopted, until all are through
+// or `until` has passed (then adopted->next says where to go on). Once all are through, ends
+// the adoption (the caller began it before the mount served: RamCache::BeginAdoption) and
+// empties `adopted`. Returns how many were cached; a buffer not cached (no room left, erased
+// since, or cached already) is freed. Each buffer keeps its record: still published.
+uint64_t CacheAdopted(
+    RamCache& cache, CacheArena* arena, CacheArena::Adoption* adopted,
+    std::chrono::steady_clock::time_point until = std::chrono::steady_clock::time_point::max());
 
 }  // namespace cubetorchfs::cache

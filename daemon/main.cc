@@ -587,23 +587,33 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
     };
   }
   std::unique_ptr<cache::RamCache> cache = cache::RamCache::New(ram_options, registry.get());
-  // What the process before had cached is cached again by a thread of its own while the
-  // mount already serves (2 us a chunk: seconds for millions); a write through the mount
-  // meanwhile keeps its file's old bytes out (RamCache::BeginAdoption).
+  // What the process before had cached is cached again, the latest published first (the
+  // window the readers are about to reach): for at most 100 ms before the mount serves, the
+  // rest from a thread of its own while it serves (2 us a chunk: seconds for millions). A
+  // write through the mount meanwhile keeps its file's old bytes out (BeginAdoption).
   // (Joined before the cache goes: declared after it, destroyed before it.)
   std::optional<Background> caching_again;
   if (!adopted_cache.entries.empty()) {
     cache->BeginAdoption();
-    caching_again.emplace([ram = cache.get(), arena, &adopted_cache] {
-      const auto start = std::chrono::steady_clock::now();
-      const size_t found = adopted_cache.entries.size();
-      const uint64_t kept = cache::CacheAdopted(*ram, arena, &adopted_cache);
+    const auto start = std::chrono::steady_clock::now();
+    const size_t found = adopted_cache.entries.size();
+    const uint64_t first =
+        cache::CacheAdopted(*cache, arena, &adopted_cache, start + std::chrono::milliseconds(100));
+    auto rest = [ram = cache.get(), arena, &adopted_cache, start, found, first] {
+      const uint64_t kept =
+          first +
+          (adopted_cache.entries.empty() ? 0 : cache::CacheAdopted(*ram, arena, &adopted_cache));
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
               .count();
       CTFS_LOG(kInfo) << "cached again " << kept << " of the " << found
-                      << " chunks the process before held, in " << static_cast<int>(ms) << " ms";
-    });
+                      << " chunks the process before held, in " << static_cast<int>(ms) << " ms ("
+                      << first << " before serving)";
+    };
+    if (adopted_cache.entries.empty())
+      rest();
+    else
+      caching_again.emplace(rest);
   }
   PageProbe page_probe;  // outlives the prefetcher, which may call it; attached below
   prefetch::Prefetcher prefetcher(PrefetcherOptions(config, window_budget), backend->get(),

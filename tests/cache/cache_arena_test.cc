@@ -106,6 +106,8 @@ TEST(CacheArenaTest, AdoptsExactlyWhatTheDeadProcessPublished) {
     bytes += e.size;
   }
   EXPECT_EQ(got.bytes, bytes);
+  for (size_t i = 1; i < got.entries.size(); ++i)  // the latest published first
+    ASSERT_GT(got.entries[i - 1].seq, got.entries[i].seq) << i;
   // What no record kept gave its pages back: the memfd holds about the published bytes.
   uint64_t blocks = 0;
   for (const auto& [key, size] : files)
@@ -174,7 +176,7 @@ TEST(CacheArenaTest, UnsoundRecordsAreDroppedAndClearedForGood) {
 
 TEST(CacheArenaTest, AnArenaOfAnotherFormIsRefused) {
   const int fd = ArenaOfDeadProcess({{"a", 10}});
-  uint32_t bad = 2;  // the layout word
+  uint32_t bad = 0xdead;  // the layout word
   ASSERT_EQ(::pwrite(fd, &bad, sizeof bad, 8), static_cast<ssize_t>(sizeof bad));
   CacheArena::Adoption got;
   auto arena = CacheArena::Adopt(fd, &got);

@@ -121,6 +121,29 @@ TEST(RamCacheTest, AnAdoptedBufferNeverComesBackOverAnErase) {
   EXPECT_TRUE(cache->Contains(a1));
 }
 
+// Adopted buffers come the latest published first and go behind every entry, into room only:
+// the LRU keeps their order, and what does not fit (the oldest) is dropped, never what the
+// cache holds already.
+TEST(RamCacheTest, AdoptedBuffersKeepTheirOrderAndTakeOnlyRoomLeft) {
+  // One shard of 4 entries of 64 KiB.
+  auto cache = RamCache::New({(256 << 10) + 4096, 256 << 10}, nullptr);
+  cache->Insert(Key(100), MakeBuffer(64 << 10, 'f'));  // cached by this process already
+  cache->BeginAdoption();
+  for (int i = 0; i < 5; ++i)  // 0 the latest published
+    EXPECT_EQ(cache->InsertAdopted(Key(i), MakeBuffer(64 << 10, 'a')), i < 3) << i;
+  EXPECT_FALSE(cache->InsertAdopted(Key(100), MakeBuffer(64 << 10, 'x')));  // cached already
+  cache->EndAdoption();
+  EXPECT_EQ(cache->Get(Key(100))->data.get()[0], 'f');
+  EXPECT_EQ(cache->evictions(), 0u);
+  // The oldest adopted goes first, then the next.
+  cache->Insert(Key(200), MakeBuffer(64 << 10, 'n'));
+  EXPECT_FALSE(cache->Contains(Key(2)));
+  EXPECT_TRUE(cache->Contains(Key(1)));
+  cache->Insert(Key(201), MakeBuffer(64 << 10, 'n'));
+  EXPECT_FALSE(cache->Contains(Key(1)));
+  EXPECT_TRUE(cache->Contains(Key(0)));
+}
+
 // Past 65,536 files erased during an adoption, the rest of it is dropped (the set is bounded).
 TEST(RamCacheTest, TooManyErasesDuringAnAdoptionDropTheRest) {
   auto cache = RamCache::New({1 << 20, 64 << 10}, nullptr);
