@@ -362,7 +362,7 @@ Result<std::unique_ptr<CacheArena>> CacheArena::Adopt(int fd, Adoption* out) {
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   const bool form = h.magic == kMagic && h.layout == kLayout && h.span_bytes == kSpan &&
-                    h.size == size && size > MetaBytes(size) &&
+                    h.size == size && size % kSpan == 0 && size > MetaBytes(size) &&
                     h.nspans == (size - MetaBytes(size)) / kSpan &&
                     h.classes == ClassSizes().size() && h.class_sig == ClassSig();
   if (!form) {

@@ -15,6 +15,7 @@
 #include <future>
 #include <list>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -66,7 +67,7 @@ void Buffer::Free::operator()(char* p) const {
 
 Buffer::~Buffer() {
   // The record goes before the block it names (which data's deleter frees next).
-  if (const uint64_t r = record.load(std::memory_order_relaxed); r != 0)
+  if (const uint64_t r = record.load(std::memory_order_relaxed); r != 0 && r != kForgotten)
     data.get_deleter().arena->Retire(r);
 }
 
@@ -82,7 +83,9 @@ void Buffer::Publish(const std::string& key) const {
 }
 
 void Buffer::Forget() const {
-  if (const uint64_t r = record.exchange(0); r != 0) data.get_deleter().arena->Retire(r);
+  // For good: a later Publish (the window giving the buffer to the LRU) must not bring it back.
+  if (const uint64_t r = record.exchange(kForgotten); r != 0 && r != kForgotten)
+    data.get_deleter().arena->Retire(r);
 }
 
 std::shared_ptr<Buffer> Buffer::Allocate(size_t size) {
@@ -177,6 +180,19 @@ std::string FirstKeyOfFile(std::string_view path) {
   return key;
 }
 
+std::optional<uint64_t> ChunkLength(std::string_view key, uint64_t chunk_bytes) {
+  const size_t nul = key.find('\0');
+  if (nul == std::string_view::npos || key.size() != nul + 1 + 5 * sizeof(uint64_t) ||
+      chunk_bytes == 0)
+    return std::nullopt;
+  uint64_t size = 0, chunk = 0;
+  std::memcpy(&size, key.data() + nul + 1, sizeof size);  // ChunkKey's first field
+  std::memcpy(&chunk, key.data() + nul + 1 + 4 * sizeof(uint64_t), sizeof chunk);  // its last
+  if (size == 0) return chunk == 0 ? std::optional<uint64_t>(0) : std::nullopt;
+  if (chunk >= (size + chunk_bytes - 1) / chunk_bytes) return std::nullopt;
+  return std::min(chunk_bytes, size - chunk * chunk_bytes);
+}
+
 bool IsKeyOfFile(std::string_view key, std::string_view path) {
   return key.size() > path.size() && key.compare(0, path.size(), path) == 0 &&
          key[path.size()] == '\0';
@@ -189,7 +205,9 @@ using SharedResult = std::shared_future<Result<BufferRef>>;
 class ShardedLruCache final : public RamCache {
  public:
   ShardedLruCache(const Options& options, prometheus::Registry* registry)
-      : capacity_(options.capacity_bytes), on_evict_(options.on_evict) {
+      : capacity_(options.capacity_bytes),
+        chunk_bytes_(options.max_entry_bytes),
+        on_evict_(options.on_evict) {
     // Enough shards to spread lock contention, few enough that each holds 16 of the largest
     // entries. Keys hash to shards at random and each shard evicts on its own, so with 4 a
     // shard a file of 9 chunks in a cache 30 times its size lost a chunk about one time in 50;
@@ -302,6 +320,12 @@ class ShardedLruCache final : public RamCache {
   bool InsertAdopted(const std::string& key, BufferRef buffer) override {
     // Under erased_mu_: an EraseFile of the file either was seen here, or erases the shards
     // only after this insert.
+    // Of the length this process's chunks of that file have: a buffer cut to another
+    // cache.chunk_bytes (the config changed across the crash or the upgrade) would be read
+    // past its end.
+    if (std::optional<uint64_t> want = ChunkLength(key, chunk_bytes_);
+        !want || *want != buffer->size)
+      return false;
     MutexLock l(erased_mu_);
     if (erased_overflow_) return false;
     if (!erased_.empty() && erased_.count(key.substr(0, key.find('\0'))) > 0) return false;
@@ -421,6 +445,7 @@ class ShardedLruCache final : public RamCache {
   }
 
   const uint64_t capacity_;
+  const uint64_t chunk_bytes_;  // Options::max_entry_bytes: cache.chunk_bytes
   const std::function<void(const std::string&, const BufferRef&)> on_evict_;
   std::vector<Shard> shards_;  // fixed after construction
   std::atomic<uint64_t> bytes_{0};

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -48,8 +49,10 @@ struct Buffer {
 
   std::unique_ptr<char, Free> data;
   size_t size = 0;
-  // The arena's record of these bytes (CacheArena::Publish), or 0: retired with the buffer.
+  // The arena's record of these bytes (CacheArena::Publish), or 0, or kForgotten: retired with
+  // the buffer.
   mutable std::atomic<uint64_t> record{0};
+  static constexpr uint64_t kForgotten = ~uint64_t{0};  // Forget: never published again
 
   // Allocates `size` uninitialized bytes: from the arena set by UseArena while it has room,
   // else from the heap. Aborts if memory is exhausted. A heap buffer of 2 MiB or more is a
@@ -70,8 +73,8 @@ struct Buffer {
   // finds them in the arena (CacheArena) and caches them again. Once: a second call is a no-op.
   // Nothing for a heap buffer.
   void Publish(const std::string& key) const;
-  // Withdraws the publication: the bytes are no longer those of their key (a write through
-  // the mount, EraseFile).
+  // Withdraws the publication for good: the bytes are no longer those of their key (a write
+  // through the mount, EraseFile); a later Publish is a no-op.
   void Forget() const;
 };
 using BufferRef = std::shared_ptr<const Buffer>;
@@ -83,6 +86,9 @@ Result<BufferRef> ReadChunk(cfs_client::Backend& backend, const std::string& pat
 
 // Key of chunk `chunk` of version `version` of the file at `path`.
 std::string ChunkKey(std::string_view path, const cfs_client::FileVersion& version, uint64_t chunk);
+// The bytes chunk `key` (a ChunkKey) holds when files are cut into chunks of `chunk_bytes`;
+// nothing if `key` is not a ChunkKey or names a chunk past the file's end.
+std::optional<uint64_t> ChunkLength(std::string_view key, uint64_t chunk_bytes);
 // Whether `key` (a ChunkKey) is of the file at `path`, any version.
 bool IsKeyOfFile(std::string_view key, std::string_view path);
 // Every ChunkKey of the file at `path` sorts at or after this one (and before any other

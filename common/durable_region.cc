@@ -1,5 +1,6 @@
 #include "common/durable_region.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -66,7 +67,8 @@ Result<DurableRegion> DurableRegion::TryCreate(const char* name, size_t bytes) {
 
 Result<DurableRegion> DurableRegion::Adopt(int fd, size_t bytes) {
   DurableRegion r;
-  r.fd_ = fd;  // closed by r from here on
+  r.fd_ = fd;                        // closed by r from here on
+  ::fcntl(fd, F_SETFD, FD_CLOEXEC);  // handed over with it cleared: no process this one starts
   struct stat st {};
   if (::fstat(fd, &st) != 0)
     return Status::FromErrno(errno, "fstat of an earlier process's region");

@@ -667,6 +667,12 @@ int Supervisor::Run(const Takeover* resume) {
       // it ends.
       CTFS_LOG(kError) << "supervisor: worker " << worker_ << " has died with a thread still "
                        << "in the kernel";
+      // That thread may be copying a cached buffer into the kernel: the next worker must not
+      // adopt the RAM cache, whose pages it would give back or hand out again under the copy.
+      if (cache_fd_ >= 0) {
+        ::close(cache_fd_);
+        cache_fd_ = -1;
+      }
       if (int code = OnWorkerExit(W_EXITCODE(0, SIGKILL)); code >= 0) return code;
       continue;
     }

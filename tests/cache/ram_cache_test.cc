@@ -102,20 +102,21 @@ TEST(RamCacheTest, InTheArenaWhatAnEntryIsChargedCoversWhatItTakes) {
 // meanwhile (EraseFile) keeps its adopted bytes out, before or after they were inserted.
 TEST(RamCacheTest, AnAdoptedBufferNeverComesBackOverAnErase) {
   auto cache = RamCache::New({1 << 20, 64 << 10}, nullptr);
-  const std::string a0 = ChunkKey("d/a", {100, 1}, 0), a1 = ChunkKey("d/a", {100, 1}, 1);
+  // A file of two chunks (64 KiB and 34,464 bytes), and two small ones.
+  const std::string a0 = ChunkKey("d/a", {100000, 1}, 0), a1 = ChunkKey("d/a", {100000, 1}, 1);
   const std::string b = ChunkKey("d/b", {100, 1}, 0), c = ChunkKey("d/c", {100, 1}, 0);
   cache->BeginAdoption();
-  EXPECT_TRUE(cache->InsertAdopted(a0, MakeBuffer(100, 'a')));
+  EXPECT_TRUE(cache->InsertAdopted(a0, MakeBuffer(64 << 10, 'a')));
   cache->EraseFile("d/a");  // after one chunk was inserted, before the other
   EXPECT_FALSE(cache->Contains(a0));
-  EXPECT_FALSE(cache->InsertAdopted(a1, MakeBuffer(100, 'a')));
+  EXPECT_FALSE(cache->InsertAdopted(a1, MakeBuffer(34464, 'a')));
   EXPECT_FALSE(cache->Contains(a1));
   EXPECT_TRUE(cache->InsertAdopted(b, MakeBuffer(100, 'b')));
   cache->EndAdoption();
   EXPECT_TRUE(cache->Contains(b));
   // Over: a new adoption starts with nothing erased.
   cache->BeginAdoption();
-  EXPECT_TRUE(cache->InsertAdopted(a1, MakeBuffer(100, 'a')));
+  EXPECT_TRUE(cache->InsertAdopted(a1, MakeBuffer(34464, 'a')));
   EXPECT_TRUE(cache->InsertAdopted(c, MakeBuffer(100, 'c')));
   cache->EndAdoption();
   EXPECT_TRUE(cache->Contains(a1));
@@ -127,21 +128,61 @@ TEST(RamCacheTest, AnAdoptedBufferNeverComesBackOverAnErase) {
 TEST(RamCacheTest, AdoptedBuffersKeepTheirOrderAndTakeOnlyRoomLeft) {
   // One shard of 4 entries of 64 KiB.
   auto cache = RamCache::New({(256 << 10) + 4096, 256 << 10}, nullptr);
-  cache->Insert(Key(100), MakeBuffer(64 << 10, 'f'));  // cached by this process already
+  auto key = [](int i) { return ChunkKey(std::to_string(i), {64 << 10, 1}, 0); };
+  cache->Insert(key(100), MakeBuffer(64 << 10, 'f'));  // cached by this process already
   cache->BeginAdoption();
   for (int i = 0; i < 5; ++i)  // 0 the latest published
-    EXPECT_EQ(cache->InsertAdopted(Key(i), MakeBuffer(64 << 10, 'a')), i < 3) << i;
-  EXPECT_FALSE(cache->InsertAdopted(Key(100), MakeBuffer(64 << 10, 'x')));  // cached already
+    EXPECT_EQ(cache->InsertAdopted(key(i), MakeBuffer(64 << 10, 'a')), i < 3) << i;
+  EXPECT_FALSE(cache->InsertAdopted(key(100), MakeBuffer(64 << 10, 'x')));  // cached already
   cache->EndAdoption();
-  EXPECT_EQ(cache->Get(Key(100))->data.get()[0], 'f');
+  EXPECT_EQ(cache->Get(key(100))->data.get()[0], 'f');
   EXPECT_EQ(cache->evictions(), 0u);
   // The oldest adopted goes first, then the next.
-  cache->Insert(Key(200), MakeBuffer(64 << 10, 'n'));
-  EXPECT_FALSE(cache->Contains(Key(2)));
-  EXPECT_TRUE(cache->Contains(Key(1)));
-  cache->Insert(Key(201), MakeBuffer(64 << 10, 'n'));
-  EXPECT_FALSE(cache->Contains(Key(1)));
-  EXPECT_TRUE(cache->Contains(Key(0)));
+  cache->Insert(key(200), MakeBuffer(64 << 10, 'n'));
+  EXPECT_FALSE(cache->Contains(key(2)));
+  EXPECT_TRUE(cache->Contains(key(1)));
+  cache->Insert(key(201), MakeBuffer(64 << 10, 'n'));
+  EXPECT_FALSE(cache->Contains(key(1)));
+  EXPECT_TRUE(cache->Contains(key(0)));
+}
+
+// A buffer cut to another cache.chunk_bytes than this process's (the config changed across
+// the crash) is not adopted: a read would go past its end.
+TEST(RamCacheTest, AnAdoptedBufferOfAnotherChunkLengthIsRefused) {
+  EXPECT_EQ(ChunkLength(ChunkKey("f", {100000, 1}, 0), 64 << 10), uint64_t{64 << 10});
+  EXPECT_EQ(ChunkLength(ChunkKey("f", {100000, 1}, 1), 64 << 10), uint64_t{34464});
+  EXPECT_EQ(ChunkLength(ChunkKey("f", {100000, 1}, 2), 64 << 10), std::nullopt);
+  EXPECT_EQ(ChunkLength(ChunkKey("f", {0, 1}, 0), 64 << 10), uint64_t{0});
+  EXPECT_EQ(ChunkLength("not a key", 64 << 10), std::nullopt);
+  auto cache = RamCache::New({1 << 20, 64 << 10}, nullptr);
+  cache->BeginAdoption();
+  // Chunk 0 of a 100,000-byte file when chunks were 32 KiB: 32 KiB, not this process's 64.
+  EXPECT_FALSE(cache->InsertAdopted(ChunkKey("f", {100000, 1}, 0), MakeBuffer(32 << 10, 'a')));
+  EXPECT_TRUE(cache->InsertAdopted(ChunkKey("f", {100000, 1}, 1), MakeBuffer(34464, 'a')));
+  cache->EndAdoption();
+  EXPECT_FALSE(cache->Contains(ChunkKey("f", {100000, 1}, 0)));
+}
+
+// A buffer forgotten (a write through the mount) is never published again: the window giving
+// it to the LRU afterwards must not make its old bytes outlive a crash.
+TEST(BufferTest, AForgottenBufferIsNeverPublishedAgain) {
+  auto arena = CacheArena::Create(uint64_t{1} << 30);
+  ASSERT_TRUE(arena.ok());
+  Buffer::UseArena(arena->get());
+  struct Reset {
+    ~Reset() { Buffer::UseArena(nullptr); }
+  } reset;
+  {
+    BufferRef b = MakeBuffer(100, 'x');
+    b->Publish(ChunkKey("f", {100, 1}, 0));
+    EXPECT_NE(b->record.load(), 0u);
+    b->Forget();
+    EXPECT_EQ(b->record.load(), Buffer::kForgotten);
+    auto cache = RamCache::New({1 << 20, 64 << 10}, nullptr);
+    cache->Insert(ChunkKey("f", {100, 1}, 0), b);  // publishes what it caches
+    EXPECT_EQ(b->record.load(), Buffer::kForgotten);
+  }
+  EXPECT_EQ((*arena)->spans_used(), 0u);  // its block and record given back
 }
 
 // Past 65,536 files erased during an adoption, the rest of it is dropped (the set is bounded).
