@@ -205,6 +205,14 @@ def test_kills_during_renames_and_creates_leave_every_name_reading_its_own_bytes
     assert ids == sorted(f"id{i:03d}".encode() for i in range(200))
 
 
+def store_reads_reading_all(mount: CubeMount, want: dict[str, bytes]) -> float:
+    """Reads every file of `want` through the mount, byte-exact; the store reads it took."""
+    before = mount.metrics().value("cubetorchfs_backend_requests_total", op="read")
+    for name, data in want.items():
+        assert mount.path(name).read_bytes() == data, name
+    return mount.metrics().value("cubetorchfs_backend_requests_total", op="read") - before
+
+
 def test_the_ram_cache_outlives_a_kill_9_and_an_upgrade(cube: CubeFactory,
                                                        tmp_path: Path) -> None:
     """The default profile keeps what it fetched in the daemon's RAM cache only (no page-cache
@@ -238,10 +246,7 @@ def test_the_ram_cache_outlives_a_kill_9_and_an_upgrade(cube: CubeFactory,
     time.sleep(1.2)  # fuse.attr_timeout_s: the change in the store is seen from now on
     assert wait_until(lambda: log_text(mount).count("cached again") == 2, 30), \
         log_text(mount)[-3000:]
-    reads_before = mount.metrics().value("cubetorchfs_backend_requests_total", op="read")
-    for name, data in want.items():
-        assert mount.path(name).read_bytes() == data, name
-    reads = mount.metrics().value("cubetorchfs_backend_requests_total", op="read") - reads_before
+    reads = store_reads_reading_all(mount, want)
     log = log_text(mount)
     # The changed file alone is read from the store (the written one is in the cache at its
     # new version); every other file, and every chunk of the large ones, comes from RAM.
@@ -255,9 +260,6 @@ def test_the_ram_cache_outlives_a_kill_9_and_an_upgrade(cube: CubeFactory,
     # (Cached again by a thread of its own while the mount serves: a few microseconds here.)
     assert wait_until(lambda: log_text(mount).count("cached again") == 3, 30), \
         log_text(mount)[-3000:]
-    reads_before = mount.metrics().value("cubetorchfs_backend_requests_total", op="read")
-    for name, data in want.items():
-        assert mount.path(name).read_bytes() == data, name
-    reads = mount.metrics().value("cubetorchfs_backend_requests_total", op="read") - reads_before
+    reads = store_reads_reading_all(mount, want)
     assert reads == 0, (reads, log_text(mount)[-3000:])
     assert "after the upgrade, found" in log_text(mount)
