@@ -19,9 +19,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/clock.h"
@@ -50,6 +52,41 @@ struct FileVersion {
   bool operator==(const FileVersion&) const = default;
   // Same file (identity), whatever its contents now. True where the store has no identity.
   bool SameFile(const FileVersion& o) const { return id == 0 || o.id == 0 || id == o.id; }
+};
+
+// The store objects that the calling thread's next requests must reach: the ones whose rights
+// were checked (docs/security.md, "Which object a request acts on"). While a Scope lives on a
+// thread, every store request of that thread that resolves `path` (as the directory a name is
+// looked up, created or removed in, or as the object itself) finds there the object whose
+// identity (FileAttr::StoreId) is `id`, or fails with Stale and does nothing: the kernel
+// checked an inode's rights, and a directory swapped in the store since is another object.
+// Paths are store paths, viewed, not copied: they must outlive the Scope. Scopes nest (the
+// innermost binding of a path wins). A posix store checks on the very descriptor it acts
+// through (fstat of the directory it resolved), so no swap between the check and the act can
+// go unseen; a CubeFS store compares the object's identity before it acts (its SDK resolves
+// paths itself); an S3 store has no identities, owners or modes to protect and ignores them.
+class Expected {
+ public:
+  struct Object {
+    std::string_view path;
+    uint64_t id = 0;  // 0: not checked
+  };
+  class Scope {
+   public:
+    Scope(std::initializer_list<Object> objects);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    size_t pushed_ = 0;
+  };
+  // The identity `path` must have on this thread now, or 0 when no Scope names it.
+  static uint64_t IdOf(std::string_view path);
+  // Whether any binding is alive on this thread (a fast path skips the checks without one).
+  static bool Any();
+  // Stale naming `what` and `path` when `found` (a StoreId) is not the identity `path` must have.
+  static Status Check(std::string_view path, uint64_t found, const char* what);
 };
 
 struct FileAttr {

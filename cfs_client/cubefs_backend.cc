@@ -224,9 +224,30 @@ class CubefsBackend final : public Backend {
   }
 
   Result<FileAttr> Stat(const std::string& path) override {
+    CTFS_RETURN_IF_ERROR(CheckExpected(path, "stat", /*self=*/false));
     StatInfo st{};
     if (int rc = sdk_->getattr(client_, C(Abs(path)), &st); rc < 0) return Err(rc, "stat /" + path);
-    return ToAttr(st);
+    const FileAttr attr = ToAttr(st);
+    if (Expected::Any()) CTFS_RETURN_IF_ERROR(Expected::Check(path, attr.StoreId(), "stat"));
+    return attr;
+  }
+
+  // Expected (backend.h): the directory `path` is in, and with `self` the object `path` names,
+  // are compared with what the volume holds now, before the call that acts. The SDK resolves
+  // paths itself, so this is a check, not a pin: another client of the volume may swap a
+  // directory between the two requests, as with any network file system.
+  Status CheckExpected(const std::string& path, const char* what, bool self) {
+    if (!Expected::Any()) return Status::OK();
+    const size_t last = path.rfind('/');
+    const std::string parent = last == std::string::npos ? std::string() : path.substr(0, last);
+    for (const std::string* p : {&parent, self ? &path : nullptr}) {
+      if (p == nullptr || Expected::IdOf(*p) == 0) continue;
+      StatInfo st{};
+      if (int rc = sdk_->getattr(client_, C(Abs(*p)), &st); rc < 0)
+        return Err(rc, std::string(what) + " /" + path);
+      CTFS_RETURN_IF_ERROR(Expected::Check(*p, ToAttr(st).StoreId(), what));
+    }
+    return Status::OK();
   }
 
   // One open directory of the SDK, read a batch of names at a time, their attributes asked in
@@ -355,6 +376,7 @@ class CubefsBackend final : public Backend {
 
   Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path,
                                                   const OpenWriteOptions& options) override {
+    CTFS_RETURN_IF_ERROR(CheckExpected(path, "open", !options.create || !options.exclusive));
     StatInfo st{};
     int rc = sdk_->getattr(client_, C(Abs(path)), &st);
     if (rc < 0 && rc != -ENOENT) return Err(rc, "stat /" + path);
@@ -391,6 +413,7 @@ class CubefsBackend final : public Backend {
   }
 
   Result<FileAttr> Mkdir(const std::string& path, mode_t mode, int64_t uid, int64_t gid) override {
+    CTFS_RETURN_IF_ERROR(CheckExpected(path, "mkdir", false));
     CTFS_RETURN_IF_ERROR(ParentIsDir(path, "mkdir"));
     StatInfo st{};
     if (sdk_->getattr(client_, C(Abs(path)), &st) == 0)
@@ -402,11 +425,13 @@ class CubefsBackend final : public Backend {
   }
 
   Status Unlink(const std::string& path) override {
+    CTFS_RETURN_IF_ERROR(CheckExpected(path, "unlink", false));
     if (int rc = sdk_->unlink(client_, C(Abs(path))); rc < 0) return Err(rc, "unlink /" + path);
     return Status::OK();
   }
 
   Status Rmdir(const std::string& path) override {
+    CTFS_RETURN_IF_ERROR(CheckExpected(path, "rmdir", false));
     int rc = sdk_->rmdir(client_, C(Abs(path)));
     if (rc == -EINVAL) {  // the SDK's answer for a file
       Result<FileAttr> a = Stat(path);
@@ -417,6 +442,8 @@ class CubefsBackend final : public Backend {
   }
 
   Status Rename(const std::string& from, const std::string& to, bool noreplace) override {
+    CTFS_RETURN_IF_ERROR(CheckExpected(from, "rename", false));
+    CTFS_RETURN_IF_ERROR(CheckExpected(to, "rename", false));
     const std::string what = "rename /" + from + " to /" + to;
     CTFS_ASSIGN_OR_RETURN(FileAttr src, Stat(from));
     if (from == to) return Status::OK();  // the SDK would delete it
@@ -445,6 +472,7 @@ class CubefsBackend final : public Backend {
 
   Result<FileAttr> Symlink(const std::string& target, const std::string& path, int64_t uid,
                            int64_t gid) override {
+    CTFS_RETURN_IF_ERROR(CheckExpected(path, "symlink", false));
     if (target.empty() || target[0] != '/')
       return Status::Errno(EOPNOTSUPP,
                            "cubefs symlink /" + path +
@@ -457,6 +485,8 @@ class CubefsBackend final : public Backend {
   }
 
   Result<FileAttr> Link(const std::string& from, const std::string& to) override {
+    CTFS_RETURN_IF_ERROR(CheckExpected(from, "link", true));
+    CTFS_RETURN_IF_ERROR(CheckExpected(to, "link", false));
     CTFS_ASSIGN_OR_RETURN(FileAttr src, Stat(from));
     if (src.IsDir()) return Status::Errno(EPERM, "cubefs link /" + from + ": a directory");
     if (!src.IsRegular())
@@ -469,6 +499,7 @@ class CubefsBackend final : public Backend {
   }
 
   Result<FileAttr> SetAttr(const std::string& path, const AttrChange& change) override {
+    CTFS_RETURN_IF_ERROR(CheckExpected(path, "setattr", true));
     StatInfo st{};
     int valid = 0;
     const auto seconds = [](int64_t ns) {

@@ -150,6 +150,27 @@ struct At {
   std::string name;  // "." for the root itself
 };
 
+// The store identity (FileAttr::StoreId) of the object open at `fd`, or 0 (errno set).
+uint64_t IdOfFd(int fd) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return 0;
+  return FromStat(st).StoreId();
+}
+
+// The directory `path` is named in ("" for the root's entries).
+std::string_view ParentOf(const std::string& path) {
+  const size_t last = path.rfind('/');
+  return last == std::string::npos ? std::string_view() : std::string_view(path).substr(0, last);
+}
+
+// Checks the object open at `fd` is the one Expected binds to `path` (docs/security.md).
+Status CheckFd(int fd, std::string_view path, const char* what) {
+  if (!Expected::Any() || Expected::IdOf(path) == 0) return Status::OK();
+  const uint64_t id = IdOfFd(fd);
+  if (id == 0) return Status::FromErrno(errno, std::string(what) + " " + std::string(path));
+  return Expected::Check(path, id, what);
+}
+
 // What openat2 is given at once; longer directory paths are opened piece by piece.
 constexpr size_t kPathPiece = 3072;
 
@@ -255,7 +276,9 @@ class PosixBackend final : public Backend {
     struct stat st;
     if (::fstatat(at.dir, at.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
       return Status::FromErrno(errno, "stat " + Show(path));
-    return FromStat(st);
+    const FileAttr attr = FromStat(st);
+    if (Expected::Any()) CTFS_RETURN_IF_ERROR(Expected::Check(path, attr.StoreId(), "stat"));
+    return attr;
   }
 
   // One open directory, read as far as each page needs (one entry read ahead, so a page knows
@@ -321,6 +344,10 @@ class PosixBackend final : public Backend {
     CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "opendir"));
     int fd = ::openat(at.dir, at.name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return Status::FromErrno(errno, "opendir " + Show(path));
+    if (Status s = CheckFd(fd, path, "opendir"); !s.ok()) {
+      ::close(fd);
+      return s;
+    }
     std::unique_ptr<DIR, DirCloser> dir(::fdopendir(fd));
     if (!dir) {
       int err = errno;
@@ -365,6 +392,7 @@ class PosixBackend final : public Backend {
   Result<std::string> ReadLink(const std::string& path) override {
     std::string target(4096, '\0');
     CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "readlink"));
+    CTFS_RETURN_IF_ERROR(Pin(&at, path, "readlink"));
     ssize_t n = ::readlinkat(at.dir, at.name.c_str(), target.data(), target.size());
     if (n < 0) return Status::FromErrno(errno, "readlink " + Show(path));
     target.resize(static_cast<size_t>(n));
@@ -387,7 +415,10 @@ class PosixBackend final : public Backend {
 
   Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path,
                                                   const OpenWriteOptions& o) override {
-    const int base = O_RDWR | O_NOFOLLOW | O_CLOEXEC | (o.truncate ? O_TRUNC : 0);
+    // An existing file Expected names is checked before it is truncated: O_TRUNC would empty
+    // whatever sits at the name.
+    const bool pinned = Expected::Any() && Expected::IdOf(path) != 0;
+    const int base = O_RDWR | O_NOFOLLOW | O_CLOEXEC | (o.truncate && !pinned ? O_TRUNC : 0);
     // Create with O_EXCL first, so we know whether this call made the file (only then is it
     // given to the caller); if it exists and that is allowed, open it as it is.
     CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "open"));
@@ -410,6 +441,11 @@ class PosixBackend final : public Backend {
     struct stat st;
     if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "fstat " + Show(path));
     if (!S_ISREG(st.st_mode)) return Status::IsDirectory(Show(path) + ": not a regular file");
+    if (pinned && !created) {
+      CTFS_RETURN_IF_ERROR(Expected::Check(path, FromStat(st).StoreId(), "open"));
+      if (o.truncate && ::ftruncate(fd.get(), 0) != 0)
+        return Status::FromErrno(errno, "truncate " + Show(path));
+    }
     if (created) {
       Chown(fd.get(), "", o.uid, o.gid, st);
       // The mode asked for, not narrowed by the daemon's umask (the kernel applied the
@@ -467,21 +503,26 @@ class PosixBackend final : public Backend {
 
   Result<FileAttr> Link(const std::string& from, const std::string& to) override {
     CTFS_ASSIGN_OR_RETURN(At a, Locate(from, "link"));
+    CTFS_RETURN_IF_ERROR(Pin(&a, from, "link"));
     CTFS_ASSIGN_OR_RETURN(At b, Locate(to, "link"));
-    if (::linkat(a.dir, a.name.c_str(), b.dir, b.name.c_str(), 0) != 0)
+    if (::linkat(a.dir, a.name.c_str(), b.dir, b.name.c_str(),
+                 a.name.empty() ? AT_EMPTY_PATH : 0) != 0)
       return Status::FromErrno(errno, "link " + Show(from) + " to " + Show(to));
     return Stat(to);
   }
 
   Result<FileAttr> SetAttr(const std::string& path, const AttrChange& c) override {
     CTFS_ASSIGN_OR_RETURN(At at, Locate(path, "setattr"));
+    // An object Expected names is changed through a descriptor of it, checked first.
+    CTFS_RETURN_IF_ERROR(Pin(&at, path, "setattr"));
+    const int nofollow = at.name.empty() ? AT_EMPTY_PATH : AT_SYMLINK_NOFOLLOW;
     // AT_SYMLINK_NOFOLLOW: glibc changes the file itself through an O_PATH descriptor, and
     // refuses (EOPNOTSUPP) a symlink rather than change what it points to.
-    if (c.mode && ::fchmodat(at.dir, at.name.c_str(), *c.mode & 07777, AT_SYMLINK_NOFOLLOW) != 0)
+    if (c.mode && Chmod(at, *c.mode & 07777) != 0)
       return Status::FromErrno(errno, "chmod " + Show(path));
     if ((c.uid || c.gid) &&
         ::fchownat(at.dir, at.name.c_str(), c.uid ? static_cast<uid_t>(*c.uid) : uid_t(-1),
-                   c.gid ? static_cast<gid_t>(*c.gid) : gid_t(-1), AT_SYMLINK_NOFOLLOW) != 0)
+                   c.gid ? static_cast<gid_t>(*c.gid) : gid_t(-1), nofollow) != 0)
       return Status::FromErrno(errno, "chown " + Show(path));
     if (c.atime_ns || c.mtime_ns) {
       auto ts = [](const std::optional<int64_t>& ns) {
@@ -491,8 +532,13 @@ class PosixBackend final : public Backend {
                         static_cast<long>(*ns % 1'000'000'000)};
       };
       const timespec times[2] = {ts(c.atime_ns), ts(c.mtime_ns)};
-      if (::utimensat(at.dir, at.name.c_str(), times, AT_SYMLINK_NOFOLLOW) != 0)
+      if (::utimensat(at.dir, at.name.c_str(), times, nofollow) != 0)
         return Status::FromErrno(errno, "utimens " + Show(path));
+    }
+    if (at.name.empty()) {  // pinned: the attributes of the object changed, not of its name
+      struct stat st;
+      if (::fstat(at.dir, &st) != 0) return Status::FromErrno(errno, "fstat " + Show(path));
+      return FromStat(st);
     }
     return Stat(path);
   }
@@ -530,6 +576,7 @@ class PosixBackend final : public Backend {
     const size_t last = path.rfind('/');
     if (last == std::string::npos) {
       at.name = path;
+      CTFS_RETURN_IF_ERROR(CheckFd(at.dir, std::string_view(), what));
       return at;
     }
     at.name = path.substr(last + 1);
@@ -544,7 +591,36 @@ class PosixBackend final : public Backend {
       at.dir = fd;
       start = end + 1;
     }
+    CTFS_RETURN_IF_ERROR(CheckFd(at.dir, std::string_view(path).substr(0, last), what));
     return at;
+  }
+
+  // Pins `at` (of `path`) to the object itself when Expected names it: an O_PATH descriptor of
+  // it, checked, becomes `at.dir` with an empty name, for an *at call with AT_EMPTY_PATH. A
+  // symlink is pinned as the link (O_NOFOLLOW).
+  Status Pin(At* at, const std::string& path, const char* what) const {
+    if (!Expected::Any() || Expected::IdOf(path) == 0) return Status::OK();
+    UniqueFd fd(::openat(at->dir, at->name.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+    if (fd.get() < 0) return Status::FromErrno(errno, std::string(what) + " " + Show(path));
+    CTFS_RETURN_IF_ERROR(CheckFd(fd.get(), path, what));
+    at->owned = std::move(fd);
+    at->dir = at->owned.get();
+    at->name.clear();
+    return Status::OK();
+  }
+
+  // chmod of `at` without following a symlink: through fchmodat2(AT_EMPTY_PATH) for a pinned
+  // object (through /proc where the kernel lacks it); glibc's AT_SYMLINK_NOFOLLOW otherwise.
+  static int Chmod(const At& at, mode_t mode) {
+    if (!at.name.empty()) return ::fchmodat(at.dir, at.name.c_str(), mode, AT_SYMLINK_NOFOLLOW);
+    struct stat st;
+    if (::fstat(at.dir, &st) != 0) return -1;
+    if (S_ISLNK(st.st_mode)) return errno = EOPNOTSUPP, -1;
+#ifdef SYS_fchmodat2
+    if (::syscall(SYS_fchmodat2, at.dir, "", mode, AT_EMPTY_PATH) == 0) return 0;
+    if (errno != ENOSYS && errno != EINVAL) return -1;
+#endif
+    return ::chmod(("/proc/self/fd/" + std::to_string(at.dir)).c_str(), mode);
   }
 
   // Opens regular file `path`, checks it is at version `expect` (if given), reads up to `len`
@@ -556,7 +632,8 @@ class PosixBackend final : public Backend {
   Result<UniqueFd> OpenRegular(const std::string& path, const char* what, struct stat* st) const {
     constexpr int kFlags = O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
     // The read path's usual case, one syscall: the whole path at once.
-    UniqueFd fd(path.empty() || path.size() > kPathPiece || path.front() == '/'
+    const bool bound = Expected::Any() && Expected::IdOf(ParentOf(path)) != 0;
+    UniqueFd fd(path.empty() || path.size() > kPathPiece || path.front() == '/' || bound
                     ? (errno = ENOSYS, -1)
                     : OpenBeneath(root_fd_.get(), path, kFlags));
     if (fd.get() < 0 && errno == ENOSYS) {  // long path or no openat2: parent, then the name

@@ -632,8 +632,8 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   prefetch::PathResolver::Options resolver_options;
   resolver_options.check_store = (*backend)->capabilities().has_owners;
   FileSystem* filesystem = fs->get();
-  resolver_options.known_attr = [filesystem](const std::string& path) {
-    return filesystem->KnownAttr(path);
+  resolver_options.known_attr = [filesystem](const std::string& path, uint64_t dir_id) {
+    return filesystem->KnownAttr(path, nullptr, dir_id);
   };
   prefetch::PathResolver resolver(resolver_options, backend->get(), SystemClock());
   // Residency checks before prefetching ask the inode table, never the store.

@@ -131,12 +131,21 @@ Result<InodeInfo> FileSystem::GetInode(uint64_t ino) {
 }
 
 std::optional<cfs_client::FileAttr> FileSystem::KnownAttr(const std::string& path,
-                                                          uint64_t* fetched_ns) const {
+                                                          uint64_t* fetched_ns,
+                                                          uint64_t dir_id) const {
   std::optional<InodeTable::HeldAttr> held = inodes_.AttrOf(path);
   if (!held) return std::nullopt;
+  if (dir_id != 0 && !path.empty() && held->dir_id != dir_id) return std::nullopt;
   if (!AttrFresh(held->attr_time_ns, clock_->NowNanos())) return std::nullopt;
   if (fetched_ns != nullptr) *fetched_ns = held->attr_time_ns;
   return held->attr;
+}
+
+uint64_t FileSystem::DirIdOf(const std::string& path) const {
+  const size_t slash = path.rfind('/');
+  std::optional<InodeTable::HeldAttr> dir =
+      inodes_.AttrOf(slash == std::string::npos ? std::string() : path.substr(0, slash));
+  return dir ? dir->attr.StoreId() : 0;
 }
 
 uint64_t FileSystem::MarkOf(const std::string& path,
@@ -191,6 +200,10 @@ Result<cfs_client::FileAttr> FileSystem::FreshAttr(const InodeInfo& inode) {
   // The store is known not to answer: what the daemon holds answers at once, unrenewed.
   if (backend_->InOutage()) return inode.attr;
   Result<cfs_client::FileAttr> attr = backend_->Stat(inode.path);
+  // Another object at the inode's path (swapped in behind the mount): the kernel checked this
+  // inode's rights on the object it was given, so the inode answers for nothing else.
+  if (attr.ok() && !attr->Version().SameFile(inode.attr.Version()))
+    return Status::Stale(inode.path + ": another object than this inode's is there now");
   if (attr.ok()) inodes_.SetAttr(inode.ino, attr.value(), now);
   // A store that does not answer: what the daemon holds answers, unrenewed, so that what is
   // cached is served through an outage and the next request asks the store again.
@@ -214,11 +227,15 @@ Result<Entry> FileSystem::Lookup(uint64_t parent, const std::string& name) {
       }
     }
   }
+  // Every answer is of a name found in this very directory, the object whose rights the kernel
+  // checked (docs/security.md): a fetch made in it, a name held under its record, or the store
+  // asked in it (Expected, below).
+  const uint64_t dir_id = dir.attr.StoreId();
   uint64_t fetched_ns = 0;
-  if (std::optional<cfs_client::FileAttr> warm = prefetcher_->WindowAttr(path, &fetched_ns))
+  if (std::optional<cfs_client::FileAttr> warm = prefetcher_->WindowAttr(path, dir_id, &fetched_ns))
     return Entry{inodes_.Acquire(path, *warm, fetched_ns), *warm};
   // Attributes the daemon holds and may still answer with (a listing's, say: readdirplus).
-  if (std::optional<cfs_client::FileAttr> known = KnownAttr(path, &fetched_ns))
+  if (std::optional<cfs_client::FileAttr> known = KnownAttr(path, &fetched_ns, dir_id))
     return Entry{inodes_.Acquire(path, *known, fetched_ns), *known};
   // The store does not answer (known before asking, or learnt by asking): a name the daemon
   // holds (its attributes expired) is answered with them, unrenewed, as FreshAttr does; a name
@@ -226,7 +243,10 @@ Result<Entry> FileSystem::Lookup(uint64_t parent, const std::string& name) {
   if (backend_->InOutage()) {
     if (std::optional<Entry> held = HeldEntry(path)) return *held;
   }
-  Result<Entry> asked = StoreLookup(path);
+  Result<Entry> asked = [&] {
+    const cfs_client::Expected::Scope in_dir({{dir.path, dir_id}});
+    return StoreLookup(path);
+  }();
   if (asked.ok() || asked.status().code() != Status::Code::kIOError) return asked;
   if (std::optional<Entry> held = HeldEntry(path)) return *held;
   return asked;
@@ -285,6 +305,7 @@ Result<cfs_client::FileAttr> FileSystem::GetAttr(uint64_t ino) {
 Result<std::string> FileSystem::ReadLink(uint64_t ino) {
   CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
   if (inode.removed) return Status::Stale(inode.path + ": removed from the store");
+  const cfs_client::Expected::Scope self({{inode.path, inode.attr.StoreId()}});
   return backend_->ReadLink(inode.path);
 }
 
@@ -312,6 +333,7 @@ Result<std::unique_ptr<DirHandle>> FileSystem::OpenDir(uint64_t ino, int64_t uid
   auto handle = std::make_unique<DirHandle>();
   handle->ino = ino;
   handle->path = inode.path;
+  handle->id = inode.attr.StoreId();
   handle->uid = uid;
   if (inode.removed) return handle;  // removed: no entries (its old path may name another one)
   DirHandle& dir = *handle;
@@ -321,7 +343,9 @@ Result<std::unique_ptr<DirHandle>> FileSystem::OpenDir(uint64_t ino, int64_t uid
   if (ahead) {
     dir.entries = std::move(*ahead);
   } else {
-    // The first page now, so that a directory that cannot be listed fails its opendir.
+    // The first page now, so that a directory that cannot be listed fails its opendir. The
+    // store lists the directory the kernel checked, or fails with Stale.
+    const cfs_client::Expected::Scope self({{dir.path, dir.id}});
     CTFS_ASSIGN_OR_RETURN(dir.lister, backend_->ListPages(inode.path));
     CTFS_ASSIGN_OR_RETURN(cfs_client::DirPage page, dir.lister->Next(options_.list_page_entries));
     dir.entries = std::move(page.entries);
@@ -392,6 +416,7 @@ Result<bool> FileSystem::DirEntryAt(DirHandle& dir, uint64_t index) {
     dir.plan = false;  // planned once, or not at all, per handle
     std::vector<cfs_client::DirEntry>().swap(dir.subdirs);
     dir.restart = true;  // until the listing is open again: a failure here is not an end
+    const cfs_client::Expected::Scope self({{dir.path, dir.id}});
     CTFS_ASSIGN_OR_RETURN(dir.lister, backend_->ListPages(dir.path));
     dir.restart = false;
   }

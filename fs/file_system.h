@@ -99,6 +99,7 @@ struct WriteState;
 struct DirHandle {
   uint64_t ino = 0;
   std::string path;
+  uint64_t id = 0;   // the store identity of the directory opened: every listing is of it
   int64_t uid = -1;  // the opener's, charged for the window
   Mutex mu;          // the members below: one readdir of a handle at a time
   std::vector<cfs_client::DirEntry> entries GUARDED_BY(mu);  // entries first.. of the listing
@@ -308,8 +309,11 @@ class FileSystem : public prefetch::AttrSource {
   // The attributes the kernel was last given for `path`, while they are younger than
   // attr_timeout_s (the kernel checks permissions against them meanwhile): nothing otherwise.
   // `fetched_ns`, if not null, receives when they were read from the store.
+  // `dir_id`: only a name held under the directory record of that store identity answers
+  // (0: any).
   std::optional<cfs_client::FileAttr> KnownAttr(const std::string& path,
-                                                uint64_t* fetched_ns = nullptr) const;
+                                                uint64_t* fetched_ns = nullptr,
+                                                uint64_t dir_id = 0) const;
   // The prefetcher's source of fresh attributes (prefetch::AttrSource): KnownAttr.
   std::optional<cfs_client::FileAttr> FreshAttr(const std::string& path,
                                                 uint64_t* fetched_ns) const override {
@@ -322,6 +326,9 @@ class FileSystem : public prefetch::AttrSource {
     return inodes_.SetMark(path, mark);
   }
   uint64_t Marks() const override { return inodes_.marks(); }
+  // The store identity of the directory record the mount holds for `path`'s parent
+  // (prefetch::AttrSource), whatever the age of its attributes; 0: none.
+  uint64_t DirIdOf(const std::string& path) const override;
 
   // The model-file fast path (prefetch/model_fetch.h) to tell about reads; null: none. Set before
   // the first read; must outlive the FileSystem.
@@ -385,7 +392,10 @@ class FileSystem : public prefetch::AttrSource {
   // CheckWritable, then the change's scope. Every operation that changes the store holds one
   // while it runs.
   Result<ChangeScope> BeginChange();
-  Result<std::string> ChildOf(uint64_t parent, const std::string& name);
+  // The store path of `name` in directory inode `parent`; `dir_id`, if not null, receives the
+  // directory's store identity, which a change of the name binds (cfs_client::Expected).
+  Result<std::string> ChildOf(uint64_t parent, const std::string& name, uint64_t* dir_id = nullptr);
+  static std::string_view DirPart(const std::string& path);  // "" for the root's entries
   std::shared_ptr<WriteState> FindWriteState(uint64_t ino);
   // The write state of `ino`, opening the file in the store if it has none.
   Result<std::shared_ptr<WriteState>> GetWriteState(uint64_t ino, bool add_writer,

@@ -686,7 +686,7 @@ uint64_t InodeTable::Acquire(const std::string& path, const cfs_client::FileAttr
     if (slot != kNoSlot && joined) {
       MutexLock l(StripeOf(slot));
       Rec& rec = At(slot);
-      if (rec.nlookup > 0 && FitsFast(rec, attr)) {
+      if (rec.nlookup > 0 && FitsFast(rec, attr) && SameObject(slot, rec, attr)) {
         if (rec.nlookup < std::numeric_limits<uint32_t>::max()) rec.nlookup++;
         SetAttrFast(rec, attr);
         rec.attr_time_ns = now_ns;
@@ -697,6 +697,22 @@ uint64_t InodeTable::Acquire(const std::string& path, const cfs_client::FileAttr
   WriterLock w(names_mu_);
   uint32_t parent = kNoSlot;
   uint32_t slot = ResolveEntry(path, &parent) & kSlotMask;
+  if (slot != kNoSlot && slot != kRootSlot) {
+    Rec& rec = At(slot);
+    bool same = true;
+    {
+      MutexLock l(StripeOf(slot));
+      same = SameObject(slot, rec, attr) || (!Live(rec) && rec.children == 0);
+    }
+    if (!same) {
+      // Another object of the store at the name (swapped there behind the mount): the number
+      // the kernel holds keeps naming the object it checked, marked removed, and the name
+      // gets a new inode (docs/security.md, "Which object a request acts on").
+      RemoveLocked(path);
+      parent = kNoSlot;
+      slot = ResolveEntry(path, &parent) & kSlotMask;
+    }
+  }
   const auto [dir, name] = SplitLast(path);
   if (slot == kNoSlot) {
     if (parent == kNoSlot) parent = MakeDirs(dir);
@@ -856,12 +872,31 @@ std::optional<uint64_t> InodeTable::Find(const std::string& path) const {
 
 std::optional<InodeTable::HeldAttr> InodeTable::AttrOf(const std::string& path) const {
   ReaderLock r(names_mu_);
-  const uint32_t slot = ResolveEntry(path) & kSlotMask;
+  uint32_t parent = kNoSlot;
+  const uint32_t slot = ResolveEntry(path, &parent) & kSlotMask;
   if (slot == kNoSlot) return std::nullopt;
+  uint64_t dir_id = 0;
+  if (slot != kRootSlot && parent != kNoSlot) {
+    MutexLock l(StripeOf(parent));
+    const Rec& d = At(parent);
+    dir_id = IdOf(parent, d);
+  }
   MutexLock l(StripeOf(slot));
   const Rec& rec = At(slot);
   if (!Live(rec)) return std::nullopt;
-  return HeldAttr{AttrOf(slot, rec), rec.attr_time_ns, rec.mark};
+  return HeldAttr{AttrOf(slot, rec), rec.attr_time_ns, rec.mark, dir_id};
+}
+
+uint64_t InodeTable::IdOf(uint32_t slot, const Rec& r) const {
+  cfs_client::FileAttr a;
+  a.store_ino = r.store_ino;
+  a.store_dev = DevOf(slot, r);
+  return a.StoreId();
+}
+
+bool InodeTable::SameObject(uint32_t slot, const Rec& r, const cfs_client::FileAttr& a) const {
+  return r.store_ino == 0 || a.store_ino == 0 ||
+         (r.store_ino == a.store_ino && DevOf(slot, r) == a.store_dev);
 }
 
 bool InodeTable::SetMark(const std::string& path, uint64_t mark) {

@@ -15,6 +15,11 @@
 // Numbers restored from a table written by a version before this layout keep working through
 // a side map.
 //
+// An inode number names one object of the store for its life: when a name is found to hold an
+// object of another store identity (FileAttr::StoreId: swapped in behind the mount), Acquire
+// gives the name a new inode and the old one is marked removed, so the kernel's number keeps
+// meaning the object whose rights it checked (docs/security.md).
+//
 // Hard links share one inode: a name whose attributes carry the store's identity of a file
 // (FileAttr::store_ino) with more than one link joins the live inode of that identity, if
 // the table has one. Such an inode has several names (at most 16 are indexed; a further link
@@ -115,6 +120,9 @@ class InodeTable {
     cfs_client::FileAttr attr;
     uint64_t attr_time_ns = 0;
     uint64_t mark = 0;  // its page-resident mark (SetMark), 0 if none
+    // The store identity (FileAttr::StoreId) of the directory record the name is in: the
+    // directory its attributes were found in (0: none known, or the root's own entry).
+    uint64_t dir_id = 0;
   };
   std::optional<HeldAttr> AttrOf(const std::string& path) const;
 
@@ -343,6 +351,11 @@ class InodeTable {
   // The attributes of a record, and back.
   cfs_client::FileAttr AttrOf(uint32_t slot, const Rec& r) const REQUIRES_SHARED(names_mu_);
   uint64_t DevOf(uint32_t slot, const Rec& r) const REQUIRES_SHARED(names_mu_);
+  // The record's store identity (FileAttr::StoreId), and whether `a` is of the same object
+  // (true where either has none).
+  uint64_t IdOf(uint32_t slot, const Rec& r) const REQUIRES_SHARED(names_mu_);
+  bool SameObject(uint32_t slot, const Rec& r, const cfs_client::FileAttr& a) const
+      REQUIRES_SHARED(names_mu_);
   void SetAttrLocked(uint32_t slot, Rec& r, const cfs_client::FileAttr& a) REQUIRES(names_mu_);
   uint16_t DevIndexLocked(uint64_t dev) REQUIRES(names_mu_);
   // Whether an attribute set fits the record without a change to the table (a new device

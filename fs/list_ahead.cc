@@ -181,7 +181,11 @@ void ListAhead::Loop() {
     listing->started_ns = std::max<uint64_t>(1, clock_->NowNanos());
     const uint64_t room = options_.max_entries - std::min(options_.max_entries, held_entries_);
     l.unlock();
-    Result<std::vector<cfs_client::DirEntry>> r = ListWithin(path, room);
+    Result<std::vector<cfs_client::DirEntry>> r = [&] {
+      // The directory planned, or Stale: never the listing of one swapped in since.
+      const cfs_client::Expected::Scope self({{path, listing->dir_id}});
+      return ListWithin(path, room);
+    }();
     l.lock();
     listing->done = true;
     it = listings_.find(path);

@@ -19,8 +19,11 @@ Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::strin
                                                mode_t mode, int flags, const Owner& owner,
                                                bool track_handle) {
   CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
-  Result<std::string> path = ChildOf(parent, name);
+  uint64_t dir_id = 0;
+  Result<std::string> path = ChildOf(parent, name, &dir_id);
   if (!path.ok()) return path.status();
+  // The name is made in the directory the kernel checked, or nowhere (Stale).
+  const cfs_client::Expected::Scope in_dir({{DirPart(*path), dir_id}});
   cfs_client::OpenWriteOptions o;
   o.create = true;
   o.exclusive = (flags & O_EXCL) != 0;
@@ -85,7 +88,9 @@ Result<Entry> FileSystem::Mknod(uint64_t parent, const std::string& name, mode_t
   if (!S_ISREG(mode)) {
     if (!S_ISFIFO(mode) && !S_ISSOCK(mode) && !S_ISCHR(mode) && !S_ISBLK(mode))
       return Status::InvalidArgument(name + ": not a file type mknod makes");
-    CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
+    uint64_t dir_id = 0;
+    CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name, &dir_id));
+    const cfs_client::Expected::Scope in_dir({{DirPart(path), dir_id}});
     CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
                           backend_->Mknod(path, mode, rdev, owner.uid, owner.gid));
     inodes_.ExpireAttr(parent);
@@ -102,7 +107,9 @@ Result<Entry> FileSystem::Mknod(uint64_t parent, const std::string& name, mode_t
 Result<Entry> FileSystem::Mkdir(uint64_t parent, const std::string& name, mode_t mode,
                                 const Owner& owner) {
   CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
-  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
+  uint64_t dir_id = 0;
+  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name, &dir_id));
+  const cfs_client::Expected::Scope in_dir({{DirPart(path), dir_id}});
   CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
                         backend_->Mkdir(path, mode & 07777, owner.uid, owner.gid));
   inodes_.ExpireAttr(parent);
@@ -113,7 +120,9 @@ Result<Entry> FileSystem::Mkdir(uint64_t parent, const std::string& name, mode_t
 Result<Entry> FileSystem::Symlink(const std::string& target, uint64_t parent,
                                   const std::string& name, const Owner& owner) {
   CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
-  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
+  uint64_t dir_id = 0;
+  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name, &dir_id));
+  const cfs_client::Expected::Scope in_dir({{DirPart(path), dir_id}});
   CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
                         backend_->Symlink(target, path, owner.uid, owner.gid));
   inodes_.ExpireAttr(parent);
@@ -126,7 +135,11 @@ Result<Entry> FileSystem::Link(uint64_t ino, uint64_t new_parent, const std::str
   CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
   // As link(2) of an unlinked file; its old path names another file now, if any.
   if (inode.removed) return Status::NotFound(inode.path + ": removed from the store");
-  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(new_parent, new_name));
+  uint64_t dir_id = 0;
+  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(new_parent, new_name, &dir_id));
+  // The object the kernel checked, linked into the directory it checked.
+  const cfs_client::Expected::Scope objects(
+      {{inode.path, inode.attr.StoreId()}, {DirPart(path), dir_id}});
   CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, backend_->Link(inode.path, path));
   inodes_.ExpireAttr(new_parent);
   // Where the store gives its files an identity, the new name joins the inode (Acquire);
@@ -138,7 +151,9 @@ Result<Entry> FileSystem::Link(uint64_t ino, uint64_t new_parent, const std::str
 
 Status FileSystem::Unlink(uint64_t parent, const std::string& name) {
   CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
-  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
+  uint64_t dir_id = 0;
+  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name, &dir_id));
+  const cfs_client::Expected::Scope in_dir({{DirPart(path), dir_id}});
   ever_written_.store(true);
   std::optional<uint64_t> ino = inodes_.Find(path);
   std::shared_ptr<WriteState> st = ino ? FindWriteState(*ino) : nullptr;
@@ -194,7 +209,9 @@ Status FileSystem::Unlink(uint64_t parent, const std::string& name) {
 
 Status FileSystem::Rmdir(uint64_t parent, const std::string& name) {
   CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
-  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name));
+  uint64_t dir_id = 0;
+  CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name, &dir_id));
+  const cfs_client::Expected::Scope in_dir({{DirPart(path), dir_id}});
   CTFS_RETURN_IF_ERROR(backend_->Rmdir(path));
   inodes_.ExpireAttr(parent);
   {
@@ -213,8 +230,10 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
     return Status::NotSupported("rename: RENAME_EXCHANGE is not supported");
   if ((flags & ~static_cast<unsigned>(RENAME_NOREPLACE)) != 0)
     return Status::InvalidArgument("rename: unknown flags " + std::to_string(flags));
-  CTFS_ASSIGN_OR_RETURN(std::string from, ChildOf(parent, name));
-  CTFS_ASSIGN_OR_RETURN(std::string to, ChildOf(new_parent, new_name));
+  uint64_t from_dir = 0, to_dir = 0;
+  CTFS_ASSIGN_OR_RETURN(std::string from, ChildOf(parent, name, &from_dir));
+  CTFS_ASSIGN_OR_RETURN(std::string to, ChildOf(new_parent, new_name, &to_dir));
+  const cfs_client::Expected::Scope in_dirs({{DirPart(from), from_dir}, {DirPart(to), to_dir}});
   if (from == to) return Status::OK();
   std::optional<uint64_t> src = inodes_.Find(from);
   std::optional<uint64_t> dst = inodes_.Find(to);

@@ -40,13 +40,20 @@ Result<FileSystem::ChangeScope> FileSystem::BeginChange() {
   return ChangeScope(&changes_);
 }
 
-Result<std::string> FileSystem::ChildOf(uint64_t parent, const std::string& name) {
+Result<std::string> FileSystem::ChildOf(uint64_t parent, const std::string& name,
+                                        uint64_t* dir_id) {
   CTFS_ASSIGN_OR_RETURN(InodeInfo dir, GetInode(parent));
+  if (dir_id != nullptr) *dir_id = dir.attr.StoreId();
   if (!dir.attr.IsDir()) return Status::NotDirectory(dir.path);
   // A removed directory has no entries (its old path names another one, if any).
   if (dir.removed) return Status::NotFound(dir.path + ": removed from the store");
   if (name.size() > 255) return Status::NameTooLong(name.substr(0, 32) + "...");
   return ChildPath(dir.path, name);
+}
+
+std::string_view FileSystem::DirPart(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? std::string_view() : std::string_view(path).substr(0, slash);
 }
 
 void FileSystem::InvalidateCaches(const std::string& path) {
@@ -120,6 +127,10 @@ Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool
     }
     ever_written_.store(true);
     Result<InodeInfo> inode = GetInode(ino);
+    // The store's file of this inode, the object the kernel checked, or Stale.
+    const cfs_client::Expected::Scope self(
+        {{inode.ok() ? std::string_view(inode->path) : std::string_view(),
+          inode.ok() ? inode->attr.StoreId() : 0}});
     Result<std::unique_ptr<cfs_client::WritableFile>> file =
         !inode.ok() ? Result<std::unique_ptr<cfs_client::WritableFile>>(inode.status())
         // Unlinked or renamed over with nothing kept open: its old path names another file.
@@ -461,6 +472,9 @@ Status FileSystem::Release(uint64_t ino, const FileHandle* handle) {
 Result<cfs_client::FileAttr> FileSystem::SetAttr(uint64_t ino, const AttrChange& change) {
   CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
+  // Mode, owner and times change on the object the kernel checked (its owner, for chmod and
+  // chown), or Stale: never on one swapped in at its path since.
+  const cfs_client::Expected::Scope self({{inode.path, inode.attr.StoreId()}});
   if (change.size) {
     if (inode.attr.IsDir()) return Status::IsDirectory(inode.path);
     CTFS_ASSIGN_OR_RETURN(LockedWriteState locked, LockOpenWriteState(ino));

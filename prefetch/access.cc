@@ -184,24 +184,45 @@ const char* RejectName(Reject r) {
 PathResolver::PathResolver(const Options& options, cfs_client::Backend* backend, Clock* clock)
     : options_(options), backend_(backend), clock_(clock) {}
 
-Result<cfs_client::FileAttr> PathResolver::StatCached(const std::string& path, bool fresh) {
+Result<cfs_client::FileAttr> PathResolver::StatCached(const std::string& path, bool fresh,
+                                                      uint64_t dir_id) {
   const uint64_t now = clock_->NowNanos();
   const auto ttl = static_cast<uint64_t>(options_.ttl_s * 1e9);
   if (!fresh && options_.known_attr) {
-    if (std::optional<cfs_client::FileAttr> known = options_.known_attr(path)) return *known;
+    if (std::optional<cfs_client::FileAttr> known = options_.known_attr(path, dir_id))
+      return *known;
   }
   if (!fresh) {
     MutexLock l(mu_);
     auto it = cache_.find(path);
-    if (it != cache_.end() && now - it->second.time_ns < ttl) return it->second.attr;
+    if (it != cache_.end() && now - it->second.time_ns < ttl && it->second.dir_id == dir_id)
+      return it->second.attr;
   }
-  Result<cfs_client::FileAttr> a = backend_->Stat(path);
+  const size_t slash = path.rfind('/');
+  const std::string_view parent =
+      slash == std::string::npos ? std::string_view() : std::string_view(path).substr(0, slash);
+  Result<cfs_client::FileAttr> a = [&] {
+    const cfs_client::Expected::Scope in_dir({{parent, dir_id}});
+    return backend_->Stat(path);
+  }();
   if (a.ok() && ttl > 0) {
     MutexLock l(mu_);
     if (cache_.size() >= options_.max_cached) cache_.clear();
-    cache_[path] = Cached{a.value(), now};
+    cache_[path] = Cached{a.value(), now, dir_id};
   }
   return a;
+}
+
+uint64_t PathResolver::HeldDirId(const std::string& path) {
+  if (options_.known_attr) {
+    if (std::optional<cfs_client::FileAttr> known = options_.known_attr(path, 0))
+      return known->StoreId();
+  }
+  const uint64_t now = clock_->NowNanos();
+  const auto ttl = static_cast<uint64_t>(options_.ttl_s * 1e9);
+  MutexLock l(mu_);
+  auto it = cache_.find(path);
+  return it != cache_.end() && now - it->second.time_ns < ttl ? it->second.attr.StoreId() : 0;
 }
 
 void PathResolver::Warm(const std::vector<std::string>& dirs) {
@@ -218,13 +239,32 @@ void PathResolver::Warm(const std::vector<std::string>& dirs) {
     }
   }
   if (options_.known_attr)
-    std::erase_if(todo, [this](const std::string* d) { return options_.known_attr(*d); });
+    std::erase_if(todo, [this](const std::string* d) { return options_.known_attr(*d, 0); });
   if (todo.size() < 2) return;  // one is asked as Resolve comes to it
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t k; (k = next.fetch_add(1)) < todo.size();) (void)StatCached(*todo[k], false);
-  };
-  RunOnThreads(static_cast<int>(std::min(kWarmThreads, todo.size())), work);
+  // Each is asked in its parent as held then (bound to it, as Resolve, walking down, asks):
+  // so the shallower first, a depth at a time, each depth on parallel threads.
+  auto depth = [](const std::string* d) { return std::count(d->begin(), d->end(), '/'); };
+  std::stable_sort(todo.begin(), todo.end(),
+                   [&](const std::string* a, const std::string* b) { return depth(a) < depth(b); });
+  // The root's entries are asked in the root: its identity first (one request, once a ttl).
+  if (depth(todo.front()) == 0) (void)StatCached("", false, 0);
+  for (size_t begin = 0; begin < todo.size();) {
+    size_t end = begin;
+    while (end < todo.size() && depth(todo[end]) == depth(todo[begin])) ++end;
+    std::vector<uint64_t> parents(end - begin);
+    for (size_t k = begin; k < end; ++k) {
+      const size_t slash = todo[k]->rfind('/');
+      parents[k - begin] =
+          HeldDirId(slash == std::string::npos ? std::string() : todo[k]->substr(0, slash));
+    }
+    std::atomic<size_t> next{begin};
+    auto work = [&] {
+      for (size_t k; (k = next.fetch_add(1)) < end;)
+        (void)StatCached(*todo[k], false, parents[k - begin]);
+    };
+    RunOnThreads(static_cast<int>(std::min(kWarmThreads, end - begin)), work);
+    begin = end;
+  }
 }
 
 namespace {
@@ -304,15 +344,24 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
   constexpr int kMaxSteps = 4096;
   int steps = 0;
   // The root itself must be searchable.
+  uint64_t root_id = searched != nullptr ? searched->root_id : 0;
   if (searched == nullptr || !searched->root) {
-    Result<cfs_client::FileAttr> root = StatCached("", false);
+    Result<cfs_client::FileAttr> root = StatCached("", false, 0);
     if (!root.ok()) return fail(Reject::kStore, root.status());
     if (!MayAccess(*root, caller, X_OK))
       return fail(Reject::kPermission, Status::PermissionDenied(path + ": permission denied"));
-    if (searched != nullptr) searched->root = true;
+    root_id = root->StoreId();
+    if (searched != nullptr) {
+      searched->root = true;
+      searched->root_id = root_id;
+    }
   }
   constexpr size_t kMaxSearched = 4096;
   std::string done;  // resolved so far: real directories only
+  // The store identities of the directories of `done`, one a component: each next component
+  // is looked up in the very directory whose rights were checked (docs/security.md).
+  std::vector<uint64_t> ids;
+  auto done_id = [&] { return ids.empty() ? root_id : ids.back(); };
   int links = 0;
   while (std::optional<std::string> next = todo.Next()) {
     const std::string& part = *next;
@@ -323,18 +372,22 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
       if (done.empty())
         return fail(Reject::kSymlink, Status::PermissionDenied(path + ": leaves the store's root"));
       done.erase(slash == std::string::npos ? 0 : slash);
+      ids.pop_back();
       continue;
     }
     const std::string cur = done.empty() ? part : done + "/" + part;
     // The last component is the file once nothing is left to resolve.
     const bool last = todo.Last();
     if (last && depth == Depth::kDirectories) return Resolved{cur, {}};
-    if (!last && searched != nullptr && searched->dirs.count(cur) != 0) {  // a real directory
-      done = cur;
-      continue;
+    if (!last && searched != nullptr) {
+      if (auto it = searched->dirs.find(cur); it != searched->dirs.end()) {  // a real directory
+        done = cur;
+        ids.push_back(it->second);
+        continue;
+      }
     }
     // Directories as the mount sees them; the file (and whether it is a link) as of now.
-    Result<cfs_client::FileAttr> a = StatCached(cur, fresh && last);
+    Result<cfs_client::FileAttr> a = StatCached(cur, fresh && last, done_id());
     if (!a.ok()) {
       const bool missing =
           a.status().IsNotFound() || a.status().code() == Status::Code::kNotDirectory;
@@ -343,7 +396,10 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
     if (a->IsSymlink()) {
       if (++links > 40)
         return fail(Reject::kLoop, Status::Errno(ELOOP, path + ": too many levels of symlinks"));
-      Result<std::string> target = backend_->ReadLink(cur);
+      Result<std::string> target = [&] {
+        const cfs_client::Expected::Scope in_dir({{done, done_id()}});
+        return backend_->ReadLink(cur);
+      }();
       if (!target.ok()) return fail(Reject::kStore, target.status());
       if (target->empty() || (*target)[0] == '/')
         return fail(Reject::kSymlink,
@@ -357,8 +413,10 @@ Result<PathResolver::Resolved> PathResolver::Resolve(const std::string& path, co
                     Status::NotDirectory(path + ": " + cur + " is not a directory"));
       if (!MayAccess(*a, caller, X_OK))
         return fail(Reject::kPermission, Status::PermissionDenied(path + ": permission denied"));
-      if (searched != nullptr && searched->dirs.size() < kMaxSearched) searched->dirs.insert(cur);
+      if (searched != nullptr && searched->dirs.size() < kMaxSearched)
+        searched->dirs.emplace(cur, a->StoreId());
       done = cur;
+      ids.push_back(a->StoreId());
       continue;
     }
     if (!a->IsRegular()) return fail(Reject::kNotFile, NotAFile(path, *a));

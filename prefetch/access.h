@@ -77,8 +77,10 @@ class PathResolver {
     // (and, when `fresh`, the file's attributes).
     bool check_store = true;
     // Attributes the mount already holds for a path (the FUSE inode table, while the kernel
-    // may use them): asked first when a check need not be fresh. May be null.
-    std::function<std::optional<cfs_client::FileAttr>(const std::string&)> known_attr;
+    // may use them), for a name held under the directory of store identity `dir_id` (0: any):
+    // asked first when a check need not be fresh. May be null.
+    std::function<std::optional<cfs_client::FileAttr>(const std::string& path, uint64_t dir_id)>
+        known_attr;
   };
   PathResolver(const Options& options, cfs_client::Backend* backend, Clock* clock);
 
@@ -99,7 +101,8 @@ class PathResolver {
   // once. Never shared between callers or requests.
   struct Searched {
     bool root = false;
-    std::unordered_set<std::string> dirs;
+    uint64_t root_id = 0;
+    std::unordered_map<std::string, uint64_t> dirs;  // and their store identities
   };
   Result<Resolved> Resolve(const std::string& path, const Caller& caller, bool fresh, Reject* why,
                            Depth depth = Depth::kFile, Searched* searched = nullptr);
@@ -114,7 +117,12 @@ class PathResolver {
   static constexpr size_t kWarmThreads = 16;
 
  private:
-  Result<cfs_client::FileAttr> StatCached(const std::string& path, bool fresh);
+  // The attributes of `path`, found in the directory of store identity `dir_id` (0: not
+  // checked): from the mount, the cache or the store, each only as found in that directory (a
+  // store request is bound to it: cfs_client::Expected).
+  Result<cfs_client::FileAttr> StatCached(const std::string& path, bool fresh, uint64_t dir_id);
+  // The store identity of directory `path` as the mount or the cache hold it, 0 if neither.
+  uint64_t HeldDirId(const std::string& path);
   // Resolve without check_store: the path is taken as it is (an S3 store has no symlinks or
   // per-object rights); `fresh`: its attributes from the store, a regular file's only.
   Result<Resolved> ResolveLexical(const std::string& path, bool fresh, Reject* why);
@@ -125,6 +133,7 @@ class PathResolver {
   struct Cached {
     cfs_client::FileAttr attr;
     uint64_t time_ns = 0;
+    uint64_t dir_id = 0;  // the directory it was found in (the binding of its request)
   };
   Mutex mu_;  // a leaf lock, never held across a store request
   std::unordered_map<std::string, Cached> cache_ GUARDED_BY(mu_);

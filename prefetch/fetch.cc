@@ -98,6 +98,7 @@ void Prefetcher::RunJob(const Job& job, std::vector<Stored>* stored) {
   size_estimate_ = (size_estimate_ * 7 + size) / 8;
   e->attr = attr;
   e->attr_time_ns = look.known ? look.known_ns : clock_->NowNanos();
+  e->dir_id = look.dir_id;
   if (look.from_cache) {
     totals_.cached++;
     if (cached_) cached_->Increment();
@@ -212,6 +213,14 @@ Prefetcher::FirstLook Prefetcher::LookFirst(const std::string& path, uint64_t gu
                                             const cfs_client::Backend::AttrCheck& check,
                                             const AttrSource* source) {
   FirstLook out;
+  // The store is asked in the directory the mount holds for the file's parent, checked as it
+  // resolves the path (cfs_client::Expected): what it answers may then answer the kernel's
+  // lookups in that directory (WindowAttr), never in one swapped in since.
+  if (source) out.dir_id = source->DirIdOf(path);
+  const size_t slash = path.rfind('/');
+  const std::string_view parent =
+      slash == std::string::npos ? std::string_view() : std::string_view(path).substr(0, slash);
+  const cfs_client::Expected::Scope in_dir({{parent, out.dir_id}});
   // Fresh attributes the daemon holds: a file the RAM cache or the NVMe tier has at that
   // version costs no store request at all, and a large one only the chunks they lack.
   std::optional<cfs_client::FileAttr> known;

@@ -645,11 +645,11 @@ std::optional<Prefetcher::WindowHit> Prefetcher::Get(const std::string& path,
   return WindowHit{it->second.chunks[chunk], waited};
 }
 
-std::optional<cfs_client::FileAttr> Prefetcher::WindowAttr(const std::string& path,
+std::optional<cfs_client::FileAttr> Prefetcher::WindowAttr(const std::string& path, uint64_t dir_id,
                                                            uint64_t* fetched_ns) {
   // No prefetcher lock: entries past kStat and not invalidated are shown.
   std::shared_ptr<const Window::View> view = window_.FindView(path);
-  if (view == nullptr) return std::nullopt;
+  if (view == nullptr || view->dir_id != dir_id) return std::nullopt;
   const double age_s = static_cast<double>(clock_->NowNanos() - view->attr_time_ns) / 1e9;
   if (age_s >= options_.attr_timeout_s) return std::nullopt;
   if (fetched_ns != nullptr) *fetched_ns = view->attr_time_ns;

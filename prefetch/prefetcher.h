@@ -113,6 +113,13 @@ class AttrSource {
   // table's lock).
   virtual std::optional<cfs_client::FileAttr> FreshAttr(const std::string& path,
                                                         uint64_t* fetched_ns) const = 0;
+  // The store identity (FileAttr::StoreId) of the directory the mount holds for the parent of
+  // `path`, whatever the age of its attributes; 0 if it holds none. A fetch is bound to it
+  // (cfs_client::Expected), and only then may its attributes answer a lookup in that directory.
+  virtual uint64_t DirIdOf(const std::string& path) const {
+    (void)path;
+    return 0;
+  }
 
   // The page-resident mark (ResidentMarks::Mark::Pack) kept with the inode of `path`, 0 if
   // none; and, if `fresh` is not null, its fresh attributes as FreshAttr gives them (one
@@ -271,8 +278,10 @@ class Prefetcher {
   // The size up to which a file is one whole-file entry of the RAM cache (chunk 0).
   uint64_t chunk_bytes() const { return options_.chunk_bytes; }
   // Attributes fetched with a prefetched file, while fresh: lookups then need no round trip.
-  // `fetched_ns`, if not null, receives when they were read from the store.
-  std::optional<cfs_client::FileAttr> WindowAttr(const std::string& path,
+  // `fetched_ns`, if not null, receives when they were read from the store. `dir_id`: the
+  // store identity of the directory the lookup is in; only a fetch made in that very directory
+  // (AttrSource::DirIdOf, checked by the store as it read) answers.
+  std::optional<cfs_client::FileAttr> WindowAttr(const std::string& path, uint64_t dir_id,
                                                  uint64_t* fetched_ns = nullptr);
 
   // Forgets what the window holds of `path` (its attributes and bytes), after a write through
@@ -351,6 +360,7 @@ class Prefetcher {
     bool known = false;                    // the attributes were the daemon's own
     uint64_t known_ns = 0;                 // and were fetched then
     bool from_cache = false;               // known attributes and a cached copy: no request
+    uint64_t dir_id = 0;                   // the directory the store was asked in (DirIdOf)
   };
   FirstLook LookFirst(const std::string& path, uint64_t guess,
                       const cfs_client::Backend::AttrCheck& check, const AttrSource* source);

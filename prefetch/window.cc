@@ -19,6 +19,7 @@ void Window::Show(const std::string& path, Entry& e) {
   auto view = std::make_shared<View>();
   view->attr = e.attr;
   view->attr_time_ns = e.attr_time_ns;
+  view->dir_id = e.dir_id;
   view->ready = e.state == State::kReady;
   if (view->ready) view->chunks = e.chunks;
   {

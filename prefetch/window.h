@@ -41,6 +41,7 @@ class Window {
     State state = State::kStat;
     cfs_client::FileAttr attr;
     uint64_t attr_time_ns = 0;
+    uint64_t dir_id = 0;    // the store identity of the directory it was fetched in (0: none)
     uint64_t reserved = 0;  // bytes counted against the budget
     std::vector<cache::BufferRef> chunks;
     uint32_t refs = 0;        // pending stream positions that want this file
@@ -63,6 +64,7 @@ class Window {
   struct View {
     cfs_client::FileAttr attr;
     uint64_t attr_time_ns = 0;
+    uint64_t dir_id = 0;
     bool ready = false;
     std::vector<cache::BufferRef> chunks;
   };

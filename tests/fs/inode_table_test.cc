@@ -39,6 +39,43 @@ TEST(InodeTableTest, SamePathSameInodeUntilForgotten) {
   EXPECT_NE(again, a);
 }
 
+// An inode number names one store object: a name found holding another (swapped in behind the
+// mount) gets a new inode, and the number the kernel holds keeps the object it checked, removed;
+// names under a directory swapped so stay with the directory they were found in.
+TEST(InodeTableTest, ANameHoldingAnotherObjectIsANewInode) {
+  InodeTable t(cfs_client::FileAttr{S_IFDIR | 0755}, 0);
+  auto dir = [](uint64_t store_ino) {
+    cfs_client::FileAttr a;
+    a.mode = S_IFDIR | 0755;
+    a.store_dev = 3;
+    a.store_ino = store_ino;
+    return a;
+  };
+  cfs_client::FileAttr f = Attr(4);
+  f.store_dev = 3;
+  f.store_ino = 100;
+  const uint64_t x = t.Acquire("x", dir(10), 1);
+  const uint64_t xf = t.Acquire("x/f", f, 1);
+  EXPECT_EQ(t.Acquire("x", dir(10), 2), x);  // the same object: the same inode
+  EXPECT_EQ(t.AttrOf("x/f")->dir_id, dir(10).StoreId());
+  const uint64_t swapped = t.Acquire("x", dir(20), 3);
+  EXPECT_NE(swapped, x);
+  ASSERT_TRUE(t.Get(x).has_value());
+  EXPECT_TRUE(t.Get(x)->removed);
+  EXPECT_EQ(t.Get(x)->attr.store_ino, 10u);
+  EXPECT_EQ(t.Get(swapped)->attr.store_ino, 20u);
+  EXPECT_FALSE(t.Find("x/f").has_value());  // not a name in the new directory
+  EXPECT_EQ(t.Get(xf)->path, "x/f");        // still the old one's, for its own checks
+  cfs_client::FileAttr g = f;
+  g.store_ino = 200;
+  const uint64_t pf = t.Acquire("x/f", g, 4);
+  EXPECT_NE(pf, xf);
+  EXPECT_EQ(t.AttrOf("x/f")->dir_id, dir(20).StoreId());
+  // A store without identities keeps one inode per name, as before.
+  const uint64_t plain = t.Acquire("y", Attr(1), 5);
+  EXPECT_EQ(t.Acquire("y", Attr(2), 6), plain);
+}
+
 // What a store into the page cache checks: the inode the path names now, its version and
 // write generation; nothing once the path names another inode, is removed or renamed.
 TEST(InodeTableTest, PageStateFollowsThePath) {

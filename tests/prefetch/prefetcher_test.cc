@@ -1043,12 +1043,12 @@ TEST_F(PrefetcherTest, RepeatedPathSharesOneEntry) {
 TEST_F(PrefetcherTest, WarmAttributesAnswerLookupsWhileFresh) {
   Make();
   Publish(0, 1);
-  EXPECT_FALSE(pf_->WindowAttr(Name(0)).has_value());
+  EXPECT_FALSE(pf_->WindowAttr(Name(0), 0).has_value());
   RunAll();
-  ASSERT_TRUE(pf_->WindowAttr(Name(0)).has_value());
-  EXPECT_EQ(pf_->WindowAttr(Name(0))->size, kFileSize);
+  ASSERT_TRUE(pf_->WindowAttr(Name(0), 0).has_value());
+  EXPECT_EQ(pf_->WindowAttr(Name(0), 0)->size, kFileSize);
   clock_.AdvanceSeconds(11);
-  EXPECT_FALSE(pf_->WindowAttr(Name(0)).has_value());
+  EXPECT_FALSE(pf_->WindowAttr(Name(0), 0).has_value());
 }
 
 TEST_F(PrefetcherTest, ExportsPrometheusCounters) {
@@ -1573,8 +1573,8 @@ TEST_F(PrefetcherTest, TheWindowsViewFollowsInvalidationAndRelease) {
   EXPECT_EQ(RunAll(), 2);
   const cfs_client::FileVersion v0 = store_.Stat(Name(0)).value().Version();
   const cfs_client::FileVersion v1 = store_.Stat(Name(1)).value().Version();
-  ASSERT_TRUE(pf_->WindowAttr(Name(0)).has_value());
-  EXPECT_EQ(pf_->WindowAttr(Name(0))->size, kFileSize);
+  ASSERT_TRUE(pf_->WindowAttr(Name(0), 0).has_value());
+  EXPECT_EQ(pf_->WindowAttr(Name(0), 0)->size, kFileSize);
   EXPECT_TRUE(pf_->Get(Name(0), v0, 0).has_value());
   cfs_client::FileVersion other = v0;
   other.mtime_ns++;
@@ -1583,16 +1583,16 @@ TEST_F(PrefetcherTest, TheWindowsViewFollowsInvalidationAndRelease) {
   EXPECT_FALSE(pf_->Get(Name(5), v0, 0).has_value());     // not in the window
   pf_->Invalidate(Name(0));
   EXPECT_FALSE(pf_->Get(Name(0), v0, 0).has_value());
-  EXPECT_FALSE(pf_->WindowAttr(Name(0)).has_value());
+  EXPECT_FALSE(pf_->WindowAttr(Name(0), 0).has_value());
   pf_->OnRead(Name(1), v1, 0, kFileSize, ReadOutcome::kHit);
   EXPECT_FALSE(pf_->Get(Name(1), v1, 0).has_value());  // read whole: released
-  EXPECT_FALSE(pf_->WindowAttr(Name(1)).has_value());
+  EXPECT_FALSE(pf_->WindowAttr(Name(1), 0).has_value());
   clock_.AdvanceSeconds(20);  // past attr_timeout_s
   Publish(2, 3);
   EXPECT_EQ(RunAll(), 1);
-  EXPECT_TRUE(pf_->WindowAttr(Name(2)).has_value());
+  EXPECT_TRUE(pf_->WindowAttr(Name(2), 0).has_value());
   clock_.AdvanceSeconds(20);
-  EXPECT_FALSE(pf_->WindowAttr(Name(2)).has_value());  // stale attributes answer no lookup
+  EXPECT_FALSE(pf_->WindowAttr(Name(2), 0).has_value());  // stale attributes answer no lookup
 }
 
 // Reads queued while the lock is held are applied in the order they were reported, across the
