@@ -594,9 +594,40 @@ Response ServerImpl::PublishPositions(const Request& req, const Caller& caller,
     positions[i] =
         uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
   }
+  // The queued-path limits before the paths are decoded: no user may queue more than its own
+  // limits or half of the global ones (its share when alone), so positions naming more (a
+  // long path named 131,072 times is 500 MB of paths) are refused as soon as the decoding
+  // passes that, holding no more than it. The exact limits, which depend on what is queued
+  // already, are checked by the publish.
+  const prefetch::QueuedPaths::Limits& q = options_.queued;
+  prefetch::FileLists::Bound bound;
+  bound.paths = std::min(q.paths_per_uid, q.paths / 2);
+  bound.bytes = std::min(q.bytes_per_uid, q.bytes / 2);
+  bound.cost = &Prefetcher::QueuedPathCost;
+  prefetch::FileLists::Over over;
   std::vector<std::string> paths;
   uint64_t refused = 0, size = 0;
-  const Op op = lists_.Paths(caller.uid, list, positions, &paths, &refused, &size);
+  const Op op = lists_.Paths(caller.uid, list, positions, &paths, &refused, &size, bound, &over);
+  if (op == Op::kOver) {
+    const bool count = over.paths > bound.paths;
+    const bool own = count ? q.paths_per_uid <= q.paths / 2 : q.bytes_per_uid <= q.bytes / 2;
+    const std::string key = count ? (own ? "prefetch.max_queued_paths_per_uid = "
+                                         : "half of prefetch.max_queued_paths, a user's share "
+                                           "when alone: ")
+                                  : (own ? "prefetch.max_queued_path_bytes_per_uid = "
+                                         : "half of prefetch.max_queued_path_bytes, a user's "
+                                           "share when alone: ");
+    return Error(
+        http::status::too_many_requests,
+        "these positions name more than one user may queue (" + key +
+            std::to_string(count ? bound.paths : bound.bytes) + (count ? " paths" : " bytes") +
+            "): " +
+            (over.counted ? std::to_string(over.paths) + " positions"
+                          : "past it after " + std::to_string(over.paths) + " paths costing " +
+                                std::to_string(over.bytes) + " bytes") +
+            "; nothing published",
+        v);
+  }
   if (op == Op::kRange)
     return Error(http::status::bad_request,
                  "a position is past the end of file list " + list + " (" + std::to_string(size) +

@@ -114,6 +114,13 @@ class ControlServer {
     double idle_timeout_s = 30;        // to send a request, or to take a reply's bytes
     // Registered file lists (POST /v1/lists): their limits.
     prefetch::FileLists::Options lists;
+    // The prefetcher's queued-path limits (prefetch.max_queued_*): a publish of positions
+    // decodes no more paths than one user could ever queue (half of the global limits, or its
+    // own), and is refused (429) past them before the rest is decoded.
+    prefetch::QueuedPaths::Limits queued{.paths_per_uid = 1u << 17,
+                                         .bytes_per_uid = 32ull << 20,
+                                         .paths = 1u << 18,
+                                         .bytes = 64ull << 20};
     // The mount lets users other than root in (allow_other). Without it the kernel refuses
     // them the mount, so the control API refuses them too.
     bool others_may_use = true;

@@ -250,6 +250,10 @@ control::ControlServer::Options ControlOptions(const conf::Config& config, const
   o.lists.max_lists_per_uid = config.prefetch.max_lists_per_uid;
   o.lists.max_bytes_per_uid = config.prefetch.max_list_bytes_per_uid;
   o.lists.max_bytes = config.prefetch.max_list_bytes;
+  o.queued = {.paths_per_uid = config.prefetch.max_queued_paths_per_uid,
+              .bytes_per_uid = config.prefetch.max_queued_path_bytes_per_uid,
+              .paths = config.prefetch.max_queued_paths,
+              .bytes = config.prefetch.max_queued_path_bytes};
   o.others_may_use = HasMountOption(cl.mount_options, "allow_other");
   return o;
 }

@@ -155,9 +155,13 @@ FileLists::Op FileLists::Append(uid_t uid, const std::string& id,
       Grown(list->blocks.capacity(), list->blocks.size() + new_blocks * sizeof(uint32_t)));
   const uint64_t charge = bytes_cap + blocks_cap + std::max(last.capacity(), list->last.capacity());
   const uint64_t more = charge > list->charged ? charge - list->charged : 0;
-  // Past either limit, the user's own least recently used other lists go first.
+  // Past any limit, the user's own least recently used other lists go first. The global
+  // bytes are shared as queued paths are: with k users holding lists (this one counted), one
+  // may hold a (k + 1)-th of them, so that a user with none always finds a share.
+  const uint64_t users = UsersLocked(list->uid);
+  const uint64_t share = options_.max_bytes / (users + 1);
   while ((use_[list->uid].bytes + more > options_.max_bytes_per_uid ||
-          bytes_ + more > options_.max_bytes) &&
+          use_[list->uid].bytes + more > share || bytes_ + more > options_.max_bytes) &&
          EvictOneLocked(list->uid, id)) {
   }
   Use& u = use_[list->uid];
@@ -165,6 +169,13 @@ FileLists::Op FileLists::Append(uid_t uid, const std::string& id,
     *why = "this user's file lists would take more than prefetch.max_list_bytes_per_uid (" +
            std::to_string(options_.max_bytes_per_uid) + " bytes; " + std::to_string(u.bytes) +
            " held, " + std::to_string(more) + " more asked)";
+    return Op::kFull;
+  }
+  if (u.bytes + more > share) {
+    *why = "this user's fair share of the file lists of all users is used (with " +
+           std::to_string(users) + " users holding lists, each may have 1/" +
+           std::to_string(users + 1) + " of prefetch.max_list_bytes: " + std::to_string(share) +
+           " bytes; " + std::to_string(u.bytes) + " held, " + std::to_string(more) + " more asked)";
     return Op::kFull;
   }
   if (bytes_ + more > options_.max_bytes) {
@@ -192,6 +203,8 @@ FileLists::Op FileLists::Append(uid_t uid, const std::string& id,
   }
   list->bytes.Append(add.data(), add.size());
   list->entries += entries.size();
+  list->refused += static_cast<uint64_t>(std::count_if(
+      entries.begin(), entries.end(), [](const std::string& e) { return e.empty(); }));
   list->last.swap(last);
   const uint64_t charged = Charge(*list);
   u.bytes = u.bytes - list->charged + charged;
@@ -210,6 +223,17 @@ void FileLists::EraseLocked(std::map<std::string, List>::iterator it) {
   }
   bytes_ -= it->second.charged;
   lists_.erase(it);
+}
+
+uint64_t FileLists::UsersLocked(uid_t uid) const {
+  uint64_t users = 0;
+  bool counted = false;
+  for (const auto& [who, use] : use_) {
+    if (use.bytes == 0 && who != uid) continue;  // empty lists hold nothing of the pool
+    ++users;
+    counted = counted || who == uid;
+  }
+  return users + (counted ? 0 : 1);
 }
 
 bool FileLists::EvictOneLocked(uid_t uid, const std::string& keep) {
@@ -236,7 +260,7 @@ FileLists::Op FileLists::Delete(uid_t uid, const std::string& id) {
 
 FileLists::Op FileLists::Paths(uid_t uid, const std::string& id,
                                std::span<const uint32_t> positions, std::vector<std::string>* out,
-                               uint64_t* refused, uint64_t* size) {
+                               uint64_t* refused, uint64_t* size, const Bound& bound, Over* over) {
   MutexLock l(mu_);
   Op op = Op::kOk;
   List* list = FindLocked(uid, id, clock_->NowNanos(), &op);
@@ -245,16 +269,33 @@ FileLists::Op FileLists::Paths(uid_t uid, const std::string& id,
   for (uint32_t p : positions)
     if (p >= *size) return Op::kRange;
   list->last_used_ns = clock_->NowNanos();
-  out->reserve(out->size() + positions.size());
+  // Every position names a path when the list refused none: their number alone tells.
+  if (list->refused == 0 && positions.size() > bound.paths) {
+    if (over != nullptr) *over = Over{positions.size(), 0, true};
+    return Op::kOver;
+  }
+  // Decoded within the bound: a request naming a long path many times holds no more than
+  // what it could queue before it is refused.
+  const size_t had = out->size();
+  out->reserve(had + static_cast<size_t>(std::min<uint64_t>(positions.size(), bound.paths)));
+  uint64_t paths = 0, bytes = 0, gone = 0;
   std::string entry, before;
   for (uint32_t p : positions) {
     Decode(*list, p, &entry, &before);
     if (entry.empty()) {
-      ++*refused;
+      ++gone;
       continue;
+    }
+    ++paths;
+    bytes += bound.cost != nullptr ? bound.cost(entry.size()) : entry.size();
+    if (paths > bound.paths || bytes > bound.bytes) {
+      if (over != nullptr) *over = Over{paths, bytes, false};
+      out->resize(had);
+      return Op::kOver;
     }
     out->push_back(entry);
   }
+  *refused += gone;
   return Op::kOk;
 }
 

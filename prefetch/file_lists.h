@@ -12,10 +12,13 @@
 // decoding at most kBlock entries from its block's start, never the list whole. An entry
 // refused at registration is kept, empty, so that later entries keep their numbers.
 // Lists belong to their creator. What they hold is bounded per user (count and bytes) and for
-// all users (bytes), the bytes being the capacity actually allocated. A user at its own limits
-// loses its least recently used list (a publisher killed before it could delete it left one);
-// past the global bytes a registration is refused (429). A list unused for `idle_s` is dropped.
-// A publisher whose list went registers it again (410 Gone tells it).
+// all users (bytes), the bytes being the capacity actually allocated. The global bytes are
+// shared as queued paths are: while k users hold lists (the one registering counted), each may
+// hold at most a (k + 1)-th of them, so a user with none always finds a share. A user at its
+// own limits or its share loses its least recently used list (a publisher killed before it
+// could delete it left one); past them with none to lose a registration is refused (429). A list
+// unused for `idle_s` is dropped. A publisher whose list went registers it again (410 Gone tells
+// it).
 //
 // Rights: the directories of each path are checked when it is registered; the file itself is
 // checked, as for published paths, by the prefetcher before its bytes are fetched (so a file
@@ -50,7 +53,8 @@ class FileLists {
     uint64_t max_bytes = 256ull << 20;  // all users
     double idle_s = 3600;               // a list neither appended to nor used expires
   };
-  enum class Op { kOk, kNotFound, kForbidden, kFull, kRange };
+  // kOver: Paths would pass its Bound.
+  enum class Op { kOk, kNotFound, kForbidden, kFull, kRange, kOver };
 
   FileLists(const Options& options, Clock* clock);
 
@@ -63,11 +67,33 @@ class FileLists {
   Op Append(uid_t uid, const std::string& id, const std::vector<std::string>& entries,
             uint64_t* first, uint64_t* size, std::string* why);
   Op Delete(uid_t uid, const std::string& id);
+  // What Paths may decode: at most `paths` paths, together costing at most `bytes`, `cost`
+  // giving what one path of n bytes costs (null: its length). A publish of positions is
+  // bounded so before any path is decoded past what it could ever queue.
+  struct Bound {
+    uint64_t paths = UINT64_MAX;
+    uint64_t bytes = UINT64_MAX;
+    uint64_t (*cost)(size_t path_bytes) = nullptr;
+  };
+  // What Paths had decoded when it passed its Bound: the paths (refused entries left out)
+  // and their cost, the one that passed it included; `counted`: true when the positions alone
+  // passed `paths` (a list with no refused entry: nothing was decoded).
+  struct Over {
+    uint64_t paths = 0, bytes = 0;
+    bool counted = false;
+  };
   // The paths at `positions` of list `id`, in order, appended to *out; entries refused at
   // registration are left out and counted in *refused. kRange (nothing appended) if a
-  // position is past the list's end; *size then says its entries.
+  // position is past the list's end; *size then says its entries. kOver (*out left as it
+  // was, nothing more decoded) as soon as the paths would pass `bound`; *over, if given, says
+  // how far it got.
   Op Paths(uid_t uid, const std::string& id, std::span<const uint32_t> positions,
-           std::vector<std::string>* out, uint64_t* refused, uint64_t* size);
+           std::vector<std::string>* out, uint64_t* refused, uint64_t* size, const Bound& bound,
+           Over* over = nullptr);
+  Op Paths(uid_t uid, const std::string& id, std::span<const uint32_t> positions,
+           std::vector<std::string>* out, uint64_t* refused, uint64_t* size) {
+    return Paths(uid, id, positions, out, refused, size, Bound());
+  }
 
   struct Stats {
     uint64_t lists = 0, entries = 0, bytes = 0;
@@ -90,6 +116,7 @@ class FileLists {
     MappedBuffer bytes;
     MappedBuffer blocks;
     uint64_t entries = 0;
+    uint64_t refused = 0;  // entries refused at registration (kept empty)
     std::string last;      // the last entry appended: the next one is coded against it
     uint64_t charged = 0;  // the capacity of all three, as counted against the limits
     uint64_t last_used_ns = 0;
@@ -110,6 +137,9 @@ class FileLists {
   List* FindLocked(uid_t uid, const std::string& id, uint64_t now, Op* op) REQUIRES(mu_);
   void EraseLocked(std::map<std::string, List>::iterator it) REQUIRES(mu_);
   void SweepLocked(uint64_t now) REQUIRES(mu_);
+  // The users whose lists hold bytes, `uid` counted whether or not its do: the k of the fair
+  // share of max_bytes (a (k + 1)-th each).
+  uint64_t UsersLocked(uid_t uid) const REQUIRES(mu_);
   // Drops the least recently used list of `uid` other than `keep`; false if it has none.
   bool EvictOneLocked(uid_t uid, const std::string& keep) REQUIRES(mu_);
 

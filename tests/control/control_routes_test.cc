@@ -322,6 +322,50 @@ TEST_F(RoutesTest, RegisteredListsAndPositions) {
                410, "stale");
 }
 
+// The fourth security pass: positions were decoded before the queued-path limits applied, so
+// a long path named 131,072 times held 500 MB of paths before the publish was refused.
+TEST_F(RoutesTest, PositionsPastWhatOneUserMayQueueAreRefusedBeforeTheyAreDecoded) {
+  Answer a = Ask(Stranger(), http::verb::post, "/v1/lists",
+                 ListBody({"data/cls/c.jpg", "private/inner.bin"}));
+  ASSERT_EQ(a.status, 201u) << a.text;
+  const std::string list = a.body.value("id", "");
+  a = Post(Stranger(), "/v1/streams", {{"name", "ImageFolder:1"}, {"list", list}});
+  ASSERT_EQ(a.status, 201u) << a.text;
+  const std::string target = "/v1/streams/" + a.body.value("id", "") + "/positions";
+  // Alone, a user may queue half of prefetch.max_queued_paths (12 here): 7 paths never fit.
+  a = Ask(Stranger(), http::verb::post, target, PositionsBody(std::vector<uint32_t>(7, 0)));
+  EXPECT_ERROR(a, 429, "io_error");
+  EXPECT_NE(ErrorText(a).find("half of prefetch.max_queued_paths"), std::string::npos) << a.text;
+  // Refused entries are no paths: they count for nothing.
+  std::vector<uint32_t> positions(20, 1);
+  positions.insert(positions.end(), 6, 0);
+  a = Ask(Stranger(), http::verb::post, target, PositionsBody(positions));
+  ASSERT_EQ(a.status, 202u) << a.text;
+  EXPECT_EQ(a.body["accepted"], 6);
+  EXPECT_EQ(a.body["rejected"], 20);
+  // The bytes likewise, counted as the queue counts them, before the rest is decoded.
+  ControlServer::Options o = Options();
+  o.queued = {.paths_per_uid = 1000, .bytes_per_uid = 2000, .paths = 2000, .bytes = 1 << 20};
+  auto server = world_.MakeServer(o);
+  a = Ask(Stranger(), http::verb::post, "/v1/lists", ListBody({"data/cls/c.jpg"}), true,
+          server.get());
+  ASSERT_EQ(a.status, 201u) << a.text;
+  a = Ask(Stranger(), http::verb::post, "/v1/streams",
+          json{{"name", "x"}, {"list", a.body.value("id", "")}}.dump(), true, server.get());
+  ASSERT_EQ(a.status, 201u) << a.text;
+  const std::string bytes_target = "/v1/streams/" + a.body.value("id", "") + "/positions";
+  const uint64_t each = prefetch::Prefetcher::QueuedPathCost(std::string("data/cls/c.jpg").size());
+  a = Ask(Stranger(), http::verb::post, bytes_target,
+          PositionsBody(std::vector<uint32_t>(2000 / each + 1, 0)), true, server.get());
+  EXPECT_ERROR(a, 429, "io_error");
+  EXPECT_NE(ErrorText(a).find("prefetch.max_queued_path_bytes_per_uid = 2000 bytes"),
+            std::string::npos)
+      << a.text;
+  EXPECT_EQ(Ask(Stranger(), http::verb::get, "/v1/stats", "", true, server.get())
+                .body["global"]["prefetch"]["queued_paths"],
+            6);  // the first server's six: nothing of the refused ones
+}
+
 TEST_F(RoutesTest, FileListLimits) {
   // More paths in one request than control.max_json_elements (64 here): refused.
   std::vector<std::string> many(65, "data/a.jpg");

@@ -111,7 +111,9 @@ ControlServer::Options RouteWorld::ServerOptions() {
   so.mount_point = kMount;
   so.resolver = resolver.get();
   so.registry = &registry;
-  so.max_json_elements = 64;  // reachable by small requests; the depth limit is the default
+  so.max_json_elements = 64;    // reachable by small requests; the depth limit is the default
+  so.queued.paths_per_uid = 8;  // the prefetcher's
+  so.queued.paths = 12;
   so.idle_timeout_s = 5;
   return so;
 }

@@ -55,7 +55,7 @@ TEST(FileLists, BytesChargedAreTheCapacityHeldAndBounded) {
   FakeClock clock;
   FileLists::Options o;
   o.max_bytes_per_uid = 1 << 20;
-  o.max_bytes = 1536 << 10;
+  o.max_bytes = 2 << 20;  // alone, a user's share (half) is its own limit
   FileLists lists(o, &clock);
   // Distinct paths that share no prefix: front coding saves nothing on them.
   std::mt19937_64 rng(7);
@@ -75,13 +75,23 @@ TEST(FileLists, BytesChargedAreTheCapacityHeldAndBounded) {
   // The charge covers what is really held: 60 bytes and two varints an entry at least.
   EXPECT_GE(st.bytes, st.entries * 62);
   EXPECT_GE(appended, 8);  // growth by an eighth, not doubling: most of the limit is usable
-  // A second user finds the rest of the global bytes, then the global limit.
+  // A second user finds its share of the global bytes (a third of them, with two holding).
   const std::string b = lists.Create(2);
   while ((op = lists.Append(2, b, batch, &first, &size, &why)) == Op::kOk) {
   }
   EXPECT_EQ(op, Op::kFull);
+  EXPECT_NE(why.find("fair share"), std::string::npos) << why;
+  EXPECT_LE(lists.GetStats(2).bytes, o.max_bytes / 3);
+  EXPECT_GE(lists.GetStats(2).bytes, o.max_bytes / 3 - 64 * 1024);
+  // A third one finds what is left (at least a sixth of them), then the global limit.
+  const std::string t = lists.Create(3);
+  while ((op = lists.Append(3, t, batch, &first, &size, &why)) == Op::kOk) {
+  }
+  EXPECT_EQ(op, Op::kFull);
   EXPECT_NE(why.find("prefetch.max_list_bytes ("), std::string::npos) << why;
+  EXPECT_GE(lists.GetStats(3).bytes, o.max_bytes / 6 - 64 * 1024);
   EXPECT_LE(lists.GetStats().bytes, o.max_bytes);
+  EXPECT_EQ(lists.Delete(3, t), Op::kOk);
   // User 1's own limits evict its least recently used other list, never user 2's.
   const std::string c = lists.Create(1);
   EXPECT_EQ(lists.Append(1, c, batch, &first, &size, &why), Op::kOk) << why;
@@ -90,6 +100,38 @@ TEST(FileLists, BytesChargedAreTheCapacityHeldAndBounded) {
   const std::vector<uint32_t> zero = {0};
   EXPECT_EQ(lists.Paths(1, a, zero, &out, &refused, &size), Op::kNotFound);
   EXPECT_EQ(lists.Paths(2, b, zero, &out, &refused, &size), Op::kOk);
+}
+
+TEST(FileLists, TwoUsersFullOfListsLeaveANewcomerItsShare) {
+  // The fourth security pass: two users holding all of their own limits left a third nothing.
+  FakeClock clock;
+  FileLists::Options o;
+  o.max_bytes_per_uid = 1 << 20;
+  o.max_bytes = 2 << 20;
+  FileLists lists(o, &clock);
+  std::mt19937_64 rng(11);
+  std::vector<std::string> batch(500);
+  for (std::string& path : batch)
+    for (int i = 0; i < 60; ++i) path.push_back(static_cast<char>('a' + rng() % 26));
+  uint64_t first = 0, size = 0;
+  std::string why;
+  for (uid_t uid : {1u, 2u}) {
+    // Each in several lists: a user over its share loses its own older lists, not the limit.
+    for (int l = 0; l < 3; ++l) {
+      const std::string id = lists.Create(uid);
+      while (lists.Append(uid, id, batch, &first, &size, &why) == Op::kOk) {
+      }
+    }
+  }
+  EXPECT_LE(lists.GetStats(1).bytes + lists.GetStats(2).bytes, o.max_bytes / 2 + o.max_bytes / 3);
+  // The newcomer registers a sixth of the pool, less the rounding of its own charge.
+  const std::string id = lists.Create(3);
+  uint64_t entries = 0;
+  while (lists.GetStats(3).bytes + 64 * 1024 < o.max_bytes / 6) {
+    ASSERT_EQ(lists.Append(3, id, batch, &first, &size, &why), Op::kOk)
+        << why << " after " << entries << " entries";
+    entries += batch.size();
+  }
 }
 
 TEST(FileLists, IdleListsExpireAndUseKeepsThemAlive) {
