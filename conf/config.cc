@@ -570,6 +570,12 @@ Status Validate(const Config& c, const std::vector<std::string>& s3_set) {
                               Quote(c.vol_name) + " (" + std::to_string(c.vol_name.size()) +
                               " bytes)");
   if (c.vol_name == "." || c.vol_name == "..") return Bad("volName", "must not be \".\" or \"..\"");
+  // It names files an operator hands to commands (`ls <volName>.sock`): "-rf" would be options.
+  if (c.vol_name.front() == '-')
+    return Bad("volName",
+               "must not start with '-' (it would read as an option to the commands "
+               "given it), got " +
+                   Quote(c.vol_name));
   if (const std::string sock = ControlSocketPath(c); sock.size() > kMaxSocketPathBytes)
     return Bad("prefetch.control_socket",
                (c.prefetch.control_socket.empty() ? "the default path " : "") + Quote(sock) +

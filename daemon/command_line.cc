@@ -1,6 +1,13 @@
 #include "daemon/command_line.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <sstream>
 
 namespace cubetorchfs::daemon {
@@ -111,6 +118,56 @@ std::string DefaultLogDir(uid_t euid, const char* xdg_state_home, const char* ho
     return std::string(xdg_state_home) + "/cubetorchfs";
   if (home != nullptr && home[0] == '/') return std::string(home) + "/.local/state/cubetorchfs";
   return "";
+}
+
+Result<UniqueFd> OpenDefaultLogDir(const std::string& dir) {
+  const std::string what = "logDir: not set, and the default " + dir;
+  const std::string set =
+      " (set logDir to a directory only root can change, or mount with -f "
+      "to log to stderr)";
+  if (dir.empty() || dir.front() != '/')
+    return Status::InvalidArgument(what + " is not an absolute path" + set);
+  UniqueFd at(::open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (at.get() < 0) return Status::IOError(what + ": /: " + std::strerror(errno));
+  std::string walked;
+  std::stringstream parts(dir);
+  std::vector<std::string> names;
+  for (std::string name; std::getline(parts, name, '/');)
+    if (!name.empty() && name != ".") names.push_back(name);
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
+    if (name == "..") return Status::InvalidArgument(what + " holds \"..\"" + set);
+    walked += "/" + name;
+    const bool last = i + 1 == names.size();
+    int fd = ::openat(at.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT &&
+        (::mkdirat(at.get(), name.c_str(), last ? 0700 : 0755) == 0 || errno == EEXIST))
+      fd = ::openat(at.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+      const int err = errno;
+      struct stat l;
+      if (::fstatat(at.get(), name.c_str(), &l, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(l.st_mode))
+        return Status::PermissionDenied(what + ": " + walked + " is a symlink; refusing it" + set);
+      return Status::IOError(what + ": " + walked + ": " + std::strerror(err) + set);
+    }
+    at.reset(fd);
+  }
+  struct stat st;
+  if (::fstat(at.get(), &st) != 0) return Status::IOError(what + ": " + std::strerror(errno));
+  if (st.st_uid != ::geteuid() && st.st_uid != 0)
+    return Status::PermissionDenied(what + " is owned by uid " + std::to_string(st.st_uid) +
+                                    ", another user; refusing it" + set);
+  if ((st.st_mode & 022) != 0 && (st.st_mode & S_ISVTX) == 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return Status::PermissionDenied(what + " (mode " + mode +
+                                    ") lets other users replace what is in it; refusing it" + set);
+  }
+  return at;
+}
+
+std::string LogPathIn(int dir_fd, const std::string& file) {
+  return "/proc/self/fd/" + std::to_string(dir_fd) + "/" + file;
 }
 
 }  // namespace cubetorchfs::daemon

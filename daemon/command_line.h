@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/unique_fd.h"
 
 namespace cubetorchfs::daemon {
 
@@ -47,5 +48,16 @@ std::string UsageText();
 // else $XDG_STATE_HOME/cubetorchfs (if absolute) or $HOME/.local/state/cubetorchfs; "" if
 // neither variable names an absolute directory.
 std::string DefaultLogDir(uid_t euid, const char* xdg_state_home, const char* home);
+
+// Opens that default directory: walked from "/" a component at a time, never through a
+// symlink (O_NOFOLLOW), the missing ones made (0755, the last 0700). The last must be owned by
+// us or root and closed to others' writes unless sticky. The directories above it are not
+// checked: the log is opened beneath the descriptor returned (LogPathIn), never by its path,
+// so a group that may write one of them (Debian's and Ubuntu's /var/log is root:syslog 0775)
+// can rename names there, but cannot lead the daemon's log anywhere else. Errors start with
+// "logDir: " and say what to set.
+Result<UniqueFd> OpenDefaultLogDir(const std::string& dir);
+// The name that opens `file` in the directory `dir_fd` holds: /proc/self/fd/N/file.
+std::string LogPathIn(int dir_fd, const std::string& file);
 
 }  // namespace cubetorchfs::daemon

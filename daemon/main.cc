@@ -889,6 +889,7 @@ int Main(int argc, char** argv) {
 
   LogLevel level = cl->debug ? LogLevel::kDebug : ParseLogLevel(config.log_level).value();
   std::string log_path;
+  bool logging = false;  // InitLogging done
   if (!config.log_dir.empty() &&
       (!cl->foreground || cfs_client::CapabilitiesOf(config.backend).writes_own_logs)) {
     // The daemon's log (and the CubeFS SDK's, under it) is written as root: never into a
@@ -907,13 +908,21 @@ int Main(int argc, char** argv) {
       return Fail(kExitBadConfig,
                   "logDir: not set, and neither XDG_STATE_HOME nor HOME names a directory for "
                   "the daemon's log: set logDir");
-    if (Status s =
-            EnsureDaemonDir(dir, "logDir", "the daemon's log", CreateDir::kWithParents, 0700);
-        !s.ok())
-      return Fail(kExitBadConfig, s.message() + " (the default, as logDir is not set)");
+    // Opened beneath a descriptor of the directory, never by its path: a group-writable
+    // /var/log (Debian, Ubuntu) cannot redirect it (OpenDefaultLogDir).
+    Result<UniqueFd> held = OpenDefaultLogDir(dir);
+    if (!held.ok()) return Fail(kExitBadConfig, held.status().message());
     log_path = dir + "/" + config.vol_name + ".log";
+    const std::string beneath = LogPathIn(held->get(), config.vol_name + ".log");
+    if (Status s = InitLogging(beneath, level); !s.ok()) {
+      std::string m = s.message();
+      if (m.starts_with(beneath)) m = log_path + m.substr(beneath.size());
+      return Fail(kExitBadConfig, "logDir: not set, and the default log " + m +
+                                      " (set logDir, or mount with -f to log to stderr)");
+    }
+    logging = true;
   }
-  if (Status s = InitLogging(log_path, level); !s.ok())
+  if (Status s = logging ? Status::OK() : InitLogging(log_path, level); !s.ok())
     return Fail(kExitBadConfig, "logDir: " + s.message());
 
   if (!config.unknown_top_level_keys.empty()) {

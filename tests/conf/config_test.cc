@@ -510,15 +510,17 @@ TEST(ConfigHardeningTest, VolNameMustBeShortAndPlain) {
   for (const std::string& bad :
        {std::string("a,ro,allow_other"), std::string(65, 'v'), std::string(200, 'v'),
         std::string("a b"), std::string("a\\nb"), std::string("a\\u0000b"), std::string("a=b"),
-        std::string("caf\xc3\xa9"), std::string("a/b"), std::string("..")}) {
+        std::string("caf\xc3\xa9"), std::string("a/b"), std::string(".."), std::string("-rf"),
+        std::string("-")}) {
     std::string err = ErrorOf(WithVolName(bad));
     EXPECT_TRUE(StartsWith(err, "volName: ")) << bad << " -> " << err;
     EXPECT_EQ(err.find('\n'), std::string::npos) << err;
   }
   EXPECT_NE(ErrorOf(WithVolName("a,ro,allow_other")).find("A-Z a-z 0-9 . _ -"), std::string::npos);
   EXPECT_NE(ErrorOf(WithVolName(std::string(200, 'v'))).find("200 bytes"), std::string::npos);
+  EXPECT_NE(ErrorOf(WithVolName("-rf")).find("must not start with '-'"), std::string::npos);
   for (const std::string& good :
-       {std::string(64, 'v'), std::string("ltp-test_1.2"), std::string("A9")}) {
+       {std::string(64, 'v'), std::string("ltp-test_1.2"), std::string("A9"), std::string("a-")}) {
     Result<Config> c = ParseConfig(WithVolName(good));
     ASSERT_TRUE(c.ok()) << good << ": " << c.status().ToString();
     EXPECT_EQ(c->vol_name, good);

@@ -1,6 +1,11 @@
 #include "daemon/command_line.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 namespace cubetorchfs::daemon {
 namespace {
@@ -144,6 +149,50 @@ TEST(CommandLineTest, ADetachedDaemonWithNoLogDirLogsToAFileOfItsUser) {
   EXPECT_EQ(DefaultLogDir(1000, "relative", "/home/u"), "/home/u/.local/state/cubetorchfs");
   EXPECT_EQ(DefaultLogDir(1000, "", ""), "");  // none: the command asks for logDir
   EXPECT_EQ(DefaultLogDir(1000, nullptr, nullptr), "");
+}
+
+// Debian's and Ubuntu's /var/log is root:syslog 0775: the default log directory beneath a
+// group-writable directory is used, and the log is opened beneath its descriptor; a link in
+// its path, or a directory others may write, is still refused with what to set.
+TEST(CommandLineTest, TheDefaultLogDirMayLieBelowAGroupWritableDirectory) {
+  char tmpl[] = "/tmp/ctfs-logdir-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string base = tmpl;
+  const std::string var_log = base + "/var/log";
+  std::filesystem::create_directories(var_log);
+  ASSERT_EQ(::chmod(var_log.c_str(), 0775), 0);
+  ASSERT_EQ(::chmod(base.c_str(), 0775), 0);
+
+  Result<UniqueFd> held = OpenDefaultLogDir(var_log + "/cubetorchfs");
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  struct stat st;
+  ASSERT_EQ(::stat((var_log + "/cubetorchfs").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  // The log opens beneath the descriptor, even once the directory was renamed away.
+  ASSERT_EQ(::rename((var_log + "/cubetorchfs").c_str(), (var_log + "/moved").c_str()), 0);
+  const int fd = ::open(LogPathIn(held->get(), "v.log").c_str(),
+                        O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  EXPECT_TRUE(std::filesystem::exists(var_log + "/moved/v.log"));
+
+  // A link anywhere in the path: refused, naming the link and what to set.
+  std::filesystem::create_directory_symlink(var_log + "/moved", var_log + "/cubetorchfs");
+  for (const std::string& dir : {var_log + "/cubetorchfs", var_log + "/cubetorchfs/sub"}) {
+    Result<UniqueFd> r = OpenDefaultLogDir(dir);
+    ASSERT_FALSE(r.ok()) << dir;
+    EXPECT_TRUE(r.status().message().starts_with("logDir: ")) << r.status().message();
+    EXPECT_NE(r.status().message().find(var_log + "/cubetorchfs is a symlink"), std::string::npos)
+        << r.status().message();
+    EXPECT_NE(r.status().message().find("set logDir"), std::string::npos);
+  }
+  EXPECT_FALSE(std::filesystem::exists(var_log + "/moved/sub"));
+  // The directory itself open to others' writes: refused.
+  ASSERT_EQ(::chmod((var_log + "/moved").c_str(), 0775), 0);
+  Result<UniqueFd> open = OpenDefaultLogDir(var_log + "/moved");
+  ASSERT_FALSE(open.ok());
+  EXPECT_NE(open.status().message().find("mode 0775"), std::string::npos);
+  std::filesystem::remove_all(base);
 }
 
 }  // namespace
