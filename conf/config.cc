@@ -414,7 +414,7 @@ Status ParseControl(const YAML::Node& node, ControlOptions* o) {
       node, "control",
       {"max_body_bytes", "body_memory_bytes", "max_json_elements", "max_json_depth",
        "max_connections_unix", "max_connections_tcp", "max_connections_per_uid", "idle_timeout_s",
-       "batch_max_bytes"},
+       "batch_max_bytes", "batch_memory_bytes_per_uid"},
       [&](const std::string& k, const YAML::Node& v, const std::string& key) -> Status {
         // A count or size in [min, max]; the bytes an outsider's requests may make the daemon
         // hold are capped at 4 GiB.
@@ -437,10 +437,16 @@ Status ParseControl(const YAML::Node& node, ControlOptions* o) {
           return get(&o->max_connections_per_uid, 1, 65536, false);
         if (k == "idle_timeout_s") CTFS_ASSIGN(o->idle_timeout_s, GetDouble(v, key, 0.1, 3600));
         if (k == "batch_max_bytes") return get(&o->batch_max_bytes, 1 << 20, 1ull << 30, true);
+        if (k == "batch_memory_bytes_per_uid")
+          return get(&o->batch_memory_bytes_per_uid, 1 << 20, 64ull << 30, true);
         return Status::OK();
       }));
   if (o->body_memory_bytes < o->max_body_bytes)
     return Bad("control.body_memory_bytes", "must be at least control.max_body_bytes");
+  if (o->batch_memory_bytes_per_uid < o->batch_max_bytes)
+    return Bad("control.batch_memory_bytes_per_uid",
+               "must be at least control.batch_max_bytes (" + std::to_string(o->batch_max_bytes) +
+                   " bytes): a whole batch must fit");
   return Status::OK();
 }
 

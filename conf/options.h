@@ -152,6 +152,10 @@ struct ControlOptions {
   // The bytes of one POST /v1/files/batch (the batch mode's memory file): files past it are
   // left to the mount. Default: 64 MiB.
   uint64_t batch_max_bytes = 64ull << 20;
+  // What one user's batch memory files may hold while they are mapped or open after the reply
+  // (their pages stay the daemon's until then): a batch past it gets 429. At least
+  // batch_max_bytes. Default: 1 GiB.
+  uint64_t batch_memory_bytes_per_uid = 1ull << 30;
   uint64_t max_connections_unix = 256;    // on the unix socket. Default: 256.
   uint64_t max_connections_tcp = 128;     // on 127.0.0.1:profPort. Default: 128.
   uint64_t max_connections_per_uid = 64;  // one user, both listeners. Default: 64.

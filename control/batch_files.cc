@@ -89,17 +89,28 @@ Response ServerImpl::BatchFiles(const Request& req, const Caller& caller, int* f
     f.offset = total;
     total += f.attr.size;
   }
-  // The memory file is charged to the daemon's cgroup while the client holds it: none when
-  // memory is short (the client reads through the mount). Asking the kernel costs more than
-  // copying a small batch (it reads /proc/meminfo and the cgroup's files): batches of up to
-  // kBatchUnchecked bytes are not checked.
-  if (total > kBatchUnchecked && total > prefetch::ModelFetcher::AvailableMemory() / 10 * 9) {
+  // The memory file is charged to the daemon's cgroup until its last reference goes, which
+  // may be long after the reply (a mapping outlives the descriptor): it is charged to the
+  // caller until then (BatchMemory), within the user's bound and half the memory left, and
+  // none is made past them (the client reads through the mount).
+  BatchMemory::Refusal refusal;
+  if (batch_memory_.Take(caller.uid, total, &refusal)) {
     batch_refused_++;
-    return Error(http::status::service_unavailable,
-                 "not enough free memory for a batch of " + std::to_string(total) +
-                     " bytes: read it through the mount",
-                 v);
+    CTFS_LOG(kWarn) << "files/batch of uid " << caller.uid << " refused: " << refusal.message;
+    return Error(
+        refusal.memory ? http::status::service_unavailable : http::status::too_many_requests,
+        refusal.message, v);
   }
+  // Given back unless the memory file is handed out (then when its pages are gone).
+  struct Charged {
+    BatchMemory* memory;
+    uid_t uid;
+    uint64_t bytes;
+    bool followed = false;
+    ~Charged() {
+      if (!followed) memory->Give(uid, bytes);
+    }
+  } charged{&batch_memory_, caller.uid, total};
   UniqueFd mfd(::memfd_create("cubetorchfs:batch", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (mfd.get() < 0)
     return Error(http::status::service_unavailable,
@@ -208,6 +219,13 @@ Response ServerImpl::BatchFiles(const Request& req, const Caller& caller, int* f
   if (ro.get() < 0)
     return Error(http::status::service_unavailable,
                  std::string("reopening the batch: ") + std::strerror(errno), v);
+  // From here the charge stays until the kernel drops the file's last reference.
+  charged.followed = true;
+  if (Status s = batch_memory_.Follow(caller.uid, total, ro.get()); !s.ok()) {
+    batch_refused_++;
+    CTFS_LOG(kWarn) << "files/batch of uid " << caller.uid << " refused: " << s.message();
+    return Error(http::status::service_unavailable, s.message() + ": read it through the mount", v);
+  }
   // The reply's JSON is written as text: built as nlohmann objects (a map each) it cost more
   // than the files' bytes did. Same document: {"files": [...], "bytes": N}.
   std::string reply = "{\"files\":[";

@@ -103,6 +103,12 @@ ServerImpl::ServerImpl(const Options& options, Prefetcher* prefetcher, cache::Ra
       warmer_(warmer),
       opener_(std::move(opener)),
       lists_(options.lists, SystemClock()),
+      batch_memory_(BatchMemory::Options{
+          .bytes_per_uid = options.batch_memory_bytes_per_uid,
+          .available = options.available_memory
+                           ? options.available_memory
+                           : std::function<uint64_t()>(&prefetch::ModelFetcher::AvailableMemory),
+          .fresh_above = kBatchUnchecked}),
       pool_(kPoolThreads),
       api_pool_(kApiThreads),
       open_pool_(kPoolThreads),

@@ -107,7 +107,12 @@ class ControlServer {
     uint64_t body_memory_bytes = 32ull << 20;  // all bodies being read or handled at once
     uint64_t max_json_elements = 1u << 17;     // values in one body
     uint64_t batch_max_bytes = 64ull << 20;    // one POST /v1/files/batch's memory file
-    int max_json_depth = 16;                   // nesting of one body
+    // What one user's batch memory files may hold until their pages are gone (mapped or open
+    // after the reply: control/batch_memory.h).
+    uint64_t batch_memory_bytes_per_uid = 1ull << 30;
+    // The memory left, for the check of every batch; null: ModelFetcher::AvailableMemory.
+    std::function<uint64_t()> available_memory;
+    int max_json_depth = 16;  // nesting of one body
     int max_connections_unix = 256;
     int max_connections_tcp = 128;
     int max_connections_per_uid = 64;  // on both listeners together

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/thread_annotations.h"
+#include "control/batch_memory.h"
 #include "control/control_server.h"
 #include "control/routes.h"
 
@@ -286,7 +287,8 @@ class ServerImpl final : public ControlServer {
   static constexpr size_t kMaxBatchFiles = 4096;
   // POST /v1/files/batch writes its memory file in pieces of about this size.
   static constexpr size_t kBatchGather = 1 << 20;
-  // A batch this small is built without asking how much memory is left.
+  // A batch this small is checked against a reading of the memory left at most 100 ms old
+  // (less what batches took since); a larger one against a fresh one.
   static constexpr uint64_t kBatchUnchecked = 4 << 20;
   Response BatchFiles(const Request& req, const Caller& caller, int* fd);
   // Counters; a user other than root sees only its own streams.
@@ -304,6 +306,8 @@ class ServerImpl final : public ControlServer {
   // POST /v1/files/batch: requests answered, files and bytes given, requests refused for
   // want of memory.
   std::atomic<uint64_t> batches_{0}, batch_files_{0}, batch_bytes_{0}, batch_refused_{0};
+  // What the memory files handed out hold until their pages are gone, per user.
+  BatchMemory batch_memory_;
   Mutex body_mu_;  // the body memory budget
   uint64_t body_bytes_ GUARDED_BY(body_mu_) = 0;
   std::unordered_map<uid_t, uint64_t> body_by_uid_ GUARDED_BY(body_mu_);

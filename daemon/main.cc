@@ -242,6 +242,7 @@ control::ControlServer::Options ControlOptions(const conf::Config& config, const
   o.body_memory_bytes = config.control.body_memory_bytes;
   o.max_json_elements = config.control.max_json_elements;
   o.batch_max_bytes = config.control.batch_max_bytes;
+  o.batch_memory_bytes_per_uid = config.control.batch_memory_bytes_per_uid;
   o.max_json_depth = static_cast<int>(config.control.max_json_depth);
   o.max_connections_unix = static_cast<int>(config.control.max_connections_unix);
   o.max_connections_tcp = static_cast<int>(config.control.max_connections_tcp);

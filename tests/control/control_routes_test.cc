@@ -3,7 +3,9 @@
 // docs/control-api.md gives them, for root and for other users. Also the route table itself:
 // matching, and that the routes documented are the routes served.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <boost/beast/http.hpp>
@@ -17,6 +19,7 @@
 #include <utility>
 
 #include "common/status.h"
+#include "control/batch_memory.h"
 #include "control/routes.h"
 #include "control/server_impl.h"
 #include "gtest/gtest.h"
@@ -548,6 +551,148 @@ TEST_F(RoutesTest, BatchFiles) {
   EXPECT_EQ(
       a.body["global"]["files_batch"]["bytes"],
       6096 + testing::kSecret.size() + std::string(" in a 0600 file").size() + 550 * (1000 + 4096));
+}
+
+// The fourth security pass: memory files handed out were bounded per request only, and a
+// mapping outlives the descriptor it was made from.
+TEST_F(RoutesTest, BatchMemoryFilesAreChargedUntilTheirPagesAreGone) {
+  const std::string body = std::string("data/a.jpg") + '\0' + "data/model.safetensors" + '\0';
+  const uint64_t charge = BatchMemory::Charge(1000 + 4096);
+  ControlServer::Options o = Options();
+  o.batch_memory_bytes_per_uid = 3 * charge;
+  auto server = world_.MakeServer(o);
+  auto batch = [&](const Caller& who) {
+    Answer a = Ask(who, http::verb::post, "/v1/files/batch", body, true, server.get());
+    if (a.fd >= 0) fds_.erase(std::find(fds_.begin(), fds_.end(), a.fd));  // closed here
+    return a;
+  };
+  std::vector<int> held;
+  for (int i = 0; i < 3; ++i) {
+    Answer a = batch(Stranger());
+    ASSERT_EQ(a.status, 200u) << a.text;
+    held.push_back(a.fd);
+  }
+  Answer a = batch(Stranger());
+  EXPECT_ERROR(a, 429, "io_error");
+  EXPECT_NE(ErrorText(a).find("control.batch_memory_bytes_per_uid"), std::string::npos) << a.text;
+  EXPECT_EQ(a.fd, -1);
+  // Another user has its own bound.
+  a = batch(Other());
+  ASSERT_EQ(a.status, 200u) << a.text;
+  ::close(a.fd);
+  // A descriptor closed gives its batch back; a mapping of it keeps it.
+  ::close(held.back());
+  held.pop_back();
+  void* map = ::mmap(nullptr, 5096, PROT_READ, MAP_SHARED, held.back(), 0);
+  ASSERT_NE(map, MAP_FAILED);
+  ::close(held.back());
+  held.pop_back();
+  a = batch(Stranger());
+  ASSERT_EQ(a.status, 200u) << a.text;
+  held.push_back(a.fd);
+  EXPECT_ERROR(batch(Stranger()), 429, "io_error");
+  // So does a second open of it (through /proc), after the first is closed.
+  const int again =
+      ::open(("/proc/self/fd/" + std::to_string(held.back())).c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(again, 0);
+  ::close(held.back());
+  held.pop_back();
+  EXPECT_ERROR(batch(Stranger()), 429, "io_error");
+  ::close(again);
+  a = batch(Stranger());
+  ASSERT_EQ(a.status, 200u) << a.text;
+  held.push_back(a.fd);
+  EXPECT_ERROR(batch(Stranger()), 429, "io_error");
+  ::munmap(map, 5096);
+  a = batch(Stranger());
+  ASSERT_EQ(a.status, 200u) << a.text;
+  held.push_back(a.fd);
+  for (int fd : held) ::close(fd);
+
+  // Every batch, however small, is checked against the memory left: outstanding batches may
+  // take half of what there would be without them.
+  ControlServer::Options tight = Options();
+  tight.available_memory = [] { return uint64_t{8} << 10; };
+  auto short_of_memory = world_.MakeServer(tight);
+  a = Ask(Stranger(), http::verb::post, "/v1/files/batch", body, true, short_of_memory.get());
+  EXPECT_ERROR(a, 503, "io_error");
+  EXPECT_NE(ErrorText(a).find("not enough free memory"), std::string::npos) << a.text;
+  EXPECT_EQ(a.fd, -1);
+  EXPECT_EQ(Ask(Root(), http::verb::get, "/v1/stats", "", true, short_of_memory.get())
+                .body["global"]["files_batch"]["refused"],
+            1);
+}
+
+TEST(BatchMemory, FollowsTheLastReferenceOfEachFile) {
+  uint64_t avail = 64 << 20;
+  BatchMemory::Options o;
+  o.bytes_per_uid = 16 << 20;
+  o.files_per_uid = 3;
+  o.available = [&avail] { return avail; };
+  o.fresh_above = 0;  // every batch reads the memory left afresh
+  BatchMemory memory(o);
+  // A memory file as the batch route makes one: a read-only reopen handed out, the original
+  // closed.
+  auto make = [&](uid_t uid, uint64_t bytes) {
+    BatchMemory::Refusal why;
+    EXPECT_FALSE(memory.Take(uid, bytes, &why)) << why.message;
+    const int mfd = ::memfd_create("test", MFD_CLOEXEC);
+    EXPECT_EQ(::ftruncate(mfd, static_cast<off_t>(bytes)), 0);
+    const int ro = ::open(("/proc/self/fd/" + std::to_string(mfd)).c_str(), O_RDONLY | O_CLOEXEC);
+    EXPECT_TRUE(memory.Follow(uid, bytes, ro).ok());
+    ::close(mfd);
+    return ro;
+  };
+  const int a = make(1, 4 << 20);
+  const int b = make(1, 4 << 20);
+  EXPECT_EQ(memory.bytes(1), 8u << 20);
+  EXPECT_EQ(memory.files(), 2u);
+  // Past the bytes of the user: refused, naming the key; another user is not.
+  BatchMemory::Refusal why;
+  EXPECT_TRUE(memory.Take(1, 9 << 20, &why));
+  EXPECT_FALSE(why.memory);
+  EXPECT_NE(why.message.find("control.batch_memory_bytes_per_uid"), std::string::npos);
+  const int c = make(2, 1);
+  EXPECT_EQ(memory.bytes(2), 4096u);  // a page at least
+  // A dup and a child's copy are the same reference; the charge goes with the last of them.
+  const int dup = ::dup(a);
+  ::close(a);
+  EXPECT_EQ(memory.bytes(1), 8u << 20);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::usleep(200'000);
+    ::_exit(0);
+  }
+  ::close(dup);
+  EXPECT_EQ(memory.bytes(1), 8u << 20);  // the child holds it
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_EQ(memory.bytes(1), 4u << 20);
+  // Had the queue overflowed, the live watches tell what is gone.
+  ::close(b);
+  EXPECT_EQ(memory.ReconcileForTest(), 4u << 20);  // b's, and nothing live
+  EXPECT_EQ(memory.bytes(1), 0u);
+  // The number of files is bounded too.
+  std::vector<int> many;
+  for (int i = 0; i < 3; ++i) many.push_back(make(3, 1));
+  EXPECT_TRUE(memory.Take(3, 1, &why));
+  EXPECT_NE(why.message.find("too many batch memory files"), std::string::npos) << why.message;
+  for (int fd : many) ::close(fd);
+  // Outstanding batches together take at most half of the memory there would be without
+  // them (what is left is read less what they hold).
+  avail = 40 << 20;
+  const int big = make(4, 16 << 20);
+  avail -= 16 << 20;
+  // 16 MiB + 8 MiB would pass half of the 24 MiB left + the 16 MiB held.
+  EXPECT_TRUE(memory.Take(5, 8 << 20, &why));
+  EXPECT_TRUE(why.memory);
+  EXPECT_NE(why.message.find("not enough free memory"), std::string::npos) << why.message;
+  EXPECT_FALSE(memory.Take(5, 2 << 20, &why)) << why.message;
+  memory.Give(5, 2 << 20);
+  ::close(big);
+  ::close(c);
+  EXPECT_EQ(memory.bytes(), 0u);
+  EXPECT_EQ(memory.files(), 0u);
 }
 
 TEST_F(RoutesTest, Warmup) {

@@ -1,5 +1,6 @@
 """The fourth security pass's findings on the control API, each tried as an unprivileged user
-against a real daemon (docs/security.md, "Bounded resources"): positions naming a long path
+against a real daemon (docs/security.md, "Bounded resources"): memory files of
+/v1/files/batch kept mapped after their descriptors are closed, positions naming a long path
 decoded before the queued-path limits applied, and file lists that left a newcomer nothing."""
 
 from __future__ import annotations
@@ -35,6 +36,87 @@ def public_store(base: Path) -> Path:
 
 def control_socket(mount: Any) -> str:
     return mount.read_control()["control_socket"]
+
+
+# As the attacker: asks for `count` batches of `path`, maps each memory file and closes its
+# descriptor (the mapping keeps the pages), then, with `release`, unmaps them all and asks
+# once more. Prints the statuses, the first refusal's error and the bytes kept mapped.
+_BATCHES = r'''
+import json, mmap, os, socket, struct, sys
+spec = json.loads(sys.stdin.read())
+
+def batch(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(spec["socket"])
+    body = path.encode() + b"\0"
+    s.sendall(b"POST /v1/files/batch HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    data, fds = b"", []
+    while True:
+        msg, anc, _, _ = s.recvmsg(1 << 16, socket.CMSG_SPACE(4 * 4))
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds += list(struct.unpack("%di" % (len(payload) // 4), payload))
+        if not msg:
+            break
+        data += msg
+    s.close()
+    status = int(data.split(b"\r\n", 1)[0].split()[1])
+    return status, data.split(b"\r\n\r\n", 1)[-1], fds
+
+out = {"statuses": [], "error": None, "mapped": 0}
+maps = []
+for _ in range(spec["count"]):
+    status, body, fds = batch(spec["path"])
+    out["statuses"].append(status)
+    if status != 200 and out["error"] is None:
+        out["error"] = json.loads(body).get("error")
+    for fd in fds:
+        size = os.fstat(fd).st_size
+        m = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        m[size - 1]  # touched: the pages are there
+        maps.append(m)
+        out["mapped"] += size
+        os.close(fd)  # the mapping outlives it
+if spec.get("release"):
+    for m in maps:
+        m.close()
+    status, body, fds = batch(spec["path"])
+    out["after_release"] = status
+    for fd in fds:
+        os.close(fd)
+print(json.dumps(out))
+'''
+
+
+def test_batch_memory_files_kept_mapped_are_bounded_per_user(open_cube: CubeFactory) -> None:
+    """Finding 4: 1,024 batches of 4 MiB, each mapped and its descriptor closed, held 4 GiB of
+    the daemon's memory. Here with a bound of 8 MiB a user: the ninth batch of 1 MB is
+    refused naming the key while the first eight stay mapped, another user is not refused,
+    and unmapping them gives the room back."""
+    src = public_store(open_cube.base.parent)
+    (src / "pub" / "big.bin").write_bytes(os.urandom(1_000_000))
+    os.chmod(src / "pub" / "big.bin", 0o644)
+    mount = open_cube.mount(src, {"control": {"batch_max_bytes": "1MiB",
+                                              "batch_memory_bytes_per_uid": "8MiB"}})
+    sock = control_socket(mount)
+    path = f"{mount.mountpoint}/pub/big.bin"
+    attacker = start_script_as(_BATCHES, {"socket": sock, "path": path, "count": 24}, NOBODY)
+    got = script_result(attacker, timeout=60)
+    # 8 MiB hold eight batches of 1 MB (each charged in whole pages).
+    assert got["statuses"][:8] == [200] * 8, got
+    assert set(got["statuses"][8:]) == {429}, got
+    assert "control.batch_memory_bytes_per_uid" in got["error"], got
+    assert got["mapped"] == 8 * 1_000_000, got
+    # The bound is the user's own: another user's batch is served meanwhile.
+    other = start_script_as(_BATCHES, {"socket": sock, "path": path, "count": 1}, OTHER)
+    assert script_result(other, timeout=30)["statuses"] == [200]
+    # Unmapped, the pages are gone and so is the charge.
+    again = start_script_as(_BATCHES, {"socket": sock, "path": path, "count": 8,
+                                       "release": True}, NOBODY)
+    got = script_result(again, timeout=60)
+    assert got["statuses"] == [200] * 8 and got["after_release"] == 200, got
 
 
 def test_positions_naming_a_long_path_are_refused_before_they_are_decoded(
@@ -123,7 +205,7 @@ def test_two_users_full_of_file_lists_leave_a_newcomer_its_share(open_cube: Cube
     """Finding 8: two users holding all their lists could take the whole list pool, and a third
     got 429 for a list it could register alone. Here with 1 MiB a user and 2 MiB in all: the
     first user alone gets its 1 MiB, the second a third of the pool, and the third still
-    registers an ImageNet-like list of 20,000 paths (some 250 KB)."""
+    registers an ImageNet-like list of 20,000 paths (160 KiB)."""
     src = public_store(open_cube.base.parent)
     train = src / "train" / "n01440764"
     train.mkdir(parents=True)
@@ -139,8 +221,6 @@ def test_two_users_full_of_file_lists_leave_a_newcomer_its_share(open_cube: Cube
                                           "seed": seed}, uid)
         held[uid] = script_result(p, timeout=60)
         assert held[uid]["status"] == 429, held[uid]
-    assert "prefetch.max_list_bytes_per_uid" in held[NOBODY]["error"], held
-    assert "fair share" in held[OTHER]["error"], held
     # The newcomer: 20,000 ImageNet-like names (random numbers, sorted as ImageFolder gives).
     rng = random.Random(3)
     numbers = sorted(rng.sample(range(1, 1_300_000), 20_000))
@@ -151,3 +231,6 @@ def test_two_users_full_of_file_lists_leave_a_newcomer_its_share(open_cube: Cube
     assert out["status"] == 201, out
     reg = json.loads(out["body"])
     assert (reg["size"], reg["rejected"]) == (20_000, 0), reg
+    # Each of the first two was stopped by the limit it reached: its own, then its share.
+    assert "prefetch.max_list_bytes_per_uid" in held[NOBODY]["error"], held
+    assert "fair share" in held[OTHER]["error"], held
