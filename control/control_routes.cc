@@ -396,6 +396,9 @@ Result<PathResolver::Resolved> ServerImpl::Check(const std::string& p, const Cal
       return Status::PermissionDenied(
           p + ": " + (colon == std::string::npos ? s.message() : s.message().substr(colon + 2)));
     }
+    // A directory checked, found to be another object when the store was asked in it.
+    if (s.code() == Status::Code::kStale)
+      return Status::Stale(p + ": changed in the store while it was checked");
     return Status::IOError(p + ": the store failed");
   }
   return r;
