@@ -751,6 +751,13 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
       CTFS_LOG(kWarn) << "the supervisor did not take the io_uring entries: a crash of this "
                          "process leaves the requests it holds unanswered";
   });
+  // The passthrough table, likewise: after a crash the kernel's passthrough opens live on.
+  session.SetPassthroughMemory(takeover.passthrough_fd, [fd = takeover.channel_fd](int memfd) {
+    if (fd >= 0 && !SendMessage(fd, kMsgPassthrough, "", memfd))
+      CTFS_LOG(kWarn) << "the supervisor did not take the passthrough table: after a crash of "
+                         "this process, files held through passthrough fail to open (EIO) "
+                         "until those opens close";
+  });
   if (Status s = StartConnection(session, takeover); !s.ok())
     return Fail(s.code() == Status::Code::kInvalidArgument ? kExitBadConfig : kExitFailure,
                 config.mount_point + ": " + s.ToString());

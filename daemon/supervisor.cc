@@ -65,13 +65,15 @@ Result<Takeover> ParseTakeover(const std::string& spec) {
       t.table_fd = static_cast<int>(v);
     else if (key == "cache")
       t.cache_fd = static_cast<int>(v);
+    else if (key == "passthrough")
+      t.passthrough_fd = static_cast<int>(v);
     else
       return Status::InvalidArgument("--takeover: unknown key " + key);
   }
   if (t.fuse_fd < 0 || (t.generation >> 23) != 0)
     return Status::InvalidArgument("--takeover: needs fuse=FD and a generation below 2^23");
   for (int fd : {t.fuse_fd, t.channel_fd, t.init_fd, t.state_fd, t.unix_fd, t.prof_fd, t.metrics_fd,
-                 t.ring_fd, t.table_fd, t.cache_fd})
+                 t.ring_fd, t.table_fd, t.cache_fd, t.passthrough_fd})
     if (fd >= 0 && ::fcntl(fd, F_GETFD) < 0)
       return Status::InvalidArgument("--takeover: descriptor " + std::to_string(fd) +
                                      " is not open");
@@ -285,6 +287,9 @@ class Supervisor {
   // dies; not handed to another binary (its records may be of another form).
   int table_fd_ = -1;
   int cache_fd_ = -1;  // the current worker's RAM cache (kMsgCache), handed on as table_fd_
+  // The current worker's passthrough table (kMsgPassthrough), for every next worker of this
+  // binary after a crash; an upgrade hands the table over in the state instead.
+  int passthrough_fd_ = -1;
   std::vector<double> restarts_;
   sigset_t old_mask_{};
 };
@@ -299,6 +304,7 @@ std::vector<std::string> Supervisor::TakeoverArgv(const char* flag, const Takeov
   if (ring_fd_ >= 0) spec += ",ring=" + std::to_string(ring_fd_);
   if (t.table_fd >= 0) spec += ",table=" + std::to_string(t.table_fd);
   if (t.cache_fd >= 0) spec += ",cache=" + std::to_string(t.cache_fd);
+  if (t.passthrough_fd >= 0) spec += ",passthrough=" + std::to_string(t.passthrough_fd);
   static constexpr const char* kListenerKeys[] = {"unix", "prof", "metrics"};
   for (int i = 0; i < 3 && with_listeners; ++i)
     if (listeners_[i] >= 0)
@@ -414,13 +420,15 @@ bool Supervisor::Spawn(int state_fd) {
   // The RAM cache after a crash and after an upgrade alike: its form is checked by the adopter
   // (a build of another layout starts empty).
   t.cache_fd = cache_fd_;
+  // The passthrough table after a crash: the kernel's passthrough opens outlived the worker.
+  t.passthrough_fd = state_fd < 0 ? passthrough_fd_ : -1;
   std::vector<std::string> args = TakeoverArgv("--takeover", t);
   std::vector<char*> cargs = CArgs(args);
 
   const pid_t pid = ::fork();
   if (pid == 0) {
     for (int fd : {fuse_fd_, sv[1], init_fd, state_fd, listeners_[0], listeners_[1], listeners_[2],
-                   ring_fd_, t.table_fd, t.cache_fd})
+                   ring_fd_, t.table_fd, t.cache_fd, t.passthrough_fd})
       if (fd >= 0) ::fcntl(fd, F_SETFD, 0);
     ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
     // The worker runs this supervisor's own image, whatever is installed at exe_ now (removed,
@@ -486,6 +494,9 @@ void Supervisor::OnMessage() {
       break;
     case kMsgCache:
       KeepFd(&cache_fd_, &fd);
+      break;
+    case kMsgPassthrough:
+      KeepFd(&passthrough_fd_, &fd);
       break;
     case kMsgState:
       if (fd >= 0) {

@@ -53,13 +53,14 @@ constexpr double kRestartWindowS = 60;
 // Messages on the supervisor-worker channel (a SOCK_SEQPACKET socket pair): one byte of kind,
 // then the payload.
 enum ChannelMessage : char {
-  kMsgInit = 'I',     // worker -> supervisor: the raw FUSE_INIT request
-  kMsgReady = 'R',    // worker -> supervisor: the mount is served
-  kMsgState = 'S',    // worker -> supervisor: handed over; a memfd of the state is attached
-  kMsgUpgrade = 'U',  // supervisor -> worker: hand over (SIGUSR2 reached the supervisor)
-  kMsgRing = 'Q',     // worker -> supervisor: the memfd of its io_uring entries (uring_loop.h)
-  kMsgTable = 'T',    // worker -> supervisor: the memfd of its inode records (fs/inode_table.h)
-  kMsgCache = 'C',    // worker -> supervisor: the memfd of its RAM cache (cache/cache_arena.h)
+  kMsgInit = 'I',         // worker -> supervisor: the raw FUSE_INIT request
+  kMsgReady = 'R',        // worker -> supervisor: the mount is served
+  kMsgState = 'S',        // worker -> supervisor: handed over; a memfd of the state is attached
+  kMsgUpgrade = 'U',      // supervisor -> worker: hand over (SIGUSR2 reached the supervisor)
+  kMsgRing = 'Q',         // worker -> supervisor: the memfd of its io_uring entries (uring_loop.h)
+  kMsgTable = 'T',        // worker -> supervisor: the memfd of its inode records (fs/inode_table.h)
+  kMsgCache = 'C',        // worker -> supervisor: the memfd of its RAM cache (cache/cache_arena.h)
+  kMsgPassthrough = 'P',  // worker -> supervisor: the memfd of its passthrough table
 };
 
 // What a worker is given by its supervisor (parsed from --takeover).
@@ -83,6 +84,10 @@ struct Takeover {
   // The memfd of the RAM cache of the process before (which died, or handed over): the next
   // adopts what it had cached (cache/cache_arena.h); -1: none. Handed on once, as table_fd.
   int cache_fd = -1;
+  // The memfd of the passthrough table of the process before, which died (fuse/passthrough.h):
+  // the inodes the kernel has opens of, and their registrations; -1: none. Handed to every
+  // worker after a crash (its entries are checked one by one; none can kill the reader).
+  int passthrough_fd = -1;
 };
 Result<Takeover> ParseTakeover(const std::string& spec);
 

@@ -17,11 +17,136 @@
 namespace cubetorchfs::fuse {
 namespace {
 
-constexpr uint64_t kTableMagic = 0x31545048'53465443ull;  // "CTFSHPT1"
+constexpr uint64_t kTableMagic = 0x31545048'53465443ull;   // "CTFSHPT1"
+constexpr uint64_t kMemoryMagic = 0x31445450'53465443ull;  // "CTFSPTD1": the memfd's layout
 
 thread_local int32_t t_reply_backing = 0;
 
+// The memfd: a header, then one entry a slot. Every field is written with one aligned store,
+// so a process killed at any instant leaves each field old or new, never torn.
+struct MemoryHeader {
+  uint64_t magic;
+  uint64_t slots;
+  uint64_t entry_bytes;
+  uint64_t reserved[5];
+};
+struct Entry {
+  uint64_t ino;
+  uint64_t file;
+  int32_t backing_id;
+  uint32_t passthrough;
+  uint32_t other;
+  uint32_t used;  // 1: the entry names an inode with opens; written last, cleared first
+};
+static_assert(sizeof(MemoryHeader) == 64 && sizeof(Entry) == 32);
+
+template <typename T>
+void Store(T* field, T v) {
+  std::atomic_ref<T>(*field).store(v, std::memory_order_release);
+}
+template <typename T>
+T Load(T* field) {
+  return std::atomic_ref<T>(*field).load(std::memory_order_acquire);
+}
+
 }  // namespace
+
+Passthrough::Passthrough(Device device, Metrics metrics)
+    : device_(std::move(device)), metrics_(metrics) {
+  const size_t slots = kShards * kSlotsPerShard;
+  Result<DurableRegion> r = DurableRegion::TryCreate("cubetorchfs-passthrough",
+                                                     sizeof(MemoryHeader) + slots * sizeof(Entry));
+  if (!r.ok()) return;  // the table works; after a crash the next process does without it
+  memory_ = std::move(*r);
+  auto* h = reinterpret_cast<MemoryHeader*>(memory_.data());
+  h->slots = slots;
+  h->entry_bytes = sizeof(Entry);
+  Store(&h->magic, kMemoryMagic);
+}
+
+void Passthrough::Persist(Shard& s, uint64_t ino, Inode& n) {
+  if (!memory_) return;
+  const size_t shard = static_cast<size_t>(&s - shards_.data());
+  auto* entries = reinterpret_cast<Entry*>(memory_.data() + sizeof(MemoryHeader));
+  if (n.slot == kNoSlot) {
+    if (!s.free_slots.empty()) {
+      n.slot = s.free_slots.back();
+      s.free_slots.pop_back();
+    } else if (s.next_slot < kSlotsPerShard) {
+      n.slot = static_cast<uint32_t>(shard * kSlotsPerShard + s.next_slot++);
+    } else {
+      if (unkept_.fetch_add(1) == 0)
+        CTFS_LOG(kWarn) << "passthrough: more than " << kSlotsPerShard * kShards
+                        << " inodes with opens; those past it are not kept for the process "
+                           "after a crash";
+      return;
+    }
+    Entry& e = entries[n.slot];
+    Store(&e.ino, ino);
+    Store(&e.file, n.file);
+    Store(&e.backing_id, n.backing_id);
+    Store(&e.passthrough, n.passthrough);
+    Store(&e.other, n.other);
+    Store(&e.used, 1u);
+    return;
+  }
+  // The registration before the count that uses it; a count before a registration is given
+  // back (Release clears backing_id after the count reached 0).
+  Entry& e = entries[n.slot];
+  Store(&e.file, n.file);
+  if (n.backing_id != 0) Store(&e.backing_id, n.backing_id);
+  Store(&e.passthrough, n.passthrough);
+  Store(&e.other, n.other);
+  if (n.backing_id == 0) Store(&e.backing_id, 0);
+}
+
+void Passthrough::Forget(Shard& s, Inode& n) {
+  if (!memory_ || n.slot == kNoSlot) return;
+  auto* entries = reinterpret_cast<Entry*>(memory_.data() + sizeof(MemoryHeader));
+  Store(&entries[n.slot].used, 0u);
+  s.free_slots.push_back(n.slot);
+  n.slot = kNoSlot;
+}
+
+Result<size_t> Passthrough::AdoptDurable(int fd) {
+  const size_t slots = kShards * kSlotsPerShard;
+  Result<DurableRegion> r = DurableRegion::Adopt(fd, sizeof(MemoryHeader) + slots * sizeof(Entry));
+  if (!r.ok()) return r.status();
+  auto* h = reinterpret_cast<MemoryHeader*>(r->data());
+  if (Load(&h->magic) != kMemoryMagic || h->slots != slots || h->entry_bytes != sizeof(Entry))
+    return Status::InvalidArgument("passthrough table: not a table of this layout");
+  if (!empty()) return Status::InvalidArgument("passthrough table: this one already has opens");
+  memory_ = std::move(*r);
+  auto* entries = reinterpret_cast<Entry*>(memory_.data() + sizeof(MemoryHeader));
+  size_t adopted = 0;
+  for (size_t k = 0; k < kShards; ++k) {
+    Shard& s = shards_[k];
+    MutexLock l(s.mu);
+    s.free_slots.clear();
+    s.next_slot = kSlotsPerShard;
+    for (uint32_t i = kSlotsPerShard; i-- > 0;) {
+      const uint32_t slot = static_cast<uint32_t>(k * kSlotsPerShard + i);
+      Entry& e = entries[slot];
+      const uint64_t ino = Load(&e.ino);
+      Inode n{Load(&e.backing_id), Load(&e.file), Load(&e.passthrough), Load(&e.other), slot};
+      // Only what the kernel can have: a registration iff passthrough opens (a death between
+      // the two stores leaves one without the other: the open was never answered), in the
+      // shard of its inode, once.
+      if (n.backing_id <= 0 || n.passthrough == 0) n.backing_id = 0, n.passthrough = 0;
+      if (Load(&e.used) != 1 || ino % kShards != k || n.passthrough + n.other == 0 ||
+          s.inodes.count(ino) != 0) {
+        Store(&e.used, 0u);
+        s.free_slots.push_back(slot);
+        continue;
+      }
+      Persist(s, ino, n);  // the fields as corrected
+      if (n.backing_id > 0) Count(0, 1);
+      s.inodes.emplace(ino, n);
+      ++adopted;
+    }
+  }
+  return adopted;
+}
 
 Passthrough::Device Passthrough::Ioctls(int fuse_fd) {
   Device d;
@@ -64,6 +189,7 @@ Result<Passthrough::Answer> Passthrough::Open(uint64_t ino, bool writable, uint6
                                "open: the file was replaced in the store while open through "
                                "passthrough; the new file can be opened once those opens close");
         ++n.passthrough;
+        Persist(s, ino, n);
         Count(1, 0);
         return Answer{Mode::kPassthrough, n.backing_id};
       }
@@ -77,12 +203,15 @@ Result<Passthrough::Answer> Passthrough::Open(uint64_t ino, bool writable, uint6
             n.backing_id = *id;
             n.file = file;
             n.passthrough = 1;
+            Persist(s, ino, n);
             Count(1, 1);
             return Answer{Mode::kPassthrough, *id};
           }
           NoteRefusal(id.status());
         }
-        ++s.inodes[ino].other;
+        Inode& n = s.inodes[ino];
+        ++n.other;
+        Persist(s, ino, n);
         return Answer{};
       }
     }
@@ -127,7 +256,14 @@ void Passthrough::Release(uint64_t ino, std::optional<Mode> mode) {
     } else if (m == Mode::kCached && n.other > 0) {
       --n.other;
     }
-    if (n.passthrough + n.other == 0) s.inodes.erase(it);
+    // The entry first: a registration given back is never named by one the next process
+    // adopts.
+    if (n.passthrough + n.other == 0) {
+      Forget(s, n);
+      s.inodes.erase(it);
+    } else {
+      Persist(s, ino, n);
+    }
     // Given back under the lock: an open of this inode now registers anew, after this.
     if (give_back > 0) {
       device_.close(give_back);
@@ -201,7 +337,11 @@ Status Passthrough::Restore(std::string_view bytes) {
   for (const auto& [ino, i] : all) {
     Shard& s = ShardOf(ino);
     MutexLock l(s.mu);
-    s.inodes[ino] = i;
+    Inode& n = s.inodes[ino];
+    const uint32_t slot = n.slot;
+    n = i;
+    n.slot = slot;
+    Persist(s, ino, n);
     if (i.backing_id > 0) Count(0, 1);
   }
   return Status::OK();

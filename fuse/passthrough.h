@@ -20,10 +20,18 @@
 //   - everything else: as without passthrough.
 // The registration is given back when the inode's last passthrough open is released.
 //
-// A handover (upgrade) passes the table to the next process (Serialize, Restore): inode
-// numbers survive it, and so do the kernel's opens. After a crash the next process numbers
-// inodes anew, so the kernel's passthrough opens of the old ones (which need no daemon) never
-// meet its answers; their registrations stay until the unmount.
+// The kernel's inodes, opens and registrations outlive this process (the connection is the
+// supervisor's), and so do inode numbers, at an upgrade and after a crash alike. So must the
+// table: a next process that knew nothing of an inode in passthrough mode would register
+// another file for it, and every open of it would fail (EIO) until the old opens closed.
+//   - An upgrade passes the table to the next process (Serialize, Restore).
+//   - After a crash the next process adopts it (AdoptDurable): every entry is also kept in a
+//     memfd (`durable_fd`, sent to the supervisor, which hands it to the next worker), one
+//     slot of 32 bytes an inode with opens, each field written with a single store, the
+//     registration before the count that uses it, and given back only after its entry is
+//     cleared. What a death in the middle leaves is an open counted that never was, or a
+//     registration the kernel holds that no entry names: both only keep a registration until
+//     the unmount, never make an open fail.
 //
 // Thread safety: all methods may be called concurrently. The table is sharded by inode.
 #pragma once
@@ -36,7 +44,9 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
+#include "common/durable_region.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
 
@@ -64,8 +74,8 @@ class Passthrough {
   static Device Ioctls(int fuse_fd);
 
   using Metrics = PassthroughCounters;
-  explicit Passthrough(Device device, Metrics metrics = {})
-      : device_(std::move(device)), metrics_(metrics) {}
+  // The table's memfd is made here (without one the table works, and dies with the process).
+  explicit Passthrough(Device device, Metrics metrics = {});
 
   enum class Mode : uint8_t { kCached, kPassthrough };
   struct Answer {
@@ -102,19 +112,37 @@ class Passthrough {
   std::string Serialize() const;
   Status Restore(std::string_view bytes);
 
+  // The memfd the table is kept in (-1: none), for the supervisor to hand to the next process
+  // after a crash.
+  int durable_fd() const { return memory_.fd(); }
+  // Takes the table a process of this build that died left in `fd` (its durable_fd), in place
+  // of this one's, which must be empty; takes `fd`. The inodes it adopted with opens, or an
+  // error (not a table of this layout: this one's is kept).
+  Result<size_t> AdoptDurable(int fd);
+
  private:
   struct Inode {
     int32_t backing_id = 0;  // > 0 while passthrough opens exist
     uint64_t file = 0;       // the store file registered
     uint32_t passthrough = 0;
     uint32_t other = 0;
+    uint32_t slot = kNoSlot;  // its entry in memory_
   };
+  static constexpr uint32_t kNoSlot = ~0u;
+  static constexpr size_t kShards = 16;
+  static constexpr uint32_t kSlotsPerShard = 4096;  // inodes with opens at once, per shard
   struct Shard {
     mutable Mutex mu;
     std::unordered_map<uint64_t, Inode> inodes GUARDED_BY(mu);
+    std::vector<uint32_t> free_slots GUARDED_BY(mu);  // of this shard's range, below next_slot
+    uint32_t next_slot GUARDED_BY(mu) = 0;            // slots of its range used so far
   };
-  static constexpr size_t kShards = 16;
   Shard& ShardOf(uint64_t ino) { return shards_[ino % kShards]; }
+
+  // Writes `n`'s entry (a slot taken if it has none; none left: not kept, counted), or clears
+  // it once the inode has no opens (Forget).
+  void Persist(Shard& s, uint64_t ino, Inode& n) REQUIRES(s.mu);
+  void Forget(Shard& s, Inode& n) REQUIRES(s.mu);
 
   void Count(int opens, int backing_files);
   // A registration the kernel refused: turns passthrough off where no file can have it.
@@ -126,6 +154,8 @@ class Passthrough {
   std::atomic<uint64_t> opens_{0};
   std::atomic<uint64_t> failures_{0};  // registrations refused for one file (logged: 5)
   std::array<Shard, kShards> shards_;
+  DurableRegion memory_;             // a header, then kShards * kSlotsPerShard entries
+  std::atomic<uint64_t> unkept_{0};  // entries no slot was left for (logged: once)
 };
 
 // The registration the open reply being written on this thread names (session.cc's writev

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "common/logging.h"
 #include "fuse/fuse_ops.h"
@@ -289,23 +290,40 @@ Result<std::string> FuseSession::PreparePassthrough(std::string init, bool repla
         "fuse.passthrough is on but the kernel does not offer FUSE passthrough (Linux 6.9+ "
         "with CONFIG_FUSE_PASSTHROUGH)");
   }
+  const int memory_fd = std::exchange(passthrough_memory_fd_, -1);
   if (!take) {
     if (offered) ClearOffer(&init, abi::kPassthrough);
     if (!passthrough_state_.empty())
       CTFS_LOG(kWarn) << "passthrough state handed over, but this connection has no passthrough";
+    if (memory_fd >= 0) ::close(memory_fd);
     return init;
   }
   ctx_->passthrough =
       std::make_unique<Passthrough>(Passthrough::Ioctls(fd_), PassthroughMetrics(*ctx_));
   if (mode == Mode::kOff || ctx_->options.keep_cache) ctx_->passthrough->Disable();
   if (!passthrough_state_.empty()) {
+    if (memory_fd >= 0) ::close(memory_fd);  // the state handed over is the newer
     if (Status s = ctx_->passthrough->Restore(passthrough_state_); !s.ok())
       CTFS_LOG(kError) << "passthrough state handed over not used: " << s.ToString();
     else
       CTFS_LOG(kInfo) << "took over " << ctx_->passthrough->backings()
                       << " passthrough registrations";
     passthrough_state_.clear();
+  } else if (memory_fd >= 0) {
+    // After a crash: the inodes the kernel still has opens of, and their registrations, so
+    // that their next opens name the registration the kernel holds (passthrough.h).
+    Result<size_t> adopted = ctx_->passthrough->AdoptDurable(memory_fd);
+    if (!adopted.ok())
+      CTFS_LOG(kError) << "passthrough table of the process before not used: "
+                       << adopted.status().ToString()
+                       << "; files it held through passthrough fail to open (EIO) until "
+                          "those opens close";
+    else
+      CTFS_LOG(kInfo) << "after the crash, kept the opens of " << *adopted << " inodes ("
+                      << ctx_->passthrough->backings() << " passthrough registrations)";
   }
+  if (ctx_->passthrough->durable_fd() >= 0 && on_passthrough_memory_)
+    on_passthrough_memory_(ctx_->passthrough->durable_fd());
   return init;
 }
 

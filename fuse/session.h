@@ -108,6 +108,13 @@ class FuseSession {
   // handed over, taken by PrepareInit.
   std::string PassthroughState() const;
   void SetPassthroughState(std::string bytes) { passthrough_state_ = std::move(bytes); }
+  // The memfd of the passthrough table a process that died left (-1: none; taken by
+  // PrepareInit where no state was handed over), and what to do with the memfd of the table
+  // this process keeps (give it to the supervisor, which hands it to the next process).
+  void SetPassthroughMemory(int fd, std::function<void(int)> on_table) {
+    passthrough_memory_fd_ = fd;
+    on_passthrough_memory_ = std::move(on_table);
+  }
   // After a crash of the process before, on io_uring: where the queues are kicked once
   // registered (uring_loop.h). Empty: no kick.
   void SetKickPath(std::string path) { kick_path_ = std::move(path); }
@@ -144,6 +151,8 @@ class FuseSession {
   std::shared_ptr<UringSlots> uring_slots_;
   int uring_memory_fd_ = -1;
   std::function<void(int)> on_uring_memory_;
+  int passthrough_memory_fd_ = -1;
+  std::function<void(int)> on_passthrough_memory_;
 };
 
 }  // namespace cubetorchfs::fuse

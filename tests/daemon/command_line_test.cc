@@ -75,7 +75,12 @@ TEST(TakeoverTest, ParsesDescriptorsAndRefusesWhatIsNotOpenOrMalformed) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->table_fd, p[0]);
   EXPECT_EQ(c->cache_fd, p[0]);
-  EXPECT_FALSE(ParseTakeover("fuse=" + r + ",cache=999999").ok());  // not open
+  EXPECT_EQ(c->passthrough_fd, -1);
+  auto pt = ParseTakeover("fuse=" + r + ",generation=6,passthrough=" + r);
+  ASSERT_TRUE(pt.ok()) << pt.status().ToString();
+  EXPECT_EQ(pt->passthrough_fd, p[0]);
+  EXPECT_FALSE(ParseTakeover("fuse=" + r + ",passthrough=999999").ok());  // not open
+  EXPECT_FALSE(ParseTakeover("fuse=" + r + ",cache=999999").ok());        // not open
   for (const std::string& bad : std::vector<std::string>{
            "", "generation=1", "fuse=" + r + ",bogus=1", "fuse=" + r + ",init=x",
            "fuse=" + r + ",init=-1", "fuse=" + r + ",generation=8388608", "fuse=999999",

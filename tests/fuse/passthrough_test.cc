@@ -2,9 +2,11 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <memory>
 #include <set>
 
 namespace cubetorchfs::fuse {
@@ -123,6 +125,64 @@ TEST(PassthroughTest, TheTableSurvivesAHandoverAndInfersTheModeOfOldHandles) {
   EXPECT_FALSE(other.Restore("not a table").ok());
   EXPECT_FALSE(other.Restore(bytes.substr(0, bytes.size() - 3)).ok());
   EXPECT_TRUE(other.empty());
+}
+
+// After a kill -9 the kernel's opens and registrations live on (the connection is the
+// supervisor's): the next process adopts the table from the memfd the dead one kept it in, so
+// an open of an inode the kernel has in passthrough mode names the registration it holds.
+TEST(PassthroughTest, TheTableOutlivesACrashInItsMemfd) {
+  FakeDevice dev;
+  auto before = std::make_unique<Passthrough>(dev.device());
+  ASSERT_GE(before->durable_fd(), 0);
+  Result<Passthrough::Answer> a = before->Open(7, false, 100, dev.backing());
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(before->Open(7, false, 100, kNotEligible).ok());
+  ASSERT_TRUE(before->Open(9, true, 200, kNotEligible).ok());
+  ASSERT_TRUE(before->Open(11, false, 300, dev.backing()).ok());
+  before->Release(11, Mode::kPassthrough);       // closed before the crash: nothing of it is kept
+  const int kept = ::dup(before->durable_fd());  // what the supervisor holds
+  before.reset();                                // the crash: the kernel's state stays
+
+  Passthrough after(dev.device());
+  Result<size_t> adopted = after.AdoptDurable(kept);
+  ASSERT_TRUE(adopted.ok()) << adopted.status().ToString();
+  EXPECT_EQ(*adopted, 2u);
+  EXPECT_EQ(after.backings(), 1u);
+  // A new reader of 7 joins the registration the kernel holds: no second one.
+  Result<Passthrough::Answer> r7 = after.Open(7, false, 100, dev.backing());
+  ASSERT_TRUE(r7.ok());
+  EXPECT_EQ(r7->mode, Mode::kPassthrough);
+  EXPECT_EQ(r7->backing_id, a->backing_id);
+  EXPECT_EQ(dev.opened_fds, 2);  // 7's and 11's, before the crash
+  // The writer of 9 is known: a reader of 9 is not passed through.
+  Result<Passthrough::Answer> r9 = after.Open(9, false, 200, dev.backing());
+  ASSERT_TRUE(r9.ok());
+  EXPECT_EQ(r9->mode, Mode::kCached);
+  // The old handles' releases (mode unknown) and the new one give the registration back.
+  after.Release(7, std::nullopt);
+  after.Release(7, std::nullopt);
+  EXPECT_EQ(dev.live.size(), 1u);
+  after.Release(7, Mode::kPassthrough);
+  EXPECT_TRUE(dev.live.empty());
+  after.Release(9, std::nullopt);
+  after.Release(9, Mode::kCached);
+  EXPECT_TRUE(after.empty());
+
+  // A second crash: the process after adopts what this one left in the same memfd.
+  ASSERT_TRUE(after.Open(12, false, 400, dev.backing()).ok());
+  Passthrough third(dev.device());
+  Result<size_t> again = third.AdoptDurable(::dup(after.durable_fd()));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, 1u);
+  EXPECT_EQ(third.backings(), 1u);
+
+  // A memfd of another layout is refused, and the table goes on empty.
+  const int other = ::memfd_create("not-a-table", MFD_CLOEXEC);
+  ASSERT_GE(other, 0);
+  ASSERT_EQ(::ftruncate(other, 4096), 0);
+  Passthrough fresh(dev.device());
+  EXPECT_FALSE(fresh.AdoptDurable(other).ok());
+  EXPECT_TRUE(fresh.empty());
 }
 
 }  // namespace
