@@ -372,6 +372,7 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     }
     pt = *a;
     h.passthrough = pt.mode == Passthrough::Mode::kPassthrough;
+    if (pt.direct_io) fi->direct_io = 1;  // a writer beside passthrough readers
   }
   // A passthrough open keeps no page cache of ours (the kernel refuses the two together).
   fi->keep_cache = pt.backing_id != 0 ? 0 : r->keep_cache;
@@ -481,9 +482,15 @@ void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fu
     return;
   }
   if (ctx.passthrough != nullptr) {
-    // Counted as an open for writing (an inode with passthrough opens refuses it).
+    // Counted as an open for writing. A create reply cannot name a registration (only an
+    // open reply is patched): a file made meanwhile by another and held through passthrough
+    // (a race: the kernel creates only names its lookup did not find) is refused.
     Result<Passthrough::Answer> a =
         ctx.passthrough->Open(c->entry.ino, /*writable=*/true, 0, [] { return -1; });
+    if (a.ok() && a->mode == Passthrough::Mode::kPassthrough) {
+      ctx.passthrough->Undo(c->entry.ino, a->mode);
+      a = Status::Errno(ETXTBSY, "create: the file is open through passthrough");
+    }
     if (!a.ok()) {
       Status ignored = ctx.fs->Release(c->entry.ino, c->handle.get());
       (void)ignored;

@@ -180,18 +180,16 @@ Result<Passthrough::Answer> Passthrough::Open(uint64_t ino, bool writable, uint6
       auto it = s.inodes.find(ino);
       if (it != s.inodes.end() && it->second.passthrough > 0) {
         Inode& n = it->second;
-        if (writable)
-          return Status::Errno(ETXTBSY,
-                               "open for writing: the file is open for reading through "
-                               "passthrough; it can be written once those opens close");
         if (file != 0 && n.file != 0 && file != n.file)
-          return Status::Errno(EBUSY,
-                               "open: the file was replaced in the store while open through "
-                               "passthrough; the new file can be opened once those opens close");
+          return Status::Errno(ESTALE,
+                               "open: the store holds another file at this inode's name than "
+                               "the one open through passthrough; the name is looked up again");
         ++n.passthrough;
         Persist(s, ino, n);
         Count(1, 0);
-        return Answer{Mode::kPassthrough, n.backing_id};
+        // A writer too, whoever else holds the file: its reads and writes go to the daemon
+        // (direct I/O), never around the write path; only its maps are of the store's file.
+        return Answer{Mode::kPassthrough, n.backing_id, /*direct_io=*/writable};
       }
       const bool eligible =
           !writable && (it == s.inodes.end() || it->second.other == 0) && enabled();

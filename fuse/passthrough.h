@@ -13,10 +13,14 @@
 //     write state: FileSystem::PassthroughFd), of an inode with no other open: passthrough;
 //   - a read-only open of an inode with passthrough opens: passthrough, with the same
 //     registration, where the store still has the same file (written in place since: the kernel
-//     reads what the file holds now); a file replaced in the store meanwhile: EBUSY, until
-//     the old opens close (never the old file's bytes under the new file's name);
-//   - an open for writing of an inode with passthrough opens: ETXTBSY, until they close (the
-//     write contract, docs/writing.md, needs the writes; a passthrough writer would bypass it);
+//     reads what the file holds now); another file at the inode's name in the store: ESTALE
+//     (never the old file's bytes under the new file's name): the kernel looks the name up
+//     again, finds the new file under a new inode number (fs/inode_table.h), and opens that;
+//   - an open for writing of an inode with passthrough opens: passthrough with the same
+//     registration and FOPEN_DIRECT_IO, which the kernel allows beside them: its reads and
+//     writes come to the daemon (the write contract, docs/writing.md, holds), only its maps are
+//     of the store's file, which the posix store's write path writes in place too. So no
+//     reader, whoever it is, keeps the file's owner from writing or replacing it;
 //   - everything else: as without passthrough.
 // The registration is given back when the inode's last passthrough open is released.
 //
@@ -81,13 +85,14 @@ class Passthrough {
   struct Answer {
     Mode mode = Mode::kCached;
     int32_t backing_id = 0;  // kPassthrough: the registration to name in the reply
+    bool direct_io = false;  // kPassthrough for a writer: FOPEN_DIRECT_IO too
   };
 
   // The answer to an open of `ino`. `writable`: opened for writing. `file`: the store file's
   // identity (FileVersion::id) now. `backing`: opens the store's file when this open may be
   // passed through, -1 when it may not (called only where a registration may be needed,
-  // without the table's lock held; the descriptor is closed here). Errno(EBUSY | ETXTBSY): the
-  // kernel's rules forbid this open now.
+  // without the table's lock held; the descriptor is closed here). Errno(ESTALE): the inode's
+  // passthrough opens are of another file than the store has now.
   Result<Answer> Open(uint64_t ino, bool writable, uint64_t file,
                       const std::function<int()>& backing);
   // The open answered `mode` was not delivered (the caller gave up): it never counted.

@@ -61,21 +61,33 @@ TEST(PassthroughTest, OpensOfOneInodeShareOneRegistrationUntilTheLastCloses) {
   EXPECT_EQ(pt.opens(), 2u);
 }
 
-TEST(PassthroughTest, WritersAndReplacedFilesAreRefusedWhilePassthroughOpensExist) {
+// No reader locks the owner out: a writer of an inode with passthrough opens joins their
+// registration with direct I/O (its writes come to the daemon); a file replaced in the store
+// is ESTALE, which makes the kernel look the name up again.
+TEST(PassthroughTest, WritersJoinPassthroughOpensWithDirectIoAndReplacedFilesAreStale) {
   FakeDevice dev;
   Passthrough pt(dev.device());
-  ASSERT_TRUE(pt.Open(7, false, 100, dev.backing()).ok());
+  Result<Passthrough::Answer> a = pt.Open(7, false, 100, dev.backing());
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(a->direct_io);
   Result<Passthrough::Answer> w = pt.Open(7, true, 100, kNotEligible);
-  ASSERT_FALSE(w.ok());
-  EXPECT_EQ(ToErrno(w.status()), ETXTBSY);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->mode, Mode::kPassthrough);
+  EXPECT_EQ(w->backing_id, a->backing_id);
+  EXPECT_TRUE(w->direct_io);
   Result<Passthrough::Answer> r = pt.Open(7, false, 101, dev.backing());
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(ToErrno(r.status()), EBUSY);
+  EXPECT_EQ(ToErrno(r.status()), ESTALE);
+  EXPECT_EQ(dev.opened_fds, 1);
   pt.Release(7, Mode::kPassthrough);
-  // Closed: the writer may open now (as a cached open), and a reader then reads cached too.
+  EXPECT_EQ(dev.live.size(), 1u);  // the writer still holds it
+  pt.Release(7, Mode::kPassthrough);
+  EXPECT_TRUE(dev.live.empty());
+  // No opens: a writer opens cached, and a reader then reads cached too.
   Result<Passthrough::Answer> w2 = pt.Open(7, true, 101, kNotEligible);
   ASSERT_TRUE(w2.ok());
   EXPECT_EQ(w2->mode, Mode::kCached);
+  EXPECT_FALSE(w2->direct_io);
   Result<Passthrough::Answer> r2 = pt.Open(7, false, 101, dev.backing());
   ASSERT_TRUE(r2.ok());
   EXPECT_EQ(r2->mode, Mode::kCached);
