@@ -245,7 +245,7 @@ Result<Entry> FileSystem::Lookup(uint64_t parent, const std::string& name) {
   }
   Result<Entry> asked = [&] {
     const cfs_client::Expected::Scope in_dir({{dir.path, dir_id}});
-    return StoreLookup(path);
+    return NoteStale(parent, StoreLookup(path));
   }();
   if (asked.ok() || asked.status().code() != Status::Code::kIOError) return asked;
   if (std::optional<Entry> held = HeldEntry(path)) return *held;
@@ -306,7 +306,7 @@ Result<std::string> FileSystem::ReadLink(uint64_t ino) {
   CTFS_ASSIGN_OR_RETURN(InodeInfo inode, GetInode(ino));
   if (inode.removed) return Status::Stale(inode.path + ": removed from the store");
   const cfs_client::Expected::Scope self({{inode.path, inode.attr.StoreId()}});
-  return backend_->ReadLink(inode.path);
+  return NoteStale(ino, backend_->ReadLink(inode.path));
 }
 
 namespace {
@@ -346,7 +346,7 @@ Result<std::unique_ptr<DirHandle>> FileSystem::OpenDir(uint64_t ino, int64_t uid
     // The first page now, so that a directory that cannot be listed fails its opendir. The
     // store lists the directory the kernel checked, or fails with Stale.
     const cfs_client::Expected::Scope self({{dir.path, dir.id}});
-    CTFS_ASSIGN_OR_RETURN(dir.lister, backend_->ListPages(inode.path));
+    CTFS_ASSIGN_OR_RETURN(dir.lister, NoteStale(ino, backend_->ListPages(inode.path)));
     CTFS_ASSIGN_OR_RETURN(cfs_client::DirPage page, dir.lister->Next(options_.list_page_entries));
     dir.entries = std::move(page.entries);
     if (page.last) dir.lister.reset();
@@ -417,7 +417,7 @@ Result<bool> FileSystem::DirEntryAt(DirHandle& dir, uint64_t index) {
     std::vector<cfs_client::DirEntry>().swap(dir.subdirs);
     dir.restart = true;  // until the listing is open again: a failure here is not an end
     const cfs_client::Expected::Scope self({{dir.path, dir.id}});
-    CTFS_ASSIGN_OR_RETURN(dir.lister, backend_->ListPages(dir.path));
+    CTFS_ASSIGN_OR_RETURN(dir.lister, NoteStale(dir.ino, backend_->ListPages(dir.path)));
     dir.restart = false;
   }
   while (index >= dir.first + dir.entries.size() && dir.lister != nullptr) {

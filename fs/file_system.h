@@ -396,6 +396,15 @@ class FileSystem : public prefetch::AttrSource {
   // directory's store identity, which a change of the name binds (cfs_client::Expected).
   Result<std::string> ChildOf(uint64_t parent, const std::string& name, uint64_t* dir_id = nullptr);
   static std::string_view DirPart(const std::string& path);  // "" for the root's entries
+  // A store request made for inode `ino` found another object where it was bound (Stale):
+  // the inode's attributes expire, so that the kernel's lookup again (it retries an ESTALE
+  // walk with LOOKUP_REVAL) asks the store, and the name gets the new object's inode.
+  Status NoteStale(uint64_t ino, Status s);
+  template <typename T>
+  Result<T> NoteStale(uint64_t ino, Result<T> r) {
+    if (!r.ok()) (void)NoteStale(ino, r.status());
+    return r;
+  }
   std::shared_ptr<WriteState> FindWriteState(uint64_t ino);
   // The write state of `ino`, opening the file in the store if it has none.
   Result<std::shared_ptr<WriteState>> GetWriteState(uint64_t ino, bool add_writer,

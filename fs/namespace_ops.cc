@@ -33,7 +33,8 @@ Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::strin
   o.gid = owner.gid;
   // Taken before the store creates the file; given back unless a new write state keeps it.
   CTFS_RETURN_IF_ERROR(TakeWrite(owner.uid));
-  Result<std::unique_ptr<cfs_client::WritableFile>> file = backend_->OpenWrite(*path, o);
+  Result<std::unique_ptr<cfs_client::WritableFile>> file =
+      NoteStale(parent, backend_->OpenWrite(*path, o));
   if (file.ok()) inodes_.ExpireAttr(parent);  // its mtime and ctime moved (if it was made)
   if (!file.ok()) {
     writes_by_uid_.Give(owner.uid);
@@ -91,8 +92,9 @@ Result<Entry> FileSystem::Mknod(uint64_t parent, const std::string& name, mode_t
     uint64_t dir_id = 0;
     CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name, &dir_id));
     const cfs_client::Expected::Scope in_dir({{DirPart(path), dir_id}});
-    CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
-                          backend_->Mknod(path, mode, rdev, owner.uid, owner.gid));
+    CTFS_ASSIGN_OR_RETURN(
+        cfs_client::FileAttr attr,
+        NoteStale(parent, backend_->Mknod(path, mode, rdev, owner.uid, owner.gid)));
     inodes_.ExpireAttr(parent);
     prefetcher_->Invalidate(path);
     return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
@@ -110,8 +112,9 @@ Result<Entry> FileSystem::Mkdir(uint64_t parent, const std::string& name, mode_t
   uint64_t dir_id = 0;
   CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name, &dir_id));
   const cfs_client::Expected::Scope in_dir({{DirPart(path), dir_id}});
-  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
-                        backend_->Mkdir(path, mode & 07777, owner.uid, owner.gid));
+  CTFS_ASSIGN_OR_RETURN(
+      cfs_client::FileAttr attr,
+      NoteStale(parent, backend_->Mkdir(path, mode & 07777, owner.uid, owner.gid)));
   inodes_.ExpireAttr(parent);
   prefetcher_->Invalidate(path);
   return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
@@ -124,7 +127,7 @@ Result<Entry> FileSystem::Symlink(const std::string& target, uint64_t parent,
   CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name, &dir_id));
   const cfs_client::Expected::Scope in_dir({{DirPart(path), dir_id}});
   CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
-                        backend_->Symlink(target, path, owner.uid, owner.gid));
+                        NoteStale(parent, backend_->Symlink(target, path, owner.uid, owner.gid)));
   inodes_.ExpireAttr(parent);
   prefetcher_->Invalidate(path);
   return Entry{inodes_.Acquire(path, attr, clock_->NowNanos()), attr};
@@ -140,7 +143,8 @@ Result<Entry> FileSystem::Link(uint64_t ino, uint64_t new_parent, const std::str
   // The object the kernel checked, linked into the directory it checked.
   const cfs_client::Expected::Scope objects(
       {{inode.path, inode.attr.StoreId()}, {DirPart(path), dir_id}});
-  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr, backend_->Link(inode.path, path));
+  CTFS_ASSIGN_OR_RETURN(cfs_client::FileAttr attr,
+                        NoteStale(new_parent, NoteStale(ino, backend_->Link(inode.path, path))));
   inodes_.ExpireAttr(new_parent);
   // Where the store gives its files an identity, the new name joins the inode (Acquire);
   // elsewhere each name is its own inode, and a write through one shows through the other
@@ -175,7 +179,7 @@ Status FileSystem::Unlink(uint64_t parent, const std::string& name) {
     std::lock_guard<std::mutex> sl(st->mu);
     unflushed = st->dirty && !st->closed;
   }
-  Status s = backend_->Unlink(path);
+  Status s = NoteStale(parent, backend_->Unlink(path));
   if (s.ok()) inodes_.ExpireAttr(parent);
   // A file created through the mount may not be in an object store yet: removing it is
   // then only forgetting its bytes.
@@ -212,7 +216,7 @@ Status FileSystem::Rmdir(uint64_t parent, const std::string& name) {
   uint64_t dir_id = 0;
   CTFS_ASSIGN_OR_RETURN(std::string path, ChildOf(parent, name, &dir_id));
   const cfs_client::Expected::Scope in_dir({{DirPart(path), dir_id}});
-  CTFS_RETURN_IF_ERROR(backend_->Rmdir(path));
+  CTFS_RETURN_IF_ERROR(NoteStale(parent, backend_->Rmdir(path)));
   inodes_.ExpireAttr(parent);
   {
     MutexLock l(writes_mu_);
@@ -239,7 +243,8 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
   std::optional<uint64_t> dst = inodes_.Find(to);
   // Two links of one file: rename(2) leaves both names as they are.
   if (src && dst && *src == *dst)
-    return backend_->Rename(from, to, (flags & RENAME_NOREPLACE) != 0);
+    return NoteStale(
+        parent, NoteStale(new_parent, backend_->Rename(from, to, (flags & RENAME_NOREPLACE) != 0)));
   const std::optional<std::string> dst_other = dst ? inodes_.OtherName(*dst, to) : std::nullopt;
   ever_written_.store(true);
   std::shared_ptr<WriteState> src_state = src ? FindWriteState(*src) : nullptr;
@@ -275,7 +280,10 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
     else if (dst_state)
       dl.lock();
     if (src_state) renamed = FlushLocked(*src_state);
-    if (renamed.ok()) renamed = backend_->Rename(from, to, (flags & RENAME_NOREPLACE) != 0);
+    if (renamed.ok())
+      renamed = NoteStale(
+          parent,
+          NoteStale(new_parent, backend_->Rename(from, to, (flags & RENAME_NOREPLACE) != 0)));
     if (renamed.ok()) {
       inodes_.ExpireAttr(parent);
       inodes_.ExpireAttr(new_parent);

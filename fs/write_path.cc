@@ -51,6 +51,11 @@ Result<std::string> FileSystem::ChildOf(uint64_t parent, const std::string& name
   return ChildPath(dir.path, name);
 }
 
+Status FileSystem::NoteStale(uint64_t ino, Status s) {
+  if (s.code() == Status::Code::kStale) inodes_.ExpireAttr(ino);
+  return s;
+}
+
 std::string_view FileSystem::DirPart(const std::string& path) {
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? std::string_view() : std::string_view(path).substr(0, slash);
@@ -135,7 +140,7 @@ Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool
         !inode.ok() ? Result<std::unique_ptr<cfs_client::WritableFile>>(inode.status())
         // Unlinked or renamed over with nothing kept open: its old path names another file.
         : inode->removed ? Status::Stale(inode->path + ": removed from the store")
-                         : backend_->OpenWrite(inode->path, {});
+                         : NoteStale(ino, backend_->OpenWrite(inode->path, {}));
     if (!file.ok()) {
       st->closed = true;
       MutexLock l(writes_mu_);
@@ -489,7 +494,7 @@ Result<cfs_client::FileAttr> FileSystem::SetAttr(uint64_t ino, const AttrChange&
   if (m.mode || m.uid || m.gid || m.atime_ns || m.mtime_ns) {
     // Its old path names another file now, if any.
     if (inode.removed) return Status::Stale(inode.path + ": removed from the store");
-    Result<cfs_client::FileAttr> a = backend_->SetAttr(inode.path, m);
+    Result<cfs_client::FileAttr> a = NoteStale(ino, backend_->SetAttr(inode.path, m));
     if (!a.ok()) {
       // A file created through the mount may not be in an object store yet (touch of a new
       // file): there is nothing there to change then.
