@@ -444,9 +444,9 @@ Status ParseControl(const YAML::Node& node, ControlOptions* o) {
   if (o->body_memory_bytes < o->max_body_bytes)
     return Bad("control.body_memory_bytes", "must be at least control.max_body_bytes");
   if (o->batch_memory_bytes_per_uid < o->batch_max_bytes)
-    return Bad("control.batch_memory_bytes_per_uid",
-               "must be at least control.batch_max_bytes (" + std::to_string(o->batch_max_bytes) +
-                   " bytes): a whole batch must fit");
+    return Bad("control.batch_memory_bytes_per_uid", "must be at least control.batch_max_bytes (" +
+                                                         std::to_string(o->batch_max_bytes) +
+                                                         " bytes): a whole batch must fit");
   return Status::OK();
 }
 
