@@ -246,3 +246,50 @@ def test_a_descriptor_reads_its_own_file_after_the_attributes_expire(open_cube: 
     out = attack(_READ_AFTER_EXPIRY, people, mount, victim="v", name=name, wait=2.5)
     assert out["first"].startswith("mine") or name == "big", out
     assert not leaked(out), json.dumps(out, indent=1)
+
+
+_RACE = _COMMON + r'''
+# One thread exchanges the attacker's directory and the victim's in the store as fast as it
+# can (renameat2 RENAME_EXCHANGE: at every instant one of them is at each name); the other
+# reads, lists and asks the API for the attacker's own names meanwhile.
+import threading
+libc = ctypes.CDLL(None, use_errno=True)
+stop = threading.Event()
+swaps = [0]
+def exchange():
+    a, b = f"{store}/x".encode(), f"{store}/{spec['victim']}".encode()
+    while not stop.is_set():
+        if libc.renameat2(-100, a, -100, b, 2) != 0:  # AT_FDCWD, RENAME_EXCHANGE
+            raise OSError(ctypes.get_errno(), "renameat2")
+        swaps[0] += 1
+t = threading.Thread(target=exchange)
+t.start()
+seen, tries = [], 0
+deadline = time.time() + spec["seconds"]
+try:
+    while time.time() < deadline:
+        tries += 1
+        seen.append(read_file(f"{m}/people/x/f"))
+        seen.append(attempt(lambda: os.listdir(f"{m}/people/x")))
+        if tries % 4 == 0:
+            seen.append(attempt(lambda: batchdownload([f"{m}/people/x/f"])))
+            seen.append(attempt(lambda: files_batch([f"{m}/people/x/f"])))
+finally:
+    stop.set()
+    t.join()
+if swaps[0] % 2:  # leave the store as it was
+    libc.renameat2(-100, f"{store}/x".encode(), -100, f"{store}/{spec['victim']}".encode(), 2)
+print(json.dumps({"swaps": swaps[0], "tries": tries, "seen": seen}))
+'''
+
+
+def test_racing_swaps_of_a_directory_never_leak_it(open_cube: CubeFactory) -> None:
+    """The swap of finding 1 racing the reads, with no kernel caching (0 s timeouts: every
+    access asks the daemon): whatever instant the exchange lands at, between a check and an
+    act included, no byte or name of the victim's 0700 directory reaches the attacker."""
+    people = layout(open_cube.base.parent)
+    mount = open_cube.mount(people.parent, {"fuse": {"attr_timeout_s": 0, "entry_timeout_s": 0}})
+    out = attack(_RACE, people, mount, victim="p", seconds=4)
+    assert out["swaps"] > 100 and out["tries"] > 20, {k: out[k] for k in ("swaps", "tries")}
+    assert any("mine" in json.dumps(s) for s in out["seen"]), "the own file was never read"
+    assert not leaked(out), json.dumps([s for s in out["seen"] if leaked(s)][:5], indent=1)
