@@ -19,9 +19,32 @@ NOBODY = 65534
 OTHER = 65533  # a second unprivileged user (no passwd entry needed)
 THIRD = 65532  # a third one
 
-# The client run as the other user: one request, the reply as JSON on stdout. Given inline so
-# that user needs to read nothing of the repository.
-_CLIENT = r'''
+# For the scripts run as another user (inline, so that user needs to read nothing of the
+# repository): one POST over the unix socket `sock` whose reply may carry descriptors
+# (SCM_RIGHTS: /v1/files/open, /v1/files/batch); the raw reply and the descriptors received.
+POST_WITH_FDS = r'''
+import socket, struct
+def post_with_fds(sock, target, body, ctype=b"application/octet-stream"):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(20)
+    s.connect(sock)
+    s.sendall(b"POST " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
+              + ctype + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    data, fds = b"", []
+    while True:
+        msg, anc, _, _ = s.recvmsg(1 << 16, socket.CMSG_SPACE(4 * 4))
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds += list(struct.unpack("%di" % (len(payload) // 4), payload))
+        if not msg:
+            break
+        data += msg
+    s.close()
+    return data, fds
+'''
+
+# The client run as the other user: one request, the reply as JSON on stdout.
+_CLIENT = POST_WITH_FDS + r'''
 import base64, http.client, json, os, socket, struct, sys
 spec = json.loads(sys.stdin.read())
 
@@ -50,21 +73,8 @@ def request(conn):
         return {"status": 0, "error": repr(e)}
 
 def files_open():
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(10)
-    s.connect(spec["socket"])
     body = json.dumps({"path": spec["path"]}).encode()
-    s.sendall(b"POST /v1/files/open HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
-              b"Content-Length: %d\r\n\r\n" % len(body) + body)
-    data, fds = b"", []
-    while True:
-        msg, anc, _, _ = s.recvmsg(1 << 16, socket.CMSG_SPACE(4 * 4))
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds += list(struct.unpack("%di" % (len(payload) // 4), payload))
-        if not msg:
-            break
-        data += msg
+    data, fds = post_with_fds(spec["socket"], b"/v1/files/open", body, b"application/json")
     head = data.split(b"\r\n", 1)[0].decode()
     first = b""
     for fd in fds:

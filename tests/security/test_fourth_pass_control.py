@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cubefs_harness import CubeFactory, environment_problem
-from seclib import (NOBODY, OTHER, THIRD, as_user, daemon_peak_rss_bytes, find_pid,  # noqa: F401
+from seclib import (NOBODY, OTHER, POST_WITH_FDS, THIRD, as_user, daemon_peak_rss_bytes, find_pid,  # noqa: F401
                     open_cube, script_result, start_script_as)
 
 pytestmark = [
@@ -41,27 +41,12 @@ def control_socket(mount: Any) -> str:
 # As the attacker: asks for `count` batches of `path`, maps each memory file and closes its
 # descriptor (the mapping keeps the pages), then, with `release`, unmaps them all and asks
 # once more. Prints the statuses, the first refusal's error and the bytes kept mapped.
-_BATCHES = r'''
-import json, mmap, os, socket, struct, sys
+_BATCHES = POST_WITH_FDS + r'''
+import json, mmap, os, sys
 spec = json.loads(sys.stdin.read())
 
 def batch(path):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(10)
-    s.connect(spec["socket"])
-    body = path.encode() + b"\0"
-    s.sendall(b"POST /v1/files/batch HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-              b"Content-Length: %d\r\n\r\n" % len(body) + body)
-    data, fds = b"", []
-    while True:
-        msg, anc, _, _ = s.recvmsg(1 << 16, socket.CMSG_SPACE(4 * 4))
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds += list(struct.unpack("%di" % (len(payload) // 4), payload))
-        if not msg:
-            break
-        data += msg
-    s.close()
+    data, fds = post_with_fds(spec["socket"], b"/v1/files/batch", path.encode() + b"\0")
     status = int(data.split(b"\r\n", 1)[0].split()[1])
     return status, data.split(b"\r\n\r\n", 1)[-1], fds
 

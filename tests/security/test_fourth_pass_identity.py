@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cubefs_harness import CubeFactory, environment_problem
-from seclib import NOBODY, OTHER, open_cube, script_result, start_script_as  # noqa: F401
+from seclib import NOBODY, OTHER, POST_WITH_FDS, open_cube, script_result, start_script_as  # noqa: F401
 
 pytestmark = [
     pytest.mark.skipif(environment_problem() is not None, reason=environment_problem() or ""),
@@ -60,7 +60,7 @@ def layout(base: Path) -> Path:
 
 
 # The attacker's script: helpers shared by the attacks below (spec on stdin; JSON on stdout).
-_COMMON = r'''
+_COMMON = POST_WITH_FDS + r'''
 import ctypes, errno, http.client, json, os, socket, struct, sys, time
 spec = json.loads(sys.stdin.read())
 m, store, sock = spec["mount"], spec["store"], spec["socket"]
@@ -97,20 +97,7 @@ def batchdownload(paths):
     return r.status, r.read().decode("latin-1").replace("\x00", "")
 
 def with_fds(target, body, ctype):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(20)
-    s.connect(sock)
-    s.sendall(b"POST " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
-              + ctype + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-    data, fds = b"", []
-    while True:
-        msg, anc, _, _ = s.recvmsg(1 << 16, socket.CMSG_SPACE(4 * 4))
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds += list(struct.unpack("%di" % (len(payload) // 4), payload))
-        if not msg:
-            break
-        data += msg
+    data, fds = post_with_fds(sock, target, body, ctype)
     got = b""
     for fd in fds:
         size = os.fstat(fd).st_size
