@@ -9,10 +9,11 @@
 //
 // Layout: a header page, the span table (a 32-bit word a span), then spans of kSpan bytes. A
 // span is free, or holds blocks of one size class (data or records, never both), or heads a
-// run of spans holding one large block (over kMaxSmall). Size classes step by an eighth from
-// 64 bytes to kMaxSmall, in 16-byte steps below a page and whole pages above. An empty span
-// and a freed large block give their pages back at once (hole punched), so the memfd holds
-// the blocks in use and, as glibc's heap does, free blocks of spans still in use.
+// run of spans holding one large block (over kMaxSmall). Size classes step by 16 bytes from
+// 64 bytes to a page, then by a page to kMaxSmall: a block wastes under 16 bytes below a page
+// and under a page above. An empty span and a freed large block give their pages back at once
+// (hole punched), so the memfd holds the blocks in use and, as glibc's heap does, free blocks
+// of spans still in use.
 //
 // Crash consistency (a kill stops the process at an instruction; the memory is shared, so
 // only the compiler's order matters): a span's word is written before any block of it is
@@ -46,7 +47,7 @@ class CacheArena {
   static constexpr size_t kSpan = size_t{2} << 20;
   static constexpr size_t kMaxSmall = size_t{1} << 20;  // larger blocks are runs of spans
   static constexpr size_t kMaxKey = 8192;
-  static constexpr size_t kRecordHeader = 40;  // a record: this, then its key
+  static constexpr size_t kRecordHeader = 32;  // a record: this, then its key
 
   // The address space an arena for a cache of `cache_bytes` (LRU and window) reserves: four
   // times as much (blocks in flight, classes' rounding, spans partly used) and 1 GiB, at most
@@ -98,6 +99,10 @@ class CacheArena {
   uint64_t Publish(std::string_view key, const char* data, size_t size);
   // Forgets a record Publish made, and frees its block.
   void Retire(uint64_t record);
+  // Forgets a record Publish made but keeps its block (its key stays readable) until Retire.
+  void Withdraw(uint64_t record);
+  // The key of a record Publish made, until it is retired.
+  std::string_view RecordKey(uint64_t record) const;
 
   bool Owns(const char* p) const { return p >= base_ + first_ && p < base_ + region_.size(); }
   int fd() const { return region_.fd(); }  // -1 where not durable

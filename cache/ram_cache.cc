@@ -9,11 +9,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <future>
-#include <list>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -68,7 +68,14 @@ void Buffer::Free::operator()(char* p) const {
 Buffer::~Buffer() {
   // The record goes before the block it names (which data's deleter frees next).
   if (const uint64_t r = record.load(std::memory_order_relaxed); r != 0 && r != kForgotten)
-    data.get_deleter().arena->Retire(r);
+    data.get_deleter().arena->Retire(r & ~kWithdrawn);
+}
+
+uint64_t Buffer::RecordOf(std::string_view key) const {
+  const uint64_t r = record.load(std::memory_order_acquire);
+  if (r == 0 || r == kForgotten) return 0;
+  const uint64_t at = r & ~kWithdrawn;
+  return data.get_deleter().arena->RecordKey(at) == key ? at : 0;
 }
 
 void Buffer::UseArena(CacheArena* arena) { g_arena = arena; }
@@ -84,8 +91,14 @@ void Buffer::Publish(const std::string& key) const {
 
 void Buffer::Forget() const {
   // For good: a later Publish (the window giving the buffer to the LRU) must not bring it back.
-  if (const uint64_t r = record.exchange(kForgotten); r != 0 && r != kForgotten)
-    data.get_deleter().arena->Retire(r);
+  // The record's block stays until the buffer dies: an entry of the RAM cache may read its key.
+  uint64_t r = record.load(std::memory_order_relaxed);
+  while (true) {
+    if (r == kForgotten || (r & kWithdrawn) != 0) return;
+    const uint64_t to = r == 0 ? kForgotten : r | kWithdrawn;
+    if (record.compare_exchange_weak(r, to)) break;
+  }
+  if (r != 0) data.get_deleter().arena->Withdraw(r);
 }
 
 std::shared_ptr<Buffer> Buffer::Allocate(size_t size) {
@@ -202,6 +215,68 @@ namespace {
 
 using SharedResult = std::shared_future<Result<BufferRef>>;
 
+// One heap block an entry (Node): its LRU links, its links in the shard's two hash tables (by
+// key, and by the key's path for EraseFile), and the buffer. The key's bytes are those of the
+// buffer's record in the arena (Buffer::RecordOf: the record lives as long as the buffer),
+// else the node's own. The tables are arrays of chain heads, as many as entries (load factor
+// at most 1): 8 to 16 bytes an entry each.
+struct Node {
+  Node* hnext = nullptr;  // the next in its bucket of the key index
+  Node* fnext = nullptr;  // the next in its bucket of the files index
+  Node* newer = nullptr;  // LRU: towards the most recently used
+  Node* older = nullptr;
+  BufferRef buffer;
+  uint64_t record = 0;  // the buffer's record, which holds the key; 0: the key is key_bytes
+  uint32_t key_len = 0;
+  char key_bytes[4];  // key_len bytes where record is 0: the block is allocated for them
+
+  std::string_view key() const {
+    if (record != 0) return buffer->data.get_deleter().arena->RecordKey(record);
+    return {key_bytes, key_len};
+  }
+  // The block for a key of `key_len` bytes, held in the node or not.
+  static size_t BlockSize(size_t key_len, bool inline_key) {
+    return offsetof(Node, key_bytes) + std::max<size_t>(inline_key ? key_len : 0, sizeof key_bytes);
+  }
+  size_t BlockSize() const { return BlockSize(key_len, record == 0); }
+  static Node* New(std::string_view key, BufferRef buffer) {
+    const uint64_t record = buffer->RecordOf(key);
+    const size_t bytes = BlockSize(key.size(), record == 0);
+    void* mem = std::malloc(bytes);
+    if (mem == nullptr) OutOfMemory(bytes);
+    Node* n = new (mem) Node;
+    n->buffer = std::move(buffer);
+    n->record = record;
+    n->key_len = static_cast<uint32_t>(key.size());
+    if (record == 0) std::memcpy(n->key_bytes, key.data(), key.size());
+    return n;
+  }
+  static void Delete(Node* n) {
+    n->~Node();
+    std::free(n);
+  }
+};
+
+// Fibonacci hashing: the top bits of the product, so that the bits the shard was chosen by
+// (the hash modulo the shards) do not choose the bucket too.
+size_t Bucket(uint64_t hash, unsigned bits) {
+  return bits == 0 ? 0 : static_cast<size_t>((hash * 0x9E3779B97F4A7C15ull) >> (64 - bits));
+}
+
+// glibc's blocks: the request plus its 8-byte header, rounded up to 16, at least 32.
+uint64_t HeapBlock(size_t n) { return std::max<uint64_t>(32, (n + 8 + 15) & ~15ull); }
+
+// What an entry costs: its node (of `node_block` bytes), the chain heads of the two tables at
+// their fullest (two a table just after they doubled), the Buffer with its shared_ptr control
+// block, and the bytes: in the arena, the block of their size class and the record that
+// publishes them (and holds the key); else a heap block.
+uint64_t NodeCost(size_t node_block, size_t key_bytes, size_t size, bool in_arena) {
+  const uint64_t nodes =
+      HeapBlock(node_block) + 2 * 2 * sizeof(Node*) + HeapBlock(16 + sizeof(Buffer));
+  if (in_arena) return nodes + CacheArena::BlockBytes(size) + CacheArena::RecordBytes(key_bytes);
+  return nodes + HeapBlock(size);
+}
+
 class ShardedLruCache final : public RamCache {
  public:
   ShardedLruCache(const Options& options, prometheus::Registry* registry)
@@ -228,6 +303,17 @@ class ShardedLruCache final : public RamCache {
                                 .Help("Entries evicted from each cache tier to make room")
                                 .Register(*registry)
                                 .Add({{"tier", "ram"}});
+    }
+  }
+
+  ~ShardedLruCache() override {
+    for (Shard& s : shards_) {
+      MutexLock l(s.mu);
+      for (Node* n = s.newest; n != nullptr;) {
+        Node* older = n->older;
+        Node::Delete(n);
+        n = older;
+      }
     }
   }
 
@@ -270,7 +356,7 @@ class ShardedLruCache final : public RamCache {
   bool Contains(const std::string& key) override {
     Shard& s = ShardOf(key);
     MutexLock l(s.mu);
-    return s.index.find(key) != s.index.end();
+    return FindLocked(s, key) != nullptr;
   }
 
   void Insert(const std::string& key, BufferRef buffer) override {
@@ -281,7 +367,7 @@ class ShardedLruCache final : public RamCache {
   }
 
   // A file's keys (every version, every chunk) are found through each shard's index of
-  // files: this looks at the file's own entries (and any other file's of the same path hash),
+  // files: this looks at the file's own entries (and any other file's of the same bucket),
   // not at the whole cache.
   void EraseFile(std::string_view path) override {
     if (adopting_.load(std::memory_order_acquire)) {  // before the shards: InsertAdopted
@@ -294,18 +380,19 @@ class ShardedLruCache final : public RamCache {
     }
     const uint64_t h = PathHash(path);
     uint64_t visits = 0;
+    std::vector<Node*> doomed;
     for (Shard& s : shards_) {
       MutexLock l(s.mu);
-      auto [from, to] = s.files.equal_range(h);
-      std::vector<LruList::iterator> doomed;
-      for (auto it = from; it != to; ++it) {
+      if (s.count == 0) continue;
+      for (Node* n = s.files[Bucket(h, s.bits)]; n != nullptr; n = n->fnext) {
         ++visits;
-        if (IsKeyOfFile(*it->second->key, path)) doomed.push_back(it->second);
+        if (IsKeyOfFile(n->key(), path)) doomed.push_back(n);
       }
-      for (auto entry : doomed) {
-        entry->buffer->Forget();  // a reader may hold it on: its bytes are no longer the key's
-        RemoveLocked(s, entry);
+      for (Node* n : doomed) {
+        n->buffer->Forget();  // a reader may hold it on: its bytes are no longer the key's
+        RemoveLocked(s, n);
       }
+      doomed.clear();
     }
     erase_visits_.fetch_add(visits, std::memory_order_relaxed);
   }
@@ -333,13 +420,15 @@ class ShardedLruCache final : public RamCache {
     // this process cached already stays ahead), and only into room: never over an entry.
     Shard& s = ShardOf(key);
     MutexLock sl(s.mu);
-    const uint64_t cost = EntryCost(key.size(), buffer->size);
-    if (s.index.count(key) > 0 || s.bytes + cost > s.capacity) return false;
-    auto pos = s.index.emplace(key, s.lru.end()).first;
-    pos->second = s.lru.insert(s.lru.end(), Entry{&pos->first, std::move(buffer)});
-    s.files.emplace(PathHash(key), pos->second);
+    if (FindLocked(s, key) != nullptr) return false;
+    Node* n = Node::New(key, std::move(buffer));
+    const uint64_t cost = CostOf(*n);
+    if (s.bytes + cost > s.capacity) {
+      Node::Delete(n);
+      return false;
+    }
+    LinkLocked(s, n, /*newest=*/false);
     s.bytes += cost;
-    AddBytes(static_cast<int64_t>(pos->second->buffer->size));
     return true;
   }
 
@@ -354,9 +443,9 @@ class ShardedLruCache final : public RamCache {
     const uint64_t h = PathHash(path);
     for (Shard& s : shards_) {
       MutexLock l(s.mu);
-      auto [from, to] = s.files.equal_range(h);
-      for (auto it = from; it != to; ++it)
-        if (IsKeyOfFile(*it->second->key, path)) return true;
+      if (s.count == 0) continue;
+      for (Node* n = s.files[Bucket(h, s.bits)]; n != nullptr; n = n->fnext)
+        if (IsKeyOfFile(n->key(), path)) return true;
     }
     return false;
   }
@@ -365,78 +454,142 @@ class ShardedLruCache final : public RamCache {
   uint64_t evictions() const override { return evictions_.load(std::memory_order_relaxed); }
 
  private:
-  // The key lives once, in the index (a hash table: a lookup is one hash of the key and a
-  // compare or two, not a walk of an ordered tree comparing long common path prefixes); an LRU
-  // entry points back at it. `files` finds a file's entries for EraseFile by the hash of the
-  // key's path (the bytes before its first NUL).
-  struct Entry;
-  using LruList = std::list<Entry>;  // front: most recently used
-  using Index = std::unordered_map<std::string, LruList::iterator>;
-  struct Entry {
-    const std::string* key;  // the index node's key: stable while the node lives
-    BufferRef buffer;
-  };
-
   struct Shard {
     Mutex mu;               // guards everything below
     uint64_t capacity = 0;  // set once at construction
     // What its entries cost (EntryCost: bytes and bookkeeping), held within capacity.
     uint64_t bytes GUARDED_BY(mu) = 0;
-    LruList lru GUARDED_BY(mu);
-    Index index GUARDED_BY(mu);
-    std::unordered_multimap<uint64_t, LruList::iterator> files GUARDED_BY(mu);
+    uint64_t count GUARDED_BY(mu) = 0;
+    Node* newest GUARDED_BY(mu) = nullptr;
+    Node* oldest GUARDED_BY(mu) = nullptr;
+    // Chain heads, 2^bits of each: by the key's hash, and by its path's (PathHash).
+    unsigned bits GUARDED_BY(mu) = 0;
+    std::vector<Node*> index GUARDED_BY(mu);
+    std::vector<Node*> files GUARDED_BY(mu);
     std::unordered_map<std::string, SharedResult> inflight GUARDED_BY(mu);
   };
 
+  static uint64_t CostOf(const Node& n) {
+    return NodeCost(n.BlockSize(), n.key_len, n.buffer->size,
+                    n.buffer->data.get_deleter().arena != nullptr);
+  }
+  static uint64_t KeyHash(std::string_view key) { return std::hash<std::string_view>{}(key); }
   static uint64_t PathHash(std::string_view key) {
     return std::hash<std::string_view>{}(key.substr(0, key.find('\0')));
   }
 
-  Shard& ShardOf(const std::string& key) {
-    return shards_[std::hash<std::string>{}(key) % shards_.size()];
+  Shard& ShardOf(std::string_view key) { return shards_[KeyHash(key) % shards_.size()]; }
+
+  Node* FindLocked(Shard& s, std::string_view key) REQUIRES(s.mu) {
+    if (s.count == 0) return nullptr;
+    for (Node* n = s.index[Bucket(KeyHash(key), s.bits)]; n != nullptr; n = n->hnext)
+      if (n->key() == key) return n;
+    return nullptr;
   }
 
-  BufferRef GetLocked(Shard& s, const std::string& key) REQUIRES(s.mu) {
-    auto it = s.index.find(key);
-    if (it == s.index.end()) return nullptr;
-    s.lru.splice(s.lru.begin(), s.lru, it->second);
-    return it->second->buffer;
+  BufferRef GetLocked(Shard& s, std::string_view key) REQUIRES(s.mu) {
+    Node* n = FindLocked(s, key);
+    if (n == nullptr) return nullptr;
+    if (n != s.newest) {
+      UnlinkLruLocked(s, n);
+      PushNewestLocked(s, n);
+    }
+    return n->buffer;
+  }
+
+  void PushNewestLocked(Shard& s, Node* n) REQUIRES(s.mu) {
+    n->newer = nullptr;
+    n->older = s.newest;
+    if (s.newest != nullptr) s.newest->newer = n;
+    s.newest = n;
+    if (s.oldest == nullptr) s.oldest = n;
+  }
+
+  void PushOldestLocked(Shard& s, Node* n) REQUIRES(s.mu) {
+    n->older = nullptr;
+    n->newer = s.oldest;
+    if (s.oldest != nullptr) s.oldest->older = n;
+    s.oldest = n;
+    if (s.newest == nullptr) s.newest = n;
+  }
+
+  void UnlinkLruLocked(Shard& s, Node* n) REQUIRES(s.mu) {
+    (n->newer != nullptr ? n->newer->older : s.newest) = n->older;
+    (n->older != nullptr ? n->older->newer : s.oldest) = n->newer;
+  }
+
+  // Doubles the tables once there are more entries than buckets: each chain holds one entry
+  // on average, at most two just after.
+  void GrowLocked(Shard& s) REQUIRES(s.mu) {
+    if (s.count < s.index.size()) return;
+    const unsigned bits = s.index.empty() ? 4 : s.bits + 1;
+    std::vector<Node*> index(size_t{1} << bits, nullptr), files(size_t{1} << bits, nullptr);
+    for (Node* n = s.newest; n != nullptr; n = n->older) {
+      Node*& h = index[Bucket(KeyHash(n->key()), bits)];
+      n->hnext = h;
+      h = n;
+      Node*& f = files[Bucket(PathHash(n->key()), bits)];
+      n->fnext = f;
+      f = n;
+    }
+    s.index.swap(index);
+    s.files.swap(files);
+    s.bits = bits;
+  }
+
+  // Into the tables, and at either end of the LRU.
+  void LinkLocked(Shard& s, Node* n, bool newest) REQUIRES(s.mu) {
+    s.count++;
+    GrowLocked(s);  // before linking n: the rehash walks the LRU, which n is not in yet
+    Node*& h = s.index[Bucket(KeyHash(n->key()), s.bits)];
+    n->hnext = h;
+    h = n;
+    Node*& f = s.files[Bucket(PathHash(n->key()), s.bits)];
+    n->fnext = f;
+    f = n;
+    if (newest)
+      PushNewestLocked(s, n);
+    else
+      PushOldestLocked(s, n);
+    AddBytes(static_cast<int64_t>(n->buffer->size));
   }
 
   void InsertLocked(Shard& s, const std::string& key, BufferRef buffer) REQUIRES(s.mu) {
-    auto it = s.index.find(key);
-    if (it != s.index.end()) RemoveLocked(s, it->second);
-    const uint64_t size = buffer->size;
-    const uint64_t cost = EntryCost(key.size(), size);
-    if (cost > s.capacity) return;  // would evict everything and still not fit
+    if (Node* old = FindLocked(s, key)) RemoveLocked(s, old);
+    Node* n = Node::New(key, std::move(buffer));
+    const uint64_t cost = CostOf(*n);
+    if (cost > s.capacity) {  // would evict everything and still not fit
+      Node::Delete(n);
+      return;
+    }
     while (s.bytes + cost > s.capacity) {
-      auto victim = std::prev(s.lru.end());
-      if (on_evict_) on_evict_(*victim->key, victim->buffer);
+      Node* victim = s.oldest;
+      if (on_evict_) on_evict_(std::string(victim->key()), victim->buffer);
       RemoveLocked(s, victim);
       evictions_.fetch_add(1, std::memory_order_relaxed);
       if (evictions_counter_) evictions_counter_->Increment();
     }
-    auto pos = s.index.emplace(key, s.lru.end()).first;
-    s.lru.push_front(Entry{&pos->first, std::move(buffer)});
-    pos->second = s.lru.begin();
-    s.files.emplace(PathHash(key), s.lru.begin());
+    LinkLocked(s, n, /*newest=*/true);
     s.bytes += cost;
-    AddBytes(static_cast<int64_t>(size));
   }
 
-  void RemoveLocked(Shard& s, LruList::iterator it) REQUIRES(s.mu) {
-    const uint64_t size = it->buffer->size;
-    const std::string& key = *it->key;
-    s.bytes -= EntryCost(key.size(), size);
-    auto [from, to] = s.files.equal_range(PathHash(key));
-    for (auto f = from; f != to; ++f)
-      if (f->second == it) {
-        s.files.erase(f);
-        break;
+  static void UnchainLocked(Node** head, Node* n, Node* Node::*next) {
+    for (Node** p = head; *p != nullptr; p = &((*p)->*next))
+      if (*p == n) {
+        *p = n->*next;
+        return;
       }
-    s.index.erase(s.index.find(key));  // frees the key: not used after this
-    s.lru.erase(it);
-    AddBytes(-static_cast<int64_t>(size));
+  }
+
+  void RemoveLocked(Shard& s, Node* n) REQUIRES(s.mu) {
+    const std::string_view key = n->key();
+    s.bytes -= CostOf(*n);
+    UnchainLocked(&s.index[Bucket(KeyHash(key), s.bits)], n, &Node::hnext);
+    UnchainLocked(&s.files[Bucket(PathHash(key), s.bits)], n, &Node::fnext);
+    UnlinkLruLocked(s, n);
+    s.count--;
+    AddBytes(-static_cast<int64_t>(n->buffer->size));
+    Node::Delete(n);
   }
 
   void AddBytes(int64_t delta) {
@@ -463,21 +616,9 @@ class ShardedLruCache final : public RamCache {
 }  // namespace
 
 uint64_t RamCache::EntryCost(size_t key_bytes, size_t size) {
-  // glibc's blocks: the request plus its 8-byte header, rounded up to 16, at least 32.
-  auto block = [](size_t n) -> uint64_t { return std::max<uint64_t>(32, (n + 8 + 15) & ~15ull); };
-  // The index node (link, key, LRU iterator, cached hash) and its bucket, the files index's
-  // node (link, path hash, LRU iterator) and its bucket, the LRU node (links, key pointer,
-  // buffer reference), the Buffer with its shared_ptr control block, the key's bytes unless
-  // short enough to sit in the string itself, and the bytes. Buckets: one pointer an entry at
-  // load factor 1, twice that just after a rehash.
-  // In the arena (Buffer::UseArena), the bytes' block of their size class and the record
-  // that publishes them.
-  const uint64_t key_heap = key_bytes > 15 ? block(key_bytes + 1) : 0;
-  const uint64_t nodes =
-      block(8 + 32 + 8 + 8) + 16 + block(8 + 8 + 8) + 16 + block(16 + 8 + 16) + block(16 + 40);
-  if (g_arena != nullptr)
-    return nodes + key_heap + CacheArena::BlockBytes(size) + CacheArena::RecordBytes(key_bytes);
-  return nodes + key_heap + block(size);
+  // Of a buffer published under the key where there is an arena.
+  const bool published = g_arena != nullptr && key_bytes <= CacheArena::kMaxKey;
+  return NodeCost(Node::BlockSize(key_bytes, !published), key_bytes, size, g_arena != nullptr);
 }
 
 uint64_t CacheAdopted(RamCache& cache, CacheArena* arena, CacheArena::Adoption* adopted,

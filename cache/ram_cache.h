@@ -50,9 +50,13 @@ struct Buffer {
   std::unique_ptr<char, Free> data;
   size_t size = 0;
   // The arena's record of these bytes (CacheArena::Publish), or 0, or kForgotten: retired with
-  // the buffer.
+  // the buffer. A record Forget withdrew keeps its block (and its key, which the RAM cache's
+  // entry of the buffer reads) until then, and is flagged kWithdrawn.
   mutable std::atomic<uint64_t> record{0};
   static constexpr uint64_t kForgotten = ~uint64_t{0};  // Forget: never published again
+  static constexpr uint64_t kWithdrawn = 1;             // records are 16-aligned
+  // The record whose key is `key`, kept until the buffer dies, or 0.
+  uint64_t RecordOf(std::string_view key) const;
 
   // Allocates `size` uninitialized bytes: from the arena set by UseArena while it has room,
   // else from the heap. Aborts if memory is exhausted. A heap buffer of 2 MiB or more is a
@@ -145,8 +149,8 @@ class RamCache {
   // Whether some version of a chunk of the file at `path` is cached. O(shards + the file's
   // chunks).
   virtual bool HoldsFile(std::string_view path) = 0;
-  // Index entries EraseFile has looked at, ever: the file's own (and those of any other file
-  // whose path hashes alike).
+  // Index entries EraseFile has looked at, ever: the file's own, and those of the other files
+  // in its bucket of each shard's files index (one a bucket on average).
   virtual uint64_t erase_visits() const = 0;
 
   // The buffers an arena adopted after a crash are cached while the mount already serves
