@@ -226,29 +226,30 @@ struct Node {
   Node* newer = nullptr;  // LRU: towards the most recently used
   Node* older = nullptr;
   BufferRef buffer;
-  uint64_t record = 0;  // the buffer's record, which holds the key; 0: the key is key_bytes
   uint32_t key_len = 0;
-  char key_bytes[4];  // key_len bytes where record is 0: the block is allocated for them
+  bool in_record = false;  // the key is the buffer's record's (whose offset only Forget flags)
+  char key_bytes[3];       // else key_len bytes here: the block is allocated for them
 
   std::string_view key() const {
-    if (record != 0) return buffer->data.get_deleter().arena->RecordKey(record);
-    return {key_bytes, key_len};
+    if (!in_record) return {key_bytes, key_len};
+    const uint64_t record = buffer->record.load(std::memory_order_relaxed) & ~Buffer::kWithdrawn;
+    return buffer->data.get_deleter().arena->RecordKey(record);
   }
   // The block for a key of `key_len` bytes, held in the node or not.
   static size_t BlockSize(size_t key_len, bool inline_key) {
     return offsetof(Node, key_bytes) + std::max<size_t>(inline_key ? key_len : 0, sizeof key_bytes);
   }
-  size_t BlockSize() const { return BlockSize(key_len, record == 0); }
+  size_t BlockSize() const { return BlockSize(key_len, !in_record); }
   static Node* New(std::string_view key, BufferRef buffer) {
-    const uint64_t record = buffer->RecordOf(key);
-    const size_t bytes = BlockSize(key.size(), record == 0);
+    const bool in_record = buffer->RecordOf(key) != 0;
+    const size_t bytes = BlockSize(key.size(), !in_record);
     void* mem = std::malloc(bytes);
     if (mem == nullptr) OutOfMemory(bytes);
     Node* n = new (mem) Node;
     n->buffer = std::move(buffer);
-    n->record = record;
+    n->in_record = in_record;
     n->key_len = static_cast<uint32_t>(key.size());
-    if (record == 0) std::memcpy(n->key_bytes, key.data(), key.size());
+    if (!in_record) std::memcpy(n->key_bytes, key.data(), key.size());
     return n;
   }
   static void Delete(Node* n) {
