@@ -18,6 +18,7 @@
   batch   the hook-ro row in the hook's batch mode (USE_BATCH_DOWNLOAD=1): each DataLoader
           worker takes its batch's files from the daemon in one request and reads them from
           memory, with no FUSE request per file
+  batch-rw the batch row on the read-write mount (the default mount)
   nohook  the same mount without the hook, over the first --nohook-classes classes only (at
           1 ms a request a full cold epoch without prefetching takes hours)
 
@@ -308,7 +309,7 @@ def fmt_ops(ops: dict[str, float]) -> str:
 
 def hooked(system: str) -> bool:
     """Whether `system`'s training process imports cube_torch."""
-    return system.startswith("hook") or system == "batch"
+    return system.startswith("hook") or system.startswith("batch")
 
 
 def main() -> None:
@@ -326,7 +327,7 @@ def main() -> None:
     p.add_argument("--memory-bytes", default="4GiB", help="the daemon's cache.memory_bytes")
     p.add_argument("--systems", nargs="+", default=["local", "hook", "nohook"],
                    choices=["local", "hook", "hook-ro", "hook-ram", "hook-ram-heap", "batch",
-                            "nohook"])
+                            "batch-rw", "nohook"])
     p.add_argument("--nohook-classes", type=int, default=50,
                    help="classes the no-hook mount reads (its epochs are store-bound)")
     p.add_argument("--synthetic", action="store_true",
@@ -374,7 +375,7 @@ def main() -> None:
                           read_only=system in ("hook-ro", "hook-ram", "hook-ram-heap", "batch"),
                           page_cache=system not in ("hook-ram", "hook-ram-heap"),
                           durable=system != "hook-ram-heap")
-                if system == "batch":
+                if system in ("batch", "batch-rw"):
                     m.env["USE_BATCH_DOWNLOAD"] = "1"
                 try:
                     rows = run_child(args, m.mnt, hooked(system), subset, m.env)
@@ -428,7 +429,7 @@ def main() -> None:
                 text += (f"\n    reads {fmt_ops(mid['reads'])}\n    store {fmt_ops(mid['store'])}"
                          f"\n    FUSE {fmt_ops(mid['fuse'])}\n    prefetch {fmt_ops(mid['prefetch'])}")
             print(text)
-    for name in ("hook", "hook-ro", "hook-ram", "hook-ram-heap", "batch"):
+    for name in ("hook", "hook-ro", "hook-ram", "hook-ram-heap", "batch", "batch-rw"):
         if not local or name not in results:
             continue
         ratios = [f"scan {med(scans['local']) / med(scans[name]):.2f}"]
