@@ -941,6 +941,7 @@ json ServerImpl::StatsJson(const Caller& caller) {
           {"page_drops", s.page_drops},
           {"page_pressure", s.page_pressure},
           {"lru_filled", s.lru_filled},
+          {"store_reads", {{"window", s.store_reads.window}, {"lru_fill", s.store_reads.lru_fill}}},
           {"stored", s.stored},
           {"restored", s.restored},
           {"cached", s.cached},

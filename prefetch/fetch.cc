@@ -79,6 +79,7 @@ void Prefetcher::RunJob(const Job& job, std::vector<Stored>* stored) {
   }
 
   std::unique_lock<std::mutex> l(mu_);
+  if (look.first) CountStoreReadsLocked(StoreRead::kWindow, 1);  // the store was asked
   // Entries that are not ready are erased only here, so the element stays put.
   Entry* e = &window_.at(job.path);
   auto abandon = [&] {
@@ -123,8 +124,10 @@ void Prefetcher::RunJob(const Job& job, std::vector<Stored>* stored) {
       return;
     }
     l.unlock();
-    failure = FetchChunks(job.path, attr.Version(), &chunks);
+    uint64_t from_store = 0;
+    failure = FetchChunks(job.path, attr.Version(), &chunks, &from_store);
     l.lock();
+    CountStoreReadsLocked(StoreRead::kWindow, from_store);
   }
   if (!failure.ok()) {
     CTFS_LOG(kDebug) << "prefetch " << job.path << ": " << failure.ToString();
@@ -283,7 +286,7 @@ bool Prefetcher::WaitForRoomLocked(std::unique_lock<std::mutex>& l, Entry& e, ui
 }
 
 Status Prefetcher::FetchChunks(const std::string& path, const cfs_client::FileVersion& version,
-                               std::vector<cache::BufferRef>* chunks) {
+                               std::vector<cache::BufferRef>* chunks, uint64_t* from_store) {
   const uint64_t size = version.size;
   const uint64_t chunk_bytes = options_.chunk_bytes;
   const size_t n_chunks = static_cast<size_t>((size + chunk_bytes - 1) / chunk_bytes);
@@ -292,6 +295,7 @@ Status Prefetcher::FetchChunks(const std::string& path, const cfs_client::FileVe
   // A large file's chunks are fetched in parallel ranged reads: a store's bandwidth per
   // request is limited, its bandwidth in all is not.
   std::atomic<size_t> next_chunk{0};
+  std::atomic<uint64_t> store_reads{0};
   const cache::Tiers tiers{ram_, disk_};
   auto fetch_chunks = [&] {
     for (size_t c = next_chunk++; c < n_chunks; c = next_chunk++) {
@@ -303,6 +307,7 @@ Status Prefetcher::FetchChunks(const std::string& path, const cfs_client::FileVe
         (*chunks)[c] = std::move(cached);
         continue;
       }
+      store_reads.fetch_add(1, std::memory_order_relaxed);
       Result<cache::BufferRef> r = cache::ReadChunk(*backend_, path, version, off, len);
       if (r.ok()) {
         (*chunks)[c] = std::move(r).value();
@@ -313,6 +318,7 @@ Status Prefetcher::FetchChunks(const std::string& path, const cfs_client::FileVe
     }
   };
   RunOnThreads(static_cast<int>(std::min<size_t>(kParallelChunks, n_chunks)), fetch_chunks);
+  *from_store = store_reads.load();
   for (const Status& err : errors)
     if (!err.ok()) return err;
   return Status::OK();
@@ -391,12 +397,16 @@ void Prefetcher::RunLruFill(const Job& job) {
     return;
   }
   const std::string key = cache::ChunkKey(job.path, job.version, 0);
+  bool from_store = false;
   Result<cache::Lookup> got = ram_->GetOrFetch(key, [&] {
-    cache::Tier from;
-    return cache::Tiers{ram_, disk_}.ReadThroughDisk(*backend_, key, job.path, job.version, 0,
-                                                     static_cast<size_t>(job.version.size), &from);
+    cache::Tier from = cache::Tier::kStore;
+    Result<cache::BufferRef> r = cache::Tiers{ram_, disk_}.ReadThroughDisk(
+        *backend_, key, job.path, job.version, 0, static_cast<size_t>(job.version.size), &from);
+    from_store = from == cache::Tier::kStore;
+    return r;
   });
   std::lock_guard<std::mutex> l(mu_);
+  if (from_store) CountStoreReadsLocked(StoreRead::kLruFill, 1);
   if (!got.ok()) {
     CTFS_LOG(kDebug) << "LRU fill of " << job.path << ": " << got.status().ToString();
     return;
@@ -405,6 +415,13 @@ void Prefetcher::RunLruFill(const Job& job) {
     totals_.lru_filled++;
     if (lru_filled_) lru_filled_->Increment();
   }
+}
+
+void Prefetcher::CountStoreReadsLocked(StoreRead why, uint64_t n) {
+  if (n == 0) return;
+  (why == StoreRead::kWindow ? totals_.store_reads.window : totals_.store_reads.lru_fill) += n;
+  if (prometheus::Counter* c = store_reads_[static_cast<int>(why)])
+    c->Increment(static_cast<double>(n));
 }
 
 void Prefetcher::RunRestore(const Job& job, std::vector<Stored>* stored) {

@@ -58,6 +58,17 @@ Prefetcher::Prefetcher(const Options& options, cfs_client::Backend* backend, cac
     lru_filled_ = &files.Add({{"outcome", "lru_filled"}});
     stored_ = &files.Add({{"outcome", "stored"}});
     restored_ = &files.Add({{"outcome", "restored"}});
+    auto& store_reads = prometheus::BuildCounter()
+                            .Name("cubetorchfs_prefetch_store_reads_total")
+                            .Help(
+                                "Data reads the prefetcher asked of the store, by reason. "
+                                "window: a stream's file fetched ahead of its reader; lru_fill: "
+                                "a file passed over as page-resident, dropped by the kernel, "
+                                "read into the LRU cache under page pressure")
+                            .Register(*registry);
+    store_reads_[static_cast<int>(StoreRead::kWindow)] = &store_reads.Add({{"reason", "window"}});
+    store_reads_[static_cast<int>(StoreRead::kLruFill)] =
+        &store_reads.Add({{"reason", "lru_fill"}});
     inflight_gauge_ = &prometheus::BuildGauge()
                            .Name("cubetorchfs_prefetch_inflight")
                            .Help("Prefetches running now")

@@ -99,6 +99,12 @@ struct Stats {
   uint64_t queued_paths = 0;  // positions not yet read or skipped, all streams
   uint64_t queued_bytes = 0;  // the memory they hold
   uint64_t queued_users = 0;  // users with positions queued
+  // Data reads the prefetcher asked of the store (requests; a large file's chunks are one each),
+  // by why. No other part of it reads the store: probes, restores and pass-overs never do.
+  struct StoreReads {
+    uint64_t window = 0;    // a stream's file fetched into the window: not known to be held
+    uint64_t lru_fill = 0;  // a file passed over read into the LRU cache (page pressure)
+  } store_reads;
   std::vector<StreamStats> streams;
 };
 
@@ -372,9 +378,14 @@ class Prefetcher {
   void CompleteFetchLocked(std::unique_lock<std::mutex>& l, const std::string& path, Entry& e,
                            std::vector<cache::BufferRef> chunks, bool write_back,
                            std::vector<Stored>* stored);
-  // The chunks of `path` at `version`, from the tiers or the store, on parallel threads.
+  // The chunks of `path` at `version`, from the tiers or the store, on parallel threads;
+  // *from_store: how many the store was asked for.
   Status FetchChunks(const std::string& path, const cfs_client::FileVersion& version,
-                     std::vector<cache::BufferRef>* chunks);
+                     std::vector<cache::BufferRef>* chunks, uint64_t* from_store);
+  // Why the prefetcher read the store (Stats::StoreReads).
+  enum class StoreRead { kWindow = 0, kLruFill = 1 };
+  // Counts `n` store reads made for `why`. REQUIRES: mu_ held.
+  void CountStoreReadsLocked(StoreRead why, uint64_t n);
   void RunProbe(const Job& job);
   void RunLruFill(const Job& job);
   void RunRestore(const Job& job, std::vector<Stored>* stored);
@@ -508,6 +519,7 @@ class Prefetcher {
   prometheus::Counter* probed_absent_ = nullptr;
   prometheus::Counter* cached_ = nullptr;
   prometheus::Counter* lru_filled_ = nullptr;
+  prometheus::Counter* store_reads_[2] = {nullptr, nullptr};  // by StoreRead
   prometheus::Gauge* inflight_gauge_ = nullptr;
   prometheus::Gauge* window_gauge_ = nullptr;
 };

@@ -973,6 +973,7 @@ TEST_F(PrefetcherTest, LargeFilesAreFetchedInParallelChunks) {
   EXPECT_EQ(RunAll(), 1);
   // The first request brought the first 64 KiB guess; then 5 chunks of 64 KiB.
   EXPECT_EQ(store_.reads(), 1 + 5);
+  EXPECT_EQ(pf_->GetStats().store_reads.window, 1u + 5u);  // each request counted
   for (uint64_t c = 0; c < 5; ++c) {
     auto hit = pf_->Get("big", {big.size(), 1}, c);
     ASSERT_TRUE(hit.has_value()) << c;
@@ -1056,18 +1057,23 @@ TEST_F(PrefetcherTest, ExportsPrometheusCounters) {
   Publish(0, 2);
   RunAll();
   ReadFile(0, ReadOutcome::kHit);
-  double fetched = -1, hits = -1;
+  double fetched = -1, hits = -1, window_reads = -1, lru_fill_reads = -1;
   for (const auto& f : registry_.Collect()) {
     for (const auto& m : f.metric) {
       for (const auto& l : m.label) {
         if (f.name == "cubetorchfs_prefetch_files_total" && l.value == "fetched")
           fetched = m.counter.value;
         if (f.name == "cubetorchfs_reads_total" && l.value == "hit") hits = m.counter.value;
+        if (f.name == "cubetorchfs_prefetch_store_reads_total" && l.name == "reason")
+          (l.value == "window" ? window_reads : lru_fill_reads) = m.counter.value;
       }
     }
   }
   EXPECT_EQ(fetched, 2);
   EXPECT_EQ(hits, 1);
+  EXPECT_EQ(window_reads, 2);  // why the store was read: two files fetched ahead
+  EXPECT_EQ(lru_fill_reads, 0);
+  EXPECT_EQ(pf_->GetStats().store_reads.window, 2u);
 }
 
 TEST(ToStorePathTest, MapsMountPathsAndRejectsOthers) {
