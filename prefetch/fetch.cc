@@ -383,9 +383,11 @@ void Prefetcher::Run(const Job& job, std::vector<Stored>* stored) {
 
 void Prefetcher::RunLruFill(const Job& job) {
   const AttrSource* source = nullptr;
+  PageCacheProbe* probe = nullptr;
   {
     std::lock_guard<std::mutex> l(mu_);
     source = attr_source_;
+    probe = page_probe_;
   }
   // Only at the version of fresh attributes, and only what the stream's owner may read.
   std::optional<cfs_client::FileAttr> known;
@@ -396,7 +398,18 @@ void Prefetcher::RunLruFill(const Job& job) {
     totals_.denied++;
     return;
   }
+  // Only a file the kernel dropped and the daemon does not hold is read from the store: a read
+  // finds one the RAM cache or the NVMe tier holds there, and the kernel serves one it holds
+  // itself (each store read is a request the user pays for). The tiers are asked first: a
+  // probe costs the kernel a round trip.
   const std::string key = cache::ChunkKey(job.path, job.version, 0);
+  if (ram_->Contains(key) || (disk_ != nullptr && disk_->Contains(key))) return;
+  if (probe != nullptr && probe->Resident(job.path, job.version.size)) {
+    std::lock_guard<std::mutex> l(mu_);
+    totals_.page_resident++;
+    if (page_resident_) page_resident_->Increment();
+    return;
+  }
   bool from_store = false;
   Result<cache::Lookup> got = ram_->GetOrFetch(key, [&] {
     cache::Tier from = cache::Tier::kStore;

@@ -24,7 +24,9 @@
 // page-resident and passed over next epoch. A trusted file the daemon holds is put back into
 // the page cache as the stream reaches it when page cache is dropped unseen (restore_needed:
 // DAMON pageout). An untrusted mark is probed (FUSE_NOTIFY_RETRIEVE), and probed again as the
-// readers come near; under page pressure, files passed over go to the LRU cache instead.
+// readers come near; under page pressure (the kernel keeps dropping files the streams passed
+// over before their readers reach them), a file passed over near the readers goes to the LRU
+// cache instead, if the kernel no longer holds it and neither RAM nor NVMe does.
 //
 // Accounting. Each FUSE read of a regular file is a hit (no wait), late (waited on a fetch in
 // flight) or miss (fetched on demand); a position the readers passed while the kernel held
@@ -86,8 +88,8 @@ struct Stats {
   uint64_t trusted = 0;         // marked files passed over with no probe: no reclaim since
   uint64_t probed_absent = 0;   // probes of marked files whose pages were gone: fetched
   uint64_t page_drops = 0;      // reads of marked files: the kernel dropped their pages
-  bool page_pressure = false;   // drops come often: files passed over go to the LRU, unprobed
-  uint64_t lru_filled = 0;      // files passed over put in the LRU cache under page pressure
+  bool page_pressure = false;   // drops of files passed over come often: see lru_filled
+  uint64_t lru_filled = 0;      // files passed over, dropped, put in the LRU cache (pressure)
   uint64_t stored = 0;          // files put into the kernel's page cache once fetched
   uint64_t restored = 0;        // files passed over put back into the page cache from RAM or NVMe
   uint64_t cached = 0;          // files taken from the RAM cache or NVMe tier, no store request
@@ -103,7 +105,7 @@ struct Stats {
   // by why. No other part of it reads the store: probes, restores and pass-overs never do.
   struct StoreReads {
     uint64_t window = 0;    // a stream's file fetched into the window: not known to be held
-    uint64_t lru_fill = 0;  // a file passed over read into the LRU cache (page pressure)
+    uint64_t lru_fill = 0;  // a file passed over, dropped by the kernel, read into the LRU
   } store_reads;
   std::vector<StreamStats> streams;
 };
@@ -317,7 +319,7 @@ class Prefetcher {
     bool probe = false;  // ask the kernel whether it holds the file, size bytes
     uint64_t size = 0;
     // Under page pressure: put a file passed over in the LRU cache at `version`, if `reader`
-    // may read it.
+    // may read it and neither the kernel's page cache nor the daemon's tiers hold it.
     bool fill_lru = false;  // put a file passed over in the LRU cache (page pressure)
     // Put a file passed over as page-resident back into the kernel's page cache at `version`
     // from RAM or the NVMe tier (no store read): a mark does not prove the pages are still
@@ -416,9 +418,10 @@ class Prefetcher {
   // A read of `path` reached the daemon: if it was marked, its pages are gone, and older
   // marks passed over are probed again.
   void NoteNotResidentLocked(const std::string& path, uint64_t now);
-  // Records a page drop; on entering pressure, the files passed over within RecheckLead() of
-  // the readers are taken up again, to be put in the LRU cache (LruFillJobLocked).
-  void NotePageDropLocked(uint64_t now);
+  // Records a page drop (`ahead`: of a file a stream passed over, its position still to come);
+  // on entering pressure, the files passed over within RecheckLead() of the readers are taken
+  // up again, to be put in the LRU cache (LruFillJobLocked).
+  void NotePageDropLocked(uint64_t now, bool ahead);
   void AdvanceLocked(Stream& s);
   void DropRefLocked(const std::string& path);
   void ReleaseLocked(Window::iterator it);

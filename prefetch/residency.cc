@@ -1,6 +1,6 @@
 // Prefetcher, part 3: what the daemon knows of the kernel's page cache. Files the kernel
-// holds are passed over (marked resident), probed again as the readers near them, and put
-// into the LRU cache under page pressure. See docs/prefetch.md.
+// holds are passed over (marked resident), probed again as the readers near them, and, under
+// page pressure, put into the LRU cache if the kernel dropped them. See docs/prefetch.md.
 #include <prometheus/counter.h>
 
 #include <algorithm>
@@ -78,8 +78,10 @@ std::optional<Prefetcher::Job> Prefetcher::PassOverJobLocked(const Stream& s,
 
 std::optional<Prefetcher::Job> Prefetcher::LruFillJobLocked(
     const Stream& s, const std::string& path, const cfs_client::FileVersion& version) {
-  // A probe now may be stale by the read: the file goes to the LRU cache instead, where the
-  // read finds it if the kernel drops it meanwhile. Large files are left to their reads.
+  // The file goes to the LRU cache, not the window, where the read finds it: a file the kernel
+  // serves would hold a window entry till the readers were far past. RunLruFill reads it from
+  // the store only if the kernel and the daemon's tiers both lack it. Large files are left to
+  // their reads.
   if (version.size > options_.chunk_bytes) return std::nullopt;
   rr_after_ = s.id;
   Job job{path, false, version.size};
@@ -126,8 +128,8 @@ void Prefetcher::MarkResidentLocked(const std::string& path,
   attr_source_->SetMark(path, marks_.Make(version, clock_->NowNanos()).Pack());
 }
 
-void Prefetcher::NotePageDropLocked(uint64_t now) {
-  if (!marks_.NoteDrop(now)) return;  // pressure did not begin now
+void Prefetcher::NotePageDropLocked(uint64_t now, bool ahead) {
+  if (!marks_.NoteDrop(now, ahead)) return;  // pressure did not begin now
   // Files passed over and already rechecked near the readers are taken up again, to be put in the
   // LRU cache.
   for (auto& [id, s] : streams_) {
@@ -146,7 +148,19 @@ void Prefetcher::NotePageDropLocked(uint64_t now) {
 void Prefetcher::NoteNotResidentLocked(const std::string& path, uint64_t now) {
   const std::optional<Mark> m = MarkLocked(path);
   if (!m) return;
-  NotePageDropLocked(now);
+  // Pressure is what the streams see ahead: a file one passed over as held, yet read from the
+  // daemon before its position was reached. A read of a file in no stream, or of one the
+  // window holds for its reader, says nothing of the files passed over.
+  bool ahead = false;
+  const uint64_t key = PathKey(path);
+  for (const auto& [id, s] : streams_) {
+    const std::optional<uint64_t> pos = s.FirstPending(key, path);
+    if (pos && (s.states[*pos - s.base] & kProbed) != 0) {
+      ahead = true;
+      break;
+    }
+  }
+  NotePageDropLocked(now, ahead);
   // The kernel was served this file whole, yet asks for it: its pages were dropped, maybe
   // after a probe found them. The page cache drops what it was served earliest first, so the
   // files passed over whose marks are older still may have gone the same way since their

@@ -59,8 +59,9 @@ bool ResidentMarks::Trusted(const Mark& mark, uint64_t now) {
   return trust_from_ && (mark.seq == *trust_from_ || SeqAfter(mark.seq, *trust_from_));
 }
 
-bool ResidentMarks::NoteDrop(uint64_t now) {
+bool ResidentMarks::NoteDrop(uint64_t now, bool ahead) {
   drops_++;
+  if (!ahead) return false;
   drop_times_.push_back(now);
   if (drop_times_.size() > kPressureDrops) drop_times_.pop_front();
   if (drop_times_.size() < kPressureDrops || now - drop_times_.front() > kPressureSpanNs)

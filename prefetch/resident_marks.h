@@ -70,9 +70,12 @@ class ResidentMarks {
   // True if mark `a` was made after mark `b`.
   static bool Newer(const Mark& a, const Mark& b) { return SeqAfter(a.seq, b.seq); }
 
-  // A read of a marked file reached the daemon: the kernel dropped its pages. Four such
-  // drops within 10 s are page pressure, held 60 s past the last; true if it begins now.
-  bool NoteDrop(uint64_t now);
+  // A read of a marked file reached the daemon: the kernel dropped its pages. `ahead`: a
+  // stream had passed over the file as held there, its readers yet to reach it. Four such
+  // drops within 10 s are page pressure, held 60 s past the last; true if it begins now. A
+  // drop of a file no stream passed over (read outside the streams, or while in the window)
+  // is counted, and says nothing of what the streams pass over.
+  bool NoteDrop(uint64_t now, bool ahead);
   bool Pressure(uint64_t now) const { return now < pressure_until_ns_; }
 
   uint64_t drops() const { return drops_; }
@@ -96,7 +99,7 @@ class ResidentMarks {
   std::optional<uint64_t> last_reclaim_;
   uint64_t reclaim_sampled_ns_ = 0;
   bool reclaim_sampled_ = false;
-  std::deque<uint64_t> drop_times_;  // the last kPressureDrops drops
+  std::deque<uint64_t> drop_times_;  // the last kPressureDrops drops ahead
   uint64_t pressure_until_ns_ = 0;
   uint64_t drops_ = 0;
 };
