@@ -226,9 +226,10 @@ struct Node {
   Node* newer = nullptr;  // LRU: towards the most recently used
   Node* older = nullptr;
   BufferRef buffer;
-  uint32_t key_len = 0;
+  uint32_t tag = 0;  // the key hash's high half: a chain's other keys are passed over unread
+  uint16_t key_len = 0;
   bool in_record = false;  // the key is the buffer's record's (whose offset only Forget flags)
-  char key_bytes[3];       // else key_len bytes here: the block is allocated for them
+  char key_bytes[1];       // else key_len bytes here: the block is allocated for them
 
   std::string_view key() const {
     if (!in_record) return {key_bytes, key_len};
@@ -240,7 +241,8 @@ struct Node {
     return offsetof(Node, key_bytes) + std::max<size_t>(inline_key ? key_len : 0, sizeof key_bytes);
   }
   size_t BlockSize() const { return BlockSize(key_len, !in_record); }
-  static Node* New(std::string_view key, BufferRef buffer) {
+  static constexpr size_t kMaxKey = UINT16_MAX;
+  static Node* New(std::string_view key, BufferRef buffer, uint64_t hash) {
     const bool in_record = buffer->RecordOf(key) != 0;
     const size_t bytes = BlockSize(key.size(), !in_record);
     void* mem = std::malloc(bytes);
@@ -248,7 +250,8 @@ struct Node {
     Node* n = new (mem) Node;
     n->buffer = std::move(buffer);
     n->in_record = in_record;
-    n->key_len = static_cast<uint32_t>(key.size());
+    n->tag = static_cast<uint32_t>(hash >> 32);
+    n->key_len = static_cast<uint16_t>(key.size());
     if (!in_record) std::memcpy(n->key_bytes, key.data(), key.size());
     return n;
   }
@@ -319,12 +322,13 @@ class ShardedLruCache final : public RamCache {
   }
 
   Result<Lookup> GetOrFetch(const std::string& key, const FetchFn& fetch) override {
-    Shard& s = ShardOf(key);
+    const uint64_t h = KeyHash(key);
+    Shard& s = ShardOf(h);
     std::promise<Result<BufferRef>> promise;
     SharedResult pending;  // another caller's fetch of the key, to wait for
     {
       MutexLock l(s.mu);
-      if (BufferRef b = GetLocked(s, key)) return Lookup{std::move(b), Served::kCached};
+      if (BufferRef b = GetLocked(s, key, h)) return Lookup{std::move(b), Served::kCached};
       auto it = s.inflight.find(key);
       if (it != s.inflight.end())
         pending = it->second;
@@ -341,7 +345,7 @@ class ShardedLruCache final : public RamCache {
     {
       MutexLock l(s.mu);
       s.inflight.erase(key);
-      if (r.ok()) InsertLocked(s, key, r.value());
+      if (r.ok()) InsertLocked(s, key, h, r.value());
     }
     promise.set_value(r);
     if (!r.ok()) return r.status();
@@ -349,22 +353,25 @@ class ShardedLruCache final : public RamCache {
   }
 
   BufferRef Get(const std::string& key) override {
-    Shard& s = ShardOf(key);
+    const uint64_t h = KeyHash(key);
+    Shard& s = ShardOf(h);
     MutexLock l(s.mu);
-    return GetLocked(s, key);
+    return GetLocked(s, key, h);
   }
 
   bool Contains(const std::string& key) override {
-    Shard& s = ShardOf(key);
+    const uint64_t h = KeyHash(key);
+    Shard& s = ShardOf(h);
     MutexLock l(s.mu);
-    return FindLocked(s, key) != nullptr;
+    return FindLocked(s, key, h) != nullptr;
   }
 
   void Insert(const std::string& key, BufferRef buffer) override {
     buffer->Publish(key);
-    Shard& s = ShardOf(key);
+    const uint64_t h = KeyHash(key);
+    Shard& s = ShardOf(h);
     MutexLock l(s.mu);
-    InsertLocked(s, key, std::move(buffer));
+    InsertLocked(s, key, h, std::move(buffer));
   }
 
   // A file's keys (every version, every chunk) are found through each shard's index of
@@ -419,16 +426,17 @@ class ShardedLruCache final : public RamCache {
     if (!erased_.empty() && erased_.count(key.substr(0, key.find('\0'))) > 0) return false;
     // Behind every entry (they come the latest first, so the LRU keeps their order and what
     // this process cached already stays ahead), and only into room: never over an entry.
-    Shard& s = ShardOf(key);
+    const uint64_t h = KeyHash(key);
+    Shard& s = ShardOf(h);
     MutexLock sl(s.mu);
-    if (FindLocked(s, key) != nullptr) return false;
-    Node* n = Node::New(key, std::move(buffer));
+    if (key.size() > Node::kMaxKey || FindLocked(s, key, h) != nullptr) return false;
+    Node* n = Node::New(key, std::move(buffer), h);
     const uint64_t cost = CostOf(*n);
     if (s.bytes + cost > s.capacity) {
       Node::Delete(n);
       return false;
     }
-    LinkLocked(s, n, /*newest=*/false);
+    LinkLocked(s, n, h, /*newest=*/false);
     s.bytes += cost;
     return true;
   }
@@ -479,17 +487,19 @@ class ShardedLruCache final : public RamCache {
     return std::hash<std::string_view>{}(key.substr(0, key.find('\0')));
   }
 
-  Shard& ShardOf(std::string_view key) { return shards_[KeyHash(key) % shards_.size()]; }
+  Shard& ShardOf(uint64_t key_hash) { return shards_[key_hash % shards_.size()]; }
 
-  Node* FindLocked(Shard& s, std::string_view key) REQUIRES(s.mu) {
+  // `hash`: KeyHash(key).
+  Node* FindLocked(Shard& s, std::string_view key, uint64_t hash) REQUIRES(s.mu) {
     if (s.count == 0) return nullptr;
-    for (Node* n = s.index[Bucket(KeyHash(key), s.bits)]; n != nullptr; n = n->hnext)
-      if (n->key() == key) return n;
+    const uint32_t tag = static_cast<uint32_t>(hash >> 32);
+    for (Node* n = s.index[Bucket(hash, s.bits)]; n != nullptr; n = n->hnext)
+      if (n->tag == tag && n->key() == key) return n;
     return nullptr;
   }
 
-  BufferRef GetLocked(Shard& s, std::string_view key) REQUIRES(s.mu) {
-    Node* n = FindLocked(s, key);
+  BufferRef GetLocked(Shard& s, std::string_view key, uint64_t hash) REQUIRES(s.mu) {
+    Node* n = FindLocked(s, key, hash);
     if (n == nullptr) return nullptr;
     if (n != s.newest) {
       UnlinkLruLocked(s, n);
@@ -539,10 +549,11 @@ class ShardedLruCache final : public RamCache {
   }
 
   // Into the tables, and at either end of the LRU.
-  void LinkLocked(Shard& s, Node* n, bool newest) REQUIRES(s.mu) {
+  // `hash`: KeyHash of n's key.
+  void LinkLocked(Shard& s, Node* n, uint64_t hash, bool newest) REQUIRES(s.mu) {
     s.count++;
     GrowLocked(s);  // before linking n: the rehash walks the LRU, which n is not in yet
-    Node*& h = s.index[Bucket(KeyHash(n->key()), s.bits)];
+    Node*& h = s.index[Bucket(hash, s.bits)];
     n->hnext = h;
     h = n;
     Node*& f = s.files[Bucket(PathHash(n->key()), s.bits)];
@@ -555,9 +566,11 @@ class ShardedLruCache final : public RamCache {
     AddBytes(static_cast<int64_t>(n->buffer->size));
   }
 
-  void InsertLocked(Shard& s, const std::string& key, BufferRef buffer) REQUIRES(s.mu) {
-    if (Node* old = FindLocked(s, key)) RemoveLocked(s, old);
-    Node* n = Node::New(key, std::move(buffer));
+  void InsertLocked(Shard& s, const std::string& key, uint64_t hash, BufferRef buffer)
+      REQUIRES(s.mu) {
+    if (Node* old = FindLocked(s, key, hash)) RemoveLocked(s, old);
+    if (key.size() > Node::kMaxKey) return;  // no path is that long
+    Node* n = Node::New(key, std::move(buffer), hash);
     const uint64_t cost = CostOf(*n);
     if (cost > s.capacity) {  // would evict everything and still not fit
       Node::Delete(n);
@@ -570,7 +583,7 @@ class ShardedLruCache final : public RamCache {
       evictions_.fetch_add(1, std::memory_order_relaxed);
       if (evictions_counter_) evictions_counter_->Increment();
     }
-    LinkLocked(s, n, /*newest=*/true);
+    LinkLocked(s, n, hash, /*newest=*/true);
     s.bytes += cost;
   }
 
