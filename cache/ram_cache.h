@@ -6,6 +6,11 @@
 // it, so the budget bounds what the cache holds, and readers in flight add at most one
 // max_read-sized reference each on top.
 //
+// An entry is one heap node (LRU links, links in its shard's two chained tables: by key, and
+// by path for EraseFile) and a reference to its buffer; its key is read from the buffer's
+// record in the arena (Buffer::Publish), else kept in the node. docs/memory.md gives what an
+// entry costs, term by term.
+//
 // GetOrFetch() coalesces concurrent misses: the first caller runs the fetch, later callers for
 // the same key wait for its result instead of asking the backend again.
 //
