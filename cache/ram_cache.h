@@ -172,8 +172,9 @@ class RamCache {
   // entry is charged its EntryCost (its bookkeeping too: with files of 1-3 KB it is a tenth
   // of what they cost).
   virtual uint64_t bytes() const = 0;
-  // The memory an entry of `size` bytes under a key of `key_bytes` takes (libstdc++'s nodes,
-  // glibc's blocks).
+  // The memory an entry of `size` bytes under a key of `key_bytes` takes, published in the
+  // arena where there is one (its node, buffer and chain heads in glibc's blocks; its bytes'
+  // block and record).
   static uint64_t EntryCost(size_t key_bytes, size_t size);
   virtual uint64_t evictions() const = 0;
 };
