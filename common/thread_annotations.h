@@ -1,13 +1,18 @@
 // Lock annotations that clang's -Wthread-safety checks (scripts/thread_safety.sh runs it in
 // CI on the files that use them); with other compilers they expand to nothing.
 //
-// std::mutex carries no annotations in libstdc++, so annotated members are a Mutex, locked
-// with MutexLock (a scoped lock) or, where a condition variable waits on it, through
-// native() with the wait's predicate reading only what the annotations cannot see.
+// std::mutex carries no annotations in libstdc++, so every lock in the project is a Mutex
+// (locked with MutexLock, a scoped lock) or a SharedMutex, and a thread that waits for a
+// change waits on a CondVar bound to its Mutex. A wait is a loop the caller writes,
+// `while (!ready_) cv_.Wait();`, so the condition is read under the lock where the analysis
+// sees it held.
 //
-// Thread safety: Mutex is a std::mutex, SharedMutex a std::shared_mutex.
+// Thread safety: Mutex is a std::mutex, SharedMutex a std::shared_mutex, CondVar a
+// std::condition_variable.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <shared_mutex>
 
@@ -42,7 +47,42 @@ class CAPABILITY("mutex") Mutex {
   bool try_lock() TRY_ACQUIRE(true) { return mu_.try_lock(); }
 
  private:
+  friend class CondVar;
   std::mutex mu_;
+};
+
+// A condition variable bound to one Mutex, which the caller holds around every Wait: the
+// wait releases it while asleep and holds it again on return. Wakeups may be spurious.
+class CondVar {
+ public:
+  explicit CondVar(Mutex* mu) : mu_(mu) {}
+  CondVar(const CondVar&) = delete;
+  CondVar& operator=(const CondVar&) = delete;
+
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_->mu_, std::adopt_lock);
+    cv_.wait(lock);
+    lock.release();
+  }
+  // Returns false once `deadline` has passed.
+  template <class Clock, class Duration>
+  bool WaitUntil(const std::chrono::time_point<Clock, Duration>& deadline) {
+    std::unique_lock<std::mutex> lock(mu_->mu_, std::adopt_lock);
+    const bool woken = cv_.wait_until(lock, deadline) == std::cv_status::no_timeout;
+    lock.release();
+    return woken;
+  }
+  // Returns false once `timeout` has passed.
+  template <class Rep, class Period>
+  bool WaitFor(const std::chrono::duration<Rep, Period>& timeout) {
+    return WaitUntil(std::chrono::steady_clock::now() + timeout);
+  }
+  void Signal() { cv_.notify_one(); }
+  void SignalAll() { cv_.notify_all(); }
+
+ private:
+  Mutex* const mu_;
+  std::condition_variable cv_;
 };
 
 // Holds `mu` for its own lifetime.

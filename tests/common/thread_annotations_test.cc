@@ -1,0 +1,50 @@
+#include "common/thread_annotations.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+namespace cubetorchfs {
+namespace {
+
+TEST(CondVarTest, AWaiterWakesToTheChangeMadeUnderTheLock) {
+  Mutex mu;
+  CondVar cv(&mu);
+  bool ready = false;
+  std::thread setter([&] {
+    MutexLock lock(mu);
+    ready = true;
+    cv.SignalAll();
+  });
+  {
+    MutexLock lock(mu);
+    while (!ready) cv.Wait();
+    EXPECT_TRUE(ready);
+  }
+  setter.join();
+  // The lock is free again once the waiter's scope ends.
+  EXPECT_TRUE(mu.try_lock());
+  mu.unlock();
+}
+
+TEST(CondVarTest, ATimedWaitReturnsFalseAtItsDeadlineStillHoldingTheLock) {
+  Mutex mu;
+  CondVar cv(&mu);
+  MutexLock lock(mu);
+  const auto start = std::chrono::steady_clock::now();
+  bool woken = true;
+  while (woken) woken = cv.WaitFor(std::chrono::milliseconds(20));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(20));
+  // Still held: another thread cannot take it.
+  bool taken = true;
+  std::thread other([&] {
+    taken = mu.try_lock();
+    if (taken) mu.unlock();
+  });
+  other.join();
+  EXPECT_FALSE(taken);
+}
+
+}  // namespace
+}  // namespace cubetorchfs
