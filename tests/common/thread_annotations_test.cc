@@ -24,8 +24,12 @@ TEST(CondVarTest, AWaiterWakesToTheChangeMadeUnderTheLock) {
   }
   setter.join();
   // The lock is free again once the waiter's scope ends.
-  EXPECT_TRUE(mu.try_lock());
-  mu.unlock();
+  bool free_again = false;
+  if (mu.try_lock()) {
+    free_again = true;
+    mu.unlock();
+  }
+  EXPECT_TRUE(free_again);
 }
 
 TEST(CondVarTest, ATimedWaitReturnsFalseAtItsDeadlineStillHoldingTheLock) {
@@ -39,8 +43,11 @@ TEST(CondVarTest, ATimedWaitReturnsFalseAtItsDeadlineStillHoldingTheLock) {
   // Still held: another thread cannot take it.
   bool taken = true;
   std::thread other([&] {
-    taken = mu.try_lock();
-    if (taken) mu.unlock();
+    taken = false;
+    if (mu.try_lock()) {
+      taken = true;
+      mu.unlock();
+    }
   });
   other.join();
   EXPECT_FALSE(taken);
