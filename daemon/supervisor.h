@@ -16,11 +16,13 @@
 //   the same connection at the next generation. Requests the kernel had queued wait for it;
 //   those the dead worker was handling fail with ECONNABORTED (each worker reads through a
 //   clone of the descriptor, which the kernel closes with it; it aborts nothing else). The new
-//   worker does not know the inode and handle numbers the kernel holds: it answers them with
-//   ESTALE, on which the kernel looks the path up again (open, stat and the rest retry once
-//   with a fresh lookup), so new opens succeed. Lost: reads on files opened before the crash,
-//   bytes written but not yet flushed, the RAM cache and the prefetch plans (the hook
-//   publishes again). The NVMe tier is kept (it recovers at start). A worker whose main
+//   worker adopts the memfds the dead one sent (kMsgTable, kMsgCache, kMsgRing,
+//   kMsgPassthrough): the inode numbers the kernel holds go on naming their files, the RAM
+//   cache is cached again, the io_uring entries and passthrough opens live on. Numbers it
+//   cannot adopt answer ESTALE, on which the kernel looks the path up again. Lost: bytes
+//   written but not yet flushed (such files are dropped: ESTALE), the handles' read state and
+//   the prefetch plans (the hook publishes again). The NVMe tier is kept (it recovers at
+//   start). A worker whose main
 //   thread has ended while another is held in the kernel (a page-cache store waiting for a
 //   read that only the next worker can answer: fuse/page_probe.h) is taken as dead after
 //   5 s with its channel closed and the connection alive, and the next one starts; the old
@@ -28,10 +30,11 @@
 // - Upgrade (`cubetorchfs upgrade MNT`, or SIGUSR2 to the supervisor): the worker lets the
 //   page-cache stores under way finish while it still serves (each may wait for a read the
 //   loop answers), stops taking requests, finishes those it is handling, and hands its inode
-//   table to the supervisor,
-//   which executes the installed binary in its own place (same pid) and starts a new worker
-//   with that table. Every inode number the kernel holds keeps naming its file; files opened
-//   before are read at their current version. Refused while a file is open for writing.
+//   and passthrough tables, serialized (kMsgState), to the supervisor, which executes the
+//   installed binary in its own place (same pid) and starts a new worker with them, the RAM
+//   cache's memfd and the io_uring entries'. Every inode number the kernel holds keeps naming its
+//   file; files opened before are read at their current version. Refused while a file is open for
+//   writing.
 // - Worker exits 0 (the mount was unmounted, or SIGTERM): the supervisor unmounts and exits 0.
 // - Supervisor gets SIGTERM/SIGINT/SIGHUP: it passes SIGTERM to the worker, waits for it,
 //   unmounts and exits with its status.
