@@ -1,10 +1,11 @@
 // Lock annotations that clang's -Wthread-safety checks (scripts/thread_safety.sh runs it in
 // CI on the files that use them); with other compilers they expand to nothing.
 //
-// std::mutex carries no annotations in libstdc++, so every lock in the project is a Mutex
-// (locked with MutexLock, a scoped lock) or a SharedMutex, and a thread that waits for a
-// change waits on a CondVar bound to its Mutex. A wait is a loop the caller writes,
-// `while (!ready_) cv_.Wait();`, so the condition is read under the lock where the analysis
+// std::mutex carries no annotations in libstdc++, so an annotated lock is a Mutex (locked
+// with MutexLock, a scoped lock) or a SharedMutex, and a thread that waits for a change under
+// one waits on a CondVar bound to it. Some locks are still a bare std::mutex, which the
+// analysis does not see (docs/architecture.md, "Threads and locks"). A wait is a loop the caller
+// writes, `while (!ready_) cv_.Wait();`, so the condition is read under the lock where the analysis
 // sees it held.
 //
 // Thread safety: Mutex is a std::mutex, SharedMutex a std::shared_mutex, CondVar a
