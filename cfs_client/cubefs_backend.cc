@@ -35,13 +35,12 @@
 #include <cstring>
 #include <ctime>
 #include <limits>
-#include <mutex>
-#include <shared_mutex>
 #include <unordered_map>
 
 #include "cfs_client/backend.h"
 #include "cfs_client/cubefs_sdk.h"
 #include "common/logging.h"
+#include "common/thread_annotations.h"
 #include "common/unique_fd.h"
 
 namespace cubetorchfs::cfs_client {
@@ -96,7 +95,7 @@ class CubefsFile final : public WritableFile {
       : sdk_(sdk), client_(client), fd_(fd), path_(std::move(path)), size_(size) {}
 
   ~CubefsFile() override {
-    std::unique_lock<std::shared_mutex> l(io_mu_);
+    WriterLock l(io_mu_);
     if (fd_ < 0) return;
     if (!discarded_) {
       if (int rc = sdk_->flush(client_, fd_); rc < 0)
@@ -106,7 +105,7 @@ class CubefsFile final : public WritableFile {
   }
 
   Result<size_t> Write(uint64_t offset, const char* data, size_t len) override {
-    std::shared_lock<std::shared_mutex> l(io_mu_);
+    ReaderLock l(io_mu_);
     CTFS_RETURN_IF_ERROR(CheckOpen());
     ssize_t n = sdk_->write(client_, fd_, const_cast<char*>(data), len, static_cast<off_t>(offset));
     if (n < 0) return Err(n, "write /" + Path());
@@ -115,7 +114,7 @@ class CubefsFile final : public WritableFile {
   }
 
   Result<size_t> Read(uint64_t offset, size_t len, char* buf) override {
-    std::shared_lock<std::shared_mutex> l(io_mu_);
+    ReaderLock l(io_mu_);
     CTFS_RETURN_IF_ERROR(CheckOpen());
     size_t done = 0;
     while (done < len) {
@@ -129,7 +128,7 @@ class CubefsFile final : public WritableFile {
   }
 
   Status Truncate(uint64_t size) override {
-    std::shared_lock<std::shared_mutex> l(io_mu_);
+    ReaderLock l(io_mu_);
     CTFS_RETURN_IF_ERROR(CheckOpen());
     if (int rc = sdk_->truncate(client_, fd_, size); rc < 0) return Err(rc, "truncate /" + Path());
     size_.store(size);
@@ -144,7 +143,7 @@ class CubefsFile final : public WritableFile {
   }
 
   Status Flush() override {
-    std::shared_lock<std::shared_mutex> l(io_mu_);
+    ReaderLock l(io_mu_);
     CTFS_RETURN_IF_ERROR(CheckOpen());
     if (discarded_.load()) return Status::OK();
     if (int rc = sdk_->flush(client_, fd_); rc < 0) return Err(rc, "flush /" + Path());
@@ -165,12 +164,12 @@ class CubefsFile final : public WritableFile {
   }
 
   void Moved(const std::string& path) override {
-    std::lock_guard<std::mutex> l(path_mu_);
+    MutexLock l(path_mu_);
     path_ = path;
   }
 
   Status Close() override {
-    std::unique_lock<std::shared_mutex> l(io_mu_);
+    WriterLock l(io_mu_);
     if (fd_ < 0) return Status::OK();
     Status s;
     if (!discarded_.load()) {
@@ -184,12 +183,12 @@ class CubefsFile final : public WritableFile {
   void Discard() override { discarded_.store(true); }
 
  private:
-  Status CheckOpen() const {
+  Status CheckOpen() const REQUIRES_SHARED(io_mu_) {
     if (fd_ < 0) return Status::Errno(EBADF, "cubefs /" + Path() + ": file already closed");
     return Status::OK();
   }
-  std::string Path() const {
-    std::lock_guard<std::mutex> l(path_mu_);
+  std::string Path() const EXCLUDES(path_mu_) {
+    MutexLock l(path_mu_);
     return path_;
   }
   void Grow(uint64_t end) {
@@ -202,10 +201,10 @@ class CubefsFile final : public WritableFile {
   const int64_t client_;
   // I/O holds it shared, across the SDK's store requests on this fd; Close holds it alone
   // and so waits for all of them (the SDK's close must not race I/O on its fd).
-  mutable std::shared_mutex io_mu_;
-  int fd_;  // -1 once closed; changed under io_mu_ held alone
-  mutable std::mutex path_mu_;
-  std::string path_;  // guarded by path_mu_
+  mutable SharedMutex io_mu_;
+  int fd_ GUARDED_BY(io_mu_);  // -1 once closed; changed under io_mu_ held alone
+  mutable Mutex path_mu_;
+  std::string path_ GUARDED_BY(path_mu_);
   std::atomic<uint64_t> size_;
   std::atomic<bool> discarded_{false};
 };
@@ -349,7 +348,7 @@ class CubefsBackend final : public Backend {
   Result<FsStats> StatFs() override {
     // Held across the request on purpose: one asks at a time (each listing leaks a little
     // memory in the SDK), and statfs is rare.
-    std::lock_guard<std::mutex> l(statfs_mu_);
+    MutexLock l(statfs_mu_);
     const auto now = std::chrono::steady_clock::now();
     if (statfs_at_ && now - *statfs_at_ < std::chrono::seconds(30)) return statfs_;
     constexpr int kMaxVols = 1024;
@@ -609,9 +608,9 @@ class CubefsBackend final : public Backend {
   const std::string volume_;
   // Held across the SDK's statfs (a request to the master): one at a time, the others wait
   // and take its answer, which is cached for 30 s.
-  std::mutex statfs_mu_;
-  std::optional<std::chrono::steady_clock::time_point> statfs_at_;  // guarded by statfs_mu_
-  FsStats statfs_;                                                  // guarded by statfs_mu_
+  Mutex statfs_mu_;
+  std::optional<std::chrono::steady_clock::time_point> statfs_at_ GUARDED_BY(statfs_mu_);
+  FsStats statfs_ GUARDED_BY(statfs_mu_);
 };
 
 // The SDK's log directory: logDir/cubefs-sdk, made here and private (0700, ours, not a

@@ -3,7 +3,7 @@
 #include <dlfcn.h>
 #include <signal.h>
 
-#include <mutex>
+#include "common/thread_annotations.h"
 
 namespace cubetorchfs::cfs_client::cubefs {
 
@@ -15,9 +15,9 @@ static_assert(sizeof(GoSlice) == 24, "GoSlice");
 
 namespace {
 
-std::mutex g_mu;
-std::string g_loaded_from;  // guarded by g_mu
-Sdk g_sdk;                  // written once under g_mu, read-only afterwards
+Mutex g_mu;
+std::string g_loaded_from GUARDED_BY(g_mu);
+Sdk g_sdk;  // written once under g_mu, read-only afterwards
 
 template <typename F>
 bool Resolve(void* handle, const char* name, F* out, std::string* missing) {
@@ -33,7 +33,7 @@ bool Resolve(void* handle, const char* name, F* out, std::string* missing) {
 }  // namespace
 
 Result<const Sdk*> LoadSdk(const std::string& lib) {
-  std::lock_guard<std::mutex> l(g_mu);
+  MutexLock l(g_mu);
   const std::string name = lib.empty() ? "libcfs.so" : lib;
   if (!g_loaded_from.empty()) {
     if (g_loaded_from == name) return &g_sdk;

@@ -9,12 +9,11 @@
 // waiting for one sees the wait as latency too.
 
 #include <algorithm>
-#include <condition_variable>
-#include <mutex>
 #include <random>
 #include <type_traits>
 
 #include "cfs_client/backend.h"
+#include "common/thread_annotations.h"
 
 namespace cubetorchfs::cfs_client {
 namespace {
@@ -188,26 +187,25 @@ class InjectBackend final : public BackendWrapper {
     InjectBackend* const owner_;
   };
 
-  void Acquire() {
-    std::unique_lock<std::mutex> l(mu_);
-    if (opts_.max_concurrency > 0)
-      slot_free_.wait(l, [&] { return in_flight_ < opts_.max_concurrency; });
+  void Acquire() EXCLUDES(mu_) {
+    MutexLock l(mu_);
+    while (opts_.max_concurrency > 0 && in_flight_ >= opts_.max_concurrency) slot_free_.Wait();
     ++in_flight_;
     if (counters_) counters_->peak_in_flight = std::max(counters_->peak_in_flight, in_flight_);
   }
-  void Release() {
+  void Release() EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       --in_flight_;
     }
-    if (opts_.max_concurrency > 0) slot_free_.notify_one();
+    if (opts_.max_concurrency > 0) slot_free_.Signal();
   }
 
   // Counts a request, sleeps the configured latency, and fails it at the configured rate.
   Status Before(const std::string& what, Kind kind) {
     bool fail = false;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       if (opts_.error_rate > 0)
         fail = std::uniform_real_distribution<double>(0, 1)(rng_) < opts_.error_rate;
       if (counters_) {
@@ -232,7 +230,7 @@ class InjectBackend final : public BackendWrapper {
     const uint64_t now = clock_->NowNanos();
     uint64_t end = 0;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       end = std::max(now, link_free_ns_) + duration_ns;
       link_free_ns_ = end;
     }
@@ -241,12 +239,12 @@ class InjectBackend final : public BackendWrapper {
 
   const conf::InjectOptions opts_;
   Clock* const clock_;
-  std::mutex mu_;                      // guards everything below
-  std::condition_variable slot_free_;  // in_flight_ went down
-  InjectCounters* const counters_;     // GUARDED_BY(mu_)
-  std::mt19937_64 rng_;                // GUARDED_BY(mu_)
-  uint64_t in_flight_ = 0;             // GUARDED_BY(mu_): requests holding a slot
-  uint64_t link_free_ns_ = 0;          // GUARDED_BY(mu_): when the reserved transfers end
+  Mutex mu_;                 // guards everything below
+  CondVar slot_free_{&mu_};  // in_flight_ went down
+  InjectCounters* const counters_ PT_GUARDED_BY(mu_);
+  std::mt19937_64 rng_ GUARDED_BY(mu_);
+  uint64_t in_flight_ GUARDED_BY(mu_) = 0;     // requests holding a slot
+  uint64_t link_free_ns_ GUARDED_BY(mu_) = 0;  // when the reserved transfers end
 };
 
 Result<size_t> InjectWritableFile::Write(uint64_t offset, const char* data, size_t len) {

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -14,6 +13,7 @@
 
 #include "cfs_client/s3_protocol.h"
 #include "common/logging.h"
+#include "common/thread_annotations.h"
 #include "common/version.h"
 
 namespace cubetorchfs::cfs_client::s3 {
@@ -98,9 +98,9 @@ class HandlePool {
     EasyPtr h_;
   };
 
-  Result<Lease> Acquire() {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [&] { return !idle_.empty() || created_ < max_; });
+  Result<Lease> Acquire() EXCLUDES(mu_) {
+    MutexLock l(mu_);
+    while (idle_.empty() && created_ >= max_) cv_.Wait();
     if (!idle_.empty()) {
       EasyPtr h = std::move(idle_.back());
       idle_.pop_back();
@@ -113,23 +113,23 @@ class HandlePool {
   }
 
  private:
-  void Release(EasyPtr h) {
+  void Release(EasyPtr h) EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       if (h) {
         idle_.push_back(std::move(h));
       } else {
         --created_;
       }
     }
-    cv_.notify_one();
+    cv_.Signal();
   }
 
   const size_t max_;
-  std::mutex mu_;               // guards idle_ and created_
-  std::condition_variable cv_;  // signalled when a handle comes back
-  std::vector<EasyPtr> idle_;   // GUARDED_BY(mu_)
-  size_t created_ = 0;          // GUARDED_BY(mu_): handles alive, idle or leased
+  Mutex mu_;          // guards idle_ and created_
+  CondVar cv_{&mu_};  // signalled when a handle comes back
+  std::vector<EasyPtr> idle_ GUARDED_BY(mu_);
+  size_t created_ GUARDED_BY(mu_) = 0;  // handles alive, idle or leased
 };
 
 // Where an upload's next bytes come from (one per attempt).

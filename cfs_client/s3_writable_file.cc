@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <mutex>
 #include <vector>
 
 #include "common/logging.h"
+#include "common/thread_annotations.h"
 
 namespace cubetorchfs::cfs_client {
 namespace {
@@ -40,7 +40,7 @@ class S3WritableFile final : public WritableFile {
   }
 
   Result<size_t> Write(uint64_t offset, const char* data, size_t len) override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     CTFS_RETURN_IF_ERROR(MaterializeLocked());
     size_t done = 0;
     while (done < len) {
@@ -57,7 +57,7 @@ class S3WritableFile final : public WritableFile {
   }
 
   Result<size_t> Read(uint64_t offset, size_t len, char* buf) override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     CTFS_RETURN_IF_ERROR(MaterializeLocked());
     size_t done = 0;
     while (done < len) {
@@ -73,7 +73,7 @@ class S3WritableFile final : public WritableFile {
   }
 
   Status Truncate(uint64_t size) override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (size == 0) {
       materialized_ = true;  // nothing of the object is needed
     } else {
@@ -89,7 +89,7 @@ class S3WritableFile final : public WritableFile {
   }
 
   Status Flush() override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (!dirty_ || discarded_) return Status::OK();
     CTFS_RETURN_IF_ERROR(b_->UploadStaged(path_, fd_));
     dirty_ = false;
@@ -100,7 +100,7 @@ class S3WritableFile final : public WritableFile {
   Status Sync() override { return Flush(); }
 
   Result<FileAttr> Stat() override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     FileAttr a = attr_;
     if (materialized_) {
       struct stat st;
@@ -113,14 +113,14 @@ class S3WritableFile final : public WritableFile {
   }
 
   void Moved(const std::string& path) override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     path_ = path;
   }
 
   // The staging file's name goes now; its descriptor keeps working for reads and writes
   // until the handle is released, and its space is freed then.
   void Discard() override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (discarded_) return;
     discarded_ = true;
     dirty_ = false;
@@ -136,8 +136,7 @@ class S3WritableFile final : public WritableFile {
   }
 
   // Fetches the object's bytes into the staging file before its first partial change.
-  // REQUIRES: mu_ held.
-  Status MaterializeLocked() {
+  Status MaterializeLocked() REQUIRES(mu_) {
     if (materialized_) return Status::OK();
     const uint64_t size = attr_.size;
     constexpr size_t kPiece = 8u << 20;
@@ -156,14 +155,14 @@ class S3WritableFile final : public WritableFile {
   S3FileHost* const b_;
   // Guards everything below, and serializes the staging file's uploads: held across the
   // store's PUT or multipart upload, and the GET that materializes the object.
-  std::mutex mu_;
-  std::string path_;
+  Mutex mu_;
+  std::string path_ GUARDED_BY(mu_);
   const FileAttr attr_;  // the object's attributes when opened
   const std::string staging_;
   const int fd_;
-  bool materialized_;       // the staging file holds the object's bytes
-  bool dirty_;              // changed since the last successful upload
-  bool discarded_ = false;  // unlinked or renamed over: never uploaded again
+  bool materialized_ GUARDED_BY(mu_);       // the staging file holds the object's bytes
+  bool dirty_ GUARDED_BY(mu_);              // changed since the last successful upload
+  bool discarded_ GUARDED_BY(mu_) = false;  // unlinked or renamed over: never uploaded again
 };
 
 }  // namespace
