@@ -12,17 +12,18 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <mutex>
 #include <unordered_map>
 #include <utility>
+
+#include "common/thread_annotations.h"
 
 namespace cubetorchfs {
 namespace {
 
 std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
 std::atomic<int> g_fd{STDERR_FILENO};
-std::mutex g_problem_mu;
-LoggedProblem g_problem;  // guarded by g_problem_mu
+Mutex g_problem_mu;
+LoggedProblem g_problem GUARDED_BY(g_problem_mu);
 
 const char* LevelName(LogLevel level) {
   switch (level) {
@@ -77,11 +78,11 @@ class RateLimiter {
  public:
   // True if a line from (file, line) may be written now; then *suppressed is the number of
   // lines from there dropped since the last one written.
-  bool Admit(const char* file, int line, uint64_t* suppressed) {
+  bool Admit(const char* file, int line, uint64_t* suppressed) EXCLUDES(mu_) {
     const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                             std::chrono::steady_clock::now().time_since_epoch())
                             .count();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (sites_.size() >= kMaxSites) sites_.clear();
     auto [it, inserted] = sites_.try_emplace(Site{file, line});
     Bucket& b = it->second;
@@ -118,8 +119,8 @@ class RateLimiter {
     int64_t last_ns = 0;
     uint64_t suppressed = 0;
   };
-  std::mutex mu_;
-  std::unordered_map<Site, Bucket, SiteHash> sites_;
+  Mutex mu_;
+  std::unordered_map<Site, Bucket, SiteHash> sites_ GUARDED_BY(mu_);
 };
 
 RateLimiter& Limiter() {
@@ -196,7 +197,7 @@ bool LogIsStderr() { return g_fd.load() == STDERR_FILENO; }
 bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_level.load(); }
 
 LoggedProblem LastLoggedProblem() {
-  std::lock_guard l(g_problem_mu);
+  MutexLock l(g_problem_mu);
   return g_problem;
 }
 
@@ -220,7 +221,7 @@ void WriteLogLine(LogLevel level, const char* file, int line, const std::string&
   std::string out = head;
   out += EscapeLogText(text);
   if (level >= LogLevel::kWarn) {
-    std::lock_guard l(g_problem_mu);
+    MutexLock l(g_problem_mu);
     g_problem.text = out.substr(0, 512);
     g_problem.unix_s = duration<double>(now.time_since_epoch()).count();
   }

@@ -9,12 +9,12 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <system_error>
 #include <thread>
 #include <vector>
+
+#include "common/thread_annotations.h"
 
 namespace cubetorchfs {
 
@@ -40,28 +40,30 @@ inline void RunOnThreads(int threads, const std::function<void()>& worker) {
 inline void RunOnThreadsWithTick(int threads, const std::function<void()>& worker,
                                  std::chrono::milliseconds period,
                                  const std::function<void()>& tick) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
+  Mutex mu;
+  CondVar cv(&mu);
+  bool done = false;  // guarded by mu
   std::thread runner;
   try {
     runner = std::thread([&] {
       RunOnThreads(threads, worker);
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       done = true;
-      cv.notify_all();
+      cv.SignalAll();
     });
   } catch (const std::system_error&) {
     RunOnThreads(threads, worker);
     return;
   }
-  std::unique_lock<std::mutex> lock(mu);
-  while (!cv.wait_for(lock, period, [&] { return done; })) {
-    lock.unlock();
+  mu.lock();
+  for (auto next = std::chrono::steady_clock::now() + period; !done;) {
+    if (cv.WaitUntil(next) || done) continue;  // woken (perhaps spuriously), or done at the end
+    mu.unlock();
     tick();
-    lock.lock();
+    mu.lock();
+    next = std::chrono::steady_clock::now() + period;
   }
-  lock.unlock();
+  mu.unlock();
   runner.join();
 }
 
