@@ -9,10 +9,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
 
 #include <nlohmann/json.hpp>
 
+#include "common/thread_annotations.h"
 #include "common/unique_fd.h"
 
 namespace cubetorchfs::control {
@@ -62,8 +62,8 @@ struct Written {
   ino_t ino;
 };
 
-std::mutex g_written_mu;
-std::map<std::string, Written>& WrittenFiles() {
+Mutex g_written_mu;
+std::map<std::string, Written>& WrittenFiles() REQUIRES(g_written_mu) {
   static auto* m = new std::map<std::string, Written>();  // never destroyed: used at exit
   return *m;
 }
@@ -116,7 +116,7 @@ Status WriteControlFile(const std::string& path, const ControlInfo& info) {
   }
   UniqueFd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dfd.get() >= 0) ::fsync(dfd.get());  // the rename itself survives a crash
-  std::lock_guard<std::mutex> l(g_written_mu);
+  MutexLock l(g_written_mu);
   WrittenFiles()[path] = Written{st.st_dev, st.st_ino};
   return Status::OK();
 }
@@ -124,7 +124,7 @@ Status WriteControlFile(const std::string& path, const ControlInfo& info) {
 void RemoveControlFile(const std::string& path, int pid) {
   Written mine{};
   {
-    std::lock_guard<std::mutex> l(g_written_mu);
+    MutexLock l(g_written_mu);
     auto it = WrittenFiles().find(path);
     if (it == WrittenFiles().end()) return;  // never written by us
     mine = it->second;
@@ -148,7 +148,7 @@ void RemoveControlFile(const std::string& path, int pid) {
   struct stat now;
   if (::lstat(path.c_str(), &now) == 0 && now.st_dev == mine.dev && now.st_ino == mine.ino &&
       ::unlink(path.c_str()) == 0) {
-    std::lock_guard<std::mutex> l(g_written_mu);
+    MutexLock l(g_written_mu);
     WrittenFiles().erase(path);
   }
 }

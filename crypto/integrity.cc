@@ -9,12 +9,12 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <system_error>
 #include <thread>
 
 #include "common/parallel.h"
+#include "common/thread_annotations.h"
 #include "crypto/base64.h"
 
 namespace cubetorchfs::crypto {
@@ -210,14 +210,14 @@ Result<Tag> ComputeIntegrityTag(const Key& data_key, const IntegrityParams& para
   const uint64_t n = IntegrityChunkCount(params);
   std::vector<ChunkTagValue> tags(n);
   std::atomic<uint64_t> next{0};
-  std::mutex error_mu;
+  Mutex error_mu;
   Status error;  // the first failure; the others stop taking chunks
   auto work = [&] {
     for (uint64_t i = next++; i < n; i = next++) {
       const uint64_t begin = i * params.chunk_size;
       auto t = ChunkTag(*key, params, i, ciphertext + begin, ChunkLength(params, i));
       if (!t.ok()) {
-        std::lock_guard<std::mutex> l(error_mu);
+        MutexLock l(error_mu);
         if (error.ok()) error = t.status();
         next = n;
         return;

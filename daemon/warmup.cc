@@ -19,7 +19,6 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -30,6 +29,7 @@
 #include "cfs_client/backend.h"
 #include "common/logging.h"
 #include "common/parallel.h"
+#include "common/thread_annotations.h"
 #include "conf/config.h"
 #include "control/control_client.h"
 #include "control/control_file.h"
@@ -64,12 +64,16 @@ struct Item {
 
 struct Progress {
   std::atomic<uint64_t> done{0}, fetched{0}, skipped{0}, failed{0}, bytes{0};
-  std::mutex mu;  // guards errors
-  std::vector<std::string> errors;
+  Mutex mu;
+  std::vector<std::string> errors GUARDED_BY(mu);
 
-  void Error(const std::string& e) {
-    std::lock_guard<std::mutex> l(mu);
+  void Error(const std::string& e) EXCLUDES(mu) {
+    MutexLock l(mu);
     if (errors.size() < 20) errors.push_back(e);
+  }
+  std::vector<std::string> Errors() EXCLUDES(mu) {
+    MutexLock l(mu);
+    return errors;
   }
 };
 
@@ -377,7 +381,7 @@ int RunWarmup(const std::vector<std::string>& argv) {
   const double seconds = WithProgress(args.jobs, worker, progress, items.size(), total_bytes);
   if (disk) disk->Flush();
 
-  for (const auto& e : progress.errors) std::cerr << "warmup: failed: " << e << "\n";
+  for (const auto& e : progress.Errors()) std::cerr << "warmup: failed: " << e << "\n";
   std::cerr << "warmup: " << items.size() << " files: " << progress.fetched.load() << " fetched ("
             << Human(static_cast<double>(progress.bytes.load())) << "), " << progress.skipped.load()
             << " already cached, " << progress.failed.load() << " failed, in " << Clock(seconds)
