@@ -12,12 +12,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "common/trusted_file.h"
 #include "common/unique_fd.h"
 
@@ -69,10 +69,10 @@ Status WaitFor(int fd, short events, std::chrono::steady_clock::time_point deadl
 
 // One line on stderr per path and process: the loader then reads through the mount.
 void WarnOnce(const std::string& path, const std::string& message) {
-  static std::mutex mu;
+  static Mutex mu;
   static std::set<std::string>* warned = new std::set<std::string>();
   {
-    std::lock_guard<std::mutex> l(mu);
+    MutexLock l(mu);
     if (!warned->insert(path).second) return;
   }
   std::fprintf(stderr, "cube_torch: warning: %s; not using it (reading through the mount)\n",

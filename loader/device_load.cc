@@ -1,8 +1,8 @@
 #include "loader/device_load.h"
 
-#include <condition_variable>
 #include <deque>
-#include <mutex>
+
+#include "common/thread_annotations.h"
 
 namespace cubetorchfs::loader {
 
@@ -22,7 +22,7 @@ Status LoadToDevice(ModelFile& file, cuda::Copier& copier, const std::vector<uin
   const int wanted = ro.threads > 0 ? ro.threads : DefaultIoThreads();
   ro.threads = std::min(wanted, max_threads);
 
-  std::mutex mu;
+  Mutex mu;
   std::deque<int> free_slots, in_flight;
   for (int i = 0; i < static_cast<int>(slots.size()); ++i) free_slots.push_back(i);
   auto slot_of = [&](uint8_t* p) {
@@ -34,7 +34,7 @@ Status LoadToDevice(ModelFile& file, cuda::Copier& copier, const std::vector<uin
     int slot;
     bool wait = false;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       if (!free_slots.empty()) {
         slot = free_slots.front();
         free_slots.pop_front();
@@ -54,7 +54,7 @@ Status LoadToDevice(ModelFile& file, cuda::Copier& copier, const std::vector<uin
     if (slot < 0) return Status::IOError("device load: unknown staging slot (internal error)");
     CTFS_RETURN_IF_ERROR(
         copier.CopyAsync(static_cast<uint8_t*>(device_dst) + offset, ptr, len, slot));
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     in_flight.push_back(slot);
     return Status::OK();
   };

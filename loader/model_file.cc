@@ -10,11 +10,11 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <system_error>
 #include <thread>
 
 #include "common/parallel.h"
+#include "common/thread_annotations.h"
 #include "crypto/encrypted_header.h"
 #include "crypto/key_source.h"
 #include "loader/daemon_fd.h"
@@ -310,7 +310,7 @@ Status ModelFile::ReadPlan(const ReadOptions& options, const StageFn& stage, con
 
   std::atomic<uint64_t> next{first};
   std::atomic<bool> failed{false};
-  std::mutex mu;
+  Mutex mu;
   Status first_error;
   auto worker = [&]() {
     std::vector<uint8_t> bounce;
@@ -321,7 +321,7 @@ Status ModelFile::ReadPlan(const ReadOptions& options, const StageFn& stage, con
       if (i >= count) return;
       Status s = ReadItem(plan, i, &mac, &bounce, integrity_ ? &tags[i] : nullptr);
       if (!s.ok()) {
-        std::lock_guard<std::mutex> lock(mu);
+        MutexLock lock(mu);
         if (first_error.ok()) first_error = std::move(s);
         failed = true;
         return;

@@ -9,13 +9,13 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <set>
 
 #include "common/parallel.h"
+#include "common/thread_annotations.h"
 #include "crypto/encrypted_header.h"
 #include "crypto/integrity.h"
 #include "crypto/key_source.h"
@@ -76,7 +76,7 @@ class Payload {
 Status ParallelFor(uint64_t count, int threads, const std::function<Status(uint64_t)>& fn) {
   std::atomic<uint64_t> next{0};
   std::atomic<bool> failed{false};
-  std::mutex mu;
+  Mutex mu;
   Status first;
   auto worker = [&] {
     for (;;) {
@@ -85,7 +85,7 @@ Status ParallelFor(uint64_t count, int threads, const std::function<Status(uint6
       if (i >= count) return;
       Status s = fn(i);
       if (!s.ok()) {
-        std::lock_guard<std::mutex> lock(mu);
+        MutexLock lock(mu);
         if (first.ok()) first = s;
         failed = true;
       }
