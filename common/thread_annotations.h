@@ -86,16 +86,27 @@ class CondVar {
   std::condition_variable cv_;
 };
 
-// Holds `mu` for its own lifetime.
+// Holds `mu` for its own lifetime, but while let go by Unlock() (until Lock()).
 class SCOPED_CAPABILITY MutexLock {
  public:
   explicit MutexLock(Mutex& mu) ACQUIRE(mu) : mu_(mu) { mu_.lock(); }
-  ~MutexLock() RELEASE() { mu_.unlock(); }
+  ~MutexLock() RELEASE() {
+    if (held_) mu_.unlock();
+  }
+  void Unlock() RELEASE() {
+    mu_.unlock();
+    held_ = false;
+  }
+  void Lock() ACQUIRE() {
+    mu_.lock();
+    held_ = true;
+  }
   MutexLock(const MutexLock&) = delete;
   MutexLock& operator=(const MutexLock&) = delete;
 
  private:
   Mutex& mu_;
+  bool held_ = true;
 };
 
 // A reader-writer lock: many holders in shared mode (ReaderLock), or one in exclusive mode
