@@ -16,9 +16,9 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
 #include <unordered_map>
+
+#include "common/thread_annotations.h"
 
 namespace cubetorchfs::fuse {
 
@@ -26,12 +26,12 @@ template <typename T>
 class HandleTable {
  public:
   void SetGeneration(uint64_t generation) {
-    std::unique_lock l(mu_);
+    WriterLock l(mu_);
     next_ = (generation << 40) + 1;
   }
 
   uint64_t Insert(std::unique_ptr<T> handle) {
-    std::unique_lock l(mu_);
+    WriterLock l(mu_);
     const uint64_t id = next_++;
     map_.emplace(id, std::shared_ptr<T>(std::move(handle)));
     return id;
@@ -40,19 +40,19 @@ class HandleTable {
   // Keeps `handle` under a number another process gave out (adopted after a takeover).
   // Returns the handle now kept under `id` (an earlier one, if two requests raced).
   std::shared_ptr<T> Adopt(uint64_t id, std::unique_ptr<T> handle) {
-    std::unique_lock l(mu_);
+    WriterLock l(mu_);
     return map_.emplace(id, std::shared_ptr<T>(std::move(handle))).first->second;
   }
 
   std::shared_ptr<T> Get(uint64_t id) const {
-    std::shared_lock l(mu_);
+    ReaderLock l(mu_);
     auto it = map_.find(id);
     return it == map_.end() ? nullptr : it->second;
   }
 
   // Removes and returns the handle (null if unknown).
   std::shared_ptr<T> Take(uint64_t id) {
-    std::unique_lock l(mu_);
+    WriterLock l(mu_);
     auto it = map_.find(id);
     if (it == map_.end()) return nullptr;
     std::shared_ptr<T> h = std::move(it->second);
@@ -61,14 +61,14 @@ class HandleTable {
   }
 
   size_t size() const {
-    std::shared_lock l(mu_);
+    ReaderLock l(mu_);
     return map_.size();
   }
 
  private:
-  mutable std::shared_mutex mu_;  // guards next_ and map_
-  uint64_t next_ = 1;
-  std::unordered_map<uint64_t, std::shared_ptr<T>> map_;
+  mutable SharedMutex mu_;
+  uint64_t next_ GUARDED_BY(mu_) = 1;
+  std::unordered_map<uint64_t, std::shared_ptr<T>> map_ GUARDED_BY(mu_);
 };
 
 }  // namespace cubetorchfs::fuse
