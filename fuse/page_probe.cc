@@ -15,7 +15,7 @@ PageProbe::PageProbe(std::chrono::milliseconds timeout)
     : timeout_(timeout), page_(static_cast<uint64_t>(::sysconf(_SC_PAGESIZE))) {}
 
 void PageProbe::Attach(fuse_session* session) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   session_ = session;
 }
 
@@ -28,71 +28,72 @@ bool PageProbe::Resident(uint64_t ino, uint64_t size) {
 }
 
 bool PageProbe::Retrieve(uint64_t ino, uint64_t offset, uint64_t len) {
-  Pending pending;
-  std::unique_lock<std::mutex> l(mu_);
+  Pending pending{CondVar(&mu_)};
+  MutexLock l(mu_);
   fuse_session* const session = session_;
   if (session == nullptr) return false;
   const uint64_t cookie = next_cookie_++;
   // Registered before the notify: the answer, a request our own loop serves, finds it.
   pending_.emplace(cookie, &pending);
   sending_++;
-  l.unlock();
+  l.Unlock();
   const int rc =
       fuse_lowlevel_notify_retrieve(session, ino, static_cast<size_t>(len),
                                     static_cast<off_t>(offset), reinterpret_cast<void*>(cookie));
-  l.lock();
-  if (--sending_ == 0) idle_cv_.notify_all();
+  l.Lock();
+  if (--sending_ == 0) idle_cv_.SignalAll();
   // rc -ENOENT: the kernel has forgotten the inode, and its pages with it.
-  if (rc == 0)
-    pending.cv.wait_for(l, timeout_, [&] { return session_ == nullptr || pending.bytes; });
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  while (rc == 0 && session_ != nullptr && !pending.bytes && pending.cv.WaitUntil(deadline)) {
+  }
   pending_.erase(cookie);
   return pending.bytes.has_value() && *pending.bytes >= len;
 }
 
 bool PageProbe::Store(uint64_t ino, const char* data, size_t size) {
-  std::unique_lock<std::mutex> l(mu_);
+  MutexLock l(mu_);
   fuse_session* const session = session_;
   if (session == nullptr) return false;
   sending_++;
-  l.unlock();
+  l.Unlock();
   fuse_bufvec bufv = FUSE_BUFVEC_INIT(size);
   bufv.buf[0].mem = const_cast<char*>(data);  // only read
   // The kernel copies the bytes into the inode's pages and marks them up to date; it waits
   // for a page a read of the kernel's own holds locked (that read is answered by the loop).
   const int rc = fuse_lowlevel_notify_store(session, ino, 0, &bufv, FUSE_BUF_NO_SPLICE);
-  l.lock();
-  if (--sending_ == 0) idle_cv_.notify_all();
+  l.Lock();
+  if (--sending_ == 0) idle_cv_.SignalAll();
   return rc == 0;
 }
 
 void PageProbe::OnReply(void* cookie, uint64_t bytes) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = pending_.find(reinterpret_cast<uint64_t>(cookie));
   if (it == pending_.end()) return;  // answered after its caller gave up
   it->second->bytes = bytes;
-  it->second->cv.notify_one();
+  it->second->cv.Signal();
 }
 
 void PageProbe::Pause() {
-  std::unique_lock<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (session_ != nullptr) paused_ = session_;
   session_ = nullptr;
-  for (auto& [cookie, pending] : pending_) pending->cv.notify_one();
-  idle_cv_.wait(l, [&] { return sending_ == 0; });
+  for (auto& [cookie, pending] : pending_) pending->cv.Signal();
+  while (sending_ != 0) idle_cv_.Wait();
 }
 
 void PageProbe::Resume() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (session_ == nullptr && paused_ != nullptr) session_ = paused_;
   paused_ = nullptr;
 }
 
 void PageProbe::Close() {
-  std::unique_lock<std::mutex> l(mu_);
+  MutexLock l(mu_);
   session_ = nullptr;
   paused_ = nullptr;
-  for (auto& [cookie, pending] : pending_) pending->cv.notify_one();
-  idle_cv_.wait(l, [&] { return sending_ == 0; });
+  for (auto& [cookie, pending] : pending_) pending->cv.Signal();
+  while (sending_ != 0) idle_cv_.Wait();
 }
 
 bool MountPageCacheProbe::Resident(const std::string& path, uint64_t size) {

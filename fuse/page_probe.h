@@ -16,14 +16,13 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
 
+#include "common/thread_annotations.h"
 #include "prefetch/prefetcher.h"
 
 struct fuse_session;  // libfuse's
@@ -57,21 +56,21 @@ class PageProbe {
 
  private:
   struct Pending {
-    std::condition_variable cv;
-    std::optional<uint64_t> bytes;  // the answer
+    CondVar cv;                     // bound to mu_
+    std::optional<uint64_t> bytes;  // the answer (guarded by mu_)
   };
   // Whether the kernel returns all of [offset, offset + len).
   bool Retrieve(uint64_t ino, uint64_t offset, uint64_t len);
 
   const std::chrono::milliseconds timeout_;
   const uint64_t page_;
-  std::mutex mu_;                    // guards everything below
-  std::condition_variable idle_cv_;  // sending_ dropped to 0
-  fuse_session* session_ = nullptr;  // null before Attach, once closed and while paused
-  fuse_session* paused_ = nullptr;   // the session while paused
-  int sending_ = 0;                  // notifies being written to the session now
-  uint64_t next_cookie_ = 1;
-  std::unordered_map<uint64_t, Pending*> pending_;  // cookie -> its waiter (on its stack)
+  Mutex mu_;
+  CondVar idle_cv_{&mu_};                            // sending_ dropped to 0
+  fuse_session* session_ GUARDED_BY(mu_) = nullptr;  // null before Attach, once closed or paused
+  fuse_session* paused_ GUARDED_BY(mu_) = nullptr;   // the session while paused
+  int sending_ GUARDED_BY(mu_) = 0;                  // notifies being written to the session now
+  uint64_t next_cookie_ GUARDED_BY(mu_) = 1;
+  std::unordered_map<uint64_t, Pending*> pending_ GUARDED_BY(mu_);  // cookie -> waiter, on stack
 };
 
 // The prefetcher's page-cache probe for the mount (prefetch::PageCacheProbe): the inode
