@@ -6,13 +6,12 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "common/logging.h"
+#include "common/thread_annotations.h"
 
 namespace cubetorchfs::fuse {
 namespace {
@@ -35,33 +34,36 @@ class Loop {
     sigemptyset(&sa.sa_mask);
     ::sigaction(WakeSignal(), &sa, nullptr);
     {
-      std::lock_guard l(mu_);
+      MutexLock l(mu_);
       for (int i = 0; i < min_threads; ++i) StartLocked();
       started_.store(static_cast<int>(workers_.size()));
     }
     while (!Ending()) {
-      std::unique_lock l(mu_);
-      cv_.wait_for(l, std::chrono::milliseconds(50));
+      MutexLock l(mu_);
+      cv_.WaitFor(std::chrono::milliseconds(50));
     }
     // Wake every worker until all are gone: one that was between its check of the exit flag
     // and read() when a signal came would otherwise sleep on.
     for (;;) {
       std::vector<pthread_t> live;
       {
-        std::lock_guard l(mu_);
+        MutexLock l(mu_);
         if (running_ == 0) break;
         for (auto& w : workers_) live.push_back(w.native_handle());
       }
       for (pthread_t t : live) ::pthread_kill(t, WakeSignal());
-      std::unique_lock l(mu_);
-      cv_.wait_for(l, std::chrono::milliseconds(10), [this] { return running_ == 0; });
+      MutexLock l(mu_);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
+      while (running_ != 0 && cv_.WaitUntil(deadline)) {
+      }
     }
+    MutexLock l(mu_);  // (no worker is left to want it)
     for (auto& w : workers_) w.join();
     return error_.load();
   }
 
  private:
-  void StartLocked() {
+  void StartLocked() REQUIRES(mu_) {
     ++running_;
     workers_.emplace_back([this] { Work(); });
   }
@@ -77,7 +79,7 @@ class Loop {
         break;
       }
       if (busy_.fetch_add(1) + 1 >= started_.load() && started_.load() < max_threads_) {
-        std::lock_guard l(mu_);
+        MutexLock l(mu_);
         if (static_cast<int>(workers_.size()) < max_threads_ && !Ending()) {
           StartLocked();
           started_.store(static_cast<int>(workers_.size()));
@@ -87,9 +89,9 @@ class Loop {
       busy_.fetch_sub(1);
     }
     std::free(buf.mem);
-    std::lock_guard l(mu_);
+    MutexLock l(mu_);
     --running_;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
   fuse_session* const se_;
@@ -98,10 +100,10 @@ class Loop {
   std::atomic<int> error_{0};
   std::atomic<int> busy_{0};
   std::atomic<int> started_{0};
-  std::mutex mu_;  // guards workers_ and running_
-  std::condition_variable cv_;
-  std::vector<std::thread> workers_;
-  int running_ = 0;
+  Mutex mu_;
+  CondVar cv_{&mu_};
+  std::vector<std::thread> workers_ GUARDED_BY(mu_);
+  int running_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace
