@@ -15,16 +15,15 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <fstream>
 #include <future>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "common/logging.h"
 #include "common/parallel.h"
+#include "common/thread_annotations.h"
 #include "fuse/kernel_abi.h"
 
 namespace cubetorchfs::fuse {
@@ -384,11 +383,11 @@ struct UringLoop::Shared {
     std::atomic<int> started{0};  // threads started
   };
   std::unique_ptr<QueueCount[]> count;
-  std::mutex mu;  // guards threads_, running, taken
-  std::condition_variable cv;
-  std::vector<std::thread> threads_;
-  std::vector<bool> taken;  // slots a thread of this loop serves
-  int running = 0;
+  Mutex mu;
+  CondVar cv{&mu};
+  std::vector<std::thread> threads_ GUARDED_BY(mu);
+  std::vector<bool> taken GUARDED_BY(mu);  // slots a thread of this loop serves
+  int running GUARDED_BY(mu) = 0;
   std::atomic<int> adopted_served{0}, adopted_retried{0}, adopted_aborted{0}, adopted_committed{0},
       adopted_slots{0};
   std::weak_ptr<Shared> self_weak;
@@ -401,13 +400,15 @@ struct UringLoop::Shared {
     for (;;) {
       std::vector<pthread_t> live;
       {
-        std::lock_guard l(mu);
+        MutexLock l(mu);
         if (running == 0) return;
         for (auto& t : threads_) live.push_back(t.native_handle());
       }
       for (pthread_t t : live) ::pthread_kill(t, WakeSignal());
-      std::unique_lock l(mu);
-      cv.wait_for(l, std::chrono::milliseconds(10), [this] { return running == 0; });
+      MutexLock l(mu);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
+      while (running != 0 && cv.WaitUntil(deadline)) {
+      }
     }
   }
 
@@ -415,7 +416,7 @@ struct UringLoop::Shared {
   void JoinAll() {
     std::vector<std::thread> joining;
     {
-      std::lock_guard l(mu);
+      MutexLock l(mu);
       joining = std::move(threads_);
       threads_.clear();
     }
@@ -426,7 +427,7 @@ struct UringLoop::Shared {
 
   // Starts a thread for queue `qid` on a free slot (`adopt`: the slot `slot` of an earlier
   // process); its first command's result goes to `registered`. False: no slot left.
-  bool StartLocked(int qid, int slot, bool adopt, std::promise<Status>* registered) {
+  bool StartLocked(int qid, int slot, bool adopt, std::promise<Status>* registered) REQUIRES(mu) {
     if (slot < 0) {  // (a given slot was reserved by the caller)
       for (int i = 0; i < static_cast<int>(taken.size()) && slot < 0; ++i)
         if (!taken[i] && Info(i).state.load() == kFree) slot = i;
@@ -447,9 +448,9 @@ struct UringLoop::Shared {
     PinTo(qid);
     Status s = Run(qid, slot, adopt, registered);
     if (!s.ok() && !Ending()) CTFS_LOG(kError) << "io_uring queue " << qid << ": " << s.ToString();
-    std::lock_guard l(mu);
+    MutexLock l(mu);
     --running;
-    cv.notify_all();
+    cv.SignalAll();
   }
 
   // A fresh registration of the slot's buffers on queue `qid`.
@@ -636,7 +637,7 @@ struct UringLoop::Shared {
     QueueCount& c = count[qid];
     if (const int started = c.started.load();
         c.busy.fetch_add(1) + 1 >= started && started < o.max_per_queue) {
-      std::lock_guard l(mu);
+      MutexLock l(mu);
       if (c.started.load() < o.max_per_queue && !Ending() && !draining.load())
         StartLocked(qid, -1, false, nullptr);
     }
@@ -684,7 +685,6 @@ Result<std::unique_ptr<UringLoop>> UringLoop::Start(fuse_session* se, const Urin
   sh->o.min_per_queue = std::max(1, o.min_per_queue);
   sh->o.max_per_queue = std::max(sh->o.min_per_queue, o.max_per_queue);
   sh->payload_size = o.slots->payload_size();
-  sh->taken.assign(static_cast<size_t>(o.slots->count()), false);
   sh->count = std::make_unique<Shared::QueueCount[]>(static_cast<size_t>(sh->queues));
   std::unique_ptr<UringLoop> loop(new UringLoop(sh));
   std::vector<std::unique_ptr<std::promise<Status>>> registered;
@@ -692,7 +692,7 @@ Result<std::unique_ptr<UringLoop>> UringLoop::Start(fuse_session* se, const Urin
     registered.push_back(std::make_unique<std::promise<Status>>());
     std::future<Status> f = registered.back()->get_future();
     {
-      std::lock_guard l(sh->mu);
+      MutexLock l(sh->mu);
       if (!sh->StartLocked(qid, slot, adopt, registered.back().get()))
         return Status::IOError("no io_uring slot left");
     }
@@ -704,7 +704,8 @@ Result<std::unique_ptr<UringLoop>> UringLoop::Start(fuse_session* se, const Urin
   // so that one growing meanwhile (a request served during adoption) takes none of them.
   std::vector<int> adopt;
   {
-    std::lock_guard l(sh->mu);
+    MutexLock l(sh->mu);
+    sh->taken.assign(static_cast<size_t>(o.slots->count()), false);
     std::vector<int> per_queue(static_cast<size_t>(sh->queues), 0);
     for (int i = 0; i < o.slots->count(); ++i) {
       SlotInfo& info = sh->Info(i);
