@@ -53,5 +53,36 @@ TEST(CondVarTest, ATimedWaitReturnsFalseAtItsDeadlineStillHoldingTheLock) {
   EXPECT_FALSE(taken);
 }
 
+// Whether another thread can take `mu` now (and gives it back).
+bool FreeForOthers(Mutex& mu) {
+  bool taken = false;
+  std::thread other([&] {
+    if (mu.try_lock()) {
+      taken = true;
+      mu.unlock();
+    }
+  });
+  other.join();
+  return taken;
+}
+
+TEST(MutexLockTest, UnlockFreesTheMutexUntilLockAndTheEndOfScopeFreesItOnce) {
+  Mutex mu;
+  {
+    MutexLock lock(mu);
+    EXPECT_FALSE(FreeForOthers(mu));
+    lock.Unlock();
+    EXPECT_TRUE(FreeForOthers(mu));
+    lock.Lock();
+    EXPECT_FALSE(FreeForOthers(mu));
+  }
+  EXPECT_TRUE(FreeForOthers(mu));
+  {
+    MutexLock lock(mu);
+    lock.Unlock();  // left unlocked: the destructor does not unlock again
+  }
+  EXPECT_TRUE(FreeForOthers(mu));
+}
+
 }  // namespace
 }  // namespace cubetorchfs
