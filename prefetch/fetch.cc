@@ -38,10 +38,10 @@ void Prefetcher::FailLocked(Window::iterator it) {
   // The room goes to a fetch waiting for it, or to a stream's positions the scheduler has not
   // reached. With none (the whole list scheduled), waking an idle worker cost a futex wake-up
   // and two thread switches a read, for nothing.
-  room_cv_.notify_all();
+  room_cv_.SignalAll();
   for (const auto& [id, s] : streams_)
     if (s.next < s.end()) {
-      work_cv_.notify_one();
+      work_cv_.Signal();
       break;
     }
 }
@@ -78,11 +78,11 @@ void Prefetcher::RunJob(const Job& job, std::vector<Stored>* stored) {
     if (whole) whole->Publish(cache::ChunkKey(job.path, look.got->attr.Version(), 0));
   }
 
-  std::unique_lock<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (look.first) CountStoreReadsLocked(StoreRead::kWindow, 1);  // the store was asked
   // Entries that are not ready are erased only here, so the element stays put.
   Entry* e = &window_.at(job.path);
-  auto abandon = [&] {
+  auto abandon = [&]() REQUIRES(mu_) {
     FinishFetchLocked(*e);
     window_.Erase(window_.find(job.path));
     Wake();
@@ -119,14 +119,14 @@ void Prefetcher::RunJob(const Job& job, std::vector<Stored>* stored) {
     // Readers see its attributes while the rest is fetched (a small file becomes ready under
     // this same hold of the lock).
     window_.Show(job.path, *e);
-    if (!WaitForRoomLocked(l, *e, size)) {
+    if (!WaitForRoomLocked(*e, size)) {
       abandon();
       return;
     }
-    l.unlock();
+    l.Unlock();
     uint64_t from_store = 0;
     failure = FetchChunks(job.path, attr.Version(), &chunks, &from_store);
-    l.lock();
+    l.Lock();
     CountStoreReadsLocked(StoreRead::kWindow, from_store);
   }
   if (!failure.ok()) {
@@ -134,30 +134,32 @@ void Prefetcher::RunJob(const Job& job, std::vector<Stored>* stored) {
     FailLocked(window_.find(job.path));
     return;
   }
-  CompleteFetchLocked(l, job.path, *e, std::move(chunks), /*write_back=*/!had_copy, stored);
+  const Completion done =
+      CompleteFetchLocked(job.path, *e, std::move(chunks), /*write_back=*/!had_copy);
+  l.Unlock();
+  FinishOutside(job.path, done, stored);
 }
 
-void Prefetcher::CompleteFetchLocked(std::unique_lock<std::mutex>& l, const std::string& path,
-                                     Entry& e, std::vector<cache::BufferRef> chunks,
-                                     bool write_back, std::vector<Stored>* stored) {
+Prefetcher::Completion Prefetcher::CompleteFetchLocked(const std::string& path, Entry& e,
+                                                       std::vector<cache::BufferRef> chunks,
+                                                       bool write_back) {
+  Completion done;
   // Written through the mount while it was fetched: its bytes are not those of their key, even
   // for the daemon after a crash (they were published as they came).
   if (e.invalidated)
     for (const cache::BufferRef& chunk : chunks)
       if (chunk) chunk->Forget();
   // Kept on the NVMe tier for later runs and epochs.
-  std::vector<std::pair<std::string, cache::BufferRef>> to_disk;
   if (disk_ != nullptr && !e.invalidated && write_back)
     for (size_t i = 0; i < chunks.size(); ++i)
-      to_disk.emplace_back(cache::ChunkKey(path, e.attr.Version(), i), chunks[i]);
+      done.to_disk.emplace_back(cache::ChunkKey(path, e.attr.Version(), i), chunks[i]);
   // A file of one chunk goes into the kernel's page cache now: its reader then reads it there,
   // with no request to the daemon (keep_cache keeps the pages across opens).
-  const cfs_client::FileVersion version = e.attr.Version();
-  PageCacheProbe* const store = options_.keep_cache && e.store ? page_probe_ : nullptr;
-  cache::BufferRef to_store;
-  if (store != nullptr && !e.invalidated && chunks.size() == 1 && version.size > 0 &&
-      chunks[0]->size == version.size)
-    to_store = chunks[0];
+  done.version = e.attr.Version();
+  done.store = options_.keep_cache && e.store ? page_probe_ : nullptr;
+  if (done.store != nullptr && !e.invalidated && chunks.size() == 1 && done.version.size > 0 &&
+      chunks[0]->size == done.version.size)
+    done.to_store = chunks[0];
   e.chunks = std::move(chunks);
   e.state = State::kReady;
   window_.Show(path, e);
@@ -167,16 +169,20 @@ void Prefetcher::CompleteFetchLocked(std::unique_lock<std::mutex>& l, const std:
   FinishFetchLocked(e);
   MaybeReleaseLocked(path);  // may erase e
   // The worker takes the next job itself (WorkerLoop): only a fetch waiting for room is told.
-  room_cv_.notify_all();
-  l.unlock();
+  room_cv_.SignalAll();
+  return done;
+}
+
+void Prefetcher::FinishOutside(const std::string& path, const Completion& done,
+                               std::vector<Stored>* stored) {
   // Written by the worker that fetched it, not queued: prefetching outruns the tier's writer
   // queue, which would drop files; this way the tier's write speed paces prefetching.
-  for (const auto& [key, chunk] : to_disk)
+  for (const auto& [key, chunk] : done.to_disk)
     if (Status s = disk_->Put(key, *chunk); !s.ok())
       CTFS_LOG(kDebug) << "NVMe tier: " << key << ": " << s.ToString();
   // Stored after the entry is ready: a reader whose READ holds the page lock waits on it.
-  if (to_store != nullptr && store->Store(path, version, *to_store))
-    stored->push_back(Stored{path, version, /*restored=*/false});
+  if (done.to_store != nullptr && done.store->Store(path, done.version, *done.to_store))
+    stored->push_back(Stored{path, done.version, /*restored=*/false});
 }
 
 void Prefetcher::AfterStoreLocked(const Stored& done, std::vector<LruInsert>* to_lru) {
@@ -208,7 +214,7 @@ void Prefetcher::AfterStoreLocked(const Stored& done, std::vector<LruInsert>* to
     window_.Show(path, w);
     window_.Charge(w, -static_cast<int64_t>(w.reserved));
     MaybeReleaseLocked(path);
-    room_cv_.notify_all();  // window room (the worker looks for its next job next)
+    room_cv_.SignalAll();  // window room (the worker looks for its next job next)
   }
 }
 
@@ -268,7 +274,7 @@ Prefetcher::FirstLook Prefetcher::LookFirst(const std::string& path, uint64_t gu
   return out;
 }
 
-bool Prefetcher::WaitForRoomLocked(std::unique_lock<std::mutex>& l, Entry& e, uint64_t size) {
+bool Prefetcher::WaitForRoomLocked(Entry& e, uint64_t size) {
   if (size > options_.window_budget_bytes) return false;  // never fits: left to demand reads
   // Wait for room: the window never pushes out a file that has not been read.
   window_.Charge(e, -static_cast<int64_t>(e.reserved));
@@ -278,7 +284,7 @@ bool Prefetcher::WaitForRoomLocked(std::unique_lock<std::mutex>& l, Entry& e, ui
   e.promise->set_value();
   e.promise = std::make_shared<std::promise<void>>();
   e.done = e.promise->get_future().share();
-  room_cv_.wait(l, [&] { return stop_ || e.refs == 0 || window_.Fits(size); });
+  while (!stop_ && e.refs != 0 && !window_.Fits(size)) room_cv_.Wait();
   e.waiting_for_room = false;
   if (stop_ || e.refs == 0) return false;
   window_.Charge(e, static_cast<int64_t>(size));
@@ -362,10 +368,10 @@ void Prefetcher::ReleaseLocked(Window::iterator it) {
   // The room goes to a fetch waiting for it, or to a stream's positions the scheduler has not
   // reached. With none (the whole list scheduled), waking an idle worker cost a futex wake-up
   // and two thread switches a read, for nothing.
-  room_cv_.notify_all();
+  room_cv_.SignalAll();
   for (const auto& [id, s] : streams_)
     if (s.next < s.end()) {
-      work_cv_.notify_one();
+      work_cv_.Signal();
       break;
     }
 }
@@ -385,7 +391,7 @@ void Prefetcher::RunLruFill(const Job& job) {
   const AttrSource* source = nullptr;
   PageCacheProbe* probe = nullptr;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     source = attr_source_;
     probe = page_probe_;
   }
@@ -394,7 +400,7 @@ void Prefetcher::RunLruFill(const Job& job) {
   if (source) known = source->FreshAttr(job.path, nullptr);
   if (!known || known->Version() != job.version || !known->IsRegular()) return;
   if (job.reader && !MayAccess(*known, *job.reader, R_OK)) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     totals_.denied++;
     return;
   }
@@ -405,7 +411,7 @@ void Prefetcher::RunLruFill(const Job& job) {
   const std::string key = cache::ChunkKey(job.path, job.version, 0);
   if (ram_->Contains(key) || (disk_ != nullptr && disk_->Contains(key))) return;
   if (probe != nullptr && probe->Resident(job.path, job.version.size)) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     totals_.page_resident++;
     if (page_resident_) page_resident_->Increment();
     return;
@@ -418,7 +424,7 @@ void Prefetcher::RunLruFill(const Job& job) {
     from_store = from == cache::Tier::kStore;
     return r;
   });
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (from_store) CountStoreReadsLocked(StoreRead::kLruFill, 1);
   if (!got.ok()) {
     CTFS_LOG(kDebug) << "LRU fill of " << job.path << ": " << got.status().ToString();
@@ -452,11 +458,11 @@ void Prefetcher::RunRestore(const Job& job, std::vector<Stored>* stored) {
 void Prefetcher::RunProbe(const Job& job) {
   PageCacheProbe* probe = nullptr;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     probe = page_probe_;
   }
   const bool resident = probe != nullptr && probe->Resident(job.path, job.size);
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   std::optional<Mark> m = MarkLocked(job.path);
   if (resident && m) {
     m->probing = false;

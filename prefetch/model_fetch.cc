@@ -77,11 +77,11 @@ ModelFetcher::ModelFetcher(const Options& options, cfs_client::Backend* backend,
 
 ModelFetcher::~ModelFetcher() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
     jobs_.clear();
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   for (auto& t : workers_) t.join();
 }
 
@@ -92,12 +92,12 @@ bool ModelFetcher::IsModelFile(const std::string& path) {
 }
 
 uint64_t ModelFetcher::background_chunks() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return background_chunks_;
 }
 
 uint64_t ModelFetcher::joined_builds() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return joined_builds_;
 }
 
@@ -106,7 +106,7 @@ void ModelFetcher::OnRead(const std::string& path, const cfs_client::FileVersion
   if (workers_.empty() || version.size <= options_.chunk_bytes || !IsModelFile(path)) return;
   std::string key = FileKey(path, version);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stop_ || !started_.insert(key).second) return;
     started_order_.push_back(key);
     if (started_order_.size() > kMaxStarted) {
@@ -122,15 +122,15 @@ void ModelFetcher::OnRead(const std::string& path, const cfs_client::FileVersion
       ++background_chunks_;
     }
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void ModelFetcher::Worker() {
   for (;;) {
     Job job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+      MutexLock lock(mu_);
+      while (!stop_ && jobs_.empty()) cv_.Wait();
       if (stop_) return;
       job = std::move(jobs_.front());
       jobs_.pop_front();
@@ -182,7 +182,7 @@ Result<ResidentFile> ModelFetcher::MakeResident(const std::string& path,
   std::shared_ptr<Inflight> shared;
   bool leader = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = inflight_.find(key);
     if (it != inflight_.end()) {
       shared = it->second;
@@ -204,15 +204,15 @@ Result<ResidentFile> ModelFetcher::MakeResident(const std::string& path,
   }
   if (leader) {
     Result<ResidentFile> built = BuildResident(path, version);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     resident_inflight_bytes_ -= version.size;
     inflight_.erase(key);
     shared->result = std::move(built);
     shared->done = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   } else {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return shared->done; });
+    MutexLock lock(mu_);
+    while (!shared->done) cv_.Wait();
   }
   // Every requester gets its own descriptor of the shared memory file; the original is
   // closed when the last requester is done with `shared`.
@@ -275,14 +275,14 @@ Result<ResidentFile> ModelFetcher::BuildResident(const std::string& path,
   const uint64_t chunks = (version.size + options_.chunk_bytes - 1) / options_.chunk_bytes;
   std::atomic<uint64_t> next{0};
   std::atomic<bool> failed{false};
-  std::mutex err_mu;
+  Mutex err_mu;  // guards first_error
   Status first_error;
   FillCounts counts;
   auto worker = [&] {
     std::vector<char> scratch;
     for (uint64_t c = next++; c < chunks && !failed; c = next++) {
       if (Status s = FillChunk(mfd.get(), path, version, c, scratch, counts); !s.ok()) {
-        std::lock_guard<std::mutex> lock(err_mu);
+        MutexLock lock(err_mu);
         if (first_error.ok()) first_error = std::move(s);
         failed = true;
       }

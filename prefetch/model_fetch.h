@@ -20,12 +20,10 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -35,6 +33,7 @@
 #include "cache/ram_cache.h"
 #include "cfs_client/backend.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace cubetorchfs::prefetch {
 
@@ -117,20 +116,19 @@ class ModelFetcher {
   cache::RamCache* const ram_;
   cache::DiskCache* const disk_;
 
-  // Guards every member below it but `workers_` (started and joined by the constructor and
-  // destructor only). Held while /proc/meminfo and the cgroup limit are read (a new resident
-  // file's room); never across a store request. A std::mutex, not an annotated Mutex: cv_
-  // waits on it.
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> jobs_;
-  std::set<std::string> started_;  // path + version keys already scheduled (bounded)
-  std::deque<std::string> started_order_;
-  uint64_t background_chunks_ = 0;
-  std::map<std::string, std::shared_ptr<Inflight>> inflight_;  // by path + version
-  uint64_t resident_inflight_bytes_ = 0;                       // sizes of the files being built
-  uint64_t joined_builds_ = 0;  // requests that shared a build already running
-  bool stop_ = false;
+  // Guards the members marked GUARDED_BY and each Inflight's `done` and `result` (workers_ is
+  // started and joined by the constructor and destructor only). Held while /proc/meminfo and
+  // the cgroup limit are read (a new resident file's room); never across a store request.
+  mutable Mutex mu_;
+  CondVar cv_{&mu_};  // workers: a job queued, or stop; requesters: a shared build done
+  std::deque<Job> jobs_ GUARDED_BY(mu_);
+  std::set<std::string> started_ GUARDED_BY(mu_);  // path + version keys scheduled (bounded)
+  std::deque<std::string> started_order_ GUARDED_BY(mu_);
+  uint64_t background_chunks_ GUARDED_BY(mu_) = 0;
+  std::map<std::string, std::shared_ptr<Inflight>> inflight_ GUARDED_BY(mu_);  // path + version
+  uint64_t resident_inflight_bytes_ GUARDED_BY(mu_) = 0;  // sizes of the files being built
+  uint64_t joined_builds_ GUARDED_BY(mu_) = 0;  // requests that shared a build already running
+  bool stop_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 

@@ -91,11 +91,11 @@ Prefetcher::Prefetcher(const Options& options, cfs_client::Backend* backend, cac
 
 Prefetcher::~Prefetcher() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     stop_ = true;
   }
-  work_cv_.notify_all();
-  room_cv_.notify_all();
+  work_cv_.SignalAll();
+  room_cv_.SignalAll();
   for (auto& t : workers_) t.join();
   // Wake any reader still waiting on a fetch that will not run now.
   for (auto& [path, e] : window_)
@@ -110,7 +110,7 @@ uint64_t Prefetcher::Slack() const {
 std::string Prefetcher::CreateStream(const std::string& name, int pid, uid_t uid,
                                      std::shared_ptr<const Caller> reader, const std::string& list,
                                      bool page_cache, bool claims_share) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   uint64_t owned = 0;
   for (const auto& [sid, st] : streams_) owned += st.uid == uid;
   if (owned >= options_.max_streams_per_uid) return "";
@@ -143,14 +143,14 @@ Stream* Prefetcher::StreamById(const std::string& id) {
 bool Prefetcher::DeleteStream(const std::string& id) { return DeleteStreamAs(0, id) == Op::kOk; }
 
 Prefetcher::Op Prefetcher::CheckStream(uid_t uid, const std::string& id) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   const Stream* s = StreamById(id);
   if (s == nullptr) return Op::kNotFound;
   return uid != 0 && s->uid != uid ? Op::kForbidden : Op::kOk;
 }
 
 Prefetcher::Op Prefetcher::StreamList(uid_t uid, const std::string& id, std::string* list) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   const Stream* s = StreamById(id);
   if (s == nullptr) return Op::kNotFound;
   if (uid != 0 && s->uid != uid) return Op::kForbidden;
@@ -160,7 +160,7 @@ Prefetcher::Op Prefetcher::StreamList(uid_t uid, const std::string& id, std::str
 
 Prefetcher::Op Prefetcher::DeleteStreamAs(uid_t uid, const std::string& id) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     auto it = streams_.find(id);
     if (it == streams_.end()) return Op::kNotFound;
     if (uid != 0 && it->second.uid != uid) return Op::kForbidden;
@@ -178,13 +178,13 @@ Prefetcher::Op Prefetcher::DeleteStreamAs(uid_t uid, const std::string& id) {
 void Prefetcher::MaybeTrimHeap() {
   uint64_t freed = 0;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (freed_queued_bytes_ < kTrimAfterBytes) return;
     freed = std::exchange(freed_queued_bytes_, 0);
   }
   const bool ran = options_.trim_heap ? options_.trim_heap() : TrimHeap();
   if (!ran) {  // another trim ran just before: the next sweep tries again
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     freed_queued_bytes_ += freed;
   }
 }
@@ -218,7 +218,7 @@ Prefetcher::Op Prefetcher::PublishAs(uid_t uid, const std::string& id,
   if (taken != nullptr) *taken = 0;
   if (refusal != nullptr) *refusal = Refusal{};
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     // Reads reported before the publish come first (`unread` counts them as read).
     if (ApplyDeferredLocked()) Wake();
     Stream* s = StreamById(id);
@@ -266,17 +266,17 @@ Prefetcher::Op Prefetcher::PublishAs(uid_t uid, const std::string& id,
 }
 
 void Prefetcher::SetAttrSource(AttrSource* source) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   attr_source_ = source;
 }
 
 void Prefetcher::SetPageProbe(PageCacheProbe* probe) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   page_probe_ = probe;
 }
 
 Stats Prefetcher::GetStats(std::optional<uid_t> only) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (ApplyDeferredLocked()) Wake();  // every read reported so far is counted
   Stats out = totals_;
   out.resident_marks = attr_source_ != nullptr ? attr_source_->Marks() : 0;
@@ -310,7 +310,7 @@ std::optional<Prefetcher::Job> Prefetcher::NextJobLocked() {
   const uint64_t users = std::max<uint64_t>(1, wanting.size());
   const uint64_t share_files = std::max<uint64_t>(1, options_.prefetch.window_files / users);
   const uint64_t share_bytes = options_.window_budget_bytes / users;
-  auto over_share = [&](uid_t uid) {
+  auto over_share = [&](uid_t uid) REQUIRES(mu_) {
     return users >= 2 && window_.AtShare(uid, share_files, share_bytes);
   };
   // Probes take no room in the window.
@@ -465,23 +465,22 @@ void Prefetcher::OnRead(const std::string& path, const cfs_client::FileVersion& 
                         int64_t uid) {
   const int o = static_cast<int>(outcome);
   if (reads_[o]) reads_[o]->Increment();
-  std::unique_lock<std::mutex> l(mu_, std::try_to_lock);
-  if (!l.owns_lock()) {
+  if (!mu_.try_lock()) {
     if (Defer({path, version, offset, bytes, outcome, to_kernel, uid, clock_->NowNanos()})) {
       // The holder may have released the lock before the read was queued: apply it now if
       // nobody holds it, rather than leave it for the next holder.
-      if (!l.try_lock()) return;
+      if (!mu_.try_lock()) return;
       const bool wake = ApplyDeferredLocked();
-      l.unlock();
+      mu_.unlock();
       if (wake) Wake();
       return;
     }
-    l.lock();  // this thread's shard is full: wait, as every read once did
+    mu_.lock();  // this thread's shard is full: wait, as every read once did
   }
   // Reads queued earlier (this thread's among them) first.
   bool wake = ApplyDeferredLocked();
   wake |= OnReadLocked(path, version, offset, bytes, outcome, to_kernel, uid, clock_->NowNanos());
-  l.unlock();
+  mu_.unlock();
   if (wake) Wake();
 }
 
@@ -528,7 +527,7 @@ void Prefetcher::OnWholeReads(const std::vector<WholeRead>& reads, int64_t uid) 
     if (reads_[o] && by_outcome[o] > 0) reads_[o]->Increment(static_cast<double>(by_outcome[o]));
   bool wake = false;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     wake = ApplyDeferredLocked();
     const uint64_t now = clock_->NowNanos();
     for (const WholeRead& r : reads)
@@ -626,8 +625,8 @@ std::optional<Prefetcher::WindowHit> Prefetcher::Get(const std::string& path,
   // one not in the window at all while every entry is ready. Settled is read before the view:
   // a fetch that starts after it was read is not waited for, as if it had started after
   // this read.
-  const bool settled = window_.Settled();
-  if (std::shared_ptr<const Window::View> view = window_.FindView(path)) {
+  const bool settled = Views().Settled();
+  if (std::shared_ptr<const Window::View> view = Views().FindView(path)) {
     if (view->ready) {
       if (view->attr.Version() != version || chunk >= view->chunks.size()) return std::nullopt;
       return WindowHit{view->chunks[chunk], false};
@@ -635,7 +634,7 @@ std::optional<Prefetcher::WindowHit> Prefetcher::Get(const std::string& path,
   } else if (settled) {
     return std::nullopt;
   }
-  std::unique_lock<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = window_.find(path);
   if (it == window_.end() || it->second.waiting_for_room || it->second.invalidated)
     return std::nullopt;
@@ -643,9 +642,9 @@ std::optional<Prefetcher::WindowHit> Prefetcher::Get(const std::string& path,
   bool waited = false;
   if (it->second.state != State::kReady) {  // the fetch is running: wait for it
     std::shared_future<void> done = it->second.done;
-    l.unlock();
+    l.Unlock();
     done.wait();
-    l.lock();
+    l.Lock();
     it = window_.find(path);
     if (it == window_.end() || it->second.state != State::kReady || it->second.invalidated ||
         it->second.attr.Version() != version)
@@ -659,7 +658,7 @@ std::optional<Prefetcher::WindowHit> Prefetcher::Get(const std::string& path,
 std::optional<cfs_client::FileAttr> Prefetcher::WindowAttr(const std::string& path, uint64_t dir_id,
                                                            uint64_t* fetched_ns) {
   // No prefetcher lock: entries past kStat and not invalidated are shown.
-  std::shared_ptr<const Window::View> view = window_.FindView(path);
+  std::shared_ptr<const Window::View> view = Views().FindView(path);
   if (view == nullptr || view->dir_id != dir_id) return std::nullopt;
   const double age_s = static_cast<double>(clock_->NowNanos() - view->attr_time_ns) / 1e9;
   if (age_s >= options_.attr_timeout_s) return std::nullopt;
@@ -668,7 +667,7 @@ std::optional<cfs_client::FileAttr> Prefetcher::WindowAttr(const std::string& pa
 }
 
 void Prefetcher::Invalidate(const std::string& path) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   // Reads of the old version reported so far are applied first: a file read whole before it
   // was written is not counted as evicted unread.
   if (ApplyDeferredLocked()) Wake();
@@ -685,7 +684,7 @@ void Prefetcher::Invalidate(const std::string& path) {
 bool Prefetcher::RunOneJob() {
   std::optional<Job> job;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (ApplyDeferredLocked()) Wake();  // this thread looks for work next, and one more
     job = NextJobLocked();
     if (job && job->IsFetch()) StartFetchLocked(*job);
@@ -693,25 +692,25 @@ bool Prefetcher::RunOneJob() {
   if (!job) return false;
   std::vector<Stored> stored;
   Run(*job, &stored);
-  std::unique_lock<std::mutex> l(mu_);
-  RecordStoredLocked(l, &stored);
+  MutexLock l(mu_);
+  RecordStoredLocked(&stored);
   return true;
 }
 
-void Prefetcher::RecordStoredLocked(std::unique_lock<std::mutex>& l, std::vector<Stored>* stored) {
+void Prefetcher::RecordStoredLocked(std::vector<Stored>* stored) {
   if (stored->empty()) return;
   std::vector<LruInsert> to_lru;
   for (const Stored& done : *stored) AfterStoreLocked(done, &to_lru);
   stored->clear();
   if (to_lru.empty()) return;
-  l.unlock();
+  mu_.unlock();
   for (auto& [key, chunk] : to_lru) ram_->Insert(key, std::move(chunk));
-  l.lock();
+  mu_.lock();
 }
 
 void Prefetcher::Sweep() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (ApplyDeferredLocked()) Wake();
     SweepLocked();
   }
@@ -743,16 +742,16 @@ void Prefetcher::WorkerLoop() {
   std::vector<Job> batch;
   std::vector<Stored> stored;  // by the last batch, recorded at the next lock
   bool woken = true;           // came from waiting for work (not from finishing a job)
-  std::unique_lock<std::mutex> l(mu_);
+  MutexLock l(mu_);
   while (!stop_) {
-    RecordStoredLocked(l, &stored);
+    RecordStoredLocked(&stored);
     if (stop_) break;
     if (options_.restore_needed &&
         (restore_asked_ns_ == 0 || clock_->NowNanos() - restore_asked_ns_ > 10 * kSecond)) {
       restore_asked_ns_ = clock_->NowNanos();
-      l.unlock();
+      l.Unlock();
       const bool needed = options_.restore_needed();  // a few sysfs reads
-      l.lock();
+      l.Lock();
       if (needed != restore_) {
         CTFS_LOG(kInfo) << (needed ? "page cache is dropped unseen (DAMON pageout): trusted "
                                      "files are put back into it as streams reach them"
@@ -764,9 +763,9 @@ void Prefetcher::WorkerLoop() {
     if (clock_->NowNanos() - last_sweep_ns_ > kSecond) {
       SweepLocked();
       if (freed_queued_bytes_ >= kTrimAfterBytes) {  // streams expired or were deleted
-        l.unlock();
+        l.Unlock();
         MaybeTrimHeap();
-        l.lock();
+        l.Lock();
         continue;
       }
     }
@@ -776,7 +775,7 @@ void Prefetcher::WorkerLoop() {
     if (ApplyDeferredLocked()) Wake();
     std::optional<Job> job = NextJobLocked();
     if (!job) {
-      work_cv_.wait_for(l, std::chrono::seconds(1));
+      work_cv_.WaitFor(std::chrono::seconds(1));
       woken = true;
       continue;
     }
@@ -798,19 +797,19 @@ void Prefetcher::WorkerLoop() {
     // Chain: another idle worker looks for more work (wakeups are one at a time). A worker
     // back from a fetch takes the next one itself, with no wakeup: the number of fetches in
     // flight grows as workers are woken, and holds as each finishes and takes another.
-    if (more && (woken || batch.back().restore)) work_cv_.notify_one();
+    if (more && (woken || batch.back().restore)) work_cv_.Signal();
     woken = false;
-    l.unlock();
+    l.Unlock();
     for (const Job& j : batch) Run(j, &stored);
-    l.lock();
+    l.Lock();
   }
 }
 
 void Prefetcher::Wake() {
   // One idle worker is enough: one that finds a job wakes the next. Waking all 64 on every
   // read cost more CPU than the reads themselves.
-  work_cv_.notify_one();
-  room_cv_.notify_all();
+  work_cv_.Signal();
+  room_cv_.SignalAll();
 }
 
 }  // namespace cubetorchfs::prefetch

@@ -1,6 +1,7 @@
 // The prefetcher: streams of published files, the fetch-ahead window, page-cache residency,
-// and read accounting. Each part owns its state (Stream, QueuedPaths, Window, ResidentMarks);
-// the prefetcher schedules the work across them under one mutex. docs/prefetch.md says what each
+// and read accounting. Its parts (Stream, QueuedPaths, Window, ResidentMarks) are data structures
+// that the prefetcher changes under its one mutex; only the window's view index and the deferred
+// reads have locks of their own. docs/prefetch.md says what each
 // does for a user, docs/security.md how queued positions are bounded and shared, docs/metrics.md
 // what each counter means.
 //
@@ -32,22 +33,23 @@
 // flight) or miss (fetched on demand); a position the readers passed while the kernel held
 // the file whole is a hit read from the page cache.
 //
-// Thread safety: all public methods are thread-safe. One mutex guards every part; it is never held
-// across a backend call (it is held while /proc/vmstat is read, at most every 50 ms). The attribute
-// source (the inode table) is asked under it. Lock order: Prefetcher::mu_ before the inode table's
-// mutex and before any RamCache shard lock (RamCache never calls back).
+// Thread safety: all public methods are thread-safe. mu_ (an annotated Mutex: every field it
+// guards is GUARDED_BY, every ...Locked method REQUIRES it) is never held across a backend call
+// (it is held while /proc/vmstat is read, at most every 50 ms). The attribute source (the inode
+// table) is asked under it. Lock order: mu_ before the inode table's mutex, before any RamCache
+// shard lock (RamCache never calls back), and before a view shard's or a deferred-read shard's
+// lock; those take no other lock.
 //
-// The read path does not wait on that mutex. Get and WindowAttr find ready files in the window's
-// view index (Window::FindView: one of 64 shard locks), and take the mutex only to wait on a
-// fetch in flight. OnRead takes it only when it is free; when another thread holds it, the read
-// is queued in one of 16 shards (by reader thread) and applied by the next holder before any
-// other work, so counters, cursors and window room see every read, a little later. Lock order:
-// mu_ before a view shard's or a deferred-read shard's lock; those take no other lock.
+// On the read path, Get finds files shown ready in the window's view index (Window::FindView:
+// one of 64 shard locks); it takes mu_ only for a path not shown ready while some entry is not
+// yet ready (to find a fetch in flight, and wait on it with mu_ released). OnRead takes it only
+// when it is free; when another thread holds it, the read is queued in one of 16 shards (by reader
+// thread) and applied by the next holder before any other work, and only a reader whose shard is
+// full (1,024 reads) waits for it. WindowAttr never takes it.
 #pragma once
 
 #include <array>
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -304,7 +306,7 @@ class Prefetcher {
   void Sweep();
   // Runs `fn` while holding the prefetcher's lock: reads reported meanwhile are queued.
   void HoldLockForTest(const std::function<void()>& fn) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     fn();
   }
   static constexpr uint64_t kTrimAfterBytes = 1 << 20;  // queued-path memory freed, then trim
@@ -342,10 +344,10 @@ class Prefetcher {
     bool restored = false;
   };
 
-  // REQUIRES: mu_ held.
-  std::optional<Job> NextJobLocked();
-  // Charges a fetch's first request to the window. REQUIRES: mu_ held.
-  void StartFetchLocked(Job& job);
+  //
+  std::optional<Job> NextJobLocked() REQUIRES(mu_);
+  // Charges a fetch's first request to the window.
+  void StartFetchLocked(Job& job) REQUIRES(mu_);
   // RunProbe, RunLruFill, RunRestore or RunJob, with no lock held; files they stored are
   // added to `stored`.
   void Run(const Job& job, std::vector<Stored>* stored);
@@ -355,10 +357,10 @@ class Prefetcher {
     std::string key;
     cache::BufferRef chunk;
   };
-  void AfterStoreLocked(const Stored& done, std::vector<LruInsert>* to_lru);
-  // Records `stored` (AfterStoreLocked) and clears it; releases `l` while the chunks go to the
-  // LRU, then takes it again. REQUIRES: mu_ held (through `l`).
-  void RecordStoredLocked(std::unique_lock<std::mutex>& l, std::vector<Stored>* stored);
+  void AfterStoreLocked(const Stored& done, std::vector<LruInsert>* to_lru) REQUIRES(mu_);
+  // Records `stored` (AfterStoreLocked) and clears it; releases mu_ while the chunks go to the
+  // LRU, then takes it again.
+  void RecordStoredLocked(std::vector<Stored>* stored) REQUIRES(mu_);
   // What the first look at a file to prefetch found (no lock held): its attributes with the
   // whole file, or only the attributes of one too large for `guess` bytes; or an error.
   struct FirstLook {
@@ -373,21 +375,30 @@ class Prefetcher {
   FirstLook LookFirst(const std::string& path, uint64_t guess,
                       const cfs_client::Backend::AttrCheck& check, const AttrSource* source);
   // Until the window has room for `size` bytes of `e`, which are then charged; false if it
-  // never will (too large, stopping, or no stream wants it any more). REQUIRES: mu_ held.
-  bool WaitForRoomLocked(std::unique_lock<std::mutex>& l, Entry& e, uint64_t size);
-  // `e` (of `path`) is ready with `chunks`, queued for the NVMe tier if `write_back`; unlocks
-  // `l` before writing them there. REQUIRES: mu_ held (through `l`).
-  void CompleteFetchLocked(std::unique_lock<std::mutex>& l, const std::string& path, Entry& e,
-                           std::vector<cache::BufferRef> chunks, bool write_back,
-                           std::vector<Stored>* stored);
+  // never will (too large, stopping, or no stream wants it any more). Waits on room_cv_.
+  bool WaitForRoomLocked(Entry& e, uint64_t size) REQUIRES(mu_);
+  // What is left to do of a fetch once it is ready, with no lock held (FinishOutside): the
+  // chunks for the NVMe tier, and the file for the kernel's page cache.
+  struct Completion {
+    std::vector<std::pair<std::string, cache::BufferRef>> to_disk;
+    PageCacheProbe* store = nullptr;
+    cache::BufferRef to_store;
+    cfs_client::FileVersion version;
+  };
+  // `e` (of `path`) is ready with `chunks`, kept on the NVMe tier if `write_back`.
+  Completion CompleteFetchLocked(const std::string& path, Entry& e,
+                                 std::vector<cache::BufferRef> chunks, bool write_back)
+      REQUIRES(mu_);
+  void FinishOutside(const std::string& path, const Completion& done, std::vector<Stored>* stored)
+      EXCLUDES(mu_);
   // The chunks of `path` at `version`, from the tiers or the store, on parallel threads;
   // *from_store: how many the store was asked for.
   Status FetchChunks(const std::string& path, const cfs_client::FileVersion& version,
                      std::vector<cache::BufferRef>* chunks, uint64_t* from_store);
   // Why the prefetcher read the store (Stats::StoreReads).
   enum class StoreRead { kWindow = 0, kLruFill = 1 };
-  // Counts `n` store reads made for `why`. REQUIRES: mu_ held.
-  void CountStoreReadsLocked(StoreRead why, uint64_t n);
+  // Counts `n` store reads made for `why`.
+  void CountStoreReadsLocked(StoreRead why, uint64_t n) REQUIRES(mu_);
   void RunProbe(const Job& job);
   void RunLruFill(const Job& job);
   void RunRestore(const Job& job, std::vector<Stored>* stored);
@@ -397,53 +408,55 @@ class Prefetcher {
   // probe of it runs).
   std::optional<Job> PassOverJobLocked(const Stream& s, const std::string& path, const Mark& mark,
                                        const cfs_client::FileVersion& version, bool near,
-                                       bool restore);
+                                       bool restore) REQUIRES(mu_);
   // The job that puts a file passed over in the LRU cache, if it is small enough.
   std::optional<Job> LruFillJobLocked(const Stream& s, const std::string& path,
-                                      const cfs_client::FileVersion& version);
+                                      const cfs_client::FileVersion& version) REQUIRES(mu_);
   // Position `pos` of `s` is no longer passed over: the scheduler and rechecks look again.
-  void UnprobeLocked(Stream& s, uint64_t pos);
+  void UnprobeLocked(Stream& s, uint64_t pos) REQUIRES(mu_);
   // A probe of the next file passed over that the readers are near, if any.
-  std::optional<Job> RecheckLocked(Stream& s);
+  std::optional<Job> RecheckLocked(Stream& s) REQUIRES(mu_);
   uint64_t RecheckLead() const;  // positions ahead of the readers where rechecks happen
-  void MarkPositionLocked(Stream& s, uint64_t pos, PosState state);
+  void MarkPositionLocked(Stream& s, uint64_t pos, PosState state) REQUIRES(mu_);
   // The mark of `path` if it is marked at the version of its fresh attributes (else the
   // mark, if any, is dropped); *version: that version.
-  std::optional<Mark> FreshMarkLocked(const std::string& path, cfs_client::FileVersion* version);
+  std::optional<Mark> FreshMarkLocked(const std::string& path, cfs_client::FileVersion* version)
+      REQUIRES(mu_);
   // The mark of `path` whatever its attributes (nothing without an AttrSource).
-  std::optional<Mark> MarkLocked(const std::string& path) const;
-  void SetMarkLocked(const std::string& path, const std::optional<Mark>& mark);
+  std::optional<Mark> MarkLocked(const std::string& path) const REQUIRES(mu_);
+  void SetMarkLocked(const std::string& path, const std::optional<Mark>& mark) REQUIRES(mu_);
   // Records that the kernel was served all of `path` at `version`.
-  void MarkResidentLocked(const std::string& path, const cfs_client::FileVersion& version);
+  void MarkResidentLocked(const std::string& path, const cfs_client::FileVersion& version)
+      REQUIRES(mu_);
   // A read of `path` reached the daemon: if it was marked, its pages are gone, and older
   // marks passed over are probed again.
-  void NoteNotResidentLocked(const std::string& path, uint64_t now);
+  void NoteNotResidentLocked(const std::string& path, uint64_t now) REQUIRES(mu_);
   // Records a page drop (`ahead`: of a file a stream passed over, its position still to come);
   // on entering pressure, the files passed over within RecheckLead() of the readers are taken
   // up again, to be put in the LRU cache (LruFillJobLocked).
-  void NotePageDropLocked(uint64_t now, bool ahead);
-  void AdvanceLocked(Stream& s);
-  void DropRefLocked(const std::string& path);
-  void ReleaseLocked(Window::iterator it);
-  void FailLocked(Window::iterator it);
-  void DeleteStreamLocked(std::map<std::string, Stream>::iterator it);
+  void NotePageDropLocked(uint64_t now, bool ahead) REQUIRES(mu_);
+  void AdvanceLocked(Stream& s) REQUIRES(mu_);
+  void DropRefLocked(const std::string& path) REQUIRES(mu_);
+  void ReleaseLocked(Window::iterator it) REQUIRES(mu_);
+  void FailLocked(Window::iterator it) REQUIRES(mu_);
+  void DeleteStreamLocked(std::map<std::string, Stream>::iterator it) REQUIRES(mu_);
   // Trims the heap if queued paths of kTrimAfterBytes or more were freed since the last
-  // trim. REQUIRES: mu_ not held.
-  void MaybeTrimHeap();
-  void SweepLocked();
-  void MaybeReleaseLocked(const std::string& path);
-  void FinishFetchLocked(Entry& e);
+  // trim.
+  void MaybeTrimHeap() EXCLUDES(mu_);
+  void SweepLocked() REQUIRES(mu_);
+  void MaybeReleaseLocked(const std::string& path) REQUIRES(mu_);
+  void FinishFetchLocked(Entry& e) REQUIRES(mu_);
   // Gives up one ready, unread entry of the user furthest over its share, when a user under
   // its share has files to fetch. True if one was released.
   bool PreemptLocked(const std::unordered_map<uid_t, bool>& wanting, uint64_t share_files,
-                     uint64_t share_bytes);
-  Stream* StreamById(const std::string& id);
+                     uint64_t share_bytes) REQUIRES(mu_);
+  Stream* StreamById(const std::string& id) REQUIRES(mu_);
   // Whether the RAM cache holds all of `path` at the version of its fresh attributes.
-  bool HeldInRamLocked(const std::string& path);
+  bool HeldInRamLocked(const std::string& path) REQUIRES(mu_);
   // OnRead's work under mu_; true if a worker is to be woken.
   bool OnReadLocked(const std::string& path, const cfs_client::FileVersion& version,
                     uint64_t offset, uint64_t bytes, ReadOutcome outcome, bool to_kernel,
-                    int64_t uid, uint64_t now);
+                    int64_t uid, uint64_t now) REQUIRES(mu_);
   void WorkerLoop();
   static constexpr size_t kRestoreRun = 64;  // restore jobs one worker takes at once
 
@@ -469,9 +482,13 @@ class Prefetcher {
   };
   // Queues `read` in the calling thread's shard; false if that shard is full.
   bool Defer(DeferredRead&& read);
-  // Applies the queued reads; true if a worker is to be woken. REQUIRES: mu_ held.
-  bool ApplyDeferredLocked();
+  // Applies the queued reads; true if a worker is to be woken.
+  bool ApplyDeferredLocked() REQUIRES(mu_);
   uint64_t Slack() const;
+  // The window's view index and settled count, which the read path reads with no lock (their
+  // own shard locks and an atomic: Window::FindView, Window::Settled); the rest of the window
+  // is mu_'s.
+  const Window& Views() const NO_THREAD_SAFETY_ANALYSIS { return window_; }
   void Wake();  // after any change that may make work or room
 
   const Options options_;
@@ -480,35 +497,37 @@ class Prefetcher {
   cache::DiskCache* const disk_;
   Clock* const clock_;
 
-  std::mutex mu_;                    // guards everything below
-  std::condition_variable work_cv_;  // idle workers: new paths or window room
-  std::condition_variable room_cv_;  // fetches waiting for window room
-  bool stop_ = false;
-  uint64_t next_stream_id_ = 1;
-  std::map<std::string, Stream> streams_;
-  std::string rr_after_;  // round-robin: the stream served last
-  Window window_;
-  QueuedPaths queued_;
-  uint64_t freed_queued_bytes_ = 0;  // by deleted streams, since the last heap trim
-  uint64_t inflight_ = 0;
-  uint64_t last_sweep_ns_ = 0;
-  bool restore_ = true;                 // RunRestore's jobs are made (options_.restore_needed)
-  uint64_t restore_asked_ns_ = 0;       // when restore_needed was last asked
-  uint64_t size_estimate_ = 128 << 10;  // running mean of prefetched file sizes
-  Stats totals_;                        // reads and outcome counters (streams filled on demand)
+  Mutex mu_;               // guards the fields marked GUARDED_BY(mu_)
+  CondVar work_cv_{&mu_};  // idle workers: new paths or window room
+  CondVar room_cv_{&mu_};  // fetches waiting for window room
+  bool stop_ GUARDED_BY(mu_) = false;
+  uint64_t next_stream_id_ GUARDED_BY(mu_) = 1;
+  std::map<std::string, Stream> streams_ GUARDED_BY(mu_);
+  std::string rr_after_ GUARDED_BY(mu_);  // round-robin: the stream served last
+  Window window_ GUARDED_BY(mu_);
+  QueuedPaths queued_ GUARDED_BY(mu_);
+  uint64_t freed_queued_bytes_ GUARDED_BY(mu_) = 0;  // by deleted streams, since the last heap trim
+  uint64_t inflight_ GUARDED_BY(mu_) = 0;
+  uint64_t last_sweep_ns_ GUARDED_BY(mu_) = 0;
+  bool restore_ GUARDED_BY(mu_) = true;  // RunRestore's jobs are made (options_.restore_needed)
+  uint64_t restore_asked_ns_ GUARDED_BY(mu_) = 0;       // when restore_needed was last asked
+  uint64_t size_estimate_ GUARDED_BY(mu_) = 128 << 10;  // running mean of prefetched file sizes
+  Stats totals_ GUARDED_BY(mu_);  // reads and outcome counters (streams filled on demand)
 
-  AttrSource* attr_source_ = nullptr;
-  PageCacheProbe* page_probe_ = nullptr;
+  AttrSource* attr_source_ GUARDED_BY(mu_) = nullptr;
+  PageCacheProbe* page_probe_ GUARDED_BY(mu_) = nullptr;
   // The key of a path in a stream's index of pending positions.
   static uint64_t PathKey(std::string_view path) { return std::hash<std::string_view>{}(path); }
-  ResidentMarks marks_;  // the marks' trust and page pressure (the marks: attr_source_)
+  ResidentMarks marks_
+      GUARDED_BY(mu_);  // the marks' trust and page pressure (the marks: attr_source_)
 
   std::vector<std::thread> workers_;
 
   std::array<DeferShard, kDeferShards> deferred_;
   std::atomic<uint64_t> deferred_count_{0};  // reads in deferred_
   std::atomic<uint64_t> defer_seq_{0};       // DeferredRead::seq of the next one
-  std::vector<DeferredRead> applying_;       // ApplyDeferredLocked's (under mu_), kept for reuse
+  std::vector<DeferredRead> applying_
+      GUARDED_BY(mu_);  // ApplyDeferredLocked's (under mu_), kept for reuse
 
   // Owned by the registry; null without one.
   prometheus::Counter* reads_[3] = {nullptr, nullptr, nullptr};
