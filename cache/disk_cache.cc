@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -146,10 +145,10 @@ class NvmeCache final : public DiskCache {
 
   ~NvmeCache() override {
     {
-      std::lock_guard<std::mutex> l(queue_mu_);
+      MutexLock l(queue_mu_);
       stop_ = true;
     }
-    queue_cv_.notify_all();
+    queue_cv_.SignalAll();
     if (writer_.joinable()) writer_.join();
   }
 
@@ -310,7 +309,7 @@ class NvmeCache final : public DiskCache {
   void PutAsync(const std::string& key, BufferRef data) override {
     if (Contains(key)) return;  // already on the tier (mu_, then queue_mu_: never both)
     {
-      std::lock_guard<std::mutex> l(queue_mu_);
+      MutexLock l(queue_mu_);
       if (queued_keys_.count(key)) return;
       // The tier is behind: drop (a later demotion may bring it back). An empty queue takes
       // any one chunk, so chunks bigger than the queue still get written.
@@ -323,19 +322,19 @@ class NvmeCache final : public DiskCache {
       queued_keys_.insert(key);
       queue_.emplace_back(key, std::move(data));
     }
-    queue_cv_.notify_all();
+    queue_cv_.SignalAll();
   }
 
   void Flush() override {
-    std::unique_lock<std::mutex> l(queue_mu_);
-    queue_cv_.wait(l, [&] { return queue_.empty() && !writing_; });
+    MutexLock l(queue_mu_);
+    while (!queue_.empty() || writing_) queue_cv_.Wait();
   }
 
   void EraseFile(const std::string& path) override {
     {
       // Queued chunks of the file are dropped; one being written is waited for, so it is
       // indexed (and erased below) rather than appearing after this returns.
-      std::unique_lock<std::mutex> l(queue_mu_);
+      MutexLock l(queue_mu_);
       for (auto it = queue_.begin(); it != queue_.end();) {
         if (IsKeyOfFile(it->first, path)) {
           queued_bytes_ -= it->second->size;
@@ -350,7 +349,7 @@ class NvmeCache final : public DiskCache {
       // wait as long as others keep the queue full.
       if (writing_ && IsKeyOfFile(writing_key_, path)) {
         const uint64_t seq = taken_seq_;
-        queue_cv_.wait(l, [&] { return done_seq_ >= seq; });
+        while (done_seq_ < seq) queue_cv_.Wait();
       }
     }
     // The file's chunks are one range of the ordered index: nothing else is looked at.
@@ -514,26 +513,26 @@ class NvmeCache final : public DiskCache {
   }
 
   void WriterLoop() {
-    std::unique_lock<std::mutex> l(queue_mu_);
+    MutexLock l(queue_mu_);
     for (;;) {
-      queue_cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      while (!stop_ && queue_.empty()) queue_cv_.Wait();
       if (queue_.empty()) return;  // stopping, nothing left
       auto [key, data] = std::move(queue_.front());
       queue_.pop_front();
       writing_ = true;
       writing_key_ = key;
       const uint64_t seq = ++taken_seq_;
-      l.unlock();
+      l.Unlock();
       Status s = Put(key, *data);
       if (!s.ok()) CTFS_LOG(kDebug) << "NVMe tier: " << s.ToString();
       const uint64_t size = data->size;
       data.reset();
-      l.lock();
+      l.Lock();
       queued_bytes_ -= size;
       queued_keys_.erase(key);
       writing_ = false;
       done_seq_ = seq;
-      queue_cv_.notify_all();
+      queue_cv_.SignalAll();
     }
   }
 
@@ -545,7 +544,7 @@ class NvmeCache final : public DiskCache {
   // written again land in that order. Lock order: db_mu_, then mu_; held by readers only to
   // drop a chunk found missing or corrupt.
   Mutex db_mu_ ACQUIRED_BEFORE(mu_);
-  mutable Mutex mu_;  // guards the members below, up to queue_mu_; held for no I/O
+  mutable Mutex mu_;  // guards the index below (GUARDED_BY(mu_)); held for no I/O
   // Ordered, so a file's chunks are one range (EraseFile).
   std::map<std::string, Entry, std::less<>> index_ GUARDED_BY(mu_);
   std::list<std::string> lru_ GUARDED_BY(mu_);  // front: most recently used
@@ -555,17 +554,18 @@ class NvmeCache final : public DiskCache {
   uint64_t next_id_ GUARDED_BY(mu_) = 1;
   uint64_t next_seq_ GUARDED_BY(mu_) = 1;
 
-  std::mutex queue_mu_;  // guards the queue; never held with mu_ by the same thread
-  std::condition_variable queue_cv_;
-  std::deque<std::pair<std::string, BufferRef>> queue_;
-  uint64_t queued_bytes_ = 0;
-  std::unordered_set<std::string> queued_keys_;
-  uint64_t dropped_ = 0;
-  bool writing_ = false;
-  std::string writing_key_;  // the chunk being written, while writing_
-  uint64_t taken_seq_ = 0;   // chunks taken by the writer so far
-  uint64_t done_seq_ = 0;    // the last of them written
-  bool stop_ = false;
+  Mutex queue_mu_;  // guards the writer's queue below; never held with mu_ by the same thread
+  CondVar queue_cv_{
+      &queue_mu_};  // the writer: a chunk queued, or stop; Flush, EraseFile: one written
+  std::deque<std::pair<std::string, BufferRef>> queue_ GUARDED_BY(queue_mu_);
+  uint64_t queued_bytes_ GUARDED_BY(queue_mu_) = 0;
+  std::unordered_set<std::string> queued_keys_ GUARDED_BY(queue_mu_);
+  uint64_t dropped_ GUARDED_BY(queue_mu_) = 0;
+  bool writing_ GUARDED_BY(queue_mu_) = false;
+  std::string writing_key_ GUARDED_BY(queue_mu_);  // the chunk being written, while writing_
+  uint64_t taken_seq_ GUARDED_BY(queue_mu_) = 0;   // chunks taken by the writer so far
+  uint64_t done_seq_ GUARDED_BY(queue_mu_) = 0;    // the last of them written
+  bool stop_ GUARDED_BY(queue_mu_) = false;
   std::thread writer_;
 
   std::atomic<uint64_t> corruptions_{0};

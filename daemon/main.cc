@@ -37,6 +37,7 @@
 #include "common/private_dir.h"
 #include "common/reclaim.h"
 #include "common/snapshot_bytes.h"
+#include "common/thread_annotations.h"
 #include "common/version.h"
 #include "conf/config.h"
 #include "control/control_file.h"
@@ -534,12 +535,12 @@ std::atomic<const FuseSession*> g_session{nullptr};  // once created, for the he
 // waits for a page that a read of the kernel's holds locked until the loop answers the read,
 // so the stores under way must finish before the loop stops).
 PageProbe* g_page_probe = nullptr;
-std::mutex g_handover_mu;
+Mutex g_handover_mu;  // one handover request at a time; taken around the probe's pause
 
 // Stops the loop so that the state can go to the next binary; refused while files are being
 // written (their write states cannot be handed over).
 Status RequestHandover(const FileSystem& fs) {
-  std::lock_guard<std::mutex> serial(g_handover_mu);
+  MutexLock serial(g_handover_mu);
   if (const uint64_t n = fs.open_writes(); n > 0)
     return Status::FromErrno(EBUSY, std::to_string(n) +
                                         " file(s) open for writing through the "
@@ -808,7 +809,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
       HandOver(*filesystem, session, prefetcher, page_probe, *control, disk.get(), takeover);
     }
     CTFS_LOG(kWarn) << "upgrade abandoned: a file was opened for writing meanwhile";
-    std::lock_guard<std::mutex> serial(g_handover_mu);
+    MutexLock serial(g_handover_mu);
     page_probe.Resume();
     g_handover.store(false);
   }

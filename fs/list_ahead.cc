@@ -31,11 +31,11 @@ ListAhead::ListAhead(const Options& options, cfs_client::Backend* backend, Clock
 
 ListAhead::~ListAhead() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     stopping_ = true;
   }
-  work_cv_.notify_all();
-  done_cv_.notify_all();
+  work_cv_.SignalAll();
+  done_cv_.SignalAll();
   for (std::thread& t : threads_) t.join();
 }
 
@@ -72,7 +72,7 @@ void ListAhead::OnListed(const std::string& dir, const std::vector<cfs_client::D
                       << "): they are listed as the kernel asks (said once)";
     return;
   }
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   const uint64_t now = clock_->NowNanos();
   auto it = std::find_if(plans_.begin(), plans_.end(), [&](const Plan& p) { return p.dir == dir; });
   if (it == plans_.end()) {
@@ -106,13 +106,13 @@ void ListAhead::ScheduleLocked(Plan& plan, uint64_t upto) {
     queue_.push_back(std::move(path));
     queued = true;
   }
-  if (queued) work_cv_.notify_all();
+  if (queued) work_cv_.SignalAll();
 }
 
 std::optional<std::vector<cfs_client::DirEntry>> ListAhead::Take(const std::string& path,
                                                                  uint64_t dir_id) {
   if (options_.depth == 0) return std::nullopt;
-  std::unique_lock<std::mutex> l(mu_);
+  MutexLock l(mu_);
   const uint64_t now = clock_->NowNanos();
   // Move the plan `path` belongs to ahead of it, and drop what the scan went past.
   const size_t slash = path.rfind('/');
@@ -148,7 +148,7 @@ std::optional<std::vector<cfs_client::DirEntry>> ListAhead::Take(const std::stri
   }
   if (!listing->done) {
     CountLocked(&Stats::waited);
-    done_cv_.wait(l, [&] { return listing->done || stopping_; });
+    while (!listing->done && !stopping_) done_cv_.Wait();
     if (!listing->done) return std::nullopt;
     it = listings_.find(path);
     if (it == listings_.end() || it->second != listing) return std::nullopt;  // dropped
@@ -168,9 +168,9 @@ std::optional<std::vector<cfs_client::DirEntry>> ListAhead::Take(const std::stri
 }
 
 void ListAhead::Loop() {
-  std::unique_lock<std::mutex> l(mu_);
+  MutexLock l(mu_);
   for (;;) {
-    work_cv_.wait(l, [this] { return stopping_ || !queue_.empty(); });
+    while (!stopping_ && queue_.empty()) work_cv_.Wait();
     if (stopping_) return;
     const std::string path = std::move(queue_.front());
     queue_.pop_front();
@@ -180,13 +180,13 @@ void ListAhead::Loop() {
     listing->changes = Changes();
     listing->started_ns = std::max<uint64_t>(1, clock_->NowNanos());
     const uint64_t room = options_.max_entries - std::min(options_.max_entries, held_entries_);
-    l.unlock();
+    l.Unlock();
     Result<std::vector<cfs_client::DirEntry>> r = [&] {
       // The directory planned, or Stale: never the listing of one swapped in since.
       const cfs_client::Expected::Scope self({{path, listing->dir_id}});
       return ListWithin(path, room);
     }();
-    l.lock();
+    l.Lock();
     listing->done = true;
     it = listings_.find(path);
     const bool held = it != listings_.end() && it->second == listing;
@@ -199,7 +199,7 @@ void ListAhead::Loop() {
       CountLocked(&Stats::dropped);
       if (held) listings_.erase(it);
     }
-    done_cv_.notify_all();
+    done_cv_.SignalAll();
   }
 }
 
@@ -226,7 +226,7 @@ void ListAhead::CountLocked(uint64_t Stats::*outcome) {
 }
 
 ListAhead::Stats ListAhead::GetStats() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return stats_;
 }
 

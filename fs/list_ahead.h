@@ -25,13 +25,11 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -39,6 +37,7 @@
 
 #include "cfs_client/backend.h"
 #include "common/clock.h"
+#include "common/thread_annotations.h"
 
 namespace prometheus {
 class Counter;
@@ -108,12 +107,12 @@ class ListAhead {
   // directory too large to hold ahead is never held whole, not even for a moment).
   Result<std::vector<cfs_client::DirEntry>> ListWithin(const std::string& path, uint64_t room);
   static constexpr size_t kPageEntries = 4096;
-  // Schedules listings of `plan` up to names[upto). REQUIRES: mu_ held.
-  void ScheduleLocked(Plan& plan, uint64_t upto);
+  // Schedules listings of `plan` up to names[upto).
+  void ScheduleLocked(Plan& plan, uint64_t upto) REQUIRES(mu_);
   void Loop();
   uint64_t Changes() const { return changes_ == nullptr ? 0 : changes_->load(); }
-  // Counts one of `outcome` (in stats_ and the metric). REQUIRES: mu_ held.
-  void CountLocked(uint64_t Stats::*outcome);
+  // Counts one of `outcome` (in stats_ and the metric).
+  void CountLocked(uint64_t Stats::*outcome) REQUIRES(mu_);
 
   const Options options_;
   cfs_client::Backend* const backend_;
@@ -121,14 +120,16 @@ class ListAhead {
   const std::atomic<uint64_t>* const changes_;
   std::atomic<bool> warned_too_large_{false};
 
-  mutable std::mutex mu_;  // guards the members below
-  std::condition_variable work_cv_, done_cv_;
-  bool stopping_ = false;
-  std::deque<std::string> queue_;                             // paths to list, in order
-  std::map<std::string, std::shared_ptr<Listing>> listings_;  // queued, being made or ready
-  uint64_t held_entries_ = 0;                                 // entries of the ready listings
-  std::vector<Plan> plans_;
-  Stats stats_;
+  mutable Mutex mu_;       // guards the members marked GUARDED_BY(mu_) and each Listing's fields
+  CondVar work_cv_{&mu_};  // the loops: a path queued, or stopping
+  CondVar done_cv_{&mu_};  // a Take waiting: a listing done, or stopping
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::deque<std::string> queue_ GUARDED_BY(mu_);  // paths to list, in order
+  // Queued, being made or ready.
+  std::map<std::string, std::shared_ptr<Listing>> listings_ GUARDED_BY(mu_);
+  uint64_t held_entries_ GUARDED_BY(mu_) = 0;  // entries of the ready listings
+  std::vector<Plan> plans_ GUARDED_BY(mu_);
+  Stats stats_ GUARDED_BY(mu_);
   // cubetorchfs_list_ahead_total by outcome (null without a registry), in Stats' order.
   prometheus::Counter* counters_[5] = {};
   std::vector<std::thread> threads_;  // service loops (Loop), started and joined here
