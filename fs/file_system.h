@@ -29,7 +29,6 @@
 
 #include <array>
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -53,6 +52,7 @@
 #include "fs/inode_table.h"
 #include "fs/list_ahead.h"
 #include "fs/store_stream.h"
+#include "fs/write_state.h"
 #include "prefetch/model_fetch.h"
 #include "prefetch/prefetcher.h"
 
@@ -88,8 +88,6 @@ struct Owner {
   int64_t uid = -1;
   int64_t gid = -1;
 };
-
-struct WriteState;
 
 // An open directory: its listing, read a page at a time (Backend::ListPages) as the kernel
 // asks for entries, of which a window is held: the page being read and up to
@@ -417,24 +415,24 @@ class FileSystem : public prefetch::AttrSource {
   // closed it meanwhile), locked.
   struct LockedWriteState {
     std::shared_ptr<WriteState> state;
-    std::unique_lock<std::mutex> lock;  // of state->mu
+    std::unique_lock<Mutex> lock;  // of state->mu (callers then state->mu.AssertHeld())
   };
   Result<LockedWriteState> LockOpenWriteState(uint64_t ino);
   // Flushes and closes `state` if nothing writes it any more (an unlinked file: once the
-  // kernel forgot it). REQUIRES: state->mu held.
-  Status MaybeCloseLocked(uint64_t ino, WriteState& state, bool forgotten = false);
-  // The state's bytes reach the store, if it has unflushed ones. REQUIRES: state->mu held.
-  Status FlushLocked(WriteState& state);
-  // Records a change (dirty, with a new write sequence). REQUIRES: state->mu held.
-  void MarkChangedLocked(WriteState& state);
+  // kernel forgot it).
+  Status MaybeCloseLocked(uint64_t ino, WriteState& state, bool forgotten = false)
+      REQUIRES(state.mu);
+  // The state's bytes reach the store, if it has unflushed ones.
+  Status FlushLocked(WriteState& state) REQUIRES(state.mu);
+  // Records a change (dirty, with a new write sequence).
+  void MarkChangedLocked(WriteState& state) REQUIRES(state.mu);
   // Records the attributes of the bytes written so far for WrittenAttr (none once closed).
-  // REQUIRES: state.mu held.
-  void RefreshWrittenAttrLocked(WriteState& state);
-  // The file was unlinked or renamed over: its bytes go nowhere. REQUIRES: state->mu held.
-  void MarkRemovedLocked(WriteState& state);
+  void RefreshWrittenAttrLocked(WriteState& state) REQUIRES(state.mu);
+  // The file was unlinked or renamed over: its bytes go nowhere.
+  void MarkRemovedLocked(WriteState& state) REQUIRES(state.mu);
   // Notes that the state's bytes up to its write sequence reached the store at its path
-  // (kept only while orphans exist). REQUIRES: state->mu held.
-  void RecordFlushed(const WriteState& state);
+  // (kept only while orphans exist).
+  void RecordFlushed(const WriteState& state) REQUIRES(state.mu);
   void NotifyWritten(uint64_t ino);
   // Drops every cached copy of the file at `path` (RAM, NVMe, prefetch window).
   void InvalidateCaches(const std::string& path);
@@ -505,12 +503,12 @@ class FileSystem : public prefetch::AttrSource {
   // After a rename of directory `from` to `to`: the write states of files under it (but
   // `skip`) follow it.
   void MoveWritesUnder(const std::string& from, const std::string& to, const WriteState* skip);
-  std::thread write_back_;
-  std::mutex write_back_mu_;  // a leaf lock: guards write_back_ (its start), write_back_stop_,
-                              // forgotten_
-  std::condition_variable write_back_cv_;
-  bool write_back_stop_ = false;
-  std::deque<uint64_t> forgotten_;
+  std::thread write_back_;  // started under write_back_mu_, joined once write_back_stop_ is set
+  Mutex write_back_mu_;     // a leaf lock: guards write_back_ (its start), write_back_stop_,
+                            // forgotten_
+  CondVar write_back_cv_{&write_back_mu_};  // the write-back thread: forgotten inodes, or stop
+  bool write_back_stop_ GUARDED_BY(write_back_mu_) = false;
+  std::deque<uint64_t> forgotten_ GUARDED_BY(write_back_mu_);
 
   // Owned by the registry.
   prometheus::Counter* bytes_ram_;

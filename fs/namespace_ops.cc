@@ -52,10 +52,8 @@ Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::strin
     MutexLock l(writes_mu_);
     auto it = writes_.find(ino);
     if (it == writes_.end()) {
-      st = std::make_shared<WriteState>();
+      st = std::make_shared<WriteState>(std::move(file).value(), *path);
       st->changed_ns = clock_->NowNanos();
-      st->file = std::move(file).value();
-      st->path = *path;
       st->uid = owner.uid;  // keeps what TakeWrite took
       writes_.emplace(ino, st);
       open_writes_++;
@@ -66,7 +64,7 @@ Result<FileSystem::Created> FileSystem::Create(uint64_t parent, const std::strin
     }
   }
   {
-    std::lock_guard<std::mutex> sl(st->mu);
+    MutexLock sl(st->mu);
     if (track_handle) st->writers++;
     MarkChangedLocked(*st);  // an object store must receive even an empty new file
   }
@@ -176,7 +174,7 @@ Status FileSystem::Unlink(uint64_t parent, const std::string& name) {
   }
   bool unflushed = false;
   if (st) {
-    std::lock_guard<std::mutex> sl(st->mu);
+    MutexLock sl(st->mu);
     unflushed = st->dirty && !st->closed;
   }
   Status s = NoteStale(parent, backend_->Unlink(path));
@@ -185,14 +183,14 @@ Status FileSystem::Unlink(uint64_t parent, const std::string& name) {
   // then only forgetting its bytes.
   if (!s.ok() && !(unflushed && s.IsNotFound())) {
     if (st) {
-      std::lock_guard<std::mutex> sl(st->mu);
+      MutexLock sl(st->mu);
       Status ignored = MaybeCloseLocked(*ino, *st);
       (void)ignored;
     }
     return s;
   }
   if (st) {
-    std::lock_guard<std::mutex> sl(st->mu);
+    MutexLock sl(st->mu);
     if (!other) {
       MarkRemovedLocked(*st);
     } else if (st->path == path && !st->closed) {
@@ -270,16 +268,19 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
     // file's state is held too, so no upload of it can land after the rename (the kernel
     // runs no other rename of these names meanwhile; std::lock is for safety all the same).
     if (dst_state == src_state) dst_state.reset();  // renaming a file onto itself
-    std::unique_lock<std::mutex> sl, dl;
-    if (src_state) sl = std::unique_lock<std::mutex>(src_state->mu, std::defer_lock);
-    if (dst_state) dl = std::unique_lock<std::mutex>(dst_state->mu, std::defer_lock);
+    std::unique_lock<Mutex> sl, dl;
+    if (src_state) sl = std::unique_lock<Mutex>(src_state->mu, std::defer_lock);
+    if (dst_state) dl = std::unique_lock<Mutex>(dst_state->mu, std::defer_lock);
     if (src_state && dst_state)
       std::lock(sl, dl);
     else if (src_state)
       sl.lock();
     else if (dst_state)
       dl.lock();
-    if (src_state) renamed = FlushLocked(*src_state);
+    if (src_state) {
+      src_state->mu.AssertHeld();  // by sl (the analysis follows no unique_lock)
+      renamed = FlushLocked(*src_state);
+    }
     if (renamed.ok())
       renamed = NoteStale(
           parent,
@@ -294,23 +295,30 @@ Status FileSystem::Rename(uint64_t parent, const std::string& name, uint64_t new
       MutexLock l(writes_mu_);
       MarkPathsReplacedLocked({&from, &to});
     }
-    if (renamed.ok() && src_state && !src_state->closed) {
-      src_state->path = to;
-      src_state->file->Moved(to);
-      src_state->write_seq = ++write_seq_;  // newer than the marks just made
+    if (renamed.ok() && src_state) {
+      src_state->mu.AssertHeld();  // by sl
+      if (!src_state->closed) {
+        src_state->path = to;
+        src_state->file->Moved(to);
+        src_state->write_seq = ++write_seq_;  // newer than the marks just made
+      }
     }
     if (!renamed.ok()) {
-      if (dst_opened) {  // the keep-alive is not needed after all
+      if (dst_opened && dst_state) {  // the keep-alive is not needed after all
+        dst_state->mu.AssertHeld();   // by dl
         Status ignored = MaybeCloseLocked(*dst, *dst_state);
         (void)ignored;
       }
       return renamed;
     }
-    if (dst_state && !dst_other) {
-      MarkRemovedLocked(*dst_state);
-    } else if (dst_state && dst_state->path == to && !dst_state->closed) {
-      dst_state->path = *dst_other;  // the replaced name was one link of a file that stays
-      dst_state->file->Moved(*dst_other);
+    if (dst_state) {
+      dst_state->mu.AssertHeld();  // by dl
+      if (!dst_other) {
+        MarkRemovedLocked(*dst_state);
+      } else if (dst_state->path == to && !dst_state->closed) {
+        dst_state->path = *dst_other;  // the replaced name was one link of a file that stays
+        dst_state->file->Moved(*dst_other);
+      }
     }
   }
   MoveWritesUnder(from, to, src_state.get());
@@ -332,14 +340,15 @@ void FileSystem::MoveWritesUnder(const std::string& from, const std::string& to,
   for (auto& [i, st] : writes_) {
     (void)i;
     if (st.get() == skip) continue;
-    std::unique_lock<std::mutex> sl(st->mu, std::try_to_lock);
     // A state busy in a backend call is not under this directory in any case that can
     // race with this rename (the kernel locks both directories), so skipping it is safe.
-    if (sl.owns_lock() && !st->closed && st->path.compare(0, prefix.size(), prefix) == 0) {
+    if (!st->mu.try_lock()) continue;
+    if (!st->closed && st->path.compare(0, prefix.size(), prefix) == 0) {
       st->path = to + st->path.substr(from.size());
       st->file->Moved(st->path);
       st->write_seq = ++write_seq_;  // newer than the marks of this rename
     }
+    st->mu.unlock();
   }
 }
 

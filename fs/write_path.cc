@@ -111,13 +111,13 @@ Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool
       }
     }
     if (!created) {
-      std::lock_guard<std::mutex> l(st->mu);
+      MutexLock l(st->mu);
       if (st->closed) continue;  // closed meanwhile: open a new one
       if (add_writer) st->writers++;
       return st;
     }
     // Open the file with the new state locked, so other callers wait for the outcome.
-    std::unique_lock<std::mutex> sl(st->mu);
+    MutexLock sl(st->mu);
     {
       MutexLock l(writes_mu_);
       if (writes_.count(ino)) continue;  // another caller got there first
@@ -154,7 +154,7 @@ Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool
     st->path = inode->path;
     if (add_writer) st->writers++;
     RefreshWrittenAttrLocked(*st);
-    sl.unlock();
+    sl.Unlock();
     // Reads are served through the state from now on; the cached copies go (not under the
     // state's lock: the NVMe tier may wait for a chunk being written).
     InvalidateCaches(inode->path);
@@ -165,7 +165,8 @@ Result<std::shared_ptr<WriteState>> FileSystem::GetWriteState(uint64_t ino, bool
 Result<FileSystem::LockedWriteState> FileSystem::LockOpenWriteState(uint64_t ino) {
   for (;;) {
     CTFS_ASSIGN_OR_RETURN(std::shared_ptr<WriteState> st, GetWriteState(ino, false));
-    std::unique_lock<std::mutex> l(st->mu);
+    std::unique_lock<Mutex> l(st->mu);
+    st->mu.AssertHeld();
     // Closed meanwhile (a flush of another descriptor): open it again.
     if (!st->closed) return LockedWriteState{std::move(st), std::move(l)};
   }
@@ -185,22 +186,22 @@ void FileSystem::RefreshWrittenAttrLocked(WriteState& st) {
     Result<cfs_client::FileAttr> a = st.file->Stat();
     if (a.ok()) attr = a.value();
   }
-  std::lock_guard<std::mutex> al(st.attr_mu);
+  MutexLock al(st.attr_mu);
   st.written_attr = attr;
 }
 
 void FileSystem::StartWriteBack() {
-  std::lock_guard<std::mutex> l(write_back_mu_);
+  MutexLock l(write_back_mu_);
   if (write_back_.joinable() || write_back_stop_) return;
   write_back_ = std::thread([this] { WriteBackLoop(); });
 }
 
 void FileSystem::StopWriteBack() {
   {
-    std::lock_guard<std::mutex> l(write_back_mu_);
+    MutexLock l(write_back_mu_);
     write_back_stop_ = true;
   }
-  write_back_cv_.notify_all();
+  write_back_cv_.SignalAll();
   if (write_back_.joinable()) write_back_.join();
 }
 
@@ -222,13 +223,13 @@ std::shared_ptr<WriteState> FileSystem::MarkOrphan(uint64_t ino) {
 
 bool FileSystem::QueueForgotten(uint64_t ino) {
   {
-    std::lock_guard<std::mutex> l(write_back_mu_);
+    MutexLock l(write_back_mu_);
     if (!write_back_.joinable() || write_back_stop_) return false;
     // At most one entry per write state, and write states are bounded by the open files.
     if (std::find(forgotten_.begin(), forgotten_.end(), ino) == forgotten_.end())
       forgotten_.push_back(ino);
   }
-  write_back_cv_.notify_all();
+  write_back_cv_.SignalAll();
   return true;
 }
 
@@ -276,15 +277,15 @@ void FileSystem::WriteBackLoop() {
   const std::chrono::duration<double> period(
       idle_on ? std::clamp(options_.write_back_idle_s / 4, 0.01, 0.25) : 3600.0);
   auto next_scan = std::chrono::steady_clock::now() + period;
-  std::unique_lock<std::mutex> l(write_back_mu_);
+  MutexLock l(write_back_mu_);
   for (;;) {
-    write_back_cv_.wait_until(l, next_scan,
-                              [&] { return write_back_stop_ || !forgotten_.empty(); });
+    while (!write_back_stop_ && forgotten_.empty())
+      if (!write_back_cv_.WaitUntil(next_scan)) break;
     // Forgotten files left at a stop are flushed by FlushAll at unmount.
     if (write_back_stop_) return;
     std::vector<uint64_t> forgotten(forgotten_.begin(), forgotten_.end());
     forgotten_.clear();
-    l.unlock();
+    l.Unlock();
     CloseForgottenQueued(std::move(forgotten));
     if (idle_on && std::chrono::steady_clock::now() >= next_scan) {
       WriteBackIdle(idle_ns);
@@ -292,7 +293,7 @@ void FileSystem::WriteBackLoop() {
     } else if (!idle_on) {
       next_scan = std::chrono::steady_clock::now() + period;
     }
-    l.lock();
+    l.Lock();
   }
 }
 
@@ -336,7 +337,7 @@ Status FileSystem::MaybeCloseLocked(uint64_t ino, WriteState& st, bool forgotten
       // A stat answered from here on shows the store's version, before the write generation
       // moves: an open that sees the new generation must not pair it with the staged version.
       {
-        std::lock_guard<std::mutex> al(st.attr_mu);
+        MutexLock al(st.attr_mu);
         st.written_attr = stored.value();
       }
       Changed(ino, stored.value());
@@ -390,6 +391,7 @@ Result<size_t> FileSystem::Write(uint64_t ino, uint64_t offset, const char* data
   CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   CTFS_ASSIGN_OR_RETURN(LockedWriteState locked, LockOpenWriteState(ino));
   WriteState* st = locked.state.get();
+  st->mu.AssertHeld();
   CTFS_ASSIGN_OR_RETURN(size_t n, st->file->Write(offset, data, len));
   MarkChangedLocked(*st);
   if (std::optional<InodeInfo> inode = inodes_.Get(ino)) {
@@ -407,7 +409,7 @@ Status FileSystem::Flush(uint64_t ino) {
   if (!st) return Status::OK();
   Status s;
   {
-    std::lock_guard<std::mutex> sl(st->mu);
+    MutexLock sl(st->mu);
     if (st->closed) return Status::OK();  // closed by another flush, which flushed it all
     CTFS_RETURN_IF_ERROR(FlushLocked(*st));
     s = MaybeCloseLocked(ino, *st);
@@ -440,6 +442,7 @@ Status FileSystem::Fsync(uint64_t ino) {
     return locked.status();
   }
   WriteState& st = *locked->state;
+  st.mu.AssertHeld();
   if (!st.removed) {
     CTFS_RETURN_IF_ERROR(st.file->Sync());
     if (st.dirty) {
@@ -461,7 +464,7 @@ Status FileSystem::Release(uint64_t ino, const FileHandle* handle) {
   if (!st) return Status::OK();
   Status s;
   {
-    std::lock_guard<std::mutex> sl(st->mu);
+    MutexLock sl(st->mu);
     if (st->closed) return Status::OK();
     if (handle != nullptr && handle->writable && st->writers > 0) st->writers--;
     s = MaybeCloseLocked(ino, *st);
@@ -484,6 +487,7 @@ Result<cfs_client::FileAttr> FileSystem::SetAttr(uint64_t ino, const AttrChange&
     if (inode.attr.IsDir()) return Status::IsDirectory(inode.path);
     CTFS_ASSIGN_OR_RETURN(LockedWriteState locked, LockOpenWriteState(ino));
     WriteState& st = *locked.state;
+    st.mu.AssertHeld();
     CTFS_RETURN_IF_ERROR(st.file->Truncate(*change.size));
     MarkChangedLocked(st);
     Result<cfs_client::FileAttr> a = st.file->Stat();
@@ -501,7 +505,7 @@ Result<cfs_client::FileAttr> FileSystem::SetAttr(uint64_t ino, const AttrChange&
       bool unflushed = false;
       if (a.status().IsNotFound()) {
         if (std::shared_ptr<WriteState> st = FindWriteState(ino)) {
-          std::lock_guard<std::mutex> sl(st->mu);
+          MutexLock sl(st->mu);
           unflushed = st->dirty && !st->closed;
         }
       }
@@ -509,7 +513,7 @@ Result<cfs_client::FileAttr> FileSystem::SetAttr(uint64_t ino, const AttrChange&
     }
   }
   if (std::shared_ptr<WriteState> st = FindWriteState(ino)) {
-    std::lock_guard<std::mutex> sl(st->mu);
+    MutexLock sl(st->mu);
     if (!st->closed) {
       RefreshWrittenAttrLocked(*st);  // its mode, owner or times changed too
       Result<cfs_client::FileAttr> a = st->file->Stat();
@@ -527,6 +531,7 @@ Status FileSystem::Fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t l
   CTFS_ASSIGN_OR_RETURN(ChangeScope scope, BeginChange());
   CTFS_ASSIGN_OR_RETURN(LockedWriteState locked, LockOpenWriteState(ino));
   WriteState& st = *locked.state;
+  st.mu.AssertHeld();
   CTFS_RETURN_IF_ERROR(st.file->Allocate(mode, offset, len));
   MarkChangedLocked(st);
   Result<cfs_client::FileAttr> a = st.file->Stat();
@@ -536,12 +541,12 @@ Status FileSystem::Fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t l
 
 std::optional<cfs_client::FileAttr> FileSystem::WrittenAttr(WriteState& st) {
   // Not under st.mu: an upload in flight holds it, and a stat must not wait for it.
-  std::lock_guard<std::mutex> al(st.attr_mu);
+  MutexLock al(st.attr_mu);
   return st.written_attr;
 }
 
 Status FileSystem::CloseForgotten(uint64_t ino, WriteState& st) {
-  std::lock_guard<std::mutex> sl(st.mu);
+  MutexLock sl(st.mu);
   st.writers = 0;
   return MaybeCloseLocked(ino, st, /*forgotten=*/true);
 }
@@ -575,7 +580,7 @@ Status FileSystem::FlushAll() {
     for (const auto& [ino, st] : writes_) states.push_back({ino, 0, st});
   }
   for (Item& i : states) {
-    std::lock_guard<std::mutex> sl(i.st->mu);
+    MutexLock sl(i.st->mu);
     i.seq = i.st->write_seq;
   }
   // Newest changes first: an orphan (see CloseForgotten) older than bytes since flushed at
@@ -585,7 +590,7 @@ Status FileSystem::FlushAll() {
   Status first;
   for (Item& i : states) {
     WriteState& st = *i.st;
-    std::lock_guard<std::mutex> sl(st.mu);
+    MutexLock sl(st.mu);
     if (st.closed) continue;
     if (st.dirty && !st.removed) {
       bool superseded = false;
@@ -626,7 +631,7 @@ int FileSystem::PassthroughFd(const FileHandle& handle) {
   if (handle.stream == nullptr || handle.writable) return -1;
   if (ever_written_.load()) {
     if (std::shared_ptr<WriteState> st = FindWriteState(handle.ino)) {
-      std::lock_guard<std::mutex> sl(st->mu);
+      MutexLock sl(st->mu);
       if (!st->closed) return -1;  // bytes written through the mount the store lacks yet
     }
   }
@@ -638,7 +643,7 @@ std::optional<Result<ReadResult>> FileSystem::ReadWritten(uint64_t ino, uint64_t
                                                           size_t size) {
   std::shared_ptr<WriteState> st = FindWriteState(ino);
   if (!st) return std::nullopt;
-  std::lock_guard<std::mutex> sl(st->mu);
+  MutexLock sl(st->mu);
   if (st->closed) return std::nullopt;
   std::shared_ptr<cache::Buffer> buf = cache::Buffer::Allocate(std::max<size_t>(size, 1));
   Result<size_t> n = st->file->Read(offset, size, buf->data.get());
