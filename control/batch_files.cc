@@ -11,32 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "cache/ram_cache.h"
 #include "common/logging.h"
 #include "common/unique_fd.h"
 #include "control/server_impl.h"
-#include "prefetch/model_fetch.h"
-#include "prefetch/prefetcher.h"
 
 namespace cubetorchfs::control::detail {
-
-namespace {
-
-// A file that is not in the memory file, and why (the client reads it through the mount).
-json Missing(const Status& s, const char* code) {
-  return json{{"error", s.message()}, {"code", code}};
-}
-
-const char* CodeOf(const Status& s) {
-  if (s.IsNotFound()) return "not_found";
-  if (s.code() == Status::Code::kPermissionDenied) return "permission_denied";
-  if (s.code() == Status::Code::kIsDirectory || s.code() == Status::Code::kInvalidArgument)
-    return "not_a_file";
-  if (s.IsStale()) return "changed";
-  return "store_failed";
-}
-
-}  // namespace
 
 Result<PathResolver::Resolved> ServerImpl::CheckToRead(const std::string& p, const Caller& caller,
                                                        PathResolver::Searched* searched) {
@@ -59,7 +38,7 @@ Response ServerImpl::BatchFiles(const Request& req, const Caller& caller, int* f
     std::string path;  // store path; empty when refused
     cfs_client::FileAttr attr;
     uint64_t offset = 0;
-    json missing;  // why it is not in the memory file
+    json missing;  // why it is not in the memory file (ErrorJson: the client reads the mount)
   };
   std::vector<File> files;
   PathResolver::Searched searched;  // each directory checked once per batch
@@ -74,14 +53,13 @@ Response ServerImpl::BatchFiles(const Request& req, const Caller& caller, int* f
     at = end + 1;
     Result<PathResolver::Resolved> r = CheckToRead(asked, caller, &searched);
     if (!r.ok()) {
-      f.missing = Missing(r.status(), CodeOf(r.status()));
+      f.missing = ErrorJson(r.status());
       continue;
     }
     if (total + r->attr.size > options_.batch_max_bytes) {
-      f.missing =
-          json{{"error", asked + ": past the batch's " + std::to_string(options_.batch_max_bytes) +
-                             " bytes (control.batch_max_bytes)"},
-               {"code", "over_batch_bytes"}};
+      f.missing = ErrorJson(Status::InvalidArgument(asked + ": past the batch's " +
+                                                    std::to_string(options_.batch_max_bytes) +
+                                                    " bytes (control.batch_max_bytes)"));
       continue;
     }
     f.path = std::move(r->path);
@@ -154,53 +132,27 @@ Response ServerImpl::BatchFiles(const Request& req, const Caller& caller, int* f
     return written;
   };
   pending.reserve(static_cast<size_t>(std::min<uint64_t>(total, kBatchGather)));
-  // Small files the prefetch window or the RAM cache holds whole are copied from there, and
-  // their reads reported to the prefetcher together; the others are read as the mount reads
-  // them (fetched from the store if need be).
-  std::vector<prefetch::Prefetcher::WholeRead> reads;
-  reads.reserve(files.size());
-  const uint64_t whole = prefetcher_->chunk_bytes();
+  // Each file is read as the mount reads it (fs/: the RAM cache, the prefetch window, the NVMe
+  // tier, then the store), each read counted in the stream accounting as one of the API's.
   uint64_t given = 0, served_bytes = 0;
   for (File& f : files) {
     if (f.path.empty()) continue;
-    const cfs_client::FileVersion version = f.attr.Version();
-    cache::BufferRef held;
-    prefetch::ReadOutcome outcome = prefetch::ReadOutcome::kHit;
-    if (f.attr.size > 0 && f.attr.size <= whole) {
-      // The RAM cache first: its lock is one shard's, the window's is the prefetcher's, which
-      // every reader and publisher shares (and a warm epoch's files are in RAM, not there).
-      held = ram_->Get(cache::ChunkKey(f.path, version, 0));
-      if (held == nullptr) {
-        if (std::optional<prefetch::Prefetcher::WindowHit> w =
-                prefetcher_->Get(f.path, version, 0)) {
-          held = std::move(w->buffer);
-          if (w->waited) outcome = prefetch::ReadOutcome::kLate;
-        }
-      }
-      if (held != nullptr && held->size < f.attr.size) held = nullptr;  // not the whole file
-    }
-    Status s;
-    if (held != nullptr) {
-      s = put(f.offset, held->data.get(), f.attr.size);
-      if (s.ok()) reads.push_back({&f.path, version, outcome});
-    } else {
-      uint64_t at = f.offset;
-      const uint64_t end = f.offset + f.attr.size;
-      s = reader_(
-          f.path, f.attr,
-          [&](const char* data, size_t len) -> Status {
-            if (len > end - at) return Status::Stale(f.path + ": longer than its attributes say");
-            CTFS_RETURN_IF_ERROR(put(at, data, len));
-            at += len;
-            return Status::OK();
-          },
-          caller.uid);
-      if (s.ok() && at != end) s = Status::Stale(f.path + ": shorter than its attributes say");
-    }
+    uint64_t at = f.offset;
+    const uint64_t end = f.offset + f.attr.size;
+    Status s = reader_(
+        f.path, f.attr,
+        [&](const char* data, size_t len) -> Status {
+          if (len > end - at) return Status::Stale(f.path + ": longer than its attributes say");
+          CTFS_RETURN_IF_ERROR(put(at, data, len));
+          at += len;
+          return Status::OK();
+        },
+        caller.uid);
+    if (s.ok() && at != end) s = Status::Stale(f.path + ": shorter than its attributes say");
     if (!written.ok()) break;
     if (!s.ok()) {
       CTFS_LOG(kDebug) << "files/batch " << f.path << ": " << s.ToString();
-      f.missing = Missing(s, CodeOf(s));
+      f.missing = ErrorJson(s);
       f.path.clear();
       continue;
     }
@@ -209,7 +161,6 @@ Response ServerImpl::BatchFiles(const Request& req, const Caller& caller, int* f
   }
   flush();
   if (!written.ok()) return Error(http::status::service_unavailable, written.message(), v);
-  prefetcher_->OnWholeReads(reads, static_cast<int64_t>(caller.uid));
   if (::fcntl(mfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) !=
       0)
     return Error(http::status::service_unavailable,

@@ -58,12 +58,13 @@ Response JsonResponse(http::status status, const json& body, unsigned version) {
   return res;
 }
 
+json ErrorJson(const Status& s) {
+  return json{
+      {"error", s.message()}, {"code", std::string(CodeName(s.code()))}, {"errno", ToErrno(s)}};
+}
+
 Response ErrorFrom(http::status status, const Status& s, unsigned version) {
-  return JsonResponse(
-      status,
-      json{
-          {"error", s.message()}, {"code", std::string(CodeName(s.code()))}, {"errno", ToErrno(s)}},
-      version);
+  return JsonResponse(status, ErrorJson(s), version);
 }
 
 Response Error(http::status status, const std::string& msg, unsigned version) {
@@ -94,11 +95,10 @@ Response Text(http::status status, const std::string& body, unsigned version) {
   return res;
 }
 
-ServerImpl::ServerImpl(const Options& options, Prefetcher* prefetcher, cache::RamCache* ram,
-                       FileReader reader, Warmer* warmer, FileOpener opener)
+ServerImpl::ServerImpl(const Options& options, Prefetcher* prefetcher, FileReader reader,
+                       Warmer* warmer, FileOpener opener)
     : options_(options),
       prefetcher_(prefetcher),
-      ram_(ram),
       reader_(std::move(reader)),
       warmer_(warmer),
       opener_(std::move(opener)),
@@ -651,11 +651,11 @@ Result<Listeners> BindListeners(const std::string& socket_path, uint16_t prof_po
 
 Result<std::unique_ptr<ControlServer>> ControlServer::Start(const Options& options,
                                                             prefetch::Prefetcher* prefetcher,
-                                                            cache::RamCache* ram, FileReader reader,
+                                                            FileReader reader,
                                                             prefetch::Warmer* warmer,
                                                             FileOpener opener) {
-  auto server = std::make_unique<detail::ServerImpl>(options, prefetcher, ram, std::move(reader),
-                                                     warmer, std::move(opener));
+  auto server = std::make_unique<detail::ServerImpl>(options, prefetcher, std::move(reader), warmer,
+                                                     std::move(opener));
   Status s = server->Listen();
   if (!s.ok()) return s;
   return std::unique_ptr<ControlServer>(std::move(server));

@@ -33,7 +33,6 @@
 #include <string>
 #include <string_view>
 
-#include "cache/ram_cache.h"
 #include "cfs_client/backend.h"
 #include "common/status.h"
 #include "prefetch/access.h"
@@ -136,9 +135,12 @@ class ControlServer {
     // POST /v1/admin/upgrade: hands the mount over to the installed binary (supervisor.h).
     // Only root or the daemon's own user may ask. Null: 501 (no supervisor).
     std::function<Status()> upgrade;
+    // GET /v1/stats: the bytes the RAM cache holds now. Null: 0.
+    std::function<uint64_t()> ram_bytes;
   };
-  // Reads regular file `store_path` at the version of `attr`, handing `piece` its bytes in
-  // order (for /batchdownload/path).
+  // Reads regular file `store_path` at the version of `attr` as the mount reads it (the
+  // daemon's: fs::FileSystem::StreamFile), handing `piece` its bytes in order (for
+  // /batchdownload/path and POST /v1/files/batch).
   // `uid`: the caller's, whose streams alone the read may move.
   using FileReader = std::function<Status(
       const std::string& store_path, const cfs_client::FileAttr& attr,
@@ -151,11 +153,11 @@ class ControlServer {
                                                       const cfs_client::Backend::AttrCheck& check)>;
 
   // Binds the listeners and starts serving. Fails naming the socket or port it could not
-  // bind. `prefetcher`, `ram` and `warmer` (null without an NVMe tier) must outlive the server.
+  // bind. `prefetcher` and `warmer` (null without an NVMe tier) must outlive the server.
   // Without an `opener`, /v1/files/open answers 501.
   static Result<std::unique_ptr<ControlServer>> Start(const Options& options,
                                                       prefetch::Prefetcher* prefetcher,
-                                                      cache::RamCache* ram, FileReader reader,
+                                                      FileReader reader,
                                                       prefetch::Warmer* warmer = nullptr,
                                                       FileOpener opener = nullptr);
   virtual ~ControlServer() = default;  // stops serving and removes the socket file

@@ -63,6 +63,8 @@ Response JsonResponse(http::status status, const json& body, unsigned version);
 // An error reply: {"error": message, "code": the status code's wire name, "errno": n}
 // (docs/errors.md). Clients map the code back to the same Status (Status::FromWire).
 Response ErrorFrom(http::status status, const Status& s, unsigned version);
+// That reply's body: also what a batch says of each file it could not give.
+json ErrorJson(const Status& s);
 // An error of the request itself: the code follows the HTTP status.
 Response Error(http::status status, const std::string& msg, unsigned version);
 Response Text(http::status status, const std::string& body, unsigned version);
@@ -156,8 +158,8 @@ class ChunkedWriter {
 
 class ServerImpl final : public ControlServer {
  public:
-  ServerImpl(const Options& options, Prefetcher* prefetcher, cache::RamCache* ram,
-             FileReader reader, Warmer* warmer, FileOpener opener);
+  ServerImpl(const Options& options, Prefetcher* prefetcher, FileReader reader, Warmer* warmer,
+             FileOpener opener);
   ~ServerImpl() override;
 
   Status Listen();
@@ -296,7 +298,6 @@ class ServerImpl final : public ControlServer {
 
   const Options options_;
   Prefetcher* const prefetcher_;
-  cache::RamCache* const ram_;
   const FileReader reader_;
   Warmer* const warmer_;
   const FileOpener opener_;

@@ -685,8 +685,9 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   control_options.prof_fd = takeover.prof_fd;
   control_options.metrics_fd = takeover.metrics_fd;
   control_options.tolerate_listen_errors = takeover.generation > 0 || takeover.state_fd >= 0;
+  control_options.ram_bytes = [ram = cache.get()] { return ram->bytes(); };
   Result<std::unique_ptr<control::ControlServer>> control = control::ControlServer::Start(
-      control_options, &prefetcher, cache.get(),
+      control_options, &prefetcher,
       [filesystem](const std::string& path, const cfs_client::FileAttr& attr,
                    const std::function<Status(const char*, size_t)>& piece,
                    uid_t uid) { return filesystem->StreamFile(path, attr, piece, uid); },

@@ -540,14 +540,20 @@ Result<ReadResult> FileSystem::Read(const FileHandle& opened, uint64_t offset, s
     const size_t from = static_cast<size_t>(std::max(offset, chunk_begin) - chunk_begin);
     const size_t to =
         static_cast<size_t>(std::min<uint64_t>(end, chunk_begin + chunk_len) - chunk_begin);
-    cache::BufferRef buffer;
-    if (std::optional<prefetch::Prefetcher::WindowHit> w =
-            prefetcher_->Get(handle.path, handle.version, chunk)) {
-      buffer = std::move(w->buffer);
-      if (w->waited) outcome = std::max(outcome, prefetch::ReadOutcome::kLate);
-    }
+    // The one read policy (the control API's batches and downloads read here too): the RAM
+    // cache first (one shard's lock; a warm epoch's files are there), then the prefetch window
+    // (its view index; a fetch in flight is waited for), then the NVMe tier and the store.
+    const std::string key = cache::ChunkKey(handle.path, handle.version, chunk);
+    cache::BufferRef buffer = cache_->Get(key);
     if (buffer == nullptr) {
-      const std::string key = cache::ChunkKey(handle.path, handle.version, chunk);
+      if (std::optional<prefetch::Prefetcher::WindowHit> w =
+              prefetcher_->Get(handle.path, handle.version, chunk)) {
+        buffer = std::move(w->buffer);
+        if (w->waited) outcome = std::max(outcome, prefetch::ReadOutcome::kLate);
+      }
+    }
+    if (buffer != nullptr && buffer->size < to) buffer = nullptr;  // not the whole chunk
+    if (buffer == nullptr) {
       cache::Tier tier = cache::Tier::kRam;
       Result<cache::Lookup> got = cache_->GetOrFetch(key, [&] {
         return cache::Tiers{cache_, disk_}.ReadThroughDisk(

@@ -1,12 +1,13 @@
 // The file system's logic, free of libfuse: what each FUSE operation does, returning values
 // or a Status. fuse_ops.cc turns these into kernel replies (and Status into errno).
 //
-// Reads look in the prefetch window first, then the RAM cache, in units of whole files (up to
-// chunk_bytes) or chunks of chunk_bytes. A read is a hit if no byte waited on the backend,
-// late if it waited on a prefetch in flight, a miss if it fetched (or waited on another
-// reader's fetch); every read is reported to the prefetcher, which keeps the accounting and
-// moves the streams' cursors. Attributes come from the inode table while younger than
-// attr_timeout_s, so opening a file whose metadata is fresh costs no backend request.
+// Reads look in the RAM cache first, then the prefetch window, then the NVMe tier and the
+// store, in units of whole files (up to chunk_bytes) or chunks of chunk_bytes. This is the one
+// read policy: the control API's batches and downloads read through StreamFile, here. A read is a
+// hit if no byte waited on the backend, late if it waited on a prefetch in flight, a miss if it
+// fetched (or waited on another reader's fetch); every read is reported to the prefetcher, which
+// keeps the accounting and moves the streams' cursors. Attributes come from the inode table while
+// younger than attr_timeout_s, so opening a file whose metadata is fresh costs no backend request.
 //
 // Writes (write_path.cc): a file being written has one write state per inode, shared by every
 // handle that writes it, holding the backend's WritableFile. It is opened by the first write

@@ -519,24 +519,6 @@ bool Prefetcher::ApplyDeferredLocked() {
   return wake;
 }
 
-void Prefetcher::OnWholeReads(const std::vector<WholeRead>& reads, int64_t uid) {
-  if (reads.empty()) return;
-  uint64_t by_outcome[3] = {0, 0, 0};
-  for (const WholeRead& r : reads) by_outcome[static_cast<int>(r.outcome)]++;
-  for (int o = 0; o < 3; ++o)
-    if (reads_[o] && by_outcome[o] > 0) reads_[o]->Increment(static_cast<double>(by_outcome[o]));
-  bool wake = false;
-  {
-    MutexLock l(mu_);
-    wake = ApplyDeferredLocked();
-    const uint64_t now = clock_->NowNanos();
-    for (const WholeRead& r : reads)
-      wake |= OnReadLocked(*r.path, r.version, 0, r.version.size, r.outcome,
-                           /*to_kernel=*/false, uid, now);
-  }
-  if (wake) Wake();
-}
-
 bool Prefetcher::OnReadLocked(const std::string& path, const cfs_client::FileVersion& version,
                               uint64_t offset, uint64_t bytes, ReadOutcome outcome, bool to_kernel,
                               int64_t uid, uint64_t now) {

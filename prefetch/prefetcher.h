@@ -277,16 +277,6 @@ class Prefetcher {
   // skips its positions nor drops what was prefetched for it. -1: unknown (any stream).
   void OnRead(const std::string& path, const cfs_client::FileVersion& version, uint64_t offset,
               uint64_t bytes, ReadOutcome outcome, bool to_kernel = true, int64_t uid = -1);
-  // Whole files read by one control request (POST /v1/files/batch), reported as OnRead does
-  // with one acquisition of the lock for all.
-  struct WholeRead {
-    const std::string* path;
-    cfs_client::FileVersion version;
-    ReadOutcome outcome;
-  };
-  void OnWholeReads(const std::vector<WholeRead>& reads, int64_t uid);
-  // The size up to which a file is one whole-file entry of the RAM cache (chunk 0).
-  uint64_t chunk_bytes() const { return options_.chunk_bytes; }
   // Attributes fetched with a prefetched file, while fresh: lookups then need no round trip.
   // `fetched_ns`, if not null, receives when they were read from the store. `dir_id`: the
   // store identity of the directory the lookup is in; only a fetch made in that very directory

@@ -115,6 +115,7 @@ ControlServer::Options RouteWorld::ServerOptions() {
   so.queued.paths_per_uid = 8;  // the prefetcher's
   so.queued.paths = 12;
   so.idle_timeout_s = 5;
+  so.ram_bytes = [r = ram.get()] { return r->bytes(); };
   return so;
 }
 
@@ -140,7 +141,7 @@ std::unique_ptr<detail::ServerImpl> RouteWorld::MakeServer(const ControlServer::
       return mf->MakeResident(path, check);
     };
   }
-  return std::make_unique<detail::ServerImpl>(options, prefetcher.get(), ram.get(), reader,
+  return std::make_unique<detail::ServerImpl>(options, prefetcher.get(), reader,
                                               with_warmer ? warmer.get() : nullptr, open);
 }
 

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <set>
 #include <thread>
 
@@ -118,6 +119,40 @@ TEST_F(FileSystemTest, OnlyReadsServedToTheKernelMarkFilesPageResident) {
   std::unique_ptr<FileHandle> h = OpenPath("d/small");
   ASSERT_TRUE(fs_->Read(*h, 0, 4096).ok());
   EXPECT_EQ(prefetcher_->GetStats().resident_marks, 1u);  // the kernel holds it now
+}
+
+// The one read policy, which the control API's batches and downloads use too (StreamFile): a
+// chunk the RAM cache holds at the file's version is served from there, with no store request
+// and without looking in the prefetch window first.
+TEST_F(FileSystemTest, StreamFileServesTheRamCacheCopyWithNoStoreRequest) {
+  Result<cfs_client::FileAttr> attr = store_.Stat("d/small");
+  ASSERT_TRUE(attr.ok());
+  std::shared_ptr<cache::Buffer> cached = cache::Buffer::Allocate(attr->size);
+  std::memset(cached->data.get(), 'R', attr->size);  // stands out from the store's bytes
+  cache_->Insert(cache::ChunkKey("d/small", attr->Version(), 0), std::move(cached));
+  const int reads = store_.reads();
+  std::string got;
+  ASSERT_TRUE(fs_->StreamFile("d/small", *attr,
+                              [&](const char* data, size_t n) {
+                                got.append(data, n);
+                                return Status::OK();
+                              })
+                  .ok());
+  EXPECT_EQ(got, std::string(attr->size, 'R'));
+  EXPECT_EQ(store_.reads(), reads);
+  EXPECT_EQ(prefetcher_->GetStats().reads.hit, 1u);
+  // Another version of the file (changed in the store) is not that copy: read from the store.
+  store_.PutFile("d/small", "changed", 3);
+  attr = store_.Stat("d/small");
+  got.clear();
+  ASSERT_TRUE(fs_->StreamFile("d/small", *attr,
+                              [&](const char* data, size_t n) {
+                                got.append(data, n);
+                                return Status::OK();
+                              })
+                  .ok());
+  EXPECT_EQ(got, "changed");
+  EXPECT_EQ(store_.reads(), reads + 1);
 }
 
 TEST_F(FileSystemTest, LookupCountsAndForget) {

@@ -259,18 +259,22 @@ TEST_F(PrefetcherTest, ABatchModeStreamStoresNothingInThePageCacheAndPassesNothi
   ASSERT_TRUE(pf_->Publish(id, {Name(0), Name(1), Name(4), Name(5)}));
   EXPECT_EQ(RunAll(), 0);
   EXPECT_EQ(pf_->GetStats().window_files, 0u);
-  // The batch request reports its files' reads together (one acquisition of the lock): each
-  // consumes its position in the stream, as the read it was; another user's reads move nothing.
+  // The batch request reports each file's read as one of the control API (not to the kernel):
+  // each consumes its position in the stream, as the read it was; another user's reads move
+  // nothing.
   const std::vector<std::string> names = {Name(0), Name(1), Name(4), Name(5)};
-  std::vector<Prefetcher::WholeRead> reads;
-  for (const std::string& n : names)
-    reads.push_back({&n, store_.Stat(n).value().Version(),
-                     n == Name(5) ? ReadOutcome::kLate : ReadOutcome::kHit});
-  pf_->OnWholeReads(reads, /*uid=*/2);
+  auto batch_reads = [&](int64_t uid) {
+    for (const std::string& n : names) {
+      const cfs_client::FileVersion v = store_.Stat(n).value().Version();
+      pf_->OnRead(n, v, 0, v.size, n == Name(5) ? ReadOutcome::kLate : ReadOutcome::kHit,
+                  /*to_kernel=*/false, uid);
+    }
+  };
+  batch_reads(/*uid=*/2);
   st = pf_->GetStats();
   ASSERT_EQ(st.streams.size(), 1u);
   EXPECT_EQ(st.streams[0].queued, 4u);
-  pf_->OnWholeReads(reads, /*uid=*/0);  // the stream's user
+  batch_reads(/*uid=*/0);  // the stream's user
   st = pf_->GetStats();
   EXPECT_EQ(st.streams[0].queued, 0u);
   EXPECT_EQ(st.streams[0].reads.hit, 3u);
@@ -287,10 +291,10 @@ TEST_F(PrefetcherTest, ABatchModeStreamThatOnlyHitsRamRestsUntilAMiss) {
   std::vector<std::string> names;
   for (int i = 0; i < 12; ++i) names.push_back(Name(i));
   auto report = [&](int from, int to, ReadOutcome outcome) {
-    std::vector<Prefetcher::WholeRead> reads;
-    for (int i = from; i < to; ++i)
-      reads.push_back({&names[i], store_.Stat(names[i]).value().Version(), outcome});
-    pf_->OnWholeReads(reads, 0);
+    for (int i = from; i < to; ++i) {
+      const cfs_client::FileVersion v = store_.Stat(names[i]).value().Version();
+      pf_->OnRead(names[i], v, 0, v.size, outcome, /*to_kernel=*/false, 0);
+    }
   };
   std::string id = pf_->CreateStream("batch", 1, 0, nullptr, "", /*page_cache=*/false);
   ASSERT_TRUE(pf_->Publish(id, {Name(0), Name(1), Name(2), Name(3)}));
