@@ -65,6 +65,8 @@ Response JsonResponse(http::status status, const json& body, unsigned version);
 Response ErrorFrom(http::status status, const Status& s, unsigned version);
 // That reply's body: also what a batch says of each file it could not give.
 json ErrorJson(const Status& s);
+// The 429 text of a publish refused by limit `r`: which limit, and what the user holds.
+std::string FullMessage(const prefetch::QueuedPaths::Refusal& r);
 // An error of the request itself: the code follows the HTTP status.
 Response Error(http::status status, const std::string& msg, unsigned version);
 Response Text(http::status status, const std::string& body, unsigned version);

@@ -13,6 +13,9 @@ Pure scans of the sources and the docs (no build, no daemon; well under a second
   every route a doc mentions or a client calls is served;
 - pjdfstest: the S3 pass/fail counts README.md and docs/testing.md state agree with each
   other and with tests/posix/expected_failures.txt, read as tests/posix/pjdfstest.py reads it.
+- layering: every include of another source folder points down the floors of
+  docs/architecture.md ("Dependencies point one way"), and control/ includes nothing of
+  cache/, fs/ or fuse/.
 
 Run: python3 -m pytest -q -p no:cacheprovider tests/contracts
 """
@@ -760,3 +763,46 @@ def test_the_npm_pattern_catches_its_forms() -> None:
         assert NPM_RE.search(line), line
     for line in ("a node whose page cache", "node_count = 3", "Node n = Parse(path)"):
         assert not NPM_RE.search(line), line
+
+
+# --- layering: the folders' includes point one way (docs/architecture.md, "Dependencies point
+# one way"). Each folder's floor; a source may include a folder on a lower floor only. control/
+# sits beside fs/ and reads files through the FileReader it is given, so it includes nothing of
+# cache/ either (one read policy: fs/'s).
+FLOORS = {"common": 0, "conf": 1, "crypto": 1, "cuda": 1, "cfs_client": 2, "loader": 2,
+          "cache": 3, "prefetch": 4, "fs": 5, "control": 5, "fuse": 6, "daemon": 7}
+NOT_INCLUDED_BY = {"control": {"cache", "fs", "fuse"}}
+
+
+def folder_includes() -> Dict[str, Set[Tuple[str, str]]]:
+    """For each source folder, the (file, folder) pairs of its includes of other folders."""
+    out: Dict[str, Set[Tuple[str, str]]] = collections.defaultdict(set)
+    for folder in FLOORS:
+        for path in sorted((REPO / folder).rglob("*")):
+            if path.suffix not in SOURCE_EXTS:
+                continue
+            for m in re.finditer(r'^\s*#\s*include\s+"([a-z_]+)/', path.read_text(errors="replace"),
+                                 re.M):
+                if m.group(1) != folder:
+                    out[folder].add((rel(path), m.group(1)))
+    return out
+
+
+def test_every_source_folder_has_a_floor() -> None:
+    folders = {p.parent.name for p in REPO.glob("*/CMakeLists.txt")}
+    assert folders - NOT_SOURCES - set(FLOORS) == set(), "give each new folder a floor in FLOORS"
+
+
+def test_includes_point_down_the_floors() -> None:
+    up = [f"{f} includes {to}/ (floor {FLOORS.get(to)} >= {FLOORS[src]})"
+          for src, pairs in folder_includes().items() for f, to in sorted(pairs)
+          if to not in FLOORS or FLOORS[to] >= FLOORS[src]]
+    assert up == [], "an include that climbs back or sideways:\n" + "\n".join(up)
+
+
+def test_control_includes_nothing_of_the_cache_or_the_file_system() -> None:
+    bad = [f"{f} includes {to}/" for src, banned in NOT_INCLUDED_BY.items()
+           for f, to in sorted(folder_includes()[src]) if to in banned]
+    assert bad == [], "\n".join(bad)
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    assert "includes nothing of cache/" in doc
