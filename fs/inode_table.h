@@ -42,6 +42,11 @@
 // kernel sends by inode number (getattr, open, read without an open, setattr, forget) takes one
 // stripe's lock; a lookup of a name the table knows takes the names shared and one stripe; a
 // new name, a forget to zero, a remove or a rename takes the names exclusively.
+//
+// The code is in three files: inode_records.cc (the durable region, names, allocation and
+// numbers, the (parent, name) index), inode_table.cc (attributes and what the file system asks)
+// and inode_handover.cc (the serialized form an upgrade hands on, and a crashed process's region
+// adopted). inode_table_internal.h holds what they share.
 #pragma once
 
 #include <array>
