@@ -36,14 +36,13 @@
 #include "common/parallel.h"
 #include "common/private_dir.h"
 #include "common/reclaim.h"
-#include "common/snapshot_bytes.h"
-#include "common/thread_annotations.h"
 #include "common/version.h"
 #include "conf/config.h"
 #include "control/control_file.h"
 #include "control/control_server.h"
 #include "daemon/admin.h"
 #include "daemon/command_line.h"
+#include "daemon/handover.h"
 #include "daemon/health.h"
 #include "daemon/supervisor.h"
 #include "daemon/warmup.h"
@@ -361,200 +360,6 @@ void FitStreamedReadsToPipes(conf::Config* config) {
   config->fuse.max_read = fits;
 }
 
-// Hands this process's state to the supervisor, which executes the next binary, and exits.
-// The state handed over: the inode table's bytes, framed with the passthrough table where it
-// has opens (a table with none keeps the frame an earlier version reads).
-constexpr uint64_t kFramedStateMagic = 0x31455453'53465443ull;  // "CTFSSTE1"
-
-std::string FrameState(std::string inodes, const std::string& passthrough) {
-  if (passthrough.empty()) return inodes;
-  std::string out;
-  PutU64(&out, kFramedStateMagic);
-  PutString(&out, inodes);
-  PutString(&out, passthrough);
-  return out;
-}
-
-// The inode table's bytes of a state handed over; `passthrough` gets the rest.
-Result<std::string> UnframeState(std::string state, std::string* passthrough) {
-  SnapshotReader r(state);
-  uint64_t magic = 0;
-  if (!r.U64(&magic) || magic != kFramedStateMagic) return state;
-  std::string inodes;
-  if (!r.String(&inodes) || !r.String(passthrough) || !r.done())
-    return Status::InvalidArgument("state handed over: truncated");
-  return inodes;
-}
-
-[[noreturn]] void HandOver(FileSystem& fs, FuseSession& session, prefetch::Prefetcher& prefetcher,
-                           PageProbe& page_probe, std::unique_ptr<control::ControlServer>& control,
-                           cache::DiskCache* disk, const Takeover& takeover) {
-  const std::string state = FrameState(fs.inodes().Serialize(), session.PassthroughState());
-  fs.StopWriteBack();
-  prefetcher.SetPageProbe(nullptr);
-  page_probe.Close();
-  if (Status s = fs.FlushAll(); !s.ok())
-    CTFS_LOG(kError) << "some written bytes did not reach the store: " << s.ToString();
-  control.reset();          // the next process binds the socket again
-  if (disk) disk->Flush();  // what is queued reaches the NVMe tier, which the next one opens
-  Result<int> memfd = MemfdWith("cubetorchfs-state", state);
-  if (!memfd.ok() || !SendMessage(takeover.channel_fd, kMsgState, "", *memfd)) {
-    // Without its state the next process still serves the mount, as after a crash.
-    CTFS_LOG(kError) << "state not handed over: "
-                     << (memfd.ok() ? std::string(std::strerror(errno))
-                                    : memfd.status().ToString());
-  }
-  CTFS_LOG(kInfo) << "handed over " << fs.inodes().size() << " inodes (" << state.size()
-                  << " bytes); exiting";
-  std::_Exit(0);
-}
-
-// The worker's side of a takeover (supervisor.h): the FUSE_INIT of the connection, read from
-// it (the first worker, which passes a copy to the supervisor) or replayed from the copy.
-Status StartConnection(FuseSession& session, const Takeover& t) {
-  if (t.init_fd >= 0) {
-    CTFS_ASSIGN_OR_RETURN(std::string init, ReadAllFd(t.init_fd));
-    ::close(t.init_fd);
-    CTFS_ASSIGN_OR_RETURN(init, session.PrepareInit(std::move(init), /*replayed=*/true));
-    return session.ProcessInit(std::move(init), /*replayed=*/true);
-  }
-  CTFS_ASSIGN_OR_RETURN(std::string init, session.ReadInit());
-  // The copy the supervisor keeps records the transport chosen (FuseSession::PrepareInit).
-  CTFS_ASSIGN_OR_RETURN(init, session.PrepareInit(std::move(init), /*replayed=*/false));
-  if (t.channel_fd >= 0) SendMessage(t.channel_fd, kMsgInit, init);
-  return session.ProcessInit(std::move(init), /*replayed=*/false);
-}
-
-// After a crash of the process before (no state handed over), the kernel still holds its
-// names and inode numbers, which this process does not know. Where the kernel asks about
-// them it gets ESTALE and looks the path up again, but with keep_cache (no open requests)
-// and long entry timeouts it may not ask for minutes. So every name under the root is
-// invalidated: the kernel drops the unused names beneath it, and the next path walk looks
-// them up here. Runs beside the session loop (the kernel may send forgets meanwhile).
-void DropDentriesOfEarlierProcess(FuseSession& session, cfs_client::Backend* store) {
-  constexpr size_t kMaxNames = 1u << 20;
-  constexpr size_t kPage = 4096;  // the root is read a page at a time, never held whole
-  size_t dropped = 0, listed = 0;
-  Result<std::unique_ptr<cfs_client::DirLister>> lister = store->ListPages("");
-  Status failed = lister.status();
-  for (bool last = !lister.ok(); !last && dropped < kMaxNames && !session.Exited();) {
-    Result<cfs_client::DirPage> page = (*lister)->Next(kPage);
-    if (!page.ok()) {
-      failed = page.status();
-      break;
-    }
-    last = page->last;
-    listed += page->entries.size();
-    for (const cfs_client::DirEntry& e : page->entries) {
-      if (dropped == kMaxNames || session.Exited()) break;
-      if (session.InvalidateEntry(fs::kRootIno, e.name)) ++dropped;
-    }
-  }
-  if (!failed.ok()) {
-    CTFS_LOG(kWarn) << "after the restart, cannot list the store's root to drop the kernel's "
-                    << "old names (they expire after fuse.entry_timeout_s): " << failed.ToString();
-    if (listed == 0) return;
-  }
-  CTFS_LOG(kInfo) << "after the restart, the kernel dropped " << dropped << " of " << listed
-                  << " names under the root listed, which it had from the process before";
-}
-
-// Takes the inode records a worker that died left (Takeover::table_fd); false if there were
-// none or they could not be read (the kernel's numbers then answer ESTALE and its names are
-// dropped, DropDentriesOfEarlierProcess).
-bool AdoptRecordsOfDeadProcess(FileSystem& fs, const Takeover& t) {
-  if (t.table_fd < 0) return false;
-  if (t.state_fd >= 0) {  // a handover: the state is what counts
-    ::close(t.table_fd);
-    return false;
-  }
-  const auto start = std::chrono::steady_clock::now();
-  Result<fs::InodeTable::Adopted> a =
-      fs.inodes().AdoptDurable(t.table_fd, prefetch::ResidentMarks::Mark::OfEarlierProcess);
-  if (!a.ok()) {
-    CTFS_LOG(kWarn) << "the inode records of the process before are not used ("
-                    << a.status().ToString()
-                    << "): files it had opened answer ESTALE and are looked up again";
-    return false;
-  }
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  CTFS_LOG(kInfo) << "after the crash, kept " << a->records
-                  << " inode records of the process before in " << static_cast<int>(ms) << " ms ("
-                  << a->dropped << " dropped: being changed when it died, or "
-                  << "unreadable; " << a->expired << " with attributes to read again)";
-  return true;
-}
-
-// The RAM cache's memory (cache/cache_arena.h): the arena the worker that died left
-// (Takeover::cache_fd) when it can be adopted, its published buffers in `*adopted`; else a new
-// one. Null if none can be reserved (buffers then come from the heap and die with the
-// process). Never freed: buffers may be let go by threads still running at exit.
-cache::CacheArena* OpenCacheArena(const conf::Config& config, const Takeover& t,
-                                  cache::CacheArena::Adoption* adopted) {
-  if (!config.cache.durable) {
-    if (t.cache_fd >= 0) ::close(t.cache_fd);
-    return nullptr;
-  }
-  // After a crash, and after a handover (the process before ended with _Exit, as a crash
-  // does: its arena is whole at every instruction).
-  if (t.cache_fd >= 0) {
-    const auto start = std::chrono::steady_clock::now();
-    Result<std::unique_ptr<cache::CacheArena>> a = cache::CacheArena::Adopt(t.cache_fd, adopted);
-    if (a.ok()) {
-      const double ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-              .count();
-      CTFS_LOG(kInfo) << (t.state_fd >= 0 ? "after the upgrade" : "after the crash") << ", found "
-                      << adopted->entries.size() << " cached chunks (" << (adopted->bytes >> 20)
-                      << " MiB) of the process before in " << static_cast<int>(ms) << " ms ("
-                      << adopted->dropped << " dropped: unreadable)";
-      return a->release();
-    }
-    adopted->entries.clear();
-    CTFS_LOG(kWarn) << "the RAM cache of the process before is not used (" << a.status().ToString()
-                    << "): what it held is fetched again";
-  }
-  Result<std::unique_ptr<cache::CacheArena>> a =
-      cache::CacheArena::Create(cache::CacheArena::ReserveFor(config.cache.memory_bytes));
-  if (!a.ok()) {
-    CTFS_LOG(kWarn) << "no memory reserved for the RAM cache (" << a.status().ToString()
-                    << "): it comes from the heap and does not outlive this process";
-    return nullptr;
-  }
-  return a->release();
-}
-
-// The session a handover stops.
-std::atomic<bool> g_handover{false};
-std::atomic<bool> g_supervisor_gone{false};          // nobody to hand over to
-std::atomic<bool> g_serving{false};                  // the session loop has started
-std::atomic<const FuseSession*> g_session{nullptr};  // once created, for the health report
-
-// Set while the mount is served: stops and resumes the page-cache stores and probes (a store
-// waits for a page that a read of the kernel's holds locked until the loop answers the read,
-// so the stores under way must finish before the loop stops).
-PageProbe* g_page_probe = nullptr;
-Mutex g_handover_mu;  // one handover request at a time; taken around the probe's pause
-
-// Stops the loop so that the state can go to the next binary; refused while files are being
-// written (their write states cannot be handed over).
-Status RequestHandover(const FileSystem& fs) {
-  MutexLock serial(g_handover_mu);
-  if (const uint64_t n = fs.open_writes(); n > 0)
-    return Status::FromErrno(EBUSY, std::to_string(n) +
-                                        " file(s) open for writing through the "
-                                        "mount; upgrade once they are closed");
-  if (g_supervisor_gone.load())
-    return Status::FromErrno(ESRCH, "the supervisor is gone: nothing can take the mount over");
-  if (!g_serving.load()) return Status::FromErrno(EAGAIN, "the mount is not served yet; try again");
-  if (g_handover.load()) return Status::OK();
-  if (g_page_probe != nullptr) g_page_probe->Pause();  // while the loop still answers reads
-  g_handover.store(true);
-  CTFS_LOG(kInfo) << "handing the mount over to the next binary";
-  return Status::OK();  // the loop answers what it has read, then returns
-}
-
 int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& takeover) {
   // Cached files are mostly 10 KB-1 MB buffers allocated and freed at a high rate by many
   // threads. From mmap (glibc's default above 128 KiB) each costs page faults and an munmap;
@@ -638,6 +443,10 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   prefetch::PathResolver::Options resolver_options;
   resolver_options.check_store = (*backend)->capabilities().has_owners;
   FileSystem* filesystem = fs->get();
+  // Asked by the control server and the supervisor's channel; the session loop stops on it.
+  Handover handover([filesystem] { return filesystem->open_writes(); });
+  // The session, once created, for the health report.
+  std::atomic<const FuseSession*> health_session{nullptr};
   resolver_options.known_attr = [filesystem](const std::string& path, uint64_t dir_id) {
     return filesystem->KnownAttr(path, nullptr, dir_id);
   };
@@ -668,15 +477,15 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
                                                             static_cast<double>(st.reads.total()));
     return r;
   });
-  control_options.health = [&health](bool details) {
+  control_options.health = [&health, &health_session](bool details) {
     nlohmann::json r = health.Report(details);
-    const FuseSession* session = g_session.load();
+    const FuseSession* session = health_session.load();
     r["transport"] = session != nullptr ? session->transport() : "/dev/fuse";
     r["passthrough"] = session != nullptr && session->passthrough();
     return r;
   };
   if (takeover.channel_fd >= 0)
-    control_options.upgrade = [filesystem] { return RequestHandover(*filesystem); };
+    control_options.upgrade = [&handover] { return handover.Request(); };
   // The listeners the supervisor bound before the mount: never bound again, so nobody can take
   // a port or the socket's name while workers come and go. A worker taking over a mount
   // already served goes on without a listener it cannot have rather than end the mount.
@@ -706,7 +515,7 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   fuse::MountPageCacheProbe page_cache_probe(
       filesystem, &page_probe, [&session](uint64_t ino) { session.InvalidateInode(ino); });
   if (config.fuse.keep_cache) prefetcher.SetPageProbe(&page_cache_probe);
-  g_page_probe = &page_probe;
+  handover.SetProbe(&page_probe);
   filesystem->SetWrittenHook([&session](uint64_t ino) {
     // A file written through the mount was closed: the kernel drops what it cached of it
     // (other descriptors' pages, attributes), so the next reader sees what the store has.
@@ -721,49 +530,18 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
     return Fail(kExitFailure, config.mount_point + ": " + s.message());
   filesystem->inodes().SetGeneration(takeover.generation);
   session.SetGeneration(takeover.generation);
-  if (takeover.state_fd >= 0) {
-    Result<std::string> state = ReadAllFd(takeover.state_fd);
-    ::close(takeover.state_fd);
-    std::string passthrough;
-    if (state.ok()) state = UnframeState(std::move(*state), &passthrough);
-    Status restored = state.ok() ? filesystem->inodes().Restore(*state) : state.status();
-    if (restored.ok()) session.SetPassthroughState(std::move(passthrough));
-    if (!restored.ok())  // the kernel's inode numbers then get ESTALE, as after a crash
-      CTFS_LOG(kError) << "state handed over not used: " << restored.ToString();
-    else
-      CTFS_LOG(kInfo) << "took over " << filesystem->inodes().size() << " inodes";
-  }
+  TakeHandedState(*filesystem, session, takeover);
   // After a crash (no state handed over), the inode records the dead process left in its
   // memfd: every number the kernel holds goes on naming its file, so descriptors opened
   // before read on and the kernel's cached names and pages stay good.
   const bool adopted = AdoptRecordsOfDeadProcess(*filesystem, takeover);
-  if (takeover.channel_fd >= 0 && filesystem->inodes().durable_fd() >= 0 &&
-      !SendMessage(takeover.channel_fd, kMsgTable, "", filesystem->inodes().durable_fd()))
-    CTFS_LOG(kWarn) << "the supervisor did not take the inode records: after a crash of this "
-                       "process, descriptors opened before it answer ESTALE";
-  if (takeover.channel_fd >= 0 && arena != nullptr && arena->fd() >= 0 &&
-      !SendMessage(takeover.channel_fd, kMsgCache, "", arena->fd()))
-    CTFS_LOG(kWarn) << "the supervisor did not take the RAM cache: after a crash of this "
-                       "process, what it holds is fetched again";
+  OfferMemoryToSupervisor(*filesystem, session, arena, takeover);
   // After a crash on io_uring, requests queued meanwhile are fetched once a queue is kicked.
   if (takeover.generation > 0) session.SetKickPath(config.mount_point);
-  // On io_uring, the entries live in a memfd the supervisor keeps for the next process.
-  session.SetUringMemory(takeover.ring_fd, [fd = takeover.channel_fd](int memfd) {
-    if (fd >= 0 && !SendMessage(fd, kMsgRing, "", memfd))
-      CTFS_LOG(kWarn) << "the supervisor did not take the io_uring entries: a crash of this "
-                         "process leaves the requests it holds unanswered";
-  });
-  // The passthrough table, likewise: after a crash the kernel's passthrough opens live on.
-  session.SetPassthroughMemory(takeover.passthrough_fd, [fd = takeover.channel_fd](int memfd) {
-    if (fd >= 0 && !SendMessage(fd, kMsgPassthrough, "", memfd))
-      CTFS_LOG(kWarn) << "the supervisor did not take the passthrough table: after a crash of "
-                         "this process, files held through passthrough fail to open (EIO) "
-                         "until those opens close";
-  });
   if (Status s = StartConnection(session, takeover); !s.ok())
     return Fail(s.code() == Status::Code::kInvalidArgument ? kExitBadConfig : kExitFailure,
                 config.mount_point + ": " + s.ToString());
-  g_session.store(&session);
+  health_session.store(&session);
   if (takeover.init_fd < 0) SetReadAhead(config.mount_point, config.fuse.read_ahead_bytes);
 
   const std::string control_path = control::ControlFilePath(config.vol_name);
@@ -772,17 +550,17 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   if (takeover.channel_fd >= 0) {
     SendMessage(takeover.channel_fd, kMsgReady, "");
     // The supervisor asks for a handover here when it gets SIGUSR2.
-    const bool reading = RunDetached([fd = takeover.channel_fd, filesystem] {
+    const bool reading = RunDetached([fd = takeover.channel_fd, &handover] {
       char c = 0;
       for (;;) {
         ssize_t n = ::recv(fd, &c, 1, 0);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;
         if (c == kMsgUpgrade)
-          if (Status s = RequestHandover(*filesystem); !s.ok())
+          if (Status s = handover.Request(); !s.ok())
             CTFS_LOG(kWarn) << "upgrade refused: " << s.message();
       }
-      g_supervisor_gone.store(true);
+      handover.SupervisorGone();
       CTFS_LOG(kWarn) << "the supervisor is gone: a crash of this process now ends the mount";
     });
     if (!reading)
@@ -798,21 +576,19 @@ int Serve(const conf::Config& config, const CommandLine& cl, const Takeover& tak
   if (takeover.generation > 0 && takeover.state_fd < 0 && takeover.init_fd >= 0 && !adopted)
     forget_old.emplace(
         [&session, store = backend->get()] { DropDentriesOfEarlierProcess(session, store); });
-  g_serving = true;
+  handover.Serving();
   int rc = 0;
   for (;;) {
     // Misses wait on the store: keep many requests in flight.
-    rc = session.Serve(/*min_threads=*/4, /*max_threads=*/64, &g_handover);
-    if (!g_handover.load()) break;
+    rc = session.Serve(/*min_threads=*/4, /*max_threads=*/64, handover.asked());
+    if (!handover.asked()->load()) break;
     // Every request taken is answered; those not yet taken wait in the kernel for the next
     // process. A file opened for writing meanwhile cannot be handed over: go on serving.
     if (filesystem->open_writes() == 0) {
       HandOver(*filesystem, session, prefetcher, page_probe, *control, disk.get(), takeover);
     }
     CTFS_LOG(kWarn) << "upgrade abandoned: a file was opened for writing meanwhile";
-    MutexLock serial(g_handover_mu);
-    page_probe.Resume();
-    g_handover.store(false);
+    handover.Abandon();
   }
 
   if (forget_old) forget_old->Join();

@@ -1,6 +1,7 @@
 // The supervisor: a small parent process that holds the mount's FUSE connection for the
 // process serving it (the worker), so that neither an upgrade nor a crash of the worker ends
-// the mount.
+// the mount. The worker's side is daemon/handover.h; docs/architecture.md's "What survives a
+// crash and an upgrade" is the one table of what each keeps.
 //
 //   cubetorchfs -c CONFIG MNT
 //     └ supervisor: mounts (the /dev/fuse descriptor stays open here), starts the worker,

@@ -120,7 +120,6 @@ void InodeTable::SetSlots(uint32_t slots) {
   Header().slots.store(slots, std::memory_order_release);
 }
 
-
 // ---- records and numbers ----
 
 InodeTable::InodeTable(const cfs_client::FileAttr& root_attr, uint64_t now_ns)
@@ -318,7 +317,6 @@ void InodeTable::MaybeFree(uint32_t first) {
   }
 }
 
-
 // ---- the index ----
 
 uint64_t InodeTable::KeyHash(uint32_t parent, std::string_view name) {
@@ -485,6 +483,5 @@ std::string InodeTable::PathOfName(uint32_t slot, uint32_t k) const {
   path.append(l.name);
   return path;
 }
-
 
 }  // namespace cubetorchfs::fs

@@ -38,7 +38,6 @@ inline std::pair<std::string_view, std::string_view> SplitLast(std::string_view 
   return {path.substr(0, slash), path.substr(slash + 1)};
 }
 
-
 inline constexpr uint64_t kRegionMagic = 0x31524E49'53465443ull;  // "CTFSINR1"
 inline constexpr unsigned char kHeapName = 0xFF;
 // What must match for a process to read another's records: their size, the chunk and name

@@ -806,3 +806,36 @@ def test_control_includes_nothing_of_the_cache_or_the_file_system() -> None:
     assert bad == [], "\n".join(bad)
     doc = (REPO / "docs" / "architecture.md").read_text()
     assert "includes nothing of cache/" in doc
+
+
+# --- the survival table: docs/architecture.md's "What survives a crash and an upgrade" names
+# every message of the supervisor-worker channel (daemon/supervisor.h), and no other.
+def channel_messages() -> Set[str]:
+    text = (REPO / "daemon" / "supervisor.h").read_text()
+    enum = re.search(r"enum ChannelMessage : char \{(.*?)\};", text, re.S)
+    assert enum, "daemon/supervisor.h: enum ChannelMessage not found"
+    return set(re.findall(r"\b(kMsg[A-Za-z]+)\s*=", enum.group(1)))
+
+
+def survival_table() -> str:
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    m = re.search(r"### What survives a crash and an upgrade\n(.*?)\n#", doc, re.S)
+    assert m, "docs/architecture.md: no section 'What survives a crash and an upgrade'"
+    rows = [line for line in m.group(1).splitlines() if line.startswith("|")]
+    assert len(rows) > 2, "the survival table has no rows"
+    return "\n".join(rows)
+
+
+def test_the_survival_table_names_every_channel_message_and_no_other() -> None:
+    table = survival_table()
+    named = set(re.findall(r"`(kMsg[A-Za-z]+)`", table))
+    messages = channel_messages()
+    assert messages - named == set(), "messages the survival table leaves out"
+    assert named - messages == set(), "messages the survival table names that do not exist"
+
+
+def test_the_survival_table_has_a_crash_and_an_upgrade_column() -> None:
+    header = survival_table().splitlines()[0]
+    assert "after a crash" in header and "after an upgrade" in header, header
+    for row in survival_table().splitlines()[2:]:
+        assert row.count("|") == 5, f"a row of four cells: {row}"
