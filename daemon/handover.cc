@@ -70,8 +70,9 @@ Result<std::string> UnframeState(std::string state, std::string* passthrough) {
 }
 
 [[noreturn]] void HandOver(fs::FileSystem& fs, fuse::FuseSession& session,
-                           prefetch::Prefetcher& prefetcher, fuse::PageProbe& page_probe, std::unique_ptr<control::ControlServer>& control,
-                           cache::DiskCache* disk, const Takeover& takeover) {
+                           prefetch::Prefetcher& prefetcher, fuse::PageProbe& page_probe,
+                           std::unique_ptr<control::ControlServer>& control, cache::DiskCache* disk,
+                           const Takeover& takeover) {
   const std::string state = FrameState(fs.inodes().Serialize(), session.PassthroughState());
   fs.StopWriteBack();
   prefetcher.SetPageProbe(nullptr);
@@ -91,7 +92,6 @@ Result<std::string> UnframeState(std::string state, std::string* passthrough) {
                   << " bytes); exiting";
   std::_Exit(0);
 }
-
 
 void TakeHandedState(fs::FileSystem& fs, fuse::FuseSession& session, const Takeover& t) {
   if (t.state_fd < 0) return;
@@ -146,7 +146,6 @@ Status StartConnection(fuse::FuseSession& session, const Takeover& t) {
   return session.ProcessInit(std::move(init), /*replayed=*/false);
 }
 
-
 void DropDentriesOfEarlierProcess(fuse::FuseSession& session, cfs_client::Backend* store) {
   constexpr size_t kMaxNames = 1u << 20;
   constexpr size_t kPage = 4096;  // the root is read a page at a time, never held whole
@@ -175,7 +174,6 @@ void DropDentriesOfEarlierProcess(fuse::FuseSession& session, cfs_client::Backen
                   << " names under the root listed, which it had from the process before";
 }
 
-
 bool AdoptRecordsOfDeadProcess(fs::FileSystem& fs, const Takeover& t) {
   if (t.table_fd < 0) return false;
   if (t.state_fd >= 0) {  // a handover: the state is what counts
@@ -199,7 +197,6 @@ bool AdoptRecordsOfDeadProcess(fs::FileSystem& fs, const Takeover& t) {
                   << "unreadable; " << a->expired << " with attributes to read again)";
   return true;
 }
-
 
 cache::CacheArena* OpenCacheArena(const conf::Config& config, const Takeover& t,
                                   cache::CacheArena::Adoption* adopted) {
@@ -235,6 +232,5 @@ cache::CacheArena* OpenCacheArena(const conf::Config& config, const Takeover& t,
   }
   return a->release();
 }
-
 
 }  // namespace cubetorchfs::daemon

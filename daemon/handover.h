@@ -75,8 +75,8 @@ Result<std::string> UnframeState(std::string state, std::string* passthrough);
 // binary, and exits. Written bytes reach the store first; the NVMe tier's queue is written.
 [[noreturn]] void HandOver(fs::FileSystem& fs, fuse::FuseSession& session,
                            prefetch::Prefetcher& prefetcher, fuse::PageProbe& page_probe,
-                           std::unique_ptr<control::ControlServer>& control,
-                           cache::DiskCache* disk, const Takeover& takeover);
+                           std::unique_ptr<control::ControlServer>& control, cache::DiskCache* disk,
+                           const Takeover& takeover);
 
 // The next binary's side of an upgrade: the state handed over (Takeover::state_fd), if any,
 // restored into `fs`'s inode table and `session`'s passthrough table. Without it (or if it

@@ -1,51 +1,25 @@
-// The prefetcher: streams of published files, the fetch-ahead window, page-cache residency,
-// and read accounting. Its parts (Stream, QueuedPaths, Window, ResidentMarks) are data structures
-// that the prefetcher changes under its one mutex; only the window's view index and the deferred
-// reads have locks of their own. docs/prefetch.md says what each
-// does for a user, docs/security.md how queued positions are bounded and shared, docs/metrics.md
-// what each counter means.
+// The prefetcher: the files a DataLoader pass will read, published ahead of its reads, are
+// fetched in order into the window ahead of the readers, or passed over where the kernel's page
+// cache holds them. Its parts are data structures it changes under its one mutex, each header
+// saying what it holds: the streams and their cursors (stream.h), the queued positions' bounds
+// and fair shares (queued_paths.h), the window (window.h), and residency, when a file the
+// kernel was served is passed over, probed, put back or put in the LRU cache (resident_marks.h,
+// residency.cc). What it asks of the mount is in sources.h, what it counts in prefetch_stats.h.
+// docs/prefetch.md says what each does for a user, docs/security.md how queued positions are
+// bounded and shared, docs/metrics.md what each counter means.
 //
-// Streams (Stream). A stream is the ordered list of files one DataLoader pass will read, published
-// ahead of the reads (as paths, or as positions in a registered file list that the control
-// server turns into paths: FileLists). Its cursor follows the reads that reach the daemon and
-// the publisher's `unread` (the readers are past every earlier position, even where the
-// kernel served them from its page cache); positions `slack` behind the furthest read are
-// skipped. Queued positions are bounded per user and for all users (count and bytes,
-// QueuedPaths), the global limits shared fairly; a publish past one is refused whole.
+// Thread safety: all public methods are thread-safe. mu_ (every field it guards GUARDED_BY,
+// every ...Locked method REQUIRES it) is never held across a backend call (it is held while
+// /proc/vmstat is read, at most every 50 ms). The attribute source (the inode table) is asked
+// under it. Lock order: mu_ before the inode table's mutex, before any RamCache shard lock, and
+// before a view shard's or a deferred-read shard's lock; those take no other lock.
 //
-// Window (Window). Workers fetch stream files in order into the window, a part of the RAM budget
-// bounded by files and bytes; when it is full fetching waits, so prefetching never pushes
-// out an unread file. A file fetched whole in one chunk under keep_cache is put into the
-// kernel's page cache (PageCacheProbe::Store) and the window gives its bytes to the LRU.
-// A file leaves the window once read whole and wanted by no position.
-//
-// Residency (ResidentMarks: the marks' trust and page pressure; the marks themselves are kept
-// with the inodes, through the AttrSource). A file the kernel
-// was served whole (or was given) at the version of the daemon's fresh attributes is marked
-// page-resident and passed over next epoch. A trusted file the daemon holds is put back into
-// the page cache as the stream reaches it when page cache is dropped unseen (restore_needed:
-// DAMON pageout). An untrusted mark is probed (FUSE_NOTIFY_RETRIEVE), and probed again as the
-// readers come near; under page pressure (the kernel keeps dropping files the streams passed
-// over before their readers reach them), a file passed over near the readers goes to the LRU
-// cache instead, if the kernel no longer holds it and neither RAM nor NVMe does.
-//
-// Accounting. Each FUSE read of a regular file is a hit (no wait), late (waited on a fetch in
-// flight) or miss (fetched on demand); a position the readers passed while the kernel held
-// the file whole is a hit read from the page cache.
-//
-// Thread safety: all public methods are thread-safe. mu_ (an annotated Mutex: every field it
-// guards is GUARDED_BY, every ...Locked method REQUIRES it) is never held across a backend call
-// (it is held while /proc/vmstat is read, at most every 50 ms). The attribute source (the inode
-// table) is asked under it. Lock order: mu_ before the inode table's mutex, before any RamCache
-// shard lock (RamCache never calls back), and before a view shard's or a deferred-read shard's
-// lock; those take no other lock.
-//
-// On the read path, Get finds files shown ready in the window's view index (Window::FindView:
-// one of 64 shard locks); it takes mu_ only for a path not shown ready while some entry is not
-// yet ready (to find a fetch in flight, and wait on it with mu_ released). OnRead takes it only
-// when it is free; when another thread holds it, the read is queued in one of 16 shards (by reader
-// thread) and applied by the next holder before any other work, and only a reader whose shard is
-// full (1,024 reads) waits for it. WindowAttr never takes it.
+// On the read path, Get finds files shown ready in the window's view index (one of 64 shard
+// locks); it takes mu_ only for a path not shown ready while some entry is not yet ready (to
+// find a fetch in flight, and wait on it with mu_ released). OnRead takes mu_ only when it is
+// free; when another thread holds it, the read is queued in one of 16 shards (by reader
+// thread) and applied by the next holder before any other work, and only a reader whose shard
+// is full (1,024 reads) waits for it. WindowAttr never takes it.
 #pragma once
 
 #include <array>
@@ -68,8 +42,10 @@
 #include "common/thread_annotations.h"
 #include "conf/options.h"
 #include "prefetch/access.h"
+#include "prefetch/prefetch_stats.h"
 #include "prefetch/queued_paths.h"
 #include "prefetch/resident_marks.h"
+#include "prefetch/sources.h"
 #include "prefetch/stream.h"
 #include "prefetch/window.h"
 
@@ -80,93 +56,6 @@ class Gauge;
 }  // namespace prometheus
 
 namespace cubetorchfs::prefetch {
-
-struct Stats {
-  ReadCounts reads;  // every FUSE read of a regular file
-  uint64_t fetched = 0, failed = 0, evicted_unread = 0;
-  uint64_t preempted = 0;       // unread files given up so another user got its share
-  uint64_t denied = 0;          // files the stream's owner may not read: not fetched
-  uint64_t page_resident = 0;   // probes that found the file whole in the kernel's page cache
-  uint64_t trusted = 0;         // marked files passed over with no probe: no reclaim since
-  uint64_t probed_absent = 0;   // probes of marked files whose pages were gone: fetched
-  uint64_t page_drops = 0;      // reads of marked files: the kernel dropped their pages
-  bool page_pressure = false;   // drops of files passed over come often: see lru_filled
-  uint64_t lru_filled = 0;      // files passed over, dropped, put in the LRU cache (pressure)
-  uint64_t stored = 0;          // files put into the kernel's page cache once fetched
-  uint64_t restored = 0;        // files passed over put back into the page cache from RAM or NVMe
-  uint64_t cached = 0;          // files taken from the RAM cache or NVMe tier, no store request
-  uint64_t resident_marks = 0;  // files now marked page-resident
-  uint64_t inflight = 0;        // fetches running now
-  uint64_t window_files = 0;    // entries in the window (fetching or ready)
-  uint64_t window_bytes = 0;    // bytes reserved by them
-  uint64_t window_budget_bytes = 0;
-  uint64_t queued_paths = 0;  // positions not yet read or skipped, all streams
-  uint64_t queued_bytes = 0;  // the memory they hold
-  uint64_t queued_users = 0;  // users with positions queued
-  // Data reads the prefetcher asked of the store (requests; a large file's chunks are one each),
-  // by why. No other part of it reads the store: probes, restores and pass-overs never do.
-  struct StoreReads {
-    uint64_t window = 0;    // a stream's file fetched into the window: not known to be held
-    uint64_t lru_fill = 0;  // a file passed over, dropped by the kernel, read into the LRU
-  } store_reads;
-  std::vector<StreamStats> streams;
-};
-
-// Where the prefetcher's residency checks find fresh attributes with no store request: the
-// mount's inode table. Implemented by fs::FileSystem.
-class AttrSource {
- public:
-  virtual ~AttrSource() = default;
-  // Fresh attributes the daemon holds for store path `path` (the inode table's, within
-  // attr_timeout_s) and, if `fetched_ns` is not null, when they were read from the store;
-  // nothing if it holds none. May be called with Prefetcher::mu_ held (taken before the inode
-  // table's lock).
-  virtual std::optional<cfs_client::FileAttr> FreshAttr(const std::string& path,
-                                                        uint64_t* fetched_ns) const = 0;
-  // The store identity (FileAttr::StoreId) of the directory the mount holds for the parent of
-  // `path`, whatever the age of its attributes; 0 if it holds none. A fetch is bound to it
-  // (cfs_client::Expected), and only then may its attributes answer a lookup in that directory.
-  virtual uint64_t DirIdOf(const std::string& path) const {
-    (void)path;
-    return 0;
-  }
-
-  // The page-resident mark (ResidentMarks::Mark::Pack) kept with the inode of `path`, 0 if
-  // none; and, if `fresh` is not null, its fresh attributes as FreshAttr gives them (one
-  // lookup for both). A source that keeps no marks answers 0.
-  virtual uint64_t MarkOf(const std::string& path,
-                          std::optional<cfs_client::FileAttr>* fresh) const {
-    if (fresh != nullptr) *fresh = FreshAttr(path, nullptr);
-    return 0;
-  }
-  // Keeps `mark` with the inode of `path` (0: clears it); false if there is no such inode
-  // (the kernel holds none of the file). A mark goes when the kernel forgets the inode.
-  virtual bool SetMark(const std::string& path, uint64_t mark) {
-    (void)path, (void)mark;
-    return false;
-  }
-  virtual uint64_t Marks() const { return 0; }  // inodes marked now
-};
-
-// Asks the kernel whether its page cache holds a file of the mount. Implemented by
-// fuse::MountPageCacheProbe (the inode table's number for the path, then fuse::PageProbe's
-// FUSE_NOTIFY_RETRIEVE).
-class PageCacheProbe {
- public:
-  virtual ~PageCacheProbe() = default;
-  // Whether the kernel's page cache holds every page of store path `path` (`size` bytes)
-  // now. Called by a worker without locks held; may block briefly. Thread-safe.
-  virtual bool Resident(const std::string& path, uint64_t size) = 0;
-  // Puts `data`, the whole of store path `path` at `version`, into the kernel's page cache
-  // (FUSE_NOTIFY_STORE), so that its readers find it there with no request to the daemon.
-  // Only where the kernel knows the file's inode and was given attributes of that version;
-  // true if stored. Called by a worker without locks held. Thread-safe.
-  virtual bool Store(const std::string& path, const cfs_client::FileVersion& version,
-                     const cache::Buffer& data) {
-    (void)path, (void)version, (void)data;
-    return false;
-  }
-};
 
 class Prefetcher {
  public:

@@ -18,6 +18,14 @@
 // ago may be taken as newer than it is (trusted, or not probed again), which costs a read
 // from the daemon if its pages went, never a wrong byte.
 //
+// What the prefetcher does with a mark (residency.cc): a file marked at the version of the
+// daemon's fresh attributes is passed over as a stream reaches it. If its mark is trusted and
+// page cache is dropped unseen (restore_needed: DAMON pageout), it is put back into the page
+// cache from RAM or the NVMe tier; an untrusted mark is probed (FUSE_NOTIFY_RETRIEVE), and probed
+// again as the readers come near. Under page pressure (the kernel keeps dropping files passed
+// over before their readers reach them), a file passed over near the readers goes to the LRU
+// cache instead, if the kernel no longer holds it and neither RAM nor NVMe does.
+//
 // Not thread-safe: the prefetcher's mutex guards it.
 #pragma once
 

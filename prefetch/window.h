@@ -3,6 +3,11 @@
 // budget bounded by files and bytes; docs/prefetch.md and docs/memory.md say how it is shared
 // and what it costs.
 //
+// Workers fetch stream files in order into the window; when it is full fetching waits, so
+// prefetching never pushes out an unread file. A file fetched whole in one chunk under
+// keep_cache is put into the kernel's page cache (PageCacheProbe::Store) and its bytes go to the
+// LRU. A file leaves the window once read whole and wanted by no position.
+//
 // Not thread-safe, but for FindView and Settled: the prefetcher's mutex guards it. What readers
 // need of it (an entry's attributes once known, its chunks once ready) is also shown in a view
 // index of its own, sharded by path, that the read path looks up with no prefetcher lock
