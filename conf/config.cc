@@ -28,60 +28,6 @@
 namespace cubetorchfs::conf {
 namespace {
 
-// Keys of the CubeFS client's config.json that we accept without a warning. Most have no
-// meaning here; rdonly, lookupValid and attrValid map onto fuse.* when that is not set.
-const std::set<std::string> kCubeFsClientKeys = {
-    "masterAddr",
-    "owner",
-    "consulAddr",
-    "token",
-    "rdonly",
-    "lookupValid",
-    "attrValid",
-    "icacheTimeout",
-    "enSyncWrite",
-    "autoInvalData",
-    "writecache",
-    "keepcache",
-    "readRate",
-    "writeRate",
-    "followerRead",
-    "nearRead",
-    "accessKey",
-    "secretKey",
-    "subdir",
-    "fsyncOnClose",
-    "maxcpus",
-    "enableXattr",
-    "enablePosixACL",
-    "enableSummary",
-    "enableUnixPermission",
-    "disableDcache",
-    "bcacheDir",
-    "maxStreamerLimit",
-    "clientKey",
-    "authenticate",
-    "ticketHost",
-    "enableHTTPS",
-    "certFile",
-    "warnLogDir",
-    "logDirSize",
-    "readThreads",
-    "writeThreads",
-    "enableBcache",
-    "buffersTotalLimit",
-    "metaSendTimeout",
-    "minWriteAbleDataPartitionCnt",
-    "bcacheFilterFiles",
-    "bcacheBatchCnt",
-    "bcacheCheckInterval",
-    "prefetchThread",
-    "prefetchBuffer",
-    "mountOptions",
-    "enableAudit",
-    "localIP",
-};
-
 // Our own top-level keys.
 const std::set<std::string> kTopLevelKeys = {
     "volName", "mountPoint", "logDir", "logLevel", "exporterPort", "profPort",
@@ -684,7 +630,7 @@ Result<Config> ParseNode(const YAML::Node& root) {
       CTFS_ASSIGN(c.backend.cubefs.secret_key, GetString(v, k));
     else if (k == "followerRead")
       CTFS_ASSIGN(c.backend.cubefs.follower_read, GetBool(v, k));
-    else if (!kCubeFsClientKeys.count(k))
+    else if (!IsCubeFsClientKey(k))
       c.unknown_top_level_keys.push_back(k);
   }
   if (c.profile == "ai_prefetch") {

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -253,5 +254,68 @@ Result<uint64_t> ParseSize(std::string_view text) {
     return Status::InvalidArgument("not a whole number of bytes: \"" + s + "\"");
   return static_cast<uint64_t>(v);
 }
+
+namespace {
+
+// Keys of the CubeFS client's config.json that we accept without a warning. Most have no
+// meaning here; rdonly, lookupValid and attrValid map onto fuse.* when that is not set.
+const std::set<std::string>& CubeFsClientKeys() {
+  static const std::set<std::string> keys = {
+      "masterAddr",
+      "owner",
+      "consulAddr",
+      "token",
+      "rdonly",
+      "lookupValid",
+      "attrValid",
+      "icacheTimeout",
+      "enSyncWrite",
+      "autoInvalData",
+      "writecache",
+      "keepcache",
+      "readRate",
+      "writeRate",
+      "followerRead",
+      "nearRead",
+      "accessKey",
+      "secretKey",
+      "subdir",
+      "fsyncOnClose",
+      "maxcpus",
+      "enableXattr",
+      "enablePosixACL",
+      "enableSummary",
+      "enableUnixPermission",
+      "disableDcache",
+      "bcacheDir",
+      "maxStreamerLimit",
+      "clientKey",
+      "authenticate",
+      "ticketHost",
+      "enableHTTPS",
+      "certFile",
+      "warnLogDir",
+      "logDirSize",
+      "readThreads",
+      "writeThreads",
+      "enableBcache",
+      "buffersTotalLimit",
+      "metaSendTimeout",
+      "minWriteAbleDataPartitionCnt",
+      "bcacheFilterFiles",
+      "bcacheBatchCnt",
+      "bcacheCheckInterval",
+      "prefetchThread",
+      "prefetchBuffer",
+      "mountOptions",
+      "enableAudit",
+      "localIP",
+  };
+  return keys;
+}
+
+}  // namespace
+
+bool IsCubeFsClientKey(const std::string& key) { return CubeFsClientKeys().count(key) > 0; }
 
 }  // namespace cubetorchfs::conf

@@ -1,6 +1,7 @@
 // Internal to conf/: the config's text before it is parsed into a Config. Reading the file
-// (a regular file, bounded in size), and the checks yaml-cpp does not make (duplicate keys,
-// keys that are not strings or hold control characters, a second document).
+// (a regular file, bounded in size), the checks yaml-cpp does not make (duplicate keys, keys
+// that are not strings or hold control characters, a second document), and the CubeFS
+// client's keys a config may carry.
 #pragma once
 
 #include <string>
@@ -18,5 +19,9 @@ Result<std::string> ReadConfigFile(const std::string& path);
 
 // Walks the parser's events of `text` and refuses what yaml-cpp would accept silently.
 Status CheckKeys(const std::string& text);
+
+// Whether `key` is one of the CubeFS client's config.json keys, accepted at the top level
+// without a warning (most have no meaning here).
+bool IsCubeFsClientKey(const std::string& key);
 
 }  // namespace cubetorchfs::conf

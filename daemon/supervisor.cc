@@ -30,6 +30,16 @@ extern char** environ;
 
 namespace cubetorchfs::daemon {
 
+std::optional<double> RestartBudget::OnCrash(double now_s) {
+  std::erase_if(restarts_, [now_s](double t) { return now_s - t > kRestartWindowS; });
+  if (static_cast<int>(restarts_.size()) >= kMaxRestarts) return std::nullopt;
+  const double wait_s =
+      restarts_.empty() ? 0
+                        : 0.125 * static_cast<double>(1 << std::min<size_t>(restarts_.size(), 4));
+  restarts_.push_back(now_s);
+  return wait_s;
+}
+
 Result<Takeover> ParseTakeover(const std::string& spec) {
   Takeover t;
   std::stringstream ss(spec);
@@ -290,7 +300,7 @@ class Supervisor {
   // The current worker's passthrough table (kMsgPassthrough), for every next worker of this
   // binary after a crash; an upgrade hands the table over in the state instead.
   int passthrough_fd_ = -1;
-  std::vector<double> restarts_;
+  RestartBudget restarts_;
   sigset_t old_mask_{};
 };
 
@@ -594,19 +604,13 @@ int Supervisor::OnWorkerExit(int status) {
   const std::string how =
       exited ? "exited with status " + std::to_string(code)
              : std::string("was killed by signal ") + ::strsignal(WTERMSIG(status));
-  const double now = NowS();
-  std::erase_if(restarts_, [now](double t) { return now - t > kRestartWindowS; });
-  if (static_cast<int>(restarts_.size()) >= kMaxRestarts) {
+  const std::optional<double> wait = restarts_.OnCrash(NowS());
+  if (!wait) {
     CTFS_LOG(kError) << "supervisor: worker " << how << "; " << kMaxRestarts
                      << " restarts in the last " << kRestartWindowS << " s: giving up";
     return Finish(kExitFailure);
   }
-  // Spaced restarts: at once after the first crash in the window, then after 0.25, 0.5, 1 and
-  // 2 s, so that a worker failing at start does not spend the budget in a few milliseconds.
-  const double wait_s =
-      restarts_.empty() ? 0
-                        : 0.125 * static_cast<double>(1 << std::min<size_t>(restarts_.size(), 4));
-  restarts_.push_back(now);
+  const double wait_s = *wait;
   ++generation_;
   CTFS_LOG(kError) << "supervisor: worker " << how << "; starting a new one on the same "
                    << "connection in " << wait_s << " s (generation " << generation_ << ")";

@@ -43,6 +43,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,19 @@ namespace cubetorchfs::daemon {
 
 constexpr int kMaxRestarts = 5;
 constexpr double kRestartWindowS = 60;
+
+// The supervisor's budget of restarts after crashes: kMaxRestarts within any kRestartWindowS,
+// the first at once, the next after 0.25, 0.5, 1 and 2 s, so that a worker failing at start
+// does not spend the budget in a few milliseconds. Not thread-safe (the supervisor's loop).
+class RestartBudget {
+ public:
+  // A crash at `now_s` (seconds on a steady clock): how long to wait before the next worker,
+  // or nothing once the budget is spent (the supervisor then unmounts and exits 1).
+  std::optional<double> OnCrash(double now_s);
+
+ private:
+  std::vector<double> restarts_;  // when the restarts within the window were made
+};
 
 // Messages on the supervisor-worker channel (a SOCK_SEQPACKET socket pair): one byte of kind,
 // then the payload.

@@ -11,12 +11,41 @@
 
 namespace cubetorchfs::fuse {
 
+namespace {
+
+// libfuse's notifications on a session.
+class SessionKernel final : public PageProbe::Kernel {
+ public:
+  explicit SessionKernel(fuse_session* session) : session_(session) {}
+  int Retrieve(uint64_t ino, uint64_t offset, uint64_t len, void* cookie) override {
+    return fuse_lowlevel_notify_retrieve(session_, ino, static_cast<size_t>(len),
+                                         static_cast<off_t>(offset), cookie);
+  }
+  int Store(uint64_t ino, const char* data, size_t size) override {
+    fuse_bufvec bufv = FUSE_BUFVEC_INIT(size);
+    bufv.buf[0].mem = const_cast<char*>(data);  // only read
+    return fuse_lowlevel_notify_store(session_, ino, 0, &bufv, FUSE_BUF_NO_SPLICE);
+  }
+
+ private:
+  fuse_session* const session_;
+};
+
+}  // namespace
+
 PageProbe::PageProbe(std::chrono::milliseconds timeout)
     : timeout_(timeout), page_(static_cast<uint64_t>(::sysconf(_SC_PAGESIZE))) {}
 
+PageProbe::~PageProbe() = default;
+
 void PageProbe::Attach(fuse_session* session) {
+  own_ = std::make_unique<SessionKernel>(session);
+  Attach(own_.get());
+}
+
+void PageProbe::Attach(Kernel* kernel) {
   MutexLock l(mu_);
-  session_ = session;
+  kernel_ = kernel;
 }
 
 bool PageProbe::Resident(uint64_t ino, uint64_t size) {
@@ -30,21 +59,19 @@ bool PageProbe::Resident(uint64_t ino, uint64_t size) {
 bool PageProbe::Retrieve(uint64_t ino, uint64_t offset, uint64_t len) {
   Pending pending{CondVar(&mu_)};
   MutexLock l(mu_);
-  fuse_session* const session = session_;
-  if (session == nullptr) return false;
+  Kernel* const kernel = kernel_;
+  if (kernel == nullptr) return false;
   const uint64_t cookie = next_cookie_++;
   // Registered before the notify: the answer, a request our own loop serves, finds it.
   pending_.emplace(cookie, &pending);
   sending_++;
   l.Unlock();
-  const int rc =
-      fuse_lowlevel_notify_retrieve(session, ino, static_cast<size_t>(len),
-                                    static_cast<off_t>(offset), reinterpret_cast<void*>(cookie));
+  const int rc = kernel->Retrieve(ino, offset, len, reinterpret_cast<void*>(cookie));
   l.Lock();
   if (--sending_ == 0) idle_cv_.SignalAll();
   // rc -ENOENT: the kernel has forgotten the inode, and its pages with it.
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  while (rc == 0 && session_ != nullptr && !pending.bytes && pending.cv.WaitUntil(deadline)) {
+  while (rc == 0 && kernel_ != nullptr && !pending.bytes && pending.cv.WaitUntil(deadline)) {
   }
   pending_.erase(cookie);
   return pending.bytes.has_value() && *pending.bytes >= len;
@@ -52,15 +79,13 @@ bool PageProbe::Retrieve(uint64_t ino, uint64_t offset, uint64_t len) {
 
 bool PageProbe::Store(uint64_t ino, const char* data, size_t size) {
   MutexLock l(mu_);
-  fuse_session* const session = session_;
-  if (session == nullptr) return false;
+  Kernel* const kernel = kernel_;
+  if (kernel == nullptr) return false;
   sending_++;
   l.Unlock();
-  fuse_bufvec bufv = FUSE_BUFVEC_INIT(size);
-  bufv.buf[0].mem = const_cast<char*>(data);  // only read
   // The kernel copies the bytes into the inode's pages and marks them up to date; it waits
   // for a page a read of the kernel's own holds locked (that read is answered by the loop).
-  const int rc = fuse_lowlevel_notify_store(session, ino, 0, &bufv, FUSE_BUF_NO_SPLICE);
+  const int rc = kernel->Store(ino, data, size);
   l.Lock();
   if (--sending_ == 0) idle_cv_.SignalAll();
   return rc == 0;
@@ -76,21 +101,21 @@ void PageProbe::OnReply(void* cookie, uint64_t bytes) {
 
 void PageProbe::Pause() {
   MutexLock l(mu_);
-  if (session_ != nullptr) paused_ = session_;
-  session_ = nullptr;
+  if (kernel_ != nullptr) paused_ = kernel_;
+  kernel_ = nullptr;
   for (auto& [cookie, pending] : pending_) pending->cv.Signal();
   while (sending_ != 0) idle_cv_.Wait();
 }
 
 void PageProbe::Resume() {
   MutexLock l(mu_);
-  if (session_ == nullptr && paused_ != nullptr) session_ = paused_;
+  if (kernel_ == nullptr && paused_ != nullptr) kernel_ = paused_;
   paused_ = nullptr;
 }
 
 void PageProbe::Close() {
   MutexLock l(mu_);
-  session_ = nullptr;
+  kernel_ = nullptr;
   paused_ = nullptr;
   for (auto& [cookie, pending] : pending_) pending->cv.Signal();
   while (sending_ != 0) idle_cv_.Wait();

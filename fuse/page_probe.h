@@ -12,12 +12,14 @@
 // always safe.
 //
 // Thread-safe. Attach() once the session exists; Close() before it is destroyed (it waits for
-// notifies being sent). Resident() answers false before Attach() and after Close().
+// notifies being sent). Resident() answers false before Attach() and after Close(). What it
+// sends goes through a Kernel: libfuse's notifications on the session, or a fake in tests.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -35,9 +37,23 @@ namespace cubetorchfs::fuse {
 
 class PageProbe {
  public:
-  explicit PageProbe(std::chrono::milliseconds timeout = std::chrono::milliseconds(1000));
+  // The two notifications the probe sends; each returns 0 or a negative errno. Called with no
+  // lock held, from many threads at once.
+  class Kernel {
+   public:
+    virtual ~Kernel() = default;
+    // FUSE_NOTIFY_RETRIEVE of [offset, offset + len) of `ino`; the answer comes to OnReply
+    // with `cookie`.
+    virtual int Retrieve(uint64_t ino, uint64_t offset, uint64_t len, void* cookie) = 0;
+    // FUSE_NOTIFY_STORE of `size` bytes at `data` into `ino` from offset 0.
+    virtual int Store(uint64_t ino, const char* data, size_t size) = 0;
+  };
 
-  void Attach(fuse_session* session);
+  explicit PageProbe(std::chrono::milliseconds timeout = std::chrono::milliseconds(1000));
+  ~PageProbe();
+
+  void Attach(fuse_session* session);  // libfuse's notifications on `session`
+  void Attach(Kernel* kernel);         // `kernel` must outlive the probe's use of it (Close)
   // No retrieve or store starts until Resume(); returns once those under way are done. Called
   // before a handover while the loop still serves: a store waits for the page lock a read of
   // the kernel's own holds until the loop answers that read.
@@ -65,10 +81,11 @@ class PageProbe {
   const std::chrono::milliseconds timeout_;
   const uint64_t page_;
   Mutex mu_;
-  CondVar idle_cv_{&mu_};                            // sending_ dropped to 0
-  fuse_session* session_ GUARDED_BY(mu_) = nullptr;  // null before Attach, once closed or paused
-  fuse_session* paused_ GUARDED_BY(mu_) = nullptr;   // the session while paused
-  int sending_ GUARDED_BY(mu_) = 0;                  // notifies being written to the session now
+  CondVar idle_cv_{&mu_};                     // sending_ dropped to 0
+  std::unique_ptr<Kernel> own_;               // the session's, after Attach(fuse_session*)
+  Kernel* kernel_ GUARDED_BY(mu_) = nullptr;  // null before Attach, once closed or paused
+  Kernel* paused_ GUARDED_BY(mu_) = nullptr;  // the kernel while paused
+  int sending_ GUARDED_BY(mu_) = 0;           // notifies being written to the session now
   uint64_t next_cookie_ GUARDED_BY(mu_) = 1;
   std::unordered_map<uint64_t, Pending*> pending_ GUARDED_BY(mu_);  // cookie -> waiter, on stack
 };
