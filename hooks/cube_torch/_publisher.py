@@ -18,27 +18,26 @@ gets a fresh publisher only if it iterates a DataLoader of its own.
 
 from __future__ import annotations
 
-import array
 import atexit
 import collections
 import errno
 import itertools
-import operator
 import os
 import queue
 import sys
 import threading
 import time
 import weakref
-from typing import Any, Deque, Dict, Iterable, List, Optional, Set, Tuple, Union
+from typing import Any, Deque, Dict, Iterable, List, Optional, Set, Tuple
 
 from . import _batch, _client, _common, _report
+# A POST's size and a stream's re-creations are bounded alike for paths and positions (_lists).
+from ._lists import MAX_POST_BYTES, MAX_STREAM_RECREATES, ListPublishing, _Registry
+from ._mounts import _daemon_silent_message, _elsewhere_message, _MountFilter, probe_mount
 from ._paths import PathMapper
 
 MAX_QUEUED_BATCHES = 1024   # batches waiting for the publisher thread
-MAX_POST_BYTES = 4 << 20    # a POST's paths, well under the daemon's 16 MiB body limit
 MAX_ITEMS_PER_CYCLE = 4096  # queue items drained before the thread sends anything
-MAX_STREAM_RECREATES = 16   # after a 404 (the daemon expired the stream, or restarted)
 EXIT_WAIT_S = 0.5           # how long interpreter exit waits for final DELETEs
 STATS_FLUSH_S = 1.0         # stats() waits this long at most for queued batches to be sent
 DOWN_COOLDOWN_S = 2.0       # a daemon that timed out is not asked again for this long
@@ -48,15 +47,6 @@ GONE_COOLDOWN_S = 0.2       # nor one with no socket or refusing connections (re
 SILENT_GRACE_S = 10.0
 FULL_COOLDOWN_S = 1.0       # after a 429 (queued-path limits), a stream's batches are dropped
 MAX_HELD_PATHS = 1 << 16    # a stream's paths kept while its daemon does not answer
-# Positions, and paths registered, in one request: the daemon's control.max_json_elements by
-# default.
-MAX_POSITIONS_PER_POST = 1 << 17
-# Dataset indices past this are published as paths: the registry keeps 4 bytes an index up to
-# the largest one met (16 MiB here), and the daemon's default list limit (128 MiB a user)
-# holds about 2.8 M ImageNet-length paths anyway.
-MAX_REGISTERED_INDEX = 1 << 22
-# CUBE_TORCH_POSITIONS=0: publish paths (JSON) as before file lists, e.g. to compare.
-POSITIONS = os.environ.get("CUBE_TORCH_POSITIONS", "1") != "0"
 
 _BATCH, _CLOSE, _FLUSH, _STOP = range(4)
 
@@ -158,105 +148,7 @@ def _chunks(paths: List[str], max_bytes: int) -> Iterable[List[str]]:
         yield paths[start:]
 
 
-class _Registry:
-    """One dataset's file list on one daemon: dataset index -> its entries in the list.
-    `first[i]` is 1 + the entry of index i's only file, 0 for an index not registered yet,
-    and OTHER for one with none or several files (their entries in `other`). 4 bytes an
-    index up to the largest met (at most MAX_REGISTERED_INDEX), where a dict of paths would
-    hold some 150."""
-
-    OTHER = 0xFFFFFFFF
-
-    __slots__ = ("list_id", "size", "first", "other", "refused")
-
-    def __init__(self) -> None:
-        self.list_id: Optional[str] = None
-        self.refused = False  # the daemon refused it (429): this dataset publishes paths
-        self.size = 0  # entries in the list
-        self.first = array.array("I")
-        self.other: Dict[int, Tuple[int, int]] = {}  # index -> (first entry, count)
-
-    def reset(self) -> None:
-        self.__init__()  # type: ignore[misc]
-
-    def add(self, run: List[Tuple[int, int]]) -> None:
-        """Each (index, count) of `run` in turn: the index's `count` files are the next
-        entries of the list."""
-        if not run:
-            return
-        have = len(self.first)
-        top = max(run)[0]
-        if top >= have:  # grown by half at least: amortized O(1) an index
-            grown = min(max(top + 1, have + have // 2 + 1024), MAX_REGISTERED_INDEX)
-            self.first.frombytes(bytes(4 * (grown - have)))
-        first, other, size, OTHER = self.first, self.other, self.size, self.OTHER
-        for i, count in run:
-            if count == 1 and size + 1 < OTHER:
-                first[i] = size + 1
-            else:
-                first[i] = OTHER
-                other[i] = (size, count)
-            size += count
-        self.size = size
-
-    def extend(self, out: array.array, i: int) -> None:
-        e = self.first[i]
-        if e != self.OTHER:
-            out.append(e - 1)
-        else:
-            start, count = self.other[i]
-            out.extend(range(start, start + count))
-
-
-class _MountFilter:
-    """Maps dataset paths to absolute paths inside one mount; None for paths outside it.
-    A path that is outside as written is retried with its directory's symlinks resolved.
-    Both are memoized per directory: a dataset's files share a few thousand directories, so a
-    path costs a split and a dict lookup, not a normpath and an abspath."""
-
-    _MAX_DIRS = 1 << 16
-
-    def __init__(self) -> None:
-        self._dirs: Dict[str, str] = {}  # directory -> the same with its symlinks resolved
-        # (absolute directory as written, mount point) -> its normalized form inside the
-        # mount, or "" when it is outside (as written and resolved)
-        self._inside: Dict[Tuple[str, str], str] = {}
-
-    def inside(self, path: str, mount_point: str) -> Optional[str]:
-        head, sep, tail = path.rpartition("/")
-        if sep and head.startswith("/") and tail not in ("", ".", ".."):
-            key = (head, mount_point)
-            d = self._inside.get(key)
-            if d is None:
-                if len(self._inside) >= self._MAX_DIRS:
-                    self._inside.clear()
-                q = self._slow(path, mount_point)
-                d = "" if q is None else q[:len(q) - len(tail) - 1]
-                if q is not None and not _client.is_under(d, mount_point):
-                    return q  # the mount point itself: its directory is outside
-                self._inside[key] = d
-            return d + "/" + tail if d else None
-        return self._slow(path, mount_point)
-
-    def _slow(self, path: str, mount_point: str) -> Optional[str]:
-        p = os.path.normpath(os.path.abspath(path))
-        if _client.is_under(p, mount_point):
-            return p
-        head, tail = os.path.split(p)
-        real = self._dirs.get(head)
-        if real is None:
-            if len(self._dirs) >= self._MAX_DIRS:
-                self._dirs.clear()
-            try:
-                real = os.path.realpath(head)
-            except OSError:
-                real = head
-            self._dirs[head] = real
-        q = os.path.join(real, tail)
-        return q if _client.is_under(q, mount_point) else None
-
-
-class Publisher:
+class Publisher(ListPublishing):
     def __init__(self) -> None:
         self._pid = os.getpid()
         self._queue: "queue.SimpleQueue[Tuple[int, Any, Any]]" = queue.SimpleQueue()
@@ -525,304 +417,14 @@ class Publisher:
         finally:
             stream.resend = []
 
-    # --- registered file lists: positions instead of paths ---
-
-    def _registry(self, stream: Stream) -> Optional[_Registry]:
-        """The file list of the stream's dataset on its daemon (made on first use), or None
-        where positions cannot be used: no daemon yet, a daemon without lists, a mapper that
-        cannot be weakly referenced, paths held while the daemon did not answer, or a stream
-        the daemon made for paths."""
-        daemon = stream.daemon
-        if daemon is None or stream.held or not POSITIONS:
-            return None
-        if stream.stream_id is not None and stream.list_id is None:
-            return None  # made for paths (after an outage): it keeps them until it ends
-        if daemon.control_socket in self._no_lists:
-            return None
-        try:
-            per_daemon = self._registries.get(stream.mapper)
-            if per_daemon is None:
-                per_daemon = self._registries[stream.mapper] = {}
-        except TypeError:  # not weak-referenceable
-            return None
-        reg = per_daemon.get(daemon.control_socket)
-        if reg is None:
-            reg = per_daemon[daemon.control_socket] = _Registry()
-        return None if reg.refused else reg
-
-    def _discover_for(self, stream: Stream, batches: List[Tuple[Any, ...]]) -> bool:
-        """Finds the stream's daemon from the first file its items name; False if none."""
-        if stream.daemon is not None:
-            return True
-        for batch in batches:
-            for index in batch:
-                try:
-                    paths = stream.mapper(index)
-                except Exception:
-                    continue
-                if paths:
-                    stream.daemon = self._discover(paths[0])
-                    if stream.daemon is None:
-                        stream.quiet = True
-                        self._count("skipped", sum(len(b) for b in batches))
-                    return stream.daemon is not None
-        return False
-
-    def _publish_positions(self, stream: Stream, batches: List[Tuple[Any, ...]],
-                           before: Optional[List[Tuple[Any, ...]]] = None,
-                           first: int = 0) -> bool:
-        """Publishes `batches` as positions in the dataset's registered file list: each file's
-        path is sent once per dataset (and daemon), each epoch's order as 4 bytes a file.
-        False when the batches must go as paths instead (nothing was sent then). `before`:
-        the items sent before them that the loop may not have read, sent again first when the
-        daemon turns out to have restarted (its list is gone)."""
-        if not self._discover_for(stream, batches):
-            return stream.quiet  # quiet: counted as skipped already
-        assert stream.daemon is not None
-        reg = self._registry(stream)
-        if reg is None:
-            return False
-        if time.monotonic() < self._down_until.get(stream.daemon.control_socket, 0.0):
-            return False  # held as paths by _publish
-        n_indices = sum(len(b) for b in batches)
-        if time.monotonic() < stream.refused_until:
-            self._count("dropped", n_indices)
-            return True
-        client = self._client_for(stream.daemon)
-        recent = None if stream.recent is None else list(stream.recent)
-        items = batches
-        for attempt in (0, 1):
-            if recent is not None and stream.recent is not None:
-                stream.recent.clear()  # as before these batches: a failed try leaves none
-                stream.recent.extend(recent)
-            try:
-                positions = self._positions(client, stream, reg, batches)
-                if positions is None:
-                    return False
-                self._send_positions(client, stream, reg, positions)
-                if stream.sent is not None:  # delivered: sent again if the daemon restarts
-                    stream.sent.extend(enumerate(items, first))
-                return True
-            except _client.ControlError as e:
-                if e.status in (404, 405) and e.code == "not_supported":
-                    # A daemon from before file lists: paths, as before, from now on.
-                    self._no_lists.add(stream.daemon.control_socket)
-                    return False
-                if e.status == 410 and attempt == 0:
-                    # The list expired or the daemon restarted: register it again, and send
-                    # the items the loop may not have read yet first (the window it lost).
-                    reg.reset()
-                    self._forget_stream(client, stream)
-                    if before:
-                        batches = list(before) + list(batches)
-                        recent = [] if recent is not None else None
-                        self._count("resent", sum(len(b) for b in before))
-                    continue
-                if recent is not None and stream.recent is not None:
-                    stream.recent.clear()
-                    stream.recent.extend(recent)
-                if e.status == 0:
-                    # No answer: _publish holds the batches' paths until it answers again.
-                    self._count("errors")
-                    self._silent(stream, e)
-                    return False
-                if e.status in (404, 410, 422, 429):
-                    return False  # _publish recreates or counts them as it does
-                self._count("errors")
-                stream.quiet = True
-                self._warn(f"{e}; the files of {stream.name} are no longer published "
-                           "(training goes on, reading from the store)")
-                return True
-        return False
-
-    def _positions(self, client: _client.ControlClient, stream: Stream, reg: "_Registry",
-                   batches: List[Tuple[Any, ...]]) -> Optional[array.array]:
-        """The positions of `batches`' files, registering the files of indices not yet
-        registered; None if an index is not a small non-negative integer."""
-        try:
-            flat = [operator.index(i) for batch in batches for i in batch]
-        except TypeError:
-            return None
-        if flat and (min(flat) < 0 or max(flat) >= MAX_REGISTERED_INDEX):
-            return None
-        first = reg.first
-        have = len(first)
-        new = [i for i in dict.fromkeys(flat) if i >= have or not first[i]]
-        if new:
-            self._register(client, stream, reg, new)
-            first = reg.first
-        recent = stream.recent
-        entries = [first[i] for i in flat]
-        if reg.OTHER not in entries:  # one file an index (most datasets): no loop in Python
-            positions = array.array("I", [e - 1 for e in entries])
-            if recent is not None:
-                recent.extend(len(batch) for batch in batches)
-            return positions
-        positions = array.array("I")
-        at = 0
-        for batch in batches:
-            before = len(positions)
-            for _ in batch:
-                reg.extend(positions, flat[at])
-                at += 1
-            if recent is not None:
-                recent.append(len(positions) - before)
-        return positions
-
-    def _register(self, client: _client.ControlClient, stream: Stream, reg: "_Registry",
-                  indices: List[int]) -> None:
-        """Maps `indices` to the paths inside the daemon's mount and registers them, in
-        requests of about MAX_POST_BYTES that never split one index's files."""
-        assert stream.daemon is not None
-        mount = stream.daemon.mount_point
-        mapper, inside, fsencode = stream.mapper, self._filter.inside, os.fsencode
-        singles = getattr(mapper, "singles", None)
-        paths = singles(indices) if singles is not None else None
-        if paths is not None:  # one str path an index (ImageFolder and lists of paths)
-            self._register_singles(client, stream, reg, indices, [inside(p, mount) for p in paths])
-            return
-        payload = bytearray()
-        run: List[Tuple[int, int]] = []  # (index, its files) in `payload`
-        in_run = 0  # files in `payload`: at most the daemon's paths a request
-        unmapped = skipped = 0
-        for i in indices:
-            try:
-                raw = mapper(i)
-            except Exception:
-                unmapped += 1
-                raw = ()
-            if len(raw) == 1:  # most datasets: one file an index, no inner loop
-                q = inside(raw[0], mount)
-                if q is None:
-                    skipped += 1
-                    encoded: List[bytes] = []
-                else:
-                    encoded = [fsencode(q)]
-            else:
-                encoded = []
-                for p in raw:
-                    q = inside(p, mount)
-                    if q is None:
-                        skipped += 1
-                    else:
-                        encoded.append(fsencode(q))
-            n = len(encoded)
-            size = n + sum(map(len, encoded))
-            if run and (len(payload) + size > MAX_POST_BYTES
-                        or in_run + n > MAX_POSITIONS_PER_POST):
-                self._send_run(client, stream, reg, payload, run)
-                payload, run, in_run = bytearray(), [], 0
-            for e in encoded:
-                payload += e
-                payload += b"\0"
-            run.append((i, n))
-            in_run += n
-        if run:
-            self._send_run(client, stream, reg, payload, run)
-        if unmapped:
-            self._count("unmapped", unmapped)
-        if skipped:
-            self._count("skipped", skipped)
-
-    def _register_singles(self, client: _client.ControlClient, stream: Stream, reg: "_Registry",
-                          indices: List[int], inside: List[Optional[str]]) -> None:
-        """_register for indices of one path each, `inside` their paths in the mount (None:
-        outside it, skipped): each request's paths are encoded at once, not one by one."""
-        skipped = inside.count(None)
-        start = 0
-        while start < len(indices):
-            end = min(len(indices), start + MAX_POSITIONS_PER_POST)
-            while True:
-                kept = [q for q in inside[start:end] if q is not None]
-                payload = os.fsencode("\0".join(kept) + "\0") if kept else b""
-                if len(payload) <= MAX_POST_BYTES or end - start == 1:
-                    break
-                end = start + (end - start) // 2  # long paths: fewer a request
-            run = [(i, 0 if q is None else 1)
-                   for i, q in zip(indices[start:end], inside[start:end])]
-            self._send_run(client, stream, reg, payload, run, len(kept))
-            start = end
-        if skipped:
-            self._count("skipped", skipped)
-
-    def _send_run(self, client: _client.ControlClient, stream: Stream, reg: "_Registry",
-                  payload: Union[bytes, bytearray], run: List[Tuple[int, int]],
-                  count: Optional[int] = None) -> None:
-        """Appends `payload` (NUL-terminated paths: the files of the indices of `run`) to the
-        registry's list, then numbers those indices' files."""
-        if count is None:
-            count = sum(n for _, n in run)
-        if count:
-            try:
-                reply = client.register_list_raw(bytes(payload), count, reg.list_id)
-            except _client.ControlError as e:
-                if e.status == 429:  # over the daemon's list limits: paths instead
-                    reg.reset()  # frees its index array
-                    reg.refused = True
-                    self._warn(f"{e}; the files of {stream.name} are published as "
-                               "paths (training goes on)")
-                raise
-            if reply["first"] != reg.size:
-                raise _client.ControlError(
-                    f"file list {reply['id']}: numbered from {reply['first']}, "
-                    f"expected {reg.size}", 410)
-            reg.list_id = reply["id"]
-            self._count("registered", count)
-            if reply["rejected"]:
-                self._count("rejected", reply["rejected"])
-        reg.add(run)
-
-    def _send_positions(self, client: _client.ControlClient, stream: Stream, reg: "_Registry",
-                        positions: array.array) -> None:
-        if not len(positions):
-            return
-        if stream.stream_id is not None and stream.list_id != reg.list_id:
-            self._forget_stream(client, stream)  # made for a list that is gone
-        if stream.stream_id is None:
-            stream.list_id = reg.list_id
-            self._create(client, stream, paths_only_if_gone=False)
-        assert stream.stream_id is not None
-        if sys.byteorder != "little":
-            positions = array.array("I", positions)
-            positions.byteswap()
-        unread = None if stream.recent is None else sum(stream.recent)
-        later = len(positions)
-        for start in range(0, len(positions), MAX_POSITIONS_PER_POST):
-            chunk = positions[start:start + MAX_POSITIONS_PER_POST]
-            later -= len(chunk)
-            try:
-                reply = client.publish_positions(
-                    stream.stream_id, chunk.tobytes(),
-                    None if unread is None else max(0, unread - later))
-            except _client.ControlError as e:
-                if e.status == 429:
-                    self._count("rejected", len(chunk))
-                    stream.refused_until = time.monotonic() + FULL_COOLDOWN_S
-                    self._warn(f"{e}; some files of {stream.name} are not prefetched "
-                               "(training goes on, reading them from the store)")
-                    return
-                if e.status == 404 and stream.recreated < MAX_STREAM_RECREATES:
-                    stream.recreated += 1  # the daemon expired the stream (idle)
-                    self._create(client, stream, paths_only_if_gone=False)
-                    reply = client.publish_positions(
-                        stream.stream_id, chunk.tobytes(),
-                        None if unread is None else max(0, unread - later))
-                else:
-                    raise
-            self._count("published", reply["accepted"])
-            self._answered(stream.daemon.control_socket)
-            self._count("rejected", reply["rejected"])
-
-    def _forget_stream(self, client: _client.ControlClient, stream: Stream) -> None:
-        """Deletes the daemon's stream (best effort): the next publish makes a new one."""
-        if stream.stream_id is not None:
-            try:
-                client.delete_stream(stream.stream_id)
-            except _client.ControlError:
-                pass
-        self._open.pop(id(stream), None)
-        stream.stream_id = None
-        stream.list_id = None
+    def _refused(self, stream: Stream, e: _client.ControlError, n: int) -> None:
+        """A publish of `n` files went over a queued-path limit (429: other loaders of this user,
+        or other users, hold the room): these files are read from the store as they come, and
+        the stream's batches are dropped for FULL_COOLDOWN_S, as the readers free room."""
+        self._count("rejected", n)
+        stream.refused_until = time.monotonic() + FULL_COOLDOWN_S
+        self._warn(f"{e}; some files of {stream.name} are not prefetched "
+                   "(training goes on, reading them from the store)")
 
     def _answered(self, socket_path: str) -> None:
         """The daemon at `socket_path` answered: a silence before it is over."""
@@ -852,6 +454,8 @@ class Publisher:
             if probed[0] == "answers":
                 self._grace.add(socket_path)
                 return
+        if probed is None:
+            probed = probe_mount(stream.daemon.mount_point)
         self._warn(f"{e}; " + _daemon_silent_message(stream.daemon.mount_point, stream.name,
                                                       probed))
 
@@ -906,13 +510,7 @@ class Publisher:
                 self._count("rejected", len(paths))
                 return True
             if e.status == 429:
-                # Over a queued-path limit (other loaders of this user, or other users, hold
-                # the room): these files are read from the store as they come; publishing
-                # resumes after a pause, as the readers free room.
-                self._count("rejected", len(paths))
-                stream.refused_until = time.monotonic() + FULL_COOLDOWN_S
-                self._warn(f"{e}; some files of {stream.name} are not prefetched "
-                           "(training goes on, reading them from the store)")
+                self._refused(stream, e, len(paths))
                 return False
             if e.status != 404 or stream.recreated >= MAX_STREAM_RECREATES:
                 raise
@@ -997,87 +595,6 @@ class Publisher:
                 print(self._reporter.line(counts), file=sys.stdout, flush=True)
             except Exception:
                 pass
-
-
-def _elsewhere_message(sample_path: str, daemons: List[_client.Daemon], where: str,
-                       vol: str) -> str:
-    """The warning for a dataset under none of the mounts the control files in `where`
-    announce: which mount it is really on, and which ones those files announce."""
-    announced = ", ".join(sorted(d.mount_point for d in daemons))
-    files = f"the control file{'s' if len(daemons) > 1 else ''} in {where}" + (
-        f" for VOL_NAME={vol}" if vol else "")
-    holder = _client.mount_of(sample_path)
-    if holder is None:
-        return (f"{sample_path} is under none of the mounts that {files} announce"
-                f"{'s' if len(daemons) == 1 else ''} ({announced}); its DataLoader's files "
-                "are not published")
-    point, fstype = holder
-    if fstype == CUBETORCHFS_FSTYPE:
-        return (f"{sample_path} is on the cubetorchfs mount {point}, but {files} announce"
-                f"{'s' if len(daemons) == 1 else ''} only {announced}: {point}'s daemon "
-                "writes its control file elsewhere (set CUBE_TORCH_CONFIG_DIR to that "
-                "directory" + (", or VOL_NAME to its volume" if vol else "") + "); its "
-                "DataLoader's files are not published")
-    return (f"{sample_path} is on {point} ({fstype}), not on the cubetorchfs mount"
-            f"{'s' if len(daemons) > 1 else ''} that {files} announce"
-            f"{'s' if len(daemons) == 1 else ''} ({announced}); its DataLoader's files are not "
-            "published")
-
-
-CUBETORCHFS_FSTYPE = "fuse.cubetorchfs"
-MOUNT_PROBE_S = 1.0  # how long the stat of a mount root may take before it counts as hung
-
-
-def probe_mount(mount_point: str, timeout: float = MOUNT_PROBE_S) -> Tuple[str, Optional[OSError]]:
-    """Whether `mount_point` still answers, as a stat of its root tells within `timeout`
-    seconds (on a thread of its own, left behind if it hangs): ("answers", None), ("failed",
-    the error), ("unmounted", None) when the directory is no longer a mount point (the
-    supervisor unmounted), or ("hung", None)."""
-    result: List[Any] = []
-
-    def stat() -> None:
-        try:
-            os.stat(mount_point)
-            mounted = os.path.ismount(os.path.realpath(mount_point))
-            result.append("answers" if mounted else "unmounted")
-        except OSError as e:
-            result.append(e)
-
-    thread = threading.Thread(target=stat, name="cube_torch-mount-probe", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if not result:
-        return "hung", None
-    if isinstance(result[0], OSError):
-        return "failed", result[0]
-    return result[0], None
-
-
-def _daemon_silent_message(mount: str, stream_name: str,
-                           probed: Optional[Tuple[str, Optional[OSError]]] = None) -> str:
-    """What a daemon that does not answer (no socket, refused, timed out) means for the
-    training loop: that depends on whether its mount still answers (`probed`: probe_mount's
-    answer already had)."""
-    state, error = probed if probed is not None else probe_mount(mount)
-    again = "asking the daemon again shortly"
-    if state == "answers":
-        # A supervisor keeps the mount while it starts a new daemon, or the daemon is slow.
-        return (f"the files of {stream_name} are not prefetched while the daemon of {mount} "
-                f"does not answer; the mount itself still answers, so training goes on, "
-                f"reading through it; {again}")
-    if state == "failed":
-        assert error is not None
-        why = error.strerror or repr(error)
-        return (f"the daemon of {mount} does not answer and the mount fails ({why}): "
-                f"prefetching is off, and every read through {mount} fails until the mount is "
-                f"back (mount it again, or restart the daemon); {again}")
-    if state == "unmounted":
-        return (f"the daemon of {mount} is gone and {mount} is no longer mounted: prefetching "
-                f"is off, and reads of the files of {stream_name} under {mount} fail until it "
-                f"is mounted again; {again}")
-    return (f"neither the daemon of {mount} nor the mount answers (a stat of {mount} took "
-            f"over {MOUNT_PROBE_S:g} s): prefetching is off, and reads through {mount} wait or "
-            f"fail until the daemon is back; {again}")
 
 
 # --- the process's publisher ---

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from cube_torch import _client, _publisher
+from cube_torch import _client, _mounts, _publisher
 from cube_torch._common import CubeTorchWarning
 from fake_control_server import FakeDaemon
 from hook_testlib import (Counting, FileList, Unmappable, counters, cube_warnings, flush,
@@ -353,8 +353,8 @@ def test_probe_mount_tells_a_mount_that_answers_fails_is_gone_or_hangs(
 def test_a_silent_daemon_warning_says_what_reads_through_the_mount_do(
         monkeypatch: pytest.MonkeyPatch) -> None:
     def said(state: str, error: Optional[OSError] = None) -> str:
-        monkeypatch.setattr(_publisher, "probe_mount", lambda mount: (state, error))
-        return _publisher._daemon_silent_message("/cfs/mnt", "FileList:1")
+        monkeypatch.setattr(_mounts, "probe_mount", lambda mount: (state, error))
+        return _mounts._daemon_silent_message("/cfs/mnt", "FileList:1")
 
     answers = said("answers")
     assert "the mount itself still answers, so training goes on" in answers

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from cube_torch import _publisher
+from cube_torch import _lists
 from fake_control_server import FakeDaemon
 from hook_testlib import FileList, counters, cube_warnings, flush, indices, make_files
 
@@ -73,7 +73,7 @@ def test_a_daemon_without_lists_gets_paths(mount: Path, daemon_factory) -> None:
 
 def test_positions_off_sends_paths(monkeypatch: pytest.MonkeyPatch, mount: Path,
                                    daemon: FakeDaemon) -> None:
-    monkeypatch.setattr(_publisher, "POSITIONS", False)
+    monkeypatch.setattr(_lists, "POSITIONS", False)
     files = make_files(mount, 20)
     orders = epochs(FileList(files), 2)
     assert daemon.published() == [files[i] for order in orders for i in order]
@@ -119,7 +119,7 @@ def test_a_daemon_whose_lists_are_full_gets_paths(mount: Path, daemon_factory) -
 
 def test_registrations_stay_within_the_daemons_paths_a_request(
         monkeypatch: pytest.MonkeyPatch, mount: Path, daemon: FakeDaemon) -> None:
-    monkeypatch.setattr(_publisher, "MAX_POSITIONS_PER_POST", 5)
+    monkeypatch.setattr(_lists, "MAX_POSITIONS_PER_POST", 5)
     monkeypatch.setenv("CUBE_TORCH_LOOKAHEAD_BATCHES", "8")
     images = make_files(mount, 24, ".jpg")
     captions = make_files(mount, 24, ".txt")
@@ -139,7 +139,7 @@ def test_indices_past_the_registry_bound_go_as_paths(monkeypatch: pytest.MonkeyP
                                                      mount: Path, daemon: FakeDaemon) -> None:
     """A dataset of more indices than the registry keeps (4 bytes each, up to the largest met)
     is published as paths for the batches that name them: every file still arrives, in order."""
-    monkeypatch.setattr(_publisher, "MAX_REGISTERED_INDEX", 10)
+    monkeypatch.setattr(_lists, "MAX_REGISTERED_INDEX", 10)
     files = make_files(mount, 20)
     dataset = FileList(files)
     assert indices(DataLoader(dataset, batch_size=5)) == list(range(20))
@@ -169,9 +169,9 @@ def test_one_file_an_index_registers_in_bounded_requests(
         monkeypatch: pytest.MonkeyPatch, mount: Path, daemon: FakeDaemon, shape: str) -> None:
     """Rows of one path each are mapped and encoded in bulk; a row of another shape maps them
     one by one. Either way each request keeps the daemon's bounds, paths and bytes."""
-    monkeypatch.setattr(_publisher, "MAX_POSITIONS_PER_POST", 5)
+    monkeypatch.setattr(_lists, "MAX_POSITIONS_PER_POST", 5)
     files = make_files(mount, 30)
-    monkeypatch.setattr(_publisher, "MAX_POST_BYTES", 3 * (len(files[0]) + 1))
+    monkeypatch.setattr(_lists, "MAX_POST_BYTES", 3 * (len(files[0]) + 1))
     monkeypatch.setenv("CUBE_TORCH_LOOKAHEAD_BATCHES", "8")
     samples: list = [(f, 0) for f in files]
     if shape == "one_list_row":
