@@ -590,13 +590,18 @@ std::optional<ReadResult> FileSystem::TryStream(const FileHandle& handle, uint64
     if (cache_->Get(cache::ChunkKey(handle.path, handle.version, chunk)) != nullptr)
       return std::nullopt;
   }
-  // First touch: no byte of the read's first chunk streamed before (a read into the next
-  // chunk is known by its first one).
+  // First touch: no byte of the read's first chunk streamed before. The bytes it streams of
+  // the chunks after that one are remembered too, so that a later read starting in one of them
+  // (the kernel splits its reads where it likes) is a second touch of those bytes, not a first.
   const uint64_t first = offset / chunk_bytes;
   const uint64_t from = offset - first * chunk_bytes;
   if (!stream_admission_.FirstTouch(cache::ChunkKey(handle.path, handle.version, first),
                                     chunk_bytes, from, std::min(end - offset + from, chunk_bytes)))
     return std::nullopt;
+  for (uint64_t chunk = first + 1; chunk * chunk_bytes < end; ++chunk)
+    (void)stream_admission_.FirstTouch(cache::ChunkKey(handle.path, handle.version, chunk),
+                                       chunk_bytes, 0,
+                                       std::min(end - chunk * chunk_bytes, chunk_bytes));
   const int fd = handle.stream->Fd(*backend_);
   if (fd < 0) return std::nullopt;
   const size_t length = static_cast<size_t>(end - offset);

@@ -150,6 +150,29 @@ TEST_F(StoreStreamTest, AColdReadIsStreamedAndASecondReadIsCached) {
   EXPECT_EQ(Bytes(*tail), want.substr((1 << 20) - 1000));
 }
 
+// A read streamed across a chunk boundary marks the bytes it took of the next chunk too: the
+// kernel's next read, starting in that chunk over those bytes, is a second touch (cached), so
+// no byte is streamed twice however the kernel splits its reads.
+TEST_F(StoreStreamTest, BytesStreamedPastAChunkBoundaryAreNotStreamedAgain) {
+  const std::string want = Pattern(1 << 20, 1);
+  std::unique_ptr<FileHandle> h = Open("big");
+  ASSERT_NE(h->stream, nullptr);
+  Result<ReadResult> across = fs_->Read(*h, 60 << 10, 8 << 10);  // 4 KiB of chunks 0 and 1
+  ASSERT_TRUE(across.ok());
+  ASSERT_TRUE(across->store.has_value());
+  EXPECT_EQ(Streamed(), 8 << 10);
+  // Bytes of chunk 1 that no read took yet are a first touch: streamed.
+  Result<ReadResult> later = fs_->Read(*h, 96 << 10, 4 << 10);
+  ASSERT_TRUE(later.ok());
+  EXPECT_TRUE(later->store.has_value());
+  EXPECT_EQ(Streamed(), 12 << 10);
+  Result<ReadResult> again = fs_->Read(*h, 64 << 10, 4 << 10);  // chunk 1's first page again
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->store.has_value());
+  EXPECT_EQ(Bytes(*again), want.substr(64 << 10, 4 << 10));
+  EXPECT_EQ(Streamed(), 12 << 10);
+}
+
 TEST_F(StoreStreamTest, SmallFilesModelFilesAndAZeroThresholdAreNeverStreamed) {
   EXPECT_EQ(Open("small")->stream, nullptr);              // under stream_min_bytes
   EXPECT_EQ(Open("model.safetensors")->stream, nullptr);  // the model fetcher's
