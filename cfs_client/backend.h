@@ -1,9 +1,10 @@
 // The store behind the mount: stat, list, ranged read, and writes.
 //
 // Paths are relative to the store's root, without a leading slash; "" is the root itself.
-// Every read names the version of the file it expects (size + mtime, or an ETag later), and a
-// backend that can tell the file changed returns Status::Stale rather than mixing old and new
-// bytes. Implementations are thread-safe: many threads call them at once.
+// Every read names the version of the file it expects (FileVersion: size, mtime, the store's
+// identity of the file and its change time), and a backend that can tell the file changed
+// returns Status::Stale rather than mixing old and new bytes. Implementations are thread-safe: many
+// threads call them at once.
 //
 // Writes: OpenWrite() gives a WritableFile, a handle on one file being written. Its bytes
 // reach the store by Flush() (visible to other readers of the store) and Sync() (durable
