@@ -36,18 +36,40 @@ TEST(HandoverTest, RefusesWhatCannotBeHandedOnAndStopsTheLoopOtherwise) {
   EXPECT_FALSE(h.asked()->load());
 }
 
-// The page probe is paused by a request (its stores wait on reads only the loop answers) and
-// resumed when the handover is abandoned; with no session attached both are no-ops, and a
-// probe set later is the one used.
-TEST(HandoverTest, PausesAndResumesTheProbeItIsGiven) {
+// What the probe sends the kernel: counted, each retrieve answered at once with `len` bytes.
+class CountingKernel final : public fuse::PageProbe::Kernel {
+ public:
+  explicit CountingKernel(fuse::PageProbe* probe) : probe_(probe) {}
+  int Retrieve(uint64_t, uint64_t, uint64_t len, void* cookie) override {
+    ++retrieves;
+    probe_->OnReply(cookie, len);
+    return 0;
+  }
+  int Store(uint64_t, const char*, size_t) override { return 0; }
+  std::atomic<int> retrieves{0};
+
+ private:
+  fuse::PageProbe* const probe_;
+};
+
+// A request pauses the page probe (its stores wait on reads only the loop answers): nothing is
+// asked of the kernel until the handover is abandoned, which resumes it.
+TEST(HandoverTest, PausesTheProbeUntilTheHandoverIsAbandoned) {
   fuse::PageProbe probe;
+  CountingKernel kernel(&probe);
+  probe.Attach(&kernel);
   Handover h([] { return uint64_t{0}; });
   h.SetProbe(&probe);
   h.Serving();
+  EXPECT_TRUE(probe.Resident(1, 100));
+  EXPECT_EQ(kernel.retrieves.load(), 1);
   ASSERT_TRUE(h.Request().ok());
+  EXPECT_FALSE(probe.Resident(1, 100));  // paused: not asked
+  EXPECT_EQ(kernel.retrieves.load(), 1);
   h.Abandon();
-  h.SetProbe(nullptr);
-  EXPECT_TRUE(h.Request().ok());
+  EXPECT_TRUE(probe.Resident(1, 100));
+  EXPECT_EQ(kernel.retrieves.load(), 2);
+  probe.Close();
 }
 
 TEST(HandoverTest, StateFramesRoundTripAndAnUnframedStateIsTheInodeTableAlone) {
